@@ -1,0 +1,3 @@
+// tessel/ops.hpp: the fused operators (GEMM, attention, optimizers, norms, activations, softmax,
+// losses), each a tile program launched on a device.
+#pragma once

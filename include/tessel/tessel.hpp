@@ -1,0 +1,12 @@
+// tessel: the whole library in one include. Prefer the layer umbrellas (tessel/types.hpp,
+// tessel/tile.hpp, ...) in code that needs only part of it; they compile faster.
+#pragma once
+
+#include <tessel/types.hpp>
+#include <tessel/arch.hpp>
+#include <tessel/layout.hpp>
+#include <tessel/tile.hpp>
+#include <tessel/device.hpp>
+#include <tessel/ops.hpp>
+#include <tessel/emulator.hpp>
+#include <tessel/collectives.hpp>
