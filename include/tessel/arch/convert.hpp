@@ -1,0 +1,182 @@
+// Vector kernels for the bulk float <-> narrow-float conversions (tessel/types/convert.hpp).
+// Highway static dispatch; the rounding is the integer algorithm of types/detail/codec.hpp done
+// lane-wise (never the target's own demote instructions, whose NaN/subnormal handling differs),
+// so every lane equals the scalar conversion bit for bit. Tails go through the scalar codec.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+// Static dispatch only: without this, Highway 1.0.3 stops with "best baseline should be included
+// in dynamic targets" under -march=native on AVX-512 machines (AVX3_DL is not an attainable target).
+#ifndef HWY_COMPILE_ONLY_STATIC
+#define HWY_COMPILE_ONLY_STATIC 1
+#endif
+#include <hwy/highway.h>
+
+#include <tessel/types/detail/codec.hpp>
+
+namespace tessel::arch {
+namespace hn = hwy::HWY_NAMESPACE;
+
+namespace detail {
+using tessel::detail::source_traits;
+
+// Lane-wise detail::encode<Fmt, Ov, float>: float bits in, format codes (in u32 lanes) out.
+template <class Fmt, overflow Ov, class D, class V>
+HWY_INLINE V encode_lanes(D du, V u) {
+  constexpr std::uint32_t shift = 23 - Fmt::man_bits;
+  constexpr std::uint32_t emin = std::uint32_t(127 - Fmt::bias + 1);
+  constexpr std::uint32_t rebias = std::uint32_t(127 - Fmt::bias) << 23;
+  const V a = hn::And(u, hn::Set(du, 0x7FFFFFFFu));
+  const V one = hn::Set(du, 1u);
+  // Normal path: round (a - rebias) >> shift to nearest even.
+  const V x = hn::Sub(a, hn::Set(du, rebias));
+  V code = hn::ShiftRight<shift>(
+      hn::Add(hn::Add(x, hn::Set(du, (1u << (shift - 1)) - 1)), hn::And(hn::ShiftRight<shift>(x), one)));
+  if constexpr (Fmt::exp_bits != 8) {
+    // Subnormal path: full significand m shifted right by s = shift + emin - max(e, 1), s <= 31.
+    const V e = hn::ShiftRight<23>(a);
+    const auto is_sub = hn::Lt(e, hn::Set(du, emin));
+    const auto e_zero = hn::Eq(e, hn::Zero(du));
+    const V m = hn::Or(hn::And(a, hn::Set(du, 0x7FFFFFu)), hn::IfThenZeroElse(e_zero, hn::Set(du, 0x800000u)));
+    const V e_eff = hn::Max(e, one);
+    const V s = hn::Min(hn::Sub(hn::Set(du, shift + emin), e_eff), hn::Set(du, 31u));
+    const V half_m1 = hn::Sub(hn::Shl(one, hn::Sub(s, one)), one);
+    const V sub = hn::Shr(hn::Add(hn::Add(m, half_m1), hn::And(hn::Shr(m, s), one)), s);
+    code = hn::IfThenElse(is_sub, sub, code);
+  }
+  constexpr std::uint32_t limit = Ov == overflow::saturate ? Fmt::max_code : Fmt::overflow_code;
+  code = hn::Min(code, hn::Set(du, limit));
+  const auto is_nan = hn::Gt(a, hn::Set(du, 0x7F800000u));
+  if constexpr (Fmt::ieee) {
+    const V payload = hn::And(hn::ShiftRight<shift>(a), hn::Set(du, Fmt::man_mask));
+    const V quiet = hn::Set(du, 1u << (Fmt::man_bits - 1));
+    const V nan = hn::Or(hn::Set(du, Fmt::inf_code),
+                         hn::IfThenElse(hn::Eq(payload, hn::Zero(du)), quiet, payload));
+    code = hn::IfThenElse(is_nan, nan, code);
+  } else if constexpr (Ov == overflow::saturate) {
+    code = hn::IfThenElse(is_nan, hn::Set(du, Fmt::nan_code), code);
+  }  // (E4M3 propagate: NaN inputs already became the NaN code through the limit.)
+  const V sign = hn::ShiftLeft<Fmt::exp_bits + Fmt::man_bits>(hn::ShiftRight<31>(u));
+  return hn::Or(code, sign);
+}
+
+// Lane-wise detail::decode<Fmt, float>: codes (u32 lanes) in, float bits out.
+template <class Fmt, class D, class V>
+HWY_INLINE V decode_lanes(D du, V h) {
+  constexpr std::uint32_t shift = 23 - Fmt::man_bits;
+  const V sign = hn::ShiftLeft<31 - Fmt::exp_bits - Fmt::man_bits>(hn::And(h, hn::Set(du, Fmt::sign_bit)));
+  const V em = hn::And(h, hn::Set(du, Fmt::abs_mask));
+  if constexpr (Fmt::exp_bits == 8) {
+    return hn::Or(sign, hn::ShiftLeft<shift>(em));
+  } else {
+    const hn::Rebind<float, D> df;
+    const hn::Rebind<std::int32_t, D> di;
+    V f = hn::Add(hn::ShiftLeft<shift>(em), hn::Set(du, std::uint32_t(127 - Fmt::bias) << 23));
+    const V ex = hn::ShiftRight<Fmt::man_bits>(em);
+    // Subnormal: mantissa * 2^(1-bias-man), exact in float and a normal float.
+    const auto sub = hn::Mul(hn::ConvertTo(df, hn::BitCast(di, em)),
+                             hn::Set(df, tessel::detail::pow2<float>(1 - Fmt::bias - Fmt::man_bits)));
+    f = hn::IfThenElse(hn::Eq(ex, hn::Zero(du)), hn::BitCast(du, sub), f);
+    if constexpr (Fmt::ieee) {
+      const V special = hn::Or(hn::Set(du, 0x7F800000u), hn::ShiftLeft<shift>(hn::And(em, hn::Set(du, Fmt::man_mask))));
+      f = hn::IfThenElse(hn::Eq(ex, hn::Set(du, Fmt::exp_max)), special, f);
+    } else {
+      f = hn::IfThenElse(hn::Eq(em, hn::Set(du, Fmt::abs_mask)), hn::Set(du, 0x7FC00000u), f);
+    }
+    return hn::Or(f, sign);
+  }
+}
+
+template <class Storage>
+using narrow_tag = hn::Rebind<Storage, hn::ScalableTag<std::uint32_t>>;
+
+// Store the low 8/16 bits of each u32 lane (values already fit).
+template <class Storage, class V>
+HWY_INLINE void store_codes(V code, Storage* dst) {
+  const hn::ScalableTag<std::int32_t> di;
+  hn::StoreU(hn::DemoteTo(narrow_tag<Storage>(), hn::BitCast(di, code)), narrow_tag<Storage>(), dst);
+}
+template <class Storage>
+HWY_INLINE auto load_codes(const Storage* src) {
+  const hn::ScalableTag<std::uint32_t> du;
+  return hn::PromoteTo(du, hn::LoadU(narrow_tag<Storage>(), src));
+}
+
+}  // namespace detail
+
+// dst[i] = encode<Fmt, Ov>(src[i]).
+template <class Fmt, overflow Ov>
+void encode_f32(const float* src, typename Fmt::storage* dst, std::size_t n) {
+  const hn::ScalableTag<std::uint32_t> du;
+  const hn::ScalableTag<float> df;
+  const std::size_t N = hn::Lanes(du);
+  std::size_t i = 0;
+  for (; i + N <= n; i += N)
+    detail::store_codes(detail::encode_lanes<Fmt, Ov>(du, hn::BitCast(du, hn::LoadU(df, src + i))), dst + i);
+  for (; i < n; ++i) dst[i] = tessel::detail::encode<Fmt, Ov>(src[i]);
+}
+
+// dst[i] = encode<Fmt, Ov>(src[i] / scale).
+template <class Fmt, overflow Ov>
+void quantize_f32(const float* src, typename Fmt::storage* dst, std::size_t n, float scale) {
+  const hn::ScalableTag<std::uint32_t> du;
+  const hn::ScalableTag<float> df;
+  const auto vs = hn::Set(df, scale);
+  const std::size_t N = hn::Lanes(du);
+  std::size_t i = 0;
+  for (; i + N <= n; i += N)
+    detail::store_codes(detail::encode_lanes<Fmt, Ov>(du, hn::BitCast(du, hn::Div(hn::LoadU(df, src + i), vs))),
+                        dst + i);
+  for (; i < n; ++i) dst[i] = tessel::detail::encode<Fmt, Ov>(src[i] / scale);
+}
+
+// dst[i] = decode<Fmt>(src[i]).
+template <class Fmt>
+void decode_f32(const typename Fmt::storage* src, float* dst, std::size_t n) {
+  const hn::ScalableTag<std::uint32_t> du;
+  const hn::ScalableTag<float> df;
+  const std::size_t N = hn::Lanes(du);
+  std::size_t i = 0;
+  for (; i + N <= n; i += N)
+    hn::StoreU(hn::BitCast(df, detail::decode_lanes<Fmt>(du, detail::load_codes(src + i))), df, dst + i);
+  for (; i < n; ++i) dst[i] = tessel::detail::decode<Fmt, float>(src[i]);
+}
+
+// dst[i] = decode<Fmt>(src[i]) * scale.
+template <class Fmt>
+void dequantize_f32(const typename Fmt::storage* src, float* dst, std::size_t n, float scale) {
+  const hn::ScalableTag<std::uint32_t> du;
+  const hn::ScalableTag<float> df;
+  const auto vs = hn::Set(df, scale);
+  const std::size_t N = hn::Lanes(du);
+  std::size_t i = 0;
+  for (; i + N <= n; i += N)
+    hn::StoreU(hn::Mul(hn::BitCast(df, detail::decode_lanes<Fmt>(du, detail::load_codes(src + i))), vs), df,
+               dst + i);
+  for (; i < n; ++i) dst[i] = tessel::detail::decode<Fmt, float>(src[i]) * scale;
+}
+
+// Largest |x| over the finite values of src (0 when there are none). Compares magnitudes as
+// integers (non-negative floats order like their bits), so it is exact and NaN-proof.
+inline float amax_finite_f32(const float* src, std::size_t n) {
+  const hn::ScalableTag<std::uint32_t> du;
+  const std::size_t N = hn::Lanes(du);
+  auto m = hn::Zero(du);
+  const auto abs_mask = hn::Set(du, 0x7FFFFFFFu);
+  const auto inf = hn::Set(du, 0x7F800000u);
+  std::size_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto a = hn::And(hn::LoadU(du, reinterpret_cast<const std::uint32_t*>(src) + i), abs_mask);
+    m = hn::Max(m, hn::IfThenElseZero(hn::Lt(a, inf), a));
+  }
+  std::uint32_t best = hn::GetLane(hn::MaxOfLanes(du, m));
+  for (; i < n; ++i) {
+    const std::uint32_t a = std::bit_cast<std::uint32_t>(src[i]) & 0x7FFFFFFFu;
+    if (a < 0x7F800000u && a > best) best = a;
+  }
+  return std::bit_cast<float>(best);
+}
+
+}  // namespace tessel::arch
