@@ -1,0 +1,931 @@
+// The switch fabric of the emulated cluster: a deterministic discrete-event simulation at chunk
+// granularity. Each card has one link into each switch plane; every link has a queue on both
+// sides (the card's uplink, where the card's messages share it round-robin, and the switch's
+// output port towards the receiver, a FIFO in arrival order, where incast contends). Chunks are
+// forwarded cut-through, so a lone transfer takes exactly latency + S / (planes x link bandwidth).
+// Messages are striped over planes by letting every usable uplink pull the next chunk, which also
+// balances load. Optional credit-based shaping bounds what senders may have in flight towards one
+// receiving port. Faults (links, planes, cards, hot swap) are events in the same timeline; a
+// heartbeat health monitor detects them within a bounded time, and routing then moves traffic to
+// the remaining planes or to a 2-hop path through another card. Super-nodes are joined by a
+// 2-level fat tree through per-card NICs. No payload moves here: the cluster copies bytes when a
+// message completes, and timing-only runs use this class alone.
+#pragma once
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <limits>
+#include <queue>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <tessel/emulator/config.hpp>
+#include <tessel/emulator/errors.hpp>
+#include <tessel/emulator/routing.hpp>
+
+namespace tessel {
+inline namespace v0 {
+namespace emu {
+
+enum class fault_kind : std::uint8_t { link_down, link_up, plane_down, plane_up, card_down, card_up, hot_swap };
+
+inline const char* fault_kind_name(fault_kind k) {
+  switch (k) {
+    case fault_kind::link_down: return "link_down";
+    case fault_kind::link_up: return "link_up";
+    case fault_kind::plane_down: return "plane_down";
+    case fault_kind::plane_up: return "plane_up";
+    case fault_kind::card_down: return "card_down";
+    case fault_kind::card_up: return "card_up";
+    case fault_kind::hot_swap: return "hot_swap";
+  }
+  return "?";
+}
+
+// A scheduled fault. `card`/`plane` name the target (a link is (card, plane)); hot_swap takes the
+// card down at `at` and brings it back empty at `at + duration`.
+struct fault {
+  double at = 0;
+  fault_kind kind = fault_kind::link_down;
+  std::size_t card = 0;
+  std::size_t plane = 0;
+  double duration = 0;
+};
+
+// What the health monitor reports to every card.
+struct failure_notice {
+  fault_kind kind;
+  std::size_t card, plane;
+  double happened, detected;  // simulated seconds
+};
+
+enum class msg_state : std::uint8_t { scheduled, active, done, failed };
+
+struct port_stats {
+  double busy = 0;                // seconds spent serializing
+  std::uint64_t bytes = 0;
+  std::uint64_t max_queue_bytes = 0;
+};
+
+class fabric {
+ public:
+  using msg_id = std::uint32_t;
+
+  explicit fabric(const cluster_config& cfg) : cfg_(cfg) {
+    cfg_.validate();
+    n_ = cfg_.cards();
+    planes_ = cfg_.fabric.planes;
+    sn_ = cfg_.scaleout.supernodes;
+    spines_ = sn_ > 1 ? cfg_.scaleout.spines : 0;
+    const double link_bw = cfg_.link_bandwidth();
+    card_ports_ = 2 * n_ * planes_;
+    nic_base_ = card_ports_;
+    ls_base_ = nic_base_ + (sn_ > 1 ? 2 * n_ : 0);
+    std::size_t total = ls_base_ + 2 * sn_ * spines_;
+    ports_.resize(total);
+    for (std::size_t c = 0; c < n_; ++c)
+      for (std::size_t p = 0; p < planes_; ++p) {
+        ports_[up(c, p)].bw = link_bw;
+        ports_[up(c, p)].lat = cfg_.fabric.port_latency + cfg_.fabric.switch_latency;
+        ports_[down(c, p)].bw = link_bw;
+        ports_[down(c, p)].lat = cfg_.fabric.port_latency;
+      }
+    if (sn_ > 1) {
+      const auto& so = cfg_.scaleout;
+      for (std::size_t c = 0; c < n_; ++c) {
+        ports_[nic_up(c)].bw = ports_[nic_down(c)].bw = so.nic_bandwidth;
+        ports_[nic_up(c)].lat = so.link_latency + so.switch_latency;
+        ports_[nic_down(c)].lat = so.link_latency;
+      }
+      // Non-blocking tree: each leaf's uplinks carry all of its cards' NIC bandwidth.
+      const double ls_bw = so.nic_bandwidth * static_cast<double>(cfg_.cards_per_supernode) / static_cast<double>(spines_);
+      for (std::size_t l = 0; l < sn_; ++l)
+        for (std::size_t k = 0; k < spines_; ++k) {
+          ports_[leaf_up(l, k)].bw = ports_[spine_down(k, l)].bw = ls_bw;
+          ports_[leaf_up(l, k)].lat = ports_[spine_down(k, l)].lat = so.link_latency + so.switch_latency;
+        }
+    }
+    for (auto& pt : ports_) pt.credit = static_cast<std::int64_t>(cfg_.fabric.shaping_window);
+    card_alive_.assign(n_, 1);
+    card_known_alive_.assign(n_, 1);
+    link_ok_.assign(n_ * planes_, 1);
+    link_known_ok_.assign(n_ * planes_, 1);
+    plane_ok_.assign(planes_, 1);
+    plane_known_ok_.assign(planes_, 1);
+    build_graph();
+    if (cfg_.faults.horizon > 0 && (cfg_.faults.link_failure_rate > 0 || cfg_.faults.card_failure_rate > 0)) schedule_random_faults();
+  }
+
+  fabric(const fabric&) = delete;
+  fabric& operator=(const fabric&) = delete;
+
+  const cluster_config& config() const { return cfg_; }
+  std::size_t cards() const { return n_; }
+  double now() const { return now_; }
+
+  // ---- hooks (set once by the owner, e.g. the cluster) ----
+  std::function<void(msg_id, double, bool)> on_complete;       // message finished (ok) or failed
+  std::function<void(const failure_notice&)> on_failure;       // health monitor detections
+  std::function<void(std::size_t card, double t)> on_rejoin;   // a hot-swapped card is back, empty
+
+  // ---- traffic ----
+  // Posts a message of `bytes` from `src` to `dst` at simulated time `at` (clamped to now() if
+  // earlier: the simulation never goes back in time). `tag` is the owner's, returned by tag().
+  msg_id post(std::size_t src, std::size_t dst, std::uint64_t bytes, double at, std::uint64_t tag = 0) {
+    check_card(src, "post source");
+    check_card(dst, "post destination");
+    if (!(at >= 0) || !std::isfinite(at)) throw std::invalid_argument("tessel emulator: post time must be finite and >= 0");
+    if (msgs_.size() >= std::numeric_limits<msg_id>::max() - 1) throw std::length_error("tessel emulator: too many messages");
+    msg_id id = static_cast<msg_id>(msgs_.size());
+    message m;
+    m.src = static_cast<std::uint32_t>(src);
+    m.dst = static_cast<std::uint32_t>(dst);
+    m.bytes = bytes;
+    m.tag = tag;
+    m.post = std::max(at, now_);
+    msgs_.push_back(m);
+    if (m.post > now_) push_event(m.post, ev_post, id);
+    else activate(id);
+    return id;
+  }
+
+  void schedule_fault(const fault& f) {
+    if (!(f.at >= 0) || !std::isfinite(f.at)) throw std::invalid_argument("tessel emulator: fault time must be finite and >= 0");
+    if (f.kind == fault_kind::plane_down || f.kind == fault_kind::plane_up) {
+      if (f.plane >= planes_) throw invalid_card_error("tessel emulator: fault names plane " + std::to_string(f.plane) + " of " + std::to_string(planes_));
+    } else {
+      check_card(f.card, "fault");
+      if ((f.kind == fault_kind::link_down || f.kind == fault_kind::link_up) && f.plane >= planes_)
+        throw invalid_card_error("tessel emulator: fault names plane " + std::to_string(f.plane) + " of " + std::to_string(planes_));
+    }
+    faults_.push_back(f);
+    push_event(std::max(f.at, now_), ev_fault, static_cast<std::uint32_t>(faults_.size() - 1));
+  }
+
+  // ---- running ----
+  void run() {
+    while (!events_.empty()) step();
+  }
+  void run_until(double t) {
+    while (!events_.empty() && events_.top().t <= t) step();
+    now_ = std::max(now_, t);
+  }
+  // Runs until message `id` is done or failed. Always terminates: an active message that makes
+  // no progress fails at its timeout.
+  void run_until_done(msg_id id) {
+    check_msg(id);
+    while (msgs_[id].state != msg_state::done && msgs_[id].state != msg_state::failed && !events_.empty()) step();
+  }
+  bool idle() const { return events_.empty(); }
+
+  // ---- results ----
+  msg_state state(msg_id id) const { check_msg(id); return msgs_[id].state; }
+  bool finished(msg_id id) const { auto s = state(id); return s == msg_state::done || s == msg_state::failed; }
+  double completion_time(msg_id id) const { check_msg(id); return msgs_[id].done; }
+  double post_time(msg_id id) const { check_msg(id); return msgs_[id].post; }
+  double latency(msg_id id) const { check_msg(id); return msgs_[id].done - msgs_[id].post; }
+  std::uint64_t tag(msg_id id) const { check_msg(id); return msgs_[id].tag; }
+  std::size_t source(msg_id id) const { check_msg(id); return msgs_[id].src; }
+  std::size_t destination(msg_id id) const { check_msg(id); return msgs_[id].dst; }
+  std::uint64_t bytes(msg_id id) const { check_msg(id); return msgs_[id].bytes; }
+  std::size_t messages() const { return msgs_.size(); }
+  // Which transit card a message was last routed through (or -1 for direct paths).
+  long via(msg_id id) const { check_msg(id); return msgs_[id].route.kind == route_transit ? static_cast<long>(msgs_[id].route.via) : -1; }
+
+  // Throws the typed error of a failed message (no-op otherwise).
+  void rethrow_if_failed(msg_id id) const {
+    check_msg(id);
+    const message& m = msgs_[id];
+    if (m.state != msg_state::failed) return;
+    std::string ctx = "transfer " + std::to_string(m.src) + "->" + std::to_string(m.dst) + " of " + std::to_string(m.bytes) + " bytes";
+    switch (m.err) {
+      case err_card: throw card_failed_error(m.err_card, m.done, ctx);
+      case err_link: throw link_failed_error(m.err_card, m.err_plane, m.done, ctx);
+      default: throw timeout_error(m.err_card, m.done, ctx);
+    }
+  }
+
+  // Per-message latency (completion - post) percentile over completed messages, q in [0, 100].
+  double latency_percentile(double q) const {
+    std::vector<double> v;
+    for (const auto& m : msgs_)
+      if (m.state == msg_state::done) v.push_back(m.done - m.post);
+    return percentile(v, q);
+  }
+  static double percentile(std::vector<double> v, double q) {
+    if (v.empty()) return 0;
+    std::sort(v.begin(), v.end());
+    double r = std::clamp(q, 0.0, 100.0) / 100.0 * static_cast<double>(v.size() - 1);
+    std::size_t lo = static_cast<std::size_t>(r);
+    std::size_t hi = std::min(lo + 1, v.size() - 1);
+    return v[lo] + (v[hi] - v[lo]) * (r - static_cast<double>(lo));
+  }
+
+  std::uint64_t events_processed() const { return events_done_; }
+  double makespan() const { return last_delivery_; }
+
+  // ---- topology state ----
+  bool card_alive(std::size_t c) const { check_card(c, "query"); return card_alive_[c] != 0; }
+  bool link_up(std::size_t c, std::size_t p) const { check_card(c, "query"); check_plane(p); return link_ok_[c * planes_ + p] && plane_ok_[p] && card_alive_[c]; }
+  bool plane_up(std::size_t p) const { check_plane(p); return plane_ok_[p] != 0; }
+  // Whether the health monitor has reported card `c` dead (as every card sees it now).
+  bool known_failed(std::size_t c) const { check_card(c, "query"); return card_known_alive_[c] == 0; }
+  const std::vector<failure_notice>& notices() const { return notices_; }
+  // Worst-case detection delay of a card failure: the monitor misses `missed_heartbeats`
+  // heartbeats, then tells every card over the fabric.
+  double detection_bound() const {
+    return static_cast<double>(cfg_.faults.missed_heartbeats) * cfg_.faults.heartbeat_interval + 2 * cfg_.direct_latency();
+  }
+
+  // ---- ports ----
+  std::size_t ports() const { return ports_.size(); }
+  std::size_t up(std::size_t c, std::size_t p) const { return 2 * (c * planes_ + p); }
+  std::size_t down(std::size_t c, std::size_t p) const { return 2 * (c * planes_ + p) + 1; }
+  std::size_t nic_up(std::size_t c) const { return nic_base_ + 2 * c; }
+  std::size_t nic_down(std::size_t c) const { return nic_base_ + 2 * c + 1; }
+  std::size_t leaf_up(std::size_t l, std::size_t k) const { return ls_base_ + 2 * (l * spines_ + k); }
+  std::size_t spine_down(std::size_t k, std::size_t l) const { return ls_base_ + 2 * (l * spines_ + k) + 1; }
+  port_stats stats_of(std::size_t port) const { return ports_.at(port).st; }
+  double port_bandwidth(std::size_t port) const { return ports_.at(port).bw; }
+  std::string port_name(std::size_t q) const {
+    if (q < card_ports_) {
+      std::size_t c = q / 2 / planes_, p = (q / 2) % planes_;
+      return (q % 2 ? "card " + std::to_string(c) + " plane " + std::to_string(p) + " rx (switch->card)"
+                    : "card " + std::to_string(c) + " plane " + std::to_string(p) + " tx (card->switch)");
+    }
+    if (q < ls_base_) return "card " + std::to_string((q - nic_base_) / 2) + (q % 2 ? " nic rx" : " nic tx");
+    std::size_t i = (q - ls_base_) / 2;
+    return (q % 2 ? "spine " + std::to_string(i % spines_) + " -> leaf " + std::to_string(i / spines_)
+                  : "leaf " + std::to_string(i / spines_) + " -> spine " + std::to_string(i % spines_));
+  }
+  // Utilization of a port over [0, horizon] (default: the last delivery).
+  double utilization(std::size_t port, double horizon = 0) const {
+    double h = horizon > 0 ? horizon : last_delivery_;
+    return h > 0 ? ports_.at(port).st.busy / h : 0;
+  }
+  // The busiest port (the run's top communication bottleneck).
+  std::size_t busiest_port() const {
+    std::size_t best = 0;
+    for (std::size_t q = 1; q < ports_.size(); ++q)
+      if (ports_[q].st.busy > ports_[best].st.busy) best = q;
+    return best;
+  }
+  const topology_graph& graph() const { return graph_; }
+  std::uint64_t route_computations() const { return route_computations_; }
+
+ private:
+  // ---------------------------------------------------------------- data
+  enum : std::uint8_t { route_none, route_direct, route_transit, route_scaleout };
+  enum : std::uint8_t { err_none, err_card, err_link, err_timeout };
+  enum : std::uint32_t { ev_post, ev_free, ev_arrive, ev_deliver, ev_fault, ev_detect, ev_timeout, ev_rejoin, ev_wake };
+
+  struct route_t {
+    std::uint8_t kind = route_none;
+    std::uint64_t mask1 = 0, mask2 = 0;  // planes usable on the first / second segment
+    std::uint32_t via = 0;
+    friend bool operator==(const route_t&, const route_t&) = default;
+  };
+  struct message {
+    std::uint32_t src = 0, dst = 0;
+    std::uint64_t bytes = 0, tag = 0;
+    double post = 0, done = 0, last_progress = 0;
+    msg_state state = msg_state::scheduled;
+    std::uint8_t err = err_none;
+    std::uint32_t err_card = 0, err_plane = 0;
+    route_t route;
+    std::uint32_t route_gen = 0;
+    std::uint32_t nchunks = 0, next_chunk = 0, chunks_done = 0;
+    std::uint64_t chunk_base = 0, chunk_extra = 0;  // first `extra` chunks carry one more byte
+    std::vector<std::uint32_t> retry;               // lost chunks to resend
+    std::uint32_t active_slot = 0;
+    bool has_more() const { return next_chunk < nchunks || !retry.empty(); }
+  };
+  struct chunk {
+    std::uint32_t msg = 0, index = 0, gen = 0;
+    std::uint64_t bytes = 0;
+    std::uint32_t ports[4] = {0, 0, 0, 0};
+    std::uint8_t len = 0, hop = 0;
+    bool lost = false, credited = false;
+    double tail = 0;  // when the chunk's last byte reaches the port it is queued at
+  };
+  struct port {
+    double bw = 1, lat = 0;
+    bool busy = false;
+    std::uint32_t cur = 0, cur_gen = 0;
+    double cur_start = 0;
+    std::uint64_t queued = 0;
+    std::deque<std::uint32_t> fifo;                                // chunks, in arrival order
+    std::deque<std::pair<std::uint32_t, std::uint32_t>> rr;       // (message, route gen) to pull from
+    std::int64_t credit = 0;                                       // shaping: bytes a sender may still send here
+    std::vector<std::uint32_t> waiters;                            // source ports blocked on credit here
+    port_stats st;
+  };
+  struct event {
+    double t;
+    std::uint64_t seq;
+    std::uint32_t kind, a, b;
+    bool operator>(const event& o) const { return t != o.t ? t > o.t : seq > o.seq; }
+  };
+
+  cluster_config cfg_;
+  std::size_t n_ = 0, planes_ = 0, sn_ = 1, spines_ = 0;
+  std::size_t card_ports_ = 0, nic_base_ = 0, ls_base_ = 0;
+  std::vector<port> ports_;
+  std::vector<message> msgs_;
+  std::vector<chunk> chunks_;
+  std::vector<std::uint32_t> free_chunks_;
+  std::vector<std::uint32_t> active_;
+  std::priority_queue<event, std::vector<event>, std::greater<event>> events_;
+  std::uint64_t seq_ = 0, events_done_ = 0;
+  double now_ = 0, last_delivery_ = 0;
+  std::vector<std::uint8_t> card_alive_, card_known_alive_, link_ok_, link_known_ok_, plane_ok_, plane_known_ok_;
+  std::vector<fault> faults_;
+  std::vector<failure_notice> notices_;
+  topology_graph graph_;
+  std::unordered_map<std::uint64_t, route_t> route_cache_;
+  std::uint64_t route_computations_ = 0;
+
+  // ---------------------------------------------------------------- helpers
+  void check_card(std::size_t c, const char* what) const {
+    if (c >= n_) throw invalid_card_error(std::string("tessel emulator: ") + what + ": invalid card index " + std::to_string(c) + " (cluster has " + std::to_string(n_) + " cards)");
+  }
+  void check_plane(std::size_t p) const {
+    if (p >= planes_) throw invalid_card_error("tessel emulator: invalid plane " + std::to_string(p) + " of " + std::to_string(planes_));
+  }
+  void check_msg(msg_id id) const {
+    if (id >= msgs_.size()) throw std::out_of_range("tessel emulator: unknown message id " + std::to_string(id));
+  }
+  void push_event(double t, std::uint32_t kind, std::uint32_t a, std::uint32_t b = 0) { events_.push(event{t, seq_++, kind, a, b}); }
+
+  std::uint32_t new_chunk() {
+    if (!free_chunks_.empty()) {
+      std::uint32_t c = free_chunks_.back();
+      free_chunks_.pop_back();
+      return c;
+    }
+    chunks_.emplace_back();
+    return static_cast<std::uint32_t>(chunks_.size() - 1);
+  }
+  void free_chunk(std::uint32_t c) {
+    chunks_[c].gen++;
+    free_chunks_.push_back(c);
+  }
+
+  std::uint64_t chunk_bytes(const message& m, std::uint32_t i) const { return m.chunk_base + (i < m.chunk_extra ? 1 : 0); }
+
+  // Known (detected) health of links: what routing acts on.
+  bool known_link(std::size_t c, std::size_t p) const { return link_known_ok_[c * planes_ + p] && plane_known_ok_[p] && card_known_alive_[c]; }
+  std::uint64_t pair_mask(std::size_t a, std::size_t b) const {
+    std::uint64_t m = 0;
+    for (std::size_t p = 0; p < planes_; ++p)
+      if (known_link(a, p) && known_link(b, p)) m |= std::uint64_t{1} << p;
+    return m;
+  }
+  std::uint64_t card_mask(std::size_t a) const {
+    std::uint64_t m = 0;
+    for (std::size_t p = 0; p < planes_; ++p)
+      if (known_link(a, p)) m |= std::uint64_t{1} << p;
+    return m;
+  }
+  double port_backlog(std::size_t q) const { return static_cast<double>(ports_[q].queued) / ports_[q].bw; }
+
+  void build_graph() {
+    // nodes: cards, then plane switches per super-node, then leaves, then spines
+    const std::size_t sw0 = n_, leaf0 = n_ + sn_ * planes_, spine0 = leaf0 + (sn_ > 1 ? sn_ : 0);
+    graph_.resize(spine0 + spines_);
+    for (std::size_t c = 0; c < n_; ++c) {
+      std::size_t s = cfg_.supernode_of(c);
+      for (std::size_t p = 0; p < planes_; ++p) {
+        auto sw = static_cast<std::uint32_t>(sw0 + s * planes_ + p);
+        graph_.add_edge(static_cast<std::uint32_t>(c), sw, static_cast<std::uint32_t>(up(c, p)));
+        graph_.add_edge(sw, static_cast<std::uint32_t>(c), static_cast<std::uint32_t>(down(c, p)));
+      }
+      if (sn_ > 1) {
+        graph_.add_edge(static_cast<std::uint32_t>(c), static_cast<std::uint32_t>(leaf0 + s), static_cast<std::uint32_t>(nic_up(c)));
+        graph_.add_edge(static_cast<std::uint32_t>(leaf0 + s), static_cast<std::uint32_t>(c), static_cast<std::uint32_t>(nic_down(c)));
+      }
+    }
+    for (std::size_t l = 0; l < (sn_ > 1 ? sn_ : 0); ++l)
+      for (std::size_t k = 0; k < spines_; ++k) {
+        graph_.add_edge(static_cast<std::uint32_t>(leaf0 + l), static_cast<std::uint32_t>(spine0 + k), static_cast<std::uint32_t>(leaf_up(l, k)));
+        graph_.add_edge(static_cast<std::uint32_t>(spine0 + k), static_cast<std::uint32_t>(leaf0 + l), static_cast<std::uint32_t>(spine_down(k, l)));
+      }
+  }
+
+  // ---------------------------------------------------------------- routing
+  // Chooses how message `m` travels, from the health the monitor has reported. Adaptive: stripe
+  // over every plane both ends can use; when the pair has lost planes the other end still has,
+  // Dijkstra (latency + load weights) looks for a 2-hop path through another card, and the
+  // cheaper of the two estimates wins. Cached per pair until the topology changes.
+  route_t choose_route(const message& m) {
+    route_t r;
+    const std::size_t s = m.src, d = m.dst;
+    if (cfg_.supernode_of(s) != cfg_.supernode_of(d)) {
+      if (card_known_alive_[s] && card_known_alive_[d]) r.kind = route_scaleout;
+      return r;
+    }
+    const std::uint64_t direct = pair_mask(s, d);
+    if (cfg_.fabric.routing == routing_policy::static_plane) {
+      const std::size_t p0 = (s + d) % planes_;
+      for (std::size_t i = 0; i < planes_; ++i) {
+        std::size_t p = (p0 + i) % planes_;
+        if (direct >> p & 1) { r.kind = route_direct; r.mask1 = std::uint64_t{1} << p; break; }
+      }
+      return r;
+    }
+    const int best_possible = std::min(std::popcount(card_mask(s)), std::popcount(card_mask(d)));
+    if (direct != 0 && (std::popcount(direct) >= best_possible || !cfg_.fabric.transit)) {
+      r.kind = route_direct;
+      r.mask1 = direct;
+      return r;
+    }
+    if (!cfg_.fabric.transit) return r;
+    const std::uint64_t key = (static_cast<std::uint64_t>(s) << 32) | d;
+    if (auto it = route_cache_.find(key); it != route_cache_.end()) return it->second;
+    route_computations_++;
+    // Dijkstra over the physical graph; cards may forward (they pay transit latency). A card's
+    // port weight also carries the message's serialization over the planes that card can use,
+    // so a path through a card with more healthy planes is preferred.
+    const double bytes = static_cast<double>(m.bytes);
+    auto weight = [&](std::uint32_t q) -> double {
+      if (q >= card_ports_) return topology_graph::unreachable;  // scale-out ports not used inside a super-node
+      std::size_t c = q / 2 / planes_, p = (q / 2) % planes_;
+      if (!known_link(c, p)) return topology_graph::unreachable;
+      double w = ports_[q].lat + port_backlog(q);
+      if (q % 2 == 0) w += cfg_.fabric.transit_latency * (c != s);
+      w += bytes / (ports_[q].bw * std::max(1, std::popcount(card_mask(c))));
+      return w;
+    };
+    auto through = [&](std::uint32_t node) { return node >= n_ || (card_known_alive_[node] && cfg_.supernode_of(node) == cfg_.supernode_of(s)); };
+    auto tree = graph_.dijkstra(static_cast<std::uint32_t>(s), weight, through);
+    route_t best;
+    double best_cost = topology_graph::unreachable;
+    if (direct != 0) {
+      best.kind = route_direct;
+      best.mask1 = direct;
+      best_cost = cfg_.direct_latency() + bytes / (cfg_.link_bandwidth() * std::popcount(direct));
+    }
+    // Transit candidates: the card Dijkstra reached d through, plus the best 2-hop by bandwidth.
+    auto consider = [&](std::size_t via) {
+      if (via == s || via == d || !card_known_alive_[via]) return;
+      std::uint64_t m1 = pair_mask(s, via), m2 = pair_mask(via, d);
+      if (!m1 || !m2) return;
+      double bw = cfg_.link_bandwidth() * std::min(std::popcount(m1), std::popcount(m2));
+      double load = 0;
+      for (std::size_t p = 0; p < planes_; ++p) load = std::max(load, port_backlog(up(via, p)));
+      double cost = 2 * cfg_.direct_latency() + cfg_.fabric.transit_latency + bytes / bw + load;
+      if (cost < best_cost) { best_cost = cost; best = route_t{route_transit, m1, m2, static_cast<std::uint32_t>(via)}; }
+    };
+    auto path = tree.path_to(static_cast<std::uint32_t>(d));
+    for (std::uint32_t q : path)
+      if (q % 2 == 0 && q < card_ports_) consider(q / 2 / planes_);
+    const std::size_t base = cfg_.supernode_of(s) * cfg_.cards_per_supernode;
+    for (std::size_t v = base; v < base + cfg_.cards_per_supernode; ++v) consider(v);
+    route_cache_[key] = best;
+    return best;
+  }
+
+  // Source ports a message pulls chunks from under its route.
+  template <class F>
+  void for_source_ports(const message& m, F&& f) const {
+    if (m.route.kind == route_scaleout) { f(nic_up(m.src)); return; }
+    if (m.route.kind == route_none) return;
+    for (std::size_t p = 0; p < planes_; ++p)
+      if (m.route.mask1 >> p & 1) f(up(m.src, p));
+  }
+
+  void register_sources(msg_id id) {
+    message& m = msgs_[id];
+    for_source_ports(m, [&](std::size_t q) {
+      ports_[q].rr.emplace_back(id, m.route_gen);
+      try_start(q);
+    });
+  }
+
+  void set_route(msg_id id) {
+    message& m = msgs_[id];
+    route_t r = choose_route(m);
+    if (r == m.route && m.route_gen != 0) return;
+    m.route = r;
+    m.route_gen++;
+    register_sources(id);
+  }
+
+  // ---------------------------------------------------------------- message lifecycle
+  void activate(msg_id id) {
+    message& m = msgs_[id];
+    m.state = msg_state::active;
+    m.last_progress = now_;
+    m.active_slot = static_cast<std::uint32_t>(active_.size());
+    active_.push_back(id);
+    if (!card_known_alive_[m.src] || !card_known_alive_[m.dst]) {
+      fail(id, err_card, card_known_alive_[m.dst] ? m.src : m.dst, 0);
+      return;
+    }
+    // Chunking: at most chunk_bytes each, and a multiple of the source-port count so every
+    // plane carries an equal share (this is what makes one transfer take S/(planes x bw)).
+    std::uint64_t width = planes_;
+    if (cfg_.supernode_of(m.src) != cfg_.supernode_of(m.dst)) width = 1;
+    std::uint64_t n = (m.bytes + cfg_.fabric.chunk_bytes - 1) / cfg_.fabric.chunk_bytes;
+    n = std::max<std::uint64_t>(1, (n + width - 1) / width * width);
+    if (m.bytes > 0) n = std::min<std::uint64_t>(n, m.bytes);
+    if (n > std::numeric_limits<std::uint32_t>::max() / 2) throw std::length_error("tessel emulator: message of " + std::to_string(m.bytes) + " bytes needs too many chunks; raise chunk_bytes");
+    m.nchunks = static_cast<std::uint32_t>(n);
+    m.chunk_base = m.bytes / n;
+    m.chunk_extra = m.bytes % n;
+    push_event(now_ + cfg_.faults.op_timeout, ev_timeout, id);
+    set_route(id);
+  }
+
+  void retire(msg_id id) {
+    message& m = msgs_[id];
+    std::uint32_t slot = m.active_slot;
+    active_[slot] = active_.back();
+    msgs_[active_[slot]].active_slot = slot;
+    active_.pop_back();
+    m.retry.clear();
+    m.retry.shrink_to_fit();
+  }
+
+  void complete(msg_id id) {
+    message& m = msgs_[id];
+    m.state = msg_state::done;
+    m.done = now_;
+    last_delivery_ = std::max(last_delivery_, now_);
+    retire(id);
+    if (on_complete) on_complete(id, now_, true);
+  }
+
+  void fail(msg_id id, std::uint8_t err, std::size_t card, std::size_t plane) {
+    message& m = msgs_[id];
+    if (m.state == msg_state::done || m.state == msg_state::failed) return;
+    if (m.state == msg_state::active) retire(id);
+    m.state = msg_state::failed;
+    m.done = now_;
+    m.err = err;
+    m.err_card = static_cast<std::uint32_t>(card);
+    m.err_plane = static_cast<std::uint32_t>(plane);
+    if (on_complete) on_complete(id, now_, false);
+  }
+
+  // A chunk that will never arrive: give its index back to the message to resend.
+  void lose(std::uint32_t ci) {
+    chunk& ch = chunks_[ci];
+    if (ch.lost) return;
+    ch.lost = true;
+    return_credit(ch);
+    message& m = msgs_[ch.msg];
+    if (m.state != msg_state::active) return;
+    m.retry.push_back(ch.index);
+    register_sources(ch.msg);
+  }
+
+  void return_credit(chunk& ch) {
+    if (!ch.credited) return;
+    ch.credited = false;
+    port& fin = ports_[ch.ports[ch.len - 1]];
+    fin.credit += static_cast<std::int64_t>(ch.bytes);
+    if (!fin.waiters.empty()) {
+      std::vector<std::uint32_t> w;
+      w.swap(fin.waiters);
+      for (std::uint32_t q : w) try_start(q);
+    }
+  }
+
+  // ---------------------------------------------------------------- ports
+  bool port_alive(std::size_t q) const {
+    if (q < card_ports_) {
+      std::size_t c = q / 2 / planes_, p = (q / 2) % planes_;
+      return link_ok_[c * planes_ + p] && plane_ok_[p] && card_alive_[c];
+    }
+    if (q < ls_base_) return card_alive_[(q - nic_base_) / 2] != 0;
+    return true;
+  }
+
+  // Builds the path of chunk `ci` of message `m` leaving through source port `q`.
+  void build_path(chunk& ch, const message& m, std::size_t q) {
+    if (m.route.kind == route_scaleout) {
+      std::size_t ls = cfg_.supernode_of(m.src), ld = cfg_.supernode_of(m.dst);
+      std::size_t best = 0;
+      if (cfg_.fabric.routing == routing_policy::static_plane) {
+        best = (m.src + m.dst) % spines_;
+      } else {  // least-loaded spine (ECMP with load awareness)
+        double bl = std::numeric_limits<double>::infinity();
+        for (std::size_t k = 0; k < spines_; ++k) {
+          double l = port_backlog(leaf_up(ls, k)) + port_backlog(spine_down(k, ld));
+          if (l < bl) { bl = l; best = k; }
+        }
+      }
+      ch.ports[0] = static_cast<std::uint32_t>(q);
+      ch.ports[1] = static_cast<std::uint32_t>(leaf_up(ls, best));
+      ch.ports[2] = static_cast<std::uint32_t>(spine_down(best, ld));
+      ch.ports[3] = static_cast<std::uint32_t>(nic_down(m.dst));
+      ch.len = 4;
+      return;
+    }
+    const std::size_t p = (q / 2) % planes_;
+    if (m.route.kind == route_direct) {
+      ch.ports[0] = static_cast<std::uint32_t>(q);
+      ch.ports[1] = static_cast<std::uint32_t>(down(m.dst, p));
+      ch.len = 2;
+      return;
+    }
+    // transit: second plane = least backlog among the planes via -> dst can use
+    std::size_t best = planes_;
+    double bl = std::numeric_limits<double>::infinity();
+    for (std::size_t p2 = 0; p2 < planes_; ++p2) {
+      if (!(m.route.mask2 >> p2 & 1)) continue;
+      double l = port_backlog(up(m.route.via, p2));
+      if (l < bl) { bl = l; best = p2; }
+    }
+    ch.ports[0] = static_cast<std::uint32_t>(q);
+    ch.ports[1] = static_cast<std::uint32_t>(down(m.route.via, p));
+    ch.ports[2] = static_cast<std::uint32_t>(up(m.route.via, best));
+    ch.ports[3] = static_cast<std::uint32_t>(down(m.dst, best));
+    ch.len = 4;
+  }
+
+  bool route_uses_source(const message& m, std::size_t q) const {
+    if (m.route.kind == route_scaleout) return q == nic_up(m.src);
+    if (m.route.kind == route_none || q >= card_ports_ || q % 2) return false;
+    return q / 2 / planes_ == m.src && (m.route.mask1 >> ((q / 2) % planes_) & 1);
+  }
+
+  void start(std::size_t q, std::uint32_t ci) {
+    port& pt = ports_[q];
+    chunk& ch = chunks_[ci];
+    const double ser = static_cast<double>(ch.bytes) / pt.bw;
+    const double finish = std::max(now_ + ser, ch.tail);
+    pt.busy = true;
+    pt.cur = ci;
+    pt.cur_gen = ch.gen;
+    pt.cur_start = now_;
+    pt.st.bytes += ch.bytes;
+    push_event(finish, ev_free, static_cast<std::uint32_t>(q), static_cast<std::uint32_t>(ch.bytes));
+    if (ch.hop + 1 < ch.len) {
+      double extra = 0;
+      std::size_t nq = ch.ports[ch.hop + 1];
+      if (ch.len == 4 && ch.ports[0] < card_ports_ && nq == ch.ports[2]) extra = cfg_.fabric.transit_latency;
+      ch.tail = finish + pt.lat + extra;
+      push_event(now_ + pt.lat + extra, ev_arrive, ci, ch.gen);
+    } else {
+      push_event(finish + pt.lat, ev_deliver, ci, ch.gen);
+    }
+  }
+
+  // Starts the next chunk on an idle port: forwarded chunks first (FIFO), then the card's own
+  // messages round-robin (a source port pulls the next chunk of the next message).
+  void try_start(std::size_t q) {
+    port& pt = ports_[q];
+    if (pt.busy || !port_alive(q)) return;
+    while (!pt.fifo.empty()) {
+      std::uint32_t ci = pt.fifo.front();
+      pt.fifo.pop_front();
+      if (chunks_[ci].lost) { pt.queued -= chunks_[ci].bytes; free_chunk(ci); continue; }
+      start(q, ci);
+      return;
+    }
+    std::size_t tries = pt.rr.size();
+    while (tries-- > 0 && !pt.rr.empty()) {
+      auto [id, gen] = pt.rr.front();
+      pt.rr.pop_front();
+      message& m = msgs_[id];
+      if (m.state != msg_state::active || m.route_gen != gen || !m.has_more() || !route_uses_source(m, q)) continue;
+      std::uint32_t index = m.retry.empty() ? m.next_chunk : m.retry.back();
+      std::uint32_t ci = new_chunk();
+      chunk& ch = chunks_[ci];
+      ch.msg = id;
+      ch.index = index;
+      ch.bytes = chunk_bytes(m, index);
+      ch.hop = 0;
+      ch.lost = false;
+      ch.credited = false;
+      ch.tail = now_;
+      build_path(ch, m, q);
+      if (cfg_.fabric.shaping) {
+        port& fin = ports_[ch.ports[ch.len - 1]];
+        const auto need = static_cast<std::int64_t>(ch.bytes);
+        if (fin.credit < need && fin.credit < static_cast<std::int64_t>(cfg_.fabric.shaping_window)) {
+          free_chunk(ci);
+          pt.rr.emplace_back(id, gen);
+          if (std::find(fin.waiters.begin(), fin.waiters.end(), static_cast<std::uint32_t>(q)) == fin.waiters.end())
+            fin.waiters.push_back(static_cast<std::uint32_t>(q));
+          continue;
+        }
+        fin.credit -= need;
+        ch.credited = true;
+      }
+      if (m.retry.empty()) m.next_chunk++;
+      else m.retry.pop_back();
+      if (m.has_more()) pt.rr.emplace_back(id, gen);
+      pt.queued += ch.bytes;
+      start(q, ci);
+      return;
+    }
+  }
+
+  // ---------------------------------------------------------------- events
+  void step() {
+    event e = events_.top();
+    events_.pop();
+    now_ = std::max(now_, e.t);
+    events_done_++;
+    switch (e.kind) {
+      case ev_post: activate(e.a); break;
+      case ev_free: on_free(e.a, e.b); break;
+      case ev_arrive: on_arrive(e.a, e.b); break;
+      case ev_deliver: on_deliver(e.a, e.b); break;
+      case ev_fault: apply_fault(faults_[e.a], e.b); break;
+      case ev_detect: on_detect(e.a); break;
+      case ev_timeout: on_timeout(e.a); break;
+      case ev_rejoin: on_rejoin_event(e.a); break;
+      case ev_wake: try_start(e.a); break;
+      default: break;
+    }
+  }
+
+  void on_free(std::uint32_t q, std::uint32_t bytes) {
+    port& pt = ports_[q];
+    pt.busy = false;
+    pt.st.busy += now_ - pt.cur_start;
+    pt.queued -= bytes;
+    try_start(q);
+  }
+
+  void on_arrive(std::uint32_t ci, std::uint32_t gen) {
+    chunk& ch = chunks_[ci];
+    if (ch.gen != gen) return;
+    if (ch.lost) { free_chunk(ci); return; }
+    ch.hop++;
+    const std::size_t q = ch.ports[ch.hop];
+    if (!port_alive(q)) { lose(ci); free_chunk(ci); return; }
+    port& pt = ports_[q];
+    pt.fifo.push_back(ci);
+    pt.queued += ch.bytes;
+    pt.st.max_queue_bytes = std::max(pt.st.max_queue_bytes, pt.queued);
+    try_start(q);
+  }
+
+  void on_deliver(std::uint32_t ci, std::uint32_t gen) {
+    chunk& ch = chunks_[ci];
+    if (ch.gen != gen) return;
+    if (ch.lost) { free_chunk(ci); return; }
+    return_credit(ch);
+    const std::uint32_t id = ch.msg;
+    free_chunk(ci);
+    message& m = msgs_[id];
+    if (m.state != msg_state::active) return;
+    m.last_progress = now_;
+    if (++m.chunks_done == m.nchunks) complete(id);
+  }
+
+  void on_timeout(std::uint32_t id) {
+    message& m = msgs_[id];
+    if (m.state != msg_state::active) return;
+    if (now_ - m.last_progress < cfg_.faults.op_timeout * (1 - 1e-12)) {
+      push_event(m.last_progress + cfg_.faults.op_timeout, ev_timeout, id);
+      return;
+    }
+    // Name the link that blocks the pair, if any; else the peer we were waiting on.
+    for (std::size_t c : {static_cast<std::size_t>(m.src), static_cast<std::size_t>(m.dst)}) {
+      if (!card_alive_[c]) { fail(id, err_card, c, 0); return; }
+      for (std::size_t p = 0; p < planes_; ++p)
+        if (!link_ok_[c * planes_ + p] || !plane_ok_[p]) { fail(id, err_link, c, p); return; }
+    }
+    fail(id, err_timeout, m.dst, 0);
+  }
+
+  void set_link(std::size_t c, std::size_t p, bool ok) { link_ok_[c * planes_ + p] = ok; }
+
+  // Drops whatever is queued on or passing through a port that just died.
+  void kill_port(std::size_t q) {
+    port& pt = ports_[q];
+    if (pt.busy && chunks_[pt.cur].gen == pt.cur_gen) lose(pt.cur);
+    while (!pt.fifo.empty()) {
+      std::uint32_t ci = pt.fifo.front();
+      pt.fifo.pop_front();
+      pt.queued -= chunks_[ci].bytes;
+      lose(ci);
+      free_chunk(ci);
+    }
+  }
+  void kill_card_ports(std::size_t c, std::size_t only_plane = SIZE_MAX) {
+    for (std::size_t p = 0; p < planes_; ++p) {
+      if (only_plane != SIZE_MAX && p != only_plane) continue;
+      kill_port(up(c, p));
+      kill_port(down(c, p));
+    }
+    if (sn_ > 1 && only_plane == SIZE_MAX) { kill_port(nic_up(c)); kill_port(nic_down(c)); }
+  }
+  void wake_card_ports(std::size_t c) {
+    for (std::size_t p = 0; p < planes_; ++p) { try_start(up(c, p)); try_start(down(c, p)); }
+    if (sn_ > 1) { try_start(nic_up(c)); try_start(nic_down(c)); }
+  }
+
+  // `phase` 1 = the second half of a hot swap (the card comes back empty).
+  void apply_fault(const fault& f, std::uint32_t phase) {
+    double detect = now_ + cfg_.faults.link_detect + cfg_.direct_latency();
+    switch (f.kind) {
+      case fault_kind::link_down: set_link(f.card, f.plane, false); kill_card_ports(f.card, f.plane); break;
+      case fault_kind::link_up: set_link(f.card, f.plane, true); try_start(up(f.card, f.plane)); try_start(down(f.card, f.plane)); break;
+      case fault_kind::plane_down:
+        plane_ok_[f.plane] = 0;
+        for (std::size_t c = 0; c < n_; ++c) kill_card_ports(c, f.plane);
+        break;
+      case fault_kind::plane_up:
+        plane_ok_[f.plane] = 1;
+        for (std::size_t c = 0; c < n_; ++c) { try_start(up(c, f.plane)); try_start(down(c, f.plane)); }
+        break;
+      case fault_kind::card_down:
+      case fault_kind::hot_swap:
+        if (phase == 0) {
+          card_alive_[f.card] = 0;
+          kill_card_ports(f.card);
+          // heartbeat monitor: the last heartbeat left at floor(t/h)*h; `missed` more are missed.
+          const double h = cfg_.faults.heartbeat_interval;
+          detect = (std::floor(now_ / h) + cfg_.faults.missed_heartbeats) * h + 2 * cfg_.direct_latency();
+          if (detect <= now_) detect = now_ + h;
+          if (f.kind == fault_kind::hot_swap) push_event(now_ + std::max(f.duration, 0.0), ev_fault, static_cast<std::uint32_t>(&f - faults_.data()), 1);
+        } else {
+          card_alive_[f.card] = 1;
+          wake_card_ports(f.card);
+          push_event(now_, ev_rejoin, static_cast<std::uint32_t>(f.card));
+          detect = now_ + cfg_.faults.heartbeat_interval + cfg_.direct_latency();
+        }
+        break;
+      case fault_kind::card_up:
+        card_alive_[f.card] = 1;
+        wake_card_ports(f.card);
+        detect = now_ + cfg_.faults.heartbeat_interval + cfg_.direct_latency();
+        break;
+    }
+    // detection record index encodes the fault and phase
+    push_event(detect, ev_detect, static_cast<std::uint32_t>((&f - faults_.data()) * 2 + phase));
+  }
+
+  void on_rejoin_event(std::uint32_t c) {
+    if (on_rejoin) on_rejoin(c, now_);
+  }
+
+  void on_detect(std::uint32_t code) {
+    const fault& f = faults_[code / 2];
+    const bool second = code % 2;
+    bool down_now = false;
+    switch (f.kind) {
+      case fault_kind::link_down: link_known_ok_[f.card * planes_ + f.plane] = 0; down_now = true; break;
+      case fault_kind::link_up: link_known_ok_[f.card * planes_ + f.plane] = 1; break;
+      case fault_kind::plane_down: plane_known_ok_[f.plane] = 0; down_now = true; break;
+      case fault_kind::plane_up: plane_known_ok_[f.plane] = 1; break;
+      case fault_kind::card_down: card_known_alive_[f.card] = 0; down_now = true; break;
+      case fault_kind::card_up: card_known_alive_[f.card] = 1; break;
+      case fault_kind::hot_swap: card_known_alive_[f.card] = second ? 1 : 0; down_now = !second; break;
+    }
+    route_cache_.clear();
+    failure_notice note{second ? fault_kind::card_up : f.kind, f.card, f.plane, second ? f.at + f.duration : f.at, now_};
+    if (down_now) notices_.push_back(note);
+    // Messages to or from a card reported dead fail now; the rest are re-routed.
+    std::vector<std::uint32_t> act = active_;
+    for (std::uint32_t id : act) {
+      message& m = msgs_[id];
+      if (m.state != msg_state::active) continue;
+      if (!card_known_alive_[m.src] || !card_known_alive_[m.dst]) {
+        fail(id, err_card, card_known_alive_[m.src] ? m.dst : m.src, 0);
+        continue;
+      }
+      set_route(id);
+    }
+    if (on_failure && down_now) on_failure(note);
+  }
+
+  void schedule_random_faults() {
+    std::mt19937_64 rng(cfg_.faults.seed);
+    const auto& fs = cfg_.faults;
+    auto draw = [&](double rate, auto&& make) {
+      if (rate <= 0) return;
+      std::exponential_distribution<double> gap(rate);
+      for (double t = gap(rng); t < fs.horizon; t += gap(rng) + fs.repair_time) make(t);
+    };
+    for (std::size_t c = 0; c < n_; ++c)
+      for (std::size_t p = 0; p < planes_; ++p)
+        draw(fs.link_failure_rate, [&](double t) {
+          schedule_fault({t, fault_kind::link_down, c, p, 0});
+          if (fs.repair_time > 0) schedule_fault({t + fs.repair_time, fault_kind::link_up, c, p, 0});
+        });
+    for (std::size_t c = 0; c < n_; ++c)
+      draw(fs.card_failure_rate, [&](double t) {
+        if (fs.repair_time > 0) schedule_fault({t, fault_kind::hot_swap, c, 0, fs.repair_time});
+        else schedule_fault({t, fault_kind::card_down, c, 0, 0});
+      });
+  }
+};
+
+}  // namespace emu
+}  // namespace v0
+}  // namespace tessel
