@@ -1,0 +1,122 @@
+// Bulk conversions: bulk == scalar on a seeded sample (every length mod the vector width), the
+// quantize/dequantize contracts, and error messages. The full 2^32 sweeps are in convert_exhaustive.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <random>
+#include <tessel/types.hpp>
+#include <vector>
+
+using tessel::overflow;
+
+namespace {
+std::vector<float> sample(std::size_t n, std::uint32_t seed) {
+  std::mt19937 g(seed);
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    switch (i % 3) {
+      case 0: v[i] = std::bit_cast<float>(std::uint32_t(g())); break;           // any bits (NaN, Inf, subnormal)
+      case 1: v[i] = std::ldexp(float(int(g() % 2001) - 1000), int(g() % 40) - 30); break;  // near the fp8 range
+      default: v[i] = std::normal_distribution<float>(0.0f, 100.0f)(g);
+    }
+  }
+  return v;
+}
+
+template <class T>
+void bulk_equals_scalar() {
+  const auto src = sample(70000, 42);
+  for (std::size_t n : {std::size_t(0), std::size_t(1), std::size_t(15), std::size_t(17), std::size_t(33), src.size()}) {
+    const std::span<const float> s(src.data(), n);
+    std::vector<T> p(n), q(n);
+    std::vector<float> back(n);
+    tessel::convert(s, std::span<T>(p));
+    tessel::convert(s, std::span<T>(q), overflow::saturate);
+    tessel::convert(std::span<const T>(p), std::span<float>(back));
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      bad += p[i].bits() != T(src[i]).bits();
+      bad += q[i].bits() != tessel::detail::encode<typename T::format, overflow::saturate>(src[i]);
+      bad += std::bit_cast<std::uint32_t>(back[i]) != std::bit_cast<std::uint32_t>(float(p[i]));
+    }
+    INFO("n = " << n);
+    CHECK(bad == 0);
+  }
+}
+}  // namespace
+
+TEMPLATE_TEST_CASE("bulk convert equals scalar", "[types][convert]", tessel::bf16, tessel::fp16, tessel::e4m3,
+                   tessel::e5m2) {
+  bulk_equals_scalar<TestType>();
+}
+
+TEMPLATE_TEST_CASE("quantize and dequantize with one scale", "[types][convert]", tessel::e4m3, tessel::e5m2,
+                   tessel::bf16, tessel::fp16) {
+  const auto src = sample(1000, 7);
+  std::vector<TestType> q(src.size());
+  std::vector<float> back(src.size());
+  const float scale = 0.37f;
+  tessel::quantize(std::span<const float>(src), std::span<TestType>(q), scale);
+  tessel::dequantize(std::span<const TestType>(q), std::span<float>(back), scale);
+  for (std::size_t i = 0; i < src.size(); ++i) {
+    const auto expect = tessel::detail::encode<typename TestType::format, overflow::saturate>(src[i] / scale);
+    REQUIRE(q[i].bits() == expect);
+    const float b = float(q[i]) * scale;
+    REQUIRE(std::bit_cast<std::uint32_t>(back[i]) == std::bit_cast<std::uint32_t>(b));
+  }
+  CHECK_THROWS_AS(tessel::quantize(std::span<const float>(src), std::span<TestType>(q), 0.0f), std::invalid_argument);
+  CHECK_THROWS_AS(tessel::quantize(std::span<const float>(src), std::span<TestType>(q), -1.0f), std::invalid_argument);
+  CHECK_THROWS_AS(tessel::quantize(std::span<const float>(src), std::span<TestType>(q), NAN), std::invalid_argument);
+}
+
+TEST_CASE("block-scaled e4m3: amax maps to max, error bound, zero blocks", "[types][convert]") {
+  std::mt19937 g(3);
+  std::vector<float> src(128 * 6);
+  for (auto& x : src) x = std::normal_distribution<float>(0.0f, 1.0f)(g);
+  src[5] = 1000.0f;                                                     // block 0 amax
+  std::fill(src.begin() + 128, src.begin() + 256, 0.0f);                // block 1 all zero
+  src[300] = NAN;                                                       // block 2 NaN (ignored by amax)
+  src[301] = -INFINITY;                                                 // block 2 -Inf -> -max (saturate)
+  for (int i = 384; i < 512; ++i) src[i] = 1e-40f * float(i % 3);       // block 3 subnormal floats
+  std::vector<tessel::e4m3> q(src.size());
+  const auto scales = tessel::quantize_blocks(std::span<const float>(src), std::span<tessel::e4m3>(q));
+  REQUIRE(scales.size() == 6);
+  CHECK(scales[0] == 1000.0f / 448.0f);
+  CHECK(float(q[5]) == 448.0f);
+  CHECK(scales[1] == 1.0f);
+  CHECK(scales[3] == std::numeric_limits<float>::min());
+  CHECK(isnan(q[300]));
+  CHECK(q[301].bits() == 0xFE);
+  std::vector<float> back(src.size());
+  tessel::dequantize_blocks(std::span<const tessel::e4m3>(q), std::span<const float>(scales), std::span<float>(back));
+  for (std::size_t i = 0; i < src.size(); ++i) {
+    if (!std::isfinite(src[i])) continue;
+    const float s = scales[i / 128];
+    // E4M3: relative error <= 2^-4 for normals, absolute <= 2^-10 * s in the subnormal range.
+    REQUIRE(std::fabs(back[i] - src[i]) <= std::fabs(src[i]) / 16 + std::ldexp(s, -10) * 1.0001f);
+    REQUIRE(back[i] == float(q[i]) * s);
+  }
+  // Per-tensor quantize with each block's scale gives the same codes.
+  std::vector<tessel::e4m3> q2(128);
+  tessel::quantize(std::span<const float>(src.data() + 512, 128), std::span<tessel::e4m3>(q2), scales[4]);
+  for (int i = 0; i < 128; ++i) REQUIRE(q2[i].bits() == q[512 + i].bits());
+}
+
+TEST_CASE("bulk API errors name both sizes", "[types][convert]") {
+  std::vector<float> a(10), b(7);
+  std::vector<tessel::bf16> h(9);
+  std::vector<tessel::e4m3> q(10);
+  CHECK_THROWS_AS(tessel::convert(std::span<const float>(a), std::span<tessel::bf16>(h)), std::invalid_argument);
+  CHECK_THROWS_WITH(tessel::convert(std::span<const float>(a), std::span<tessel::bf16>(h)),
+                    Catch::Contains("10") && Catch::Contains("9"));
+  CHECK_THROWS_WITH(tessel::convert(std::span<const tessel::bf16>(h), std::span<float>(b)),
+                    Catch::Contains("9") && Catch::Contains("7"));
+  CHECK_THROWS_WITH(tessel::quantize_blocks(std::span<const float>(a), std::span<tessel::e4m3>(q), 4),
+                    Catch::Contains("4") && Catch::Contains("10"));
+  CHECK_THROWS_AS(tessel::quantize_blocks(std::span<const float>(a), std::span<tessel::e4m3>(q), 0), std::invalid_argument);
+  std::vector<float> sc(3);
+  CHECK_THROWS_WITH(tessel::quantize_blocks(std::span<const float>(a), std::span<tessel::e4m3>(q), std::span<float>(sc), 5),
+                    Catch::Contains("3") && Catch::Contains("2"));
+  CHECK_THROWS_AS(tessel::dequantize_blocks(std::span<const tessel::e4m3>(q), std::span<const float>(sc), std::span<float>(a), 5),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(tessel::dequantize(std::span<const tessel::e4m3>(q), std::span<float>(b), 1.0f), std::invalid_argument);
+}
