@@ -1,0 +1,156 @@
+// `load(source, destination)`: copy a global tile into a staged or fragment tile, converting the
+// element type (bf16/fp16/e4m3/e5m2/f32 to f32 or bf16), optionally multiplying by a scale, and
+// zero-filling whatever part of the tile lies outside the tensor (edge tiles) and layout padding.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include <tessel/arch/unpack.hpp>
+#include <tessel/layout/layout.hpp>
+#include <tessel/tile/fragment.hpp>
+#include <tessel/tile/tensor.hpp>
+
+namespace tessel {
+inline namespace v0 {
+
+}  // namespace v0
+namespace detail {
+// Element types a tile can be loaded from.
+template <class T>
+inline constexpr bool loadable_v = std::is_same_v<T, float> || std::is_same_v<T, bf16> || std::is_same_v<T, fp16> ||
+                                   std::is_same_v<T, e4m3> || std::is_same_v<T, e5m2>;
+// Element types a staged/fragment tile can hold for compute.
+template <class T>
+inline constexpr bool stage_type_v = std::is_same_v<T, float> || std::is_same_v<T, bf16>;
+
+template <class D, class S>
+inline D convert_elem(S x, float scale, bool scaled) {
+  if constexpr (std::is_same_v<D, float>) {
+    const float f = arch::to_f32(x);
+    return scaled ? f * scale : f;
+  } else {  // bf16
+    if (!scaled) return bf16::from_bits(arch::to_bf16_bits(x));
+    return bf16(arch::to_f32(x) * scale);
+  }
+}
+template <class D>
+inline D zero_elem() {
+  if constexpr (std::is_same_v<D, float>) return 0.0f;
+  else return D::from_bits(0);
+}
+}  // namespace detail
+inline namespace v0 {
+
+template <class S>
+concept loadable_element = detail::loadable_v<std::remove_const_t<S>>;
+template <class D>
+concept stage_element = detail::stage_type_v<D>;
+
+// Global tile -> staged tile of the same (R, C), in any layout.
+template <loadable_element S, std::size_t R, std::size_t C, stage_element D, class L>
+void load(const tensor_tile<S, R, C>& src, staged<D, R, C, L>& dst, float scale = 1.0f) {
+  using SV = std::remove_const_t<S>;
+  const bool scaled = scale != 1.0f;
+  const std::size_t vr = src.rows, vc = src.cols;
+  D* out = dst.data();
+  const D zero = detail::zero_elem<D>();
+  if constexpr (layout::is_col_panel<L>) {
+    constexpr std::size_t NR = L::nr, KP = L::kp;
+    constexpr std::size_t PR = L::padded_rows(R);
+    for (std::size_t p = 0; p < L::padded_cols(C) / NR; ++p) {
+      D* panel = out + p * NR * PR;
+      const std::size_t c0 = p * NR;
+      const std::size_t nc = c0 < vc ? (vc - c0 < NR ? vc - c0 : NR) : 0;
+      for (std::size_t k = 0; k < PR; k += KP) {
+        D* row = panel + k * NR;
+        for (std::size_t q = 0; q < KP; ++q) {
+          const std::size_t r = k + q;
+          if (r < vr && nc) {
+            const SV* s = src.data + r * src.row_stride + c0 * src.col_stride;
+            if (src.col_stride == 1) {
+              if constexpr (KP == 1 && std::is_same_v<SV, D>) {
+                if (!scaled) { std::memcpy(row, s, nc * sizeof(D)); }
+                else for (std::size_t j = 0; j < nc; ++j) row[j] = detail::convert_elem<D>(s[j], scale, true);
+              } else {
+                for (std::size_t j = 0; j < nc; ++j) row[j * KP + q] = detail::convert_elem<D>(s[j], scale, scaled);
+              }
+            } else {
+              for (std::size_t j = 0; j < nc; ++j) row[j * KP + q] = detail::convert_elem<D>(s[j * src.col_stride], scale, scaled);
+            }
+            for (std::size_t j = nc; j < NR; ++j) row[j * KP + q] = zero;
+          } else {
+            for (std::size_t j = 0; j < NR; ++j) row[j * KP + q] = zero;
+          }
+        }
+      }
+    }
+  } else if constexpr (layout::is_panel<L>) {
+    constexpr std::size_t MR = L::mr, KP = L::kp;
+    constexpr std::size_t PC = L::padded_cols(C);
+    for (std::size_t p = 0; p < L::padded_rows(R) / MR; ++p) {
+      D* panel = out + p * MR * PC;
+      const std::size_t r0 = p * MR;
+      const std::size_t nr = r0 < vr ? (vr - r0 < MR ? vr - r0 : MR) : 0;
+      if (src.row_stride == 1 && KP == 1) {
+        // column-major source: MR consecutive rows per K step
+        for (std::size_t k = 0; k < PC; ++k) {
+          D* o = panel + k * MR;
+          if (k < vc && nr) {
+            const SV* s = src.data + r0 + k * src.col_stride;
+            for (std::size_t i = 0; i < nr; ++i) o[i] = detail::convert_elem<D>(s[i], scale, scaled);
+            for (std::size_t i = nr; i < MR; ++i) o[i] = zero;
+          } else {
+            for (std::size_t i = 0; i < MR; ++i) o[i] = zero;
+          }
+        }
+      } else {
+        for (std::size_t i = 0; i < MR; ++i) {
+          const std::size_t r = r0 + i;
+          const SV* s = i < nr ? src.data + r * src.row_stride : nullptr;
+          for (std::size_t k = 0; k < PC; ++k) {
+            D* o = panel + (k / KP) * MR * KP + i * KP + k % KP;
+            *o = (s && k < vc) ? detail::convert_elem<D>(s[k * src.col_stride], scale, scaled) : zero;
+          }
+        }
+      }
+    }
+  } else {
+    for (std::size_t r = 0; r < R; ++r)
+      for (std::size_t c = 0; c < C; ++c)
+        out[L::offset(r, c, R, C)] = (r < vr && c < vc) ? detail::convert_elem<D>(src(r, c), scale, scaled) : zero;
+  }
+}
+
+// Global tile -> fragment (row-major).
+template <loadable_element S, std::size_t R, std::size_t C, stage_element D>
+void load(const tensor_tile<S, R, C>& src, fragment<D, R, C>& dst, float scale = 1.0f) {
+  const bool scaled = scale != 1.0f;
+  const D zero = detail::zero_elem<D>();
+  for (std::size_t r = 0; r < R; ++r)
+    for (std::size_t c = 0; c < C; ++c)
+      dst(r, c) = (r < src.rows && c < src.cols) ? detail::convert_elem<D>(src(r, c), scale, scaled) : zero;
+}
+
+// Mismatched shapes get a message instead of an overload-resolution wall.
+template <class S, std::size_t R1, std::size_t C1, class Dst>
+  requires(Dst::tile_rows != R1 || Dst::tile_cols != C1)
+void load(const tensor_tile<S, R1, C1>&, Dst&, float = 1.0f) {
+  static_assert(Dst::tile_rows == R1 && Dst::tile_cols == C1, "tessel::load: source tile and destination tile have different (R, C)");
+}
+
+// Hint the caches to fetch a tile that a later `load` will read (used by `pipelined` loops).
+template <class S, std::size_t R, std::size_t C>
+void prefetch(const tensor_tile<S, R, C>& src) {
+  if (src.col_stride == 1) {
+    for (std::size_t r = 0; r < src.rows; ++r)
+      for (std::size_t c = 0; c < src.cols; c += 64 / sizeof(S)) __builtin_prefetch(src.data + r * src.row_stride + c);
+  } else {
+    for (std::size_t c = 0; c < src.cols; ++c) __builtin_prefetch(src.data + c * src.col_stride);
+  }
+}
+
+}  // namespace v0
+}  // namespace tessel

@@ -1,0 +1,96 @@
+// `mma(a, b, acc)`: acc(BM,BN) += a(BM,BK) · b(BK,BN) with the best atom for the operand types
+// and target (AVX-512 FMA, AVX512-BF16 vdpbf16ps, AVX2 FMA, scalar). Operands are staged in the
+// atom's panel layouts, which `mma_traits<T>` names; a row-major A may also be read in place.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include <tessel/arch/gemm_atoms.hpp>
+#include <tessel/tile/fragment.hpp>
+#include <tessel/tile/tensor.hpp>
+#include <tessel/types/bf16.hpp>
+#include <tessel/types/fp16.hpp>
+#include <tessel/types/fp8.hpp>
+
+namespace tessel {
+inline namespace v0 {
+
+// How operands of element type In are staged for mma: the stage element type, the atom, and the
+// layouts of A and B. f32/fp16 run on the f32 FMA atom; bf16/e4m3/e5m2 on the bf16 pair atom
+// where the CPU has one (FP8 widens to bf16 exactly), else widen to f32.
+template <class In>
+struct mma_traits {
+  static_assert(std::is_same_v<In, float> || std::is_same_v<In, fp16> || std::is_same_v<In, bf16> ||
+                    std::is_same_v<In, e4m3> || std::is_same_v<In, e5m2>,
+                "tessel::mma_traits: supported operand types are float, fp16, bf16, e4m3, e5m2");
+  static constexpr bool pair = arch::has_pair_atom && !std::is_same_v<In, float> && !std::is_same_v<In, fp16>;
+  using stage_type = std::conditional_t<pair, bf16, float>;
+  using atom = std::conditional_t<pair, arch::best_bf16_atom, arch::best_f32_atom>;
+  static constexpr std::size_t mr = atom::mr, nr = atom::nr, k_pack = atom::k_pack;
+  using a_layout = layout::panel<mr, k_pack>;
+  using b_layout = layout::col_panel<nr, k_pack>;
+};
+
+// Options of one mma call.
+struct mma_opts {
+  bool accumulate = true;              // acc += a·b (false: acc = a·b)
+  const float* row_scale = nullptr;    // BM scales: acc(i,j) (+)= (a·b)(i,j) * row_scale[i] * col_scale[j]
+  const float* col_scale = nullptr;    // BN scales (null = 1)
+  std::size_t k = SIZE_MAX;            // depth actually used (<= BK; rest treated as zero)
+};
+
+}  // namespace v0
+namespace detail {
+template <class T> struct atom_for_stage;
+template <> struct atom_for_stage<float> { using type = arch::best_f32_atom; };
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+template <> struct atom_for_stage<bf16> { using type = arch::best_bf16_atom; };
+#endif
+template <class TA, class TB>
+concept same_stage = std::is_same_v<TA, TB>;
+}  // namespace detail
+inline namespace v0 {
+
+// Staged A (panel<MR,KP>) × staged B (col_panel<NR,KP>) → f32 accumulator tile.
+template <class T, std::size_t BM, std::size_t BK, std::size_t BN, std::size_t MR, std::size_t NR, std::size_t KP, f32_accumulator Acc>
+void mma(const staged<T, BM, BK, layout::panel<MR, KP>>& a, const staged<T, BK, BN, layout::col_panel<NR, KP>>& b, Acc& acc,
+         const mma_opts& o = {}) {
+  using atom = typename detail::atom_for_stage<T>::type;
+  static_assert(atom::mr == MR && atom::nr == NR && atom::k_pack == KP,
+                "tessel::mma: staged layouts must be mma_traits<T>::a_layout / b_layout (the atom's panel shapes)");
+  static_assert(Acc::tile_rows == BM && Acc::tile_cols == BN, "tessel::mma: accumulator must be (BM, BN)");
+  static_assert(BM % MR == 0 && BN % NR == 0, "tessel::mma: BM and BN must be multiples of the atom's MR and NR");
+  const std::size_t kd = o.k < BK ? o.k : BK;
+  const std::size_t steps = (kd + KP - 1) / KP;
+  constexpr std::size_t PK = layout::panel<MR, KP>::padded_cols(BK);
+  constexpr std::size_t ldc = Acc::tile_cols;
+  for (std::size_t jp = 0; jp < BN / NR; ++jp) {
+    for (std::size_t ip = 0; ip < BM / MR; ++ip) {
+      arch::ukernel_args p;
+      p.k = steps;
+      p.a = a.data() + ip * MR * PK;
+      p.b = b.data() + jp * NR * PK;
+      p.c = acc.data() + ip * MR * ldc + jp * NR;
+      p.ldc = ldc;
+      p.accumulate = o.accumulate;
+      p.row_scale = o.row_scale ? o.row_scale + ip * MR : nullptr;
+      p.col_scale = o.col_scale ? o.col_scale + jp * NR : nullptr;
+      atom::run(p);
+    }
+  }
+}
+
+// Small register tiles: c(M,N) += a(M,K) · b(K,N) in f32 (any element types convertible to float).
+template <std::size_t M, std::size_t K, std::size_t N>
+void mma(const fragment<float, M, K>& a, const fragment<float, K, N>& b, fragment<float, M, N>& c) {
+  for (std::size_t i = 0; i < M; ++i)
+    for (std::size_t k = 0; k < K; ++k) {
+      const float x = a(i, k);
+      for (std::size_t j = 0; j < N; ++j) c(i, j) = __builtin_fmaf(x, b(k, j), c(i, j));
+    }
+}
+
+}  // namespace v0
+}  // namespace tessel
