@@ -134,6 +134,7 @@ class fabric {
   std::function<void(msg_id, double, bool)> on_complete;       // message finished (ok) or failed
   std::function<void(const failure_notice&)> on_failure;       // health monitor detections
   std::function<void(std::size_t card, double t)> on_rejoin;   // a hot-swapped card is back, empty
+  std::function<void(std::size_t card, bool alive, double t)> on_card_state;  // physical up/down
 
   // ---- traffic ----
   // Posts a message of `bytes` from `src` to `dst` at simulated time `at` (clamped to now() if
@@ -238,6 +239,8 @@ class fabric {
   // Whether the health monitor has reported card `c` dead (as every card sees it now).
   bool known_failed(std::size_t c) const { check_card(c, "query"); return card_known_alive_[c] == 0; }
   const std::vector<failure_notice>& notices() const { return notices_; }
+  // Every fault scheduled so far (explicit and seeded random), in scheduling order.
+  const std::vector<fault>& faults() const { return faults_; }
   // Worst-case detection delay of a card failure: the monitor misses `missed_heartbeats`
   // heartbeats, then tells every card over the fabric.
   double detection_bound() const {
@@ -529,11 +532,15 @@ class fabric {
       fail(id, err_card, card_known_alive_[m.dst] ? m.src : m.dst, 0);
       return;
     }
-    // Chunking: at most chunk_bytes each, and a multiple of the source-port count so every
+    // Chunking: at most chunk_bytes each (a quarter of the credit window when shaping, so
+    // credits keep several chunks in flight), and a multiple of the source-port count so every
     // plane carries an equal share (this is what makes one transfer take S/(planes x bw)).
-    std::uint64_t width = planes_;
-    if (cfg_.supernode_of(m.src) != cfg_.supernode_of(m.dst)) width = 1;
-    std::uint64_t n = (m.bytes + cfg_.fabric.chunk_bytes - 1) / cfg_.fabric.chunk_bytes;
+    m.route = choose_route(m);
+    std::uint64_t width = 1;
+    if (m.route.kind == route_direct || m.route.kind == route_transit) width = std::max(1, std::popcount(m.route.mask1));
+    std::uint64_t cb = cfg_.fabric.chunk_bytes;
+    if (cfg_.fabric.shaping) cb = std::max<std::uint64_t>(1, std::min<std::uint64_t>(cb, cfg_.fabric.shaping_window / 4));
+    std::uint64_t n = (m.bytes + cb - 1) / cb;
     n = std::max<std::uint64_t>(1, (n + width - 1) / width * width);
     if (m.bytes > 0) n = std::min<std::uint64_t>(n, m.bytes);
     if (n > std::numeric_limits<std::uint32_t>::max() / 2) throw std::length_error("tessel emulator: message of " + std::to_string(m.bytes) + " bytes needs too many chunks; raise chunk_bytes");
@@ -541,7 +548,8 @@ class fabric {
     m.chunk_base = m.bytes / n;
     m.chunk_extra = m.bytes % n;
     push_event(now_ + cfg_.faults.op_timeout, ev_timeout, id);
-    set_route(id);
+    m.route_gen++;
+    register_sources(id);
   }
 
   void retire(msg_id id) {
@@ -848,6 +856,7 @@ class fabric {
         if (phase == 0) {
           card_alive_[f.card] = 0;
           kill_card_ports(f.card);
+          if (on_card_state) on_card_state(f.card, false, now_);
           // heartbeat monitor: the last heartbeat left at floor(t/h)*h; `missed` more are missed.
           const double h = cfg_.faults.heartbeat_interval;
           detect = (std::floor(now_ / h) + cfg_.faults.missed_heartbeats) * h + 2 * cfg_.direct_latency();
@@ -856,6 +865,7 @@ class fabric {
         } else {
           card_alive_[f.card] = 1;
           wake_card_ports(f.card);
+          if (on_card_state) on_card_state(f.card, true, now_);
           push_event(now_, ev_rejoin, static_cast<std::uint32_t>(f.card));
           detect = now_ + cfg_.faults.heartbeat_interval + cfg_.direct_latency();
         }
@@ -863,6 +873,7 @@ class fabric {
       case fault_kind::card_up:
         card_alive_[f.card] = 1;
         wake_card_ports(f.card);
+        if (on_card_state) on_card_state(f.card, true, now_);
         detect = now_ + cfg_.faults.heartbeat_interval + cfg_.direct_latency();
         break;
     }

@@ -1,0 +1,462 @@
+// The emulated cluster: N cards (tessel devices with their own memory and clocks) joined by the
+// modelled fabric, with a data plane for collectives and users.
+//
+// Data plane (what a collectives transport builds on):
+//   put(src, src_ptr, dst, dst_ptr, n)   one-sided write, initiated by `src` at its clock
+//   get(me, my_ptr, peer, peer_ptr, n)   one-sided read: a request travels to `peer`, data back
+//   send(src, dst, ptr, n, tag) / recv(dst, src, ptr, n, tag)
+//                                        two-sided; matched in order per (src, dst, tag); the
+//                                        transfer starts when both sides have posted
+// Each returns a `completion`. Nothing moves until someone waits: `wait(c)` runs the fabric
+// simulation until that transfer is done, copies the bytes for real (unless timing_only), and
+// advances the initiator's clock (for recv: the receiver's; `wait(c, card)` names another card,
+// e.g. the target of a put learning that its data arrived) to the completion time.
+// Waits never hang: an unmatched send/recv, a dead peer or a path with no progress ends, in
+// simulated time, with a typed error naming the card or link (card_failed_error,
+// link_failed_error, timeout_error; all derive from fault_error / std::runtime_error).
+// Failure notification: `on_failure(cb)` is called when the heartbeat monitor reports a fault
+// (within fabric().detection_bound() of it); `failed(card)` polls what every card knows.
+//
+// Timing model: a transfer is posted at its initiator's clock. The fabric never goes back in
+// time, so a transfer posted at a clock behind the simulation starts "now" instead. Drive it in
+// bulk-synchronous steps (post every transfer of a step, then wait) and the result is exact and
+// deterministic. All methods are thread-safe (one lock); a multi-threaded driver whose recv may
+// be waited on before the matching send is posted should set_match_grace(seconds of host time).
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include <tessel/device/executor.hpp>
+#include <tessel/emulator/card.hpp>
+#include <tessel/emulator/config.hpp>
+#include <tessel/emulator/errors.hpp>
+#include <tessel/emulator/fabric.hpp>
+#include <tessel/emulator/trace.hpp>
+
+namespace tessel {
+inline namespace v0 {
+namespace emu {
+
+// Utilization counters of a run.
+struct cluster_report {
+  double makespan = 0;               // latest card clock or delivery, seconds
+  double flop_utilization = 0;       // mean over cards: time at peak FLOP rate / makespan
+  double hbm_saturation = 0;         // mean over cards: time at full HBM bandwidth / makespan
+  double max_port_utilization = 0;   // busiest port: busy time / makespan
+  double mean_port_utilization = 0;  // over the card ports that carried traffic
+  std::string bottleneck;            // the busiest port, named
+  std::uint64_t messages = 0;
+  double latency_p50 = 0, latency_p99 = 0;  // per-message, seconds
+  std::string to_string() const {
+    std::ostringstream o;
+    o << "makespan " << makespan * 1e6 << " us, FLOP utilization " << flop_utilization * 100 << " %, HBM saturation "
+      << hbm_saturation * 100 << " %\nlinks: busiest " << bottleneck << " at " << max_port_utilization * 100
+      << " %, mean of active ports " << mean_port_utilization * 100 << " %\nmessages " << messages << ", latency p50 "
+      << latency_p50 * 1e6 << " us, p99 " << latency_p99 * 1e6 << " us";
+    return o.str();
+  }
+};
+
+class cluster {
+ public:
+  using op_id = std::uint32_t;
+
+  // A pending transfer. Cheap to copy; valid while the cluster lives.
+  struct completion {
+    cluster* owner = nullptr;
+    op_id id = 0;
+    void wait() const { owner->wait(*this); }
+    bool ready() const { return owner->test(*this); }
+    double time() const { return owner->completion_time(*this); }
+  };
+
+  // A cluster running its cards' programs on its own executor (`threads` workers, default all cores).
+  explicit cluster(const cluster_config& cfg, unsigned threads = 0)
+      : cfg_(checked(cfg)),
+        owned_exec_(std::make_unique<executor>(threads ? threads : host_device::default_threads())),
+        exec_(owned_exec_.get()),
+        net_(cfg_) {
+    init();
+  }
+  // A cluster sharing an executor (which must outlive it).
+  cluster(const cluster_config& cfg, executor& shared) : cfg_(checked(cfg)), exec_(&shared), net_(cfg_) { init(); }
+
+  cluster(const cluster&) = delete;
+  cluster& operator=(const cluster&) = delete;
+
+  std::size_t size() const { return cards_.size(); }
+  const cluster_config& config() const { return cfg_; }
+  card& operator[](std::size_t i) { return at(i); }
+  card& at(std::size_t i) {
+    check_card(i, "card");
+    return *cards_[i];
+  }
+  fabric& net() { return net_; }
+  trace_recorder& timeline() { return trace_; }
+  executor& exec() { return *exec_; }
+  // Host-time grace a wait on an unmatched send/recv allows for another thread to post its match.
+  void set_match_grace(double seconds) { std::lock_guard lk(mu_); grace_ = seconds; }
+
+  // ---- data plane ----
+  completion put(std::size_t src, const void* src_ptr, std::size_t dst, void* dst_ptr, std::size_t bytes) {
+    std::lock_guard lk(mu_);
+    check_buf(src, src_ptr, bytes, "put source");
+    check_buf(dst, dst_ptr, bytes, "put destination");
+    op o = make_op(op_put, src, src, dst, src_ptr, dst_ptr, bytes, 0);
+    o.posted = cards_[src]->clock();
+    op_id id = push(o);
+    start(id, o.posted);
+    return {this, id};
+  }
+  completion get(std::size_t me, void* my_ptr, std::size_t peer, const void* peer_ptr, std::size_t bytes) {
+    std::lock_guard lk(mu_);
+    check_buf(me, my_ptr, bytes, "get destination");
+    check_buf(peer, peer_ptr, bytes, "get source");
+    op o = make_op(op_get, me, peer, me, peer_ptr, my_ptr, bytes, 0);
+    o.posted = cards_[me]->clock();
+    op_id id = push(o);
+    start(id, o.posted + cfg_.direct_latency());  // the request reaches the peer first
+    return {this, id};
+  }
+  completion send(std::size_t src, std::size_t dst, const void* ptr, std::size_t bytes, std::uint64_t tag = 0) {
+    std::lock_guard lk(mu_);
+    check_card(dst, "send destination");
+    check_buf(src, ptr, bytes, "send buffer");
+    op o = make_op(op_send, src, src, dst, ptr, nullptr, bytes, tag);
+    o.posted = cards_[src]->clock();
+    op_id id = push(o);
+    auto& q = unmatched_[{src, dst, tag}];
+    if (!q.recvs.empty()) {
+      op_id r = q.recvs.front();
+      q.recvs.pop_front();
+      match(id, r);
+    } else {
+      q.sends.push_back(id);
+    }
+    return {this, id};
+  }
+  completion recv(std::size_t dst, std::size_t src, void* ptr, std::size_t bytes, std::uint64_t tag = 0) {
+    std::lock_guard lk(mu_);
+    check_card(src, "recv source");
+    check_buf(dst, ptr, bytes, "recv buffer");
+    op o = make_op(op_recv, dst, src, dst, nullptr, ptr, bytes, tag);
+    o.posted = cards_[dst]->clock();
+    op_id id = push(o);
+    auto& q = unmatched_[{src, dst, tag}];
+    if (!q.sends.empty()) {
+      op_id s = q.sends.front();
+      q.sends.pop_front();
+      match(s, id);
+    } else {
+      q.recvs.push_back(id);
+    }
+    return {this, id};
+  }
+
+  // Waits (in simulated time) for a transfer; advances the initiator's clock, or `who`'s.
+  void wait(const completion& c) { wait_impl(c, SIZE_MAX); }
+  void wait(const completion& c, std::size_t who) { check_card(who, "wait"); wait_impl(c, who); }
+  void wait_all(const std::vector<completion>& cs) {
+    std::exception_ptr first;
+    for (const auto& c : cs) {
+      try {
+        wait(c);
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+    }
+    if (first) std::rethrow_exception(first);
+  }
+  // Whether the transfer has finished by the simulation's current time (does not advance it).
+  bool test(const completion& c) {
+    std::lock_guard lk(mu_);
+    check_op(c);
+    return ops_[c.id].state != op_pending;
+  }
+  double completion_time(const completion& c) {
+    std::lock_guard lk(mu_);
+    check_op(c);
+    return ops_[c.id].done;
+  }
+  // The fabric message carrying a transfer (for latency queries), or -1 if none yet.
+  long message_of(const completion& c) {
+    std::lock_guard lk(mu_);
+    check_op(c);
+    return ops_[c.id].msg;
+  }
+
+  // Runs the fabric until nothing is left to simulate (all posted transfers finished).
+  void drain() {
+    std::lock_guard lk(mu_);
+    net_.run();
+  }
+
+  // ---- faults and health ----
+  void schedule(const fault& f) {
+    std::lock_guard lk(mu_);
+    net_.schedule_fault(f);
+    note_outage(f);
+  }
+  void on_failure(std::function<void(const failure_notice&)> cb) {
+    std::lock_guard lk(mu_);
+    failure_cbs_.push_back(std::move(cb));
+  }
+  // Whether the health monitor has reported card `c` dead.
+  bool failed(std::size_t c) {
+    std::lock_guard lk(mu_);
+    return net_.known_failed(c);
+  }
+  std::vector<failure_notice> notices() {
+    std::lock_guard lk(mu_);
+    return net_.notices();
+  }
+
+  // ---- time ----
+  double clock(std::size_t c) { return at(c).clock(); }
+  double max_clock() {
+    double t = 0;
+    for (auto& c : cards_) t = std::max(t, c->clock());
+    return t;
+  }
+  // Every card's clock moves to the latest one (a barrier that costs no modelled time).
+  void align_clocks() {
+    double t = max_clock();
+    for (auto& c : cards_) c->advance_to(t);
+  }
+
+  // ---- observability ----
+  void write_trace(const std::string& path) const { trace_.write_chrome_json(path, cards_.size()); }
+  void write_trace(std::ostream& o) const { trace_.write_chrome_json(o, cards_.size()); }
+
+  cluster_report report() {
+    std::lock_guard lk(mu_);
+    cluster_report r;
+    r.makespan = std::max(net_.makespan(), max_clock());
+    if (r.makespan <= 0) return r;
+    for (auto& c : cards_) {
+      auto k = c->counters();
+      r.flop_utilization += k.math_time / r.makespan;
+      r.hbm_saturation += k.hbm_time / r.makespan;
+    }
+    r.flop_utilization /= static_cast<double>(cards_.size());
+    r.hbm_saturation /= static_cast<double>(cards_.size());
+    std::size_t best = net_.busiest_port();
+    r.max_port_utilization = net_.utilization(best, r.makespan);
+    r.bottleneck = net_.port_name(best);
+    double sum = 0;
+    std::size_t n = 0;
+    for (std::size_t q = 0; q < net_.ports(); ++q)
+      if (net_.stats_of(q).bytes > 0) { sum += net_.utilization(q, r.makespan); ++n; }
+    r.mean_port_utilization = n ? sum / static_cast<double>(n) : 0;
+    r.messages = net_.messages();
+    r.latency_p50 = net_.latency_percentile(50);
+    r.latency_p99 = net_.latency_percentile(99);
+    return r;
+  }
+
+ private:
+  enum : std::uint8_t { op_put, op_get, op_send, op_recv };
+  enum : std::uint8_t { op_pending, op_done, op_failed };
+  struct op {
+    std::uint8_t kind = op_put, state = op_pending;
+    std::uint32_t initiator = 0, src = 0, dst = 0;
+    const void* sptr = nullptr;
+    void* dptr = nullptr;
+    std::uint64_t bytes = 0, tag = 0;
+    std::uint64_t inc_src = 0, inc_dst = 0;
+    double posted = 0, done = 0;
+    long msg = -1;
+    op_id partner = UINT32_MAX;
+    std::exception_ptr err;
+  };
+  struct queues {
+    std::deque<op_id> sends, recvs;
+  };
+
+  static const cluster_config& checked(const cluster_config& c) {
+    c.validate();
+    return c;
+  }
+
+  void init() {
+    cards_.reserve(cfg_.cards());
+    for (std::size_t i = 0; i < cfg_.cards(); ++i)
+      cards_.push_back(std::make_unique<card>(i, cfg_.card, *exec_, cfg_.timing_only, cfg_.trace ? &trace_ : nullptr));
+    net_.on_complete = [this](fabric::msg_id m, double t, bool ok) { finish_message(m, t, ok); };
+    net_.on_card_state = [this](std::size_t c, bool alive, double) { cards_[c]->set_alive(alive); };
+    net_.on_rejoin = [this](std::size_t c, double t) { cards_[c]->wipe(t); };
+    net_.on_failure = [this](const failure_notice& n) {
+      for (auto& cb : failure_cbs_) cb(n);
+    };
+    for (const fault& f : net_.faults()) note_outage(f);
+  }
+
+  void note_outage(const fault& f) {
+    if (f.kind == fault_kind::hot_swap) cards_[f.card]->add_outage(f.at, f.at + f.duration);
+    if (f.kind == fault_kind::card_down) {
+      double back = std::numeric_limits<double>::infinity();
+      for (const fault& g : net_.faults())
+        if (g.kind == fault_kind::card_up && g.card == f.card && g.at > f.at) back = std::min(back, g.at);
+      cards_[f.card]->add_outage(f.at, back);
+    }
+  }
+
+  void check_card(std::size_t c, const char* what) const {
+    if (c >= cards_.size())
+      throw invalid_card_error(std::string("tessel emulator: ") + what + ": invalid card index " + std::to_string(c) + " (cluster has " + std::to_string(cards_.size()) + " cards)");
+  }
+  void check_buf(std::size_t c, const void* p, std::size_t bytes, const char* what) const {
+    check_card(c, what);
+    if (bytes == 0) return;
+    if (cfg_.timing_only && p == nullptr) return;
+    if (!p) throw std::invalid_argument(std::string("tessel emulator: ") + what + ": null pointer for " + std::to_string(bytes) + " bytes");
+    if (!cards_[c]->owns(p, bytes))
+      throw invalid_card_error(std::string("tessel emulator: ") + what + ": [" + std::to_string(reinterpret_cast<std::uintptr_t>(p)) + ", +" +
+                               std::to_string(bytes) + ") is not inside one allocation of card " + std::to_string(c));
+  }
+  void check_op(const completion& c) const {
+    if (c.owner != this || c.id >= ops_.size()) throw std::invalid_argument("tessel emulator: completion does not belong to this cluster");
+  }
+
+  op make_op(std::uint8_t kind, std::size_t initiator, std::size_t src, std::size_t dst, const void* s, void* d, std::size_t bytes, std::uint64_t tag) {
+    op o;
+    o.kind = kind;
+    o.initiator = static_cast<std::uint32_t>(initiator);
+    o.src = static_cast<std::uint32_t>(src);
+    o.dst = static_cast<std::uint32_t>(dst);
+    o.sptr = s;
+    o.dptr = d;
+    o.bytes = bytes;
+    o.tag = tag;
+    o.inc_src = cards_[src]->incarnation();
+    o.inc_dst = cards_[dst]->incarnation();
+    return o;
+  }
+  op_id push(const op& o) {
+    if (ops_.size() >= UINT32_MAX - 1) throw std::length_error("tessel emulator: too many transfers");
+    ops_.push_back(o);
+    return static_cast<op_id>(ops_.size() - 1);
+  }
+  void start(op_id id, double at) {
+    op& o = ops_[id];
+    o.msg = net_.post(o.src, o.dst, o.bytes, at, id);
+  }
+  void match(op_id s, op_id r) {
+    op& so = ops_[s];
+    op& ro = ops_[r];
+    so.partner = r;
+    ro.partner = s;
+    if (so.bytes != ro.bytes) {
+      auto e = std::make_exception_ptr(std::length_error("tessel emulator: send of " + std::to_string(so.bytes) + " bytes from card " + std::to_string(so.src) +
+                                                         " matched a recv of " + std::to_string(ro.bytes) + " bytes on card " + std::to_string(ro.dst)));
+      so.state = ro.state = op_failed;
+      so.err = ro.err = e;
+      so.done = ro.done = std::max(so.posted, ro.posted);
+    } else {
+      ro.sptr = so.sptr;
+      so.dptr = ro.dptr;
+      start(s, std::max(so.posted, ro.posted));
+      ro.msg = so.msg;
+    }
+    cv_.notify_all();
+  }
+
+  // Called by the fabric when a message ends: copy the payload, settle the op and its partner.
+  void finish_message(fabric::msg_id m, double t, bool ok) {
+    op_id id = static_cast<op_id>(net_.tag(m));
+    op& o = ops_[id];
+    std::exception_ptr err;
+    if (!ok) {
+      try {
+        net_.rethrow_if_failed(m);
+      } catch (...) {
+        err = std::current_exception();
+      }
+    } else if (cards_[o.src]->incarnation() != o.inc_src || cards_[o.dst]->incarnation() != o.inc_dst) {
+      std::size_t who = cards_[o.src]->incarnation() != o.inc_src ? o.src : o.dst;
+      err = std::make_exception_ptr(card_failed_error(who, t, "hot-swapped during a transfer; its memory is gone"));
+    } else if (!cfg_.timing_only && o.bytes > 0 && o.sptr && o.dptr) {
+      std::memcpy(o.dptr, o.sptr, o.bytes);
+    }
+    auto settle = [&](op& x) {
+      x.done = t;
+      x.state = err ? op_failed : op_done;
+      x.err = err;
+    };
+    settle(o);
+    if (o.partner != UINT32_MAX) settle(ops_[o.partner]);
+    if (cfg_.trace) {
+      trace_.record({o.src, track::send, "send " + std::to_string(o.bytes) + " B to " + std::to_string(o.dst), net_.post_time(m), t - net_.post_time(m), o.bytes, 0, o.dst});
+      trace_.record({o.dst, track::recv, "recv " + std::to_string(o.bytes) + " B from " + std::to_string(o.src), net_.post_time(m), t - net_.post_time(m), o.bytes, 0, o.src});
+    }
+  }
+
+  void wait_impl(const completion& c, std::size_t who) {
+    std::unique_lock lk(mu_);
+    check_op(c);
+    op* o = &ops_[c.id];
+    if (o->state == op_pending && o->msg < 0) {
+      // Unmatched send/recv: give other threads a chance to post the match, then let simulated
+      // time run to the timeout.
+      if (grace_ > 0)
+        cv_.wait_for(lk, std::chrono::duration<double>(grace_), [&] { return ops_[c.id].msg >= 0 || ops_[c.id].state != op_pending; });
+      o = &ops_[c.id];
+      if (o->state == op_pending && o->msg < 0) {
+        const double deadline = o->posted + cfg_.faults.op_timeout;
+        net_.run_until(deadline);
+        o = &ops_[c.id];
+        if (o->state == op_pending && o->msg < 0) {
+          const std::size_t peer = o->kind == op_send ? o->dst : o->src;
+          o->state = op_failed;
+          o->done = deadline;
+          o->err = std::make_exception_ptr(timeout_error(peer, deadline, std::string(o->kind == op_send ? "send" : "recv") + " never matched"));
+          // drop it from the matching queue so a late partner does not pair with a dead op
+          auto& q = unmatched_[{o->src, o->dst, o->tag}];
+          auto& v = o->kind == op_send ? q.sends : q.recvs;
+          v.erase(std::remove(v.begin(), v.end(), c.id), v.end());
+        }
+      }
+    }
+    if (o->state == op_pending) {
+      net_.run_until_done(static_cast<fabric::msg_id>(o->msg));
+      o = &ops_[c.id];
+    }
+    const std::size_t target = who == SIZE_MAX ? o->initiator : who;
+    if (o->state == op_pending) throw std::logic_error("tessel emulator: transfer did not finish");
+    cards_[target]->advance_to(o->done);
+    if (o->state == op_failed) std::rethrow_exception(o->err);
+  }
+
+  cluster_config cfg_;
+  std::unique_ptr<executor> owned_exec_;
+  executor* exec_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  fabric net_;
+  trace_recorder trace_;
+  std::vector<std::unique_ptr<card>> cards_;
+  std::vector<op> ops_;
+  std::map<std::tuple<std::size_t, std::size_t, std::uint64_t>, queues> unmatched_;
+  std::vector<std::function<void(const failure_notice&)>> failure_cbs_;
+  double grace_ = 0;
+};
+
+}  // namespace emu
+}  // namespace v0
+}  // namespace tessel

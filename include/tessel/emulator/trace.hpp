@@ -1,0 +1,142 @@
+// Observability for the emulator: a Chrome-trace (Perfetto-readable) JSON timeline with one
+// process per card and tracks for compute, sends and receives, and a JSON-string escaper.
+// Times are simulated seconds; the file is written in microseconds as the format requires.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <mutex>
+#include <ostream>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace tessel {
+inline namespace v0 {
+namespace emu {
+
+enum class track : std::uint8_t { compute = 0, send = 1, recv = 2 };
+
+struct trace_span {
+  std::size_t card;
+  track where;
+  std::string name;
+  double start, duration;  // seconds
+  std::uint64_t bytes = 0;
+  double flops = 0;
+  std::size_t peer = SIZE_MAX;
+};
+
+namespace detail {
+inline void json_escape(std::ostream& o, const std::string& s) {
+  o << '"';
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': o << "\\\""; break;
+      case '\\': o << "\\\\"; break;
+      case '\n': o << "\\n"; break;
+      case '\t': o << "\\t"; break;
+      case '\r': o << "\\r"; break;
+      default:
+        if (c < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          o << buf;
+        } else {
+          o << static_cast<char>(c);
+        }
+    }
+  }
+  o << '"';
+}
+inline void json_number(std::ostream& o, double v) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.6f", v);
+  o << buf;
+}
+}  // namespace detail
+
+// Thread-safe span recorder. Compute spans are complete ("X") events on the card's compute
+// thread; sends and receives are async ("b"/"e") events, because transfers overlap each other.
+class trace_recorder {
+ public:
+  void record(trace_span s) {
+    std::lock_guard lk(mu_);
+    spans_.push_back(std::move(s));
+  }
+  std::vector<trace_span> spans() const {
+    std::lock_guard lk(mu_);
+    return spans_;
+  }
+  std::size_t size() const {
+    std::lock_guard lk(mu_);
+    return spans_.size();
+  }
+  void clear() {
+    std::lock_guard lk(mu_);
+    spans_.clear();
+  }
+
+  void write_chrome_json(std::ostream& o, std::size_t cards) const {
+    std::lock_guard lk(mu_);
+    o << "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n";
+    bool first = true;
+    auto sep = [&] { o << (first ? "" : ",\n"); first = false; };
+    static const char* tracks[] = {"compute", "sends", "receives"};
+    for (std::size_t c = 0; c < cards; ++c) {
+      sep();
+      o << "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":" << c << ",\"tid\":0,\"args\":{\"name\":\"card " << c << "\"}}";
+      for (int t = 0; t < 3; ++t) {
+        sep();
+        o << "{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":" << c << ",\"tid\":" << t << ",\"args\":{\"name\":\"" << tracks[t] << "\"}}";
+      }
+    }
+    std::uint64_t id = 0;
+    for (const auto& s : spans_) {
+      const int tid = static_cast<int>(s.where);
+      auto common = [&](const char* ph, double ts) {
+        o << "{\"ph\":\"" << ph << "\",\"name\":";
+        detail::json_escape(o, s.name);
+        o << ",\"cat\":\"" << tracks[tid] << "\",\"pid\":" << s.card << ",\"tid\":" << tid << ",\"ts\":";
+        detail::json_number(o, ts * 1e6);
+      };
+      sep();
+      if (s.where == track::compute) {
+        common("X", s.start);
+        o << ",\"dur\":";
+        detail::json_number(o, s.duration * 1e6);
+        o << ",\"args\":{\"flops\":";
+        detail::json_number(o, s.flops);
+        o << ",\"bytes\":" << s.bytes << "}}";
+      } else {
+        ++id;
+        common("b", s.start);
+        o << ",\"id\":" << id << ",\"args\":{\"bytes\":" << s.bytes;
+        if (s.peer != SIZE_MAX) o << ",\"peer\":" << s.peer;
+        o << "}}";
+        sep();
+        common("e", s.start + s.duration);
+        o << ",\"id\":" << id << "}";
+      }
+    }
+    o << "\n]}\n";
+  }
+
+  void write_chrome_json(const std::string& path, std::size_t cards) const {
+    std::ofstream f(path);
+    if (!f) throw std::invalid_argument("tessel emulator: cannot write trace to '" + path + "'");
+    write_chrome_json(f, cards);
+    if (!f) throw std::runtime_error("tessel emulator: writing trace '" + path + "' failed");
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<trace_span> spans_;
+};
+
+}  // namespace emu
+}  // namespace v0
+}  // namespace tessel
