@@ -1,0 +1,155 @@
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <numeric>
+#include <tessel/emulator/cluster.hpp>
+
+using namespace tessel;
+using namespace tessel::emu;
+
+namespace {
+cluster_config small(std::size_t cards) {
+  cluster_config c;
+  c.cards_per_supernode = cards;
+  c.card.memory_bytes = 256 << 20;
+  return c;
+}
+}  // namespace
+
+TEST_CASE("put moves real bytes; time comes from the fabric", "[emulator][cluster]") {
+  auto cfg = small(4);
+  cluster cl(cfg, 1);
+  const std::size_t n = 1 << 20;
+  auto* a = static_cast<unsigned char*>(cl[0].allocate(n));
+  auto* b = static_cast<unsigned char*>(cl[2].allocate(n));
+  for (std::size_t i = 0; i < n; ++i) a[i] = static_cast<unsigned char>(i * 7);
+  std::memset(b, 0, n);
+  auto c = cl.put(0, a, 2, b, n);
+  CHECK(std::memcmp(a, b, n) != 0);  // nothing moved before the wait
+  c.wait();
+  CHECK(std::memcmp(a, b, n) == 0);
+  CHECK(cl.clock(0) == Approx(cfg.direct_latency() + n / cfg.card_bandwidth()).epsilon(0.01));
+  CHECK(cl.clock(2) == 0);  // one-sided: the target's clock moves only if it waits
+  cl.wait(c, 2);
+  CHECK(cl.clock(2) == Approx(cl.clock(0)));
+}
+
+TEST_CASE("get reads from the peer", "[emulator][cluster]") {
+  auto cfg = small(3);
+  cluster cl(cfg, 1);
+  auto* remote = cl[1].allocate_n<int>(1000);
+  auto* local = cl[0].allocate_n<int>(1000);
+  std::iota(remote, remote + 1000, 5);
+  auto c = cl.get(0, local, 1, remote, 4000);
+  c.wait();
+  CHECK(local[999] == 1004);
+  CHECK(cl.clock(0) == Approx(2 * cfg.direct_latency() + 4000 / cfg.card_bandwidth()).epsilon(0.01));
+}
+
+TEST_CASE("send/recv match in order and start when both sides posted", "[emulator][cluster]") {
+  auto cfg = small(2);
+  cluster cl(cfg, 1);
+  auto* s = cl[0].allocate_n<double>(4096);
+  auto* r = cl[1].allocate_n<double>(8192);
+  for (int i = 0; i < 4096; ++i) s[i] = i * 0.5;
+  // the receiver is busy until 1 ms: the transfer starts then
+  cl[1].charge(kernel_cost{400e9 - 5e-6 * 400e9, 0, math_precision::bf16});
+  const double t1 = cl.clock(1);
+  auto a = cl.send(0, 1, s, 2048 * sizeof(double), 9);
+  auto b = cl.send(0, 1, s + 2048, 2048 * sizeof(double), 9);
+  auto ra = cl.recv(1, 0, r, 2048 * sizeof(double), 9);
+  auto rb = cl.recv(1, 0, r + 4096, 2048 * sizeof(double), 9);
+  cl.wait_all({ra, rb});
+  CHECK(r[2047] == 2047 * 0.5);
+  CHECK(r[4096] == 2048 * 0.5);
+  CHECK(cl.completion_time(ra) >= t1 + cfg.direct_latency());
+  CHECK(cl.clock(1) == Approx(cl.completion_time(rb)));
+  a.wait();
+  b.wait();
+  CHECK(cl.clock(0) == Approx(cl.completion_time(b)));
+}
+
+TEST_CASE("data plane errors are typed and name the card", "[emulator][cluster]") {
+  auto cfg = small(3);
+  cfg.faults.op_timeout = 20e-6;
+  cluster cl(cfg, 1);
+  auto* p0 = cl[0].allocate(4096);
+  auto* p1 = cl[1].allocate(4096);
+  CHECK_THROWS_AS(cl.put(0, p0, 3, p1, 16), invalid_card_error);    // bad card index
+  CHECK_THROWS_AS(cl.put(0, p0, 2, p1, 16), invalid_card_error);    // p1 is not card 2's
+  CHECK_THROWS_AS(cl.put(0, p0, 1, p1, 8192), invalid_card_error);  // past the allocation
+  CHECK_THROWS_AS(cl.put(0, nullptr, 1, p1, 8), std::invalid_argument);
+  CHECK_THROWS_AS(cl.at(99), std::out_of_range);
+  // size mismatch between send and recv
+  auto s = cl.send(0, 1, p0, 100);
+  auto r = cl.recv(1, 0, p1, 200);
+  CHECK_THROWS_AS(s.wait(), std::length_error);
+  CHECK_THROWS_AS(r.wait(), std::length_error);
+  // a recv nobody sends to ends at the simulated timeout, naming the peer
+  auto lonely = cl.recv(1, 2, p1, 64, 77);
+  try {
+    lonely.wait();
+    FAIL("expected timeout_error");
+  } catch (const timeout_error& e) {
+    CHECK(e.card == 2);
+    CHECK(e.at == Approx(cl.completion_time(lonely)));
+  }
+  CHECK(cl.clock(1) >= 20e-6);
+  // capacity
+  CHECK_THROWS_AS(cl[2].allocate(std::size_t{1} << 30), capacity_error);
+}
+
+TEST_CASE("hot swap: memory is lost and the card rejoins empty", "[emulator][cluster][faults]") {
+  auto cfg = small(4);
+  cluster cl(cfg, 1);
+  std::vector<failure_notice> seen;
+  cl.on_failure([&](const failure_notice& n) { seen.push_back(n); });
+  auto* old = cl[3].allocate(1 << 20);
+  auto* src = cl[0].allocate(1 << 20);
+  cl.schedule({50e-6, fault_kind::hot_swap, 3, 0, 200e-6});
+  // a transfer in flight when the card dies fails with card_failed_error naming it
+  auto big = cl.put(0, src, 3, old, 1 << 20);
+  cl[0].advance_to(49e-6);
+  auto doomed = cl.put(0, src, 3, old, 1 << 20);
+  big.wait();  // finished before the fault
+  try {
+    doomed.wait();
+    FAIL("expected card_failed_error");
+  } catch (const card_failed_error& e) {
+    CHECK(e.card == 3);
+    CHECK(e.at <= 50e-6 + cl.net().detection_bound());
+  }
+  REQUIRE(seen.size() == 1);
+  CHECK(seen[0].card == 3);
+  CHECK(cl.failed(3));
+  // compute on the card during the outage fails
+  cl[3].advance_to(100e-6);
+  CHECK_THROWS_AS(cl[3].charge(kernel_cost{}), card_failed_error);
+  // after the swap: empty, old pointers are gone, new allocations work
+  cl.net().run_until(300e-6);
+  CHECK_FALSE(cl.failed(3));
+  CHECK(cl[3].used() == 0);
+  CHECK(cl[3].incarnation() == 1);
+  CHECK_THROWS_AS(cl.put(0, src, 3, old, 16), invalid_card_error);
+  CHECK_THROWS_AS(cl[3].deallocate(old), invalid_card_error);
+  cl[3].advance_to(300e-6);
+  auto* fresh = cl[3].allocate(1 << 20);
+  cl[0].advance_to(300e-6);
+  auto ok = cl.put(0, src, 3, fresh, 1 << 20);
+  CHECK_NOTHROW(ok.wait());
+}
+
+TEST_CASE("timing-only clusters move no payload", "[emulator][cluster]") {
+  auto cfg = small(8);
+  cfg.timing_only = true;
+  cfg.card.memory_bytes = std::size_t{64} << 30;
+  cluster cl(cfg, 1);
+  void* a = cl[0].allocate(std::size_t{32} << 30);  // no host memory behind it
+  void* b = cl[1].allocate(std::size_t{32} << 30);
+  auto c = cl.put(0, a, 1, b, std::size_t{1} << 30);
+  auto d = cl.put(2, nullptr, 3, nullptr, std::size_t{1} << 30);
+  c.wait();
+  d.wait();
+  CHECK(cl.clock(0) == Approx(cfg.direct_latency() + (1ull << 30) / cfg.card_bandwidth()).epsilon(0.01));
+  CHECK(cl.clock(2) == Approx(cl.clock(0)));
+}
