@@ -1,0 +1,9 @@
+// tessel/collectives.hpp: umbrella header of the collectives layer (see DESIGN.md): the transport
+// concept and its models, the communicator and its algorithms, wire compression and MoE dispatch.
+#pragma once
+
+#include <tessel/collectives/communicator.hpp>
+#include <tessel/collectives/errors.hpp>
+#include <tessel/collectives/reduce_op.hpp>
+#include <tessel/collectives/transport.hpp>
+#include <tessel/collectives/transport/threads.hpp>

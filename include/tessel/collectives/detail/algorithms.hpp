@@ -1,0 +1,599 @@
+// The collective algorithms, written once against the type-erased transport. Each one reduces
+// every element in rank order 0..n-1 (the canonical order): algorithms move raw contributions or
+// rank-order prefix partials, never partial sums in another order, so all of them give the same bits.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <tessel/collectives/reduce_op.hpp>
+#include <tessel/collectives/transport.hpp>
+#include <tessel/types/dtype.hpp>
+
+namespace tessel {
+inline namespace v0 {
+
+enum class algorithm : std::uint8_t { automatic, ring, direct, halving_doubling, tree, hierarchical };
+
+constexpr std::string_view algorithm_name(algorithm a) {
+  switch (a) {
+    case algorithm::automatic: return "auto";
+    case algorithm::ring: return "ring";
+    case algorithm::direct: return "direct";
+    case algorithm::halving_doubling: return "halving_doubling";
+    case algorithm::tree: return "tree";
+    case algorithm::hierarchical: return "hierarchical";
+  }
+  throw std::invalid_argument("tessel: invalid algorithm value " + std::to_string(static_cast<int>(a)));
+}
+
+inline algorithm algorithm_from_name(std::string_view s) {
+  for (auto a : {algorithm::automatic, algorithm::ring, algorithm::direct, algorithm::halving_doubling,
+                 algorithm::tree, algorithm::hierarchical})
+    if (algorithm_name(a) == s) return a;
+  if (s == "hd" || s == "rabenseifner") return algorithm::halving_doubling;
+  throw std::invalid_argument("tessel: unknown algorithm '" + std::string(s) + "'");
+}
+
+}  // namespace v0
+namespace detail {
+
+using treq = transport_iface::request;
+
+// Scratch bytes, 64-byte aligned so that any element type can live in them.
+class scratch {
+ public:
+  scratch() = default;
+  explicit scratch(std::size_t bytes) : p_(bytes ? new (std::align_val_t{64}) std::byte[bytes] : nullptr), n_(bytes) {}
+  scratch(scratch&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  scratch& operator=(scratch&& o) noexcept {
+    std::swap(p_, o.p_);
+    std::swap(n_, o.n_);
+    return *this;
+  }
+  ~scratch() {
+    if (p_) ::operator delete[](p_, std::align_val_t{64});
+  }
+  std::byte* data() const { return p_; }
+  std::size_t size() const { return n_; }
+
+ private:
+  std::byte* p_ = nullptr;
+  std::size_t n_ = 0;
+};
+
+struct coll_ctx {
+  transport_iface& tp;
+  int rank;
+  int n;
+  tag_t tag;                          // base tag of this collective
+  std::size_t segment_bytes = 1 << 20;  // pipelining unit of the ring algorithms
+  int node_size = 1;                  // ranks per super-node for hierarchical
+
+  // sends must complete before their buffers are reused; dropping them cancels (see transports)
+  std::vector<treq> pending;
+  void send(int peer, tag_t t, const std::byte* p, std::size_t bytes) {
+    pending.push_back(tp.isend(peer, t, {p, bytes}));
+  }
+  void wait_all() {
+    for (auto& r : pending) tp.wait(r);
+    pending.clear();
+  }
+};
+
+inline std::size_t block_off(std::size_t count, int n, int b) {
+  const std::size_t q = count / static_cast<std::size_t>(n), r = count % static_cast<std::size_t>(n);
+  return q * static_cast<std::size_t>(b) + std::min<std::size_t>(static_cast<std::size_t>(b), r);
+}
+inline std::vector<std::size_t> even_blocks(std::size_t count, int n) {
+  std::vector<std::size_t> off(static_cast<std::size_t>(n) + 1);
+  for (int b = 0; b <= n; ++b) off[static_cast<std::size_t>(b)] = block_off(count, n, b);
+  return off;
+}
+inline std::vector<std::size_t> equal_blocks(std::size_t per, int n) {
+  std::vector<std::size_t> off(static_cast<std::size_t>(n) + 1);
+  for (int b = 0; b <= n; ++b) off[static_cast<std::size_t>(b)] = per * static_cast<std::size_t>(b);
+  return off;
+}
+inline bool overlaps(const void* a, std::size_t an, const void* b, std::size_t bn) {
+  if (!an || !bn) return false;
+  const auto pa = reinterpret_cast<std::uintptr_t>(a), pb = reinterpret_cast<std::uintptr_t>(b);
+  return pa < pb + bn && pb < pa + an;
+}
+
+// One contribution to an ordered fold: a local buffer, or a message from `rank` holding raw
+// elements (T) or an accumulator-typed prefix partial (only ever first in the sequence).
+struct fold_src {
+  int rank = -1;                     // -1: local
+  const std::byte* local = nullptr;  // local data (T) when rank == -1
+  bool is_acc = false;
+};
+
+// acc (m accumulator elements) = contributions folded in sequence order. acc may alias a local
+// contribution only if that contribution is one of the first two (element-wise reads come first).
+inline void ordered_fold(coll_ctx& c, dtype d, reduce_op op, const std::vector<fold_src>& seq, std::byte* acc,
+                         std::size_t m, tag_t tag) {
+  const std::size_t es = dtype_size(d), as = dtype_size(accumulator_dtype(d));
+  auto bytes_of = [&](const fold_src& s) { return m * (s.is_acc ? as : es); };
+  auto elem_of = [&](const fold_src& s, std::size_t off) { return off / (s.is_acc ? as : es); };
+  if (seq.empty()) throw std::logic_error("tessel: empty fold");
+  const fold_src& s0 = seq[0];
+  std::size_t next = 1;
+  if (seq.size() == 1) {
+    if (s0.rank < 0) to_acc_kernel(d, s0.local, acc, m);
+    else if (s0.is_acc) c.tp.recv_into(s0.rank, tag, {acc, m * as});
+    else
+      c.tp.recv(s0.rank, tag, bytes_of(s0), [&](std::span<const std::byte> p, std::size_t off) {
+        to_acc_kernel(d, p.data(), acc + elem_of(s0, off) * as, p.size() / es);
+      });
+    return;
+  }
+  const fold_src& s1 = seq[1];
+  if (s1.is_acc) throw std::logic_error("tessel: only the first fold source may be a partial");
+  if (s0.rank < 0 && s1.rank < 0) {
+    fold_kernel(op, d, s0.local, s0.is_acc, s1.local, acc, m);
+    next = 2;
+  } else if (s0.rank >= 0 && s1.rank < 0) {  // fused: acc = op(message, local) in one pass
+    c.tp.recv(s0.rank, tag, bytes_of(s0), [&](std::span<const std::byte> p, std::size_t off) {
+      const std::size_t e = elem_of(s0, off), len = p.size() / (s0.is_acc ? as : es);
+      fold_kernel(op, d, p.data(), s0.is_acc, s1.local + e * es, acc + e * as, len);
+    });
+    next = 2;
+  } else if (s0.rank < 0 && s1.rank >= 0) {  // fused: acc = op(local, message)
+    c.tp.recv(s1.rank, tag, bytes_of(s1), [&](std::span<const std::byte> p, std::size_t off) {
+      const std::size_t e = off / es, len = p.size() / es;
+      fold_kernel(op, d, s0.local + e * (s0.is_acc ? as : es), s0.is_acc, p.data(), acc + e * as, len);
+    });
+    next = 2;
+  } else {
+    if (s0.is_acc) c.tp.recv_into(s0.rank, tag, {acc, m * as});
+    else
+      c.tp.recv(s0.rank, tag, bytes_of(s0), [&](std::span<const std::byte> p, std::size_t off) {
+        to_acc_kernel(d, p.data(), acc + elem_of(s0, off) * as, p.size() / es);
+      });
+  }
+  for (std::size_t k = next; k < seq.size(); ++k) {
+    const fold_src& s = seq[k];
+    if (s.is_acc) throw std::logic_error("tessel: only the first fold source may be a partial");
+    if (s.rank < 0) {
+      fold_kernel(op, d, acc, true, s.local, acc, m);
+    } else {
+      c.tp.recv(s.rank, tag, m * es, [&](std::span<const std::byte> p, std::size_t off) {
+        const std::size_t e = off / es;
+        fold_kernel(op, d, acc + e * as, true, p.data(), acc + e * as, p.size() / es);
+      });
+    }
+  }
+}
+
+// Where an accumulator for m elements lives: in `out` when the types agree and aliasing is safe.
+struct acc_place {
+  scratch buf;
+  std::byte* p;
+};
+inline acc_place place_acc(dtype d, std::byte* out, std::size_t m, bool out_ok) {
+  if (accumulator_dtype(d) == d && out_ok) return {scratch{}, out};
+  scratch s(m * dtype_size(accumulator_dtype(d)));
+  std::byte* p = s.data();
+  return {std::move(s), p};
+}
+
+// ---------------------------------------------------------------- reduce-scatter building blocks
+
+// direct: every rank sends block q to its owner q, which folds the n contributions in rank order.
+inline void rs_direct(coll_ctx& c, const std::byte* send, std::byte* out, dtype d, reduce_op op,
+                      const std::vector<std::size_t>& off) {
+  const std::size_t es = dtype_size(d);
+  const int r = c.rank;
+  const tag_t tag = c.tag + 1;
+  for (int q = 0; q < c.n; ++q)
+    if (q != r) c.send(q, tag, send + off[q] * es, (off[q + 1] - off[q]) * es);
+  const std::size_t m = off[r + 1] - off[r];
+  const std::byte* local = send + off[r] * es;
+  const bool local_early = r < 2;
+  auto acc = place_acc(d, out, m, local_early || !overlaps(out, m * es, local, m * es));
+  std::vector<fold_src> seq(static_cast<std::size_t>(c.n));
+  for (int q = 0; q < c.n; ++q) seq[q] = q == r ? fold_src{-1, local, false} : fold_src{q, nullptr, false};
+  ordered_fold(c, d, op, seq, acc.p, m, tag);
+  finalize_kernel(op, d, c.n, acc.p, out, m);
+  c.wait_all();
+}
+
+// ring: a pipelined chain. The partial of each segment starts as rank 0's raw data, visits ranks
+// 1, 2, ..., n-1 in ring order (each folds its own data in), and is complete on rank n-1.
+// `final_out` gets the result on rank n-1. Returns after the rank's part of every segment.
+inline void chain_reduce(coll_ctx& c, const std::byte* send, dtype d, reduce_op op, std::size_t lo, std::size_t hi,
+                         std::byte* acc_space, std::byte* final_out, tag_t tag) {
+  const std::size_t es = dtype_size(d), as = dtype_size(accumulator_dtype(d));
+  const int k = c.rank, n = c.n;
+  const std::size_t m = hi - lo;
+  if (k == 0) {
+    c.send(1, tag, send + lo * es, m * es);
+    return;
+  }
+  std::vector<fold_src> seq{fold_src{k - 1, nullptr, k >= 2}, fold_src{-1, send + lo * es, false}};
+  ordered_fold(c, d, op, seq, acc_space, m, tag);
+  if (k < n - 1) c.send(k + 1, tag, acc_space, m * as);
+  else finalize_kernel(op, d, n, acc_space, final_out, m);
+}
+
+// halving-doubling (Rabenseifner's schedule), moving raw contributions so that the owner of each
+// block can fold in rank order. Result: core rank q holds blocks [range[q].first, range[q].second).
+struct hd_plan {
+  int p = 1;                                             // core ranks (largest power of two <= n)
+  std::vector<int> dists;                                // halving distances p/2, ..., 1
+  std::vector<std::vector<std::pair<int, int>>> ranges;  // ranges[s][q] after step s (s=0: before any)
+  std::vector<std::vector<std::vector<int>>> sets;       // sets[s][q]: sources core q holds after step s
+};
+inline hd_plan make_hd_plan(int n) {
+  hd_plan h;
+  while (h.p * 2 <= n) h.p *= 2;
+  std::vector<std::pair<int, int>> rg(static_cast<std::size_t>(h.p), {0, n});
+  std::vector<std::vector<int>> st(static_cast<std::size_t>(h.p));
+  for (int q = 0; q < h.p; ++q) {
+    st[q].push_back(q);
+    if (q + h.p < n) st[q].push_back(q + h.p);
+  }
+  h.ranges.push_back(rg);
+  h.sets.push_back(st);
+  for (int dd = h.p / 2; dd >= 1; dd /= 2) {
+    h.dists.push_back(dd);
+    auto nr = rg;
+    auto ns = st;
+    for (int q = 0; q < h.p; ++q) {
+      const auto [bl, bh] = rg[q];
+      const int mid = bl + (bh - bl) / 2;
+      nr[q] = (q & dd) == 0 ? std::pair{bl, mid} : std::pair{mid, bh};
+      ns[q].insert(ns[q].end(), st[q ^ dd].begin(), st[q ^ dd].end());
+      std::sort(ns[q].begin(), ns[q].end());
+    }
+    rg = nr;
+    st = ns;
+    h.ranges.push_back(rg);
+    h.sets.push_back(st);
+  }
+  return h;
+}
+
+// Runs the halving phase; core ranks fold their final block range into `out_full` (indexed like the
+// whole buffer: element i at out_full + i*es), extra ranks only send their data. Returns the plan.
+inline hd_plan hd_halving(coll_ctx& c, const std::byte* send, std::byte* out_full, dtype d, reduce_op op,
+                          const std::vector<std::size_t>& off) {
+  const std::size_t es = dtype_size(d);
+  const std::size_t count = off.back();
+  hd_plan h = make_hd_plan(c.n);
+  const int r = c.rank;
+  const tag_t tag = c.tag + 2;
+  if (r >= h.p) {
+    c.send(r - h.p, tag, send, count * es);
+    return h;
+  }
+  struct contrib {
+    int src;
+    const std::byte* ptr;
+    std::size_t origin;  // element index stored at ptr
+  };
+  std::vector<scratch> store;
+  std::vector<contrib> mine{{r, send, 0}};
+  if (r + h.p < c.n) {
+    store.emplace_back(count * es);
+    c.tp.recv_into(r + h.p, tag, {store.back().data(), count * es});
+    mine.push_back({r + h.p, store.back().data(), 0});
+  }
+  for (std::size_t s = 0; s < h.dists.size(); ++s) {
+    const int dd = h.dists[s], partner = r ^ dd;
+    const auto keep = h.ranges[s + 1][r], give = h.ranges[s + 1][partner];
+    const std::size_t give_lo = off[give.first], give_n = off[give.second] - give_lo;
+    const std::size_t keep_lo = off[keep.first], keep_n = off[keep.second] - keep_lo;
+    store.emplace_back(mine.size() * give_n * es);
+    std::byte* ob = store.back().data();
+    for (std::size_t j = 0; j < mine.size(); ++j)
+      if (give_n) std::memcpy(ob + j * give_n * es, mine[j].ptr + (give_lo - mine[j].origin) * es, give_n * es);
+    c.send(partner, tag + 1 + s, ob, mine.size() * give_n * es);
+    const auto& ps = h.sets[s][partner];
+    store.emplace_back(ps.size() * keep_n * es);
+    std::byte* ib = store.back().data();
+    c.tp.recv_into(partner, tag + 1 + s, {ib, ps.size() * keep_n * es});
+    for (std::size_t j = 0; j < ps.size(); ++j) mine.push_back({ps[j], ib + j * keep_n * es, keep_lo});
+    std::sort(mine.begin(), mine.end(), [](const contrib& a, const contrib& b) { return a.src < b.src; });
+  }
+  const auto fin = h.ranges.back()[r];
+  const std::size_t lo = off[fin.first], m = off[fin.second] - lo;
+  std::vector<fold_src> seq;
+  for (auto& x : mine) seq.push_back({-1, x.ptr + (lo - x.origin) * es, false});
+  scratch acc(m * dtype_size(accumulator_dtype(d)));
+  ordered_fold(c, d, op, seq, acc.data(), m, tag);
+  c.wait_all();  // partners hold copies; our own send buffer may now be overwritten
+  finalize_kernel(op, d, c.n, acc.data(), out_full + lo * es, m);
+  return h;
+}
+
+// ---------------------------------------------------------------- all-gather building blocks
+
+inline void ag_direct(coll_ctx& c, std::byte* buf, dtype d, const std::vector<std::size_t>& off, tag_t tag) {
+  const std::size_t es = dtype_size(d);
+  const int r = c.rank;
+  for (int q = 0; q < c.n; ++q)
+    if (q != r) c.send(q, tag, buf + off[r] * es, (off[r + 1] - off[r]) * es);
+  for (int q = 0; q < c.n; ++q)
+    if (q != r) c.tp.recv_into(q, tag, {buf + off[q] * es, (off[q + 1] - off[q]) * es});
+  c.wait_all();
+}
+
+inline void ag_ring(coll_ctx& c, std::byte* buf, dtype d, const std::vector<std::size_t>& off, tag_t tag) {
+  const std::size_t es = dtype_size(d);
+  const int r = c.rank, n = c.n;
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  for (int s = 0; s + 1 < n; ++s) {
+    const int sb = (r - s + n) % n, rb = (r - s - 1 + 2 * n) % n;
+    c.send(next, tag, buf + off[sb] * es, (off[sb + 1] - off[sb]) * es);
+    c.tp.recv_into(prev, tag, {buf + off[rb] * es, (off[rb + 1] - off[rb]) * es});
+  }
+  c.wait_all();
+}
+
+// recursive doubling (power-of-two n only)
+inline void ag_doubling(coll_ctx& c, std::byte* buf, dtype d, const std::vector<std::size_t>& off, tag_t tag) {
+  const std::size_t es = dtype_size(d);
+  const int r = c.rank;
+  for (int dd = 1; dd < c.n; dd *= 2) {
+    const int partner = r ^ dd;
+    const int mylo = r & ~(dd - 1), plo = partner & ~(dd - 1);
+    c.send(partner, tag, buf + off[mylo] * es, (off[mylo + dd] - off[mylo]) * es);
+    c.tp.recv_into(partner, tag, {buf + off[plo] * es, (off[plo + dd] - off[plo]) * es});
+    c.wait_all();
+  }
+}
+
+// ---------------------------------------------------------------- trees (binomial, root-relative)
+
+// Gathers every rank's `bytes` to the root; on the root returns them in virtual-rank order
+// (virtual v = (rank - root) mod n). Other ranks return an empty buffer.
+inline scratch tree_gather(coll_ctx& c, const std::byte* send, std::size_t bytes, int root, tag_t tag) {
+  const int n = c.n, v = (c.rank - root + n) % n;
+  int sub = 1;
+  while (sub < n && !(v & sub)) sub *= 2;  // lowest set bit of v (n-ish for the root)
+  const int span_n = std::min(sub, n - v);
+  scratch buf(static_cast<std::size_t>(span_n) * bytes);
+  if (bytes) std::memcpy(buf.data(), send, bytes);
+  for (int mask = 1; mask < n; mask *= 2) {
+    if (v & mask) {
+      c.send((v - mask + root) % n, tag, buf.data(), static_cast<std::size_t>(span_n) * bytes);
+      c.wait_all();
+      return {};
+    }
+    if (v + mask < n) {
+      const int child = v + mask, csub = std::min(mask, n - child);
+      c.tp.recv_into((child + root) % n, tag,
+                     {buf.data() + static_cast<std::size_t>(mask) * bytes, static_cast<std::size_t>(csub) * bytes});
+    }
+  }
+  return buf;
+}
+
+inline void tree_bcast(coll_ctx& c, std::byte* buf, std::size_t bytes, int root, tag_t tag) {
+  const int n = c.n, v = (c.rank - root + n) % n;
+  int mask = 1;
+  while (mask < n) {
+    if (v & mask) {
+      c.tp.recv_into((v - mask + root) % n, tag, {buf, bytes});
+      break;
+    }
+    mask *= 2;
+  }
+  for (mask /= 2; mask > 0; mask /= 2)
+    if (v + mask < n) c.send((v + mask + root) % n, tag, buf, bytes);
+  c.wait_all();
+}
+
+// Root folds the gathered raw contributions (virtual order) in real rank order into out.
+inline void fold_gathered(coll_ctx& c, const scratch& g, std::size_t count, dtype d, reduce_op op, int root,
+                          std::byte* out) {
+  const std::size_t es = dtype_size(d);
+  std::vector<fold_src> seq;
+  for (int q = 0; q < c.n; ++q) {
+    const int v = (q - root + c.n) % c.n;
+    seq.push_back({-1, g.data() + static_cast<std::size_t>(v) * count * es, false});
+  }
+  scratch acc(count * dtype_size(accumulator_dtype(d)));
+  ordered_fold(c, d, op, seq, acc.data(), count, c.tag);
+  finalize_kernel(op, d, c.n, acc.data(), out, count);
+}
+
+// ---------------------------------------------------------------- all-reduce
+
+inline void ar_direct(coll_ctx& c, const std::byte* send, std::byte* recv, std::size_t count, dtype d, reduce_op op) {
+  const auto off = even_blocks(count, c.n);
+  rs_direct(c, send, recv + off[c.rank] * dtype_size(d), d, op, off);
+  ag_direct(c, recv, d, off, c.tag + 3);
+}
+
+inline void ar_ring(coll_ctx& c, const std::byte* send, std::byte* recv, std::size_t count, dtype d, reduce_op op) {
+  const std::size_t es = dtype_size(d), as = dtype_size(accumulator_dtype(d));
+  const int k = c.rank, n = c.n;
+  const std::size_t seg = std::max<std::size_t>(1, c.segment_bytes / es);
+  const std::size_t nseg = (count + seg - 1) / seg;
+  // partials live in recv when the accumulator is the element type (element-wise aliasing is safe)
+  scratch accs(accumulator_dtype(d) == d ? 0 : count * as);
+  std::byte* acc = accumulator_dtype(d) == d ? recv : accs.data();
+  const tag_t tr = c.tag + 4, tb = c.tag + 5;
+  std::vector<treq> red(nseg);
+  for (std::size_t s = 0; s < nseg; ++s) {
+    const std::size_t lo = s * seg, hi = std::min(count, lo + seg);
+    const std::size_t before = c.pending.size();
+    chain_reduce(c, send, d, op, lo, hi, acc + lo * as, recv + lo * es, tr);
+    if (c.pending.size() > before) {
+      red[s] = std::move(c.pending.back());
+      c.pending.pop_back();
+    }
+    if (k == n - 1) c.send(0, tb, recv + lo * es, (hi - lo) * es);
+  }
+  if (k != n - 1) {
+    for (std::size_t s = 0; s < nseg; ++s) {
+      const std::size_t lo = s * seg, hi = std::min(count, lo + seg);
+      c.tp.wait(red[s]);  // our partial (or raw data) of s was read: its memory may be overwritten
+      c.tp.recv_into(k == 0 ? n - 1 : k - 1, tb, {recv + lo * es, (hi - lo) * es});
+      if (k + 1 < n - 1) c.send(k + 1, tb, recv + lo * es, (hi - lo) * es);
+    }
+  }
+  for (auto& q : red) c.tp.wait(q);
+  c.wait_all();
+}
+
+inline void ar_hd(coll_ctx& c, const std::byte* send, std::byte* recv, std::size_t count, dtype d, reduce_op op) {
+  const std::size_t es = dtype_size(d);
+  const auto off = even_blocks(count, c.n);
+  const hd_plan h = hd_halving(c, send, recv, d, op, off);
+  const int r = c.rank;
+  const tag_t tag = c.tag + 40;
+  if (r >= h.p) {
+    c.wait_all();
+    c.tp.recv_into(r - h.p, tag, {recv, count * es});
+    return;
+  }
+  for (std::size_t s = h.dists.size(); s-- > 0;) {
+    const int partner = r ^ h.dists[s];
+    const auto mine = h.ranges[s + 1][r], theirs = h.ranges[s + 1][partner];
+    c.send(partner, tag + 1 + s, recv + off[mine.first] * es, (off[mine.second] - off[mine.first]) * es);
+    c.tp.recv_into(partner, tag + 1 + s, {recv + off[theirs.first] * es, (off[theirs.second] - off[theirs.first]) * es});
+    c.wait_all();
+  }
+  if (r + h.p < c.n) c.send(r + h.p, tag, recv, count * es);
+  c.wait_all();
+}
+
+inline void ar_tree(coll_ctx& c, const std::byte* send, std::byte* recv, std::size_t count, dtype d, reduce_op op) {
+  const std::size_t es = dtype_size(d);
+  scratch g = tree_gather(c, send, count * es, 0, c.tag + 6);
+  if (c.rank == 0) fold_gathered(c, g, count, d, op, 0, recv);
+  tree_bcast(c, recv, count * es, 0, c.tag + 7);
+}
+
+// hierarchical: inside each super-node of g ranks local rank l collects raw block l from its node;
+// across nodes the rank-order prefix partial of block l travels node 0 -> 1 -> ... -> m-1; the last
+// node sends the result back to every node, and each node all-gathers its blocks.
+inline void ar_hier(coll_ctx& c, const std::byte* send, std::byte* recv, std::size_t count, dtype d, reduce_op op) {
+  const int g = c.node_size, n = c.n, m = n / g;
+  const int node = c.rank / g, l = c.rank % g;
+  const std::size_t es = dtype_size(d), as = dtype_size(accumulator_dtype(d));
+  const auto off = even_blocks(count, g);
+  const tag_t t1 = c.tag + 8, t2 = c.tag + 9, t3 = c.tag + 10, t4 = c.tag + 11;
+  for (int q = 0; q < g; ++q)
+    if (q != l) c.send(node * g + q, t1, send + off[q] * es, (off[q + 1] - off[q]) * es);
+  const std::size_t bm = off[l + 1] - off[l];
+  std::vector<fold_src> seq;
+  if (node > 0) seq.push_back({(node - 1) * g + l, nullptr, true});
+  for (int q = 0; q < g; ++q) seq.push_back(q == l ? fold_src{-1, send + off[l] * es, false} : fold_src{node * g + q, nullptr, false});
+  scratch acc(bm * as);
+  if (node > 0) {
+    // the prefix partial (tag t2) goes first, then this node's raw blocks (tag t1) in rank order
+    c.tp.recv_into(seq[0].rank, t2, {acc.data(), bm * as});
+    for (std::size_t k = 1; k < seq.size(); ++k) {
+      if (seq[k].rank < 0) fold_kernel(op, d, acc.data(), true, seq[k].local, acc.data(), bm);
+      else
+        c.tp.recv(seq[k].rank, t1, bm * es, [&](std::span<const std::byte> p, std::size_t o) {
+          const std::size_t e = o / es;
+          fold_kernel(op, d, acc.data() + e * as, true, p.data(), acc.data() + e * as, p.size() / es);
+        });
+    }
+  } else {
+    ordered_fold(c, d, op, seq, acc.data(), bm, t1);
+  }
+  std::byte* myblk = recv + off[l] * es;
+  if (node < m - 1) {
+    c.send((node + 1) * g + l, t2, acc.data(), bm * as);
+    c.wait_all();
+    c.tp.recv_into((m - 1) * g + l, t3, {myblk, bm * es});
+  } else {
+    c.wait_all();  // node peers consumed our raw blocks before the result overwrites anything
+    finalize_kernel(op, d, n, acc.data(), myblk, bm);
+    for (int i = 0; i < m - 1; ++i) c.send(i * g + l, t3, myblk, bm * es);
+    c.wait_all();
+  }
+  // intra-node all-gather of the g blocks
+  for (int q = 0; q < g; ++q)
+    if (q != l) c.send(node * g + q, t4, myblk, bm * es);
+  for (int q = 0; q < g; ++q)
+    if (q != l) c.tp.recv_into(node * g + q, t4, {recv + off[q] * es, (off[q + 1] - off[q]) * es});
+  c.wait_all();
+}
+
+
+// ---------------------------------------------------------------- reduce-scatter variants
+
+inline void rs_ring(coll_ctx& c, const std::byte* send, std::byte* out, dtype d, reduce_op op,
+                    const std::vector<std::size_t>& off) {
+  const std::size_t es = dtype_size(d), as = dtype_size(accumulator_dtype(d));
+  const int k = c.rank, n = c.n;
+  const std::size_t count = off.back();
+  scratch acc(k == 0 ? 0 : count * as);
+  scratch res(k == n - 1 ? count * es : 0);
+  const tag_t tr = c.tag + 12, tf = c.tag + 13;
+  for (int b = 0; b < n; ++b) {
+    const std::size_t lo = off[b], hi = off[b + 1];
+    std::byte* target = b == n - 1 ? out : (k == n - 1 ? res.data() + lo * es : nullptr);
+    chain_reduce(c, send, d, op, lo, hi, k == 0 ? nullptr : acc.data() + lo * as, target, tr);
+    if (k == n - 1 && b != n - 1) c.send(b, tf, target, (hi - lo) * es);
+  }
+  c.wait_all();
+  if (k != n - 1) c.tp.recv_into(n - 1, tf, {out, (off[k + 1] - off[k]) * es});
+}
+
+inline void rs_hd(coll_ctx& c, const std::byte* send, std::byte* out, dtype d, reduce_op op,
+                  const std::vector<std::size_t>& off) {
+  const std::size_t es = dtype_size(d);
+  const std::size_t count = off.back();
+  const int r = c.rank;
+  hd_plan probe = make_hd_plan(c.n);
+  scratch full(r < probe.p ? count * es : 0);
+  const hd_plan h = hd_halving(c, send, full.data(), d, op, off);
+  c.wait_all();
+  auto holder = [&](int b) {
+    for (int q = 0; q < h.p; ++q)
+      if (h.ranges.back()[q].first <= b && b < h.ranges.back()[q].second) return q;
+    throw std::logic_error("tessel: halving-doubling lost a block");
+  };
+  const tag_t tf = c.tag + 50;
+  if (r < h.p) {
+    const auto fin = h.ranges.back()[r];
+    for (int b = fin.first; b < fin.second; ++b) {
+      const std::size_t lo = off[b], m = off[b + 1] - lo;
+      if (b == r) {
+        if (m) std::memmove(out, full.data() + lo * es, m * es);
+      } else {
+        c.send(b, tf, full.data() + lo * es, m * es);
+      }
+    }
+  }
+  if (holder(r) != r) c.tp.recv_into(holder(r), tf, {out, (off[r + 1] - off[r]) * es});
+  c.wait_all();
+}
+
+inline void rs_tree(coll_ctx& c, const std::byte* send, std::byte* out, dtype d, reduce_op op,
+                    const std::vector<std::size_t>& off) {
+  const std::size_t es = dtype_size(d);
+  const std::size_t count = off.back();
+  scratch g = tree_gather(c, send, count * es, 0, c.tag + 14);
+  const tag_t tf = c.tag + 15;
+  if (c.rank == 0) {
+    scratch full(count * es);
+    fold_gathered(c, g, count, d, op, 0, full.data());
+    for (int q = 1; q < c.n; ++q) c.send(q, tf, full.data() + off[q] * es, (off[q + 1] - off[q]) * es);
+    if (off[1]) std::memmove(out, full.data(), off[1] * es);
+    c.wait_all();
+  } else {
+    c.tp.recv_into(0, tf, {out, (off[c.rank + 1] - off[c.rank]) * es});
+  }
+}
+
+}  // namespace detail
+inline namespace v0 {
+}  // namespace v0
+}  // namespace tessel
