@@ -323,7 +323,7 @@ class fabric {
     bool busy = false;
     std::uint32_t cur = 0, cur_gen = 0;
     double cur_start = 0;
-    std::uint64_t queued = 0;
+    std::uint64_t queued = 0, reserved = 0;
     std::deque<std::uint32_t> fifo;                                // chunks, in arrival order
     std::deque<std::pair<std::uint32_t, std::uint32_t>> rr;       // (message, route gen) to pull from
     std::int64_t credit = 0;                                       // shaping: bytes a sender may still send here
@@ -397,7 +397,9 @@ class fabric {
       if (known_link(a, p)) m |= std::uint64_t{1} << p;
     return m;
   }
-  double port_backlog(std::size_t q) const { return static_cast<double>(ports_[q].queued) / ports_[q].bw; }
+  // Bytes waiting at a port plus bytes already routed towards it (so simultaneous choices
+  // spread out instead of all picking the same idle port).
+  double port_backlog(std::size_t q) const { return static_cast<double>(ports_[q].queued + ports_[q].reserved) / ports_[q].bw; }
 
   void build_graph() {
     // nodes: cards, then plane switches per super-node, then leaves, then spines
@@ -626,7 +628,9 @@ class fabric {
         best = (m.src + m.dst) % spines_;
       } else {  // least-loaded spine (ECMP with load awareness)
         double bl = std::numeric_limits<double>::infinity();
-        for (std::size_t k = 0; k < spines_; ++k) {
+        const std::size_t off = (m.src + ch.index) % spines_;  // spreads ties
+        for (std::size_t i = 0; i < spines_; ++i) {
+          std::size_t k = (off + i) % spines_;
           double l = port_backlog(leaf_up(ls, k)) + port_backlog(spine_down(k, ld));
           if (l < bl) { bl = l; best = k; }
         }
@@ -648,7 +652,8 @@ class fabric {
     // transit: second plane = least backlog among the planes via -> dst can use
     std::size_t best = planes_;
     double bl = std::numeric_limits<double>::infinity();
-    for (std::size_t p2 = 0; p2 < planes_; ++p2) {
+    for (std::size_t i = 0; i < planes_; ++i) {
+      const std::size_t p2 = (ch.index + i) % planes_;
       if (!(m.route.mask2 >> p2 & 1)) continue;
       double l = port_backlog(up(m.route.via, p2));
       if (l < bl) { bl = l; best = p2; }
@@ -669,6 +674,9 @@ class fabric {
   void start(std::size_t q, std::uint32_t ci) {
     port& pt = ports_[q];
     chunk& ch = chunks_[ci];
+    // The port is occupied for the chunk's serialization only; its last byte cannot leave
+    // before it has arrived (cut-through), but a fast port keeps serving other chunks meanwhile,
+    // as a switch interleaving packets would.
     const double ser = static_cast<double>(ch.bytes) / pt.bw;
     const double finish = std::max(now_ + ser, ch.tail);
     pt.busy = true;
@@ -676,7 +684,7 @@ class fabric {
     pt.cur_gen = ch.gen;
     pt.cur_start = now_;
     pt.st.bytes += ch.bytes;
-    push_event(finish, ev_free, static_cast<std::uint32_t>(q), static_cast<std::uint32_t>(ch.bytes));
+    push_event(now_ + ser, ev_free, static_cast<std::uint32_t>(q), static_cast<std::uint32_t>(ch.bytes));
     if (ch.hop + 1 < ch.len) {
       double extra = 0;
       std::size_t nq = ch.ports[ch.hop + 1];
@@ -696,7 +704,7 @@ class fabric {
     while (!pt.fifo.empty()) {
       std::uint32_t ci = pt.fifo.front();
       pt.fifo.pop_front();
-      if (chunks_[ci].lost) { pt.queued -= chunks_[ci].bytes; free_chunk(ci); continue; }
+      if (chunks_[ci].lost) { pt.queued -= chunks_[ci].bytes; release_after(chunks_[ci]); free_chunk(ci); continue; }
       start(q, ci);
       return;
     }
@@ -717,10 +725,12 @@ class fabric {
       ch.credited = false;
       ch.tail = now_;
       build_path(ch, m, q);
+      for (std::uint8_t h = 1; h < ch.len; ++h) ports_[ch.ports[h]].reserved += ch.bytes;
       if (cfg_.fabric.shaping) {
         port& fin = ports_[ch.ports[ch.len - 1]];
         const auto need = static_cast<std::int64_t>(ch.bytes);
         if (fin.credit < need && fin.credit < static_cast<std::int64_t>(cfg_.fabric.shaping_window)) {
+          for (std::uint8_t h = 1; h < ch.len; ++h) ports_[ch.ports[h]].reserved -= ch.bytes;
           free_chunk(ci);
           pt.rr.emplace_back(id, gen);
           if (std::find(fin.waiters.begin(), fin.waiters.end(), static_cast<std::uint32_t>(q)) == fin.waiters.end())
@@ -770,10 +780,20 @@ class fabric {
   void on_arrive(std::uint32_t ci, std::uint32_t gen) {
     chunk& ch = chunks_[ci];
     if (ch.gen != gen) return;
-    if (ch.lost) { free_chunk(ci); return; }
     ch.hop++;
     const std::size_t q = ch.ports[ch.hop];
-    if (!port_alive(q)) { lose(ci); free_chunk(ci); return; }
+    ports_[q].reserved -= ch.bytes;
+    if (ch.lost) {
+      release_after(ch);
+      free_chunk(ci);
+      return;
+    }
+    if (!port_alive(q)) {
+      release_after(ch);
+      lose(ci);
+      free_chunk(ci);
+      return;
+    }
     port& pt = ports_[q];
     pt.fifo.push_back(ci);
     pt.queued += ch.bytes;
@@ -812,6 +832,11 @@ class fabric {
 
   void set_link(std::size_t c, std::size_t p, bool ok) { link_ok_[c * planes_ + p] = ok; }
 
+  // Releases the reservations a chunk holds on the ports after the one it is at.
+  void release_after(const chunk& ch) {
+    for (std::uint8_t h = ch.hop + 1; h < ch.len; ++h) ports_[ch.ports[h]].reserved -= ch.bytes;
+  }
+
   // Drops whatever is queued on or passing through a port that just died.
   void kill_port(std::size_t q) {
     port& pt = ports_[q];
@@ -820,6 +845,7 @@ class fabric {
       std::uint32_t ci = pt.fifo.front();
       pt.fifo.pop_front();
       pt.queued -= chunks_[ci].bytes;
+      release_after(chunks_[ci]);
       lose(ci);
       free_chunk(ci);
     }
