@@ -30,21 +30,31 @@ HWY_INLINE V encode_lanes(D du, V u) {
   constexpr std::uint32_t rebias = std::uint32_t(127 - Fmt::bias) << 23;
   const V a = hn::And(u, hn::Set(du, 0x7FFFFFFFu));
   const V one = hn::Set(du, 1u);
-  // Normal path: round (a - rebias) >> shift to nearest even.
-  const V x = hn::Sub(a, hn::Set(du, rebias));
-  V code = hn::ShiftRight<shift>(
-      hn::Add(hn::Add(x, hn::Set(du, (1u << (shift - 1)) - 1)), hn::And(hn::ShiftRight<shift>(x), one)));
-  if constexpr (Fmt::exp_bits != 8) {
-    // Subnormal path: full significand m shifted right by s = shift + emin - max(e, 1), s <= 31.
+  V code;
+  if constexpr (Fmt::exp_bits == 8) {  // bf16: same exponent range as float, one rounding shift
+    code = hn::ShiftRight<shift>(
+        hn::Add(hn::Add(a, hn::Set(du, (1u << (shift - 1)) - 1)), hn::And(hn::ShiftRight<shift>(a), one)));
+  } else {
+    // Fast path, exact for every lane whose biased exponent e is >= emin (target normal) or
+    // <= emin - man - 2 (|x| <= half the smallest subnormal: rounds to 0): clamping a at rebias
+    // sends the latter to code 0.
     const V e = hn::ShiftRight<23>(a);
-    const auto is_sub = hn::Lt(e, hn::Set(du, emin));
-    const auto e_zero = hn::Eq(e, hn::Zero(du));
-    const V m = hn::Or(hn::And(a, hn::Set(du, 0x7FFFFFu)), hn::IfThenZeroElse(e_zero, hn::Set(du, 0x800000u)));
-    const V e_eff = hn::Max(e, one);
-    const V s = hn::Min(hn::Sub(hn::Set(du, shift + emin), e_eff), hn::Set(du, 31u));
-    const V half_m1 = hn::Sub(hn::Shl(one, hn::Sub(s, one)), one);
-    const V sub = hn::Shr(hn::Add(hn::Add(m, half_m1), hn::And(hn::Shr(m, s), one)), s);
-    code = hn::IfThenElse(is_sub, sub, code);
+    const V x = hn::Sub(hn::Max(a, hn::Set(du, rebias)), hn::Set(du, rebias));
+    code = hn::ShiftRight<shift>(
+        hn::Add(hn::Add(x, hn::Set(du, (1u << (shift - 1)) - 1)), hn::And(hn::ShiftRight<shift>(x), one)));
+    // Lanes in [2^(emin-man-1), 2^emin) round onto the subnormal grid: take the slow path for the
+    // whole vector when any lane is there (rare in scaled data).
+    constexpr std::uint32_t lo = emin - Fmt::man_bits - 1;
+    const auto is_sub = hn::Lt(hn::Sub(e, hn::Set(du, lo)), hn::Set(du, emin - lo));
+    if (HWY_UNLIKELY(!hn::AllFalse(du, is_sub))) {
+      // One variable-shift rounding of the full significand: m >> (shift + emin - e).
+      const V m = hn::Or(hn::And(a, hn::Set(du, 0x7FFFFFu)), hn::Set(du, 0x800000u));
+      const V s_m1 = hn::Sub(hn::Set(du, shift + emin - 1), e);
+      const V s = hn::Add(s_m1, one);
+      const V odd = hn::And(hn::Shr(m, s), one);
+      const V sub = hn::Shr(hn::Add(hn::Add(m, hn::Shl(one, s_m1)), hn::Sub(odd, one)), s);
+      code = hn::IfThenElse(is_sub, sub, code);
+    }
   }
   constexpr std::uint32_t limit = Ov == overflow::saturate ? Fmt::max_code : Fmt::overflow_code;
   code = hn::Min(code, hn::Set(du, limit));
@@ -58,7 +68,7 @@ HWY_INLINE V encode_lanes(D du, V u) {
   } else if constexpr (Ov == overflow::saturate) {
     code = hn::IfThenElse(is_nan, hn::Set(du, Fmt::nan_code), code);
   }  // (E4M3 propagate: NaN inputs already became the NaN code through the limit.)
-  const V sign = hn::ShiftLeft<Fmt::exp_bits + Fmt::man_bits>(hn::ShiftRight<31>(u));
+  const V sign = hn::And(hn::ShiftRight<31 - Fmt::exp_bits - Fmt::man_bits>(u), hn::Set(du, Fmt::sign_bit));
   return hn::Or(code, sign);
 }
 
@@ -120,7 +130,7 @@ void encode_f32(const float* src, typename Fmt::storage* dst, std::size_t n) {
 
 // dst[i] = encode<Fmt, Ov>(src[i] / scale).
 template <class Fmt, overflow Ov>
-void quantize_f32(const float* src, typename Fmt::storage* dst, std::size_t n, float scale) {
+HWY_INLINE void quantize_f32(const float* src, typename Fmt::storage* dst, std::size_t n, float scale) {
   const hn::ScalableTag<std::uint32_t> du;
   const hn::ScalableTag<float> df;
   const auto vs = hn::Set(df, scale);
@@ -129,7 +139,27 @@ void quantize_f32(const float* src, typename Fmt::storage* dst, std::size_t n, f
   for (; i + N <= n; i += N)
     detail::store_codes(detail::encode_lanes<Fmt, Ov>(du, hn::BitCast(du, hn::Div(hn::LoadU(df, src + i), vs))),
                         dst + i);
-  for (; i < n; ++i) dst[i] = tessel::detail::encode<Fmt, Ov>(src[i] / scale);
+  // (Pointer form: GCC 12 misreads the index form after inlining with a constant n.)
+  for (const float* p = src + i; p != src + n; ++p) dst[p - src] = tessel::detail::encode<Fmt, Ov>(*p / scale);
+}
+
+HWY_INLINE float amax_finite_f32(const float* src, std::size_t n);
+
+// Block-scaled: for each of the n / block blocks, scales[b] = scale_of(largest finite |x| of the
+// block), then the block is quantized with it. (Sizes are checked by the caller.)
+template <class Fmt, overflow Ov, class ScaleOf>
+void quantize_blocks_f32(const float* src, typename Fmt::storage* dst, float* scales, std::size_t n,
+                         std::size_t block, ScaleOf scale_of) {
+  // Groups of blocks small enough to stay in L1/L2: first all their scales (independent
+  // reductions pipeline well), then the quantization, so no block waits on its own reduction.
+  constexpr std::size_t group_floats = 4096;
+  const std::size_t group = block >= group_floats ? 1 : group_floats / block;
+  const std::size_t nb = n / block;
+  for (std::size_t g = 0; g < nb; g += group) {
+    const std::size_t ge = g + group < nb ? g + group : nb;
+    for (std::size_t b = g; b < ge; ++b) scales[b] = scale_of(amax_finite_f32(src + b * block, block));
+    for (std::size_t b = g; b < ge; ++b) quantize_f32<Fmt, Ov>(src + b * block, dst + b * block, block, scales[b]);
+  }
 }
 
 // dst[i] = decode<Fmt>(src[i]).
@@ -146,7 +176,7 @@ void decode_f32(const typename Fmt::storage* src, float* dst, std::size_t n) {
 
 // dst[i] = decode<Fmt>(src[i]) * scale.
 template <class Fmt>
-void dequantize_f32(const typename Fmt::storage* src, float* dst, std::size_t n, float scale) {
+HWY_INLINE void dequantize_f32(const typename Fmt::storage* src, float* dst, std::size_t n, float scale) {
   const hn::ScalableTag<std::uint32_t> du;
   const hn::ScalableTag<float> df;
   const auto vs = hn::Set(df, scale);
@@ -158,9 +188,16 @@ void dequantize_f32(const typename Fmt::storage* src, float* dst, std::size_t n,
   for (; i < n; ++i) dst[i] = tessel::detail::decode<Fmt, float>(src[i]) * scale;
 }
 
+// dst[i] = decode<Fmt>(src[i]) * scales[i / block].
+template <class Fmt>
+void dequantize_blocks_f32(const typename Fmt::storage* src, const float* scales, float* dst, std::size_t n,
+                           std::size_t block) {
+  for (std::size_t b = 0, o = 0; o < n; ++b, o += block) dequantize_f32<Fmt>(src + o, dst + o, block, scales[b]);
+}
+
 // Largest |x| over the finite values of src (0 when there are none). Compares magnitudes as
 // integers (non-negative floats order like their bits), so it is exact and NaN-proof.
-inline float amax_finite_f32(const float* src, std::size_t n) {
+HWY_INLINE float amax_finite_f32(const float* src, std::size_t n) {
   const hn::ScalableTag<std::uint32_t> du;
   const std::size_t N = hn::Lanes(du);
   auto m = hn::Zero(du);

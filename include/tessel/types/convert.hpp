@@ -128,12 +128,13 @@ void quantize_blocks(std::span<const float> src, std::span<To> dst, std::span<fl
   detail::check_sizes("quantize_blocks", "source", src.size(), "destination", dst.size());
   detail::check_block("quantize_blocks", src.size(), block);
   detail::check_sizes("quantize_blocks", "scales", scales.size(), "source / block", src.size() / block);
-  for (std::size_t b = 0, nb = scales.size(); b < nb; ++b) {
-    const float* s = src.data() + b * block;
-    const float scale = block_scale<To>(arch::amax_finite_f32(s, block));
-    scales[b] = scale;
-    quantize(std::span<const float>(s, block), dst.subspan(b * block, block), scale, ov);
-  }
+  const auto scale_of = [](float amax) { return block_scale<To>(amax); };
+  if (ov == overflow::saturate)
+    arch::quantize_blocks_f32<typename To::format, overflow::saturate>(src.data(), detail::raw(dst.data()), scales.data(),
+                                                                     src.size(), block, scale_of);
+  else
+    arch::quantize_blocks_f32<typename To::format, overflow::propagate>(src.data(), detail::raw(dst.data()), scales.data(),
+                                                                      src.size(), block, scale_of);
 }
 
 // Same, returning the scales.
@@ -153,8 +154,7 @@ void dequantize_blocks(std::span<const From> src, std::span<const float> scales,
   detail::check_sizes("dequantize_blocks", "source", src.size(), "destination", dst.size());
   detail::check_block("dequantize_blocks", src.size(), block);
   detail::check_sizes("dequantize_blocks", "scales", scales.size(), "source / block", src.size() / block);
-  for (std::size_t b = 0, nb = scales.size(); b < nb; ++b)
-    dequantize(src.subspan(b * block, block), dst.subspan(b * block, block), scales[b]);
+  arch::dequantize_blocks_f32<typename From::format>(detail::raw(src.data()), scales.data(), dst.data(), src.size(), block);
 }
 
 }  // namespace v0
