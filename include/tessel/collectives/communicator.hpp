@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include <tessel/detail/checked.hpp>
 #include <tessel/collectives/detail/algorithms.hpp>
 #include <tessel/collectives/errors.hpp>
 #include <tessel/collectives/reduce_op.hpp>
@@ -118,11 +119,6 @@ inline void check_buffer(const void* p, std::size_t count, dtype d, const char* 
   if (reinterpret_cast<std::uintptr_t>(p) % dtype_size(d) != 0)
     throw std::invalid_argument(std::string("tessel: ") + what + ": " + which + " buffer is misaligned for " +
                                 std::string(dtype_name(d)));
-}
-inline std::size_t mul_checked(std::size_t a, std::size_t b, const char* what) {
-  if (b && a > std::numeric_limits<std::size_t>::max() / b)
-    throw std::overflow_error(std::string("tessel: ") + what + ": size overflows");
-  return a * b;
 }
 }  // namespace detail
 inline namespace v0 {

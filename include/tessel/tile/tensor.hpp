@@ -10,6 +10,8 @@
 #include <string>
 #include <type_traits>
 
+#include <tessel/detail/checked.hpp>
+
 namespace tessel {
 inline namespace v0 {
 
@@ -18,16 +20,6 @@ enum class order : std::uint8_t { row_major, col_major };
 }  // namespace v0
 namespace detail {
 inline std::string shape_str(std::size_t r, std::size_t c) { return "(" + std::to_string(r) + "," + std::to_string(c) + ")"; }
-inline std::size_t mul_checked(std::size_t a, std::size_t b, const char* what) {
-  std::size_t r = 0;
-  if (__builtin_mul_overflow(a, b, &r)) throw std::overflow_error(std::string("tessel: ") + what + " overflows: " + std::to_string(a) + " * " + std::to_string(b));
-  return r;
-}
-inline std::size_t add_checked(std::size_t a, std::size_t b, const char* what) {
-  std::size_t r = 0;
-  if (__builtin_add_overflow(a, b, &r)) throw std::overflow_error(std::string("tessel: ") + what + " overflows: " + std::to_string(a) + " + " + std::to_string(b));
-  return r;
-}
 // Number of elements a (rows, cols) view with these strides spans: (rows-1)*rs + (cols-1)*cs + 1.
 inline std::size_t span_of(std::size_t rows, std::size_t cols, std::size_t rs, std::size_t cs) {
   if (rows == 0 || cols == 0) return 0;
