@@ -68,6 +68,7 @@ inline float flush_subnormal(float x) {
 template <int MR, int NR>
 struct scalar_fma_f32 {
   static constexpr int mr = MR, nr = NR, k_pack = 1;
+  template <int R> using with_rows = scalar_fma_f32<R, NR>;
   using a_type = float;
   using b_type = float;
   static void run(const ukernel_args& p) {
@@ -87,6 +88,7 @@ struct scalar_fma_f32 {
 template <int MR, int NR>
 struct scalar_dot2_bf16 {
   static constexpr int mr = MR, nr = NR, k_pack = 2;
+  template <int R> using with_rows = scalar_dot2_bf16<R, NR>;
   using a_type = std::uint16_t;
   using b_type = std::uint16_t;
   static void run(const ukernel_args& p) {
@@ -142,6 +144,7 @@ inline void finish_avx512(const ukernel_args& p, __m512 (&t)[MR][NV]) {
 template <int MR, int NV>
 struct avx512_fma_f32 {
   static constexpr int mr = MR, nr = 16 * NV, k_pack = 1;
+  template <int R> using with_rows = avx512_fma_f32<R, NV>;
   using a_type = float;
   using b_type = float;
   static void run(const ukernel_args& p) {
@@ -186,6 +189,7 @@ using avx512_fma_8x32_f32 = avx512_fma_f32<8, 2>;
 template <int MR, int NV>
 struct avx512bf16_dot_bf16bf16f32 {
   static constexpr int mr = MR, nr = 16 * NV, k_pack = 2;
+  template <int R> using with_rows = avx512bf16_dot_bf16bf16f32<R, NV>;
   using a_type = std::uint16_t;
   using b_type = std::uint16_t;
   static void run(const ukernel_args& p) {
@@ -202,6 +206,9 @@ struct avx512bf16_dot_bf16bf16f32 {
     for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) t[i][v] = _mm512_setzero_ps();
+    if (p.accumulate)  // the tile of C is read after the K loop: fetch it now, behind the FMAs
+      for (int i = 0; i < MR; ++i)
+        for (int v = 0; v < NV; ++v) _mm_prefetch(reinterpret_cast<const char*>(p.c + i * p.ldc + 16 * v), _MM_HINT_T0);
     std::size_t k = p.k;
 #pragma GCC unroll 4
     for (; k > 0; --k) {
@@ -232,6 +239,7 @@ using avx512bf16_dot_6x32_bf16bf16f32 = avx512bf16_dot_bf16bf16f32<6, 2>;
 template <int MR, int NV>
 struct avx2_fma_f32 {
   static constexpr int mr = MR, nr = 8 * NV, k_pack = 1;
+  template <int R> using with_rows = avx2_fma_f32<R, NV>;
   using a_type = float;
   using b_type = float;
   static void run(const ukernel_args& p) {
@@ -296,6 +304,16 @@ inline constexpr bool has_pair_atom = true;
 using best_bf16_atom = best_f32_atom;
 inline constexpr bool has_pair_atom = false;
 #endif
+
+// Runs Atom::with_rows<rows> (1 <= rows <= Atom::mr): the same atom for a partial row panel,
+// so edge rows cost what they compute (M = 1 runs a 1-row kernel, not a padded MR-row one).
+template <class Atom, int R = Atom::mr>
+inline void run_rows(int rows, const ukernel_args& p) {
+  if constexpr (R >= 1) {
+    if (rows == R) return Atom::template with_rows<R>::run(p);
+    return run_rows<Atom, R - 1>(rows, p);
+  }
+}
 
 // Scalar reference matching an atom's arithmetic.
 template <class Atom>

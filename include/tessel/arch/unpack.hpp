@@ -4,9 +4,11 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
+#include <tessel/arch/target.hpp>
 #include <tessel/types/bf16.hpp>
 #include <tessel/types/fp16.hpp>
 #include <tessel/types/fp8.hpp>
@@ -50,6 +52,27 @@ inline std::uint16_t to_bf16_bits(T x) {
   if constexpr (std::is_same_v<T, bf16>) return x.bits();
   else if constexpr (std::is_same_v<T, e4m3> || std::is_same_v<T, e5m2>) return f8_to_bf16_table<T>[x.bits()];
   else return bf16(static_cast<float>(x)).bits();
+}
+
+// out[2j] = r0[j], out[2j+1] = r1[j] for j < n: two rows of 16-bit codes into K-pairs (VNNI).
+inline void interleave_u16(const std::uint16_t* r0, const std::uint16_t* r1, std::uint16_t* out, std::size_t n) {
+  std::size_t j = 0;
+#if defined(__AVX512BW__)
+  alignas(64) static constexpr std::uint16_t lo[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+                                                       8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+  alignas(64) static constexpr std::uint16_t hi[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
+                                                       24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
+  const __m512i ilo = _mm512_load_si512(lo), ihi = _mm512_load_si512(hi);
+  for (; j + 32 <= n; j += 32) {
+    const __m512i a = _mm512_loadu_si512(r0 + j), b = _mm512_loadu_si512(r1 + j);
+    _mm512_storeu_si512(out + 2 * j, _mm512_permutex2var_epi16(a, ilo, b));
+    _mm512_storeu_si512(out + 2 * j + 32, _mm512_permutex2var_epi16(a, ihi, b));
+  }
+#endif
+  for (; j < n; ++j) {
+    out[2 * j] = r0[j];
+    out[2 * j + 1] = r1[j];
+  }
 }
 
 }  // namespace tessel::arch

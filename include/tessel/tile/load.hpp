@@ -66,6 +66,15 @@ void load(const tensor_tile<S, R, C>& src, staged<D, R, C, L>& dst, float scale 
       const std::size_t nc = c0 < vc ? (vc - c0 < NR ? vc - c0 : NR) : 0;
       for (std::size_t k = 0; k < PR; k += KP) {
         D* row = panel + k * NR;
+        if constexpr (KP == 2 && std::is_same_v<SV, bf16> && std::is_same_v<D, bf16>) {
+          // fast path: two full source rows into K-pairs
+          if (!scaled && src.col_stride == 1 && k + 1 < vr && nc == NR) {
+            const SV* s0 = src.data + k * src.row_stride + c0;
+            arch::interleave_u16(reinterpret_cast<const std::uint16_t*>(s0), reinterpret_cast<const std::uint16_t*>(s0 + src.row_stride),
+                                 reinterpret_cast<std::uint16_t*>(row), NR);
+            continue;
+          }
+        }
         for (std::size_t q = 0; q < KP; ++q) {
           const std::size_t r = k + q;
           if (r < vr && nc) {

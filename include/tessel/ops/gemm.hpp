@@ -1,0 +1,295 @@
+// GEMM as a tile program: C = alpha·op(A)·op(B) + beta·C, then an optional epilogue chain, for
+// f32, bf16 (→ f32 or bf16), fp16 and FP8 (e4m3/e5m2, mixed) inputs with per-tensor or
+// DeepSeek-V3 block scales (1x128 for A along K, 128x128 for B), accumulated in FP32.
+// Row-major convention: A is (M,K), B is (K,N), C is (M,N) after op(); transposes are strides.
+// Every element of C is computed by one block in a fixed K order, so results never depend on the
+// thread count or on which worker runs which block.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include <tessel/device/device.hpp>
+#include <tessel/tile.hpp>
+#include <tessel/types/bf16.hpp>
+#include <tessel/types/fp16.hpp>
+#include <tessel/types/fp8.hpp>
+
+namespace tessel {
+inline namespace v0 {
+
+enum class transpose : std::uint8_t { none, yes };
+
+// A GEMM argument error (bad shape, leading dimension, null pointer, scale layout).
+struct gemm_error : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+
+// Scales for FP8 (or any) inputs. Per-tensor: C = alpha·(scale_a·A)(scale_b·B). Block scales
+// (DeepSeek-V3): a_block[m * ceil(K/128) + kb] scales A(m, 128kb..128kb+127) and
+// b_block[kb * ceil(N/128) + nb] scales B(128kb.., 128nb..) of op(B), both as (M,K)/(K,N) logically.
+struct gemm_scales {
+  float a = 1.0f, b = 1.0f;
+  const float* a_block = nullptr;
+  const float* b_block = nullptr;
+  static constexpr std::size_t block = 128;
+};
+
+template <class T>
+concept gemm_input = std::is_same_v<T, float> || std::is_same_v<T, bf16> || std::is_same_v<T, fp16> ||
+                     std::is_same_v<T, e4m3> || std::is_same_v<T, e5m2>;
+template <class T>
+concept gemm_output = std::is_same_v<T, float> || std::is_same_v<T, bf16> || std::is_same_v<T, fp16> ||
+                      std::is_same_v<T, e4m3> || std::is_same_v<T, e5m2>;
+
+}  // namespace v0
+
+namespace detail {
+
+template <class TA, class TB>
+struct gemm_config {
+  static_assert(mma_traits<TA>::pair == mma_traits<TB>::pair,
+                "tessel::gemm: A and B must both be 16/8-bit floats (bf16/e4m3/e5m2) or both f32/fp16 on this target");
+  using traits = mma_traits<TA>;
+  using stage = typename traits::stage_type;
+  using atom = typename traits::atom;
+  static constexpr std::size_t MR = atom::mr, NR = atom::nr, KP = atom::k_pack;
+  // K chunk (FP8 block-scaled: 128, one scale block); the B micro-panel KC x NR stays in L1.
+  static constexpr std::size_t KC = KP == 2 ? 512 : 256;
+  static constexpr std::size_t NB = 256;   // columns per block (B tile KC x NB stays in L2)
+  static constexpr std::size_t MC = 96;    // rows per mma step (A tile MC x KC in L2)
+  static constexpr std::size_t MB_max = 1024;  // rows per block: packed B is reused by this many rows
+  static_assert(NB % NR == 0 && MC % MR == 0, "gemm_config: tile sizes must be multiples of the atom");
+};
+
+inline std::string gemm_shape(std::size_t M, std::size_t N, std::size_t K) {
+  return "(M,N,K)=(" + std::to_string(M) + "," + std::to_string(N) + "," + std::to_string(K) + ")";
+}
+
+template <class TA, class TB, class TC, class Chain, bool Scaled>
+struct gemm_program {
+  using cfg = gemm_config<TA, TB>;
+  using S = typename cfg::stage;
+  using atom = typename cfg::atom;
+  static constexpr std::size_t MR = cfg::MR, NR = cfg::NR, KP = cfg::KP, NB = cfg::NB, MC = cfg::MC;
+  static constexpr std::size_t KC = Scaled ? gemm_scales::block : cfg::KC;
+
+  std::size_t M, N, K, batch;
+  tensor<const TA, 2> A;  // (M,K) view of batch 0
+  tensor<const TB, 2> B;  // (K,N)
+  tensor<TC, 2> C;        // (M,N)
+  std::size_t sa, sb, sc; // batch strides (elements)
+  const TA* const* a_ptrs = nullptr;  // pointer-array batching (overrides strides)
+  const TB* const* b_ptrs = nullptr;
+  TC* const* c_ptrs = nullptr;
+  float alpha, beta;
+  gemm_scales scales;
+  std::size_t MB;
+  Chain ep;
+
+  kernel_cost cost(const grid&) const {
+    kernel_cost c;
+    c.flops = 2.0 * double(M) * double(N) * double(K) * double(batch);
+    c.bytes = (double(M) * K * sizeof(TA) + double(K) * N * sizeof(TB) + double(M) * N * sizeof(TC) * (beta != 0 ? 2 : 1)) * double(batch);
+    c.precision = std::is_same_v<TA, float> ? math_precision::f32
+                  : (std::is_same_v<TA, bf16> ? math_precision::bf16 : (std::is_same_v<TA, fp16> ? math_precision::fp16 : math_precision::fp8));
+    return c;
+  }
+
+  void operator()(block_ctx& ctx) const {
+    const auto idx = ctx.block_index3();
+    const std::size_t mb = idx[0], nb = idx[1], z = idx[2];
+    const TA* pa = a_ptrs ? a_ptrs[z] : A.data() + z * sa;
+    const TB* pb = b_ptrs ? b_ptrs[z] : B.data() + z * sb;
+    TC* pc = c_ptrs ? c_ptrs[z] : C.data() + z * sc;
+    const auto Az = tensor<const TA, 2>::strided(pa, M, K, A.row_stride(), A.col_stride());
+    const auto Bz = tensor<const TB, 2>::strided(pb, K, N, B.row_stride(), B.col_stride());
+    const auto Cz = tensor<TC, 2>::strided(pc, M, N, C.row_stride(), C.col_stride());
+
+    const std::size_t m0 = mb * MB, rows = std::min(MB, M - m0);
+    const std::size_t n0 = nb * NB, cols = std::min(NB, N - n0);
+    const std::size_t rows_pad = ceil_div(rows, MC) * MC;
+    float* acc = ctx.scratch().allocate_array<float>(rows_pad * NB);           // (MB,NB)
+    staged<S, KC, NB, typename mma_traits<TA>::b_layout> b{ctx};                // (KC,NB)
+    staged<S, MC, KC, typename mma_traits<TA>::a_layout> a{ctx};                // (MC,KC)
+    alignas(64) float rs[MC];
+    alignas(64) float cs[NB];
+    const bool direct_a = std::is_same_v<TA, S> && Az.col_stride() == 1;
+    const std::size_t nk = ceil_div(K, KC);
+    const auto ab = epilogue::alpha_beta(alpha * scales.a * scales.b, beta);
+    const auto chain = ab | ep;
+
+    if (nk == 0) std::fill_n(acc, rows_pad * NB, 0.0f);
+    for (auto k : pipelined(nk)) {
+      const std::size_t k0 = k * KC, kv = std::min(KC, K - k0);
+      load(Bz.template tile_at<KC, NB>(k0, n0), b);
+      if constexpr (Scaled) {
+        const std::size_t nbk = ceil_div(N, gemm_scales::block);
+        for (std::size_t j = 0; j < NB; ++j) {
+          const std::size_t col = std::min(n0 + j, N - 1);
+          cs[j] = scales.b_block[k * nbk + col / gemm_scales::block];
+        }
+      }
+      for (std::size_t mc = 0; mc < rows; mc += MC) {
+        const std::size_t r = std::min(MC, rows - mc);
+        float* accm = acc + mc * NB;
+        if constexpr (Scaled) {
+          const std::size_t kbs = ceil_div(K, gemm_scales::block);
+          for (std::size_t i = 0; i < MC; ++i) rs[i] = i < r ? scales.a_block[(m0 + mc + i) * kbs + k] : 0.0f;
+        }
+        const bool direct = direct_a && kv % KP == 0;
+        if (!direct) load(Az.template tile_at<MC, KC>(m0 + mc, k0), a);
+        const std::size_t steps = ceil_div(kv, KP);
+        constexpr std::size_t PK = layout::panel<MR, KP>::padded_cols(KC);
+        for (std::size_t jp = 0; jp < ceil_div(cols, NR); ++jp) {
+          for (std::size_t ip = 0; ip < ceil_div(r, MR); ++ip) {
+            const std::size_t pr = std::min(MR, r - ip * MR);
+            arch::ukernel_args p;
+            p.k = steps;
+            p.b = b.data() + jp * NR * layout::col_panel<NR, KP>::padded_rows(KC);
+            p.c = accm + ip * MR * NB + jp * NR;
+            p.ldc = NB;
+            p.accumulate = !k.first();
+            if constexpr (Scaled) {
+              p.row_scale = rs + ip * MR;
+              p.col_scale = cs + jp * NR;
+            }
+            if (direct) {
+              p.a = Az.data() + (m0 + mc + ip * MR) * Az.row_stride() + k0;
+              p.a_rs = Az.row_stride();
+              arch::run_rows<atom>(static_cast<int>(pr), p);
+            } else {
+              p.a = a.data() + ip * MR * PK;
+              atom::run(p);
+            }
+          }
+        }
+        if (k.last())
+          detail::store_rows<TC>(accm, NB, r, cols, Cz.data() + (m0 + mc) * Cz.row_stride() + n0 * Cz.col_stride(), Cz.row_stride(),
+                                 Cz.col_stride(), m0 + mc, n0, chain);
+      }
+    }
+    if (nk == 0)
+      detail::store_rows<TC>(acc, NB, rows, cols, Cz.data() + m0 * Cz.row_stride() + n0 * Cz.col_stride(), Cz.row_stride(), Cz.col_stride(),
+                             m0, n0, chain);
+  }
+};
+
+inline void gemm_check(bool ok, const std::string& msg) {
+  if (!ok) throw gemm_error("tessel::gemm: " + msg);
+}
+
+// Validates one operand: (rows, cols) of op(X) stored with leading dimension ld.
+inline void gemm_check_operand(const char* name, const void* p, transpose t, std::size_t rows, std::size_t cols, std::size_t ld,
+                               const std::string& shape) {
+  const std::size_t stored_cols = t == transpose::none ? cols : rows;
+  const std::size_t stored_rows = t == transpose::none ? rows : cols;
+  gemm_check(ld >= std::max<std::size_t>(stored_cols, 1),
+             std::string("leading dimension of ") + name + " is " + std::to_string(ld) + ", needs >= " + std::to_string(std::max<std::size_t>(stored_cols, 1)) +
+                 " for a stored (" + std::to_string(stored_rows) + "," + std::to_string(stored_cols) + ") " + name + ", " + shape);
+  gemm_check(p != nullptr || rows == 0 || cols == 0, std::string("null ") + name + " with non-zero size, " + shape);
+  (void)detail::span_of(stored_rows, stored_cols, ld, 1);  // overflow check
+}
+
+template <class T>
+tensor<const T, 2> op_view(const T* p, transpose t, std::size_t rows, std::size_t cols, std::size_t ld) {
+  // op(X) is (rows, cols); stored row-major as (rows, cols) or, transposed, (cols, rows)
+  return t == transpose::none ? tensor<const T, 2>::strided(p, rows, cols, ld, 1) : tensor<const T, 2>::strided(p, rows, cols, 1, ld);
+}
+
+template <class TA, class TB, class TC, class Chain, class Dev>
+void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::size_t batch, tensor<const TA, 2> A, tensor<const TB, 2> B,
+                 tensor<TC, 2> C, std::size_t sa, std::size_t sb, std::size_t sc, const TA* const* ap, const TB* const* bp, TC* const* cp,
+                 float alpha, float beta, const gemm_scales& s, const Chain& ep) {
+  const std::string shape = gemm_shape(M, N, K);
+  gemm_check(!(s.a_block == nullptr) == !(s.b_block == nullptr), "block scales need both a_block and b_block, " + shape);
+  if (M == 0 || N == 0 || batch == 0) return;
+  (void)detail::mul_checked(detail::mul_checked(M, N, "gemm size"), batch, "gemm size");
+  (void)detail::mul_checked(detail::mul_checked(M, K, "gemm size"), batch, "gemm size");
+  using cfg = gemm_config<TA, TB>;
+  const std::size_t mblocks = ceil_div(M, cfg::MB_max);
+  const std::size_t MB = ceil_div(ceil_div(M, mblocks), cfg::MC) * cfg::MC;
+  const grid g{ceil_div(M, MB), ceil_div(N, cfg::NB), batch};
+  const auto chain = epilogue::detail::as_chain<Chain>::make(ep);
+  using chain_t = std::remove_cvref_t<decltype(chain)>;
+  if (s.a_block) {
+    gemm_program<TA, TB, TC, chain_t, true> prog{M, N, K, batch, A, B, C, sa, sb, sc, ap, bp, cp, alpha, beta, s, MB, chain};
+    dev.launch(g, prog);
+  } else {
+    gemm_program<TA, TB, TC, chain_t, false> prog{M, N, K, batch, A, B, C, sa, sb, sc, ap, bp, cp, alpha, beta, s, MB, chain};
+    dev.launch(g, prog);
+  }
+}
+
+}  // namespace detail
+
+inline namespace v0 {
+
+// BLAS-style row-major GEMM: C(M,N) = alpha·op(A)·op(B) + beta·C, then `ep`.
+// op(A) is (M,K): A stored (M,K) with lda >= K, or (K,M) with lda >= M when transposed.
+template <class Dev, gemm_input TA, gemm_input TB, gemm_output TC, class Chain = epilogue::chain<>>
+void gemm(Dev& dev, transpose ta, transpose tb, std::size_t M, std::size_t N, std::size_t K, float alpha, const TA* A, std::size_t lda,
+          const TB* B, std::size_t ldb, float beta, TC* C, std::size_t ldc, const Chain& ep = {}, const gemm_scales& s = {}) {
+  const std::string shape = detail::gemm_shape(M, N, K);
+  detail::gemm_check_operand("A", A, ta, M, K, lda, shape);
+  detail::gemm_check_operand("B", B, tb, K, N, ldb, shape);
+  detail::gemm_check_operand("C", C, transpose::none, M, N, ldc, shape);
+  detail::gemm_launch<TA, TB, TC>(dev, M, N, K, 1, detail::op_view(A, ta, M, K, lda), detail::op_view(B, tb, K, N, ldb),
+                                  tensor<TC, 2>::strided(C, M, N, ldc, 1), 0, 0, 0, nullptr, nullptr, nullptr, alpha, beta, s, ep);
+}
+
+// Tensor form: A is (M,K), B is (K,N), C is (M,N) (use .transposed() views for transposes).
+template <class Dev, gemm_input TA, gemm_input TB, gemm_output TC, class Chain = epilogue::chain<>>
+void gemm(Dev& dev, tensor<const TA, 2> A, tensor<const TB, 2> B, tensor<TC, 2> C, float alpha = 1.0f, float beta = 0.0f,
+          const Chain& ep = {}, const gemm_scales& s = {}) {
+  const std::string shape = detail::gemm_shape(C.rows(), C.cols(), A.cols()) + " with A (" + std::to_string(A.rows()) + "," +
+                            std::to_string(A.cols()) + "), B (" + std::to_string(B.rows()) + "," + std::to_string(B.cols()) + "), C (" +
+                            std::to_string(C.rows()) + "," + std::to_string(C.cols()) + ")";
+  detail::gemm_check(A.rows() == C.rows() && B.cols() == C.cols() && A.cols() == B.rows(), "mismatched shapes " + shape);
+  detail::gemm_check(C.col_stride() == 1, "C must be row-major (column stride 1), " + shape);
+  detail::gemm_launch<TA, TB, TC>(dev, C.rows(), C.cols(), A.cols(), 1, A, B, C, 0, 0, 0, nullptr, nullptr, nullptr, alpha, beta, s, ep);
+}
+
+// Strided batch: batch i uses A + i*stride_a, B + i*stride_b, C + i*stride_c.
+template <class Dev, gemm_input TA, gemm_input TB, gemm_output TC, class Chain = epilogue::chain<>>
+void gemm_strided_batched(Dev& dev, transpose ta, transpose tb, std::size_t M, std::size_t N, std::size_t K, float alpha, const TA* A,
+                          std::size_t lda, std::size_t stride_a, const TB* B, std::size_t ldb, std::size_t stride_b, float beta, TC* C,
+                          std::size_t ldc, std::size_t stride_c, std::size_t batch, const Chain& ep = {}, const gemm_scales& s = {}) {
+  const std::string shape = detail::gemm_shape(M, N, K) + " x batch " + std::to_string(batch);
+  detail::gemm_check_operand("A", A, ta, M, K, lda, shape);
+  detail::gemm_check_operand("B", B, tb, K, N, ldb, shape);
+  detail::gemm_check_operand("C", C, transpose::none, M, N, ldc, shape);
+
+  if (batch > 1) {
+    (void)detail::mul_checked(batch - 1, std::max({stride_a, stride_b, stride_c}), "batch stride");
+    detail::gemm_check(stride_c >= (M ? (M - 1) * ldc + N : 0) || M == 0 || N == 0, "C batch stride " + std::to_string(stride_c) + " makes batches overlap, " + shape);
+  }
+  if (s.a_block) detail::gemm_check(batch <= 1, "block scales are per matrix; use batch 1, " + shape);
+  detail::gemm_launch<TA, TB, TC>(dev, M, N, K, batch, detail::op_view(A, ta, M, K, lda), detail::op_view(B, tb, K, N, ldb),
+                                  tensor<TC, 2>::strided(C, M, N, ldc, 1), stride_a, stride_b, stride_c, nullptr, nullptr, nullptr, alpha, beta, s, ep);
+}
+
+// Pointer-array batch.
+template <class Dev, gemm_input TA, gemm_input TB, gemm_output TC, class Chain = epilogue::chain<>>
+void gemm_batched(Dev& dev, transpose ta, transpose tb, std::size_t M, std::size_t N, std::size_t K, float alpha, const TA* const* A,
+                  std::size_t lda, const TB* const* B, std::size_t ldb, float beta, TC* const* C, std::size_t ldc, std::size_t batch,
+                  const Chain& ep = {}) {
+  const std::string shape = detail::gemm_shape(M, N, K) + " x batch " + std::to_string(batch);
+  if (batch == 0) return;
+  detail::gemm_check(A && B && C, "null pointer array, " + shape);
+  for (std::size_t i = 0; i < batch; ++i) {
+    detail::gemm_check_operand("A", A[i], ta, M, K, lda, shape);
+    detail::gemm_check_operand("B", B[i], tb, K, N, ldb, shape);
+    detail::gemm_check_operand("C", C[i], transpose::none, M, N, ldc, shape);
+  }
+  detail::gemm_launch<TA, TB, TC>(dev, M, N, K, batch, detail::op_view(A[0], ta, M, K, lda), detail::op_view(B[0], tb, K, N, ldb),
+                                  tensor<TC, 2>::strided(C[0], M, N, ldc, 1), 0, 0, 0, A, B, C, alpha, beta, gemm_scales{}, ep);
+}
+
+}  // namespace v0
+}  // namespace tessel
