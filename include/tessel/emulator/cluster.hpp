@@ -89,7 +89,7 @@ class cluster {
   // A cluster running its cards' programs on its own executor (`threads` workers, default all cores).
   explicit cluster(const cluster_config& cfg, unsigned threads = 0)
       : cfg_(checked(cfg)),
-        owned_exec_(std::make_unique<executor>(threads ? threads : host_device::default_threads())),
+        owned_exec_(std::make_unique<executor>(threads ? threads : std::max(1u, std::thread::hardware_concurrency()))),
         exec_(owned_exec_.get()),
         net_(cfg_) {
     init();
