@@ -1,0 +1,174 @@
+// Row kernels of the online (streaming) softmax that fused attention runs between its two matrix
+// products: scaled row maximum, exp2 of shifted logits with the row sum, rescaling of an
+// accumulator row, and f32 -> bf16 (RNE) packing of probabilities. xsimd vectors, scalar tails.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+// GCC 12 warns (-Wuninitialized, not only -Wmaybe-uninitialized) inside its AVX-512 headers when
+// _mm512_max_ps / roundscale / cvtt inline into our code; what counts is the pragma state when the
+// intrinsic headers are first parsed, so include them here first with both silenced.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#include <tessel/arch/target.hpp>
+
+namespace tessel::arch::softmax {
+
+using vf = xsimd::batch<float>;
+inline constexpr std::size_t W = vf::size;
+inline constexpr float neg_inf = -std::numeric_limits<float>::infinity();
+
+// f32 -> bf16 bits, round to nearest even (inputs here are finite probabilities or gradients;
+// NaN is kept quiet).
+inline std::uint16_t f32_to_bf16_bits(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<std::uint16_t>(u >> 16);
+}
+
+// exp2 for x <= 0 (and -inf -> 0), accurate to about 2 ulp: 2^x = 2^round(x) * p(f), |f| <= 0.5,
+// a degree-6 polynomial. Faster than a general exp because no overflow branch is needed.
+template <class B>
+inline B exp2_nonpos(const B& x) {
+  using I = xsimd::as_integer_t<B>;
+  const B xc = xsimd::max(x, B(-127.0f));  // below: result is flushed to 0 below (and -inf -> 0)
+  const B r = xsimd::nearbyint(xc);
+  const B f = xc - r;  // [-0.5, 0.5]
+  // minimax-like Taylor terms of 2^f
+  B p = B(1.5403530393381606e-4f);
+  p = xsimd::fma(p, f, B(1.3333558146428443e-3f));
+  p = xsimd::fma(p, f, B(9.6181291076284772e-3f));
+  p = xsimd::fma(p, f, B(5.5504108664821580e-2f));
+  p = xsimd::fma(p, f, B(2.4022650695910071e-1f));
+  p = xsimd::fma(p, f, B(6.9314718055994531e-1f));
+  p = xsimd::fma(p, f, B(1.0f));
+  const I e = (xsimd::to_int(r) + I(127)) << 23;
+  const B scale = xsimd::bitwise_cast<B>(e);
+  return xsimd::select(x < B(-126.0f), B(0.0f), p * scale);
+}
+inline float exp2_nonpos(float x) {
+  if (!(x >= -126.0f)) return 0.0f;
+  return std::exp2(x);
+}
+
+// W floats -> W bf16 codes (RNE).
+inline void store_bf16(const float* x, std::uint16_t* out) {
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+  if constexpr (W == 16) {
+    const __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(x));
+    std::memcpy(out, &h, 32);
+    return;
+  }
+#endif
+  using vu = xsimd::batch<std::uint32_t>;
+  const vu u = xsimd::bitwise_cast<vu>(vf::load_unaligned(x));
+  const vu r = (u + vu(0x7fffu) + ((u >> 16) & vu(1u))) >> 16;
+  alignas(64) std::uint32_t t[W];
+  r.store_aligned(t);
+  for (std::size_t i = 0; i < W; ++i) out[i] = static_cast<std::uint16_t>(t[i]);
+}
+
+// max_j s[j] * scale over [0, n) (scale > 0, so max(s)*scale); -inf for n == 0.
+inline float row_max(const float* s, std::size_t n) {
+  std::size_t j = 0;
+  float m = neg_inf;
+  if (n >= W) {
+    vf mv = vf::load_unaligned(s);
+    for (j = W; j + W <= n; j += W) mv = xsimd::max(mv, vf::load_unaligned(s + j));
+    alignas(64) float t[W];
+    mv.store_aligned(t);
+    for (std::size_t i = 0; i < W; ++i) m = t[i] > m ? t[i] : m;
+  }
+  for (; j < n; ++j) m = s[j] > m ? s[j] : m;
+  return m;
+}
+
+// p[j] = exp2(s[j]*c - m) for j < n (m finite), returns sum_j p[j] (f32, in fixed lane order).
+// OutBits = uint16_t writes bf16 bits (RNE); float writes f32. The sum is over the f32 values.
+template <class Out>
+inline float exp2_row(const float* s, std::size_t n, float c, float m, Out* p) {
+  const vf cv(c), mv(m);
+  vf acc(0.0f);
+  std::size_t j = 0;
+  for (; j + W <= n; j += W) {
+    const vf e = exp2_nonpos(xsimd::fms(vf::load_unaligned(s + j), cv, mv));
+    acc += e;
+    if constexpr (std::is_same_v<Out, float>) {
+      e.store_unaligned(p + j);
+    } else {
+      alignas(64) float tmp[W];
+      e.store_aligned(tmp);
+      store_bf16(tmp, p + j);
+    }
+  }
+  float sum = xsimd::hadd(acc);
+  for (; j < n; ++j) {
+    const float e = exp2_nonpos(std::fma(s[j], c, -m));
+    sum += e;
+    if constexpr (std::is_same_v<Out, float>) p[j] = e;
+    else p[j] = f32_to_bf16_bits(e);
+  }
+  return sum;
+}
+
+// Converts n floats to bf16 codes (RNE).
+inline void to_bf16_row(const float* x, std::size_t n, std::uint16_t* out) {
+  std::size_t j = 0;
+  for (; j + W <= n; j += W) store_bf16(x + j, out + j);
+  for (; j < n; ++j) out[j] = f32_to_bf16_bits(x[j]);
+}
+
+// o[j] *= a for j < n.
+inline void scale_row(float* o, std::size_t n, float a) {
+  const vf av(a);
+  std::size_t j = 0;
+  for (; j + W <= n; j += W) (vf::load_unaligned(o + j) * av).store_unaligned(o + j);
+  for (; j < n; ++j) o[j] *= a;
+}
+
+// sum_j x[j]*y[j] in f32 (fixed lane order).
+inline float dot_row(const float* x, const float* y, std::size_t n) {
+  vf acc(0.0f);
+  std::size_t j = 0;
+  for (; j + W <= n; j += W) acc = xsimd::fma(vf::load_unaligned(x + j), vf::load_unaligned(y + j), acc);
+  float s = xsimd::hadd(acc);
+  for (; j < n; ++j) s = std::fma(x[j], y[j], s);
+  return s;
+}
+
+// ds[j] = p[j] * (dp[j] - delta) * c for j < n (softmax backward, in place into dp).
+inline void softmax_grad_row(const float* p, float* dp, std::size_t n, float delta, float c) {
+  const vf dv(delta), cv(c);
+  std::size_t j = 0;
+  for (; j + W <= n; j += W) (vf::load_unaligned(p + j) * (vf::load_unaligned(dp + j) - dv) * cv).store_unaligned(dp + j);
+  for (; j < n; ++j) dp[j] = p[j] * (dp[j] - delta) * c;
+}
+
+// p[j] = exp2(s[j]*c - m) in place (m finite, or -inf giving zeros), f32.
+inline void exp2_inplace(float* s, std::size_t n, float c, float m) {
+  if (m == neg_inf) {
+    for (std::size_t j = 0; j < n; ++j) s[j] = 0.0f;
+    return;
+  }
+  const vf cv(c), mv(m);
+  std::size_t j = 0;
+  for (; j + W <= n; j += W) exp2_nonpos(xsimd::fms(vf::load_unaligned(s + j), cv, mv)).store_unaligned(s + j);
+  for (; j < n; ++j) s[j] = exp2_nonpos(std::fma(s[j], c, -m));
+}
+
+}  // namespace tessel::arch::softmax

@@ -1,0 +1,243 @@
+// Fused scaled-dot-product attention (FlashAttention-2) as tile programs on any device:
+//   O = softmax(scale·Q·Kᵀ + mask)·V, plus the per-row log-sum-exp for the backward pass.
+// Layouts [batch, seq, heads, dim] (bshd) and [batch, heads, seq, dim] (bhsd); varlen batches
+// packed as [total_tokens, heads, dim] with cumulative offsets; head dims any multiple of 16 up to
+// 256; GQA/MQA (heads_q a multiple of heads_kv); causal masks aligned top-left or bottom-right;
+// sliding windows; f32, bf16 (FP32 softmax and accumulation) and e4m3 inputs with scales.
+// Decode (few query rows, long or paged KV cache) splits the KV length and merges exactly.
+// Backward (f32, bf16) recomputes tiles and never accumulates in a data-dependent order.
+// A row with no visible key is "fully masked": its output is 0 and its log-sum-exp is −inf.
+// Results never depend on the thread count.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <tessel/device/device.hpp>
+#include <tessel/ops/detail/attention_common.hpp>
+#include <tessel/ops/detail/attention_fwd.hpp>
+#include <tessel/tile/block_ctx.hpp>
+#include <tessel/types/bf16.hpp>
+#include <tessel/types/fp8.hpp>
+
+namespace tessel {
+inline namespace v0 {
+
+enum class attention_layout : std::uint8_t { bshd, bhsd };
+enum class mask_align : std::uint8_t { top_left, bottom_right };
+
+// Shape of a dense (padded) batch.
+struct attention_shape {
+  std::size_t batch = 1, seq_q = 0, seq_kv = 0, heads_q = 1, heads_kv = 1, head_dim = 0;
+  attention_layout layout = attention_layout::bshd;
+};
+
+// Shape of a varlen batch: sequence b has tokens [cu_q[b], cu_q[b+1]) of Q/O and
+// [cu_kv[b], cu_kv[b+1]) of K/V, all stored [total_tokens, heads, head_dim]. Empty sequences are fine.
+struct attention_varlen_shape {
+  std::span<const std::int32_t> cu_q, cu_kv;  // batch + 1 non-decreasing offsets each
+  std::size_t heads_q = 1, heads_kv = 1, head_dim = 0;
+};
+
+struct attention_options {
+  float scale = 0.0f;            // softmax scale; 0 means 1/sqrt(head_dim)
+  bool causal = false;           // key j visible to row i only if j <= i + offset
+  mask_align align = mask_align::top_left;  // offset = 0 (top-left) or seq_kv - seq_q (bottom-right)
+  std::ptrdiff_t window_left = -1;   // sliding window: j >= i + offset - window_left (-1: unbounded)
+  std::ptrdiff_t window_right = -1;  //                 j <= i + offset + window_right (-1: unbounded)
+  float q_scale = 1.0f, k_scale = 1.0f, v_scale = 1.0f;  // dequantisation scales (e4m3 inputs)
+};
+
+// A bad attention argument (shape, head counts, offsets, buffer sizes).
+struct attention_error : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+
+template <class T>
+concept attention_input = std::is_same_v<T, float> || std::is_same_v<T, bf16> || std::is_same_v<T, e4m3>;
+template <class T>
+concept attention_output = std::is_same_v<T, float> || std::is_same_v<T, bf16>;
+
+}  // namespace v0
+
+namespace detail::attn {
+
+inline void check(bool ok, const std::string& msg) {
+  if (!ok) throw attention_error("tessel::attention: " + msg);
+}
+inline std::size_t mul3(std::size_t a, std::size_t b, std::size_t c, const char* what) {
+  return detail::mul_checked(mul_checked(a, b, what), c, what);
+}
+template <class T>
+inline void check_buffer(std::span<T> s, std::size_t need, const char* name) {
+  if (s.size() < need)
+    throw std::out_of_range(std::string("tessel::attention: ") + name + " has " + std::to_string(s.size()) + " elements, needs " + std::to_string(need));
+  if (need > 0 && s.data() == nullptr) throw attention_error(std::string("tessel::attention: ") + name + " is null");
+}
+inline void check_heads(std::size_t hq, std::size_t hkv, std::size_t d) {
+  check(d > 0 && d % 16 == 0 && d <= 256, "head_dim " + std::to_string(d) + " must be a positive multiple of 16 up to 256");
+  check(hq > 0 && hkv > 0, "head counts must be positive (heads_q=" + std::to_string(hq) + ", heads_kv=" + std::to_string(hkv) + ")");
+  check(hq % hkv == 0, "heads_q=" + std::to_string(hq) + " is not a multiple of heads_kv=" + std::to_string(hkv));
+}
+inline mask_rule make_mask(const attention_options& o) {
+  check(o.window_left >= -1 && o.window_right >= -1, "window sizes must be >= -1 (-1 = unbounded)");
+  check(std::isfinite(o.scale) && o.scale >= 0.0f, "scale must be finite and >= 0 (0 = 1/sqrt(head_dim))");
+  check(std::isfinite(o.q_scale) && std::isfinite(o.k_scale) && std::isfinite(o.v_scale), "q/k/v scales must be finite");
+  mask_rule m;
+  m.causal = o.causal;
+  m.bottom_right = o.align == mask_align::bottom_right;
+  m.wl = o.window_left;
+  m.wr = o.window_right;
+  return m;
+}
+inline float softmax_scale(const attention_options& o, std::size_t d) {
+  const float s = o.scale == 0.0f ? 1.0f / std::sqrt(static_cast<float>(d)) : o.scale;
+  return s;
+}
+
+// Dense batch -> per-sequence geometry.
+inline void dense_geom(const attention_shape& s, geom& g, std::vector<seq_geom>& seqs) {
+  const std::size_t H = s.heads_q, HK = s.heads_kv, D = s.head_dim;
+  g.hq = H; g.hkv = HK; g.d = D; g.group = H / HK;
+  const bool bshd = s.layout == attention_layout::bshd;
+  g.q_tok = g.o_tok = bshd ? H * D : D;
+  g.q_head = g.o_head = bshd ? D : s.seq_q * D;
+  g.k_tok = g.v_tok = bshd ? HK * D : D;
+  g.k_head = g.v_head = bshd ? D : s.seq_kv * D;
+  g.lse_head = s.seq_q;
+  const std::size_t nkb = ceil_div(s.seq_kv, fwd_bkv);
+  seqs.resize(s.batch);
+  for (std::size_t b = 0; b < s.batch; ++b) {
+    seq_geom& q = seqs[b];
+    q.q_base = q.o_base = b * s.seq_q * H * D;
+    q.k_base = q.v_base = b * s.seq_kv * HK * D;
+    q.lse_base = b * H * s.seq_q;
+    q.sq = s.seq_q;
+    q.skv = s.seq_kv;
+    q.kv_blk0 = b * nkb;
+  }
+}
+
+// Runs the two forward passes over prepared geometry.
+template <class T, class O, class Dev>
+void run_forward(Dev& dev, const geom& g, const std::vector<seq_geom>& seqs, std::size_t max_sq, std::size_t max_skv, std::size_t total_kv_blocks,
+                 const T* q, const T* k, const T* v, O* o, float* lse, const attention_options& opt) {
+  using sf = stage_for<T>;
+  using E = typename sf::elem;
+  const mask_rule mask = make_mask(opt);
+  if (seqs.empty() || max_sq == 0) return;
+  const std::size_t D = g.d, Dp = round_up(D, sf::NR);
+  const std::size_t per_blk = detail::add_checked(detail::mul_checked(fwd_bkv, D, "attention workspace"), detail::mul_checked(fwd_bkv, Dp, "attention workspace"), "attention workspace");
+  const std::size_t ws_elems = mul3(total_kv_blocks, g.hkv, per_blk, "attention workspace");
+  E* ws = ws_elems ? static_cast<E*>(dev.allocate(detail::mul_checked(ws_elems, sizeof(E), "attention workspace"))) : nullptr;
+  E* kp = ws;
+  E* vp = ws ? ws + total_kv_blocks * g.hkv * fwd_bkv * D : nullptr;
+  struct guard { Dev& d; void* p; ~guard() { if (p) d.deallocate(p); } } gd{dev, ws};
+  if (max_skv > 0)
+    dev.launch(grid{ceil_div(max_skv, fwd_bkv), g.hkv, seqs.size()},
+               pack_kv_program<T, E, sf::NR, sf::KP>{k, v, seqs.data(), g, fwd_bkv, kp, vp});
+  const float sc = softmax_scale(opt, D) * opt.q_scale * opt.k_scale * log2e;
+  const std::size_t nqb = ceil_div(max_sq, fwd_bq);
+  dev.launch(grid{nqb, g.hq, seqs.size()},
+             flash_fwd_program<T, O, typename sf::atom>{q, o, lse, kp, vp, seqs.data(), g, mask, sc, opt.v_scale, nqb});
+}
+
+}  // namespace detail::attn
+
+inline namespace v0 {
+
+// Forward attention over a dense batch. q, o: (batch, seq_q, heads_q, head_dim) in `layout`
+// order; k, v: (batch, seq_kv, heads_kv, head_dim); lse (optional, may be empty):
+// (batch, heads_q, seq_q) natural-log log-sum-exp of the scaled logits (−inf for fully masked rows).
+template <class Dev, attention_input T, attention_output O>
+void attention_forward(Dev& dev, const attention_shape& s, std::span<const T> q, std::span<const T> k, std::span<const T> v, std::span<O> o,
+                       std::span<float> lse = {}, const attention_options& opt = {}) {
+  using namespace detail::attn;
+  check_heads(s.heads_q, s.heads_kv, s.head_dim);
+  const std::size_t nq = mul3(detail::mul_checked(s.batch, s.seq_q, "attention shape"), s.heads_q, s.head_dim, "attention shape");
+  const std::size_t nkv = mul3(detail::mul_checked(s.batch, s.seq_kv, "attention shape"), s.heads_kv, s.head_dim, "attention shape");
+  check_buffer(q, nq, "q");
+  check_buffer(k, nkv, "k");
+  check_buffer(v, nkv, "v");
+  check_buffer(o, nq, "o");
+  if (!lse.empty()) check_buffer(lse, mul3(s.batch, s.heads_q, s.seq_q, "attention shape"), "lse");
+  (void)make_mask(opt);
+  geom g;
+  std::vector<seq_geom> seqs;
+  dense_geom(s, g, seqs);
+  run_forward<T, O>(dev, g, seqs, s.seq_q, s.seq_kv, s.batch * ceil_div(s.seq_kv, fwd_bkv), q.data(), k.data(), v.data(), o.data(),
+                    lse.empty() ? nullptr : lse.data(), opt);
+}
+
+}  // namespace v0
+
+namespace detail::attn {
+// Validates cumulative offsets: batch+1 entries, cu[0] >= 0, non-decreasing, last <= tokens.
+inline std::size_t check_offsets(std::span<const std::int32_t> cu, const char* name) {
+  check(!cu.empty(), std::string(name) + " must have batch + 1 entries (got 0)");
+  check(cu[0] >= 0, std::string(name) + "[0] = " + std::to_string(cu[0]) + " is negative");
+  for (std::size_t i = 1; i < cu.size(); ++i)
+    check(cu[i] >= cu[i - 1], std::string(name) + " is not non-decreasing at index " + std::to_string(i) + " (" + std::to_string(cu[i - 1]) + " > " + std::to_string(cu[i]) + ")");
+  return static_cast<std::size_t>(cu.back());
+}
+inline void varlen_geom(const attention_varlen_shape& s, geom& g, std::vector<seq_geom>& seqs, std::size_t& max_sq, std::size_t& max_skv,
+                        std::size_t& kv_blocks) {
+  const std::size_t H = s.heads_q, HK = s.heads_kv, D = s.head_dim;
+  g.hq = H; g.hkv = HK; g.d = D; g.group = H / HK;
+  g.q_tok = g.o_tok = H * D;
+  g.q_head = g.o_head = D;
+  g.k_tok = g.v_tok = HK * D;
+  g.k_head = g.v_head = D;
+  g.lse_head = static_cast<std::size_t>(s.cu_q.back());
+  const std::size_t B = s.cu_q.size() - 1;
+  seqs.resize(B);
+  max_sq = max_skv = kv_blocks = 0;
+  for (std::size_t b = 0; b < B; ++b) {
+    seq_geom& q = seqs[b];
+    const std::size_t q0 = static_cast<std::size_t>(s.cu_q[b]), k0 = static_cast<std::size_t>(s.cu_kv[b]);
+    q.sq = static_cast<std::size_t>(s.cu_q[b + 1]) - q0;
+    q.skv = static_cast<std::size_t>(s.cu_kv[b + 1]) - k0;
+    q.q_base = q.o_base = q0 * H * D;
+    q.k_base = q.v_base = k0 * HK * D;
+    q.lse_base = q0;
+    q.kv_blk0 = kv_blocks;
+    kv_blocks += ceil_div(q.skv, fwd_bkv);
+    max_sq = std::max(max_sq, q.sq);
+    max_skv = std::max(max_skv, q.skv);
+  }
+}
+}  // namespace detail::attn
+
+inline namespace v0 {
+
+// Forward attention over a varlen batch: q, o hold cu_q.back() tokens, k, v hold cu_kv.back()
+// tokens, each [tokens, heads, head_dim]; lse (optional): [heads_q, cu_q.back()].
+template <class Dev, attention_input T, attention_output O>
+void attention_forward_varlen(Dev& dev, const attention_varlen_shape& s, std::span<const T> q, std::span<const T> k, std::span<const T> v,
+                              std::span<O> o, std::span<float> lse = {}, const attention_options& opt = {}) {
+  using namespace detail::attn;
+  check_heads(s.heads_q, s.heads_kv, s.head_dim);
+  check(s.cu_q.size() == s.cu_kv.size(), "cu_q and cu_kv must have the same length (batch + 1): " + std::to_string(s.cu_q.size()) + " vs " + std::to_string(s.cu_kv.size()));
+  const std::size_t tq = check_offsets(s.cu_q, "cu_q"), tkv = check_offsets(s.cu_kv, "cu_kv");
+  check_buffer(q, mul3(tq, s.heads_q, s.head_dim, "attention shape"), "q");
+  check_buffer(o, mul3(tq, s.heads_q, s.head_dim, "attention shape"), "o");
+  check_buffer(k, mul3(tkv, s.heads_kv, s.head_dim, "attention shape"), "k");
+  check_buffer(v, mul3(tkv, s.heads_kv, s.head_dim, "attention shape"), "v");
+  if (!lse.empty()) check_buffer(lse, detail::mul_checked(tq, s.heads_q, "attention shape"), "lse");
+  (void)make_mask(opt);
+  geom g;
+  std::vector<seq_geom> seqs;
+  std::size_t max_sq = 0, max_skv = 0, kvb = 0;
+  varlen_geom(s, g, seqs, max_sq, max_skv, kvb);
+  run_forward<T, O>(dev, g, seqs, max_sq, max_skv, kvb, q.data(), k.data(), v.data(), o.data(), lse.empty() ? nullptr : lse.data(), opt);
+}
+
+}  // namespace v0
+}  // namespace tessel
