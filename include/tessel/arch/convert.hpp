@@ -116,6 +116,9 @@ HWY_INLINE auto load_codes(const Storage* src) {
 
 }  // namespace detail
 
+// Scalar tails are written with pointers: GCC 12 misreads the index form after inlining with a
+// constant n (a false -Waggressive-loop-optimizations error).
+
 // dst[i] = encode<Fmt, Ov>(src[i]).
 template <class Fmt, overflow Ov>
 void encode_f32(const float* src, typename Fmt::storage* dst, std::size_t n) {
@@ -125,7 +128,7 @@ void encode_f32(const float* src, typename Fmt::storage* dst, std::size_t n) {
   std::size_t i = 0;
   for (; i + N <= n; i += N)
     detail::store_codes(detail::encode_lanes<Fmt, Ov>(du, hn::BitCast(du, hn::LoadU(df, src + i))), dst + i);
-  for (; i < n; ++i) dst[i] = tessel::detail::encode<Fmt, Ov>(src[i]);
+  for (const float* p = src + i; p != src + n; ++p) dst[p - src] = tessel::detail::encode<Fmt, Ov>(*p);
 }
 
 // dst[i] = encode<Fmt, Ov>(src[i] / scale).
@@ -139,7 +142,6 @@ HWY_INLINE void quantize_f32(const float* src, typename Fmt::storage* dst, std::
   for (; i + N <= n; i += N)
     detail::store_codes(detail::encode_lanes<Fmt, Ov>(du, hn::BitCast(du, hn::Div(hn::LoadU(df, src + i), vs))),
                         dst + i);
-  // (Pointer form: GCC 12 misreads the index form after inlining with a constant n.)
   for (const float* p = src + i; p != src + n; ++p) dst[p - src] = tessel::detail::encode<Fmt, Ov>(*p / scale);
 }
 
@@ -171,7 +173,7 @@ void decode_f32(const typename Fmt::storage* src, float* dst, std::size_t n) {
   std::size_t i = 0;
   for (; i + N <= n; i += N)
     hn::StoreU(hn::BitCast(df, detail::decode_lanes<Fmt>(du, detail::load_codes(src + i))), df, dst + i);
-  for (; i < n; ++i) dst[i] = tessel::detail::decode<Fmt, float>(src[i]);
+  for (auto* p = src + i; p != src + n; ++p) dst[p - src] = tessel::detail::decode<Fmt, float>(*p);
 }
 
 // dst[i] = decode<Fmt>(src[i]) * scale.
@@ -185,7 +187,7 @@ HWY_INLINE void dequantize_f32(const typename Fmt::storage* src, float* dst, std
   for (; i + N <= n; i += N)
     hn::StoreU(hn::Mul(hn::BitCast(df, detail::decode_lanes<Fmt>(du, detail::load_codes(src + i))), vs), df,
                dst + i);
-  for (; i < n; ++i) dst[i] = tessel::detail::decode<Fmt, float>(src[i]) * scale;
+  for (auto* p = src + i; p != src + n; ++p) dst[p - src] = tessel::detail::decode<Fmt, float>(*p) * scale;
 }
 
 // dst[i] = decode<Fmt>(src[i]) * scales[i / block].
@@ -209,8 +211,8 @@ HWY_INLINE float amax_finite_f32(const float* src, std::size_t n) {
     m = hn::Max(m, hn::IfThenElseZero(hn::Lt(a, inf), a));
   }
   std::uint32_t best = hn::GetLane(hn::MaxOfLanes(du, m));
-  for (; i < n; ++i) {
-    const std::uint32_t a = std::bit_cast<std::uint32_t>(src[i]) & 0x7FFFFFFFu;
+  for (const float* p = src + i; p != src + n; ++p) {
+    const std::uint32_t a = std::bit_cast<std::uint32_t>(*p) & 0x7FFFFFFFu;
     if (a < 0x7F800000u && a > best) best = a;
   }
   return std::bit_cast<float>(best);
