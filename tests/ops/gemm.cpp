@@ -1,0 +1,365 @@
+// GEMM: fp64 references with the gamma_K bound, integer inputs bitwise, shape sweeps over
+// {0,1,7,33,127,129,1000}, every transpose x dtype x epilogue, 1 vs 2 threads bitwise, typed errors.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <random>
+#include <vector>
+
+#include <tessel/device.hpp>
+#include <tessel/ops/gemm.hpp>
+
+#include "reference/gemm_ref.hpp"
+
+using namespace tessel;
+
+namespace {
+
+host_device& dev2() {
+  static host_device d(2);
+  return d;
+}
+host_device& dev1() {
+  static host_device d(1);
+  return d;
+}
+
+template <class TA, class TB, class TC>
+struct gemm_case {
+  std::size_t M, N, K;
+  bool ta, tb;
+  std::vector<TA> A;
+  std::vector<TB> B;
+  std::vector<TC> C;
+  std::size_t lda, ldb, ldc;
+  gemm_case(std::size_t m, std::size_t n, std::size_t k, bool a_t, bool b_t, std::size_t pad = 0)
+      : M(m), N(n), K(k), ta(a_t), tb(b_t) {
+    lda = (ta ? M : K) + pad;
+    ldb = (tb ? K : N) + pad;
+    ldc = N + pad;
+    lda = lda ? lda : 1;
+    ldb = ldb ? ldb : 1;
+    ldc = ldc ? ldc : 1;
+    A.resize((ta ? K : M) * lda);
+    B.resize((tb ? N : K) * ldb);
+    C.resize(M * ldc);
+  }
+  template <class Chain = epilogue::chain<>>
+  void run(host_device& d, float alpha, float beta, const Chain& ep = {}, const gemm_scales& s = {}) {
+    gemm(d, ta ? transpose::yes : transpose::none, tb ? transpose::yes : transpose::none, M, N, K, alpha, A.data(), lda, B.data(), ldb,
+         beta, C.data(), ldc, ep, s);
+  }
+};
+
+// Checks C against the reference with DESIGN's bound; returns the number of violations.
+template <class TC>
+std::size_t check_bound(const std::vector<TC>& C, std::size_t ldc, const ref::gemm_result& r, std::size_t M, std::size_t N, std::size_t K) {
+  const double g = ref::gamma(K + 2, std::ldexp(1.0, -24));
+  const double uo = std::is_same_v<TC, float> ? std::ldexp(1.0, -24) : ref::unit_roundoff<TC>();
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < M; ++i)
+    for (std::size_t j = 0; j < N; ++j) {
+      const double got = ref::to_d(C[i * ldc + j]), want = r.c[i * N + j];
+      const double tol = g * r.mag[i * N + j] + uo * std::fabs(want) + 1e-30;
+      if (!(std::fabs(got - want) <= tol)) ++bad;
+    }
+  return bad;
+}
+
+template <class TC>
+std::size_t check_exact(const std::vector<TC>& C, std::size_t ldc, const ref::gemm_result& r, std::size_t M, std::size_t N) {
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < M; ++i)
+    for (std::size_t j = 0; j < N; ++j)
+      if (ref::to_d(C[i * ldc + j]) != r.c[i * N + j]) ++bad;
+  return bad;
+}
+
+const std::size_t sweep[] = {0, 1, 7, 33, 127, 129};
+
+}  // namespace
+
+TEST_CASE("f32 gemm: shape sweep x transposes within gamma_K", "[ops][gemm]") {
+  std::mt19937 g(1);
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (std::size_t M : sweep)
+        for (std::size_t N : sweep)
+          for (std::size_t K : sweep) {
+            gemm_case<float, float, float> c(M, N, K, ta, tb, (M + N + K) % 3);
+            ref::fill_real(c.A, g);
+            ref::fill_real(c.B, g);
+            ref::fill_real(c.C, g);
+            auto r = ref::gemm(ta, tb, M, N, K, 1.5, c.A.data(), c.lda, c.B.data(), c.ldb, -0.5, c.C.data(), c.ldc);
+            c.run(dev2(), 1.5f, -0.5f);
+            INFO("M=" << M << " N=" << N << " K=" << K << " ta=" << ta << " tb=" << tb);
+            REQUIRE(check_bound(c.C, c.ldc, r, M, N, K) == 0);
+          }
+}
+
+TEMPLATE_TEST_CASE("integer-valued inputs match the fp64 reference bitwise", "[ops][gemm]", float, bf16, fp16, e4m3, e5m2) {
+  std::mt19937 g(2);
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (std::size_t M : {1, 7, 33, 129})
+        for (std::size_t N : {1, 33, 127})
+          for (std::size_t K : {1, 7, 129, 300}) {
+            gemm_case<TestType, TestType, float> c(M, N, K, ta, tb);
+            ref::fill_int(c.A, g);
+            ref::fill_int(c.B, g);
+            ref::fill_int(c.C, g);
+            auto r = ref::gemm(ta, tb, M, N, K, 1.0, c.A.data(), c.lda, c.B.data(), c.ldb, 2.0, c.C.data(), c.ldc);
+            c.run(dev2(), 1.0f, 2.0f);
+            INFO("M=" << M << " N=" << N << " K=" << K << " ta=" << ta << " tb=" << tb);
+            REQUIRE(check_exact(c.C, c.ldc, r, M, N) == 0);
+          }
+}
+
+TEMPLATE_TEST_CASE("narrow inputs: real values within gamma_K, f32 and bf16 outputs", "[ops][gemm]", bf16, fp16, e4m3, e5m2) {
+  std::mt19937 g(3);
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (std::size_t M : {1, 7, 33, 129})
+        for (std::size_t N : {1, 7, 127})
+          for (std::size_t K : {0, 1, 33, 129, 1000}) {
+            gemm_case<TestType, TestType, float> c(M, N, K, ta, tb);
+            ref::fill_real(c.A, g, 0.5f, 2.0f);  // normal range of every type (vdpbf16ps flushes subnormals)
+            ref::fill_real(c.B, g, -2.0f, -0.5f);
+            auto r = ref::gemm(ta, tb, M, N, K, 1.0, c.A.data(), c.lda, c.B.data(), c.ldb, 0.0, c.C.data(), c.ldc);
+            c.run(dev2(), 1.0f, 0.0f);
+            INFO("f32 out M=" << M << " N=" << N << " K=" << K << " ta=" << ta << " tb=" << tb);
+            REQUIRE(check_bound(c.C, c.ldc, r, M, N, K) == 0);
+            gemm_case<TestType, TestType, bf16> d(M, N, K, ta, tb);
+            d.A = c.A;
+            d.B = c.B;
+            d.run(dev2(), 1.0f, 0.0f);
+            INFO("bf16 out");
+            REQUIRE(check_bound(d.C, d.ldc, r, M, N, K) == 0);
+          }
+}
+
+TEST_CASE("mixed e4m3 x e5m2 with per-tensor scales", "[ops][gemm][fp8]") {
+  std::mt19937 g(4);
+  const std::size_t M = 33, N = 70, K = 257;
+  std::vector<e4m3> A(M * K);
+  std::vector<e5m2> B(K * N);
+  std::vector<float> C(M * N);
+  ref::fill_real(A, g, 0.5f, 2.0f);
+  ref::fill_real(B, g, 0.5f, 2.0f);
+  gemm_scales s;
+  s.a = 0.25f;
+  s.b = 3.0f;
+  auto r = ref::gemm(false, false, M, N, K, 1.0, A.data(), K, B.data(), N, 0.0, C.data(), N, 0.25, 3.0);
+  gemm(dev2(), transpose::none, transpose::none, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C.data(), N, epilogue::chain<>{}, s);
+  REQUIRE(check_bound(C, N, r, M, N, K) == 0);
+}
+
+TEST_CASE("FP8 DeepSeek-V3 block scales (1x128 A, 128x128 B)", "[ops][gemm][fp8]") {
+  std::mt19937 g(5);
+  for (std::size_t K : {1, 128, 300, 513})
+    for (bool tb : {false, true}) {
+      const std::size_t M = 37, N = 260;
+      const std::size_t kb = (K + 127) / 128, nbk = (N + 127) / 128;
+      std::vector<e4m3> A(M * K), B(K * N);
+      std::vector<float> C(M * N), sa(M * kb), sb(kb * nbk);
+      ref::fill_real(A, g, -2, 2);
+      ref::fill_real(B, g, -2, 2);
+      std::uniform_real_distribution<float> ds(0.01f, 4.0f);
+      for (auto& x : sa) x = ds(g);
+      for (auto& x : sb) x = ds(g);
+      gemm_scales s;
+      s.a_block = sa.data();
+      s.b_block = sb.data();
+      const std::size_t ldb = tb ? K : N;
+      auto r = ref::gemm(false, tb, M, N, K, 1.0, A.data(), K, B.data(), ldb, 0.0, C.data(), N, 1, 1, sa.data(), sb.data());
+      gemm(dev2(), transpose::none, tb ? transpose::yes : transpose::none, M, N, K, 1.0f, A.data(), K, B.data(), ldb, 0.0f, C.data(), N,
+           epilogue::chain<>{}, s);
+      INFO("K=" << K << " tb=" << tb);
+      // per-block scaling adds one rounding per K block
+      REQUIRE(check_bound(C, N, r, M, N, K + 2 * kb) == 0);
+    }
+}
+
+TEST_CASE("big shapes (1000) for f32 and bf16", "[ops][gemm]") {
+  std::mt19937 g(6);
+  {
+    gemm_case<float, float, float> c(1000, 129, 1000, false, true);
+    ref::fill_real(c.A, g);
+    ref::fill_real(c.B, g);
+    auto r = ref::gemm(false, true, c.M, c.N, c.K, 1.0, c.A.data(), c.lda, c.B.data(), c.ldb, 0.0, c.C.data(), c.ldc);
+    c.run(dev2(), 1.0f, 0.0f);
+    REQUIRE(check_bound(c.C, c.ldc, r, c.M, c.N, c.K) == 0);
+  }
+  {
+    gemm_case<bf16, bf16, bf16> c(127, 1000, 1000, true, false);
+    ref::fill_real(c.A, g, 0.5f, 1.0f);
+    ref::fill_real(c.B, g, -1.0f, 1.0f);
+    auto r = ref::gemm(true, false, c.M, c.N, c.K, 1.0, c.A.data(), c.lda, c.B.data(), c.ldb, 0.0, c.C.data(), c.ldc);
+    c.run(dev2(), 1.0f, 0.0f);
+    REQUIRE(check_bound(c.C, c.ldc, r, c.M, c.N, c.K) == 0);
+  }
+}
+
+TEMPLATE_TEST_CASE("results do not depend on the thread count (1 vs 2 threads bitwise)", "[ops][gemm]", float, bf16, e4m3) {
+  std::mt19937 g(7);
+  for (bool ta : {false, true}) {
+    gemm_case<TestType, TestType, float> c(1100, 600, 700, ta, false);
+    ref::fill_real(c.A, g);
+    ref::fill_real(c.B, g);
+    ref::fill_real(c.C, g);
+    auto c1 = c;
+    c.run(dev2(), 0.7f, 0.3f, epilogue::gelu);
+    c1.run(dev1(), 0.7f, 0.3f, epilogue::gelu);
+    REQUIRE(std::memcmp(c.C.data(), c1.C.data(), c.C.size() * sizeof(float)) == 0);
+  }
+}
+
+TEST_CASE("epilogues: every op against a scalar reference, f32/bf16/e4m3 outputs", "[ops][gemm][epilogue]") {
+  std::mt19937 g(8);
+  const std::size_t M = 45, N = 70, K = 64;
+  std::vector<bf16> A(M * K), B(K * N);
+  ref::fill_int(A, g, 2);
+  ref::fill_int(B, g, 2);
+  std::vector<float> bias(N), rbias(M), res(M * N);
+  ref::fill_real(bias, g);
+  ref::fill_real(rbias, g);
+  ref::fill_real(res, g);
+  auto r = ref::gemm(false, false, M, N, K, 1.0, A.data(), K, B.data(), N, 0.0, static_cast<const float*>(nullptr), N);
+  // integer inputs: the product is exact, so the epilogue is checked alone
+  auto expect = [&](auto f) {
+    std::vector<float> e(M * N);
+    for (std::size_t i = 0; i < M; ++i)
+      for (std::size_t j = 0; j < N; ++j) e[i * N + j] = f(static_cast<float>(r.c[i * N + j]), i, j);
+    return e;
+  };
+  auto run_f32 = [&](const auto& ep) {
+    std::vector<float> C(M * N);
+    gemm(dev2(), transpose::none, transpose::none, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C.data(), N, ep);
+    return C;
+  };
+  auto close = [](const std::vector<float>& a, const std::vector<float>& b, float tol) {
+    for (std::size_t i = 0; i < a.size(); ++i)
+      if (!(std::fabs(a[i] - b[i]) <= tol * (1 + std::fabs(b[i])))) return false;
+    return true;
+  };
+  using namespace tessel::arch::math;
+  SECTION("bias | relu") {
+    REQUIRE(close(run_f32(epilogue::bias(bias) | epilogue::relu), expect([&](float v, auto, auto j) { return relu(v + bias[j]); }), 0));
+  }
+  SECTION("bias_row | gelu_tanh") {
+    REQUIRE(close(run_f32(epilogue::bias_row(rbias) | epilogue::gelu_tanh), expect([&](float v, auto i, auto) { return gelu_tanh(v + rbias[i]); }), 1e-6f));
+  }
+  SECTION("gelu_erf | scale") {
+    REQUIRE(close(run_f32(epilogue::gelu_erf | epilogue::scale(0.5f)), expect([&](float v, auto, auto) { return gelu_erf(v) * 0.5f; }), 1e-6f));
+  }
+  SECTION("silu | residual") {
+    tensor<const float, 2> R(res.data(), M, N);
+    REQUIRE(close(run_f32(epilogue::silu | epilogue::residual(R)), expect([&](float v, auto i, auto j) { return silu(v) + res[i * N + j]; }), 1e-6f));
+  }
+  SECTION("bias | gelu | cast<bf16>") {
+    std::vector<bf16> C(M * N);
+    gemm(dev2(), transpose::none, transpose::none, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C.data(), N,
+         epilogue::bias(bias) | epilogue::gelu | epilogue::cast<bf16>);
+    auto e = expect([&](float v, auto, auto j) { return gelu_tanh(v + bias[j]); });
+    for (std::size_t i = 0; i < C.size(); ++i) REQUIRE(std::fabs(float(C[i]) - e[i]) <= std::ldexp(1.0f, -8) * std::fabs(e[i]) + 1e-6f);
+  }
+  SECTION("scale | cast<e4m3> saturates and reports amax") {
+    std::vector<e4m3> C(M * N);
+    std::atomic<float> amax{0.0f};
+    gemm(dev2(), transpose::none, transpose::none, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C.data(), N,
+         epilogue::scale(40.0f) | epilogue::cast_amax<e4m3>(amax));
+    float want_amax = 0;
+    for (std::size_t i = 0; i < M * N; ++i) {
+      const float v = static_cast<float>(r.c[i]) * 40.0f;
+      want_amax = std::max(want_amax, std::fabs(v));
+      const float sat = std::clamp(v, -448.0f, 448.0f);
+      REQUIRE(float(C[i]) == float(e4m3(sat)));
+    }
+    REQUIRE(amax.load() == want_amax);
+    REQUIRE(want_amax > 448.0f);  // the case exercises saturation
+  }
+  SECTION("alpha/beta with bf16 C read back") {
+    std::vector<bf16> C(M * N, bf16(2.0f));
+    gemm(dev2(), transpose::none, transpose::none, M, N, K, 0.5f, A.data(), K, B.data(), N, -1.0f, C.data(), N);
+    for (std::size_t i = 0; i < C.size(); ++i) REQUIRE(float(C[i]) == float(bf16(static_cast<float>(0.5 * r.c[i] - 2.0))));
+  }
+}
+
+TEST_CASE("beta = 0 never reads C (NaN in C is overwritten)", "[ops][gemm]") {
+  std::vector<float> A(4 * 5, 1.0f), B(5 * 3, 1.0f), C(4 * 3, std::numeric_limits<float>::quiet_NaN());
+  gemm(dev2(), transpose::none, transpose::none, 4, 3, 5, 1.0f, A.data(), 5, B.data(), 3, 0.0f, C.data(), 3);
+  for (float x : C) REQUIRE(x == 5.0f);
+}
+
+TEST_CASE("batched and strided-batched", "[ops][gemm][batched]") {
+  std::mt19937 g(9);
+  const std::size_t M = 19, N = 40, K = 33, batch = 3;
+  std::vector<bf16> A(batch * M * K), B(batch * K * N);
+  std::vector<float> C(batch * M * N), C2(batch * M * N);
+  ref::fill_int(A, g);
+  ref::fill_int(B, g);
+  gemm_strided_batched(dev2(), transpose::none, transpose::none, M, N, K, 1.0f, A.data(), K, M * K, B.data(), N, K * N, 0.0f, C.data(), N,
+                       M * N, batch);
+  std::vector<const bf16*> ap, bp;
+  std::vector<float*> cp;
+  for (std::size_t b = 0; b < batch; ++b) {
+    ap.push_back(A.data() + b * M * K);
+    bp.push_back(B.data() + b * K * N);
+    cp.push_back(C2.data() + b * M * N);
+  }
+  gemm_batched(dev2(), transpose::none, transpose::none, M, N, K, 1.0f, ap.data(), K, bp.data(), N, 0.0f, cp.data(), N, batch);
+  for (std::size_t b = 0; b < batch; ++b) {
+    auto r = ref::gemm(false, false, M, N, K, 1.0, A.data() + b * M * K, K, B.data() + b * K * N, N, 0.0, C.data(), N);
+    for (std::size_t i = 0; i < M * N; ++i) {
+      REQUIRE(C[b * M * N + i] == r.c[i]);
+      REQUIRE(C2[b * M * N + i] == r.c[i]);
+    }
+  }
+}
+
+TEST_CASE("tensor-form gemm with transposed views", "[ops][gemm]") {
+  std::vector<float> A(7 * 5), B(9 * 7), C(5 * 9);
+  std::mt19937 g(10);
+  ref::fill_int(A, g);
+  ref::fill_int(B, g);
+  // A stored (7,5) -> op(A) = A^T (5,7); B stored (9,7) -> B^T (7,9)
+  gemm(dev2(), tensor<const float, 2>(A.data(), 7, 5).transposed(), tensor<const float, 2>(B.data(), 9, 7).transposed(), tensor<float, 2>(C.data(), 5, 9));
+  auto r = ref::gemm(true, true, 5, 9, 7, 1.0, A.data(), 5, B.data(), 7, 0.0, C.data(), 9);
+  for (std::size_t i = 0; i < C.size(); ++i) REQUIRE(C[i] == r.c[i]);
+  REQUIRE_THROWS_AS(gemm(dev2(), tensor<const float, 2>(A.data(), 7, 5), tensor<const float, 2>(B.data(), 9, 7), tensor<float, 2>(C.data(), 5, 9)),
+                    gemm_error);
+}
+
+TEST_CASE("bad arguments give typed errors naming the shapes", "[ops][gemm][errors]") {
+  std::vector<float> A(100), B(100), C(100);
+  auto& d = dev2();
+  auto msg = [&](auto f) {
+    try {
+      f();
+    } catch (const gemm_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no throw");
+  };
+  const auto N_ = transpose::none;
+  CHECK_THAT(msg([&] { gemm(d, N_, N_, 5, 5, 5, 1.0f, A.data(), 4, B.data(), 5, 0.0f, C.data(), 5); }), Catch::Contains("leading dimension of A") && Catch::Contains("(M,N,K)=(5,5,5)"));
+  CHECK_THAT(msg([&] { gemm(d, transpose::yes, N_, 6, 5, 5, 1.0f, A.data(), 5, B.data(), 5, 0.0f, C.data(), 5); }), Catch::Contains("leading dimension of A"));
+  CHECK_THAT(msg([&] { gemm(d, N_, N_, 5, 5, 5, 1.0f, A.data(), 5, B.data(), 3, 0.0f, C.data(), 5); }), Catch::Contains("leading dimension of B"));
+  CHECK_THAT(msg([&] { gemm(d, N_, N_, 5, 5, 5, 1.0f, A.data(), 5, B.data(), 5, 0.0f, C.data(), 4); }), Catch::Contains("leading dimension of C"));
+  CHECK_THAT(msg([&] { gemm(d, N_, N_, 5, 5, 5, 1.0f, static_cast<const float*>(nullptr), 5, B.data(), 5, 0.0f, C.data(), 5); }), Catch::Contains("null A"));
+  CHECK_THAT(msg([&] { gemm(d, N_, N_, 5, 5, 5, 1.0f, A.data(), 5, B.data(), 5, 0.0f, static_cast<float*>(nullptr), 5); }), Catch::Contains("null C"));
+  // zero sizes accept null
+  REQUIRE_NOTHROW(gemm(d, N_, N_, 0, 5, 0, 1.0f, static_cast<const float*>(nullptr), 1, B.data(), 5, 0.0f, static_cast<float*>(nullptr), 5));
+  // overflowing sizes
+  const std::size_t huge = std::size_t{1} << 62;
+  REQUIRE_THROWS_AS(gemm(d, N_, N_, huge, 8, 8, 1.0f, A.data(), 8, B.data(), 8, 0.0f, C.data(), 8), std::overflow_error);
+  gemm_scales s;
+  std::vector<float> sa(10);
+  s.a_block = sa.data();
+  CHECK_THAT(msg([&] { gemm(d, N_, N_, 5, 5, 5, 1.0f, A.data(), 5, B.data(), 5, 0.0f, C.data(), 5, epilogue::chain<>{}, s); }), Catch::Contains("block scales"));
+}
+
+TEST_CASE("gemm program declares its cost (costed_program)", "[ops][gemm]") {
+  using P = tessel::detail::gemm_program<bf16, bf16, float, epilogue::chain<epilogue::alpha_beta>, false>;
+  STATIC_REQUIRE(costed_program<P>);
+}
