@@ -22,6 +22,7 @@
 
 #include <tessel/device/device.hpp>
 #include <tessel/ops/detail/attention_common.hpp>
+#include <tessel/ops/detail/attention_bwd.hpp>
 #include <tessel/ops/detail/attention_fwd.hpp>
 #include <tessel/tile/block_ctx.hpp>
 #include <tessel/types/bf16.hpp>
@@ -102,6 +103,18 @@ inline float softmax_scale(const attention_options& o, std::size_t d) {
   return s;
 }
 
+// Numbers the packed blocks of every sequence (Q blocks of bq rows, K/V blocks of bkv rows);
+// returns the totals.
+inline void assign_blocks(std::vector<seq_geom>& seqs, std::size_t bq, std::size_t bkv, std::size_t& q_blocks, std::size_t& kv_blocks) {
+  q_blocks = kv_blocks = 0;
+  for (auto& s : seqs) {
+    s.q_blk0 = q_blocks;
+    s.kv_blk0 = kv_blocks;
+    q_blocks = detail::add_checked(q_blocks, ceil_div(s.sq, bq), "attention blocks");
+    kv_blocks = detail::add_checked(kv_blocks, ceil_div(s.skv, bkv), "attention blocks");
+  }
+}
+
 // Dense batch -> per-sequence geometry.
 inline void dense_geom(const attention_shape& s, geom& g, std::vector<seq_geom>& seqs) {
   const std::size_t H = s.heads_q, HK = s.heads_kv, D = s.head_dim;
@@ -112,7 +125,6 @@ inline void dense_geom(const attention_shape& s, geom& g, std::vector<seq_geom>&
   g.k_tok = g.v_tok = bshd ? HK * D : D;
   g.k_head = g.v_head = bshd ? D : s.seq_kv * D;
   g.lse_head = s.seq_q;
-  const std::size_t nkb = ceil_div(s.seq_kv, fwd_bkv);
   seqs.resize(s.batch);
   for (std::size_t b = 0; b < s.batch; ++b) {
     seq_geom& q = seqs[b];
@@ -121,15 +133,16 @@ inline void dense_geom(const attention_shape& s, geom& g, std::vector<seq_geom>&
     q.lse_base = b * H * s.seq_q;
     q.sq = s.seq_q;
     q.skv = s.seq_kv;
-    q.kv_blk0 = b * nkb;
   }
 }
 
 // Runs the two forward passes over prepared geometry.
 template <class T, class O, class Dev>
-void run_forward(Dev& dev, const geom& g, const std::vector<seq_geom>& seqs, std::size_t max_sq, std::size_t max_skv, std::size_t total_kv_blocks,
+void run_forward(Dev& dev, const geom& g, std::vector<seq_geom>& seqs, std::size_t max_sq, std::size_t max_skv,
                  const T* q, const T* k, const T* v, O* o, float* lse, const attention_options& opt) {
   using sf = stage_for<T>;
+  std::size_t total_q_blocks = 0, total_kv_blocks = 0;
+  assign_blocks(seqs, fwd_bq, fwd_bkv, total_q_blocks, total_kv_blocks);
   using E = typename sf::elem;
   const mask_rule mask = make_mask(opt);
   if (seqs.empty() || max_sq == 0) return;
@@ -172,7 +185,7 @@ void attention_forward(Dev& dev, const attention_shape& s, std::span<const T> q,
   geom g;
   std::vector<seq_geom> seqs;
   dense_geom(s, g, seqs);
-  run_forward<T, O>(dev, g, seqs, s.seq_q, s.seq_kv, s.batch * ceil_div(s.seq_kv, fwd_bkv), q.data(), k.data(), v.data(), o.data(),
+  run_forward<T, O>(dev, g, seqs, s.seq_q, s.seq_kv, q.data(), k.data(), v.data(), o.data(),
                     lse.empty() ? nullptr : lse.data(), opt);
 }
 
@@ -187,8 +200,7 @@ inline std::size_t check_offsets(std::span<const std::int32_t> cu, const char* n
     check(cu[i] >= cu[i - 1], std::string(name) + " is not non-decreasing at index " + std::to_string(i) + " (" + std::to_string(cu[i - 1]) + " > " + std::to_string(cu[i]) + ")");
   return static_cast<std::size_t>(cu.back());
 }
-inline void varlen_geom(const attention_varlen_shape& s, geom& g, std::vector<seq_geom>& seqs, std::size_t& max_sq, std::size_t& max_skv,
-                        std::size_t& kv_blocks) {
+inline void varlen_geom(const attention_varlen_shape& s, geom& g, std::vector<seq_geom>& seqs, std::size_t& max_sq, std::size_t& max_skv) {
   const std::size_t H = s.heads_q, HK = s.heads_kv, D = s.head_dim;
   g.hq = H; g.hkv = HK; g.d = D; g.group = H / HK;
   g.q_tok = g.o_tok = H * D;
@@ -198,7 +210,7 @@ inline void varlen_geom(const attention_varlen_shape& s, geom& g, std::vector<se
   g.lse_head = static_cast<std::size_t>(s.cu_q.back());
   const std::size_t B = s.cu_q.size() - 1;
   seqs.resize(B);
-  max_sq = max_skv = kv_blocks = 0;
+  max_sq = max_skv = 0;
   for (std::size_t b = 0; b < B; ++b) {
     seq_geom& q = seqs[b];
     const std::size_t q0 = static_cast<std::size_t>(s.cu_q[b]), k0 = static_cast<std::size_t>(s.cu_kv[b]);
@@ -207,8 +219,6 @@ inline void varlen_geom(const attention_varlen_shape& s, geom& g, std::vector<se
     q.q_base = q.o_base = q0 * H * D;
     q.k_base = q.v_base = k0 * HK * D;
     q.lse_base = q0;
-    q.kv_blk0 = kv_blocks;
-    kv_blocks += ceil_div(q.skv, fwd_bkv);
     max_sq = std::max(max_sq, q.sq);
     max_skv = std::max(max_skv, q.skv);
   }
@@ -234,9 +244,105 @@ void attention_forward_varlen(Dev& dev, const attention_varlen_shape& s, std::sp
   (void)make_mask(opt);
   geom g;
   std::vector<seq_geom> seqs;
-  std::size_t max_sq = 0, max_skv = 0, kvb = 0;
-  varlen_geom(s, g, seqs, max_sq, max_skv, kvb);
-  run_forward<T, O>(dev, g, seqs, max_sq, max_skv, kvb, q.data(), k.data(), v.data(), o.data(), lse.empty() ? nullptr : lse.data(), opt);
+  std::size_t max_sq = 0, max_skv = 0;
+  varlen_geom(s, g, seqs, max_sq, max_skv);
+  run_forward<T, O>(dev, g, seqs, max_sq, max_skv, q.data(), k.data(), v.data(), o.data(), lse.empty() ? nullptr : lse.data(), opt);
+}
+
+}  // namespace v0
+
+namespace detail::attn {
+template <class T, class Dev>
+void run_backward(Dev& dev, const geom& g, std::vector<seq_geom>& seqs, std::size_t max_sq, std::size_t max_skv, const T* q, const T* k,
+                  const T* v, const T* o, const T* dout, const float* lse, T* dq, T* dk, T* dv, const attention_options& opt) {
+  using sf = stage_for<T>;
+  using E = typename sf::elem;
+  const mask_rule mask = make_mask(opt);
+  std::size_t nqb_tot = 0, nkb_tot = 0;
+  assign_blocks(seqs, bwd_bq, bwd_bkv, nqb_tot, nkb_tot);
+  const std::size_t D = g.d, Dp = round_up(D, sf::NR);
+  const std::size_t qe = mul3(nqb_tot, g.hq, bwd_bq, "attention workspace"), ke = mul3(nkb_tot, g.hkv, bwd_bkv, "attention workspace");
+  const std::size_t elems = detail::add_checked(detail::mul_checked(qe, 2 * (D + Dp), "attention workspace"),
+                                                detail::mul_checked(ke, 2 * D + Dp, "attention workspace"), "attention workspace");
+  const std::size_t bytes = detail::add_checked(detail::mul_checked(elems, sizeof(E), "attention workspace"),
+                                                detail::mul_checked(qe, sizeof(float), "attention workspace") + 64, "attention workspace");
+  void* mem = bytes ? dev.allocate(bytes) : nullptr;
+  struct guard { Dev& d; void* p; ~guard() { if (p) d.deallocate(p); } } gd{dev, mem};
+  bwd_ws<E> ws{};
+  E* p = static_cast<E*>(mem);
+  ws.qt = p; p += qe * D;
+  ws.qn = p; p += qe * Dp;
+  ws.dot = p; p += qe * D;
+  ws.don = p; p += qe * Dp;
+  ws.kt = p; p += ke * D;
+  ws.kn = p; p += ke * Dp;
+  ws.vt = p; p += ke * D;
+  ws.delta = reinterpret_cast<float*>((reinterpret_cast<std::uintptr_t>(p) + 63) & ~std::uintptr_t{63});
+  const float scale = softmax_scale(opt, D);
+  const std::size_t nqb = ceil_div(max_sq, bwd_bq), nkb = ceil_div(max_skv, bwd_bkv);
+  if (nqb) dev.launch(grid{nqb, g.hq, seqs.size()}, pack_q_program<T, E, sf::NR, sf::KP>{q, o, dout, seqs.data(), g, ws});
+  if (nkb) dev.launch(grid{nkb, g.hkv, seqs.size()}, pack_kv_bwd_program<T, E, sf::NR, sf::KP>{k, v, seqs.data(), g, ws});
+  if (nkb) dev.launch(grid{nkb, g.hkv, seqs.size()}, flash_bwd_dkdv_program<T, typename sf::atom>{k, v, lse, dk, dv, seqs.data(), g, ws, mask, scale, nkb});
+  if (nqb) dev.launch(grid{nqb, g.hq, seqs.size()}, flash_bwd_dq_program<T, typename sf::atom>{q, dout, lse, dq, seqs.data(), g, ws, mask, scale, nqb});
+}
+}  // namespace detail::attn
+
+inline namespace v0 {
+
+// Backward attention over a dense batch (f32 or bf16): from q, k, v, the forward output o, its
+// gradient dout and the forward log-sum-exp, computes dq (like q), dk and dv (like k, v). With
+// GQA, dk/dv sum the gradients of every q head of the group (in head order). Deterministic.
+template <class Dev, attention_output T>
+void attention_backward(Dev& dev, const attention_shape& s, std::span<const T> q, std::span<const T> k, std::span<const T> v,
+                        std::span<const T> o, std::span<const T> dout, std::span<const float> lse, std::span<T> dq, std::span<T> dk,
+                        std::span<T> dv, const attention_options& opt = {}) {
+  using namespace detail::attn;
+  check_heads(s.heads_q, s.heads_kv, s.head_dim);
+  const std::size_t nq = mul3(detail::mul_checked(s.batch, s.seq_q, "attention shape"), s.heads_q, s.head_dim, "attention shape");
+  const std::size_t nkv = mul3(detail::mul_checked(s.batch, s.seq_kv, "attention shape"), s.heads_kv, s.head_dim, "attention shape");
+  check_buffer(q, nq, "q");
+  check_buffer(o, nq, "o");
+  check_buffer(dout, nq, "dout");
+  check_buffer(dq, nq, "dq");
+  check_buffer(k, nkv, "k");
+  check_buffer(v, nkv, "v");
+  check_buffer(dk, nkv, "dk");
+  check_buffer(dv, nkv, "dv");
+  check_buffer(lse, mul3(s.batch, s.heads_q, s.seq_q, "attention shape"), "lse");
+  (void)make_mask(opt);
+  geom g;
+  std::vector<seq_geom> seqs;
+  dense_geom(s, g, seqs);
+  run_backward<T>(dev, g, seqs, s.seq_q, s.seq_kv, q.data(), k.data(), v.data(), o.data(), dout.data(), lse.data(), dq.data(), dk.data(),
+                  dv.data(), opt);
+}
+
+// Backward attention over a varlen batch (layouts as attention_forward_varlen).
+template <class Dev, attention_output T>
+void attention_backward_varlen(Dev& dev, const attention_varlen_shape& s, std::span<const T> q, std::span<const T> k, std::span<const T> v,
+                               std::span<const T> o, std::span<const T> dout, std::span<const float> lse, std::span<T> dq,
+                               std::span<T> dk, std::span<T> dv, const attention_options& opt = {}) {
+  using namespace detail::attn;
+  check_heads(s.heads_q, s.heads_kv, s.head_dim);
+  check(s.cu_q.size() == s.cu_kv.size(), "cu_q and cu_kv must have the same length (batch + 1): " + std::to_string(s.cu_q.size()) + " vs " + std::to_string(s.cu_kv.size()));
+  const std::size_t tq = check_offsets(s.cu_q, "cu_q"), tkv = check_offsets(s.cu_kv, "cu_kv");
+  const std::size_t nq = mul3(tq, s.heads_q, s.head_dim, "attention shape"), nkv = mul3(tkv, s.heads_kv, s.head_dim, "attention shape");
+  check_buffer(q, nq, "q");
+  check_buffer(o, nq, "o");
+  check_buffer(dout, nq, "dout");
+  check_buffer(dq, nq, "dq");
+  check_buffer(k, nkv, "k");
+  check_buffer(v, nkv, "v");
+  check_buffer(dk, nkv, "dk");
+  check_buffer(dv, nkv, "dv");
+  check_buffer(lse, detail::mul_checked(tq, s.heads_q, "attention shape"), "lse");
+  (void)make_mask(opt);
+  geom g;
+  std::vector<seq_geom> seqs;
+  std::size_t max_sq = 0, max_skv = 0;
+  varlen_geom(s, g, seqs, max_sq, max_skv);
+  run_backward<T>(dev, g, seqs, max_sq, max_skv, q.data(), k.data(), v.data(), o.data(), dout.data(), lse.data(), dq.data(), dk.data(),
+                  dv.data(), opt);
 }
 
 }  // namespace v0

@@ -1,0 +1,375 @@
+// Tests of tessel/ops/attention.hpp: fp64 materialised reference, the FlashAttention rule (our
+// error vs fp64 at most 2x a naive materialised implementation in the same dtype) for O, dQ, dK,
+// dV; finite differences of the fp64 reference; masks, GQA, layouts, varlen, edge cases, typed
+// errors, and 1 vs 2 threads bitwise.
+#include <tessel/ops/attention.hpp>
+#include <tessel/device/host_device.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "reference/attention_ref.hpp"
+
+using namespace tessel;
+namespace ref = tessel::test::attn;
+
+namespace {
+
+template <class T>
+double rounded(double x) {
+  if constexpr (std::is_same_v<T, float>) return double(float(x));
+  else return double(float(T(float(x))));
+}
+
+template <class T>
+struct inputs {
+  std::vector<T> q, k, v, dout;
+  std::vector<double> qd, kd, vd, dod;
+};
+
+template <class T>
+inputs<T> make_inputs(const ref::problem& p, unsigned seed, double amp = 1.0) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<double> nd;
+  inputs<T> in;
+  auto fill = [&](std::size_t n, std::vector<T>& t, std::vector<double>& d) {
+    t.resize(n);
+    d.resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      d[i] = rounded<T>(nd(rng) * amp);
+      t[i] = T(float(d[i]));
+    }
+  };
+  fill(p.q_elems(), in.q, in.qd);
+  fill(p.kv_elems(), in.k, in.kd);
+  fill(p.kv_elems(), in.v, in.vd);
+  fill(p.q_elems(), in.dout, in.dod);
+  return in;
+}
+
+attention_shape shape_of(const ref::problem& p) {
+  return attention_shape{p.B, p.Sq, p.Skv, p.H, p.HK, p.D, p.bshd ? attention_layout::bshd : attention_layout::bhsd};
+}
+attention_options opts_of(const ref::problem& p) {
+  attention_options o;
+  o.causal = p.causal;
+  o.align = p.bottom_right ? mask_align::bottom_right : mask_align::top_left;
+  o.window_left = p.wl;
+  o.window_right = p.wr;
+  o.scale = float(p.scale);
+  return o;
+}
+template <class T>
+std::vector<double> to_double(const std::vector<T>& x) {
+  std::vector<double> r(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) r[i] = double(float(x[i]));
+  return r;
+}
+
+template <class T>
+ref::materialised<float> naive_same_dtype() {
+  ref::materialised<float> m;
+  if constexpr (!std::is_same_v<T, float>) {
+    m.round_p = [](float x) { return float(T(x)); };
+    m.round_out = [](float x) { return float(T(x)); };
+  }
+  return m;
+}
+
+// Slack for errors that are both at the level of f32 rounding noise.
+double slack(const std::vector<double>& r) {
+  double m = 0;
+  for (double x : r) if (std::isfinite(x)) m = std::max(m, std::abs(x));
+  return 4e-7 * (m + 1e-30);
+}
+
+template <class T>
+void check_forward(const ref::problem& p, unsigned seed, bool with_backward = false, double amp = 1.0) {
+  CAPTURE(p.B, p.Sq, p.Skv, p.H, p.HK, p.D, p.bshd, p.causal, p.bottom_right, p.wl, p.wr);
+  auto in = make_inputs<T>(p, seed, amp);
+  host_device dev(2);
+  std::vector<T> o(p.q_elems());
+  std::vector<float> lse(p.B * p.H * p.Sq);
+  attention_forward<host_device, T, T>(dev, shape_of(p), in.q, in.k, in.v, o, lse, opts_of(p));
+  std::vector<double> o64, lse64, on, lsen;
+  ref::materialised<double>{}.forward(p, in.qd, in.kd, in.vd, o64, lse64);
+  naive_same_dtype<T>().forward(p, in.qd, in.kd, in.vd, on, lsen);
+  const double e_ours = ref::max_abs_diff(to_double(o), o64), e_naive = ref::max_abs_diff(on, o64);
+  CAPTURE(e_ours, e_naive);
+  CHECK(e_ours <= 2 * e_naive + slack(o64));
+  for (std::size_t i = 0; i < lse.size(); ++i) {
+    if (std::isinf(lse64[i])) {
+      CHECK((std::isinf(lse[i]) && lse[i] < 0));
+    } else {
+      CHECK(std::abs(lse[i] - lse64[i]) <= 1e-5 * (1 + std::abs(lse64[i])));
+    }
+  }
+  if (!with_backward) return;
+  std::vector<T> dq(p.q_elems()), dk(p.kv_elems()), dv(p.kv_elems());
+  attention_backward<host_device, T>(dev, shape_of(p), in.q, in.k, in.v, o, in.dout, lse, dq, dk, dv, opts_of(p));
+  std::vector<double> dq64, dk64, dv64, dqn, dkn, dvn;
+  ref::materialised<double>{}.backward(p, in.qd, in.kd, in.vd, in.dod, dq64, dk64, dv64);
+  naive_same_dtype<T>().backward(p, in.qd, in.kd, in.vd, in.dod, dqn, dkn, dvn);
+  const double eq = ref::max_abs_diff(to_double(dq), dq64), eqn = ref::max_abs_diff(dqn, dq64);
+  const double ek = ref::max_abs_diff(to_double(dk), dk64), ekn = ref::max_abs_diff(dkn, dk64);
+  const double ev = ref::max_abs_diff(to_double(dv), dv64), evn = ref::max_abs_diff(dvn, dv64);
+  CAPTURE(eq, eqn, ek, ekn, ev, evn);
+  CHECK(eq <= 2 * eqn + slack(dq64));
+  CHECK(ek <= 2 * ekn + slack(dk64));
+  CHECK(ev <= 2 * evn + slack(dv64));
+}
+
+}  // namespace
+
+TEST_CASE("attention forward matches fp64 within the FlashAttention rule", "[ops][attention]") {
+  ref::problem p;
+  SECTION("f32 bshd, lengths not multiples of the tiles") {
+    p = {2, 77, 131, 2, 2, 64};
+    check_forward<float>(p, 1);
+  }
+  SECTION("bf16 bhsd GQA causal top-left") {
+    p = {1, 150, 150, 4, 2, 32};
+    p.bshd = false;
+    p.causal = true;
+    check_forward<bf16>(p, 2);
+  }
+  SECTION("bf16 MQA causal bottom-right, Sq < Skv") {
+    p = {2, 40, 200, 3, 1, 48};
+    p.causal = true;
+    p.bottom_right = true;
+    check_forward<bf16>(p, 3);
+  }
+  SECTION("f32 sliding window") {
+    p = {1, 140, 140, 2, 1, 16};
+    p.wl = 20;
+    p.wr = 5;
+    check_forward<float>(p, 4);
+  }
+  SECTION("bf16 head dims 128 and 256") {
+    p = {1, 33, 70, 1, 1, 128};
+    check_forward<bf16>(p, 5);
+    p.D = 256;
+    check_forward<bf16>(p, 6);
+  }
+  SECTION("sequence length 1") {
+    p = {2, 1, 1, 2, 1, 16};
+    check_forward<float>(p, 7);
+    p.Skv = 300;
+    check_forward<bf16>(p, 8);
+  }
+  SECTION("huge logits do not overflow") {
+    p = {1, 50, 90, 1, 1, 32};
+    check_forward<float>(p, 9, false, 30.0);  // logits ~ 30*30*sqrt(32) ~ 5000
+    check_forward<bf16>(p, 10, false, 30.0);
+  }
+}
+
+TEST_CASE("attention fully masked rows give zeros and -inf lse", "[ops][attention]") {
+  ref::problem p{1, 30, 10, 2, 2, 16};
+  p.causal = true;
+  p.bottom_right = true;  // rows 0..19 see no key
+  auto in = make_inputs<float>(p, 11);
+  host_device dev(2);
+  std::vector<float> o(p.q_elems(), 7.0f), lse(p.H * p.Sq);
+  attention_forward<host_device, float, float>(dev, shape_of(p), in.q, in.k, in.v, o, lse, opts_of(p));
+  for (std::size_t h = 0; h < p.H; ++h)
+    for (std::size_t i = 0; i < 20; ++i) {
+      CHECK(lse[h * p.Sq + i] == -std::numeric_limits<float>::infinity());
+      for (std::size_t d = 0; d < p.D; ++d) CHECK(o[p.q_index(0, i, h, d)] == 0.0f);
+    }
+  check_forward<float>(p, 11, true);
+}
+
+TEST_CASE("attention backward matches fp64 within the FlashAttention rule", "[ops][attention][backward]") {
+  ref::problem p;
+  SECTION("f32 non-causal, GQA, odd lengths") {
+    p = {1, 70, 101, 4, 2, 32};
+    check_forward<float>(p, 21, true);
+  }
+  SECTION("f32 causal bhsd") {
+    p = {2, 100, 100, 2, 2, 16};
+    p.bshd = false;
+    p.causal = true;
+    check_forward<float>(p, 22, true);
+  }
+  SECTION("bf16 causal bottom-right, window, D=64") {
+    p = {1, 60, 130, 2, 1, 64};
+    p.causal = true;
+    p.bottom_right = true;
+    p.wl = 50;
+    check_forward<bf16>(p, 23, true);
+  }
+  SECTION("bf16 D=128 non-causal") {
+    p = {1, 97, 97, 1, 1, 128};
+    check_forward<bf16>(p, 24, true);
+  }
+}
+
+TEST_CASE("attention reference gradients agree with finite differences (fp64)", "[ops][attention][backward]") {
+  ref::problem p{1, 5, 7, 2, 1, 16};
+  p.causal = true;
+  p.bottom_right = true;
+  auto in = make_inputs<float>(p, 31);
+  ref::materialised<double> r;
+  std::vector<double> dq, dk, dv;
+  r.backward(p, in.qd, in.kd, in.vd, in.dod, dq, dk, dv);
+  auto loss = [&](const std::vector<double>& q, const std::vector<double>& k, const std::vector<double>& v) {
+    std::vector<double> o, lse;
+    r.forward(p, q, k, v, o, lse);
+    double s = 0;
+    for (std::size_t i = 0; i < o.size(); ++i) s += o[i] * in.dod[i];
+    return s;
+  };
+  const double h = 1e-6;
+  auto fd = [&](std::vector<double>& x, std::size_t i) {
+    const double x0 = x[i];
+    x[i] = x0 + h;
+    const double lp = loss(in.qd, in.kd, in.vd);
+    x[i] = x0 - h;
+    const double lm = loss(in.qd, in.kd, in.vd);
+    x[i] = x0;
+    return (lp - lm) / (2 * h);
+  };
+  for (std::size_t i = 0; i < in.qd.size(); i += 7) CHECK(std::abs(fd(in.qd, i) - dq[i]) < 1e-6);
+  for (std::size_t i = 0; i < in.kd.size(); i += 5) CHECK(std::abs(fd(in.kd, i) - dk[i]) < 1e-6);
+  for (std::size_t i = 0; i < in.vd.size(); i += 5) CHECK(std::abs(fd(in.vd, i) - dv[i]) < 1e-6);
+  // and the library's f32 gradients agree with them
+  host_device dev(1);
+  std::vector<float> o(p.q_elems()), lse(p.H * p.Sq), gq(p.q_elems()), gk(p.kv_elems()), gv(p.kv_elems());
+  attention_forward<host_device, float, float>(dev, shape_of(p), in.q, in.k, in.v, o, lse, opts_of(p));
+  attention_backward<host_device, float>(dev, shape_of(p), in.q, in.k, in.v, o, in.dout, lse, gq, gk, gv, opts_of(p));
+  CHECK(ref::max_abs_diff(to_double(gq), dq) < 1e-5);
+  CHECK(ref::max_abs_diff(to_double(gk), dk) < 1e-5);
+  CHECK(ref::max_abs_diff(to_double(gv), dv) < 1e-5);
+}
+
+TEST_CASE("attention varlen equals per-sequence dense runs, empty sequences included", "[ops][attention][varlen]") {
+  const std::size_t H = 2, HK = 1, D = 32;
+  const std::vector<std::int32_t> lq{0, 5, 5, 105, 106}, lk{0, 17, 17, 150, 150};  // seq 1 empty; seq 3 has no keys
+  std::mt19937 rng(41);
+  std::normal_distribution<float> nd;
+  std::vector<bf16> q(lq.back() * H * D), k(lk.back() * HK * D), v(k.size()), dout(q.size());
+  for (auto& x : q) x = bf16(nd(rng));
+  for (auto& x : k) x = bf16(nd(rng));
+  for (auto& x : v) x = bf16(nd(rng));
+  for (auto& x : dout) x = bf16(nd(rng));
+  host_device dev(2);
+  attention_options opt;
+  opt.causal = true;
+  opt.align = mask_align::bottom_right;
+  attention_varlen_shape vs{lq, lk, H, HK, D};
+  std::vector<bf16> o(q.size());
+  std::vector<float> lse(lq.back() * H);
+  attention_forward_varlen<host_device, bf16, bf16>(dev, vs, q, k, v, o, lse, opt);
+  std::vector<bf16> dq(q.size()), dk(k.size()), dv(v.size());
+  attention_backward_varlen<host_device, bf16>(dev, vs, q, k, v, o, dout, lse, dq, dk, dv, opt);
+  for (std::size_t b = 0; b + 1 < lq.size(); ++b) {
+    const std::size_t q0 = lq[b], sq = lq[b + 1] - q0, k0 = lk[b], skv = lk[b + 1] - k0;
+    if (sq == 0) continue;
+    attention_shape s{1, sq, skv, H, HK, D, attention_layout::bshd};
+    std::span<const bf16> qs(q.data() + q0 * H * D, sq * H * D), ks(k.data() + k0 * HK * D, skv * HK * D), vs2(v.data() + k0 * HK * D, skv * HK * D);
+    std::vector<bf16> ob(sq * H * D);
+    std::vector<float> lb(sq * H);
+    attention_forward<host_device, bf16, bf16>(dev, s, qs, ks, vs2, ob, lb, opt);
+    CHECK(std::memcmp(ob.data(), o.data() + q0 * H * D, ob.size() * 2) == 0);
+    for (std::size_t h = 0; h < H; ++h)
+      for (std::size_t i = 0; i < sq; ++i) CHECK(std::memcmp(&lb[h * sq + i], &lse[h * lq.back() + q0 + i], 4) == 0);
+    std::vector<bf16> dqb(ob.size()), dkb(skv * HK * D), dvb(dkb.size());
+    std::span<const bf16> dos(dout.data() + q0 * H * D, sq * H * D);
+    attention_backward<host_device, bf16>(dev, s, qs, ks, vs2, ob, dos, lb, dqb, dkb, dvb, opt);
+    CHECK(std::memcmp(dqb.data(), dq.data() + q0 * H * D, dqb.size() * 2) == 0);
+    CHECK(std::memcmp(dkb.data(), dk.data() + k0 * HK * D, dkb.size() * 2) == 0);
+    CHECK(std::memcmp(dvb.data(), dv.data() + k0 * HK * D, dvb.size() * 2) == 0);
+  }
+  // sequence 3 (one query, no keys): zeros and -inf
+  for (std::size_t h = 0; h < H; ++h) CHECK(lse[h * lq.back() + 105] == -std::numeric_limits<float>::infinity());
+}
+
+TEST_CASE("attention gives the same bits on 1 and 2 threads", "[ops][attention][determinism]") {
+  ref::problem p{2, 200, 230, 4, 2, 64};
+  p.causal = true;
+  auto in = make_inputs<bf16>(p, 51);
+  auto run = [&](unsigned threads) {
+    host_device dev(threads);
+    std::vector<bf16> o(p.q_elems()), dq(p.q_elems()), dk(p.kv_elems()), dv(p.kv_elems());
+    std::vector<float> lse(p.B * p.H * p.Sq);
+    attention_forward<host_device, bf16, bf16>(dev, shape_of(p), in.q, in.k, in.v, o, lse, opts_of(p));
+    attention_backward<host_device, bf16>(dev, shape_of(p), in.q, in.k, in.v, o, in.dout, lse, dq, dk, dv, opts_of(p));
+    std::vector<std::uint16_t> bits;
+    for (auto* vec : {&o, &dq, &dk, &dv})
+      for (auto x : *vec) bits.push_back(x.bits());
+    for (float x : lse) { std::uint32_t u; std::memcpy(&u, &x, 4); bits.push_back(std::uint16_t(u)); bits.push_back(std::uint16_t(u >> 16)); }
+    return bits;
+  };
+  CHECK(run(1) == run(2));
+}
+
+TEST_CASE("attention e4m3 inputs with scales", "[ops][attention][fp8]") {
+  ref::problem p{1, 64, 100, 2, 1, 64};
+  p.causal = true;
+  std::mt19937 rng(61);
+  std::normal_distribution<double> nd;
+  const float qs = 0.05f, ks = 0.04f, vs = 0.5f;
+  std::vector<e4m3> q(p.q_elems()), k(p.kv_elems()), v(p.kv_elems());
+  std::vector<double> qd(q.size()), kd(k.size()), vd(v.size());
+  auto fill = [&](std::vector<e4m3>& t, std::vector<double>& d, float s) {
+    for (std::size_t i = 0; i < t.size(); ++i) {
+      t[i] = e4m3(float(nd(rng) * 40));
+      d[i] = double(float(t[i])) * s;
+    }
+  };
+  fill(q, qd, qs);
+  fill(k, kd, ks);
+  fill(v, vd, vs);
+  attention_options opt = opts_of(p);
+  opt.q_scale = qs;
+  opt.k_scale = ks;
+  opt.v_scale = vs;
+  host_device dev(2);
+  std::vector<float> o(p.q_elems()), lse(p.H * p.Sq);
+  attention_forward<host_device, e4m3, float>(dev, shape_of(p), q, k, v, o, lse, opt);
+  std::vector<double> o64, l64, on, ln;
+  ref::materialised<double>{}.forward(p, qd, kd, vd, o64, l64);
+  naive_same_dtype<bf16>().forward(p, qd, kd, vd, on, ln);  // e4m3 values are exact in bf16
+  CHECK(ref::max_abs_diff(to_double(o), o64) <= 2 * ref::max_abs_diff(on, o64) + slack(o64));
+}
+
+TEST_CASE("attention rejects bad arguments with typed errors", "[ops][attention][errors]") {
+  host_device dev(1);
+  std::vector<float> buf(4096), lse(64);
+  std::span<const float> c(buf);
+  std::span<float> m(buf);
+  attention_shape s{1, 8, 8, 2, 1, 32};
+  CHECK_NOTHROW(attention_forward<host_device, float, float>(dev, s, c, c, c, m));
+  s.head_dim = 40;
+  CHECK_THROWS_AS((attention_forward<host_device, float, float>(dev, s, c, c, c, m)), attention_error);
+  s.head_dim = 32;
+  s.heads_q = 3;
+  s.heads_kv = 2;
+  CHECK_THROWS_AS((attention_forward<host_device, float, float>(dev, s, c, c, c, m)), attention_error);
+  s.heads_q = 2;
+  s.heads_kv = 0;
+  CHECK_THROWS_AS((attention_forward<host_device, float, float>(dev, s, c, c, c, m)), attention_error);
+  s = {1, 100, 8, 2, 1, 32};
+  CHECK_THROWS_AS((attention_forward<host_device, float, float>(dev, s, c, c, c, m)), std::out_of_range);
+  s = {1, 8, 8, 2, 1, 32};
+  CHECK_THROWS_AS((attention_forward<host_device, float, float>(dev, s, c, c, c, m, std::span<float>(lse).first(3))), std::out_of_range);
+  attention_options bad;
+  bad.window_left = -2;
+  CHECK_THROWS_AS((attention_forward<host_device, float, float>(dev, s, c, c, c, m, {}, bad)), attention_error);
+  s.batch = std::size_t{1} << 62;
+  CHECK_THROWS_AS((attention_forward<host_device, float, float>(dev, s, c, c, c, m)), std::overflow_error);
+  const std::vector<std::int32_t> dec{0, 5, 3}, ok{0, 4, 8}, big{0, 4, 1000}, neg{-1, 2, 3};
+  auto var = [&](std::span<const std::int32_t> a, std::span<const std::int32_t> b) {
+    attention_forward_varlen<host_device, float, float>(dev, attention_varlen_shape{a, b, 2, 1, 32}, c, c, c, m);
+  };
+  CHECK_NOTHROW(var(ok, ok));
+  CHECK_THROWS_AS(var(dec, ok), attention_error);
+  CHECK_THROWS_AS(var(ok, neg), attention_error);
+  CHECK_THROWS_AS(var(big, ok), std::out_of_range);
+  CHECK_THROWS_AS(var(ok, std::span<const std::int32_t>(ok).first(2)), attention_error);
+  CHECK_THROWS_AS(var({}, {}), attention_error);
+}
