@@ -120,3 +120,23 @@ TEST_CASE("bulk API errors name both sizes", "[types][convert]") {
                   std::invalid_argument);
   CHECK_THROWS_AS(tessel::dequantize(std::span<const tessel::e4m3>(q), std::span<float>(b), 1.0f), std::invalid_argument);
 }
+
+TEST_CASE("convert between other float pairs (double, narrow <-> narrow)", "[types][convert]") {
+  const std::vector<double> d = {1.0 + std::ldexp(1.0, -8) + std::ldexp(1.0, -40), 1e300, -0.0, 448.0, 500.0};
+  std::vector<tessel::bf16> h(d.size());
+  tessel::convert(std::span<const double>(d), std::span<tessel::bf16>(h));
+  CHECK(h[0].bits() == 0x3F81);  // one rounding from double
+  CHECK(h[1].bits() == 0x7F80);
+  CHECK(h[2].bits() == 0x8000);
+  std::vector<tessel::e4m3> q(d.size());
+  tessel::convert(std::span<const double>(d), std::span<tessel::e4m3>(q), overflow::saturate);
+  CHECK(q[1].bits() == 0x7E);
+  CHECK(q[4].bits() == 0x7E);
+  std::vector<tessel::e5m2> e(d.size());
+  tessel::convert(std::span<const tessel::e4m3>(q), std::span<tessel::e5m2>(e));
+  CHECK(float(e[3]) == 448.0f);
+  std::vector<double> back(d.size());
+  tessel::convert(std::span<const tessel::e5m2>(e), std::span<double>(back));
+  CHECK(back[3] == 448.0);
+  CHECK_THROWS_AS(tessel::convert(std::span<const double>(d), std::span<tessel::e5m2>(e.data(), 2)), std::invalid_argument);
+}

@@ -87,6 +87,27 @@ void convert(std::span<From> src, std::span<float> dst, overflow ov = overflow::
   convert(std::span<const From>(src), dst, ov);
 }
 
+// Any other pair of float types (double <-> narrow, narrow <-> narrow, float <-> double): scalar,
+// one rounding each (narrow -> narrow goes through float, which holds every narrow value exactly).
+template <class T>
+concept bulk_float = narrow_float<T> || std::is_same_v<T, float> || std::is_same_v<T, double>;
+
+template <bulk_float From, bulk_float To>
+  requires(!(std::is_same_v<From, float> && narrow_float<To>) && !(narrow_float<From> && std::is_same_v<To, float>))
+void convert(std::span<const From> src, std::span<To> dst, overflow ov = overflow::propagate) {
+  detail::check_sizes("convert", "source", src.size(), "destination", dst.size());
+  for (std::size_t i = 0; i < src.size(); ++i) {
+    if constexpr (narrow_float<To>) {
+      using Mid = std::conditional_t<std::is_same_v<From, double>, double, float>;
+      const Mid x = static_cast<Mid>(src[i]);
+      dst[i] = To::from_bits(ov == overflow::saturate ? detail::encode<typename To::format, overflow::saturate>(x)
+                                                      : detail::encode<typename To::format, overflow::propagate>(x));
+    } else {
+      dst[i] = static_cast<To>(src[i]);
+    }
+  }
+}
+
 // Per-tensor scaled quantization: dst[i] = To(src[i] / scale) (float division, then one RNE to To).
 // scale must be positive and finite (std::invalid_argument otherwise).
 template <narrow_float To>
