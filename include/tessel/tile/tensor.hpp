@@ -19,7 +19,12 @@ enum class order : std::uint8_t { row_major, col_major };
 
 }  // namespace v0
 namespace detail {
-inline std::string shape_str(std::size_t r, std::size_t c) { return "(" + std::to_string(r) + "," + std::to_string(c) + ")"; }
+// Built with append: GCC 12 -O3 reports a false -Wrestrict for `"(" + std::to_string(r)`.
+inline std::string shape_str(std::size_t r, std::size_t c) {
+  std::string s("(");
+  s.append(std::to_string(r)).append(",").append(std::to_string(c)).append(")");
+  return s;
+}
 // Number of elements a (rows, cols) view with these strides spans: (rows-1)*rs + (cols-1)*cs + 1.
 inline std::size_t span_of(std::size_t rows, std::size_t cols, std::size_t rs, std::size_t cs) {
   if (rows == 0 || cols == 0) return 0;

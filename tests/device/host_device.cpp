@@ -1,0 +1,126 @@
+// host_device and executor: every block runs once, exceptions reach the caller, nested and
+// concurrent launches, shared executors, the caching pool, and typed errors.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include <tessel/device.hpp>
+
+using namespace tessel;
+
+TEST_CASE("host_device models the device concept", "[device][concept]") {
+  STATIC_REQUIRE(device<host_device>);
+  STATIC_REQUIRE(tile_program<detail::empty_program>);
+  host_device d(2);
+  REQUIRE(d.capabilities().workers == 2);
+  REQUIRE(d.capabilities().name == "host");
+  d.synchronize();
+  auto e = d.record();
+  e.wait();
+  REQUIRE(e.ready());
+}
+
+TEST_CASE("every block of a 3-D grid runs exactly once", "[device][launch]") {
+  host_device d(2);
+  for (grid g : {grid{1}, grid{7}, grid{3, 5}, grid{2, 3, 4}, grid{0, 5}, grid{129, 1, 2}}) {
+    std::vector<std::atomic<int>> hits(g.empty() ? 1 : g.size());
+    d.launch(g, [&](block_ctx& ctx) {
+      auto i = ctx.block_index3();
+      REQUIRE(ctx.dims() == g);
+      REQUIRE(i[0] + g.x * (i[1] + g.y * i[2]) == ctx.block_linear());
+      REQUIRE(ctx.worker_id() < ctx.num_workers());
+      hits[ctx.block_linear()]++;
+    });
+    if (!g.empty())
+      for (auto& h : hits) REQUIRE(h.load() == 1);
+  }
+}
+
+TEST_CASE("exceptions thrown by a program reach launch", "[device][errors]") {
+  host_device d(2);
+  REQUIRE_THROWS_WITH(d.launch(grid{64}, [](block_ctx& ctx) {
+                        if (ctx.block_linear() == 17) throw std::runtime_error("block 17 failed");
+                      }),
+                      "block 17 failed");
+  // the device still works afterwards
+  std::atomic<int> n{0};
+  d.launch(grid{10}, [&](block_ctx&) { n++; });
+  REQUIRE(n == 10);
+}
+
+TEST_CASE("nested launches run inline; concurrent launches from many threads", "[device][launch]") {
+  host_device d(2);
+  std::atomic<int> n{0};
+  d.launch(grid{4}, [&](block_ctx&) { d.launch(grid{3}, [&](block_ctx&) { n++; }); });
+  REQUIRE(n == 12);
+  n = 0;
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 6; ++t)
+    ts.emplace_back([&] {
+      for (int r = 0; r < 50; ++r) d.launch(grid{5}, [&](block_ctx&) { n++; });
+    });
+  for (auto& t : ts) t.join();
+  REQUIRE(n == 6 * 50 * 5);
+}
+
+TEST_CASE("several devices share one executor (one pool, separate memory)", "[device][executor]") {
+  executor pool(2);
+  host_device a(pool), b(pool);
+  std::atomic<int> n{0};
+  std::thread t([&] {
+    for (int i = 0; i < 100; ++i) a.launch(grid{3}, [&](block_ctx&) { n++; });
+  });
+  for (int i = 0; i < 100; ++i) b.launch(grid{2}, [&](block_ctx&) { n++; });
+  t.join();
+  REQUIRE(n == 500);
+  void* p = a.allocate(100);
+  REQUIRE_THROWS_AS(b.deallocate(p), std::invalid_argument);
+  a.deallocate(p);
+  REQUIRE_THROWS_AS(executor(0), std::invalid_argument);
+}
+
+TEST_CASE("per-worker scratch persists across launches", "[device][scratch]") {
+  host_device d(1);
+  void* first = nullptr;
+  d.launch(grid{1}, [&](block_ctx& ctx) { first = ctx.scratch().allocate(1000); });
+  void* second = nullptr;
+  d.launch(grid{1}, [&](block_ctx& ctx) { second = ctx.scratch().allocate(1000); });
+  REQUIRE(first == second);  // same worker, same arena, rewound
+}
+
+TEST_CASE("caching pool reuses blocks, huge-page aligns big ones, counts the saving", "[device][memory]") {
+  host_device d(1);
+  const std::size_t big = 5u << 20;
+  void* p = d.allocate(big);
+  REQUIRE(reinterpret_cast<std::uintptr_t>(p) % (2u << 20) == 0);
+  d.deallocate(p);
+  for (int i = 0; i < 10; ++i) {
+    void* q = d.allocate(big);
+    REQUIRE(q == p);
+    d.deallocate(q);
+  }
+  auto s = d.memory();
+  REQUIRE(s.pool_hits == 10);
+  REQUIRE(s.requested_total == 11 * big);
+  REQUIRE(s.peak_reserved == 6u << 20);  // one 2 MiB-rounded block served all 11 requests
+  REQUIRE(s.in_use == 0);
+  void* small = d.allocate(100);
+  REQUIRE(reinterpret_cast<std::uintptr_t>(small) % 64 == 0);
+  d.deallocate(small);
+  d.trim();
+  REQUIRE(d.memory().reserved == 0);
+  REQUIRE_THROWS_AS(d.deallocate(reinterpret_cast<void*>(0x1000)), std::invalid_argument);
+  REQUIRE_THROWS_AS(d.allocate_n<double>(SIZE_MAX / 4), std::overflow_error);
+  REQUIRE_THROWS_AS(d.copy(nullptr, small, 4), std::invalid_argument);
+  int x = 5, y = 0;
+  d.copy(&x, &y, sizeof x);
+  REQUIRE(y == 5);
+}
+
+TEST_CASE("grid size overflow is a typed error", "[device][errors]") {
+  host_device d(1);
+  REQUIRE_THROWS_AS(d.launch(grid{SIZE_MAX, 2}, [](block_ctx&) {}), std::overflow_error);
+}

@@ -1,0 +1,59 @@
+// Tensor views: checked construction, strides, transposes, tile sub-views with edge clipping.
+#include <catch2/catch.hpp>
+
+#include <vector>
+
+#include <tessel/tile/tensor.hpp>
+
+using namespace tessel;
+using tensor_f = tensor<float, 2>;
+
+TEST_CASE("construction checks leading dimension, null and storage size", "[tile][tensor]") {
+  std::vector<float> s(20);
+  REQUIRE_NOTHROW(tensor_f(std::span<float>(s), 4, 5));
+  REQUIRE_THROWS_AS(tensor_f(std::span<float>(s), 4, 6), std::out_of_range);
+  REQUIRE_THROWS_AS(tensor_f(s.data(), 4, 5, 4), std::invalid_argument);  // ld < cols
+  REQUIRE_THROWS_AS(tensor_f(s.data(), 5, 4, 4, order::col_major), std::invalid_argument);  // ld < rows
+  REQUIRE_THROWS_AS(tensor_f(static_cast<float*>(nullptr), 2, 2), std::invalid_argument);
+  REQUIRE_NOTHROW(tensor_f(static_cast<float*>(nullptr), 0, 2));
+  REQUIRE_THROWS_AS(tensor_f(s.data(), std::size_t{1} << 62, 8, 8), std::overflow_error);
+  // ld > cols still must fit: 3 rows * ld 7 needs 2*7+5 = 19 elements
+  REQUIRE_NOTHROW(tensor_f(std::span<float>(s), 3, 5, 7));
+  REQUIRE_THROWS_AS(tensor_f(std::span<float>(s).first(18), 3, 5, 7), std::out_of_range);
+}
+
+TEST_CASE("indexing, transposes and sub-views", "[tile][tensor]") {
+  std::vector<int> s(12);
+  for (int i = 0; i < 12; ++i) s[i] = i;
+  tensor<int, 2> t(s.data(), 3, 4);
+  REQUIRE(t(1, 2) == 6);
+  REQUIRE(t.transposed()(2, 1) == 6);
+  REQUIRE(t.transposed().rows() == 4);
+  tensor<int, 2> cm(s.data(), 3, 4, 3, order::col_major);
+  REQUIRE(cm(1, 2) == 7);
+  REQUIRE(t.sub(1, 1, 2, 2)(1, 1) == 10);
+  REQUIRE_THROWS_AS(t.sub(2, 2, 2, 2), std::out_of_range);
+  REQUIRE_THROWS_AS(t.at(3, 0), std::out_of_range);
+  tensor<const int, 2> c = t;
+  REQUIRE(c(2, 3) == 11);
+}
+
+TEST_CASE("tile<R,C> clips at the edges", "[tile][tensor]") {
+  std::vector<float> s(10 * 7);
+  tensor<float, 2> t(s.data(), 10, 7);
+  auto a = t.tile<4, 4>(0, 0);
+  REQUIRE(a.rows == 4);
+  REQUIRE(a.cols == 4);
+  REQUIRE(a.full());
+  auto e = t.tile<4, 4>(2, 1);
+  REQUIRE(e.rows == 2);
+  REQUIRE(e.cols == 3);
+  REQUIRE(e.row0 == 8);
+  REQUIRE(e.col0 == 4);
+  REQUIRE(&e(0, 0) == &s[8 * 7 + 4]);
+  REQUIRE_THROWS_AS((t.tile<4, 4>(3, 0)), std::out_of_range);
+  auto tt = t.transposed().tile<4, 4>(1, 2);
+  REQUIRE(&tt(0, 0) == &s[8 * 7 + 4]);
+  REQUIRE(tt.rows == 3);
+  REQUIRE(tt.cols == 2);
+}
