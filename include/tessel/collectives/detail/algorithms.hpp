@@ -3,11 +3,18 @@
 // rank-order prefix partials, never partial sums in another order, so all of them give the same bits.
 #pragma once
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <mutex>
+#include <tuple>
+#include <utility>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -47,26 +54,90 @@ namespace detail {
 
 using treq = transport_iface::request;
 
-// Scratch bytes, 64-byte aligned so that any element type can live in them.
+// Process-wide cache of scratch blocks. First-touching fresh 4 KiB pages costs far more than the
+// copies themselves (DESIGN.md, Memory), so blocks are reused across collectives; blocks of 2 MiB
+// and more are 2 MiB-aligned and advised to use huge pages.
+class scratch_pool {
+ public:
+  static scratch_pool& instance() {
+    static scratch_pool p;
+    return p;
+  }
+  std::pair<std::byte*, std::size_t> get(std::size_t bytes) {
+    std::size_t cls = 4096;
+    while (cls < bytes) cls *= 2;
+    {
+      std::lock_guard lk(mu_);
+      auto& v = free_[bit(cls)];
+      if (!v.empty()) {
+        std::byte* p = v.back();
+        v.pop_back();
+        cached_ -= cls;
+        return {p, cls};
+      }
+    }
+    const std::size_t align = cls >= (std::size_t{2} << 20) ? (std::size_t{2} << 20) : 64;
+    auto* p = static_cast<std::byte*>(::operator new(cls, std::align_val_t{align}));
+#if defined(__linux__)
+    if (align > 64) ::madvise(p, cls, MADV_HUGEPAGE);
+#endif
+    return {p, cls};
+  }
+  void put(std::byte* p, std::size_t cls) {
+    {
+      std::lock_guard lk(mu_);
+      if (cached_ + cls <= limit) {
+        free_[bit(cls)].push_back(p);
+        cached_ += cls;
+        return;
+      }
+    }
+    ::operator delete(p, std::align_val_t{cls >= (std::size_t{2} << 20) ? (std::size_t{2} << 20) : 64});
+  }
+  ~scratch_pool() {
+    for (std::size_t b = 0; b < 64; ++b)
+      for (auto* p : free_[b]) {
+        const std::size_t cls = std::size_t{1} << b;
+        ::operator delete(p, std::align_val_t{cls >= (std::size_t{2} << 20) ? (std::size_t{2} << 20) : 64});
+      }
+  }
+  static constexpr std::size_t limit = std::size_t{2} << 30;  // cached bytes kept for reuse
+
+ private:
+  static std::size_t bit(std::size_t cls) {
+    std::size_t b = 0;
+    while ((std::size_t{1} << b) < cls) ++b;
+    return b;
+  }
+  std::mutex mu_;
+  std::vector<std::byte*> free_[64];
+  std::size_t cached_ = 0;
+};
+
+// Scratch bytes from the pool (at least 64-byte aligned, so any element type can live in them).
 class scratch {
  public:
   scratch() = default;
-  explicit scratch(std::size_t bytes) : p_(bytes ? new (std::align_val_t{64}) std::byte[bytes] : nullptr), n_(bytes) {}
-  scratch(scratch&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  explicit scratch(std::size_t bytes) : n_(bytes) {
+    if (bytes) std::tie(p_, cls_) = scratch_pool::instance().get(bytes);
+  }
+  scratch(scratch&& o) noexcept
+      : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)), cls_(std::exchange(o.cls_, 0)) {}
   scratch& operator=(scratch&& o) noexcept {
     std::swap(p_, o.p_);
     std::swap(n_, o.n_);
+    std::swap(cls_, o.cls_);
     return *this;
   }
   ~scratch() {
-    if (p_) ::operator delete[](p_, std::align_val_t{64});
+    if (p_) scratch_pool::instance().put(p_, cls_);
   }
   std::byte* data() const { return p_; }
   std::size_t size() const { return n_; }
 
  private:
   std::byte* p_ = nullptr;
-  std::size_t n_ = 0;
+  std::size_t n_ = 0, cls_ = 0;
 };
 
 struct coll_ctx {

@@ -1,0 +1,103 @@
+// Bad input to collectives gives a typed exception that names the problem, before any message is
+// sent (so every rank passing the same bad input fails the same way, and nothing hangs).
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <limits>
+#include <mutex>
+#include <vector>
+
+#include <tessel/collectives.hpp>
+
+using namespace tessel;
+
+namespace {
+template <class F>
+void on_two(F f) {
+  std::mutex mu;
+  std::exception_ptr first;
+  threads_world w(2, std::chrono::seconds(5));  // a rank left waiting by a test bug fails fast
+  w.run([&](threads_transport t) {
+    communicator c(std::move(t));
+    try {
+      f(c);
+    } catch (...) {
+      std::lock_guard lk(mu);
+      if (!first) first = std::current_exception();
+    }
+  });
+  if (first) std::rethrow_exception(first);
+}
+}  // namespace
+
+TEST_CASE("collectives: bad arguments throw typed errors", "[collectives][errors]") {
+  std::vector<float> a(64), b(64);
+  const std::size_t huge = std::numeric_limits<std::size_t>::max() / 2;
+  CHECK_THROWS_AS(on_two([&](communicator& c) { c.all_reduce(nullptr, b.data(), 4, dtype::f32, reduce_op::sum); }),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(on_two([&](communicator& c) { c.all_reduce(a.data(), b.data(), huge, dtype::f32, reduce_op::sum); }),
+                  std::overflow_error);
+  CHECK_THROWS_AS(on_two([&](communicator& c) { c.all_reduce(a.data(), a.data() + 1, 8, dtype::f32, reduce_op::sum); }),
+                  std::invalid_argument);  // partial overlap is not in place
+  CHECK_THROWS_AS(on_two([&](communicator& c) {
+                    c.all_reduce(reinterpret_cast<char*>(a.data()) + 1, b.data(), 4, dtype::f32, reduce_op::sum);
+                  }),
+                  std::invalid_argument);  // misaligned
+  CHECK_THROWS_AS(on_two([&](communicator& c) { c.all_reduce(a.data(), b.data(), 4, dtype::i4x2, reduce_op::sum); }),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(on_two([&](communicator& c) { c.all_reduce(a.data(), b.data(), 4, static_cast<dtype>(200), reduce_op::sum); }),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(on_two([&](communicator& c) { c.all_reduce(a.data(), b.data(), 4, dtype::f32, static_cast<reduce_op>(9)); }),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(on_two([&](communicator& c) { c.broadcast(a.data(), b.data(), 4, dtype::f32, 2); }), std::out_of_range);
+  CHECK_THROWS_AS(on_two([&](communicator& c) { c.reduce(a.data(), b.data(), 4, dtype::f32, reduce_op::sum, -1); }),
+                  std::out_of_range);
+  CHECK_THROWS_AS(on_two([&](communicator& c) { c.all_gather(a.data() + 1, a.data(), 8, dtype::f32); }),
+                  std::invalid_argument);  // in place only at recv + rank*count
+  CHECK_THROWS_AS(on_two([&](communicator& c) { c.all_gather(a.data(), b.data(), huge, dtype::f32); }), std::overflow_error);
+  CHECK_THROWS_AS(on_two([&](communicator& c) { c.send(a.data(), 4, dtype::f32, c.rank()); }), std::out_of_range);
+  CHECK_THROWS_AS(on_two([&](communicator& c) {
+                    std::vector<std::size_t> one(1, 0);
+                    c.all_to_allv(a.data(), one, one, b.data(), one, one, dtype::f32);
+                  }),
+                  std::length_error);
+  CHECK_THROWS_AS(on_two([&](communicator& c) {
+                    std::span<const float> s(a.data(), 4);
+                    std::span<float> r(b.data(), 5);
+                    c.all_reduce(s, r, reduce_op::sum);
+                  }),
+                  std::length_error);
+  CHECK_THROWS_AS(threads_world(0), std::invalid_argument);
+  CHECK_THROWS_AS(threads_world(2).transport(2), std::out_of_range);
+  CHECK_THROWS_AS(algorithm_from_name("spiral"), std::invalid_argument);
+  CHECK_THROWS_AS(reduce_op_from_name("xor"), std::invalid_argument);
+}
+
+TEST_CASE("collectives: a message of the wrong size is a length_error, not a silent truncation", "[collectives][errors]") {
+  int caught = 0;
+  std::mutex mu;
+  threads_world::run(2, [&](threads_transport t) {
+    communicator c(std::move(t));
+    std::vector<float> x(8);
+    try {
+      if (c.rank() == 0) c.send(x.data(), 4, dtype::f32, 1);
+      else c.recv(x.data(), 8, dtype::f32, 0);
+    } catch (const std::length_error&) {
+      std::lock_guard lk(mu);
+      ++caught;
+    }
+  });
+  CHECK(caught == 1);
+}
+
+TEST_CASE("collectives: count 0 and one rank are no-ops that still validate", "[collectives][errors]") {
+  threads_world::run(1, [&](threads_transport t) {
+    communicator c(std::move(t));
+    std::vector<bf16> x(3, bf16(1.5f)), y(3);
+    c.all_reduce(x.data(), y.data(), 3, dtype::bf16, reduce_op::avg);
+    CHECK(static_cast<float>(y[1]) == 1.5f);
+    c.all_reduce(nullptr, nullptr, 0, dtype::bf16, reduce_op::sum);
+    c.barrier();
+    CHECK(c.shrink().size() == 1);  // nothing failed: shrink keeps everyone
+  });
+}

@@ -1,0 +1,441 @@
+// tessel-perf: collective benchmarks in the style of nccl-tests.
+//   tessel-perf all_reduce -b 8 -e 256M -f 2 -n 20 --transport threads -g 2 [--algo ring] [--check]
+// Prints size, count, type, redop, root, then time/algbw/busbw/#wrong for out-of-place and in-place.
+// busbw = algbw * factor (nccl-tests): all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all,
+// gather, scatter (n-1)/n; broadcast, reduce, sendrecv 1. On the emulated transport times are simulated.
+#include <algorithm>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <tessel/collectives.hpp>
+#if TESSEL_HAVE_MPI
+#include <tessel/collectives/transport/mpi.hpp>
+#endif
+#if __has_include(<tessel/collectives/transport/emulated.hpp>)
+#include <tessel/collectives/transport/emulated.hpp>
+#define TESSEL_PERF_EMULATED 1
+#endif
+
+using namespace tessel;
+
+namespace {
+
+enum class coll { all_reduce, reduce, broadcast, all_gather, reduce_scatter, gather, scatter, all_to_all, sendrecv };
+
+struct opts {
+  coll kind = coll::all_reduce;
+  std::string name = "all_reduce";
+  std::size_t minb = 8, maxb = std::size_t{32} << 20;
+  double factor = 2;
+  std::size_t step = 0;
+  int ranks = 2;
+  int iters = 20, warmup = 5;
+  dtype dt = dtype::f32;
+  reduce_op op = reduce_op::sum;
+  int root = 0;
+  bool check = false;
+  std::string transport = "threads";
+  algorithm algo = algorithm::automatic;
+  std::string compress = "none";
+  int node_size = 0;
+};
+
+[[noreturn]] void usage(const char* msg) {
+  std::fprintf(stderr,
+               "tessel-perf: %s\n"
+               "usage: tessel-perf <all_reduce|reduce|broadcast|all_gather|reduce_scatter|gather|scatter|all_to_all|sendrecv>\n"
+               "  -b/--minbytes SIZE  -e/--maxbytes SIZE  -f/--stepfactor F  -i/--stepbytes SIZE\n"
+               "  -g/--ranks N (threads, emulated)  -n/--iters N  -w/--warmup_iters N\n"
+               "  -d/--datatype f64|f32|bf16|fp16|e4m3|e5m2|i32|i64|u8  -o/--op sum|prod|min|max|avg  -r/--root R\n"
+               "  -c/--check  --transport threads|emulated|mpi  --algo auto|ring|direct|halving_doubling|tree|hierarchical\n"
+               "  --compress none|bf16|e4m3|e5m2|int4  --node-size G\n",
+               msg);
+  std::exit(2);
+}
+
+std::size_t parse_size(const std::string& s) {
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  if (end == s.c_str() || v < 0) usage(("bad size '" + s + "'").c_str());
+  double mul = 1;
+  if (*end == 'K' || *end == 'k') mul = 1024.0;
+  else if (*end == 'M' || *end == 'm') mul = 1024.0 * 1024;
+  else if (*end == 'G' || *end == 'g') mul = 1024.0 * 1024 * 1024;
+  return static_cast<std::size_t>(v * mul);
+}
+
+coll parse_coll(const std::string& s) {
+  const std::pair<const char*, coll> names[] = {
+      {"all_reduce", coll::all_reduce}, {"reduce", coll::reduce},   {"broadcast", coll::broadcast},
+      {"all_gather", coll::all_gather}, {"reduce_scatter", coll::reduce_scatter}, {"gather", coll::gather},
+      {"scatter", coll::scatter},       {"all_to_all", coll::all_to_all}, {"alltoall", coll::all_to_all},
+      {"sendrecv", coll::sendrecv}};
+  for (auto& [n, c] : names)
+    if (s == n) return c;
+  usage(("unknown collective '" + s + "'").c_str());
+}
+
+opts parse(int argc, char** argv) {
+  opts o;
+  if (argc < 2) usage("missing collective");
+  o.name = argv[1];
+  o.kind = parse_coll(o.name);
+  for (int i = 2; i < argc; ++i) {
+    std::string a = argv[i];
+    auto val = [&]() -> std::string {
+      if (i + 1 >= argc) usage(("missing value for " + a).c_str());
+      return argv[++i];
+    };
+    try {
+      if (a == "-b" || a == "--minbytes") o.minb = parse_size(val());
+      else if (a == "-e" || a == "--maxbytes") o.maxb = parse_size(val());
+      else if (a == "-f" || a == "--stepfactor") o.factor = std::stod(val());
+      else if (a == "-i" || a == "--stepbytes") o.step = parse_size(val());
+      else if (a == "-g" || a == "--ranks") o.ranks = std::stoi(val());
+      else if (a == "-n" || a == "--iters") o.iters = std::stoi(val());
+      else if (a == "-w" || a == "--warmup_iters") o.warmup = std::stoi(val());
+      else if (a == "-d" || a == "--datatype") {
+        auto v = val();
+        if (v == "float") v = "f32";
+        if (v == "double") v = "f64";
+        if (v == "int32") v = "i32";
+        o.dt = dtype_from_name(v);
+      } else if (a == "-o" || a == "--op") o.op = reduce_op_from_name(val());
+      else if (a == "-r" || a == "--root") o.root = std::stoi(val());
+      else if (a == "-c" || a == "--check") {
+        if (i + 1 < argc && (std::string(argv[i + 1]) == "0" || std::string(argv[i + 1]) == "1")) o.check = std::string(argv[++i]) == "1";
+        else o.check = true;
+      } else if (a == "--transport") o.transport = val();
+      else if (a == "--algo") o.algo = algorithm_from_name(val());
+      else if (a == "--compress") o.compress = val();
+      else if (a == "--node-size") o.node_size = std::stoi(val());
+      else usage(("unknown option " + a).c_str());
+    } catch (const std::invalid_argument& e) {
+      usage(e.what());
+    }
+  }
+  if (o.factor <= 1 && o.step == 0) usage("step factor must be > 1");
+  if (o.iters <= 0 || o.ranks <= 0 || o.warmup < 0) usage("iters and ranks must be positive");
+  if (o.compress != "none") usage("--compress is only available through the compression API (see collectives/compression.hpp)");
+  return o;
+}
+
+double bus_factor(coll k, int n) {
+  const double dn = n;
+  switch (k) {
+    case coll::all_reduce: return 2 * (dn - 1) / dn;
+    case coll::all_gather: case coll::reduce_scatter: case coll::all_to_all: case coll::gather: case coll::scatter:
+      return (dn - 1) / dn;
+    default: return 1;
+  }
+}
+
+std::uint64_t mixh(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Verifiable data: element i of rank r, any rank can regenerate it. Values stay finite in every dtype.
+void fill(std::byte* p, std::size_t count, dtype d, int rank, std::size_t first, reduce_op op) {
+  visit_dtype(d, [&]<class T>(std::type_identity<T>) {
+    for (std::size_t i = 0; i < count; ++i) {
+      const std::uint64_t h = mixh(static_cast<std::uint64_t>(rank) * 0x9e3779b97f4a7c15ull ^ mixh(first + i));
+      T v{};
+      if constexpr (std::is_same_v<T, int4x2>) v = T{};
+      else if constexpr (std::is_integral_v<T>) v = static_cast<T>(op == reduce_op::prod ? static_cast<std::int64_t>(h % 3) - 1 : static_cast<std::int64_t>(h % 64));
+      else {
+        const double u = static_cast<double>(h >> 11) * 0x1.0p-53;
+        v = T(op == reduce_op::prod ? 0.5 + u : (u - 0.5) * 8);
+      }
+      std::memcpy(p + i * sizeof(T), &v, sizeof(T));
+    }
+  });
+}
+
+// Expected reduction of elements [first, first+count): regenerate every rank's data and fold in rank order.
+std::vector<std::byte> expected_reduce(std::size_t count, dtype d, reduce_op op, int n, std::size_t first) {
+  const std::size_t es = dtype_size(d), as = dtype_size(accumulator_dtype(d));
+  std::vector<std::byte> acc(count * as), x(count * es), out(count * es);
+  fill(x.data(), count, d, 0, first, op);
+  detail::to_acc_kernel(d, x.data(), acc.data(), count);
+  for (int r = 1; r < n; ++r) {
+    fill(x.data(), count, d, r, first, op);
+    detail::fold_kernel(op, d, acc.data(), true, x.data(), acc.data(), count);
+  }
+  detail::finalize_kernel(op, d, n, acc.data(), out.data(), count);
+  return out;
+}
+
+std::size_t count_wrong(const std::byte* got, const std::byte* want, std::size_t count, std::size_t es) {
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < count; ++i) bad += std::memcmp(got + i * es, want + i * es, es) != 0;
+  return bad;
+}
+
+struct result {
+  double us = 0;
+  std::size_t wrong = 0;
+};
+
+// One collective call on this rank. `count` follows nccl-tests: per-rank count for all_gather
+// (send) and reduce_scatter (recv), per-peer for all_to_all.
+void call(communicator& c, const opts& o, std::byte* send, std::byte* recv, std::size_t count, bool inplace) {
+  const std::size_t es = dtype_size(o.dt), r = static_cast<std::size_t>(c.rank());
+  const call_options co{o.algo};
+  switch (o.kind) {
+    case coll::all_reduce: return c.all_reduce(inplace ? recv : send, recv, count, o.dt, o.op, co);
+    case coll::reduce: return c.reduce(inplace ? recv : send, recv, count, o.dt, o.op, o.root, co);
+    case coll::broadcast: return c.broadcast(inplace ? recv : send, recv, count, o.dt, o.root, co);
+    case coll::all_gather: return c.all_gather(inplace ? recv + r * count * es : send, recv, count, o.dt, co);
+    case coll::reduce_scatter:
+      return c.reduce_scatter(inplace ? recv : send, inplace ? recv + r * count * es : recv, count, o.dt, o.op, co);
+    case coll::gather: return c.gather(inplace ? recv + r * count * es : send, recv, count, o.dt, o.root);
+    case coll::scatter: return c.scatter(inplace ? recv : send, inplace ? recv + r * count * es : recv, count, o.dt, o.root);
+    case coll::all_to_all: return c.all_to_all(send, recv, count, o.dt);  // no in-place form
+    case coll::sendrecv: {
+      const int n = c.size();
+      if (n == 1) return;
+      const int next = (c.rank() + 1) % n, prev = (c.rank() + n - 1) % n;
+      if (c.rank() % 2 == 0) {
+        c.send(send, count, o.dt, next);
+        c.recv(recv, count, o.dt, prev);
+      } else {
+        c.recv(recv, count, o.dt, prev);
+        c.send(send, count, o.dt, next);
+      }
+      return;
+    }
+  }
+}
+
+// Runs one size: returns the max time over ranks and the wrong count summed over ranks.
+result measure(communicator& c, const opts& o, std::size_t count, bool inplace) {
+  const int n = c.size();
+  const std::size_t N = static_cast<std::size_t>(n), es = dtype_size(o.dt), r = static_cast<std::size_t>(c.rank());
+  std::size_t sendc = count, recvc = count;
+  switch (o.kind) {
+    case coll::all_gather: case coll::gather: recvc = count * N; break;
+    case coll::reduce_scatter: case coll::scatter: sendc = count * N; if (inplace) recvc = count * N; break;
+    case coll::all_to_all: sendc = recvc = count * N; break;
+    default: break;
+  }
+  if (inplace && (o.kind == coll::reduce_scatter || o.kind == coll::scatter)) recvc = count * N;
+  std::vector<std::byte> sb(sendc * es), rb(recvc * es);
+  result res;
+  if (inplace && (o.kind == coll::all_to_all || o.kind == coll::sendrecv)) return {-1, 0};
+  auto prepare = [&] {  // inputs (in place: inside recv) hold verifiable data
+    const auto op = o.op;
+    switch (o.kind) {
+      case coll::all_reduce: case coll::reduce: case coll::broadcast:
+        fill(inplace ? rb.data() : sb.data(), count, o.dt, c.rank(), 0, op); break;
+      case coll::all_gather: case coll::gather:
+        fill(inplace ? rb.data() + r * count * es : sb.data(), count, o.dt, c.rank(), 0, op); break;
+      case coll::reduce_scatter: case coll::scatter:
+        fill(inplace ? rb.data() : sb.data(), count * N, o.dt, c.rank(), 0, op); break;
+      case coll::all_to_all: fill(sb.data(), count * N, o.dt, c.rank(), 0, op); break;
+      case coll::sendrecv: fill(sb.data(), count, o.dt, c.rank(), 0, op); break;
+    }
+  };
+  prepare();
+  for (int i = 0; i < o.warmup; ++i) {
+    call(c, o, sb.data(), rb.data(), count, inplace);
+    if (inplace) prepare();
+  }
+  c.barrier();
+  const double t0 = c.now();
+  for (int i = 0; i < o.iters; ++i) call(c, o, sb.data(), rb.data(), count, inplace);
+  double dt = (c.now() - t0) / o.iters * 1e6;
+  double tmax = 0;
+  c.all_reduce(&dt, &tmax, 1, dtype::f64, reduce_op::max);
+  res.us = tmax;
+  if (o.check) {
+    prepare();
+    call(c, o, sb.data(), rb.data(), count, inplace);
+    std::size_t bad = 0;
+    std::vector<std::byte> want;
+    auto rank_data = [&](int q, std::size_t cnt, std::size_t first) {
+      std::vector<std::byte> v(cnt * es);
+      fill(v.data(), cnt, o.dt, q, first, o.op);
+      return v;
+    };
+    switch (o.kind) {
+      case coll::all_reduce:
+        want = expected_reduce(count, o.dt, o.op, n, 0);
+        bad = count_wrong(rb.data(), want.data(), count, es);
+        break;
+      case coll::reduce:
+        if (c.rank() == o.root) {
+          want = expected_reduce(count, o.dt, o.op, n, 0);
+          bad = count_wrong(rb.data(), want.data(), count, es);
+        }
+        break;
+      case coll::broadcast:
+        want = rank_data(o.root, count, 0);
+        bad = count_wrong(rb.data(), want.data(), count, es);
+        break;
+      case coll::all_gather:
+        for (int q = 0; q < n; ++q) {
+          want = rank_data(q, count, 0);
+          bad += count_wrong(rb.data() + static_cast<std::size_t>(q) * count * es, want.data(), count, es);
+        }
+        break;
+      case coll::gather:
+        if (c.rank() == o.root)
+          for (int q = 0; q < n; ++q) {
+            want = rank_data(q, count, 0);
+            bad += count_wrong(rb.data() + static_cast<std::size_t>(q) * count * es, want.data(), count, es);
+          }
+        break;
+      case coll::reduce_scatter:
+        want = expected_reduce(count, o.dt, o.op, n, r * count);
+        bad = count_wrong(inplace ? rb.data() + r * count * es : rb.data(), want.data(), count, es);
+        break;
+      case coll::scatter:
+        want = rank_data(o.root, count, r * count);
+        bad = count_wrong(inplace ? rb.data() + r * count * es : rb.data(), want.data(), count, es);
+        break;
+      case coll::all_to_all:
+        for (int q = 0; q < n; ++q) {
+          want = rank_data(q, count, r * count);
+          bad += count_wrong(rb.data() + static_cast<std::size_t>(q) * count * es, want.data(), count, es);
+        }
+        break;
+      case coll::sendrecv:
+        if (n > 1) {
+          want = rank_data((c.rank() + n - 1) % n, count, 0);
+          bad = count_wrong(rb.data(), want.data(), count, es);
+        }
+        break;
+    }
+    std::uint64_t b = bad, tot = 0;
+    c.all_reduce(&b, &tot, 1, dtype::u64, reduce_op::sum);
+    res.wrong = static_cast<std::size_t>(tot);
+  }
+  return res;
+}
+
+void run(communicator& c, const opts& o) {
+  const int n = c.size();
+  const bool print = c.rank() == 0;
+  const std::size_t es = dtype_size(o.dt), N = static_cast<std::size_t>(n);
+  if (o.root < 0 || o.root >= n) throw std::out_of_range("tessel-perf: root outside the ranks");
+  const bool rooted = o.kind == coll::reduce || o.kind == coll::broadcast || o.kind == coll::gather || o.kind == coll::scatter;
+  const bool reduces = o.kind == coll::all_reduce || o.kind == coll::reduce || o.kind == coll::reduce_scatter;
+  if (print) {
+    std::printf("# tessel-perf %s: transport %s, %d ranks, algo %s, %d iters, %d warmup%s\n", o.name.c_str(),
+                o.transport.c_str(), n, std::string(algorithm_name(o.algo)).c_str(), o.iters, o.warmup,
+                c.transport_handle().is_simulated() ? " (simulated time)" : "");
+    std::printf("#%72s%32s\n", "out-of-place", "in-place");
+    std::printf("#%11s %13s %6s %6s %6s %10s %7s %7s %6s %10s %7s %7s %6s\n", "size", "count", "type", "redop", "root",
+                "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
+    std::printf("#%11s %13s %6s %6s %6s %10s %7s %7s %6s %10s %7s %7s %6s\n", "(B)", "(elements)", "", "", "", "(us)",
+                "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+  }
+  double bw_sum = 0;
+  int bw_n = 0;
+  std::size_t total_wrong = 0;
+  for (std::size_t size = o.minb; size <= o.maxb;) {
+    // nccl-tests: size is the total buffer; per-rank counts divide it for the gather/scatter family
+    std::size_t count = size / es;
+    if (o.kind == coll::all_gather || o.kind == coll::reduce_scatter || o.kind == coll::all_to_all ||
+        o.kind == coll::gather || o.kind == coll::scatter)
+      count = size / es / N;
+    const std::size_t bytes = (o.kind == coll::all_gather || o.kind == coll::reduce_scatter || o.kind == coll::all_to_all ||
+                               o.kind == coll::gather || o.kind == coll::scatter)
+                                  ? count * N * es
+                                  : count * es;
+    const result a = measure(c, o, count, false);
+    const result b = measure(c, o, count, true);
+    if (print) {
+      auto cols = [&](const result& x) {
+        if (x.us < 0) {
+          std::printf(" %10s %7s %7s %6s", "N/A", "N/A", "N/A", "N/A");
+          return;
+        }
+        const double algbw = x.us > 0 ? static_cast<double>(bytes) / (x.us * 1e3) : 0;
+        const double busbw = algbw * bus_factor(o.kind, n);
+        std::printf(" %10.2f %7.2f %7.2f", x.us, algbw, busbw);
+        if (o.check) std::printf(" %6zu", x.wrong);
+        else std::printf(" %6s", "N/A");
+      };
+      std::printf(" %11zu %13zu %6s %6s %6d", bytes, count, std::string(dtype_name(o.dt)).c_str(),
+                  reduces ? std::string(reduce_op_name(o.op)).c_str() : "none", rooted ? o.root : -1);
+      cols(a);
+      cols(b);
+      std::printf("\n");
+      std::fflush(stdout);
+      if (a.us > 0) {
+        bw_sum += static_cast<double>(bytes) / (a.us * 1e3) * bus_factor(o.kind, n);
+        ++bw_n;
+      }
+    }
+    total_wrong += a.wrong + b.wrong;
+    const std::size_t next = o.step ? size + o.step : static_cast<std::size_t>(static_cast<double>(size) * o.factor);
+    if (next <= size) break;
+    size = next;
+  }
+  if (print) {
+    std::printf("# Out of bounds values : %zu %s\n", total_wrong, total_wrong ? "FAILED" : "OK");
+    std::printf("# Avg bus bandwidth    : %g\n", bw_n ? bw_sum / bw_n : 0.0);
+  }
+  if (total_wrong) throw std::runtime_error("tessel-perf: wrong results");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const opts o = parse(argc, argv);
+  try {
+    comm_options co;
+    co.node_size = o.node_size;
+    if (o.transport == "threads") {
+      threads_world::run(o.ranks, [&](threads_transport t) {
+        communicator c(std::move(t), co);
+        run(c, o);
+      });
+    } else if (o.transport == "mpi") {
+#if TESSEL_HAVE_MPI
+      int provided = 0;
+      MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+      int rc = 0;
+      {
+        communicator c(mpi_transport(MPI_COMM_WORLD), co);
+        try {
+          run(c, o);
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "tessel-perf: %s\n", e.what());
+          rc = 1;
+        }
+      }
+      MPI_Finalize();
+      return rc;
+#else
+      usage("this tessel-perf was built without MPI (tessel::mpi not found)");
+#endif
+    } else if (o.transport == "emulated") {
+#if TESSEL_PERF_EMULATED
+      emulated_world::run_default(o.ranks, [&](emulated_transport t) {
+        communicator c(std::move(t), co);
+        run(c, o);
+      });
+#else
+      usage("the emulated transport is not available in this build");
+#endif
+    } else {
+      usage(("unknown transport '" + o.transport + "'").c_str());
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tessel-perf: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
