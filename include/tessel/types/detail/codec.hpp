@@ -92,7 +92,9 @@ constexpr typename Fmt::storage encode(Src x) noexcept {
   const U a = u & (src_sign - 1);
   const U e = a >> sm;
   U code;
-  if (e >= emin) {
+  if constexpr (Fmt::exp_bits == S::exp_bits) {  // bf16 from float: same exponent range, one shift
+    code = rne_shift<U>(a, shift);
+  } else if (e >= emin) {
     code = rne_shift<U>(a - rebias, shift);
   } else {  // target subnormal (or zero): align the full significand to the subnormal grid
     const U m = (a & src_man) | (e != 0 ? (U(1) << sm) : U(0));
@@ -114,9 +116,31 @@ constexpr typename Fmt::storage encode(Src x) noexcept {
   return static_cast<typename Fmt::storage>(sign | code);
 }
 
-// Decode a code of format Fmt into Src (exact: every narrow value is representable).
+template <class Fmt, class Src>
+constexpr Src decode_bits(typename Fmt::storage h) noexcept;
+
+// float bit patterns of all 256 codes of an 8-bit format, built at compile time.
+template <class Fmt>
+struct decode_table {
+  static constexpr auto values = [] {
+    struct table { std::uint32_t v[256]; } t{};
+    for (unsigned c = 0; c < 256; ++c) t.v[c] = std::bit_cast<std::uint32_t>(decode_bits<Fmt, float>(static_cast<std::uint8_t>(c)));
+    return t;
+  }();
+};
+
+// Decode a code of format Fmt into Src (exact: every narrow value is representable). 8-bit
+// formats to float use a 1 KiB table at run time (branch-free in inner loops).
 template <class Fmt, class Src>
 constexpr Src decode(typename Fmt::storage h) noexcept {
+  if constexpr (Fmt::total_bits == 8 && std::is_same_v<Src, float>) {
+    if (!std::is_constant_evaluated()) return std::bit_cast<float>(decode_table<Fmt>::values.v[h]);
+  }
+  return decode_bits<Fmt, Src>(h);
+}
+
+template <class Fmt, class Src>
+constexpr Src decode_bits(typename Fmt::storage h) noexcept {
   using S = source_traits<Src>;
   using U = typename S::uint;
   constexpr int sm = S::man_bits;
@@ -128,17 +152,19 @@ constexpr Src decode(typename Fmt::storage h) noexcept {
   if constexpr (Fmt::exp_bits == S::exp_bits) {  // bf16 -> float: a plain widening
     return std::bit_cast<Src>(sign | (em << shift));
   } else {
+    // All candidates computed, then selected: branch-free, so loops over it vectorize.
     const U ex = em >> Fmt::man_bits;
-    U f;
-    if (ex == 0) {  // subnormal: mantissa * 2^(1-bias-man) is exact and a normal Src
-      f = std::bit_cast<U>(static_cast<Src>(static_cast<int>(em)) * pow2<Src>(1 - Fmt::bias - Fmt::man_bits));
-    } else if (Fmt::ieee && ex == Fmt::exp_max) {
-      f = src_inf | ((em & Fmt::man_mask) << shift);
-    } else if (!Fmt::ieee && em == Fmt::abs_mask) {
-      f = src_inf | (U(1) << (sm - 1));
-    } else {
-      f = (em << shift) + (U(sbias - Fmt::bias) << sm);
-    }
+    const U normal = (em << shift) + (U(sbias - Fmt::bias) << sm);
+    // Subnormal (em = mantissa < 2^man): normalize by its leading one at bit p; zero stays zero.
+    const int p = std::bit_width(static_cast<std::uint32_t>(em) | 1u) - 1;
+    const U sub = em == 0 ? U(0)
+                          : (U(p + 1 - Fmt::bias - Fmt::man_bits + sbias) << sm) |
+                                ((em << (sm - p)) & ((U(1) << sm) - 1));
+    U f = ex == 0 ? sub : normal;
+    if constexpr (Fmt::ieee)
+      f = ex == Fmt::exp_max ? src_inf | ((em & Fmt::man_mask) << shift) : f;
+    else
+      f = em == Fmt::abs_mask ? src_inf | (U(1) << (sm - 1)) : f;
     return std::bit_cast<Src>(sign | f);
   }
 }
