@@ -115,6 +115,7 @@ class executor {
         }
       }
       cpu_relax();
+      if ((iter & 1023) == 0) std::this_thread::yield();
     }
   }
 
@@ -179,8 +180,10 @@ class executor {
       // spin for new work
       const auto t0 = std::chrono::steady_clock::now();
       bool got = false;
+      unsigned spins = 0;
       while (std::chrono::steady_clock::now() - t0 < spin_) {
         for (int k = 0; k < 32; ++k) cpu_relax();
+        if ((++spins & 15) == 0) std::this_thread::yield();  // let others run if the machine is oversubscribed
         if (epoch_.load(std::memory_order_seq_cst) != seen || stop_.load(std::memory_order_relaxed)) { got = true; break; }
       }
       if (got) continue;

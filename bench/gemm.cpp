@@ -1,0 +1,238 @@
+// GEMM benchmarks: tessel vs OpenBLAS cblas_sgemm, oneDNN 2.6 matmul (f32, bf16) and Eigen, on the
+// square and transformer shapes, 1 and 2 threads; bf16, FP8 block-scaled, skinny (M=1/16) and
+// fused-epilogue variants. Counters: flops (rate) or bytes (rate), and of_limit against the
+// machine limits of bench/common/limits.hpp.
+// OpenBLAS reads OPENBLAS_CORETYPE at load time: run this binary once as is and once with
+// OPENBLAS_CORETYPE=SkylakeX and compare against the faster.
+#include <benchmark/benchmark.h>
+
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+// tessel first: arch/target.hpp parses the intrinsic headers under a GCC 12 false-positive guard.
+#include <tessel/device.hpp>
+#include <tessel/ops/gemm.hpp>
+
+#include <Eigen/Core>
+
+#include "common/limits.hpp"
+
+#if defined(TESSEL_HAVE_OPENBLAS)
+#include <cblas.h>
+#endif
+#if defined(TESSEL_HAVE_ONEDNN)
+#include <dnnl.hpp>
+extern "C" void omp_set_num_threads(int) __attribute__((weak));
+#endif
+
+using namespace tessel;
+
+namespace {
+
+host_device& dev(unsigned threads) {
+  static host_device d1(1), d2(2);
+  return threads >= 2 ? d2 : d1;
+}
+
+template <class T>
+tessel_bench::huge_buffer<T> random_buffer(std::size_t n, unsigned seed, float lo = -1.0f, float hi = 1.0f) {
+  tessel_bench::huge_buffer<T> b(n, 2);
+  std::mt19937 g(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  for (std::size_t i = 0; i < n; ++i) b[i] = T(d(g));
+  return b;
+}
+
+void set_flops(benchmark::State& st, double flops, double peak_gflops) {
+  st.counters["flops"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
+  st.counters["of_limit"] = benchmark::Counter(flops / 1e9 / peak_gflops, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// ---- f32 ----
+void gemm_f32_tessel(benchmark::State& st) {
+  const std::size_t M = st.range(0), N = st.range(1), K = st.range(2);
+  const unsigned th = static_cast<unsigned>(st.range(3));
+  auto A = random_buffer<float>(M * K, 1), B = random_buffer<float>(K * N, 2);
+  tessel_bench::huge_buffer<float> C(M * N, 2);
+  for (auto _ : st) {
+    gemm(dev(th), transpose::none, transpose::none, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C.data(), N);
+    benchmark::ClobberMemory();
+  }
+  set_flops(st, 2.0 * M * N * K, tessel_bench::peak_fp32_gflops(th));
+}
+
+#if defined(TESSEL_HAVE_OPENBLAS)
+void gemm_f32_openblas(benchmark::State& st) {
+  const std::size_t M = st.range(0), N = st.range(1), K = st.range(2);
+  const int th = static_cast<int>(st.range(3));
+  auto A = random_buffer<float>(M * K, 1), B = random_buffer<float>(K * N, 2);
+  tessel_bench::huge_buffer<float> C(M * N, 2);
+  openblas_set_num_threads(th);
+  st.SetLabel(openblas_get_corename());
+  for (auto _ : st) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(M), int(N), int(K), 1.0f, A.data(), int(K), B.data(), int(N), 0.0f,
+                C.data(), int(N));
+    benchmark::ClobberMemory();
+  }
+  set_flops(st, 2.0 * M * N * K, tessel_bench::peak_fp32_gflops(th));
+}
+#endif
+
+void gemm_f32_eigen(benchmark::State& st) {
+  const std::size_t M = st.range(0), N = st.range(1), K = st.range(2);
+  auto A = random_buffer<float>(M * K, 1), B = random_buffer<float>(K * N, 2);
+  tessel_bench::huge_buffer<float> C(M * N, 2);
+  using Mat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  Eigen::Map<Mat> a(A.data(), M, K), b(B.data(), K, N), c(C.data(), M, N);
+  for (auto _ : st) {
+    c.noalias() = a * b;
+    benchmark::ClobberMemory();
+  }
+  set_flops(st, 2.0 * M * N * K, tessel_bench::peak_fp32_gflops(1));  // Eigen is built without OpenMP: 1 thread
+}
+
+#if defined(TESSEL_HAVE_ONEDNN)
+template <dnnl::memory::data_type DT, class T>
+void gemm_onednn(benchmark::State& st) {
+  using namespace dnnl;
+  const std::size_t M = st.range(0), N = st.range(1), K = st.range(2);
+  const int th = static_cast<int>(st.range(3));
+  if (omp_set_num_threads) omp_set_num_threads(th);
+  auto A = random_buffer<T>(M * K, 1), B = random_buffer<T>(K * N, 2);
+  tessel_bench::huge_buffer<float> C(M * N, 2);
+  engine eng(engine::kind::cpu, 0);
+  stream s(eng);
+  using dims = memory::dims;
+  const auto mi = static_cast<memory::dim>(M), ni = static_cast<memory::dim>(N), ki = static_cast<memory::dim>(K);
+  memory::desc a_md(dims{mi, ki}, DT, memory::format_tag::ab), b_any(dims{ki, ni}, DT, memory::format_tag::any),
+      b_md(dims{ki, ni}, DT, memory::format_tag::ab), c_md(dims{mi, ni}, memory::data_type::f32, memory::format_tag::ab);
+  matmul::primitive_desc pd(matmul::desc(a_md, b_any, c_md), eng);
+  memory a_m(a_md, eng, A.data()), b_plain(b_md, eng, B.data()), c_m(c_md, eng, C.data());
+  memory b_m(pd.weights_desc(), eng);
+  reorder(b_plain, b_m).execute(s, b_plain, b_m);  // weights prepacked outside the timing (favours oneDNN)
+  s.wait();
+  matmul prim(pd);
+  for (auto _ : st) {
+    prim.execute(s, {{DNNL_ARG_SRC, a_m}, {DNNL_ARG_WEIGHTS, b_m}, {DNNL_ARG_DST, c_m}});
+    s.wait();
+  }
+  set_flops(st, 2.0 * M * N * K, DT == memory::data_type::f32 ? tessel_bench::peak_fp32_gflops(th) : tessel_bench::peak_bf16_gflops(th));
+}
+#endif
+
+// ---- bf16 ----
+void gemm_bf16_tessel(benchmark::State& st) {
+  const std::size_t M = st.range(0), N = st.range(1), K = st.range(2);
+  const unsigned th = static_cast<unsigned>(st.range(3));
+  auto A = random_buffer<bf16>(M * K, 1), B = random_buffer<bf16>(K * N, 2);
+  tessel_bench::huge_buffer<float> C(M * N, 2);
+  for (auto _ : st) {
+    gemm(dev(th), transpose::none, transpose::none, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C.data(), N);
+    benchmark::ClobberMemory();
+  }
+  set_flops(st, 2.0 * M * N * K, tessel_bench::peak_bf16_gflops(th));
+}
+
+// Fused epilogue: bias + GELU + cast to bf16, against the same GEMM writing bf16 plainly.
+void gemm_bf16_fused_tessel(benchmark::State& st) {
+  const std::size_t M = st.range(0), N = st.range(1), K = st.range(2);
+  const unsigned th = static_cast<unsigned>(st.range(3));
+  const bool fused = st.range(4) != 0;
+  auto A = random_buffer<bf16>(M * K, 1), B = random_buffer<bf16>(K * N, 2);
+  auto bias = random_buffer<float>(N, 3);
+  tessel_bench::huge_buffer<bf16> C(M * N, 2);
+  const std::span<const float> bs(bias.data(), N);
+  for (auto _ : st) {
+    if (fused)
+      gemm(dev(th), transpose::none, transpose::none, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C.data(), N,
+           epilogue::bias(bs) | epilogue::gelu | epilogue::cast<bf16>);
+    else
+      gemm(dev(th), transpose::none, transpose::none, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C.data(), N);
+    benchmark::ClobberMemory();
+  }
+  set_flops(st, 2.0 * M * N * K, tessel_bench::peak_bf16_gflops(th));
+}
+
+// FP8 e4m3 with DeepSeek-V3 block scales (1x128 A, 128x128 B), f32 out.
+void gemm_fp8_block_tessel(benchmark::State& st) {
+  const std::size_t M = st.range(0), N = st.range(1), K = st.range(2);
+  const unsigned th = static_cast<unsigned>(st.range(3));
+  auto A = random_buffer<e4m3>(M * K, 1, -4, 4), B = random_buffer<e4m3>(K * N, 2, -4, 4);
+  const std::size_t kb = (K + 127) / 128, nb = (N + 127) / 128;
+  auto sa = random_buffer<float>(M * kb, 3, 0.5f, 2.0f), sb = random_buffer<float>(kb * nb, 4, 0.5f, 2.0f);
+  tessel_bench::huge_buffer<float> C(M * N, 2);
+  gemm_scales s;
+  s.a_block = sa.data();
+  s.b_block = sb.data();
+  for (auto _ : st) {
+    gemm(dev(th), transpose::none, transpose::none, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C.data(), N, epilogue::chain<>{}, s);
+    benchmark::ClobberMemory();
+  }
+  set_flops(st, 2.0 * M * N * K, tessel_bench::peak_bf16_gflops(th));
+}
+
+// Skinny: M = 1 or 16 activations times (K,N) bf16 weights; bound by reading B once.
+void gemm_skinny_tessel(benchmark::State& st) {
+  const std::size_t M = st.range(0), N = st.range(1), K = st.range(2);
+  const unsigned th = static_cast<unsigned>(st.range(3));
+  auto A = random_buffer<bf16>(M * K, 1), B = random_buffer<bf16>(K * N, 2);
+  tessel_bench::huge_buffer<float> C(M * N, 2);
+  for (auto _ : st) {
+    gemm(dev(th), transpose::none, transpose::none, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C.data(), N);
+    benchmark::ClobberMemory();
+  }
+  const double bytes = double(K) * N * sizeof(bf16);
+  st.counters["bytes"] = benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate);
+  // of_limit: STREAM-bound time for reading B once divided by our time
+  st.counters["of_limit"] = benchmark::Counter(bytes / 1e9 / tessel_bench::stream_copy_gbs(th), benchmark::Counter::kIsIterationInvariantRate);
+  st.counters["flops"] = benchmark::Counter(2.0 * M * N * K, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void big_shapes(benchmark::internal::Benchmark* b) {
+  for (long th : {1, 2}) {
+    b->Args({2048, 2048, 2048, th});
+    b->Args({2048, 4096, 4096, th});
+    b->Args({2048, 11008, 4096, th});
+  }
+  b->ArgNames({"M", "N", "K", "threads"})->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+void bf16_shapes(benchmark::internal::Benchmark* b) {
+  for (long th : {1, 2}) {
+    b->Args({2048, 2048, 2048, th});
+    b->Args({2048, 4096, 4096, th});
+  }
+  b->ArgNames({"M", "N", "K", "threads"})->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+
+}  // namespace
+
+BENCHMARK(gemm_f32_tessel)->Name("gemm_f32/tessel")->Apply(big_shapes);
+#if defined(TESSEL_HAVE_OPENBLAS)
+BENCHMARK(gemm_f32_openblas)->Name("gemm_f32/openblas")->Apply(big_shapes);
+#endif
+#if defined(TESSEL_HAVE_ONEDNN)
+BENCHMARK(gemm_onednn<dnnl::memory::data_type::f32, float>)->Name("gemm_f32/onednn")->Apply(big_shapes);
+#endif
+BENCHMARK(gemm_f32_eigen)->Name("gemm_f32/eigen")->Args({2048, 2048, 2048, 1})->ArgNames({"M", "N", "K", "threads"})->Unit(benchmark::kMillisecond)->UseRealTime();
+
+BENCHMARK(gemm_bf16_tessel)->Name("gemm_bf16/tessel")->Apply(bf16_shapes);
+#if defined(TESSEL_HAVE_ONEDNN)
+BENCHMARK(gemm_onednn<dnnl::memory::data_type::bf16, bf16>)->Name("gemm_bf16/onednn")->Apply(bf16_shapes);
+#endif
+BENCHMARK(gemm_fp8_block_tessel)->Name("gemm_fp8_block/tessel")->Apply(bf16_shapes);
+BENCHMARK(gemm_bf16_fused_tessel)
+    ->Name("gemm_bf16_epilogue/tessel")
+    ->ArgsProduct({{2048}, {4096}, {4096}, {1, 2}, {0, 1}})
+    ->ArgNames({"M", "N", "K", "threads", "fused"})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(gemm_skinny_tessel)
+    ->Name("gemm_skinny_bf16/tessel")
+    ->ArgsProduct({{1, 16}, {4096}, {4096}, {1, 2}})
+    ->ArgNames({"M", "N", "K", "threads"})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
+BENCHMARK_MAIN();
