@@ -373,3 +373,102 @@ TEST_CASE("attention rejects bad arguments with typed errors", "[ops][attention]
   CHECK_THROWS_AS(var(ok, std::span<const std::int32_t>(ok).first(2)), attention_error);
   CHECK_THROWS_AS(var({}, {}), attention_error);
 }
+
+namespace {
+// Decode against a contiguous cache; each sequence checked against fp64 and the naive rule.
+template <class T>
+void check_decode(std::size_t D, std::size_t sq, bool causal) {
+  const std::size_t B = 4, H = 8, HK = 2, max_kv = 1500;
+  const std::vector<std::int32_t> lens{0, 1, 700, 1500};
+  std::mt19937 rng(71 + unsigned(D) + unsigned(sq));
+  std::normal_distribution<double> nd;
+  std::vector<T> q(B * sq * H * D), k(B * max_kv * HK * D), v(k.size());
+  for (auto& x : q) x = T(float(nd(rng)));
+  for (auto& x : k) x = T(float(nd(rng)));
+  for (auto& x : v) x = T(float(nd(rng)));
+  attention_decode_shape s;
+  s.batch = B; s.seq_q = sq; s.heads_q = H; s.heads_kv = HK; s.head_dim = D; s.max_kv = max_kv;
+  attention_options opt;
+  opt.causal = causal;
+  opt.align = mask_align::bottom_right;
+  host_device dev(2);
+  std::vector<T> o(q.size());
+  std::vector<float> lse(B * H * sq);
+  attention_decode<host_device, T, T>(dev, s, q, k, v, lens, {}, o, lse, opt);
+  for (std::size_t b = 0; b < B; ++b) {
+    ref::problem p{1, sq, std::size_t(lens[b]), H, HK, D};
+    p.causal = causal;
+    p.bottom_right = true;
+    CAPTURE(b, D, sq, causal);
+    std::vector<double> qd(sq * H * D), kd(p.kv_elems()), vd(p.kv_elems()), ob(qd.size());
+    for (std::size_t i = 0; i < qd.size(); ++i) { qd[i] = double(float(q[b * sq * H * D + i])); ob[i] = double(float(o[b * sq * H * D + i])); }
+    for (std::size_t i = 0; i < kd.size(); ++i) { kd[i] = double(float(k[b * max_kv * HK * D + i])); vd[i] = double(float(v[b * max_kv * HK * D + i])); }
+    std::vector<double> o64, l64, on, ln;
+    ref::materialised<double>{}.forward(p, qd, kd, vd, o64, l64);
+    naive_same_dtype<T>().forward(p, qd, kd, vd, on, ln);
+    const double e = ref::max_abs_diff(ob, o64), en = ref::max_abs_diff(on, o64);
+    CAPTURE(e, en);
+    CHECK(e <= 2 * en + slack(o64));
+    for (std::size_t h = 0; h < H; ++h)
+      for (std::size_t i = 0; i < sq; ++i) {
+        const double want = l64[h * sq + i], got = lse[(b * H + h) * sq + i];
+        if (std::isinf(want)) CHECK((std::isinf(got) && got < 0));
+        else CHECK(std::abs(got - want) <= 1e-5 * (1 + std::abs(want)));
+      }
+  }
+}
+}  // namespace
+
+TEST_CASE("attention decode (split-KV) matches fp64 within the FlashAttention rule", "[ops][attention][decode]") {
+  check_decode<bf16>(128, 1, false);
+  check_decode<bf16>(128, 3, true);
+  check_decode<bf16>(48, 2, true);
+  check_decode<float>(64, 1, false);
+  check_decode<float>(32, 4, true);
+}
+
+TEST_CASE("attention decode over a paged cache equals the contiguous cache bitwise", "[ops][attention][decode]") {
+  const std::size_t B = 3, H = 4, HK = 4, D = 64, page = 16, per_seq = 40, max_kv = page * per_seq;
+  const std::vector<std::int32_t> lens{640, 33, 1};
+  std::mt19937 rng(81);
+  std::normal_distribution<float> nd;
+  std::vector<bf16> q(B * H * D), k(B * max_kv * HK * D), v(k.size());
+  for (auto& x : q) x = bf16(nd(rng));
+  for (auto& x : k) x = bf16(nd(rng));
+  for (auto& x : v) x = bf16(nd(rng));
+  // scatter into shuffled pages
+  const std::size_t npages = B * per_seq + 5;
+  std::vector<std::int32_t> perm(npages);
+  for (std::size_t i = 0; i < npages; ++i) perm[i] = std::int32_t(i);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<std::int32_t> table(B * per_seq);
+  std::vector<bf16> kp(npages * page * HK * D), vp(kp.size());
+  const std::size_t tok = HK * D;
+  for (std::size_t b = 0; b < B; ++b)
+    for (std::size_t pg = 0; pg < per_seq; ++pg) {
+      const std::int32_t phys = perm[b * per_seq + pg];
+      table[b * per_seq + pg] = phys;
+      std::memcpy(&kp[phys * page * tok], &k[(b * max_kv + pg * page) * tok], page * tok * 2);
+      std::memcpy(&vp[phys * page * tok], &v[(b * max_kv + pg * page) * tok], page * tok * 2);
+    }
+  attention_decode_shape s;
+  s.batch = B; s.heads_q = H; s.heads_kv = HK; s.head_dim = D; s.max_kv = max_kv;
+  host_device dev(2);
+  std::vector<bf16> o1(q.size()), o2(q.size());
+  attention_decode<host_device, bf16, bf16>(dev, s, q, k, v, lens, {}, o1);
+  attention_decode_shape sp = s;
+  sp.max_kv = 0; sp.page_size = page; sp.num_pages = npages; sp.pages_per_seq = per_seq;
+  attention_decode<host_device, bf16, bf16>(dev, sp, q, kp, vp, lens, table, o2);
+  CHECK(std::memcmp(o1.data(), o2.data(), o1.size() * 2) == 0);
+  host_device dev1(1);
+  std::vector<bf16> o3(q.size());
+  attention_decode<host_device, bf16, bf16>(dev1, sp, q, kp, vp, lens, table, o3);
+  CHECK(std::memcmp(o1.data(), o3.data(), o1.size() * 2) == 0);
+  // bad page index, too long a sequence, too many rows
+  auto bad = table;
+  bad[1] = std::int32_t(npages);
+  CHECK_THROWS_AS((attention_decode<host_device, bf16, bf16>(dev, sp, q, kp, vp, lens, bad, o2)), std::out_of_range);
+  const std::vector<std::int32_t> too_long{641, 1, 1};
+  CHECK_THROWS_AS((attention_decode<host_device, bf16, bf16>(dev, sp, q, kp, vp, too_long, table, o2)), attention_error);
+  CHECK_THROWS_AS((attention_decode<host_device, bf16, bf16>(dev, sp, q, kp, vp, std::span<const std::int32_t>(lens).first(2), table, o2)), attention_error);
+}

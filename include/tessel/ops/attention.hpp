@@ -23,6 +23,7 @@
 #include <tessel/device/device.hpp>
 #include <tessel/ops/detail/attention_common.hpp>
 #include <tessel/ops/detail/attention_bwd.hpp>
+#include <tessel/ops/detail/attention_decode.hpp>
 #include <tessel/ops/detail/attention_fwd.hpp>
 #include <tessel/tile/block_ctx.hpp>
 #include <tessel/types/bf16.hpp>
@@ -343,6 +344,88 @@ void attention_backward_varlen(Dev& dev, const attention_varlen_shape& s, std::s
   varlen_geom(s, g, seqs, max_sq, max_skv);
   run_backward<T>(dev, g, seqs, max_sq, max_skv, q.data(), k.data(), v.data(), o.data(), dout.data(), lse.data(), dq.data(), dk.data(),
                   dv.data(), opt);
+}
+
+}  // namespace v0
+inline namespace v0 {
+
+// Decode: seq_q (a few) query rows per sequence against a KV cache read in place.
+// q, o: [batch, seq_q, heads_q, head_dim]; lse (optional): [batch, heads_q, seq_q].
+// Contiguous cache (page_size == 0): k, v are [batch, max_kv, heads_kv, head_dim].
+// Paged cache: k, v are [num_pages, page_size, heads_kv, head_dim] and block_table is
+// [batch, pages_per_seq]: token j of sequence b lives in page block_table[b][j / page_size].
+// seqlens_kv[b] is the number of cached tokens of sequence b (<= max_kv, or <= pages_per_seq·page_size).
+// Masks as attention_forward (use causal + bottom_right for new tokens appended to the cache).
+struct attention_decode_shape {
+  std::size_t batch = 1, seq_q = 1, heads_q = 1, heads_kv = 1, head_dim = 0;
+  std::size_t max_kv = 0;                                      // contiguous cache
+  std::size_t page_size = 0, num_pages = 0, pages_per_seq = 0;  // paged cache
+};
+
+template <class Dev, attention_input T, attention_output O>
+void attention_decode(Dev& dev, const attention_decode_shape& s, std::span<const T> q, std::span<const T> k, std::span<const T> v,
+                      std::span<const std::int32_t> seqlens_kv, std::span<const std::int32_t> block_table, std::span<O> o,
+                      std::span<float> lse = {}, const attention_options& opt = {}) {
+  using namespace detail::attn;
+  check_heads(s.heads_q, s.heads_kv, s.head_dim);
+  const std::size_t R = detail::mul_checked(s.heads_q / s.heads_kv, s.seq_q, "attention shape");
+  check(R <= 64, "decode handles at most 64 query rows per kv head (heads_q/heads_kv * seq_q = " + std::to_string(R) + "); use attention_forward");
+  const std::size_t nq = mul3(detail::mul_checked(s.batch, s.seq_q, "attention shape"), s.heads_q, s.head_dim, "attention shape");
+  check_buffer(q, nq, "q");
+  check_buffer(o, nq, "o");
+  if (!lse.empty()) check_buffer(lse, mul3(s.batch, s.heads_q, s.seq_q, "attention shape"), "lse");
+  check(seqlens_kv.size() == s.batch, "seqlens_kv has " + std::to_string(seqlens_kv.size()) + " entries, batch is " + std::to_string(s.batch));
+  const bool paged = s.page_size > 0;
+  const std::size_t row = detail::mul_checked(s.heads_kv, s.head_dim, "attention shape");
+  std::size_t cap = 0;
+  if (paged) {
+    check_buffer(k, mul3(s.num_pages, s.page_size, row, "attention shape"), "k_cache");
+    check_buffer(v, mul3(s.num_pages, s.page_size, row, "attention shape"), "v_cache");
+    check_buffer(block_table, detail::mul_checked(s.batch, s.pages_per_seq, "attention shape"), "block_table");
+    cap = detail::mul_checked(s.pages_per_seq, s.page_size, "attention shape");
+  } else {
+    check_buffer(k, mul3(s.batch, s.max_kv, row, "attention shape"), "k_cache");
+    check_buffer(v, mul3(s.batch, s.max_kv, row, "attention shape"), "v_cache");
+    cap = s.max_kv;
+  }
+  (void)make_mask(opt);
+  geom g;
+  g.hq = s.heads_q; g.hkv = s.heads_kv; g.d = s.head_dim; g.group = s.heads_q / s.heads_kv;
+  g.q_tok = g.o_tok = s.heads_q * s.head_dim;
+  g.q_head = g.o_head = s.head_dim;
+  g.k_tok = g.v_tok = row;
+  g.k_head = g.v_head = s.head_dim;
+  g.lse_head = s.seq_q;
+  g.page = s.page_size;
+  g.page_stride = paged ? detail::mul_checked(s.page_size, row, "attention shape") : 0;
+  std::vector<seq_geom> seqs(s.batch);
+  std::size_t max_kv = 0;
+  for (std::size_t b = 0; b < s.batch; ++b) {
+    const std::int32_t n = seqlens_kv[b];
+    check(n >= 0 && static_cast<std::size_t>(n) <= cap, "seqlens_kv[" + std::to_string(b) + "] = " + std::to_string(n) + " is outside [0, " + std::to_string(cap) + "]");
+    seq_geom& q0 = seqs[b];
+    q0.sq = s.seq_q;
+    q0.skv = static_cast<std::size_t>(n);
+    q0.q_base = q0.o_base = b * s.seq_q * g.q_tok;
+    q0.lse_base = b * s.heads_q * s.seq_q;
+    q0.k_base = q0.v_base = b * s.max_kv * row;
+    if (paged) {
+      q0.pages = block_table.data() + b * s.pages_per_seq;
+      for (std::size_t p = 0; p < ceil_div(q0.skv, s.page_size); ++p)
+        if (q0.pages[p] < 0 || static_cast<std::size_t>(q0.pages[p]) >= s.num_pages)
+          throw std::out_of_range("tessel::attention: block_table[" + std::to_string(b) + "][" + std::to_string(p) + "] = " + std::to_string(q0.pages[p]) +
+                                  " is not a page index in [0, " + std::to_string(s.num_pages) + ")");
+    }
+    max_kv = std::max(max_kv, q0.skv);
+  }
+  if (s.batch == 0 || s.seq_q == 0) return;
+  const std::size_t nsplit = std::max<std::size_t>(1, ceil_div(max_kv, dec_chunk));
+  const std::size_t part_elems = mul3(mul3(s.batch, s.heads_kv, nsplit, "attention workspace"), R, s.head_dim + 2, "attention workspace");
+  float* part = static_cast<float*>(dev.allocate(detail::mul_checked(part_elems, sizeof(float), "attention workspace")));
+  struct guard { Dev& d; void* p; ~guard() { d.deallocate(p); } } gd{dev, part};
+  const float sc = softmax_scale(opt, s.head_dim) * opt.q_scale * opt.k_scale * log2e;
+  dev.launch(grid{nsplit, s.heads_kv, s.batch}, decode_split_program<T>{q.data(), k.data(), v.data(), seqs.data(), g, make_mask(opt), sc, R, nsplit, part});
+  dev.launch(grid{s.heads_kv, s.batch}, decode_merge_program<O>{part, o.data(), lse.empty() ? nullptr : lse.data(), seqs.data(), g, R, nsplit, opt.v_scale});
 }
 
 }  // namespace v0
