@@ -166,3 +166,46 @@ TEST_CASE("scratch arena grows without moving and consolidates on reset", "[tile
   REQUIRE_THROWS_AS(a.allocate(8, 3), std::invalid_argument);
   REQUIRE_THROWS_AS(a.allocate_array<double>(SIZE_MAX / 4), std::overflow_error);
 }
+
+// A read in place (row-major), B staged; odd K exercises the padded K-pair tail.
+template <class T>
+struct inplace_a_program {
+  static constexpr std::size_t BM = 2 * mma_traits<T>::mr + 3, BN = mma_traits<T>::nr, BK = 40;
+  tensor<const T, 2> A, B;
+  tensor<float, 2> C;
+  void operator()(block_ctx& ctx) const {
+    using tr = mma_traits<T>;
+    auto [bm, bn] = ctx.block_index();
+    staged<float, BM, BN> acc{ctx};                               // (BM,BN)
+    staged<typename tr::stage_type, BK, BN, typename tr::b_layout> b{ctx};  // (BK,BN)
+    for (auto k : pipelined(ceil_div(A.cols(), BK))) {
+      load(B.template tile<BK, BN>(k, bn), b);
+      mma(A.template tile<BM, BK>(bm, k), b, acc, {.accumulate = !k.first()});
+    }
+    store(acc, C.template tile<BM, BN>(bm, bn));
+  }
+};
+
+TEMPLATE_TEST_CASE("mma with A read in place matches the reference for odd K", "[tile][mma]", float, bf16) {
+  if constexpr (std::is_same_v<typename mma_traits<TestType>::stage_type, TestType>) {
+    std::mt19937 g(2);
+    std::uniform_int_distribution<int> d(-3, 3);
+    for (std::size_t K : {1, 39, 41, 81}) {
+      const std::size_t M = 41, N = 77;
+      std::vector<TestType> A(M * K), B(K * N);
+      std::vector<float> C(M * N);
+      for (auto& x : A) x = TestType(float(d(g)));
+      for (auto& x : B) x = TestType(float(d(g)));
+      using P = inplace_a_program<TestType>;
+      host_device dev(2);
+      dev.launch(grid{ceil_div(M, P::BM), ceil_div(N, P::BN)},
+                 P{tensor<const TestType, 2>(A.data(), M, K), tensor<const TestType, 2>(B.data(), K, N), tensor<float, 2>(C.data(), M, N)});
+      for (std::size_t i = 0; i < M; ++i)
+        for (std::size_t j = 0; j < N; ++j) {
+          float s = 0;
+          for (std::size_t k = 0; k < K; ++k) s += float(A[i * K + k]) * float(B[k * N + j]);
+          REQUIRE(C[i * N + j] == s);
+        }
+    }
+  }
+}

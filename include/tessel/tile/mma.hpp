@@ -5,7 +5,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
 #include <type_traits>
+#include <vector>
 
 #include <tessel/arch/gemm_atoms.hpp>
 #include <tessel/tile/fragment.hpp>
@@ -78,6 +80,55 @@ void mma(const staged<T, BM, BK, layout::panel<MR, KP>>& a, const staged<T, BK, 
       p.row_scale = o.row_scale ? o.row_scale + ip * MR : nullptr;
       p.col_scale = o.col_scale ? o.col_scale + jp * NR : nullptr;
       atom::run(p);
+    }
+  }
+}
+
+// A read in place from a row-major global tile (no packing: the atom broadcasts straight from A's
+// rows; a row-major bf16 row holds its K-pairs adjacently). Rows/columns beyond the tensor's edge
+// are treated as zero. Other A tiles (transposed, other element types) are staged by the caller.
+template <class TA, std::size_t BM, std::size_t BK, std::size_t BN, std::size_t NR, std::size_t KP, f32_accumulator Acc>
+void mma(const tensor_tile<TA, BM, BK>& a, const staged<std::remove_const_t<TA>, BK, BN, layout::col_panel<NR, KP>>& b, Acc& acc,
+         const mma_opts& o = {}) {
+  using T = std::remove_const_t<TA>;
+  using atom = typename detail::atom_for_stage<T>::type;
+  constexpr std::size_t MR = atom::mr;
+  static_assert(atom::nr == NR && atom::k_pack == KP, "tessel::mma: staged B layout must be mma_traits<T>::b_layout");
+  static_assert(Acc::tile_rows == BM && Acc::tile_cols == BN, "tessel::mma: accumulator must be (BM, BN)");
+  static_assert(BN % NR == 0, "tessel::mma: BN must be a multiple of the atom's NR");
+  if (a.col_stride != 1 && a.cols > 1) throw std::invalid_argument("tessel::mma: in-place A must be row-major (stage it with load otherwise)");
+  std::size_t kd = o.k < a.cols ? o.k : a.cols;
+  const std::size_t steps = kd / KP, tail = kd % KP;  // an odd K tail (pairs) is handled through a padded copy
+  constexpr std::size_t ldc = Acc::tile_cols;
+  constexpr std::size_t PK = layout::col_panel<NR, KP>::padded_rows(BK);
+  const std::size_t rows = a.rows;
+  for (std::size_t jp = 0; jp < BN / NR; ++jp) {
+    for (std::size_t ip = 0; ip * MR < rows; ++ip) {
+      const std::size_t pr = rows - ip * MR < MR ? rows - ip * MR : MR;
+      arch::ukernel_args p;
+      p.b = b.data() + jp * NR * PK;
+      p.c = acc.data() + ip * MR * ldc + jp * NR;
+      p.ldc = ldc;
+      p.accumulate = o.accumulate;
+      p.row_scale = o.row_scale ? o.row_scale + ip * MR : nullptr;
+      p.col_scale = o.col_scale ? o.col_scale + jp * NR : nullptr;
+      if (tail == 0) {
+        p.k = steps;
+        p.a = a.data + ip * MR * a.row_stride;
+        p.a_rs = a.row_stride;
+        arch::run_rows<atom>(static_cast<int>(pr), p);
+      } else {
+        // copy the panel's rows with the K tail zero-padded to a whole pair
+        const std::size_t kp = (steps + 1) * KP;
+        thread_local std::vector<T> buf;
+        buf.assign(pr * kp, T{});
+        for (std::size_t i = 0; i < pr; ++i)
+          for (std::size_t k = 0; k < kd; ++k) buf[i * kp + k] = a.data[(ip * MR + i) * a.row_stride + k];
+        p.k = steps + 1;
+        p.a = buf.data();
+        p.a_rs = kp;
+        arch::run_rows<atom>(static_cast<int>(pr), p);
+      }
     }
   }
 }
