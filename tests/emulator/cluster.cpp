@@ -1,7 +1,9 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <atomic>
 #include <numeric>
+#include <thread>
 #include <tessel/emulator/cluster.hpp>
 
 using namespace tessel;
@@ -152,4 +154,37 @@ TEST_CASE("timing-only clusters move no payload", "[emulator][cluster]") {
   d.wait();
   CHECK(cl.clock(0) == Approx(cfg.direct_latency() + (1ull << 30) / cfg.card_bandwidth()).epsilon(0.01));
   CHECK(cl.clock(2) == Approx(cl.clock(0)));
+}
+
+TEST_CASE("several host threads drive their own cards at once", "[emulator][cluster][threads]") {
+  auto cfg = small(4);
+  cluster cl(cfg, 2);
+  cl.set_match_grace(10.0);  // recv may be waited on before the sender thread posted
+  std::vector<int*> in(4), out(4);
+  for (std::size_t r = 0; r < 4; ++r) {
+    in[r] = cl[r].allocate_n<int>(1024);
+    out[r] = cl[r].allocate_n<int>(1024);
+  }
+  struct fill {
+    int* p;
+    int v;
+    void operator()(block_ctx& ctx) const { for (std::size_t i = ctx.block_linear() * 256; i < (ctx.block_linear() + 1) * 256; ++i) p[i] = v; }
+  };
+  std::vector<std::thread> ts;
+  std::atomic<int> errors{0};
+  for (std::size_t r = 0; r < 4; ++r)
+    ts.emplace_back([&, r] {
+      try {
+        cl[r].launch(grid{4}, fill{in[r], static_cast<int>(r) + 100});
+        auto s = cl.send(r, (r + 1) % 4, in[r], 4096, 1);
+        auto v = cl.recv(r, (r + 3) % 4, out[r], 4096, 1);
+        v.wait();
+        s.wait();
+      } catch (...) {
+        errors++;
+      }
+    });
+  for (auto& t : ts) t.join();
+  CHECK(errors.load() == 0);
+  for (std::size_t r = 0; r < 4; ++r) CHECK(out[r][1023] == static_cast<int>((r + 3) % 4) + 100);
 }

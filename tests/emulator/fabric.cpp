@@ -267,3 +267,12 @@ TEST_CASE("per-message latency percentiles", "[emulator][fabric]") {
   CHECK(fabric::percentile({1, 2, 3, 4, 5}, 50) == 3);
   CHECK(fabric::percentile({}, 50) == 0);
 }
+
+TEST_CASE("run() ends at the last real event, not at pending timeouts", "[emulator][fabric]") {
+  auto c = small(2);
+  fabric f(c);
+  auto id = f.post(0, 1, 1 << 20, 0);
+  f.run();
+  CHECK(f.now() == Approx(f.completion_time(id)));
+  CHECK(f.idle());
+}
