@@ -424,7 +424,7 @@ void attention_decode(Dev& dev, const attention_decode_shape& s, std::span<const
   float* part = static_cast<float*>(dev.allocate(detail::mul_checked(part_elems, sizeof(float), "attention workspace")));
   struct guard { Dev& d; void* p; ~guard() { d.deallocate(p); } } gd{dev, part};
   const float sc = softmax_scale(opt, s.head_dim) * opt.q_scale * opt.k_scale * log2e;
-  dev.launch(grid{nsplit, s.heads_kv, s.batch}, decode_split_program<T>{q.data(), k.data(), v.data(), seqs.data(), g, make_mask(opt), sc, R, nsplit, part});
+  dev.launch(grid{nsplit, s.batch}, decode_split_program<T>{q.data(), k.data(), v.data(), seqs.data(), g, make_mask(opt), sc, R, nsplit, part});
   dev.launch(grid{s.heads_kv, s.batch}, decode_merge_program<O>{part, o.data(), lse.empty() ? nullptr : lse.data(), seqs.data(), g, R, nsplit, opt.v_scale});
 }
 

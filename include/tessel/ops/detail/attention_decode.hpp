@@ -18,7 +18,7 @@
 
 namespace tessel::detail::attn {
 
-inline constexpr std::size_t dec_chunk = 512;  // keys per split (multiple of 16)
+inline constexpr std::size_t dec_chunk = 256;  // keys per split (multiple of 32)
 
 // Partial result of one chunk: for each of R rows, [m, l, o(D)] (m in log2 units).
 template <class T>
@@ -41,15 +41,25 @@ struct decode_split_program {
     return s.k_base + j * g.k_tok;
   }
 
+  template <class P>
+  static void prefetch_row(const P* p, std::size_t bytes, int) {
+    const char* c = reinterpret_cast<const char*>(p);
+    for (std::size_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 3);
+  }
+
   void operator()(block_ctx& ctx) const {
-    const auto [sp, hk, b] = ctx.block_index3();
+    const auto [sp, b, unused] = ctx.block_index3();
+    (void)unused;
     const seq_geom& s = seqs[b];
-    const std::size_t R = rows, D = g.d, W = D + 2;
-    float* out = part + ((b * g.hkv + hk) * nsplit + sp) * R * W;
-    for (std::size_t r = 0; r < R; ++r) {
-      out[r * W] = -std::numeric_limits<float>::infinity();
-      out[r * W + 1] = 0.0f;
-      std::fill_n(out + r * W + 2, D, 0.0f);
+    const std::size_t R = rows, D = g.d, W = D + 2, HK = g.hkv;
+    auto out_of = [&](std::size_t hk) { return part + ((b * HK + hk) * nsplit + sp) * R * W; };
+    for (std::size_t hk = 0; hk < HK; ++hk) {
+      float* out = out_of(hk);
+      for (std::size_t r = 0; r < R; ++r) {
+        out[r * W] = -std::numeric_limits<float>::infinity();
+        out[r * W + 1] = 0.0f;
+        std::fill_n(out + r * W + 2, D, 0.0f);
+      }
     }
     const std::size_t j0 = sp * dec_chunk;
     if (j0 >= s.skv || s.sq == 0) return;
@@ -70,60 +80,86 @@ struct decode_split_program {
     const std::size_t a = clo / 16 * 16, e = std::min(n, round_up(chi, 16));
     auto& sc = ctx.scratch();
     const std::size_t ncols = round_up(e - a, 16);
-    float* sbuf = sc.allocate_array<float>(R * ncols);  // (R, keys) scores
-    float* acc = sc.allocate_array<float>(R * D);       // (R, D)
-    std::fill_n(acc, R * D, 0.0f);
-    const std::size_t h0 = hk * g.group;
-    auto qrow = [&](std::size_t r) { return q + s.q_base + (h0 + r / s.sq) * g.q_head + (r % s.sq) * g.q_tok; };
-    float m[64], l[64];
+    float* sbuf = sc.allocate_array<float>(HK * R * ncols);  // (HK, R, keys) scores
+    float* acc = sc.allocate_array<float>(HK * R * D);       // (HK, R, D)
+    float* m = sc.allocate_array<float>(HK * R);
+    float* l = sc.allocate_array<float>(HK * R);
+    std::fill_n(acc, HK * R * D, 0.0f);
+    auto qrow = [&](std::size_t hk, std::size_t r) { return q + s.q_base + (hk * g.group + r / s.sq) * g.q_head + (r % s.sq) * g.q_tok; };
+    // All kv heads of a token are adjacent in the cache, so one block walks the chunk's tokens in
+    // memory order for every head: the reads stream instead of striding by the token size.
     constexpr bool fast = arch::decode::has_bf16_decode && std::is_same_v<T, bf16>;
     if constexpr (fast) {
       if (D % 32 == 0) {
-        std::uint16_t* qs = sc.allocate_array<std::uint16_t>(R * D);
-        for (std::size_t r = 0; r < R; ++r) std::memcpy(qs + r * D, qrow(r), D * 2);
+        std::uint16_t* qs = sc.allocate_array<std::uint16_t>(HK * R * D);
+        for (std::size_t hk = 0; hk < HK; ++hk)
+          for (std::size_t r = 0; r < R; ++r) std::memcpy(qs + (hk * R + r) * D, qrow(hk, r), D * 2);
         const std::uint16_t* kp[16];
+        // Software prefetch of whole token rows (every head) a group ahead: a block reads each
+        // token's heads in turn, an order the hardware prefetchers do not follow.
+        const std::size_t row_bytes = HK * D * 2;
+        auto prefetch_tokens = [&](auto rowfn, std::size_t from, std::size_t to) {
+          for (std::size_t t = from; t < std::min(to, e); ++t) prefetch_row(rowfn(s, 0, j0 + t), row_bytes, 0);
+        };
+        auto krow_fn = [this](const seq_geom& sg, std::size_t h, std::size_t j) { return krow(sg, h, j); };
+        auto vrow_fn = [this](const seq_geom& sg, std::size_t h, std::size_t j) { return vrow(sg, h, j); };
+        prefetch_tokens(krow_fn, a, a + 32);
         for (std::size_t j = a; j < e; j += 16) {
-          for (std::size_t t = 0; t < 16; ++t)
-            kp[t] = reinterpret_cast<const std::uint16_t*>(krow(s, hk, j0 + std::min(j + t, e - 1)));
-          arch::decode::qk16_bf16(qs, R, D, kp, sbuf + (j - a), ncols);
+          prefetch_tokens(krow_fn, j + 32, j + 48);
+          for (std::size_t hk = 0; hk < HK; ++hk) {
+            for (std::size_t t = 0; t < 16; ++t) kp[t] = reinterpret_cast<const std::uint16_t*>(krow(s, hk, j0 + std::min(j + t, e - 1)));
+            arch::decode::qk16_bf16(qs + hk * R * D, R, D, kp, sbuf + hk * R * ncols + (j - a), ncols);
+          }
         }
-        std::uint16_t* pb = sc.allocate_array<std::uint16_t>(R * ncols);
-        softmax_rows(sbuf, ncols, a, e, lo, hi, m, l, pb);
-        const std::uint16_t* vp[dec_chunk + 2];
+        std::uint16_t* pb = sc.allocate_array<std::uint16_t>(HK * R * ncols);
+        for (std::size_t hk = 0; hk < HK; ++hk) softmax_rows(sbuf + hk * R * ncols, ncols, a, e, lo, hi, m + hk * R, l + hk * R, pb + hk * R * ncols);
         const std::size_t nk = round_up(e - a, 2);
-        for (std::size_t j = 0; j < nk; ++j) vp[j] = reinterpret_cast<const std::uint16_t*>(vrow(s, hk, j0 + std::min(a + j, e - 1)));
-        for (std::size_t r0 = 0; r0 < R; r0 += 8)
-          arch::decode::pv_bf16(pb + r0 * ncols, ncols, std::min<std::size_t>(8, R - r0), vp, nk, D, acc + r0 * D, D);
-        finish(out, acc, m, l);
+        constexpr std::size_t sub = 32;
+        const std::uint16_t* vp[sub];
+        prefetch_tokens(vrow_fn, a, a + sub);
+        for (std::size_t j = 0; j < nk; j += sub) {
+          const std::size_t cnt = std::min(sub, nk - j);
+          prefetch_tokens(vrow_fn, a + j + sub, a + j + 2 * sub);
+          for (std::size_t hk = 0; hk < HK; ++hk) {
+            for (std::size_t t = 0; t < cnt; ++t) vp[t] = reinterpret_cast<const std::uint16_t*>(vrow(s, hk, j0 + std::min(a + j + t, e - 1)));
+            for (std::size_t r0 = 0; r0 < R; r0 += 8)
+              arch::decode::pv_bf16(pb + (hk * R + r0) * ncols + j, ncols, std::min<std::size_t>(8, R - r0), vp, cnt, D, acc + (hk * R + r0) * D, D);
+          }
+        }
+        for (std::size_t hk = 0; hk < HK; ++hk) finish(out_of(hk), acc + hk * R * D, m + hk * R, l + hk * R);
         return;
       }
     }
     // portable path: rows in f32
     float* qs = sc.allocate_array<float>(R * D);
-    for (std::size_t r = 0; r < R; ++r)
-      for (std::size_t d = 0; d < D; ++d) qs[r * D + d] = arch::to_f32(qrow(r)[d]);
     float* kv = sc.allocate_array<float>(16 * D);
     const float* rp[16];
-    for (std::size_t j = a; j < e; j += 16) {
-      const std::size_t cnt = std::min<std::size_t>(16, e - j);
-      for (std::size_t t = 0; t < cnt; ++t) {
-        const T* src = krow(s, hk, j0 + j + t);
-        for (std::size_t d = 0; d < D; ++d) kv[t * D + d] = arch::to_f32(src[d]);
-        rp[t] = kv + t * D;
+    for (std::size_t hk = 0; hk < HK; ++hk) {
+      float* sb = sbuf + hk * R * ncols;
+      float* ac = acc + hk * R * D;
+      for (std::size_t r = 0; r < R; ++r)
+        for (std::size_t d = 0; d < D; ++d) qs[r * D + d] = arch::to_f32(qrow(hk, r)[d]);
+      for (std::size_t j = a; j < e; j += 16) {
+        const std::size_t cnt = std::min<std::size_t>(16, e - j);
+        for (std::size_t t = 0; t < cnt; ++t) {
+          const T* src = krow(s, hk, j0 + j + t);
+          for (std::size_t d = 0; d < D; ++d) kv[t * D + d] = arch::to_f32(src[d]);
+          rp[t] = kv + t * D;
+        }
+        arch::decode::qk_f32(qs, R, D, rp, cnt, sb + (j - a), ncols);
       }
-      arch::decode::qk_f32(qs, R, D, rp, cnt, sbuf + (j - a), ncols);
-    }
-    softmax_rows(sbuf, ncols, a, e, lo, hi, m, l, sbuf);
-    for (std::size_t j = a; j < e; j += 16) {
-      const std::size_t cnt = std::min<std::size_t>(16, e - j);
-      for (std::size_t t = 0; t < cnt; ++t) {
-        const T* src = vrow(s, hk, j0 + j + t);
-        for (std::size_t d = 0; d < D; ++d) kv[t * D + d] = arch::to_f32(src[d]);
-        rp[t] = kv + t * D;
+      softmax_rows(sb, ncols, a, e, lo, hi, m + hk * R, l + hk * R, sb);
+      for (std::size_t j = a; j < e; j += 16) {
+        const std::size_t cnt = std::min<std::size_t>(16, e - j);
+        for (std::size_t t = 0; t < cnt; ++t) {
+          const T* src = vrow(s, hk, j0 + j + t);
+          for (std::size_t d = 0; d < D; ++d) kv[t * D + d] = arch::to_f32(src[d]);
+          rp[t] = kv + t * D;
+        }
+        arch::decode::pv_f32(sb + (j - a), ncols, R, rp, cnt, D, ac, D);
       }
-      arch::decode::pv_f32(sbuf + (j - a), ncols, R, rp, cnt, D, acc, D);
+      finish(out_of(hk), ac, m + hk * R, l + hk * R);
     }
-    finish(out, acc, m, l);
   }
 
   // Scores (R, ncols) for chunk keys [a, e) -> probabilities (stage type P) with row max/sum.
