@@ -64,6 +64,9 @@ inline void interleave_u16(const std::uint16_t* r0, const std::uint16_t* r1, std
                                                        24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
   const __m512i ilo = _mm512_load_si512(lo), ihi = _mm512_load_si512(hi);
   for (; j + 32 <= n; j += 32) {
+    // fetch ahead: B is streamed from memory once and the loads alone do not keep enough misses in flight
+    _mm_prefetch(reinterpret_cast<const char*>(r0 + j + 512), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(r1 + j + 512), _MM_HINT_T0);
     const __m512i a = _mm512_loadu_si512(r0 + j), b = _mm512_loadu_si512(r1 + j);
     _mm512_storeu_si512(out + 2 * j, _mm512_permutex2var_epi16(a, ilo, b));
     _mm512_storeu_si512(out + 2 * j + 32, _mm512_permutex2var_epi16(a, ihi, b));

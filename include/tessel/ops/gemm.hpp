@@ -51,7 +51,7 @@ concept gemm_output = std::is_same_v<T, float> || std::is_same_v<T, bf16> || std
 
 namespace detail {
 
-template <class TA, class TB>
+template <class TA, class TB, bool Skinny = false>
 struct gemm_config {
   static_assert(mma_traits<TA>::pair == mma_traits<TB>::pair,
                 "tessel::gemm: A and B must both be 16/8-bit floats (bf16/e4m3/e5m2) or both f32/fp16 on this target");
@@ -60,10 +60,14 @@ struct gemm_config {
   using atom = typename traits::atom;
   static constexpr std::size_t MR = atom::mr, NR = atom::nr, KP = atom::k_pack;
   // K chunk (FP8 block-scaled: 128, one scale block); the B micro-panel KC x NR stays in L1.
-  static constexpr std::size_t KC = KP == 2 ? 512 : 256;
-  static constexpr std::size_t NB = 256;   // columns per block (B tile KC x NB stays in L2)
-  static constexpr std::size_t MC = 96;    // rows per mma step (A tile MC x KC in L2)
+  // Skinny (small M) GEMMs are bound by reading B once: wide, short B tiles read B's rows
+  // contiguously (few pages, long bursts) instead of tall column strips; 72 (not 64) rows keep
+  // the staged panels from sitting 4 KiB apart, where their stores alias the source loads.
+  static constexpr std::size_t KC = Skinny ? 72 : (KP == 2 ? 512 : 256);
+  static constexpr std::size_t NB = Skinny ? 1024 : 256;  // columns per block (B tile KC x NB stays in L2)
+  static constexpr std::size_t MC = 96;     // rows per mma step (A tile MC x KC in L2)
   static constexpr std::size_t MB_max = 1024;  // rows per block: packed B is reused by this many rows
+  static constexpr std::size_t skinny_max_m = 32;
   static_assert(NB % NR == 0 && MC % MR == 0, "gemm_config: tile sizes must be multiples of the atom");
 };
 
@@ -71,9 +75,9 @@ inline std::string gemm_shape(std::size_t M, std::size_t N, std::size_t K) {
   return "(M,N,K)=(" + std::to_string(M) + "," + std::to_string(N) + "," + std::to_string(K) + ")";
 }
 
-template <class TA, class TB, class TC, class Chain, bool Scaled>
+template <class TA, class TB, class TC, class Chain, bool Scaled, bool Skinny = false>
 struct gemm_program {
-  using cfg = gemm_config<TA, TB>;
+  using cfg = gemm_config<TA, TB, Skinny>;
   using S = typename cfg::stage;
   using atom = typename cfg::atom;
   static constexpr std::size_t MR = cfg::MR, NR = cfg::NR, KP = cfg::KP, NB = cfg::NB, MC = cfg::MC;
@@ -211,19 +215,20 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
   if (M == 0 || N == 0 || batch == 0) return;
   (void)detail::mul_checked(detail::mul_checked(M, N, "gemm size"), batch, "gemm size");
   (void)detail::mul_checked(detail::mul_checked(M, K, "gemm size"), batch, "gemm size");
-  using cfg = gemm_config<TA, TB>;
-  const std::size_t mblocks = ceil_div(M, cfg::MB_max);
-  const std::size_t MB = ceil_div(ceil_div(M, mblocks), cfg::MC) * cfg::MC;
-  const grid g{ceil_div(M, MB), ceil_div(N, cfg::NB), batch};
   const auto chain = epilogue::detail::as_chain<Chain>::make(ep);
   using chain_t = std::remove_cvref_t<decltype(chain)>;
-  if (s.a_block) {
-    gemm_program<TA, TB, TC, chain_t, true> prog{M, N, K, batch, A, B, C, sa, sb, sc, ap, bp, cp, alpha, beta, s, MB, chain};
+  auto run = [&]<bool Scaled, bool Skinny>() {
+    using cfg = gemm_config<TA, TB, Skinny>;
+    const std::size_t mblocks = ceil_div(M, cfg::MB_max);
+    const std::size_t MB = ceil_div(ceil_div(M, mblocks), cfg::MC) * cfg::MC;
+    const grid g{ceil_div(M, MB), ceil_div(N, cfg::NB), batch};
+    gemm_program<TA, TB, TC, chain_t, Scaled, Skinny> prog{M, N, K, batch, A, B, C, sa, sb, sc, ap, bp, cp, alpha, beta, s, MB, chain};
     dev.launch(g, prog);
-  } else {
-    gemm_program<TA, TB, TC, chain_t, false> prog{M, N, K, batch, A, B, C, sa, sb, sc, ap, bp, cp, alpha, beta, s, MB, chain};
-    dev.launch(g, prog);
-  }
+  };
+  const bool skinny = M <= gemm_config<TA, TB>::skinny_max_m;
+  if (s.a_block) run.template operator()<true, false>();
+  else if (skinny) run.template operator()<false, true>();
+  else run.template operator()<false, false>();
 }
 
 }  // namespace detail

@@ -60,11 +60,13 @@ void load(const tensor_tile<S, R, C>& src, staged<D, R, C, L>& dst, float scale 
   if constexpr (layout::is_col_panel<L>) {
     constexpr std::size_t NR = L::nr, KP = L::kp;
     constexpr std::size_t PR = L::padded_rows(R);
-    for (std::size_t p = 0; p < L::padded_cols(C) / NR; ++p) {
-      D* panel = out + p * NR * PR;
-      const std::size_t c0 = p * NR;
-      const std::size_t nc = c0 < vc ? (vc - c0 < NR ? vc - c0 : NR) : 0;
-      for (std::size_t k = 0; k < PR; k += KP) {
+    // rows outer, panels inner: the source is read row by row (long sequential bursts that the
+    // prefetchers follow) while the writes land in the L1/L2-resident staged tile
+    for (std::size_t k = 0; k < PR; k += KP) {
+      for (std::size_t p = 0; p < L::padded_cols(C) / NR; ++p) {
+        D* panel = out + p * NR * PR;
+        const std::size_t c0 = p * NR;
+        const std::size_t nc = c0 < vc ? (vc - c0 < NR ? vc - c0 : NR) : 0;
         D* row = panel + k * NR;
         if constexpr (KP == 2 && std::is_same_v<SV, bf16> && std::is_same_v<D, bf16>) {
           // fast path: two full source rows into K-pairs
