@@ -187,6 +187,57 @@ inline vf sign(vf a) { return xsimd::select(a > vf(0.0f), vf(1.0f), xsimd::selec
 inline float exp(float a) { return std::exp(a); }
 inline vf exp(vf a) { return xsimd::exp(a); }
 
+// ---- exp for streaming kernels (softmax, cross-entropy, SiLU) -----------------------------------
+// Cody-Waite reduction x = n·ln2 + r (|r| <= ln2/2), Cephes' degree-5 minimax polynomial for e^r,
+// then 2^n applied in two exact halves so subnormal results and overflow round once, like expf.
+// Within 2 ulp of the correctly rounded result; exp(-inf) = 0, exp(+inf) = inf, NaN stays NaN.
+// The scalar twin performs the same operations, so tails and vector lanes agree bit for bit.
+namespace detail_exp {
+inline constexpr float lo = -104.0f, hi = 88.8f, log2e = 1.44269504088896341f;
+inline constexpr float ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
+inline constexpr float c0 = 1.9875691500e-4f, c1 = 1.3981999507e-3f, c2 = 8.3334519073e-3f, c3 = 4.1665795894e-2f,
+                       c4 = 1.6666665459e-1f, c5 = 5.0000001201e-1f;
+}  // namespace detail_exp
+
+inline float exp_fast(float x) {
+  using namespace detail_exp;
+  if (x != x) return x;
+  const float xc = x < lo ? lo : (x > hi ? hi : x);
+  const float n = std::nearbyint(xc * log2e);
+  float r = std::fma(n, -ln2_hi, xc);
+  r = std::fma(n, -ln2_lo, r);
+  float p = std::fma(c0, r, c1);
+  p = std::fma(p, r, c2);
+  p = std::fma(p, r, c3);
+  p = std::fma(p, r, c4);
+  p = std::fma(p, r, c5);
+  const float r2 = r * r;
+  p = std::fma(p, r2, r) + 1.0f;
+  const int ni = int(n), e1 = ni >> 1, e2 = ni - e1;  // floor halving (arithmetic shift)
+  return p * std::bit_cast<float>(std::uint32_t(e1 + 127) << 23) * std::bit_cast<float>(std::uint32_t(e2 + 127) << 23);
+}
+
+inline vf exp_fast(vf x) {
+  using namespace detail_exp;
+  using vi = xsimd::batch<std::int32_t>;
+  const vf xc = xsimd::select(x < vf(lo), vf(lo), xsimd::select(x > vf(hi), vf(hi), x));
+  const vf n = xsimd::nearbyint(xc * vf(log2e));
+  vf r = fma(n, vf(-ln2_hi), xc);
+  r = fma(n, vf(-ln2_lo), r);
+  vf p = fma(vf(c0), r, vf(c1));
+  p = fma(p, r, vf(c2));
+  p = fma(p, r, vf(c3));
+  p = fma(p, r, vf(c4));
+  p = fma(p, r, vf(c5));
+  const vf r2 = r * r;
+  p = fma(p, r2, r) + vf(1.0f);
+  const vi ni = xsimd::batch_cast<std::int32_t>(n);
+  const vi e1 = ni >> 1, e2 = ni - e1;
+  const vf s1 = xsimd::bitwise_cast<vf>((e1 + vi(127)) << 23), s2 = xsimd::bitwise_cast<vf>((e2 + vi(127)) << 23);
+  const vf y = p * s1 * s2;
+  return xsimd::select(x != x, x, y);
+}
+
 // Horizontal sum in a fixed lane order (pairwise halving), so results never depend on the target's
 // reduce instruction sequence: equals detail::hsum_ref on the stored lanes.
 inline float hsum(vf v) {

@@ -26,11 +26,6 @@
 namespace tessel {
 inline namespace v0 {
 
-// Bad norm/activation/softmax/loss input (shapes, null data, eps, scales).
-struct layer_error : std::invalid_argument {
-  using std::invalid_argument::invalid_argument;
-};
-
 struct norm_options {
   float eps = 1e-5f;
   float out_scale = 1.0f;    // e4m3 output: y_q = e4m3(y * out_scale), saturating

@@ -14,6 +14,15 @@
 #include <tessel/tile/tensor.hpp>
 #include <tessel/types/bf16.hpp>
 
+namespace tessel {
+inline namespace v0 {
+// Bad norm/activation/softmax/loss/rope input (shapes, null data, eps, scales, labels).
+struct layer_error : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+}  // namespace v0
+}  // namespace tessel
+
 namespace tessel::detail::rows {
 
 namespace st = tessel::arch::stream;

@@ -1,0 +1,160 @@
+// Cross-entropy from logits fused with its backward, as a row-streaming tile program: per row an
+// online log-sum-exp over cache-sized column blocks (one exp per logit), the loss with label
+// smoothing and an ignore index, then the gradient softmax − target written directly (a second
+// exp per logit, from cache): probabilities are never materialised. The gradient may overwrite
+// the logits (in place). Labels are all checked before the launch; the mean loss sums the row
+// losses in row order, so it never depends on the worker count.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <tessel/ops/detail/norm_rows.hpp>
+#include <tessel/tile/block_ctx.hpp>
+#include <tessel/tile/tensor.hpp>
+
+namespace tessel {
+inline namespace v0 {
+
+struct cross_entropy_options {
+  std::int64_t ignore_index = -100;  // rows with this label add no loss and get a zero gradient
+  float label_smoothing = 0.0f;      // target = (1 - eps)·onehot + eps/V
+  // Gradient multiplier; NaN (the default) means 1/(number of rows not ignored): the mean loss.
+  float grad_scale = std::numeric_limits<float>::quiet_NaN();
+};
+
+struct cross_entropy_result {
+  double loss = 0.0;       // mean over the rows not ignored (0 if none)
+  std::size_t counted = 0;  // rows not ignored
+};
+
+}  // namespace v0
+
+namespace detail::loss {
+
+namespace st = tessel::arch::stream;
+using namespace tessel::detail::rows;
+
+inline constexpr std::size_t col_block = 4096;  // 16 KiB of f32: the block max and its exps stay in L1
+
+template <class In, class G>
+struct ce_program {
+  tensor<const In, 2> z;
+  tensor<G, 2> g;  // may be empty: loss only
+  const std::int64_t* labels;
+  float* row_loss;
+  std::int64_t ignore;
+  float eps, scale;
+  std::size_t rpb, rows, n;
+  void operator()(block_ctx& ctx) const {
+    const std::size_t r0 = ctx.block_linear() * rpb, r1 = std::min(rows, r0 + rpb);
+    const bool want_grad = g.data() != nullptr;
+    for (std::size_t r = r0; r < r1; ++r) {
+      const In* zr = &z(r, 0);
+      G* gr = want_grad ? &g(r, 0) : nullptr;
+      if (labels[r] == ignore) {
+        row_loss[r] = 0.0f;
+        if (gr) for_lanes(n, [&](std::size_t i, auto v0) { typed_store<G, decltype(v0)>(gr, i, decltype(v0)(0.0f)); });
+        continue;
+      }
+      // online log-sum-exp over column blocks
+      float M = -std::numeric_limits<float>::infinity(), S = 0.0f, sum_z = 0.0f;
+      for (std::size_t c0 = 0; c0 < n; c0 += col_block) {
+        const std::size_t len = std::min(col_block, n - c0);
+        const In* zb = zr + c0;
+        st::vf mv(-std::numeric_limits<float>::infinity());
+        float ms = -std::numeric_limits<float>::infinity();
+        const float bz = sum_lanes(len, [&](std::size_t i, auto v0) {
+          using V = decltype(v0);
+          const V x = typed_load<In, V>(zb, i);
+          if constexpr (std::is_same_v<V, float>) ms = st::max(ms, x);
+          else mv = st::max(mv, x);
+          return x;
+        });
+        sum_z += bz;
+        const float bm = std::max(ms, st::hmax(mv));
+        if (bm == -std::numeric_limits<float>::infinity()) continue;
+        const float bs = sum_lanes(len, [&](std::size_t i, auto v0) {
+          using V = decltype(v0);
+          return st::exp_fast(typed_load<In, V>(zb, i) - V(bm));
+        });
+        if (bm > M) {
+          S = st::fma(S, st::exp_fast(M - bm), bs);
+          M = bm;
+        } else {
+          S = st::fma(bs, st::exp_fast(bm - M), S);
+        }
+      }
+      const float lse = M + std::log(S);
+      const std::size_t y = std::size_t(labels[r]);
+      const float zy = load1(zr, y);
+      row_loss[r] = (1.0f - eps) * (lse - zy) + eps * (lse - sum_z / float(n));
+      if (!gr) continue;
+      const float smooth = eps / float(n);
+      const float py = st::exp_fast(zy - lse);
+      for_lanes(n, [&](std::size_t i, auto v0) {
+        using V = decltype(v0);
+        typed_store<G, V>(gr, i, V(scale) * (st::exp_fast(typed_load<In, V>(zr, i) - V(lse)) - V(smooth)));
+      });
+      store1(gr, y, scale * ((py - smooth) - (1.0f - eps)));
+    }
+  }
+};
+
+}  // namespace detail::loss
+
+inline namespace v0 {
+
+// Cross-entropy of logits (rows, V) against integer labels. Writes the per-row loss to `row_loss`
+// (may be empty) and, if `dlogits` is non-empty, d(loss)/d(logits) times grad_scale (default:
+// the mean's 1/count). `dlogits` may be the logits' own storage.
+template <class Dev, class In, class G>
+cross_entropy_result cross_entropy(Dev& dev, tensor<const In, 2> logits, std::span<const std::int64_t> labels, tensor<G, 2> dlogits,
+                                   std::span<float> row_loss = {}, const cross_entropy_options& o = {}) {
+  using namespace detail::rows;
+  static_assert(row_io_type<In> && row_io_type<G>, "tessel::cross_entropy: f32 or bf16 tensors");
+  const std::size_t rows = logits.rows(), n = logits.cols();
+  check_rows<layer_error>(logits, rows, n, "cross_entropy: logits");
+  const bool grad = dlogits.data() != nullptr;
+  if (grad) check_rows<layer_error>(dlogits, rows, n, "cross_entropy: dlogits");
+  require<layer_error>(labels.size() == rows, "cross_entropy: " + std::to_string(labels.size()) + " labels for " + std::to_string(rows) + " rows");
+  require<layer_error>(row_loss.empty() || row_loss.size() == rows, "cross_entropy: row_loss must be empty or have one element per row");
+  require<layer_error>(std::isfinite(o.label_smoothing) && o.label_smoothing >= 0.0f && o.label_smoothing <= 1.0f,
+                       "cross_entropy: label smoothing must be in [0, 1]");
+  require<layer_error>(n > 0 || rows == 0, "cross_entropy: zero classes");
+  cross_entropy_result res;
+  for (std::size_t r = 0; r < rows; ++r) {
+    const std::int64_t l = labels[r];
+    if (l == o.ignore_index) continue;
+    if (l < 0 || std::uint64_t(l) >= n)
+      throw std::out_of_range("tessel: cross_entropy: label " + std::to_string(l) + " of row " + std::to_string(r) + " is outside [0, " +
+                              std::to_string(n) + ")");
+    ++res.counted;
+  }
+  float scale = o.grad_scale;
+  if (std::isnan(scale)) scale = res.counted ? 1.0f / float(res.counted) : 0.0f;
+  require<layer_error>(std::isfinite(scale), "cross_entropy: grad_scale must be finite");
+  if (rows == 0) return res;
+  std::vector<float> own;
+  float* rl = row_loss.data();
+  if (row_loss.empty()) {
+    own.resize(rows);
+    rl = own.data();
+  }
+  const std::size_t rpb = rows_per_block(rows, n);
+  dev.launch(grid{(rows + rpb - 1) / rpb},
+             detail::loss::ce_program<In, G>{logits, dlogits, labels.data(), rl, o.ignore_index, o.label_smoothing, scale, rpb, rows, n});
+  double sum = 0.0;
+  for (std::size_t r = 0; r < rows; ++r) sum += double(rl[r]);
+  res.loss = res.counted ? sum / double(res.counted) : 0.0;
+  return res;
+}
+
+}  // namespace v0
+}  // namespace tessel

@@ -1,0 +1,89 @@
+// Activations (tessel/ops/activation.hpp): forward vs fp64 (|err| <= 4e-6·(|y|+1e-3)... see bounds
+// below), backward vs fp64 finite differences, bf16 output = rounding of the f32 output, bad input.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <functional>
+#include <vector>
+
+#include <tessel/device/host_device.hpp>
+#include <tessel/ops/activation.hpp>
+
+#include "reference/train_ref.hpp"
+
+using namespace tessel;
+
+namespace {
+std::vector<float> inputs() {
+  auto x = train_ref::randn(70001, 1, 3.0f);
+  const float special[] = {0.0f, -0.0f, 1e-30f, -1e-30f, 20.0f, -20.0f, 90.0f, -90.0f, 1e4f, -1e4f};
+  for (std::size_t i = 0; i < std::size(special); ++i) x[i * 7] = special[i];
+  return x;
+}
+// Error bound for the forward passes: 1e-5 relative plus 1e-6·|x| absolute (near the roots the
+// result is tiny relative to x and a few ulp of x·sigmoid(x) dominate).
+bool close(double got, double want, double x) { return std::fabs(got - want) <= 1e-5 * std::fabs(want) + 1e-6 * std::fabs(x) + 1e-37; }
+double fd(const std::function<double(double)>& f, double x) {
+  const double h = 1e-5 * std::max(1.0, std::fabs(x));
+  return (f(x + h) - f(x - h)) / (2 * h);
+}
+}  // namespace
+
+TEST_CASE("activations forward match fp64 and backward matches finite differences", "[ops][activation]") {
+  host_device dev(2);
+  const auto x = inputs();
+  const std::size_t n = x.size();
+  std::vector<float> y(n), dy(n, 1.0f), dx(n);
+  struct cse {
+    const char* name;
+    std::function<void()> fwd, bwd;
+    std::function<double(double)> ref;
+  };
+  const std::vector<cse> cases = {
+      {"gelu_tanh", [&] { gelu_forward(dev, std::span<const float>(x), std::span<float>(y), gelu_approx::tanh); },
+       [&] { gelu_backward(dev, std::span<const float>(dy), std::span<const float>(x), std::span<float>(dx), gelu_approx::tanh); }, train_ref::gelu_tanh},
+      {"gelu_erf", [&] { gelu_forward(dev, std::span<const float>(x), std::span<float>(y), gelu_approx::erf); },
+       [&] { gelu_backward(dev, std::span<const float>(dy), std::span<const float>(x), std::span<float>(dx), gelu_approx::erf); }, train_ref::gelu_erf},
+      {"silu", [&] { silu_forward(dev, std::span<const float>(x), std::span<float>(y)); },
+       [&] { silu_backward(dev, std::span<const float>(dy), std::span<const float>(x), std::span<float>(dx)); }, train_ref::silu},
+  };
+  for (const auto& c : cases) {
+    c.fwd();
+    c.bwd();
+    std::size_t bad_f = 0, bad_b = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!close(y[i], c.ref(x[i]), x[i])) bad_f++;
+      if (std::fabs(x[i]) < 50 && std::fabs(dx[i] - fd(c.ref, x[i])) > 1e-4 * (1 + std::fabs(dx[i]))) bad_b++;
+    }
+    INFO(c.name);
+    CHECK(bad_f == 0);
+    CHECK(bad_b == 0);
+  }
+  // bf16 output is the rounding of the f32 output
+  std::vector<bf16> yb(n);
+  silu_forward(dev, std::span<const float>(x), std::span<float>(y));
+  silu_forward(dev, std::span<const float>(x), std::span<bf16>(yb));
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < n; ++i) bad += yb[i].bits() != bf16(y[i]).bits();
+  CHECK(bad == 0);
+}
+
+TEST_CASE("swiglu forward/backward", "[ops][activation]") {
+  host_device dev(2);
+  const std::size_t n = 10007;
+  auto a = train_ref::randn(n, 2, 2.0f), b = train_ref::randn(n, 3), g = train_ref::randn(n, 4);
+  std::vector<float> y(n), da(n), db(n);
+  swiglu_forward(dev, std::span<const float>(a), std::span<const float>(b), std::span<float>(y));
+  swiglu_backward(dev, std::span<const float>(g), std::span<const float>(a), std::span<const float>(b), std::span<float>(da), std::span<float>(db));
+  for (std::size_t i = 0; i < n; ++i) {
+    const double want = train_ref::silu(a[i]) * b[i];
+    REQUIRE(close(y[i], want, a[i] * b[i]));
+    const double fa = fd([&](double t) { return train_ref::silu(t) * b[i]; }, a[i]) * g[i];
+    const double fb = train_ref::silu(a[i]) * g[i];
+    REQUIRE(std::fabs(da[i] - fa) <= 1e-4 * (1 + std::fabs(fa)));
+    REQUIRE(std::fabs(db[i] - fb) <= 1e-5 * (1 + std::fabs(fb)));
+  }
+  std::vector<float> short_b(n - 1);
+  CHECK_THROWS_AS(swiglu_forward(dev, std::span<const float>(a), std::span<const float>(short_b), std::span<float>(y)), layer_error);
+  CHECK_THROWS_AS(gelu_forward(dev, std::span<const float>(a), std::span<float>(short_b)), std::invalid_argument);
+}

@@ -1,0 +1,93 @@
+// Cross-entropy (tessel/ops/loss.hpp): loss vs fp64 with label smoothing and ignore index, gradient
+// vs fp64 finite differences, in-place gradient, large vocabularies (several column blocks),
+// thread-count independence, bad labels write nothing.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include <tessel/device/host_device.hpp>
+#include <tessel/ops/loss.hpp>
+
+#include "reference/train_ref.hpp"
+
+using namespace tessel;
+
+namespace {
+template <class T>
+tensor<const T, 2> cview(const std::vector<T>& v, std::size_t r, std::size_t c) { return tensor<const T, 2>(v.data(), r, c); }
+template <class T>
+tensor<T, 2> view(std::vector<T>& v, std::size_t r, std::size_t c) { return tensor<T, 2>(v.data(), r, c); }
+}  // namespace
+
+TEST_CASE("cross-entropy loss and gradient match fp64", "[ops][loss]") {
+  host_device d1(1), d2(2);
+  for (std::size_t V : {2u, 17u, 1000u, 10000u}) {
+    for (float eps : {0.0f, 0.1f}) {
+      const std::size_t rows = 7;
+      auto z = train_ref::randn(rows * V, V, 4.0f);
+      std::vector<std::int64_t> labels(rows);
+      for (std::size_t r = 0; r < rows; ++r) labels[r] = std::int64_t((r * 7919) % V);
+      labels[2] = -100;  // ignored
+      std::vector<float> g(rows * V), g2(rows * V), rl(rows);
+      cross_entropy_options o;
+      o.label_smoothing = eps;
+      const auto res = cross_entropy(d1, cview(z, rows, V), labels, view(g, rows, V), rl, o);
+      const auto res2 = cross_entropy(d2, cview(z, rows, V), labels, view(g2, rows, V), {}, o);
+      CHECK(res.counted == rows - 1);
+      CHECK(res.loss == res2.loss);
+      CHECK(std::memcmp(g.data(), g2.data(), g.size() * 4) == 0);
+      std::vector<double> zd(z.begin(), z.end());
+      double want = 0;
+      for (std::size_t r = 0; r < rows; ++r) {
+        if (labels[r] < 0) {
+          CHECK(rl[r] == 0.0f);
+          for (std::size_t j = 0; j < V; ++j) CHECK(g[r * V + j] == 0.0f);
+          continue;
+        }
+        const double l = train_ref::cross_entropy(zd.data() + r * V, V, std::size_t(labels[r]), eps);
+        CHECK(rl[r] == Approx(l).epsilon(1e-5).margin(1e-6));
+        want += l;
+        // gradient of the mean loss: (softmax - target) / count, checked by finite differences on a few entries
+        for (std::size_t j : {std::size_t(0), std::size_t(labels[r]), V - 1, V / 2}) {
+          auto p = zd, m = zd;
+          const double h = 1e-5;
+          p[r * V + j] += h;
+          m[r * V + j] -= h;
+          const double fdv = (train_ref::cross_entropy(p.data() + r * V, V, std::size_t(labels[r]), eps) -
+                              train_ref::cross_entropy(m.data() + r * V, V, std::size_t(labels[r]), eps)) / (2 * h) / double(rows - 1);
+          CHECK(std::fabs(g[r * V + j] - fdv) < 1e-6 + 1e-4 * std::fabs(fdv));
+        }
+      }
+      CHECK(res.loss == Approx(want / double(rows - 1)).epsilon(1e-5));
+      // in place: the gradient overwrites the logits
+      auto zi = z;
+      cross_entropy(d2, cview(zi, rows, V), labels, view(zi, rows, V), {}, o);
+      CHECK(std::memcmp(zi.data(), g.data(), g.size() * 4) == 0);
+    }
+  }
+}
+
+TEST_CASE("cross-entropy bad input writes nothing", "[ops][loss]") {
+  host_device dev(2);
+  const std::size_t rows = 3, V = 5;
+  std::vector<float> z(rows * V, 1.0f), g(rows * V, 7.0f);
+  std::vector<std::int64_t> labels = {0, 5, 1};
+  CHECK_THROWS_AS(cross_entropy(dev, cview(z, rows, V), labels, view(g, rows, V)), std::out_of_range);
+  labels[1] = -3;
+  CHECK_THROWS_AS(cross_entropy(dev, cview(z, rows, V), labels, view(g, rows, V)), std::out_of_range);
+  for (float v : g) CHECK(v == 7.0f);
+  std::vector<std::int64_t> short_labels = {0, 1};
+  CHECK_THROWS_AS(cross_entropy(dev, cview(z, rows, V), short_labels, view(g, rows, V)), layer_error);
+  cross_entropy_options o;
+  o.label_smoothing = 2.0f;
+  labels[1] = 1;
+  CHECK_THROWS_AS(cross_entropy(dev, cview(z, rows, V), labels, view(g, rows, V), {}, o), layer_error);
+  // all ignored: loss 0, gradient 0
+  std::vector<std::int64_t> ign(rows, -100);
+  const auto r = cross_entropy(dev, cview(z, rows, V), ign, view(g, rows, V));
+  CHECK(r.counted == 0);
+  CHECK(r.loss == 0.0);
+  for (float v : g) CHECK(v == 0.0f);
+}

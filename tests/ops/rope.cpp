@@ -1,0 +1,46 @@
+// RoPE (tessel/ops/rope.hpp): both pair layouts vs an fp64 rotation, backward inverts forward,
+// bad input.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <vector>
+
+#include <tessel/device/host_device.hpp>
+#include <tessel/ops/rope.hpp>
+
+#include "reference/train_ref.hpp"
+
+using namespace tessel;
+
+TEST_CASE("rope matches an fp64 rotation and backward inverts it", "[ops][rope]") {
+  host_device dev(2);
+  for (bool inter : {false, true}) {
+    const std::size_t T = 13, H = 3, D = 64;
+    auto x = train_ref::randn(T * H * D, 1);
+    std::vector<std::int64_t> pos(T);
+    for (std::size_t t = 0; t < T; ++t) pos[t] = std::int64_t(t * 1000 + 3);
+    auto y = x;
+    rope_options o;
+    o.interleaved = inter;
+    rope_forward(dev, tensor<float, 2>(y.data(), T, H * D), D, pos, o);
+    double worst = 0;
+    for (std::size_t t = 0; t < T; ++t)
+      for (std::size_t h = 0; h < H; ++h)
+        for (std::size_t j = 0; j < D / 2; ++j) {
+          const double a = double(pos[t]) * std::pow(10000.0, -2.0 * double(j) / double(D));
+          const std::size_t i0 = t * H * D + h * D + (inter ? 2 * j : j), i1 = i0 + (inter ? 1 : D / 2);
+          const double r0 = x[i0] * std::cos(a) - x[i1] * std::sin(a), r1 = x[i0] * std::sin(a) + x[i1] * std::cos(a);
+          worst = std::max({worst, std::fabs(r0 - y[i0]), std::fabs(r1 - y[i1])});
+        }
+    CHECK(worst < 1e-6 * 8);
+    rope_backward(dev, tensor<float, 2>(y.data(), T, H * D), D, pos, o);
+    double back = 0;
+    for (std::size_t i = 0; i < x.size(); ++i) back = std::max(back, double(std::fabs(y[i] - x[i])));
+    CHECK(back < 1e-6 * 8);
+  }
+  std::vector<float> x(12);
+  std::vector<std::int64_t> pos(2);
+  CHECK_THROWS_AS(rope_forward(dev, tensor<float, 2>(x.data(), 2, 6), 3, pos), layer_error);
+  CHECK_THROWS_AS(rope_forward(dev, tensor<float, 2>(x.data(), 2, 6), 4, pos), layer_error);
+  CHECK_THROWS_AS(rope_forward(dev, tensor<float, 2>(x.data(), 3, 4), 4, pos), layer_error);
+}
