@@ -62,6 +62,8 @@ TEST_CASE("bad configurations raise config_error naming the field", "[emulator][
   CHECK_THAT(msg_of("cards = 2.5"), Catch::Contains("integer"));
   CHECK_THAT(msg_of("port_latency = 5 furlongs"), Catch::Contains("unknown unit"));
   CHECK_THAT(msg_of("shaping = maybe"), Catch::Contains("true/false"));
+  CHECK_THAT(msg_of("switch_buffer = 16"), Catch::Contains("too small"));
+  CHECK(parse_cluster_config("switch_buffer = 64Ki\nretransmit_timeout = 5us").fabric.switch_buffer == 65536);
   CHECK_THAT(msg_of("routing = random"), Catch::Contains("routing"));
   CHECK_THAT(msg_of("just words"), Catch::Contains("not 'key = value'"));
   cluster_config c;

@@ -276,3 +276,30 @@ TEST_CASE("run() ends at the last real event, not at pending timeouts", "[emulat
   CHECK(f.now() == Approx(f.completion_time(id)));
   CHECK(f.idle());
 }
+
+TEST_CASE("finite switch buffers drop incast chunks; shaping prevents the drops", "[emulator][fabric][shaping]") {
+  auto run = [](bool shaping) {
+    auto c = small(17);
+    c.fabric.switch_buffer = 64 << 10;
+    c.fabric.shaping = shaping;
+    c.fabric.shaping_window = 64 << 10;
+    fabric f(c);
+    std::vector<fabric::msg_id> ids;
+    for (std::size_t s = 1; s <= 16; ++s) ids.push_back(f.post(s, 0, 256 << 10, 0));
+    f.run();
+    double worst = 0;
+    for (auto id : ids) {
+      REQUIRE(f.state(id) == msg_state::done);
+      worst = std::max(worst, f.latency(id));
+    }
+    for (std::size_t p = 0; p < 8; ++p) CHECK(f.stats_of(f.down(0, p)).max_queue_bytes <= c.fabric.switch_buffer);
+    return std::make_pair(f.drops(), worst);
+  };
+  auto lossy = run(false);
+  auto paced = run(true);
+  CHECK(lossy.first > 0);
+  CHECK(paced.first == 0);
+  CHECK(lossy.second > 20e-6);  // someone waited for a resend timeout
+  const double ideal = 16.0 * (256 << 10) / 400e9;
+  CHECK(paced.second < ideal * 1.1 + 1e-6);
+}

@@ -41,6 +41,8 @@ struct fabric_spec {
   std::size_t chunk_bytes = 256 << 10;  // simulation granularity (messages are split further so every plane gets a chunk)
   bool shaping = false;              // credit-based pacing of senders per receiving port
   std::size_t shaping_window = 128 << 10;  // bytes of credit per receiving port
+  std::size_t switch_buffer = 0;     // bytes per switch output port; 0 = lossless (unbounded)
+  double retransmit_timeout = 20e-6; // a chunk dropped at a full switch buffer is resent after this
   routing_policy routing = routing_policy::adaptive;
   bool transit = true;               // allow 2-hop paths through another card
   double transit_latency = 1e-6;     // forwarding cost at the intermediate card
@@ -110,6 +112,9 @@ struct cluster_config {
     nonneg(fabric.port_latency, "port_latency");
     nonneg(fabric.switch_latency, "switch_latency");
     nonneg(fabric.transit_latency, "transit_latency");
+    nonneg(fabric.retransmit_timeout, "retransmit_timeout");
+    if (fabric.switch_buffer != 0 && fabric.switch_buffer < fabric.chunk_bytes / 64)
+      bad("switch_buffer " + std::to_string(fabric.switch_buffer) + " is too small for chunk_bytes " + std::to_string(fabric.chunk_bytes) + " (need >= chunk_bytes/64)");
     if (fabric.chunk_bytes == 0) bad("chunk_bytes must be positive");
     if (fabric.shaping && fabric.shaping_window == 0) bad("shaping_window must be positive when shaping is on");
     if (card.memory_bytes == 0) bad("card memory_bytes must be positive");
@@ -221,6 +226,8 @@ inline cluster_config parse_cluster_config(std::string_view text) {
     else if (key == "chunk_bytes") c.fabric.chunk_bytes = cnt();
     else if (key == "shaping") c.fabric.shaping = detail::to_bool(key, val);
     else if (key == "shaping_window") c.fabric.shaping_window = cnt();
+    else if (key == "switch_buffer") c.fabric.switch_buffer = cnt();
+    else if (key == "retransmit_timeout") c.fabric.retransmit_timeout = num();
     else if (key == "routing") {
       if (val == "adaptive") c.fabric.routing = routing_policy::adaptive;
       else if (val == "static" || val == "static_plane") c.fabric.routing = routing_policy::static_plane;

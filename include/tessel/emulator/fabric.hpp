@@ -72,6 +72,7 @@ struct port_stats {
   double busy = 0;                // seconds spent serializing
   std::uint64_t bytes = 0;
   std::uint64_t max_queue_bytes = 0;
+  std::uint64_t drops = 0;        // chunks dropped at a full switch buffer
 };
 
 class fabric {
@@ -230,6 +231,8 @@ class fabric {
   }
 
   std::uint64_t events_processed() const { return events_done_; }
+  // Chunks dropped at full switch buffers (only with a finite switch_buffer).
+  std::uint64_t drops() const { return drops_; }
   double makespan() const { return last_delivery_; }
 
   // ---- topology state ----
@@ -287,7 +290,7 @@ class fabric {
   // ---------------------------------------------------------------- data
   enum : std::uint8_t { route_none, route_direct, route_transit, route_scaleout };
   enum : std::uint8_t { err_none, err_card, err_link, err_timeout };
-  enum : std::uint32_t { ev_post, ev_free, ev_arrive, ev_deliver, ev_fault, ev_detect, ev_timeout, ev_rejoin, ev_wake };
+  enum : std::uint32_t { ev_post, ev_free, ev_arrive, ev_deliver, ev_fault, ev_detect, ev_timeout, ev_rejoin, ev_wake, ev_retry };
 
   struct route_t {
     std::uint8_t kind = route_none;
@@ -346,7 +349,7 @@ class fabric {
   std::vector<std::uint32_t> free_chunks_;
   std::vector<std::uint32_t> active_;
   std::priority_queue<event, std::vector<event>, std::greater<event>> events_;
-  std::uint64_t seq_ = 0, events_done_ = 0;
+  std::uint64_t seq_ = 0, events_done_ = 0, drops_ = 0;
   double now_ = 0, last_delivery_ = 0;
   std::vector<std::uint8_t> card_alive_, card_known_alive_, link_ok_, link_known_ok_, plane_ok_, plane_known_ok_;
   std::vector<fault> faults_;
@@ -768,6 +771,7 @@ class fabric {
       case ev_timeout: on_timeout(e.a); break;
       case ev_rejoin: on_rejoin_event(e.a); break;
       case ev_wake: try_start(e.a); break;
+      case ev_retry: on_retry(e.a, e.b); break;
       default: break;
     }
   }
@@ -798,6 +802,16 @@ class fabric {
       return;
     }
     port& pt = ports_[q];
+    if (cfg_.fabric.switch_buffer && is_switch_output(q) && pt.queued + ch.bytes > cfg_.fabric.switch_buffer) {
+      // Buffer full: the chunk is dropped; the sender resends it after its retransmit timeout.
+      pt.st.drops++;
+      drops_++;
+      release_after(ch);
+      return_credit(ch);
+      push_event(now_ + cfg_.fabric.retransmit_timeout, ev_retry, ch.msg, ch.index);
+      free_chunk(ci);
+      return;
+    }
     pt.fifo.push_back(ci);
     pt.queued += ch.bytes;
     pt.st.max_queue_bytes = std::max(pt.st.max_queue_bytes, pt.queued);
@@ -815,6 +829,20 @@ class fabric {
     if (m.state != msg_state::active) return;
     m.last_progress = now_;
     if (++m.chunks_done == m.nchunks) complete(id);
+  }
+
+  void on_retry(std::uint32_t id, std::uint32_t index) {
+    message& m = msgs_[id];
+    if (m.state != msg_state::active) return;
+    m.retry.push_back(index);
+    register_sources(id);
+  }
+
+  // Ports whose queue is inside a switch (bounded by switch_buffer when set).
+  bool is_switch_output(std::size_t q) const {
+    if (q < card_ports_) return q % 2 == 1;
+    if (q < ls_base_) return (q - nic_base_) % 2 == 1;
+    return true;
   }
 
   void on_timeout(std::uint32_t id) {
