@@ -156,10 +156,9 @@ TEST_CASE("timing-only clusters move no payload", "[emulator][cluster]") {
   CHECK(cl.clock(2) == Approx(cl.clock(0)));
 }
 
-TEST_CASE("several host threads drive their own cards at once", "[emulator][cluster][threads]") {
+TEST_CASE("several host threads drive their own cards at once, with exact timing", "[emulator][cluster][threads]") {
   auto cfg = small(4);
   cluster cl(cfg, 2);
-  cl.set_match_grace(10.0);  // recv may be waited on before the sender thread posted
   std::vector<int*> in(4), out(4);
   for (std::size_t r = 0; r < 4; ++r) {
     in[r] = cl[r].allocate_n<int>(1024);
@@ -170,21 +169,67 @@ TEST_CASE("several host threads drive their own cards at once", "[emulator][clus
     int v;
     void operator()(block_ctx& ctx) const { for (std::size_t i = ctx.block_linear() * 256; i < (ctx.block_linear() + 1) * 256; ++i) p[i] = v; }
   };
+  for (int rep = 0; rep < 3; ++rep) {
+    std::vector<double> t0(4), done(4);
+    for (std::size_t r = 0; r < 4; ++r) t0[r] = cl.clock(r);
+    std::vector<std::thread> ts;
+    std::atomic<int> errors{0};
+    for (std::size_t r = 0; r < 4; ++r) cl.attach(r);
+    for (std::size_t r = 0; r < 4; ++r)
+      ts.emplace_back([&, r] {
+        try {
+          cluster::driver_scope scope(cl, r, cluster::adopt);
+          // card r computes for (r + 1) x 10 us, then passes 4 KiB around the ring, twice
+          cl[r].launch(grid{4}, fill{in[r], static_cast<int>(r) + 100}, kernel_cost{(r + 1) * 10e-6 * cfg.card.peak_fp32, 0, math_precision::f32});
+          for (int k = 0; k < 2; ++k) {
+            auto s = cl.send(r, (r + 1) % 4, in[r], 4096, 1);
+            auto v = cl.recv(r, (r + 3) % 4, out[r], 4096, 1);
+            v.wait();
+            s.wait();
+          }
+          done[r] = cl.clock(r);
+        } catch (const std::exception& e) {
+          WARN(e.what());
+          errors++;
+        }
+      });
+    for (auto& t : ts) t.join();
+    REQUIRE(errors.load() == 0);
+    for (std::size_t r = 0; r < 4; ++r) CHECK(out[r][1023] == static_cast<int>((r + 3) % 4) + 100);
+    // closed form: step 1 starts when both neighbours finished computing; the slowest card (3)
+    // gates its neighbours, and the second step chains behind the first
+    const double hop = cfg.direct_latency() + 4096 / cfg.card_bandwidth(), L = cfg.card.launch_overhead;
+    std::vector<double> ready(4), step1(4), step2(4);
+    for (std::size_t r = 0; r < 4; ++r) ready[r] = t0[r] + (r + 1) * 10e-6 + L;
+    for (std::size_t r = 0; r < 4; ++r) step1[r] = std::max(ready[r], ready[(r + 3) % 4]) + hop;  // recv from r-1
+    std::vector<double> c1(4);
+    for (std::size_t r = 0; r < 4; ++r) c1[r] = std::max(step1[r], std::max(ready[r], ready[(r + 1) % 4]) + hop);  // + own send
+    for (std::size_t r = 0; r < 4; ++r) step2[r] = std::max(c1[r], c1[(r + 3) % 4]) + hop;
+    for (std::size_t r = 0; r < 4; ++r) {
+      double c2 = std::max(step2[r], std::max(c1[r], c1[(r + 1) % 4]) + hop);
+      CHECK(done[r] == Approx(c2).epsilon(1e-9));
+    }
+  }
+}
+
+TEST_CASE("a threaded recv nobody answers times out once every other driver is blocked", "[emulator][cluster][threads]") {
+  auto cfg = small(3);
+  cfg.faults.op_timeout = 30e-6;
+  cluster cl(cfg, 1);
+  cl.set_allow_host_buffers(true);
+  std::vector<char> buf(64);
+  std::atomic<int> timeouts{0};
   std::vector<std::thread> ts;
-  std::atomic<int> errors{0};
-  for (std::size_t r = 0; r < 4; ++r)
+  for (std::size_t r = 0; r < 3; ++r) cl.attach(r);
+  for (std::size_t r = 0; r < 3; ++r)
     ts.emplace_back([&, r] {
+      cluster::driver_scope scope(cl, r, cluster::adopt);
       try {
-        cl[r].launch(grid{4}, fill{in[r], static_cast<int>(r) + 100});
-        auto s = cl.send(r, (r + 1) % 4, in[r], 4096, 1);
-        auto v = cl.recv(r, (r + 3) % 4, out[r], 4096, 1);
-        v.wait();
-        s.wait();
-      } catch (...) {
-        errors++;
+        cl.recv(r, (r + 1) % 3, buf.data(), 8, 5).wait();  // everyone receives, nobody sends
+      } catch (const timeout_error& e) {
+        if (e.card == (r + 1) % 3) timeouts++;
       }
     });
   for (auto& t : ts) t.join();
-  CHECK(errors.load() == 0);
-  for (std::size_t r = 0; r < 4; ++r) CHECK(out[r][1023] == static_cast<int>((r + 3) % 4) + 100);
+  CHECK(timeouts.load() == 3);
 }

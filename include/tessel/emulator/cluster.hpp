@@ -18,10 +18,15 @@
 // (within fabric().detection_bound() of it); `failed(card)` polls what every card knows.
 //
 // Timing model: a transfer is posted at its initiator's clock. The fabric never goes back in
-// time, so a transfer posted at a clock behind the simulation starts "now" instead. Drive it in
-// bulk-synchronous steps (post every transfer of a step, then wait) and the result is exact and
-// deterministic. All methods are thread-safe (one lock); a multi-threaded driver whose recv may
-// be waited on before the matching send is posted should set_match_grace(seconds of host time).
+// time, so a transfer posted at a clock behind the simulation starts "now" instead. Two ways to
+// drive it exactly:
+//  - one host thread for all cards: post every transfer of a step, then wait (bulk-synchronous);
+//  - one host thread per card (e.g. a collectives transport): each thread holds a
+//    `cluster::driver_scope scope(cl, card)` while it drives its card. Waits then advance the
+//    simulation only up to the earliest clock of the cards still running (conservative parallel
+//    discrete-event simulation), so no thread's later post lands in the simulated past, and an
+//    unmatched recv times out only when every other driver is blocked too.
+// All methods are thread-safe (one lock). Each card is driven by at most one thread at a time.
 #pragma once
 
 #include <algorithm>
@@ -33,6 +38,7 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -110,8 +116,44 @@ class cluster {
   fabric& net() { return net_; }
   trace_recorder& timeline() { return trace_; }
   executor& exec() { return *exec_; }
-  // Host-time grace a wait on an unmatched send/recv allows for another thread to post its match.
-  void set_match_grace(double seconds) { std::lock_guard lk(mu_); grace_ = seconds; }
+  // Marks the calling thread as the driver of `card` for its lifetime (see the header comment).
+  // Attach every driven card before any driver waits (a card not yet attached is not waited
+  // for): call cl.attach(card) for all of them before starting the threads, and have each
+  // thread adopt its card with `driver_scope scope(cl, card, cluster::adopt)`; the scope
+  // detaches when the thread is done, so the others stop waiting for its clock.
+  struct adopt_t {};
+  static constexpr adopt_t adopt{};
+  class driver_scope {
+   public:
+    driver_scope(cluster& cl, std::size_t card) : cl_(&cl), card_(card) { cl.attach(card); }
+    driver_scope(cluster& cl, std::size_t card, adopt_t) : cl_(&cl), card_(card) {}
+    driver_scope(const driver_scope&) = delete;
+    driver_scope& operator=(const driver_scope&) = delete;
+    ~driver_scope() { cl_->detach(card_); }
+
+   private:
+    cluster* cl_;
+    std::size_t card_;
+  };
+  void attach(std::size_t c) {
+    check_card(c, "attach");
+    std::lock_guard lk(mu_);
+    if (drivers_[c].attached) throw std::invalid_argument("tessel emulator: card " + std::to_string(c) + " already has a driver thread");
+    drivers_[c].attached = true;
+    attached_++;
+    cv_.notify_all();
+  }
+  void detach(std::size_t c) {
+    std::lock_guard lk(mu_);
+    if (c < drivers_.size() && drivers_[c].attached) {
+      drivers_[c].attached = false;
+      attached_--;
+    }
+    cv_.notify_all();
+  }
+  // Also allow send/recv (not put/get) on buffers outside card memory, e.g. a transport's staging
+  // vectors. Off by default: a pointer into the wrong card is then an error, not a silent copy.
+  void set_allow_host_buffers(bool on) { std::lock_guard lk(mu_); host_buffers_ = on; }
 
   // ---- data plane ----
   completion put(std::size_t src, const void* src_ptr, std::size_t dst, void* dst_ptr, std::size_t bytes) {
@@ -137,7 +179,7 @@ class cluster {
   completion send(std::size_t src, std::size_t dst, const void* ptr, std::size_t bytes, std::uint64_t tag = 0) {
     std::lock_guard lk(mu_);
     check_card(dst, "send destination");
-    check_buf(src, ptr, bytes, "send buffer");
+    check_buf(src, ptr, bytes, "send buffer", host_buffers_);
     op o = make_op(op_send, src, src, dst, ptr, nullptr, bytes, tag);
     o.posted = cards_[src]->clock();
     op_id id = push(o);
@@ -149,12 +191,13 @@ class cluster {
     } else {
       q.sends.push_back(id);
     }
+    cv_.notify_all();
     return {this, id};
   }
   completion recv(std::size_t dst, std::size_t src, void* ptr, std::size_t bytes, std::uint64_t tag = 0) {
     std::lock_guard lk(mu_);
     check_card(src, "recv source");
-    check_buf(dst, ptr, bytes, "recv buffer");
+    check_buf(dst, ptr, bytes, "recv buffer", host_buffers_);
     op o = make_op(op_recv, dst, src, dst, nullptr, ptr, bytes, tag);
     o.posted = cards_[dst]->clock();
     op_id id = push(o);
@@ -166,6 +209,7 @@ class cluster {
     } else {
       q.recvs.push_back(id);
     }
+    cv_.notify_all();
     return {this, id};
   }
 
@@ -295,6 +339,7 @@ class cluster {
   }
 
   void init() {
+    drivers_.resize(cfg_.cards());
     cards_.reserve(cfg_.cards());
     for (std::size_t i = 0; i < cfg_.cards(); ++i)
       cards_.push_back(std::make_unique<card>(i, cfg_.card, *exec_, cfg_.timing_only, cfg_.trace ? &trace_ : nullptr));
@@ -321,12 +366,12 @@ class cluster {
     if (c >= cards_.size())
       throw invalid_card_error(std::string("tessel emulator: ") + what + ": invalid card index " + std::to_string(c) + " (cluster has " + std::to_string(cards_.size()) + " cards)");
   }
-  void check_buf(std::size_t c, const void* p, std::size_t bytes, const char* what) const {
+  void check_buf(std::size_t c, const void* p, std::size_t bytes, const char* what, bool host_ok = false) const {
     check_card(c, what);
     if (bytes == 0) return;
     if (cfg_.timing_only && p == nullptr) return;
     if (!p) throw std::invalid_argument(std::string("tessel emulator: ") + what + ": null pointer for " + std::to_string(bytes) + " bytes");
-    if (!cards_[c]->owns(p, bytes))
+    if (!host_ok && !cards_[c]->owns(p, bytes))
       throw invalid_card_error(std::string("tessel emulator: ") + what + ": [" + std::to_string(reinterpret_cast<std::uintptr_t>(p)) + ", +" +
                                std::to_string(bytes) + ") is not inside one allocation of card " + std::to_string(c));
   }
@@ -356,6 +401,7 @@ class cluster {
   void start(op_id id, double at) {
     op& o = ops_[id];
     o.msg = net_.post(o.src, o.dst, o.bytes, at, id);
+    cv_.notify_all();
   }
   void match(op_id s, op_id r) {
     op& so = ops_[s];
@@ -399,6 +445,7 @@ class cluster {
       x.state = err ? op_failed : op_done;
       x.err = err;
     };
+    horizon_dirty_ = true;
     settle(o);
     if (o.partner != UINT32_MAX) settle(ops_[o.partner]);
     if (cfg_.trace) {
@@ -410,37 +457,88 @@ class cluster {
   void wait_impl(const completion& c, std::size_t who) {
     std::unique_lock lk(mu_);
     check_op(c);
-    op* o = &ops_[c.id];
-    if (o->state == op_pending && o->msg < 0) {
-      // Unmatched send/recv: give other threads a chance to post the match, then let simulated
-      // time run to the timeout.
-      if (grace_ > 0)
-        cv_.wait_for(lk, std::chrono::duration<double>(grace_), [&] { return ops_[c.id].msg >= 0 || ops_[c.id].state != op_pending; });
-      o = &ops_[c.id];
-      if (o->state == op_pending && o->msg < 0) {
-        const double deadline = o->posted + cfg_.faults.op_timeout;
-        net_.run_until(deadline);
-        o = &ops_[c.id];
-        if (o->state == op_pending && o->msg < 0) {
-          const std::size_t peer = o->kind == op_send ? o->dst : o->src;
-          o->state = op_failed;
-          o->done = deadline;
-          o->err = std::make_exception_ptr(timeout_error(peer, deadline, std::string(o->kind == op_send ? "send" : "recv") + " never matched"));
-          // drop it from the matching queue so a late partner does not pair with a dead op
-          auto& q = unmatched_[{o->src, o->dst, o->tag}];
-          auto& v = o->kind == op_send ? q.sends : q.recvs;
-          v.erase(std::remove(v.begin(), v.end(), c.id), v.end());
+    const std::size_t target = who == SIZE_MAX ? ops_[c.id].initiator : who;
+    if (attached_ > 0 && drivers_[target].attached) {
+      wait_conservative(lk, c.id, target);
+    } else {
+      if (ops_[c.id].state == op_pending && ops_[c.id].msg < 0) {
+        net_.run_until(ops_[c.id].posted + cfg_.faults.op_timeout);
+        if (ops_[c.id].state == op_pending && ops_[c.id].msg < 0) expire(c.id);
+      }
+      if (ops_[c.id].state == op_pending) net_.run_until_done(static_cast<fabric::msg_id>(ops_[c.id].msg));
+    }
+    op& o = ops_[c.id];
+    if (o.state == op_pending) throw std::logic_error("tessel emulator: transfer did not finish");
+    cards_[target]->advance_to(o.done);
+    if (o.state == op_failed) std::rethrow_exception(o.err);
+  }
+
+  // An unmatched send/recv reached its timeout: fail it, naming the peer it waited on.
+  void expire(op_id id) {
+    op& o = ops_[id];
+    const double deadline = o.posted + cfg_.faults.op_timeout;
+    const std::size_t peer = o.kind == op_send ? o.dst : o.src;
+    o.state = op_failed;
+    o.done = deadline;
+    o.err = std::make_exception_ptr(timeout_error(peer, deadline, std::string(o.kind == op_send ? "send" : "recv") + " never matched"));
+    auto& q = unmatched_[{o.src, o.dst, o.tag}];
+    auto& v = o.kind == op_send ? q.sends : q.recvs;
+    v.erase(std::remove(v.begin(), v.end(), id), v.end());
+    horizon_dirty_ = true;
+  }
+
+  // Earliest simulated time at which an attached driver other than `me` may still post: its
+  // card's clock while it runs, the completion time of what it waits on once that finished.
+  double horizon(std::size_t me) const {
+    double h = std::numeric_limits<double>::infinity();
+    for (std::size_t c = 0; c < drivers_.size(); ++c) {
+      const driver& d = drivers_[c];
+      if (!d.attached || c == me) continue;
+      if (d.waiting == UINT32_MAX) h = std::min(h, cards_[c]->clock());
+      else if (ops_[d.waiting].state != op_pending) h = std::min(h, ops_[d.waiting].done);
+    }
+    return h;
+  }
+
+  void wait_conservative(std::unique_lock<std::mutex>& lk, op_id id, std::size_t me) {
+    drivers_[me].waiting = id;
+    cv_.notify_all();
+    struct clear_t {
+      cluster* cl;
+      std::size_t me;
+      ~clear_t() { cl->drivers_[me].waiting = UINT32_MAX; cl->cv_.notify_all(); }
+    } clear{this, me};
+    while (ops_[id].state == op_pending) {
+      const double h = horizon(me);
+      horizon_dirty_ = false;
+      bool progressed = false;
+      if (ops_[id].msg < 0) {
+        const double deadline = ops_[id].posted + cfg_.faults.op_timeout;
+        while (!horizon_dirty_ && ops_[id].msg < 0 && net_.next_event_time() <= std::min(h, deadline)) {
+          net_.step_once();
+          progressed = true;
+        }
+        if (ops_[id].msg < 0 && h >= deadline && net_.next_event_time() > deadline) {
+          net_.run_until(deadline);
+          expire(id);
+          break;
+        }
+      } else {
+        while (!horizon_dirty_ && ops_[id].state == op_pending && net_.next_event_time() <= h) {
+          net_.step_once();
+          progressed = true;
         }
       }
+      if (ops_[id].state != op_pending) break;
+      if (progressed) {
+        cv_.notify_all();
+        continue;
+      }
+      // Blocked on another driver: wait for it to post, wait or advance its clock (launches
+      // advance clocks without taking our lock, hence the bounded sleep).
+      cv_.wait_for(lk, std::chrono::microseconds(200));
     }
-    if (o->state == op_pending) {
-      net_.run_until_done(static_cast<fabric::msg_id>(o->msg));
-      o = &ops_[c.id];
-    }
-    const std::size_t target = who == SIZE_MAX ? o->initiator : who;
-    if (o->state == op_pending) throw std::logic_error("tessel emulator: transfer did not finish");
-    cards_[target]->advance_to(o->done);
-    if (o->state == op_failed) std::rethrow_exception(o->err);
+    cv_.notify_all();
   }
 
   cluster_config cfg_;
@@ -454,7 +552,14 @@ class cluster {
   std::vector<op> ops_;
   std::map<std::tuple<std::size_t, std::size_t, std::uint64_t>, queues> unmatched_;
   std::vector<std::function<void(const failure_notice&)>> failure_cbs_;
-  double grace_ = 0;
+  struct driver {
+    bool attached = false;
+    op_id waiting = UINT32_MAX;
+  };
+  std::vector<driver> drivers_;
+  std::size_t attached_ = 0;
+  bool horizon_dirty_ = false;
+  bool host_buffers_ = false;
 };
 
 }  // namespace emu

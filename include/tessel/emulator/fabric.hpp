@@ -186,6 +186,12 @@ class fabric {
     while (msgs_[id].state != msg_state::done && msgs_[id].state != msg_state::failed && !events_.empty()) step();
   }
   bool idle() const { return events_.empty(); }
+  // Time of the next pending event (infinity if none), and processing exactly one event: for
+  // drivers that synchronize several threads conservatively (see cluster::driver_scope).
+  double next_event_time() const { return events_.empty() ? std::numeric_limits<double>::infinity() : events_.top().t; }
+  void step_once() {
+    if (!events_.empty()) step();
+  }
 
   // ---- results ----
   msg_state state(msg_id id) const { check_msg(id); return msgs_[id].state; }
