@@ -28,7 +28,14 @@ HWY_INLINE V encode_lanes(D du, V u) {
   constexpr std::uint32_t shift = 23 - Fmt::man_bits;
   constexpr std::uint32_t emin = std::uint32_t(127 - Fmt::bias + 1);
   constexpr std::uint32_t rebias = std::uint32_t(127 - Fmt::bias) << 23;
-  const V a = hn::And(u, hn::Set(du, 0x7FFFFFFFu));
+  V a = hn::And(u, hn::Set(du, 0x7FFFFFFFu));
+  if constexpr (Ov == overflow::saturate) {
+    // Clamping |x| to max before rounding is saturation (anything above max rounds to max or
+    // beyond). x86 min returns its second operand when either is NaN, so NaN lanes pass through.
+    const hn::Rebind<float, D> df;
+    constexpr float max_f = tessel::detail::decode_bits<Fmt, float>(static_cast<typename Fmt::storage>(Fmt::max_code));
+    a = hn::BitCast(du, hn::Min(hn::Set(df, max_f), hn::BitCast(df, a)));
+  }
   const V one = hn::Set(du, 1u);
   V code;
   if constexpr (Fmt::exp_bits == 8) {  // bf16: same exponent range as float, one rounding shift
@@ -56,18 +63,16 @@ HWY_INLINE V encode_lanes(D du, V u) {
       code = hn::IfThenElse(is_sub, sub, code);
     }
   }
-  constexpr std::uint32_t limit = Ov == overflow::saturate ? Fmt::max_code : Fmt::overflow_code;
-  code = hn::Min(code, hn::Set(du, limit));
-  const auto is_nan = hn::Gt(a, hn::Set(du, 0x7F800000u));
+  // (Saturated lanes are already <= max; this catches propagate overflow and E4M3 NaN.)
+  code = hn::Min(code, hn::Set(du, Fmt::overflow_code));
   if constexpr (Fmt::ieee) {
+    const auto is_nan = hn::Gt(a, hn::Set(du, 0x7F800000u));
     const V payload = hn::And(hn::ShiftRight<shift>(a), hn::Set(du, Fmt::man_mask));
     const V quiet = hn::Set(du, 1u << (Fmt::man_bits - 1));
     const V nan = hn::Or(hn::Set(du, Fmt::inf_code),
                          hn::IfThenElse(hn::Eq(payload, hn::Zero(du)), quiet, payload));
     code = hn::IfThenElse(is_nan, nan, code);
-  } else if constexpr (Ov == overflow::saturate) {
-    code = hn::IfThenElse(is_nan, hn::Set(du, Fmt::nan_code), code);
-  }  // (E4M3 propagate: NaN inputs already became the NaN code through the limit.)
+  }  // (E4M3: NaN inputs already became the NaN code through the limit.)
   const V sign = hn::And(hn::ShiftRight<31 - Fmt::exp_bits - Fmt::man_bits>(u), hn::Set(du, Fmt::sign_bit));
   return hn::Or(code, sign);
 }
@@ -105,8 +110,18 @@ using narrow_tag = hn::Rebind<Storage, hn::ScalableTag<std::uint32_t>>;
 // Store the low 8/16 bits of each u32 lane (values already fit).
 template <class Storage, class V>
 HWY_INLINE void store_codes(V code, Storage* dst) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  // One vpmovdb/vpmovdw: Highway 1.0.3's DemoteTo takes ~5 shuffle ops here, and this store is
+  // on the critical path of a memory-bound loop. (Lanes hold codes < 2^16, so truncation is exact;
+  // the maskz form because GCC 12 warns inside the unmasked intrinsic.)
+  if constexpr (sizeof(Storage) == 1)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm512_maskz_cvtepi32_epi8(0xFFFF, code.raw));
+  else
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm512_maskz_cvtepi32_epi16(0xFFFF, code.raw));
+#else
   const hn::ScalableTag<std::int32_t> di;
   hn::StoreU(hn::DemoteTo(narrow_tag<Storage>(), hn::BitCast(di, code)), narrow_tag<Storage>(), dst);
+#endif
 }
 template <class Storage>
 HWY_INLINE auto load_codes(const Storage* src) {
