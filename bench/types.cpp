@@ -6,6 +6,7 @@
 
 #include <Eigen/Core>
 #include <random>
+#include <vector>
 #include <tessel/types.hpp>
 
 #include "common/limits.hpp"
@@ -113,6 +114,30 @@ void tessel_dequant_e4m3_block(benchmark::State& st) {
     tessel::dequantize_blocks(csub(b.e4m3, lo, hi), csub(b.scales, lo / block, hi / block), sub(b.f32_out, lo, hi), block);
   });
 }
+
+// In-cache (256 KiB of float, one thread): the kernels' own speed, where memory does not hide it.
+template <bool Eigen_, bool ToBf16>
+void in_cache(benchmark::State& state) {
+  constexpr std::size_t n = (std::size_t(256) << 10) / sizeof(float);
+  std::vector<float> f(n), back(n);
+  std::vector<tessel::bf16> h(n);
+  for (std::size_t i = 0; i < n; ++i) f[i] = float(int(i % 2001) - 1000) * 0.37f;
+  tessel::convert(std::span<const float>(f), std::span<tessel::bf16>(h));
+  Eigen::Map<Eigen::ArrayXf> ef(f.data(), Eigen::Index(n)), eb(back.data(), Eigen::Index(n));
+  Eigen::Map<Eigen::Array<Eigen::bfloat16, Eigen::Dynamic, 1>> eh(reinterpret_cast<Eigen::bfloat16*>(h.data()), Eigen::Index(n));
+  for (auto _ : state) {
+    if constexpr (Eigen_ && ToBf16) eh = ef.cast<Eigen::bfloat16>();
+    if constexpr (Eigen_ && !ToBf16) eb = eh.cast<float>();
+    if constexpr (!Eigen_ && ToBf16) tessel::convert(std::span<const float>(f), std::span<tessel::bf16>(h));
+    if constexpr (!Eigen_ && !ToBf16) tessel::convert(std::span<const tessel::bf16>(h), std::span<float>(back));
+    benchmark::ClobberMemory();
+  }
+  state.counters["bytes"] = benchmark::Counter(6.0 * double(n) * double(state.iterations()), benchmark::Counter::kIsRate);
+}
+BENCHMARK_TEMPLATE(in_cache, false, true)->Name("convert/tessel/f32_bf16/256KiB/threads:1");
+BENCHMARK_TEMPLATE(in_cache, true, true)->Name("convert/eigen/f32_bf16/256KiB/threads:1");
+BENCHMARK_TEMPLATE(in_cache, false, false)->Name("convert/tessel/bf16_f32/256KiB/threads:1");
+BENCHMARK_TEMPLATE(in_cache, true, false)->Name("convert/eigen/bf16_f32/256KiB/threads:1");
 
 #define TESSEL_TYPES_BENCH(fn, name) \
   BENCHMARK(fn)->Name(name)->ArgName("threads")->Arg(1)->Arg(2)->UseManualTime()->Unit(benchmark::kMillisecond)
