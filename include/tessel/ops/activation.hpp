@@ -70,24 +70,27 @@ inline V silu_grad(V x) {
   return s * st::fma(x, V(1.0f) - s, V(1.0f));
 }
 
-// One chunked elementwise pass: f(i, V) for i in the block's chunk.
+// One chunked elementwise pass: f(i, V, nt) for i in the block's chunk; `nt` asks for
+// non-temporal stores of write-only outputs (large tensors only).
 template <class F>
 struct map_program {
   const chunk_range* chunks;
   F f;
+  bool nt;
   void operator()(block_ctx& ctx) const {
     const chunk_range& c = chunks[ctx.block_linear()];
     std::size_t i = c.begin;
-    for (; i + st::width <= c.end; i += st::width) f(i, st::vf{});
-    for (; i < c.end; ++i) f(i, 0.0f);
+    for (; i + st::width <= c.end; i += st::width) f(i, st::vf{}, nt);
+    for (; i < c.end; ++i) f(i, 0.0f, false);
+    if (nt) st::nt_fence();
   }
 };
 
-template <class Dev, class F>
-void launch_map(Dev& dev, std::size_t n, F f) {
+template <class Out, class Dev, class F>
+void launch_map(Dev& dev, std::size_t n, bool outputs_alias_inputs, F f) {
   if (n == 0) return;
   const std::vector<chunk_range> chunks = make_chunks({n});
-  dev.launch(grid{chunks.size()}, map_program<F>{chunks.data(), f});
+  dev.launch(grid{chunks.size()}, map_program<F>{chunks.data(), f, !outputs_alias_inputs && stream_out<Out>(n, 1)});
 }
 
 inline void check_same(std::size_t a, std::size_t b, const char* who, const char* what) {
@@ -113,9 +116,9 @@ void gelu_forward(Dev& dev, std::span<const In> x, std::span<Out> y, gelu_approx
   const In* xp = x.data();
   Out* yp = y.data();
   if (a == gelu_approx::tanh)
-    launch_map(dev, x.size(), [=](std::size_t i, auto v0) { using V = decltype(v0); typed_store<Out, V>(yp, i, gelu_tanh(typed_load<In, V>(xp, i))); });
+    launch_map<Out>(dev, x.size(), (const void*)yp == (const void*)xp, [=](std::size_t i, auto v0, bool nt) { using V = decltype(v0); typed_store_nt<Out, V>(yp, i, gelu_tanh(typed_load<In, V>(xp, i)), nt); });
   else
-    launch_map(dev, x.size(), [=](std::size_t i, auto v0) { using V = decltype(v0); typed_store<Out, V>(yp, i, gelu_erf(typed_load<In, V>(xp, i))); });
+    launch_map<Out>(dev, x.size(), (const void*)yp == (const void*)xp, [=](std::size_t i, auto v0, bool nt) { using V = decltype(v0); typed_store_nt<Out, V>(yp, i, gelu_erf(typed_load<In, V>(xp, i)), nt); });
 }
 
 // dx = dy · gelu'(x).
@@ -130,14 +133,14 @@ void gelu_backward(Dev& dev, std::span<const Dy> dy, std::span<const In> x, std:
   const In* xp = x.data();
   Dx* dp = dx.data();
   if (a == gelu_approx::tanh)
-    launch_map(dev, x.size(), [=](std::size_t i, auto v0) {
+    launch_map<Dx>(dev, x.size(), (const void*)dp == (const void*)xp || (const void*)dp == (const void*)gp, [=](std::size_t i, auto v0, bool nt) {
       using V = decltype(v0);
-      typed_store<Dx, V>(dp, i, typed_load<Dy, V>(gp, i) * gelu_tanh_grad(typed_load<In, V>(xp, i)));
+      typed_store_nt<Dx, V>(dp, i, typed_load<Dy, V>(gp, i) * gelu_tanh_grad(typed_load<In, V>(xp, i)), nt);
     });
   else
-    launch_map(dev, x.size(), [=](std::size_t i, auto v0) {
+    launch_map<Dx>(dev, x.size(), (const void*)dp == (const void*)xp || (const void*)dp == (const void*)gp, [=](std::size_t i, auto v0, bool nt) {
       using V = decltype(v0);
-      typed_store<Dx, V>(dp, i, typed_load<Dy, V>(gp, i) * gelu_erf_grad(typed_load<In, V>(xp, i)));
+      typed_store_nt<Dx, V>(dp, i, typed_load<Dy, V>(gp, i) * gelu_erf_grad(typed_load<In, V>(xp, i)), nt);
     });
 }
 
@@ -150,7 +153,7 @@ void silu_forward(Dev& dev, std::span<const In> x, std::span<Out> y) {
   check_ptr(x, "silu_forward", "x");
   const In* xp = x.data();
   Out* yp = y.data();
-  launch_map(dev, x.size(), [=](std::size_t i, auto v0) { using V = decltype(v0); typed_store<Out, V>(yp, i, silu(typed_load<In, V>(xp, i))); });
+  launch_map<Out>(dev, x.size(), (const void*)yp == (const void*)xp, [=](std::size_t i, auto v0, bool nt) { using V = decltype(v0); typed_store_nt<Out, V>(yp, i, silu(typed_load<In, V>(xp, i)), nt); });
 }
 
 template <class Dev, class Dy, class In, class Dx>
@@ -163,9 +166,9 @@ void silu_backward(Dev& dev, std::span<const Dy> dy, std::span<const In> x, std:
   const Dy* gp = dy.data();
   const In* xp = x.data();
   Dx* dp = dx.data();
-  launch_map(dev, x.size(), [=](std::size_t i, auto v0) {
+  launch_map<Dx>(dev, x.size(), (const void*)dp == (const void*)xp || (const void*)dp == (const void*)gp, [=](std::size_t i, auto v0, bool nt) {
     using V = decltype(v0);
-    typed_store<Dx, V>(dp, i, typed_load<Dy, V>(gp, i) * silu_grad(typed_load<In, V>(xp, i)));
+    typed_store_nt<Dx, V>(dp, i, typed_load<Dy, V>(gp, i) * silu_grad(typed_load<In, V>(xp, i)), nt);
   });
 }
 
@@ -181,9 +184,9 @@ void swiglu_forward(Dev& dev, std::span<const In> a, std::span<const In> b, std:
   const In* ap = a.data();
   const In* bp = b.data();
   Out* yp = y.data();
-  launch_map(dev, a.size(), [=](std::size_t i, auto v0) {
+  launch_map<Out>(dev, a.size(), (const void*)yp == (const void*)ap || (const void*)yp == (const void*)bp, [=](std::size_t i, auto v0, bool nt) {
     using V = decltype(v0);
-    typed_store<Out, V>(yp, i, silu(typed_load<In, V>(ap, i)) * typed_load<In, V>(bp, i));
+    typed_store_nt<Out, V>(yp, i, silu(typed_load<In, V>(ap, i)) * typed_load<In, V>(bp, i), nt);
   });
 }
 
@@ -203,12 +206,12 @@ void swiglu_backward(Dev& dev, std::span<const Dy> dy, std::span<const In> a, st
   const In* bp = b.data();
   Dx* dap = da.data();
   Dx* dbp = db.data();
-  launch_map(dev, n, [=](std::size_t i, auto v0) {
+  launch_map<Dx>(dev, n, (const void*)dap == (const void*)ap || (const void*)dap == (const void*)bp || (const void*)dap == (const void*)gp || (const void*)dbp == (const void*)ap || (const void*)dbp == (const void*)bp || (const void*)dbp == (const void*)gp, [=](std::size_t i, auto v0, bool nt) {
     using V = decltype(v0);
     const V g = typed_load<Dy, V>(gp, i), x = typed_load<In, V>(ap, i), u = typed_load<In, V>(bp, i);
     const V s = sigmoid(x);
-    typed_store<Dx, V>(dap, i, g * u * (s * st::fma(x, V(1.0f) - s, V(1.0f))));
-    typed_store<Dx, V>(dbp, i, g * (x * s));
+    typed_store_nt<Dx, V>(dap, i, g * u * (s * st::fma(x, V(1.0f) - s, V(1.0f))), nt);
+    typed_store_nt<Dx, V>(dbp, i, g * (x * s), nt);
   });
 }
 

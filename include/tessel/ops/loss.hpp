@@ -52,6 +52,7 @@ struct ce_program {
   std::int64_t ignore;
   float eps, scale;
   std::size_t rpb, rows, n;
+  bool nt;
   void operator()(block_ctx& ctx) const {
     const std::size_t r0 = ctx.block_linear() * rpb, r1 = std::min(rows, r0 + rpb);
     const bool want_grad = g.data() != nullptr;
@@ -100,8 +101,9 @@ struct ce_program {
       const float py = st::exp_fast(zy - lse);
       for_lanes(n, [&](std::size_t i, auto v0) {
         using V = decltype(v0);
-        typed_store<G, V>(gr, i, V(scale) * (st::exp_fast(typed_load<In, V>(zr, i) - V(lse)) - V(smooth)));
+        typed_store_nt<G, V>(gr, i, V(scale) * (st::exp_fast(typed_load<In, V>(zr, i) - V(lse)) - V(smooth)), nt);
       });
+      if (nt) st::nt_fence();  // the label's entry is patched with an ordinary store
       store1(gr, y, scale * ((py - smooth) - (1.0f - eps)));
     }
   }
@@ -149,7 +151,8 @@ cross_entropy_result cross_entropy(Dev& dev, tensor<const In, 2> logits, std::sp
   }
   const std::size_t rpb = rows_per_block(rows, n);
   dev.launch(grid{(rows + rpb - 1) / rpb},
-             detail::loss::ce_program<In, G>{logits, dlogits, labels.data(), rl, o.ignore_index, o.label_smoothing, scale, rpb, rows, n});
+             detail::loss::ce_program<In, G>{logits, dlogits, labels.data(), rl, o.ignore_index, o.label_smoothing, scale, rpb, rows, n,
+                                                             detail::rows::stream_out<G>(rows, n) && (const void*)dlogits.data() != (const void*)logits.data()});
   double sum = 0.0;
   for (std::size_t r = 0; r < rows; ++r) sum += double(rl[r]);
   res.loss = res.counted ? sum / double(res.counted) : 0.0;

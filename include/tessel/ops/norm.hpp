@@ -59,6 +59,7 @@ struct fwd_program {
   bool rms, has_res, has_h_out;
   float* amax_blocks;
   std::size_t rpb, rows, n;
+  bool nt;
 
   void operator()(block_ctx& ctx) const {
     const std::size_t blk = ctx.block_linear();
@@ -103,11 +104,12 @@ struct fwd_program {
           else amv = st::max(amv, st::abs(yv));
         }
         if constexpr (fp8) lanes_store<V>(q, i, yv * V(out_scale));
-        else typed_store<Out, V>(yr, i, yv);
+        else typed_store_nt<Out, V>(yr, i, yv, nt);
       });
       if constexpr (fp8) convert(std::span<const float>(q, n), std::span<e4m3>(yr, n), overflow::saturate);
     }
     if (amax_blocks) amax_blocks[blk] = std::max(ams, st::hmax(amv));
+    if (nt) st::nt_fence();
   }
 };
 
@@ -123,6 +125,7 @@ struct bwd_program {
   float* partials;  // per block: dw (n) then db (n)
   bool want_db;
   std::size_t rpb, rows, n;
+  bool nt;
 
   void operator()(block_ctx& ctx) const {
     const std::size_t blk = ctx.block_linear();
@@ -153,11 +156,12 @@ struct bwd_program {
         const V g = d * lanes_load<V>(w, i);
         V out = V(rs) * ((g - V(c1)) - xh * V(c2));
         if (dr) out = out + lanes_load<V>(dr, i);
-        typed_store<Dx, V>(dxr, i, out);
+        typed_store_nt<Dx, V>(dxr, i, out, nt);
         lanes_store<V>(pw, i, st::fma(d, xh, lanes_load<V>(pw, i)));
         if (want_db) lanes_store<V>(pb, i, lanes_load<V>(pb, i) + d);
       });
     }
+    if (nt) st::nt_fence();
   }
 };
 
@@ -218,7 +222,7 @@ void forward(Dev& dev, bool rms, tensor<const In, 2> x, std::span<const float> w
   std::vector<float> am(o.amax ? blocks : 0, 0.0f);
   fwd_program<In, Out> p{x, res, h_out, w.data(), (rms || b.empty()) ? nullptr : b.data(), y, (rms || mean.empty()) ? nullptr : mean.data(),
                          rstd.empty() ? nullptr : rstd.data(), o.eps, o.out_scale, rms, has_res, has_h,
-                         o.amax ? am.data() : nullptr, rpb, rows, n};
+                         o.amax ? am.data() : nullptr, rpb, rows, n, stream_out<Out>(rows, n)};
   dev.launch(grid{blocks}, p);
   if (o.amax) {
     float m = 0.0f;
@@ -256,7 +260,8 @@ void backward(Dev& dev, bool rms, tensor<const Dy, 2> dy, tensor<const In, 2> h,
   const std::size_t nb = (rows + rpb - 1) / rpb;
   std::vector<float> partials(nb * 2 * n);
   const bool want_db = !rms && !db.empty();
-  dev.launch(grid{nb}, bwd_program<Dy, In, Dx>{dy, h, dres, dx, w.data(), rms ? nullptr : mean.data(), rstd.data(), partials.data(), want_db, rpb, rows, n});
+  dev.launch(grid{nb}, bwd_program<Dy, In, Dx>{dy, h, dres, dx, w.data(), rms ? nullptr : mean.data(), rstd.data(), partials.data(), want_db, rpb, rows, n,
+                                                    stream_out<Dx>(rows, n) && (const void*)dx.data() != (const void*)dy.data()});
   const std::size_t cpb = 4096;
   dev.launch(grid{(n + cpb - 1) / cpb}, reduce_program{partials.data(), dw.data(), want_db ? db.data() : nullptr, nb, n, cpb, o.accumulate});
 }

@@ -43,6 +43,7 @@ struct fwd_program {
   bool causal;
   std::int64_t offset;
   std::size_t rpb, rows, n;
+  bool nt;
   void operator()(block_ctx& ctx) const {
     const std::size_t r0 = ctx.block_linear() * rpb, r1 = std::min(rows, r0 + rpb);
     float* buf = ctx.scratch().template allocate_array<float>(n);
@@ -78,10 +79,11 @@ struct fwd_program {
       });
       for_lanes(len, [&](std::size_t i, auto v0) {
         using V = decltype(v0);
-        typed_store<Out, V>(yr, i, lanes_load<V>(buf, i) / V(s));
+        typed_store_nt<Out, V>(yr, i, lanes_load<V>(buf, i) / V(s), nt);
       });
       for (std::size_t i = len; i < n; ++i) store1(yr, i, 0.0f);
     }
+    if (nt) st::nt_fence();
   }
 };
 
@@ -92,6 +94,7 @@ struct bwd_program {
   tensor<Dx, 2> dx;
   float scale;
   std::size_t rpb, rows, n;
+  bool nt;
   void operator()(block_ctx& ctx) const {
     const std::size_t r0 = ctx.block_linear() * rpb, r1 = std::min(rows, r0 + rpb);
     for (std::size_t r = r0; r < r1; ++r) {
@@ -104,9 +107,10 @@ struct bwd_program {
       });
       for_lanes(n, [&](std::size_t i, auto v0) {
         using V = decltype(v0);
-        typed_store<Dx, V>(xr, i, V(scale) * (typed_load<Y, V>(yr, i) * (typed_load<Dy, V>(dr, i) - V(dot))));
+        typed_store_nt<Dx, V>(xr, i, V(scale) * (typed_load<Y, V>(yr, i) * (typed_load<Dy, V>(dr, i) - V(dot))), nt);
       });
     }
+    if (nt) st::nt_fence();
   }
 };
 
@@ -126,7 +130,8 @@ void softmax_forward(Dev& dev, tensor<const In, 2> x, tensor<Out, 2> y, const so
   require<layer_error>(std::isfinite(o.scale), "softmax_forward: scale must be finite");
   if (rows == 0 || n == 0) return;
   const std::size_t rpb = rows_per_block(rows, n);
-  dev.launch(grid{(rows + rpb - 1) / rpb}, detail::softmax::fwd_program<In, Out>{x, y, o.mask, o.scale, o.causal, o.causal_offset, rpb, rows, n});
+  dev.launch(grid{(rows + rpb - 1) / rpb}, detail::softmax::fwd_program<In, Out>{x, y, o.mask, o.scale, o.causal, o.causal_offset, rpb, rows, n,
+                                                                                 detail::rows::stream_out<Out>(rows, n) && (const void*)y.data() != (const void*)x.data()});
 }
 
 // dx = scale · y ⊙ (dy − Σ_j dy_j y_j) per row: the gradient with respect to x of softmax_forward.
@@ -141,7 +146,10 @@ void softmax_backward(Dev& dev, tensor<const Dy, 2> dy, tensor<const Y, 2> y, te
   require<layer_error>(std::isfinite(scale), "softmax_backward: scale must be finite");
   if (rows == 0 || n == 0) return;
   const std::size_t rpb = rows_per_block(rows, n);
-  dev.launch(grid{(rows + rpb - 1) / rpb}, detail::softmax::bwd_program<Dy, Y, Dx>{dy, y, dx, scale, rpb, rows, n});
+  dev.launch(grid{(rows + rpb - 1) / rpb}, detail::softmax::bwd_program<Dy, Y, Dx>{
+                                                   dy, y, dx, scale, rpb, rows, n,
+                                                   detail::rows::stream_out<Dx>(rows, n) && (const void*)dx.data() != (const void*)dy.data() &&
+                                                       (const void*)dx.data() != (const void*)y.data()});
 }
 
 }  // namespace v0

@@ -51,6 +51,27 @@ inline void storev(T* p, std::size_t i, st::vf x) {
   else st::store_bf16(x, reinterpret_cast<std::uint16_t*>(p) + i);
 }
 
+// Write-only outputs larger than this go around the cache with non-temporal stores (no
+// read-for-ownership traffic); smaller ones stay cached for the next operator to read.
+inline constexpr std::size_t nt_threshold_bytes = std::size_t{16} << 20;
+template <class T>
+inline bool stream_out(std::size_t rows, std::size_t cols) {
+  return rows != 0 && cols != 0 && rows * cols >= nt_threshold_bytes / sizeof(T);
+}
+// typed_store, non-temporal for vectors when `nt` (scalar tails store normally).
+template <class T, class V>
+inline void typed_store_nt(T* p, std::size_t i, V x, bool nt) {
+  if constexpr (std::is_same_v<V, float>) {
+    store1(p, i, x);
+  } else if (!nt) {
+    storev(p, i, x);
+  } else if constexpr (std::is_same_v<T, float>) {
+    st::store_nt(x, p + i);
+  } else {
+    st::store_u16(st::bf16_rne_lanes(x), reinterpret_cast<std::uint16_t*>(p) + i, true);
+  }
+}
+
 // Runs f(i, V) over [0, n) with V = st::vf for full vectors and float for the tail.
 template <class F>
 inline void for_lanes(std::size_t n, F&& f) {
