@@ -37,7 +37,7 @@ struct call_options {
 
 // Per-communicator tuning.
 struct comm_options {
-  std::size_t segment_bytes = std::size_t{1} << 20;  // pipelining unit of ring algorithms
+  std::size_t segment_bytes = std::size_t{512} << 10;  // pipelining unit of the ring and direct algorithms
   int node_size = 0;                                 // ranks per super-node; 0: ask the transport
   std::size_t small_bytes = 32 * 1024;               // below this, trees win on latency (n >= 4)
 };

@@ -480,10 +480,54 @@ inline void fold_gathered(coll_ctx& c, const scratch& g, std::size_t count, dtyp
 
 // ---------------------------------------------------------------- all-reduce
 
+// direct all-reduce, pipelined by segments: the owner of block q folds segment s of it and sends
+// the result at once, so peers copy it while it is still in cache (the gather costs little DRAM
+// traffic) and the reduce and gather phases overlap.
 inline void ar_direct(coll_ctx& c, const std::byte* send, std::byte* recv, std::size_t count, dtype d, reduce_op op) {
-  const auto off = even_blocks(count, c.n);
-  rs_direct(c, send, recv + off[c.rank] * dtype_size(d), d, op, off);
-  ag_direct(c, recv, d, off, c.tag + 3);
+  const std::size_t es = dtype_size(d);
+  const int r = c.rank, n = c.n;
+  const auto off = even_blocks(count, n);
+  const std::size_t seg = std::max<std::size_t>(1, c.segment_bytes / es);
+  auto nseg = [&](int q) { return (off[q + 1] - off[q] + seg - 1) / seg; };
+  std::size_t maxseg = 0;
+  for (int q = 0; q < n; ++q) maxseg = std::max(maxseg, nseg(q));
+  const tag_t tin = c.tag + 1, tout = c.tag + 3;
+  // contributions: segment s of block q goes to owner q (posted up front; owners pull them)
+  std::vector<treq> in_sends(maxseg * static_cast<std::size_t>(n));  // [s * n + q]
+  for (std::size_t s = 0; s < maxseg; ++s)
+    for (int q = 0; q < n; ++q)
+      if (q != r && s < nseg(q)) {
+        const std::size_t lo = off[q] + s * seg, len = std::min(seg, off[q + 1] - lo);
+        in_sends[s * static_cast<std::size_t>(n) + static_cast<std::size_t>(q)] = c.tp.isend(q, tin, {send + lo * es, len * es});
+      }
+  const std::byte* local = send + off[r] * es;
+  std::byte* out = recv + off[r] * es;
+  const std::size_t m = off[r + 1] - off[r];
+  const bool early = r < 2;
+  auto acc = place_acc(d, out, std::min(m, seg), early || !overlaps(out, m * es, local, m * es));
+  const bool acc_is_out = acc.p == out;
+  std::vector<fold_src> seq(static_cast<std::size_t>(n));
+  for (std::size_t s = 0; s < maxseg; ++s) {
+    if (s < nseg(r)) {
+      const std::size_t lo = s * seg, len = std::min(seg, m - lo);
+      for (int q = 0; q < n; ++q) seq[q] = q == r ? fold_src{-1, local + lo * es, false} : fold_src{q, nullptr, false};
+      std::byte* a = acc_is_out ? out + lo * es : acc.p;
+      ordered_fold(c, d, op, seq, a, len, tin);
+      finalize_kernel(op, d, n, a, out + lo * es, len);
+      for (int q = 0; q < n; ++q)
+        if (q != r) c.send(q, tout, out + lo * es, len * es);
+    }
+    for (int q = 0; q < n; ++q)
+      if (q != r && s < nseg(q)) {
+        const std::size_t lo = off[q] + s * seg, len = std::min(seg, off[q + 1] - lo);
+        // our contribution to this segment must have been read before the result overwrites it
+        // (in place); the owner read it before sending the result, so this does not block
+        c.tp.wait(in_sends[s * static_cast<std::size_t>(n) + static_cast<std::size_t>(q)]);
+        c.tp.recv_into(q, tout, {recv + lo * es, len * es});
+      }
+  }
+  for (auto& rq : in_sends) c.tp.wait(rq);
+  c.wait_all();
 }
 
 inline void ar_ring(coll_ctx& c, const std::byte* send, std::byte* recv, std::size_t count, dtype d, reduce_op op) {

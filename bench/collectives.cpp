@@ -1,0 +1,142 @@
+// Collective benchmarks. Threads transport, 2 ranks (2 threads of this process), all_reduce f32
+// sum: busbw against the bound STREAM allows. Bound: an all_reduce of S bytes per rank on 2 ranks
+// sharing one memory must read both inputs (2S) and write both outputs (2S) at least once: 4S bytes
+// of traffic, which STREAM copy on 2 threads (same 1:1 read:write mix, same no-write-allocate
+// accounting) moves at B GB/s. So busbw (= algbw for n = 2) <= S / (4S / B) = B / 4, and
+// of_limit = busbw / (B / 4). tessel's direct algorithm moves 5S (each owner reads both halves and
+// writes its half; each rank then copies the peer's half), so its ceiling is 0.8 of the bound.
+//
+// MPI side by side: run the same binary under `mpirun -np 2 bench_collectives`: it then times
+// OpenMPI's MPI_Allreduce (impl "mpi") and tessel over the MPI transport (impl "tessel", transport
+// mpi) on 2 processes. Names: all_reduce/<impl>/<transport>2/f32/<bytes>.
+#include <benchmark/benchmark.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <tessel/collectives.hpp>
+#if TESSEL_HAVE_MPI
+#include <tessel/collectives/transport/mpi.hpp>
+#endif
+
+#include "common/limits.hpp"
+
+using namespace tessel;
+
+namespace {
+
+constexpr int warmup = 2;
+
+int iterations_for(std::size_t bytes) { return bytes >= (std::size_t{64} << 20) ? 8 : bytes >= (std::size_t{16} << 20) ? 20 : 60; }
+
+// bytes_per_second = algbw; busbw = algbw * 2(n-1)/n (nccl-tests); of_limit = busbw / (STREAM copy(2 threads) / 4).
+void set_counters(benchmark::State& state, std::size_t bytes, int n) {
+  state.SetBytesProcessed(static_cast<std::int64_t>(bytes) * state.iterations());
+  const double factor = 2.0 * (n - 1) / n;
+  state.counters["busbw"] = benchmark::Counter(static_cast<double>(bytes) * factor, benchmark::Counter::kIsIterationInvariantRate,
+                                               benchmark::Counter::kIs1024);
+  const double bound = tessel_bench::stream_copy_gbs(2) * 1e9 / 4;  // bytes/s
+  state.counters["of_limit"] = benchmark::Counter(static_cast<double>(bytes) * factor / bound,
+                                                  benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["bound_GBps"] = bound / 1e9;
+}
+
+// Threads transport: this thread is rank 0, a helper thread is rank 1; both run warmup + the
+// fixed iteration count so they always pair up.
+void bm_threads(benchmark::State& state, algorithm algo) {
+  const std::size_t bytes = static_cast<std::size_t>(state.range(0));
+  const std::size_t count = bytes / sizeof(float);
+  const int iters = static_cast<int>(state.max_iterations);
+  threads_world w(2);
+  tessel_bench::huge_buffer<float> s0(count), r0(count), s1(count), r1(count);
+  for (std::size_t i = 0; i < count; ++i) s0[i] = s1[i] = static_cast<float>(i % 13);
+  std::thread peer([&] {
+    communicator c(w.transport(1));
+    for (int i = 0; i < warmup + iters; ++i) c.all_reduce(s1.data(), r1.data(), count, dtype::f32, reduce_op::sum, {algo});
+  });
+  communicator c(w.transport(0));
+  for (int i = 0; i < warmup; ++i) c.all_reduce(s0.data(), r0.data(), count, dtype::f32, reduce_op::sum, {algo});
+  for (auto _ : state) {
+    c.all_reduce(s0.data(), r0.data(), count, dtype::f32, reduce_op::sum, {algo});
+    benchmark::ClobberMemory();
+  }
+  peer.join();
+  set_counters(state, bytes, 2);
+}
+
+#if TESSEL_HAVE_MPI
+void bm_mpi_native(benchmark::State& state) {
+  const std::size_t bytes = static_cast<std::size_t>(state.range(0)), count = bytes / sizeof(float);
+  tessel_bench::huge_buffer<float> s(count), r(count);
+  for (int i = 0; i < warmup; ++i) MPI_Allreduce(s.data(), r.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  for (auto _ : state) MPI_Allreduce(s.data(), r.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  set_counters(state, bytes, 2);
+}
+void bm_mpi_tessel(benchmark::State& state) {
+  static communicator c(mpi_transport(MPI_COMM_WORLD));
+  const std::size_t bytes = static_cast<std::size_t>(state.range(0)), count = bytes / sizeof(float);
+  tessel_bench::huge_buffer<float> s(count), r(count);
+  for (int i = 0; i < warmup; ++i) c.all_reduce(s.data(), r.data(), count, dtype::f32, reduce_op::sum);
+  for (auto _ : state) c.all_reduce(s.data(), r.data(), count, dtype::f32, reduce_op::sum);
+  set_counters(state, bytes, 2);
+}
+
+class silent_reporter : public benchmark::BenchmarkReporter {
+ public:
+  bool ReportContext(const Context&) override { return true; }
+  void ReportRuns(const std::vector<Run>&) override {}
+};
+#endif
+
+const std::size_t sizes[] = {std::size_t{1} << 20, std::size_t{4} << 20, std::size_t{16} << 20, std::size_t{64} << 20};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool under_mpi = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;
+  if (!under_mpi) {
+    (void)tessel_bench::limits();  // measure the machine first, outside any timing
+    for (std::size_t b : sizes) {
+      const std::string tail = "/f32/" + std::to_string(b);
+      benchmark::RegisterBenchmark(("all_reduce/tessel/threads2" + tail).c_str(), bm_threads, algorithm::automatic)
+          ->Arg(static_cast<std::int64_t>(b))->Iterations(iterations_for(b))->UseRealTime()->Unit(benchmark::kMicrosecond);
+      benchmark::RegisterBenchmark(("all_reduce/tessel/threads2_ring" + tail).c_str(), bm_threads, algorithm::ring)
+          ->Arg(static_cast<std::int64_t>(b))->Iterations(iterations_for(b))->UseRealTime()->Unit(benchmark::kMicrosecond);
+    }
+    benchmark::Initialize(&argc, argv);
+    benchmark::RunSpecifiedBenchmarks();
+    benchmark::Shutdown();
+    return 0;
+  }
+#if TESSEL_HAVE_MPI
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  for (std::size_t b : sizes) {
+    const std::string tail = "/f32/" + std::to_string(b);
+    benchmark::RegisterBenchmark(("all_reduce/mpi/mpi2" + tail).c_str(), bm_mpi_native)
+        ->Arg(static_cast<std::int64_t>(b))->Iterations(iterations_for(b))->UseRealTime()->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(("all_reduce/tessel/mpi2" + tail).c_str(), bm_mpi_tessel)
+        ->Arg(static_cast<std::int64_t>(b))->Iterations(iterations_for(b))->UseRealTime()->Unit(benchmark::kMicrosecond);
+  }
+  benchmark::Initialize(&argc, argv);
+  if (rank == 0) {
+    benchmark::RunSpecifiedBenchmarks();
+  } else {
+    silent_reporter quiet;
+    benchmark::RunSpecifiedBenchmarks(&quiet);
+  }
+  benchmark::Shutdown();
+  MPI_Finalize();
+  return 0;
+#else
+  std::fprintf(stderr, "bench_collectives: built without MPI\n");
+  return 1;
+#endif
+}
