@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <random>
+#include <reference/types_ref.hpp>
 #include <tessel/types.hpp>
 #include <vector>
 
@@ -139,4 +140,32 @@ TEST_CASE("convert between other float pairs (double, narrow <-> narrow)", "[typ
   tessel::convert(std::span<const tessel::e5m2>(e), std::span<double>(back));
   CHECK(back[3] == 448.0);
   CHECK_THROWS_AS(tessel::convert(std::span<const double>(d), std::span<tessel::e5m2>(e.data(), 2)), std::invalid_argument);
+}
+
+namespace {
+template <class T>
+void sample_against_reference(const tessel_ref::format_spec& spec) {
+  const tessel_ref::encoder enc(spec);
+  std::mt19937_64 g(11);
+  std::size_t bad = 0;
+  for (int i = 0; i < 200000; ++i) {
+    // Doubles whose exponents straddle the type's range, with full 52-bit mantissas (ties and
+    // near-ties below float precision included), plus random floats.
+    const int lo = -(spec.bias + spec.man_bits + 3), hi = spec.bias + 3;
+    const int e = lo + int(g() % std::uint64_t(hi - lo + 1));
+    const std::uint64_t bits = (std::uint64_t(1023 + e) << 52) | (g() & ((std::uint64_t(1) << 52) - 1)) | (g() & (std::uint64_t(1) << 63));
+    const double d = i % 4 == 0 ? double(std::bit_cast<float>(std::uint32_t(g()))) : std::bit_cast<double>(bits);
+    if (std::isnan(d)) continue;
+    bad += T(d).bits() != enc.encode(d, false);
+    bad += tessel::detail::encode<typename T::format, overflow::saturate>(d) != enc.encode(d, true);
+  }
+  CHECK(bad == 0);
+}
+}  // namespace
+
+TEST_CASE("scalar conversions from double agree with the reference (sample)", "[types][convert]") {
+  sample_against_reference<tessel::bf16>(tessel_ref::bf16_spec);
+  sample_against_reference<tessel::fp16>(tessel_ref::fp16_spec);
+  sample_against_reference<tessel::e4m3>(tessel_ref::e4m3_spec);
+  sample_against_reference<tessel::e5m2>(tessel_ref::e5m2_spec);
 }
