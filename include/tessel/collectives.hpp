@@ -3,6 +3,7 @@
 #pragma once
 
 #include <tessel/collectives/communicator.hpp>
+#include <tessel/collectives/compression.hpp>
 #include <tessel/collectives/errors.hpp>
 #include <tessel/collectives/reduce_op.hpp>
 #include <tessel/collectives/transport.hpp>

@@ -282,6 +282,16 @@ class communicator {
       do_all_to_allv(send, uniform(count), uniform_displs(count), recv, uniform(count), uniform_displs(count), d);
     });
   }
+  // Extension point for layers built on the communicator (compression, MoE): runs f(ctx) as one
+  // collective (its own tag space, in order with every other call). All ranks must call it together.
+  template <class F>
+  void run_collective(F&& f) {
+    sync([&] {
+      auto c = ctx();
+      f(c);
+    });
+  }
+
   // Any sequence of blocking calls on this communicator, run in the background in order.
   request start(std::function<void()> job) {
     if (!s_->worker) s_->worker = std::make_unique<detail::comm_worker>();
