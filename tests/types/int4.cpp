@@ -1,6 +1,7 @@
 // tessel::int4x2: packing, sign extension, range errors.
 #include <catch2/catch.hpp>
 #include <tessel/types/int4.hpp>
+#include <vector>
 
 using tessel::int4x2;
 
@@ -26,4 +27,26 @@ TEST_CASE("int4x2 rejects values outside [-8, 7]", "[types][int4]") {
   CHECK_THROWS_WITH(int4x2(100, 0), Catch::Contains("100"));
   CHECK_THROWS_AS(int4x2(1, 1).get(2), std::out_of_range);
   CHECK(int4x2::saturate(100, -100) == int4x2(7, -8));
+}
+
+TEST_CASE("pack_int4 / unpack_int4 over spans", "[types][int4]") {
+  std::vector<std::int8_t> v;
+  for (int i = -8; i <= 7; ++i) v.push_back(std::int8_t(i));
+  v.push_back(3);
+  v.push_back(-1);
+  std::vector<int4x2> packed(v.size() / 2);
+  tessel::pack_int4(v, packed);
+  CHECK(packed[0] == int4x2(-8, -7));
+  std::vector<std::int8_t> back(v.size());
+  tessel::unpack_int4(packed, back);
+  CHECK(back == v);
+  v[5] = 100;
+  v[6] = -128;
+  CHECK_THROWS_AS(tessel::pack_int4(v, packed, tessel::overflow::propagate), std::out_of_range);
+  CHECK_THROWS_WITH(tessel::pack_int4(v, packed, tessel::overflow::propagate), Catch::Contains("100") && Catch::Contains("5"));
+  tessel::pack_int4(v, packed);  // saturates
+  CHECK(packed[2].hi() == 7);
+  CHECK(packed[3].lo() == -8);
+  CHECK_THROWS_AS(tessel::pack_int4(std::span<const std::int8_t>(v.data(), 3), packed), std::invalid_argument);
+  CHECK_THROWS_AS(tessel::unpack_int4(packed, std::span<std::int8_t>(back.data(), 5)), std::invalid_argument);
 }

@@ -1,11 +1,15 @@
 // tessel::int4x2: two signed 4-bit integers (-8..7) packed in one byte, low nibble first;
-// the storage of compressed gradients and int4 weights.
+// the storage of compressed gradients and int4 weights. pack_int4/unpack_int4 do it over spans.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+
+#include <tessel/types/detail/codec.hpp>
 
 namespace tessel {
 inline namespace v0 {
@@ -52,6 +56,35 @@ struct int4x2 {
   std::uint8_t bits_;
 };
 static_assert(sizeof(int4x2) == 1 && std::is_trivially_copyable_v<int4x2>);
+
+
+// Packs src[2i], src[2i+1] into dst[i] (low, high). src.size() must be 2 * dst.size()
+// (std::invalid_argument otherwise). saturate clamps to [-8, 7]; propagate throws
+// std::out_of_range naming the first value that does not fit (dst is then unspecified).
+inline void pack_int4(std::span<const std::int8_t> src, std::span<int4x2> dst, overflow ov = overflow::saturate) {
+  if (src.size() != 2 * dst.size())
+    throw std::invalid_argument("tessel::pack_int4: source has " + std::to_string(src.size()) +
+                                " values but destination has " + std::to_string(dst.size()) + " pairs (needs " +
+                                std::to_string(dst.size() * 2) + " values)");
+  if (ov == overflow::propagate)
+    for (std::size_t i = 0; i < src.size(); ++i)
+      if (src[i] < int4x2::min_value || src[i] > int4x2::max_value)
+        throw std::out_of_range("tessel::pack_int4: value " + std::to_string(int(src[i])) + " at index " +
+                                std::to_string(i) + " outside [-8, 7]");
+  for (std::size_t i = 0; i < dst.size(); ++i) dst[i] = int4x2::saturate(src[2 * i], src[2 * i + 1]);
+}
+
+// Inverse of pack_int4: dst.size() must be 2 * src.size().
+inline void unpack_int4(std::span<const int4x2> src, std::span<std::int8_t> dst) {
+  if (dst.size() != 2 * src.size())
+    throw std::invalid_argument("tessel::unpack_int4: source has " + std::to_string(src.size()) +
+                                " pairs but destination has " + std::to_string(dst.size()) + " values (needs " +
+                                std::to_string(src.size() * 2) + ")");
+  for (std::size_t i = 0; i < src.size(); ++i) {
+    dst[2 * i] = static_cast<std::int8_t>(src[i].lo());
+    dst[2 * i + 1] = static_cast<std::int8_t>(src[i].hi());
+  }
+}
 
 }  // namespace v0
 }  // namespace tessel
