@@ -8,8 +8,17 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 
 #include <tessel/arch/target.hpp>
+
+// GCC 12 reports (maybe-)uninitialized `__Y` inside its AVX-512 shift intrinsics when they are
+// inlined here at -O1/-O2 (the _mm512_undefined_* idiom); the diagnostics are false positives.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 namespace tessel::arch::stream {
 
@@ -122,16 +131,17 @@ inline void store_u16(vu v, std::uint16_t* p, bool nt = false) {
 inline vu bits(vf v) { return xsimd::bitwise_cast<vu>(v); }
 inline vf from_bits(vu v) { return xsimd::bitwise_cast<vf>(v); }
 
-// Lane-wise f32_to_bf16_bits (in u32 lanes).
+// Lane-wise f32_to_bf16_bits (in u32 lanes). Blends go through float batches: xsimd 8.1's
+// integer select does not compile for AVX-512 at -O0.
 inline vu bf16_rne_lanes(vf f) {
   const vu u = bits(f);
-  const vu a = u & vu(0x7FFFFFFFu);
   const vu rne = (u + vu(0x7FFFu) + ((u >> 16) & vu(1u))) >> 16;
-  const auto is_nan = a > vu(0x7F800000u);
+  const auto is_nan = f != f;
   if (xsimd::any(is_nan)) {
-    const vu payload = (a >> 16) & vu(0x7Fu);
-    const vu nan = ((u >> 16) & vu(0x8000u)) | vu(0x7F80u) | xsimd::select(payload == vu(0u), vu(0x40u), payload);
-    return xsimd::select(is_nan, nan, rne);
+    const vu payload = (u >> 16) & vu(0x7Fu);
+    const vu nonzero = ((payload + vu(0x7Fu)) >> 7) & vu(1u);  // 1 iff payload != 0
+    const vu nan = ((u >> 16) & vu(0x8000u)) | vu(0x7F80u) | payload | ((vu(1u) - nonzero) << 6);
+    return bits(xsimd::select(is_nan, from_bits(nan), from_bits(rne)));
   }
   return rne;
 }
@@ -154,9 +164,9 @@ inline vu random_bits_v(std::uint32_t key, std::uint32_t i0) {
 }
 inline vu bf16_sr_lanes(vf f, vu rnd) {
   const vu u = bits(f);
-  const auto special = (u & vu(0x7FFFFFFFu)) >= vu(0x7F800000u);
+  const auto special = !(xsimd::abs(f) < vf(std::numeric_limits<float>::infinity()));  // Inf or NaN
   const vu sr = (u + (rnd & vu(0xFFFFu))) >> 16;
-  if (xsimd::any(special)) return xsimd::select(special, bf16_rne_lanes(f), sr);
+  if (xsimd::any(special)) return bits(xsimd::select(special, from_bits(bf16_rne_lanes(f)), from_bits(sr)));
   return sr;
 }
 
@@ -256,3 +266,7 @@ inline float hmax(vf v) {
 }
 
 }  // namespace tessel::arch::stream
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
