@@ -5,6 +5,7 @@
 // gather, scatter (n-1)/n; broadcast, reduce, sendrecv 1. On the emulated transport times are simulated.
 #include <algorithm>
 #include <cinttypes>
+#include <concepts>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -12,6 +13,7 @@
 #include <functional>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <tessel/collectives.hpp>
@@ -162,16 +164,53 @@ void fill(std::byte* p, std::size_t count, dtype d, int rank, std::size_t first,
 }
 
 // Expected reduction of elements [first, first+count): regenerate every rank's data and fold in rank order.
+// integers reduce with wrap-around, computed in an unsigned type (no signed-overflow UB)
+template <class A>
+struct wrap_of {
+  using type = A;
+};
+template <std::integral A>
+struct wrap_of<A> {
+  using type = std::conditional_t<(sizeof(A) < 4), std::uint32_t, std::make_unsigned_t<A>>;
+};
+
 std::vector<std::byte> expected_reduce(std::size_t count, dtype d, reduce_op op, int n, std::size_t first) {
-  const std::size_t es = dtype_size(d), as = dtype_size(accumulator_dtype(d));
-  std::vector<std::byte> acc(count * as), x(count * es), out(count * es);
-  fill(x.data(), count, d, 0, first, op);
-  detail::to_acc_kernel(d, x.data(), acc.data(), count);
-  for (int r = 1; r < n; ++r) {
-    fill(x.data(), count, d, r, first, op);
-    detail::fold_kernel(op, d, acc.data(), true, x.data(), acc.data(), count);
-  }
-  detail::finalize_kernel(op, d, n, acc.data(), out.data(), count);
+  // the canonical order, written out here: rank 0..n-1 folded into an FP32 (or own-type) accumulator
+  std::vector<std::byte> out(count * dtype_size(d));
+  visit_dtype(d, [&]<class T>(std::type_identity<T>) {
+    if constexpr (!std::is_same_v<T, int4x2>) {
+      using A = std::conditional_t<std::is_class_v<T>, float, T>;
+      using W = typename wrap_of<A>::type;
+      std::vector<std::byte> x(count * sizeof(T));
+      std::vector<A> acc(count);
+      for (int r = 0; r < n; ++r) {
+        fill(x.data(), count, d, r, first, op);
+        for (std::size_t i = 0; i < count; ++i) {
+          T t;
+          std::memcpy(&t, x.data() + i * sizeof(T), sizeof(T));
+          const A v = static_cast<A>(t);
+          A& a = acc[i];
+          if (r == 0) { a = v; continue; }
+          switch (op) {
+            case reduce_op::sum: case reduce_op::avg: a = static_cast<A>(static_cast<W>(static_cast<W>(a) + static_cast<W>(v))); break;
+            case reduce_op::prod: a = static_cast<A>(static_cast<W>(static_cast<W>(a) * static_cast<W>(v))); break;
+            case reduce_op::min: a = (a != a) ? a : (v != v) ? v : (v < a ? v : a); break;
+            case reduce_op::max: a = (a != a) ? a : (v != v) ? v : (a < v ? v : a); break;
+          }
+        }
+      }
+      for (std::size_t i = 0; i < count; ++i) {
+        A a = acc[i];
+        if (op == reduce_op::avg) {
+          if constexpr (std::is_integral_v<A> && std::is_signed_v<A>) a = static_cast<A>(static_cast<std::int64_t>(a) / n);
+          else if constexpr (std::is_integral_v<A>) a = static_cast<A>(static_cast<std::uint64_t>(a) / static_cast<std::uint64_t>(n));
+          else a = a / static_cast<A>(n);
+        }
+        const T t = static_cast<T>(a);
+        std::memcpy(out.data() + i * sizeof(T), &t, sizeof(T));
+      }
+    }
+  });
   return out;
 }
 
@@ -229,11 +268,14 @@ result measure(communicator& c, const opts& o, std::size_t count, bool inplace) 
     default: break;
   }
   if (inplace && (o.kind == coll::reduce_scatter || o.kind == coll::scatter)) recvc = count * N;
-  std::vector<std::byte> sb(sendc * es), rb(recvc * es);
+  // timing-only (emulated without --check): no buffers at all, the schedule runs on sizes alone
+  const bool dry = c.transport_handle().timing_only();
+  std::vector<std::byte> sb(dry ? 0 : sendc * es), rb(dry ? 0 : recvc * es);
   result res;
   if (inplace && (o.kind == coll::all_to_all || o.kind == coll::sendrecv)) return {-1, 0};
   auto prepare = [&] {  // inputs (in place: inside recv) hold verifiable data
     const auto op = o.op;
+    if (dry) return;
     switch (o.kind) {
       case coll::all_reduce: case coll::reduce: case coll::broadcast:
         fill(inplace ? rb.data() : sb.data(), count, o.dt, c.rank(), 0, op); break;
@@ -255,9 +297,14 @@ result measure(communicator& c, const opts& o, std::size_t count, bool inplace) 
   for (int i = 0; i < o.iters; ++i) call(c, o, sb.data(), rb.data(), count, inplace);
   double dt = (c.now() - t0) / o.iters * 1e6;
   double tmax = 0;
-  c.all_reduce(&dt, &tmax, 1, dtype::f64, reduce_op::max);
+  if (dry) {  // no arithmetic in a timing-only run: time to the end of a closing barrier instead
+    c.barrier();
+    tmax = (c.now() - t0) / o.iters * 1e6;
+  } else {
+    c.all_reduce(&dt, &tmax, 1, dtype::f64, reduce_op::max);
+  }
   res.us = tmax;
-  if (o.check) {
+  if (o.check && !dry) {
     prepare();
     call(c, o, sb.data(), rb.data(), count, inplace);
     std::size_t bad = 0;
@@ -423,10 +470,14 @@ int main(int argc, char** argv) {
 #endif
     } else if (o.transport == "emulated") {
 #if TESSEL_PERF_EMULATED
-      emulated_world::run_default(o.ranks, [&](emulated_transport t) {
-        communicator c(std::move(t), co);
-        run(c, o);
-      });
+      co.segment_bytes = std::size_t{64} << 20;  // fewer, larger messages: the fabric model pipelines them
+      emulated_world::run_default(
+          o.ranks,
+          [&](emulated_transport t) {
+            communicator c(std::move(t), co);
+            run(c, o);
+          },
+          !o.check);
 #else
       usage("the emulated transport is not available in this build");
 #endif

@@ -114,7 +114,7 @@ inline std::size_t checked_bytes(std::size_t count, dtype d, const char* what) {
 }
 inline void check_buffer(const void* p, std::size_t count, dtype d, const char* what, const char* which) {
   checked_bytes(count, d, what);
-  if (count == 0) return;
+  if (count == 0 || (coll_dry_run && !p)) return;  // timing-only runs may pass no buffers
   if (!p) throw std::invalid_argument(std::string("tessel: ") + what + ": " + which + " buffer is null");
   if (reinterpret_cast<std::uintptr_t>(p) % dtype_size(d) != 0)
     throw std::invalid_argument(std::string("tessel: ") + what + ": " + which + " buffer is misaligned for " +
@@ -295,7 +295,11 @@ class communicator {
   // Any sequence of blocking calls on this communicator, run in the background in order.
   request start(std::function<void()> job) {
     if (!s_->worker) s_->worker = std::make_unique<detail::comm_worker>();
-    return request(s_->worker->submit(std::move(job)));
+    const bool dry = s_->tp->timing_only();
+    return request(s_->worker->submit([dry, job = std::move(job)] {
+      dry_guard g(dry);
+      job();
+    }));
   }
 
  private:
@@ -310,13 +314,24 @@ class communicator {
 
   template <class F>
   void sync(F&& f) {
+    const bool dry = s_->tp->timing_only();
+    auto body = [&] {
+      dry_guard g(dry);
+      f();
+    };
     if (s_->worker) {  // keep the order with asynchronous calls already queued
-      auto st = s_->worker->submit(std::function<void()>(std::ref(f)));
+      auto st = s_->worker->submit(std::function<void()>(std::ref(body)));
       request(st).wait();
     } else {
-      f();
+      body();
     }
   }
+  // Runs a collective body with the timing-only flag of this transport set on this thread.
+  struct dry_guard {
+    bool old;
+    explicit dry_guard(bool on) : old(detail::coll_dry_run) { detail::coll_dry_run = on; }
+    ~dry_guard() { detail::coll_dry_run = old; }
+  };
 
   int node_size() const { return s_->opt.node_size > 0 ? s_->opt.node_size : s_->tp->node_size(); }
 
@@ -435,7 +450,7 @@ class communicator {
     if (c.rank == root) {
       for (int q = 0; q < c.n; ++q)
         if (q != root) c.tp.recv_into(q, tg, {rb + off[q] * es, (off[q + 1] - off[q]) * es});
-      if (m) std::memcpy(rb + off[c.rank] * es, blk.data(), m * es);
+      detail::copy_bytes(rb + off[c.rank] * es, blk.data(), m * es);
     } else {
       c.send(root, tg, blk.data(), m * es);
       c.wait_all();
@@ -451,7 +466,7 @@ class communicator {
     auto c = ctx();
     if (count == 0) return;
     auto* rb = static_cast<std::byte*>(recv);
-    if (c.rank == root && send != recv) std::memcpy(rb, send, bytes);
+    if (c.rank == root) detail::copy_bytes(rb, send, bytes);
     if (c.n == 1) return;
     const tag_t tg = c.tag + 22;
     algorithm a = o.algo;
@@ -502,7 +517,7 @@ class communicator {
     check_alias(send, sendcount * es, recv, total * es, inplace, "all_gather");
     auto c = ctx();
     if (sendcount == 0) return;
-    if (!inplace) std::memcpy(mine, send, sendcount * es);
+    if (!inplace) detail::copy_bytes(mine, send, sendcount * es);
     if (c.n == 1) return;
     const auto off = detail::equal_blocks(sendcount, c.n);
     const tag_t tg = c.tag + 23;
@@ -513,7 +528,7 @@ class communicator {
         return detail::ag_direct(c, rb, d, off, tg);
       case algorithm::tree: {
         detail::scratch g = detail::tree_gather(c, mine, sendcount * es, 0, tg);
-        if (c.rank == 0) std::memcpy(rb, g.data(), total * es);
+        if (c.rank == 0) detail::copy_bytes(rb, g.data(), total * es);
         return detail::tree_bcast(c, rb, total * es, 0, tg + 1);
       }
       default: return detail::ag_direct(c, rb, d, off, tg);
@@ -536,7 +551,7 @@ class communicator {
     if (sendcount == 0) return;
     const tag_t tg = c.tag + 24;
     if (c.rank == root) {
-      if (!inplace) std::memcpy(rb + static_cast<std::size_t>(root) * sendcount * es, send, sendcount * es);
+      if (!inplace) detail::copy_bytes(rb + static_cast<std::size_t>(root) * sendcount * es, send, sendcount * es);
       for (int q = 0; q < c.n; ++q)
         if (q != root) c.tp.recv_into(q, tg, {rb + static_cast<std::size_t>(q) * sendcount * es, sendcount * es});
     } else {
@@ -563,7 +578,7 @@ class communicator {
     if (c.rank == root) {
       for (int q = 0; q < c.n; ++q)
         if (q != root) c.send(q, tg, sb + static_cast<std::size_t>(q) * recvcount * es, recvcount * es);
-      if (!inplace) std::memcpy(recv, sb + static_cast<std::size_t>(root) * recvcount * es, recvcount * es);
+      if (!inplace) detail::copy_bytes(recv, sb + static_cast<std::size_t>(root) * recvcount * es, recvcount * es);
       c.wait_all();
     } else {
       c.tp.recv_into(root, tg, {static_cast<std::byte*>(recv), recvcount * es});
@@ -594,7 +609,7 @@ class communicator {
     const tag_t tg = c.tag + 26;
     for (int q = 0; q < c.n; ++q)
       if (q != r) c.send(q, tg, sc[q] ? sb + sd[q] * es : nullptr, sc[q] * es);
-    if (sc[r]) std::memcpy(rb + rd[r] * es, sb + sd[r] * es, sc[r] * es);
+    detail::copy_bytes(rb + rd[r] * es, sb + sd[r] * es, sc[r] * es);
     for (int k = 1; k < c.n; ++k) {  // start with the next rank so that senders are served evenly
       const int q = (r + c.n - k) % c.n;
       c.tp.recv_into(q, tg, {rc[q] ? rb + rd[q] * es : nullptr, rc[q] * es});

@@ -51,6 +51,15 @@ constexpr bool reducible(dtype d) { return d != dtype::i4x2; }
 }  // namespace v0
 namespace detail {
 
+// Timing-only runs (the emulator without payloads) execute every algorithm's message schedule but
+// no arithmetic and no copies: set per thread by the communicator while it runs such a collective.
+inline thread_local bool coll_dry_run = false;
+
+// memmove that a timing-only run skips.
+inline void copy_bytes(void* dst, const void* src, std::size_t n) {
+  if (n && !coll_dry_run && dst != src) std::memmove(dst, src, n);
+}
+
 template <class T>
 using acc_t = std::conditional_t<(std::is_class_v<T>), float, T>;
 
@@ -144,6 +153,7 @@ decltype(auto) visit_reducible(dtype d, F&& f) {
 // dst holds acc_t<T>; dst may alias a (element-wise) or b when T is its own accumulator.
 inline void fold_kernel(reduce_op op, dtype d, const std::byte* a, bool a_acc, const std::byte* b, std::byte* dst,
                         std::size_t n) {
+  if (coll_dry_run) return;
   visit_reducible(d, [&]<class T>(std::type_identity<T>) {
     visit_op(op, [&]<reduce_op Op>(std::integral_constant<reduce_op, Op>) {
       using A = acc_t<T>;
@@ -167,6 +177,7 @@ inline void fold_kernel(reduce_op op, dtype d, const std::byte* a, bool a_acc, c
 
 // dst (acc_t<T>) = src (T) converted.
 inline void to_acc_kernel(dtype d, const std::byte* src, std::byte* dst, std::size_t n) {
+  if (coll_dry_run) return;
   visit_reducible(d, [&]<class T>(std::type_identity<T>) {
     using A = acc_t<T>;
     if constexpr (std::is_same_v<A, T>) {
@@ -180,6 +191,7 @@ inline void to_acc_kernel(dtype d, const std::byte* src, std::byte* dst, std::si
 
 // dst (T) = finalize(src (acc_t<T>)) with n ranks; dst may alias src when T is its own accumulator.
 inline void finalize_kernel(reduce_op op, dtype d, int nranks, const std::byte* src, std::byte* dst, std::size_t n) {
+  if (coll_dry_run) return;
   visit_reducible(d, [&]<class T>(std::type_identity<T>) {
     visit_op(op, [&]<reduce_op Op>(std::integral_constant<reduce_op, Op>) {
       using A = acc_t<T>;

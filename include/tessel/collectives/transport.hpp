@@ -87,6 +87,7 @@ class transport_iface {
   virtual bool can_shrink() const = 0;
   virtual std::shared_ptr<transport_iface> shrink() = 0;
   virtual bool is_simulated() const = 0;
+  virtual bool timing_only() const = 0;
 };
 
 template <transport T>
@@ -125,6 +126,10 @@ class transport_model final : public transport_iface {
   }
   bool is_simulated() const override {
     if constexpr (requires { T::simulated; }) return T::simulated;
+    else return false;
+  }
+  bool timing_only() const override {
+    if constexpr (requires { t_.timing_only(); }) return t_.timing_only();
     else return false;
   }
   T& get() { return t_; }

@@ -119,7 +119,7 @@ class scratch {
  public:
   scratch() = default;
   explicit scratch(std::size_t bytes) : n_(bytes) {
-    if (bytes) std::tie(p_, cls_) = scratch_pool::instance().get(bytes);
+    if (bytes && !coll_dry_run) std::tie(p_, cls_) = scratch_pool::instance().get(bytes);
   }
   scratch(scratch&& o) noexcept
       : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)), cls_(std::exchange(o.cls_, 0)) {}
@@ -366,7 +366,7 @@ inline hd_plan hd_halving(coll_ctx& c, const std::byte* send, std::byte* out_ful
     store.emplace_back(mine.size() * give_n * es);
     std::byte* ob = store.back().data();
     for (std::size_t j = 0; j < mine.size(); ++j)
-      if (give_n) std::memcpy(ob + j * give_n * es, mine[j].ptr + (give_lo - mine[j].origin) * es, give_n * es);
+      if (give_n) copy_bytes(ob + j * give_n * es, mine[j].ptr + (give_lo - mine[j].origin) * es, give_n * es);
     c.send(partner, tag + 1 + s, ob, mine.size() * give_n * es);
     const auto& ps = h.sets[s][partner];
     store.emplace_back(ps.size() * keep_n * es);
@@ -433,7 +433,7 @@ inline scratch tree_gather(coll_ctx& c, const std::byte* send, std::size_t bytes
   while (sub < n && !(v & sub)) sub *= 2;  // lowest set bit of v (n-ish for the root)
   const int span_n = std::min(sub, n - v);
   scratch buf(static_cast<std::size_t>(span_n) * bytes);
-  if (bytes) std::memcpy(buf.data(), send, bytes);
+  copy_bytes(buf.data(), send, bytes);
   for (int mask = 1; mask < n; mask *= 2) {
     if (v & mask) {
       c.send((v - mask + root) % n, tag, buf.data(), static_cast<std::size_t>(span_n) * bytes);
@@ -681,7 +681,7 @@ inline void rs_hd(coll_ctx& c, const std::byte* send, std::byte* out, dtype d, r
     for (int b = fin.first; b < fin.second; ++b) {
       const std::size_t lo = off[b], m = off[b + 1] - lo;
       if (b == r) {
-        if (m) std::memmove(out, full.data() + lo * es, m * es);
+        copy_bytes(out, full.data() + lo * es, m * es);
       } else {
         c.send(b, tf, full.data() + lo * es, m * es);
       }
@@ -701,7 +701,7 @@ inline void rs_tree(coll_ctx& c, const std::byte* send, std::byte* out, dtype d,
     scratch full(count * es);
     fold_gathered(c, g, count, d, op, 0, full.data());
     for (int q = 1; q < c.n; ++q) c.send(q, tf, full.data() + off[q] * es, (off[q + 1] - off[q]) * es);
-    if (off[1]) std::memmove(out, full.data(), off[1] * es);
+    copy_bytes(out, full.data(), off[1] * es);
     c.wait_all();
   } else {
     c.tp.recv_into(0, tf, {out, (off[c.rank + 1] - off[c.rank]) * es});

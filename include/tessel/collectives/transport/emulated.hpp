@@ -1,0 +1,279 @@
+// The emulated transport: ranks are cards of an emulated UBL128 cluster (tessel/emulator.hpp).
+// Messages are the cluster's two-sided send/recv, so their timing comes from the fabric model and
+// now() is the card's simulated clock. Payloads move between the algorithms' host buffers (the
+// cluster allows host buffers for send/recv); in a timing-only cluster no bytes move and the
+// collectives run their message schedule without arithmetic (see detail::coll_dry_run).
+// Emulator faults become comm errors: a failed card -> peer_failed_error, a simulated timeout ->
+// comm_timeout_error, a lost link -> comm_error; shrink() keeps the cards not known to have failed.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <tessel/collectives/errors.hpp>
+#include <tessel/collectives/transport.hpp>
+#include <tessel/emulator/cluster.hpp>
+
+namespace tessel {
+inline namespace v0 {
+
+namespace detail {
+struct emulated_shared {
+  emu::cluster* cl = nullptr;
+  std::vector<std::size_t> cards;  // rank -> card
+  std::mutex mu;
+  std::atomic<bool> aborted{false};
+  std::atomic<bool> revoked{false};
+  std::atomic<int> revoked_by{-1};
+  std::shared_ptr<emulated_shared> successor;
+  std::vector<int> successor_ranks;
+  int rank_of(std::size_t card) const {
+    for (std::size_t r = 0; r < cards.size(); ++r)
+      if (cards[r] == card) return static_cast<int>(r);
+    return -1;
+  }
+};
+}  // namespace detail
+
+class emulated_transport;
+
+// A set of cards of one cluster acting as ranks 0..n-1 (by default every card, in order).
+class emulated_world {
+ public:
+  explicit emulated_world(emu::cluster& cl) : emulated_world(cl, all_cards(cl)) {}
+  emulated_world(emu::cluster& cl, std::vector<std::size_t> cards) : s_(std::make_shared<detail::emulated_shared>()) {
+    if (cards.empty()) throw std::invalid_argument("tessel::emulated_world: no cards");
+    for (std::size_t c : cards)
+      if (c >= cl.size())
+        throw std::out_of_range("tessel::emulated_world: card " + std::to_string(c) + " outside the cluster of " +
+                                std::to_string(cl.size()));
+    s_->cl = &cl;
+    s_->cards = std::move(cards);
+    // the algorithms' own buffers (host memory) are sent and received directly, no staging copy
+    cl.set_allow_host_buffers(true);
+  }
+  int size() const { return static_cast<int>(s_->cards.size()); }
+  inline emulated_transport transport(int rank) const;
+  void abort() { s_->aborted = true; }
+
+  // Runs f(emulated_transport) on one host thread per rank; rethrows the lowest rank's exception.
+  template <class F>
+  void run(F&& f) const;
+
+  // A cluster of `ranks` cards (super-nodes of 128) with default UBL128 figures, and run(f) on it.
+  template <class F>
+  static void run_default(int ranks, F&& f, bool timing_only = true) {
+    if (ranks <= 0) throw std::invalid_argument("tessel::emulated_world: rank count must be positive");
+    emu::cluster_config cfg;
+    const std::size_t n = static_cast<std::size_t>(ranks);
+    cfg.cards_per_supernode = std::min<std::size_t>(n, 128);
+    if (n % cfg.cards_per_supernode != 0)
+      throw std::invalid_argument("tessel::emulated_world: more than 128 ranks must be a multiple of 128");
+    cfg.scaleout.supernodes = n / cfg.cards_per_supernode;
+    cfg.timing_only = timing_only;
+    emu::cluster cl(cfg, 1);
+    emulated_world(cl).run(std::forward<F>(f));
+  }
+
+ private:
+  static std::vector<std::size_t> all_cards(emu::cluster& cl) {
+    std::vector<std::size_t> v(cl.size());
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = i;
+    return v;
+  }
+  explicit emulated_world(std::shared_ptr<detail::emulated_shared> s) : s_(std::move(s)) {}
+  std::shared_ptr<detail::emulated_shared> s_;
+  friend class emulated_transport;
+};
+
+class emulated_transport {
+ public:
+  static constexpr bool simulated = true;
+
+  class send_request {
+   public:
+    send_request() = default;
+    send_request(send_request&& o) noexcept { swap(o); }
+    send_request& operator=(send_request&& o) noexcept {
+      swap(o);
+      return *this;
+    }
+    ~send_request() {
+      // a dropped send (error unwinding): let the emulator finish with the buffer before it goes
+      if (owner_ && live_ && !waited_) {
+        try {
+          owner_->cl->wait(done_);
+        } catch (...) {
+        }
+      }
+    }
+
+   private:
+    friend class emulated_transport;
+    void swap(send_request& o) noexcept {
+      std::swap(owner_, o.owner_);
+      std::swap(done_, o.done_);
+      std::swap(live_, o.live_);
+      std::swap(waited_, o.waited_);
+    }
+    detail::emulated_shared* owner_ = nullptr;
+    emu::cluster::completion done_{};
+    bool live_ = false;
+    bool waited_ = false;
+  };
+
+  int rank() const { return rank_; }
+  int size() const { return static_cast<int>(s_->cards.size()); }
+  double now() const { return s_->cl->clock(card()); }
+  bool timing_only() const { return s_->cl->config().timing_only; }
+  int node_size() const {
+    const auto& cfg = s_->cl->config();
+    return cfg.scaleout.supernodes > 1 ? static_cast<int>(cfg.cards_per_supernode) : 1;
+  }
+  std::size_t card() const { return s_->cards[static_cast<std::size_t>(rank_)]; }
+  emu::cluster& cluster() const { return *s_->cl; }
+
+  send_request isend(int peer, tag_t tag, std::span<const std::byte> src) {
+    check_peer(peer);
+    check_state();
+    send_request r;
+    r.owner_ = s_.get();
+    guard([&] {
+      r.done_ = s_->cl->send(card(), s_->cards[static_cast<std::size_t>(peer)], timing_only() ? nullptr : src.data(),
+                             src.size(), tag);
+    });
+    r.live_ = true;
+    return r;
+  }
+  void wait(send_request& r) {
+    if (!r.owner_) return;
+    guard([&] { s_->cl->wait(r.done_); });
+    r.waited_ = true;
+  }
+  void recv(int peer, tag_t tag, std::size_t bytes, recv_consumer fn) {
+    check_peer(peer);
+    check_state();
+    if (timing_only()) {
+      guard([&] { s_->cl->wait(s_->cl->recv(card(), s_->cards[static_cast<std::size_t>(peer)], nullptr, bytes, tag)); });
+      fn(std::span<const std::byte>(static_cast<const std::byte*>(nullptr), 0), 0);
+      return;
+    }
+    std::vector<std::byte> bounce(bytes);
+    guard([&] { s_->cl->wait(s_->cl->recv(card(), s_->cards[static_cast<std::size_t>(peer)], bounce.data(), bytes, tag)); });
+    fn(std::span<const std::byte>(bounce.data(), bytes), 0);
+  }
+  void recv_into(int peer, tag_t tag, std::span<std::byte> dst) {
+    check_peer(peer);
+    check_state();
+    guard([&] {
+      s_->cl->wait(s_->cl->recv(card(), s_->cards[static_cast<std::size_t>(peer)], timing_only() ? nullptr : dst.data(),
+                                dst.size(), tag));
+    });
+  }
+  void abort() { s_->aborted = true; }
+  void revoke(int failed) {
+    if (!s_->revoked.exchange(true)) s_->revoked_by = failed;
+  }
+
+  // ULFM shrink: the ranks whose cards the cluster has not reported failed.
+  emulated_transport shrink() {
+    std::lock_guard lk(s_->mu);
+    if (!s_->successor) {
+      auto next = std::make_shared<detail::emulated_shared>();
+      next->cl = s_->cl;
+      for (std::size_t r = 0; r < s_->cards.size(); ++r)
+        if (!s_->cl->failed(s_->cards[r]) && s_->cl->at(s_->cards[r]).alive()) {
+          next->cards.push_back(s_->cards[r]);
+          s_->successor_ranks.push_back(static_cast<int>(r));
+        }
+      s_->successor = next;
+    }
+    const auto it = std::find(s_->successor_ranks.begin(), s_->successor_ranks.end(), rank_);
+    if (it == s_->successor_ranks.end())
+      throw comm_revoked_error(-1, "tessel::emulated_transport: this rank's card failed; it is not in the shrunk world");
+    return emulated_transport(s_->successor, static_cast<int>(it - s_->successor_ranks.begin()));
+  }
+
+ private:
+  friend class emulated_world;
+  emulated_transport(std::shared_ptr<detail::emulated_shared> s, int r) : s_(std::move(s)), rank_(r) {}
+
+  void check_peer(int peer) const {
+    if (peer < 0 || peer >= size())
+      throw std::out_of_range("tessel::emulated_transport: peer " + std::to_string(peer) + " outside [0, " +
+                              std::to_string(size()) + ")");
+  }
+  void check_state() const {
+    if (s_->aborted) throw comm_aborted_error("tessel::emulated_transport: communicator aborted");
+    if (s_->revoked)
+      throw comm_revoked_error(s_->revoked_by, "tessel::emulated_transport: communicator revoked after rank " +
+                                                   std::to_string(s_->revoked_by.load()) + " failed");
+  }
+  // Emulator faults -> the collectives' error types (and the communicator is revoked).
+  template <class F>
+  void guard(F&& f) {
+    try {
+      f();
+    } catch (const emu::card_failed_error& e) {
+      const int who = s_->rank_of(e.card);
+      revoke(who);
+      throw peer_failed_error(who, std::string("tessel::emulated_transport: ") + e.what());
+    } catch (const emu::timeout_error& e) {
+      const int who = s_->rank_of(e.card);
+      revoke(who);
+      throw comm_timeout_error(who, std::string("tessel::emulated_transport: ") + e.what());
+    } catch (const emu::fault_error& e) {
+      revoke(-1);
+      throw comm_error(std::string("tessel::emulated_transport: ") + e.what());
+    }
+  }
+
+  std::shared_ptr<detail::emulated_shared> s_;
+  int rank_ = 0;
+};
+
+inline emulated_transport emulated_world::transport(int rank) const {
+  if (rank < 0 || rank >= size())
+    throw std::out_of_range("tessel::emulated_world: rank " + std::to_string(rank) + " outside [0, " +
+                            std::to_string(size()) + ")");
+  return emulated_transport(s_, rank);
+}
+
+template <class F>
+void emulated_world::run(F&& f) const {
+  const int n = size();
+  std::vector<std::exception_ptr> errs(static_cast<std::size_t>(n));
+  std::vector<std::thread> ts;
+  ts.reserve(static_cast<std::size_t>(n));
+  // one driver thread per card (the emulator's conservative synchronization): attach all first
+  for (std::size_t c : s_->cards) s_->cl->attach(c);
+  for (int r = 0; r < n; ++r)
+    ts.emplace_back([&, r] {
+      emu::cluster::driver_scope scope(*s_->cl, s_->cards[static_cast<std::size_t>(r)], emu::cluster::adopt);
+      try {
+        f(transport(r));
+      } catch (...) {
+        errs[static_cast<std::size_t>(r)] = std::current_exception();
+        s_->revoked = true;
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (auto& e : errs)
+    if (e) std::rethrow_exception(e);
+}
+
+static_assert(transport<emulated_transport>);
+
+}  // namespace v0
+}  // namespace tessel
