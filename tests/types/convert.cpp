@@ -169,3 +169,32 @@ TEST_CASE("scalar conversions from double agree with the reference (sample)", "[
   sample_against_reference<tessel::e4m3>(tessel_ref::e4m3_spec);
   sample_against_reference<tessel::e5m2>(tessel_ref::e5m2_spec);
 }
+
+#if defined(__x86_64__) || defined(__i386__)
+TEMPLATE_TEST_CASE("bulk convert stays exact under FTZ/DAZ", "[types][convert]", tessel::bf16, tessel::fp16,
+                   tessel::e4m3, tessel::e5m2) {
+  // Programs linked with -ffast-math run with FTZ|DAZ set; the integer rounding must not care.
+  std::vector<float> src;
+  for (std::uint32_t u = 1; u < 0x00800000u; u += 0x1FFFu) {
+    src.push_back(std::bit_cast<float>(u));
+    src.push_back(std::bit_cast<float>(u | 0x80000000u));
+  }
+  src.push_back(std::bit_cast<float>(0x7F7F8000u));
+  src.push_back(std::numeric_limits<float>::quiet_NaN());
+  std::vector<TestType> p(src.size()), q(src.size());
+  std::vector<float> back(src.size());
+  const unsigned saved = __builtin_ia32_stmxcsr();
+  __builtin_ia32_ldmxcsr(saved | 0x8040u);  // FTZ | DAZ
+  tessel::convert(std::span<const float>(src), std::span<TestType>(p));
+  tessel::convert(std::span<const float>(src), std::span<TestType>(q), overflow::saturate);
+  tessel::convert(std::span<const TestType>(p), std::span<float>(back));
+  __builtin_ia32_ldmxcsr(saved);
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < src.size(); ++i) {
+    bad += p[i].bits() != tessel::detail::encode<typename TestType::format, overflow::propagate>(src[i]);
+    bad += q[i].bits() != tessel::detail::encode<typename TestType::format, overflow::saturate>(src[i]);
+    bad += std::bit_cast<std::uint32_t>(back[i]) != std::bit_cast<std::uint32_t>(tessel::detail::decode_bits<typename TestType::format, float>(p[i].bits()));
+  }
+  CHECK(bad == 0);
+}
+#endif

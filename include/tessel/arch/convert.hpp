@@ -31,10 +31,20 @@ HWY_INLINE V encode_lanes(D du, V u) {
   V a = hn::And(u, hn::Set(du, 0x7FFFFFFFu));
   if constexpr (Ov == overflow::saturate) {
     // Clamping |x| to max before rounding is saturation (anything above max rounds to max or
-    // beyond). x86 min returns its second operand when either is NaN, so NaN lanes pass through.
-    const hn::Rebind<float, D> df;
+    // beyond); NaN lanes must pass through unchanged.
     constexpr float max_f = tessel::detail::decode_bits<Fmt, float>(static_cast<typename Fmt::storage>(Fmt::max_code));
-    a = hn::BitCast(du, hn::Min(hn::Set(df, max_f), hn::BitCast(df, a)));
+    if constexpr (Fmt::exp_bits == 8) {
+      // bf16 keeps float subnormals, so no FP min here (DAZ would zero them): rotate the NaN
+      // range [0x7F800001, 0x7FFFFFFF] to the bottom of u32, clamp, rotate back.
+      constexpr std::uint32_t rot = 0x7F800001u;
+      const V r = hn::Sub(a, hn::Set(du, rot));
+      a = hn::Add(hn::Min(r, hn::Set(du, std::bit_cast<std::uint32_t>(max_f) - rot)), hn::Set(du, rot));
+    } else {
+      // x86 min returns its second operand when either is NaN, so NaN lanes pass through. (Under
+      // DAZ a subnormal float becomes 0 here, which is what these formats round it to anyway.)
+      const hn::Rebind<float, D> df;
+      a = hn::BitCast(du, hn::Min(hn::Set(df, max_f), hn::BitCast(df, a)));
+    }
   }
   const V one = hn::Set(du, 1u);
   V code;
