@@ -233,3 +233,18 @@ TEST_CASE("a threaded recv nobody answers times out once every other driver is b
   for (auto& t : ts) t.join();
   CHECK(timeouts.load() == 3);
 }
+
+TEST_CASE("abort ends pending transfers and refuses new ones", "[emulator][cluster]") {
+  auto cfg = small(2);
+  cluster cl(cfg, 1);
+  auto* a = cl[0].allocate(1 << 20);
+  auto* b = cl[1].allocate(1 << 20);
+  auto r = cl.recv(1, 0, b, 64);
+  auto p = cl.put(0, a, 1, b, 1 << 20);
+  cl.abort("test abort");
+  CHECK(cl.aborted());
+  CHECK_THROWS_AS(r.wait(), fault_error);
+  CHECK_THROWS_WITH(p.wait(), Catch::Contains("test abort"));
+  CHECK_THROWS_AS(cl.send(0, 1, a, 64), fault_error);
+  cl.drain();  // the model still finishes what was in flight
+}

@@ -271,6 +271,26 @@ class cluster {
     return net_.notices();
   }
 
+  // Ends every pending transfer with a fault_error (for a transport's abort()); later posts
+  // throw too. Fabric messages already in flight still finish in the model, but nobody waits.
+  void abort(const std::string& why = "aborted") {
+    std::lock_guard lk(mu_);
+    aborted_ = why;
+    for (op& o : ops_)
+      if (o.state == op_pending) {
+        o.state = op_failed;
+        o.done = std::max(o.posted, net_.now());
+        o.err = std::make_exception_ptr(fault_error("tessel emulator: " + why, o.done));
+      }
+    for (auto& [k, q] : unmatched_) { q.sends.clear(); q.recvs.clear(); }
+    horizon_dirty_ = true;
+    cv_.notify_all();
+  }
+  bool aborted() {
+    std::lock_guard lk(mu_);
+    return !aborted_.empty();
+  }
+
   // ---- time ----
   double clock(std::size_t c) { return at(c).clock(); }
   double max_clock() {
@@ -394,6 +414,7 @@ class cluster {
     return o;
   }
   op_id push(const op& o) {
+    if (!aborted_.empty()) throw fault_error("tessel emulator: " + aborted_, cards_[o.initiator]->clock());
     if (ops_.size() >= UINT32_MAX - 1) throw std::length_error("tessel emulator: too many transfers");
     ops_.push_back(o);
     return static_cast<op_id>(ops_.size() - 1);
@@ -427,6 +448,7 @@ class cluster {
   void finish_message(fabric::msg_id m, double t, bool ok) {
     op_id id = static_cast<op_id>(net_.tag(m));
     op& o = ops_[id];
+    if (o.state != op_pending) return;  // aborted meanwhile
     std::exception_ptr err;
     if (!ok) {
       try {
@@ -560,6 +582,7 @@ class cluster {
   std::size_t attached_ = 0;
   bool horizon_dirty_ = false;
   bool host_buffers_ = false;
+  std::string aborted_;
 };
 
 }  // namespace emu
