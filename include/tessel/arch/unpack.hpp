@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include <tessel/arch/target.hpp>
 #include <tessel/types/bf16.hpp>
@@ -52,6 +53,75 @@ inline std::uint16_t to_bf16_bits(T x) {
   if constexpr (std::is_same_v<T, bf16>) return x.bits();
   else if constexpr (std::is_same_v<T, e4m3> || std::is_same_v<T, e5m2>) return f8_to_bf16_table<T>[x.bits()];
   else return bf16(static_cast<float>(x)).bits();
+}
+
+#if defined(__AVX512BW__)
+namespace detail {
+// The 128 magnitude codes of an FP8 format as bf16 bits, in four 32-word vectors for vpermi2w.
+template <class F8>
+struct f8_bf16_vec_table {
+  alignas(64) std::uint16_t t[128];
+  f8_bf16_vec_table() {
+    for (unsigned i = 0; i < 128; ++i) t[i] = f8_to_bf16_table<F8>[i];
+  }
+};
+// 32 FP8 codes (zero-extended to words) -> 32 bf16 codes, exact.
+template <class F8>
+inline __m512i f8x32_to_bf16(__m512i w) {
+  static const f8_bf16_vec_table<F8> tab;
+  const __m512i t0 = _mm512_load_si512(tab.t), t1 = _mm512_load_si512(tab.t + 32), t2 = _mm512_load_si512(tab.t + 64),
+                t3 = _mm512_load_si512(tab.t + 96);
+  const __m512i lo = _mm512_permutex2var_epi16(t0, w, t1);  // index bits 0..5 (bit 5 picks t1)
+  const __m512i hi = _mm512_permutex2var_epi16(t2, w, t3);
+  const __mmask32 upper = _mm512_test_epi16_mask(w, _mm512_set1_epi16(0x40));
+  const __m512i mag = _mm512_mask_blend_epi16(upper, lo, hi);
+  const __m512i sign = _mm512_slli_epi16(_mm512_and_si512(w, _mm512_set1_epi16(0x80)), 8);
+  return _mm512_or_si512(mag, sign);
+}
+}  // namespace detail
+#endif
+
+// Widens a run of n elements: S -> D for the stage types (D = float or bf16), exactly when the
+// value fits (bf16/FP8 -> bf16, anything -> float); vectorized for the common pairs.
+template <class S, class D>
+inline void widen(const S* src, D* dst, std::size_t n) {
+  std::size_t j = 0;
+  if constexpr (std::is_same_v<S, D>) {
+    std::memcpy(dst, src, n * sizeof(D));
+    return;
+  }
+#if defined(__AVX512BW__)
+  if constexpr ((std::is_same_v<S, e4m3> || std::is_same_v<S, e5m2>) && std::is_same_v<D, bf16>) {
+    for (; j + 32 <= n; j += 32) {
+      const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + j)));
+      _mm512_storeu_si512(dst + j, detail::f8x32_to_bf16<S>(w));
+    }
+  }
+  if constexpr ((std::is_same_v<S, e4m3> || std::is_same_v<S, e5m2>) && std::is_same_v<D, float>) {
+    for (; j + 32 <= n; j += 32) {
+      const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + j)));
+      const __m512i b = detail::f8x32_to_bf16<S>(w);
+      _mm512_storeu_si512(dst + j, _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(b)), 16));
+      _mm512_storeu_si512(dst + j + 16, _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(b, 1)), 16));
+    }
+  }
+  if constexpr (std::is_same_v<S, bf16> && std::is_same_v<D, float>) {
+    for (; j + 16 <= n; j += 16) {
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + j));
+      _mm512_storeu_si512(dst + j, _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+  }
+#endif
+#if defined(__F16C__) && defined(__AVX__)
+  if constexpr (std::is_same_v<S, fp16> && std::is_same_v<D, float>) {
+    for (; j + 8 <= n; j += 8)
+      _mm256_storeu_ps(dst + j, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + j))));
+  }
+#endif
+  for (; j < n; ++j) {
+    if constexpr (std::is_same_v<D, float>) dst[j] = to_f32(src[j]);
+    else dst[j] = bf16::from_bits(to_bf16_bits(src[j]));
+  }
 }
 
 // out[2j] = r0[j], out[2j+1] = r1[j] for j < n: two rows of 16-bit codes into K-pairs (VNNI).

@@ -120,7 +120,10 @@ struct gemm_program {
     const std::size_t rows_pad = ceil_div(rows, MC) * MC;
     float* acc = ctx.scratch().allocate_array<float>(rows_pad * NB);           // (MB,NB)
     staged<S, KC, NB, typename mma_traits<TA>::b_layout> b{ctx};                // (KC,NB)
-    staged<S, MC, KC, typename mma_traits<TA>::a_layout> a{ctx};                // (MC,KC)
+    staged<S, MC, KC, layout::row> a{ctx};                                      // (MC,KC) converted A, read in place
+    staged<S, MC, KC, typename mma_traits<TA>::a_layout> ap{ctx};               // (MC,KC) transposed A as MR-row panels
+    // a column-major (transposed) A packs fastest into panels (MR contiguous rows per K step)
+    const bool panel_a = KP == 1 && Az.row_stride() == 1 && K > 1;
     alignas(64) float rs[MC];
     alignas(64) float cs[NB];
     const bool direct_a = std::is_same_v<TA, S> && Az.col_stride() == 1;
@@ -147,9 +150,11 @@ struct gemm_program {
           for (std::size_t i = 0; i < MC; ++i) rs[i] = i < r ? scales.a_block[(m0 + mc + i) * kbs + k] : 0.0f;
         }
         const bool direct = direct_a && kv % KP == 0;
-        if (!direct) load(Az.template tile_at<MC, KC>(m0 + mc, k0), a);
-        const std::size_t steps = ceil_div(kv, KP);
-        constexpr std::size_t PK = layout::panel<MR, KP>::padded_cols(KC);
+        if (!direct) {
+          if (panel_a) load(Az.template tile_at<MC, KC>(m0 + mc, k0), ap);
+          else load(Az.template tile_at<MC, KC>(m0 + mc, k0), a);
+        }
+        const std::size_t steps = ceil_div(kv, KP);  // a staged A is zero beyond kv
         for (std::size_t jp = 0; jp < ceil_div(cols, NR); ++jp) {
           for (std::size_t ip = 0; ip < ceil_div(r, MR); ++ip) {
             const std::size_t pr = std::min(MR, r - ip * MR);
@@ -166,10 +171,15 @@ struct gemm_program {
             if (direct) {
               p.a = Az.data() + (m0 + mc + ip * MR) * Az.row_stride() + k0;
               p.a_rs = Az.row_stride();
-              arch::run_rows<atom>(static_cast<int>(pr), p);
-            } else {
-              p.a = a.data() + ip * MR * PK;
+            } else if (!panel_a) {
+              p.a = a.data() + ip * MR * KC;
+              p.a_rs = KC;
+            }
+            if (panel_a && !direct) {
+              p.a = ap.data() + ip * MR * KC;  // KP == 1: panels are MR x KC
               atom::run(p);
+            } else {
+              arch::run_rows<atom>(static_cast<int>(pr), p);
             }
           }
         }

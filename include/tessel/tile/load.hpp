@@ -68,12 +68,26 @@ void load(const tensor_tile<S, R, C>& src, staged<D, R, C, L>& dst, float scale 
         const std::size_t c0 = p * NR;
         const std::size_t nc = c0 < vc ? (vc - c0 < NR ? vc - c0 : NR) : 0;
         D* row = panel + k * NR;
-        if constexpr (KP == 2 && std::is_same_v<SV, bf16> && std::is_same_v<D, bf16>) {
-          // fast path: two full source rows into K-pairs
+        if constexpr (KP == 2 && std::is_same_v<D, bf16>) {
+          // fast path: two full source rows into K-pairs (FP8 widened exactly on the way)
           if (!scaled && src.col_stride == 1 && k + 1 < vr && nc == NR) {
             const SV* s0 = src.data + k * src.row_stride + c0;
-            arch::interleave_u16(reinterpret_cast<const std::uint16_t*>(s0), reinterpret_cast<const std::uint16_t*>(s0 + src.row_stride),
-                                 reinterpret_cast<std::uint16_t*>(row), NR);
+            if constexpr (std::is_same_v<SV, bf16>) {
+              arch::interleave_u16(reinterpret_cast<const std::uint16_t*>(s0), reinterpret_cast<const std::uint16_t*>(s0 + src.row_stride),
+                                   reinterpret_cast<std::uint16_t*>(row), NR);
+            } else {
+              alignas(64) bf16 w0[NR], w1[NR];
+              arch::widen(s0, w0, NR);
+              arch::widen(s0 + src.row_stride, w1, NR);
+              arch::interleave_u16(reinterpret_cast<const std::uint16_t*>(w0), reinterpret_cast<const std::uint16_t*>(w1),
+                                   reinterpret_cast<std::uint16_t*>(row), NR);
+            }
+            continue;
+          }
+        }
+        if constexpr (KP == 1 && !std::is_same_v<SV, D>) {
+          if (!scaled && src.col_stride == 1 && k < vr && nc == NR) {
+            arch::widen(src.data + k * src.row_stride + c0, row, NR);
             continue;
           }
         }
@@ -127,6 +141,35 @@ void load(const tensor_tile<S, R, C>& src, staged<D, R, C, L>& dst, float scale 
           }
         }
       }
+    }
+  } else if constexpr (std::is_same_v<L, layout::row>) {
+    if (src.row_stride == 1 && vc > 1) {
+      // column-major source (a transposed operand): blocks of 16 rows, read down columns
+      // (contiguous) and written across rows of the tile
+      for (std::size_t r0 = 0; r0 < vr; r0 += 16) {
+        const std::size_t nr = vr - r0 < 16 ? vr - r0 : 16;
+        for (std::size_t c = 0; c < vc; ++c) {
+          const SV* s = src.data + c * src.col_stride + r0;
+          for (std::size_t i = 0; i < nr; ++i) out[(r0 + i) * C + c] = detail::convert_elem<D>(s[i], scale, scaled);
+        }
+      }
+      for (std::size_t r = 0; r < R; ++r)
+        for (std::size_t c = (r < vr ? vc : 0); c < C; ++c) out[r * C + c] = zero;
+      return;
+    }
+    for (std::size_t r = 0; r < R; ++r) {
+      D* o = out + r * C;
+      std::size_t c = 0;
+      if (r < vr) {
+        const SV* s = src.data + r * src.row_stride;
+        if (src.col_stride == 1 && !scaled) {
+          arch::widen(s, o, vc);
+          c = vc;
+        } else {
+          for (; c < vc; ++c) o[c] = detail::convert_elem<D>(s[c * src.col_stride], scale, scaled);
+        }
+      }
+      for (; c < C; ++c) o[c] = zero;
     }
   } else {
     for (std::size_t r = 0; r < R; ++r)
