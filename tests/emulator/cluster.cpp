@@ -18,7 +18,7 @@ cluster_config small(std::size_t cards) {
 }
 }  // namespace
 
-TEST_CASE("put moves real bytes; time comes from the fabric", "[emulator][cluster]") {
+TEST_CASE("put moves real bytes and the time comes from the fabric", "[emulator][cluster]") {
   auto cfg = small(4);
   cluster cl(cfg, 1);
   const std::size_t n = 1 << 20;
@@ -156,7 +156,7 @@ TEST_CASE("timing-only clusters move no payload", "[emulator][cluster]") {
   CHECK(cl.clock(2) == Approx(cl.clock(0)));
 }
 
-TEST_CASE("several host threads drive their own cards at once, with exact timing", "[emulator][cluster][threads]") {
+TEST_CASE("several host threads drive their own cards at once with exact timing", "[emulator][cluster][threads]") {
   auto cfg = small(4);
   cluster cl(cfg, 2);
   std::vector<int*> in(4), out(4);

@@ -228,7 +228,7 @@ TEST_CASE("random faults replay exactly for a seed", "[emulator][fabric][faults]
   CHECK(a.first != d.first);
 }
 
-TEST_CASE("hot swap: the card goes down, comes back, and traffic flows again", "[emulator][fabric][faults]") {
+TEST_CASE("hot swap: the card goes down and comes back and traffic flows again", "[emulator][fabric][faults]") {
   auto c = small(4);
   fabric f(c);
   std::vector<double> rejoined;
@@ -268,7 +268,7 @@ TEST_CASE("per-message latency percentiles", "[emulator][fabric]") {
   CHECK(fabric::percentile({}, 50) == 0);
 }
 
-TEST_CASE("run() ends at the last real event, not at pending timeouts", "[emulator][fabric]") {
+TEST_CASE("run() ends at the last real event and not at pending timeouts", "[emulator][fabric]") {
   auto c = small(2);
   fabric f(c);
   auto id = f.post(0, 1, 1 << 20, 0);
@@ -277,7 +277,7 @@ TEST_CASE("run() ends at the last real event, not at pending timeouts", "[emulat
   CHECK(f.idle());
 }
 
-TEST_CASE("finite switch buffers drop incast chunks; shaping prevents the drops", "[emulator][fabric][shaping]") {
+TEST_CASE("finite switch buffers drop incast chunks and shaping prevents the drops", "[emulator][fabric][shaping]") {
   auto run = [](bool shaping) {
     auto c = small(17);
     c.fabric.switch_buffer = 64 << 10;
