@@ -393,8 +393,10 @@ inline void ag_direct(coll_ctx& c, std::byte* buf, dtype d, const std::vector<st
   const int r = c.rank;
   for (int q = 0; q < c.n; ++q)
     if (q != r) c.send(q, tag, buf + off[r] * es, (off[r + 1] - off[r]) * es);
-  for (int q = 0; q < c.n; ++q)
-    if (q != r) c.tp.recv_into(q, tag, {buf + off[q] * es, (off[q + 1] - off[q]) * es});
+  for (int k = 1; k < c.n; ++k) {  // rotated: at every step each sender serves one receiver
+    const int q = (r - k + c.n) % c.n;
+    c.tp.recv_into(q, tag, {buf + off[q] * es, (off[q + 1] - off[q]) * es});
+  }
   c.wait_all();
 }
 
@@ -495,11 +497,13 @@ inline void ar_direct(coll_ctx& c, const std::byte* send, std::byte* recv, std::
   // contributions: segment s of block q goes to owner q (posted up front; owners pull them)
   std::vector<treq> in_sends(maxseg * static_cast<std::size_t>(n));  // [s * n + q]
   for (std::size_t s = 0; s < maxseg; ++s)
-    for (int q = 0; q < n; ++q)
-      if (q != r && s < nseg(q)) {
+    for (int k = 1; k < n; ++k) {
+      const int q = (r - k + n) % n;
+      if (s < nseg(q)) {
         const std::size_t lo = off[q] + s * seg, len = std::min(seg, off[q + 1] - lo);
         in_sends[s * static_cast<std::size_t>(n) + static_cast<std::size_t>(q)] = c.tp.isend(q, tin, {send + lo * es, len * es});
       }
+    }
   const std::byte* local = send + off[r] * es;
   std::byte* out = recv + off[r] * es;
   const std::size_t m = off[r + 1] - off[r];
@@ -507,24 +511,40 @@ inline void ar_direct(coll_ctx& c, const std::byte* send, std::byte* recv, std::
   auto acc = place_acc(d, out, std::min(m, seg), early || !overlaps(out, m * es, local, m * es));
   const bool acc_is_out = acc.p == out;
   std::vector<fold_src> seq(static_cast<std::size_t>(n));
+  scratch staged;
   for (std::size_t s = 0; s < maxseg; ++s) {
     if (s < nseg(r)) {
       const std::size_t lo = s * seg, len = std::min(seg, m - lo);
-      for (int q = 0; q < n; ++q) seq[q] = q == r ? fold_src{-1, local + lo * es, false} : fold_src{q, nullptr, false};
       std::byte* a = acc_is_out ? out + lo * es : acc.p;
+      if (c.tp.is_simulated()) {
+        // on a modelled fabric the order of receives is the order of transfers: receiving every
+        // owner's contributions in rank order would make all owners pull from rank 0 at once.
+        // Receive in rotated order (a permutation per step), then fold in rank order as always.
+        staged = scratch(len * es * static_cast<std::size_t>(n));
+        for (int k = 1; k < n; ++k) {
+          const int q = (r + k) % n;
+          c.tp.recv_into(q, tin, {staged.data() + static_cast<std::size_t>(q) * len * es, len * es});
+        }
+        for (int q = 0; q < n; ++q)
+          seq[q] = fold_src{-1, q == r ? local + lo * es : staged.data() + static_cast<std::size_t>(q) * len * es, false};
+      } else {
+        for (int q = 0; q < n; ++q) seq[q] = q == r ? fold_src{-1, local + lo * es, false} : fold_src{q, nullptr, false};
+      }
       ordered_fold(c, d, op, seq, a, len, tin);
       finalize_kernel(op, d, n, a, out + lo * es, len);
       for (int q = 0; q < n; ++q)
         if (q != r) c.send(q, tout, out + lo * es, len * es);
     }
-    for (int q = 0; q < n; ++q)
-      if (q != r && s < nseg(q)) {
+    for (int k = 1; k < n; ++k) {
+      const int q = (r - k + n) % n;
+      if (s < nseg(q)) {
         const std::size_t lo = off[q] + s * seg, len = std::min(seg, off[q + 1] - lo);
         // our contribution to this segment must have been read before the result overwrites it
         // (in place); the owner read it before sending the result, so this does not block
         c.tp.wait(in_sends[s * static_cast<std::size_t>(n) + static_cast<std::size_t>(q)]);
         c.tp.recv_into(q, tout, {recv + lo * es, len * es});
       }
+    }
   }
   for (auto& rq : in_sends) c.tp.wait(rq);
   c.wait_all();
