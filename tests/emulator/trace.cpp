@@ -54,6 +54,8 @@ TEST_CASE("utilization counters and the top bottleneck", "[emulator][trace]") {
   CHECK(r.bottleneck.find("card 0") != std::string::npos);
   CHECK(r.bottleneck.find("rx") != std::string::npos);
   CHECK(r.messages == 4);
+  REQUIRE(r.top_ports.size() == 5);
+  CHECK(r.top_ports[0].second >= r.top_ports[4].second);
   CHECK(r.flop_utilization == 0);
   CHECK_FALSE(r.to_string().empty());
 }

@@ -46,6 +46,7 @@
 #include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <tessel/device/executor.hpp>
@@ -67,13 +68,16 @@ struct cluster_report {
   double max_port_utilization = 0;   // busiest port: busy time / makespan
   double mean_port_utilization = 0;  // over the card ports that carried traffic
   std::string bottleneck;            // the busiest port, named
+  std::vector<std::pair<std::string, double>> top_ports;  // the 5 busiest ports and their utilization
   std::uint64_t messages = 0;
   double latency_p50 = 0, latency_p99 = 0;  // per-message, seconds
   std::string to_string() const {
     std::ostringstream o;
     o << "makespan " << makespan * 1e6 << " us, FLOP utilization " << flop_utilization * 100 << " %, HBM saturation "
       << hbm_saturation * 100 << " %\nlinks: busiest " << bottleneck << " at " << max_port_utilization * 100
-      << " %, mean of active ports " << mean_port_utilization * 100 << " %\nmessages " << messages << ", latency p50 "
+      << " %, mean of active ports " << mean_port_utilization * 100 << " %\n";
+    for (const auto& [name, u] : top_ports) o << "  " << name << ": " << u * 100 << " %\n";
+    o << "messages " << messages << ", latency p50 "
       << latency_p50 * 1e6 << " us, p99 " << latency_p99 * 1e6 << " us";
     return o.str();
   }
@@ -328,6 +332,12 @@ class cluster {
     for (std::size_t q = 0; q < net_.ports(); ++q)
       if (net_.stats_of(q).bytes > 0) { sum += net_.utilization(q, r.makespan); ++n; }
     r.mean_port_utilization = n ? sum / static_cast<double>(n) : 0;
+    std::vector<std::pair<double, std::size_t>> busy;
+    for (std::size_t q = 0; q < net_.ports(); ++q)
+      if (net_.stats_of(q).bytes > 0) busy.emplace_back(-net_.utilization(q, r.makespan), q);
+    std::partial_sort(busy.begin(), busy.begin() + static_cast<std::ptrdiff_t>(std::min<std::size_t>(5, busy.size())), busy.end());
+    for (std::size_t i = 0; i < std::min<std::size_t>(5, busy.size()); ++i)
+      r.top_ports.emplace_back(net_.port_name(busy[i].second), -busy[i].first);
     r.messages = net_.messages();
     r.latency_p50 = net_.latency_percentile(50);
     r.latency_p99 = net_.latency_percentile(99);
