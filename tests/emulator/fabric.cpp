@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include <random>
 #include <tessel/emulator/fabric.hpp>
 
 using namespace tessel::emu;
@@ -302,4 +303,43 @@ TEST_CASE("finite switch buffers drop incast chunks and shaping prevents the dro
   CHECK(lossy.second > 20e-6);  // someone waited for a resend timeout
   const double ideal = 16.0 * (256 << 10) / 400e9;
   CHECK(paced.second < ideal * 1.1 + 1e-6);
+}
+
+TEST_CASE("random traffic under random faults: every message ends and the books balance", "[emulator][fabric][faults]") {
+  for (std::uint64_t seed = 1; seed <= 12; ++seed) {
+    std::mt19937_64 rng(seed);
+    auto c = small(6 + seed % 5, seed % 2 ? 8 : 4);
+    c.scaleout.supernodes = 1 + seed % 3;
+    c.scaleout.spines = 2;
+    c.fabric.shaping = seed % 4 == 0;
+    c.fabric.switch_buffer = seed % 3 == 0 ? (96 << 10) : 0;
+    c.fabric.routing = seed % 5 == 0 ? routing_policy::static_plane : routing_policy::adaptive;
+    c.faults.link_failure_rate = 3000;
+    c.faults.card_failure_rate = seed % 2 ? 300 : 0;
+    c.faults.repair_time = 30e-6;
+    c.faults.horizon = 400e-6;
+    c.faults.seed = seed;
+    c.faults.op_timeout = 200e-6;
+    fabric f(c);
+    f.schedule_fault({50e-6, fault_kind::plane_down, 0, 1, 0});
+    f.schedule_fault({120e-6, fault_kind::plane_up, 0, 1, 0});
+    std::vector<fabric::msg_id> ids;
+    const std::size_t n = f.cards();
+    for (int k = 0; k < 300; ++k) {
+      std::size_t s = rng() % n, d = rng() % n;
+      if (s == d) d = (d + 1) % n;
+      ids.push_back(f.post(s, d, rng() % (1 << 20), static_cast<double>(rng() % 300) * 1e-6));
+    }
+    f.run();
+    std::size_t done = 0;
+    for (auto id : ids) {
+      REQUIRE(f.finished(id));
+      done += f.state(id) == msg_state::done;
+      if (f.state(id) == msg_state::failed) CHECK_THROWS_AS(f.rethrow_if_failed(id), fault_error);
+    }
+    INFO("seed " << seed << ": " << done << " of " << ids.size() << " done, " << f.faults().size() << " faults");
+    if (c.faults.card_failure_rate == 0) CHECK(done == ids.size());  // links come back: all arrive
+    else CHECK(done > ids.size() / 2);
+    CHECK(f.check_quiescent() == "");
+  }
 }

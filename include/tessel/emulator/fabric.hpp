@@ -290,6 +290,23 @@ class fabric {
     return best;
   }
   const topology_graph& graph() const { return graph_; }
+
+  // After run(): every port idle with empty queues, no bytes reserved or queued, every credit
+  // back, no active message. Returns a description of the first violation, or "" (for tests).
+  std::string check_quiescent() const {
+    for (std::size_t q = 0; q < ports_.size(); ++q) {
+      const port& pt = ports_[q];
+      if (pt.busy || !pt.fifo.empty() || pt.queued || pt.reserved)
+        return port_name(q) + ": busy " + std::to_string(pt.busy) + " fifo " + std::to_string(pt.fifo.size()) + " queued " +
+               std::to_string(pt.queued) + " reserved " + std::to_string(pt.reserved);
+      if (cfg_.fabric.shaping && pt.credit != static_cast<std::int64_t>(cfg_.fabric.shaping_window))
+        return port_name(q) + ": credit " + std::to_string(pt.credit) + " not returned";
+    }
+    if (!active_.empty()) return std::to_string(active_.size()) + " messages still active";
+    for (const auto& m : msgs_)
+      if (m.state == msg_state::active || m.state == msg_state::scheduled) return "a message never finished";
+    return {};
+  }
   std::uint64_t route_computations() const { return route_computations_; }
 
  private:
@@ -543,14 +560,15 @@ class fabric {
       fail(id, err_card, card_known_alive_[m.dst] ? m.src : m.dst, 0);
       return;
     }
-    // Chunking: at most chunk_bytes each (a quarter of the credit window when shaping, so
-    // credits keep several chunks in flight), and a multiple of the source-port count so every
+    // Chunking: at most chunk_bytes each (and a quarter of the credit window or switch buffer,
+    // so several chunks fit), and a multiple of the source-port count so every
     // plane carries an equal share (this is what makes one transfer take S/(planes x bw)).
     m.route = choose_route(m);
     std::uint64_t width = 1;
     if (m.route.kind == route_direct || m.route.kind == route_transit) width = std::max(1, std::popcount(m.route.mask1));
     std::uint64_t cb = cfg_.fabric.chunk_bytes;
     if (cfg_.fabric.shaping) cb = std::max<std::uint64_t>(1, std::min<std::uint64_t>(cb, cfg_.fabric.shaping_window / 4));
+    if (cfg_.fabric.switch_buffer) cb = std::max<std::uint64_t>(1, std::min<std::uint64_t>(cb, cfg_.fabric.switch_buffer / 4));
     std::uint64_t n = (m.bytes + cb - 1) / cb;
     n = std::max<std::uint64_t>(1, (n + width - 1) / width * width);
     if (m.bytes > 0) n = std::min<std::uint64_t>(n, m.bytes);
@@ -808,7 +826,7 @@ class fabric {
       return;
     }
     port& pt = ports_[q];
-    if (cfg_.fabric.switch_buffer && is_switch_output(q) && pt.queued + ch.bytes > cfg_.fabric.switch_buffer) {
+    if (cfg_.fabric.switch_buffer && is_switch_output(q) && pt.queued > 0 && pt.queued + ch.bytes > cfg_.fabric.switch_buffer) {
       // Buffer full: the chunk is dropped; the sender resends it after its retransmit timeout.
       pt.st.drops++;
       drops_++;
