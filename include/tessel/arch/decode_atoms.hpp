@@ -4,12 +4,15 @@
 // K-pairs on the fly. bf16 with AVX512-BF16; portable f32 versions for every other case.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 
-#include <tessel/arch/softmax_atoms.hpp>
 #include <tessel/arch/target.hpp>
+// first: it includes the intrinsic headers with GCC 12's spurious -Wuninitialized silenced
+#include <tessel/arch/softmax_atoms.hpp>
+#include <tessel/arch/gemm_atoms.hpp>
 #include <tessel/arch/unpack.hpp>
 
 namespace tessel::arch::decode {
@@ -106,6 +109,24 @@ inline void pv_bf16(const std::uint16_t* p, std::size_t ldp, std::size_t R, cons
 }
 #else
 inline constexpr bool has_bf16_decode = false;
+
+// Scalar versions with the same contracts (this build has no vdpbf16ps; callers use the f32 path).
+inline void qk16_bf16(const std::uint16_t* q, std::size_t R, std::size_t D, const std::uint16_t* const* krow, float* out, std::size_t ld) {
+  for (std::size_t r = 0; r < R; ++r)
+    for (std::size_t j = 0; j < 16; ++j) {
+      float acc = 0.0f;
+      for (std::size_t d = 0; d < D; ++d) acc = std::fma(detail::bf16_bits_to_f32(q[r * D + d]), detail::bf16_bits_to_f32(krow[j][d]), acc);
+      out[r * ld + j] = acc;
+    }
+}
+inline void pv_bf16(const std::uint16_t* p, std::size_t ldp, std::size_t R, const std::uint16_t* const* vrow, std::size_t n, std::size_t D,
+                    float* o, std::size_t ldo) {
+  for (std::size_t r = 0; r < R; ++r)
+    for (std::size_t j = 0; j < n; ++j) {
+      const float pj = detail::bf16_bits_to_f32(p[r * ldp + j]);
+      for (std::size_t d = 0; d < D; ++d) o[r * ldo + d] = std::fma(pj, detail::bf16_bits_to_f32(vrow[j][d]), o[r * ldo + d]);
+    }
+}
 #endif
 
 }  // namespace tessel::arch::decode

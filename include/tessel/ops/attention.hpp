@@ -20,6 +20,8 @@
 #include <type_traits>
 #include <vector>
 
+// first: it includes the intrinsic headers with GCC 12's spurious -Wuninitialized silenced
+#include <tessel/arch/softmax_atoms.hpp>
 #include <tessel/device/device.hpp>
 #include <tessel/ops/detail/attention_common.hpp>
 #include <tessel/ops/detail/attention_bwd.hpp>

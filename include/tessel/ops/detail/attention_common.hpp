@@ -10,8 +10,9 @@
 #include <limits>
 #include <type_traits>
 
-#include <tessel/arch/gemm_atoms.hpp>
+// first: it includes the intrinsic headers with GCC 12's spurious -Wuninitialized silenced
 #include <tessel/arch/softmax_atoms.hpp>
+#include <tessel/arch/gemm_atoms.hpp>
 #include <tessel/arch/unpack.hpp>
 #include <tessel/tile/mma.hpp>
 #include <tessel/types/bf16.hpp>

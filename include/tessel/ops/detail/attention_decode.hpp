@@ -48,8 +48,8 @@ struct decode_split_program {
   }
 
   void operator()(block_ctx& ctx) const {
-    const auto [sp, b, unused] = ctx.block_index3();
-    (void)unused;
+    const auto idx = ctx.block_index3();
+    const std::size_t sp = idx[0], b = idx[1];
     const seq_geom& s = seqs[b];
     const std::size_t R = rows, D = g.d, W = D + 2, HK = g.hkv;
     auto out_of = [&](std::size_t hk) { return part + ((b * HK + hk) * nsplit + sp) * R * W; };
