@@ -28,6 +28,7 @@
 namespace tessel {
 inline namespace v0 {
 
+}  // namespace v0
 namespace detail {
 struct emulated_shared {
   emu::cluster* cl = nullptr;
@@ -45,6 +46,7 @@ struct emulated_shared {
   }
 };
 }  // namespace detail
+inline namespace v0 {
 
 class emulated_transport;
 

@@ -1,0 +1,131 @@
+// The collectives on the emulated UBL128 cluster: the same canonical bits as every other transport
+// (all algorithms, two super-nodes so hierarchical runs for real), 128 cards, simulated time that
+// advances, and card failures injected at seeded random simulated times: every rank ends (no
+// hang), each survivor either has the correct result or a typed comm_error.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <tessel/collectives.hpp>
+#include <tessel/collectives/transport/emulated.hpp>
+
+#include "reference/collectives_ref.hpp"
+
+using namespace tessel;
+
+namespace {
+emu::cluster_config small_cluster(std::size_t per_node, std::size_t nodes) {
+  emu::cluster_config cfg;
+  cfg.cards_per_supernode = per_node;
+  cfg.scaleout.supernodes = nodes;
+  cfg.card.memory_bytes = std::size_t{1} << 30;
+  return cfg;
+}
+
+template <class T>
+std::vector<std::string> check_on_cluster(emu::cluster& cl, std::size_t count, reduce_op op, std::uint64_t seed) {
+  const int n = static_cast<int>(cl.size());
+  const auto want = tessel_ref::reduce_vec<T>(seed, n, count, op);
+  std::mutex mu;
+  std::vector<std::string> errs;
+  emulated_world(cl).run([&](emulated_transport t) {
+    communicator c(std::move(t));
+    const auto in = tessel_ref::gen_vec<T>(seed, c.rank(), count, op);
+    for (algorithm a : {algorithm::automatic, algorithm::ring, algorithm::direct, algorithm::halving_doubling,
+                        algorithm::tree, algorithm::hierarchical}) {
+      std::vector<T> out(count);
+      const double t0 = c.now();
+      c.all_reduce(in.data(), out.data(), count, dtype_of<T>, op, {a});
+      const std::size_t bad = tessel_ref::count_wrong(out.data(), want.data(), count);
+      std::lock_guard lk(mu);
+      if (bad)
+        errs.push_back(std::string(algorithm_name(a)) + " " + std::string(dtype_name(dtype_of<T>)) + " count " +
+                       std::to_string(count) + ": " + std::to_string(bad) + " wrong on rank " + std::to_string(c.rank()));
+      if (count > 0 && n > 1 && !(c.now() > t0)) errs.push_back("simulated clock did not advance");
+    }
+  });
+  return errs;
+}
+}  // namespace
+
+TEST_CASE("emulated: all_reduce equals the canonical reduction bitwise (8 cards in 2 super-nodes)", "[collectives][emulated]") {
+  emu::cluster cl(small_cluster(4, 2), 1);
+  std::vector<std::string> errs;
+  for (std::size_t count : {0, 1, 7, 53327}) {
+    for (reduce_op op : {reduce_op::sum, reduce_op::min, reduce_op::avg}) {
+      for (auto& e : check_on_cluster<float>(cl, count, op, 11 + count)) errs.push_back(e);
+      for (auto& e : check_on_cluster<bf16>(cl, count, op, 12 + count)) errs.push_back(e);
+    }
+    for (auto& e : check_on_cluster<std::int32_t>(cl, count, reduce_op::prod, 13)) errs.push_back(e);
+  }
+  for (auto& e : errs) FAIL_CHECK(e);
+}
+
+TEST_CASE("emulated: 128 cards all_reduce and all_gather", "[collectives][emulated]") {
+  emu::cluster cl(small_cluster(128, 1), 1);
+  const std::size_t count = 1000;
+  const auto want = tessel_ref::reduce_vec<float>(21, 128, count, reduce_op::sum);
+  std::atomic<int> bad{0};
+  emulated_world(cl).run([&](emulated_transport t) {
+    communicator c(std::move(t));
+    const auto in = tessel_ref::gen_vec<float>(21, c.rank(), count, reduce_op::sum);
+    std::vector<float> out(count);
+    c.all_reduce(in.data(), out.data(), count, dtype::f32, reduce_op::sum);
+    bad += static_cast<int>(tessel_ref::count_wrong(out.data(), want.data(), count));
+    std::vector<float> g(8 * 128);
+    c.all_gather(in.data(), g.data(), 8, dtype::f32);
+    for (int q = 0; q < 128; ++q) {
+      const auto v = tessel_ref::gen_vec<float>(21, q, 8, reduce_op::sum);
+      bad += static_cast<int>(tessel_ref::count_wrong(g.data() + q * 8, v.data(), 8));
+    }
+  });
+  CHECK(bad == 0);
+}
+
+TEST_CASE("emulated: a card failing at a random simulated time gives survivors typed errors, never a hang",
+          "[collectives][emulated][faults]") {
+  std::mt19937_64 rng(4242);
+  int trials = 0, errors = 0, wrong = 0;
+  const auto t_start = std::chrono::steady_clock::now();
+  for (int trial = 0; trial < 1000; ++trial) {
+    const std::size_t n = 3 + rng() % 4;  // 3..6 cards
+    auto cfg = small_cluster(n, 1);
+    cfg.faults.op_timeout = 200e-6;
+    const std::size_t victim = rng() % n;
+    const double at = static_cast<double>(rng() % 40) * 1e-6;  // 0..40 us: before, during or after
+    cfg.faults.seed = trial;
+    emu::cluster cl(cfg, 1);
+    cl.schedule(emu::fault{at, emu::fault_kind::card_down, victim, 0, 0});
+    const std::size_t count = 20000 + rng() % 20000;
+    const std::uint64_t seed = rng();
+    const algorithm a = std::array{algorithm::direct, algorithm::ring, algorithm::tree, algorithm::halving_doubling}[rng() % 4];
+    const auto want = tessel_ref::reduce_vec<float>(seed, static_cast<int>(n), count, reduce_op::sum);
+    std::atomic<int> errs{0}, bad{0};
+    emulated_world(cl).run([&](emulated_transport t) {
+      communicator c(std::move(t));
+      const auto in = tessel_ref::gen_vec<float>(seed, c.rank(), count, reduce_op::sum);
+      std::vector<float> out(count);
+      try {
+        c.all_reduce(in.data(), out.data(), count, dtype::f32, reduce_op::sum, {a});
+        if (static_cast<std::size_t>(c.rank()) != victim && tessel_ref::count_wrong(out.data(), want.data(), count)) ++bad;
+      } catch (const comm_error&) {
+        if (static_cast<std::size_t>(c.rank()) != victim) ++errs;
+      } catch (const std::exception&) {
+        if (static_cast<std::size_t>(c.rank()) != victim) ++bad;  // an untyped error is a failure
+      }
+    });
+    ++trials;
+    errors += errs;
+    wrong += bad;
+    if (std::chrono::steady_clock::now() - t_start > std::chrono::seconds(40)) break;  // keep CI fast on 2 cores
+  }
+  INFO("trials " << trials << ", survivor errors " << errors);
+  CHECK(wrong == 0);
+  CHECK(errors > 0);
+  CHECK(trials >= 100);
+}
