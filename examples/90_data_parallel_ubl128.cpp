@@ -179,6 +179,7 @@ int main(int argc, char** argv) {
   emu::cluster_config cfg;  // UBL128 figures: 8 ports x 50 GB/s per card, 8 planes, 400 TFLOP/s bf16
   cfg.cards_per_supernode = cards;
   cfg.card.memory_bytes = std::size_t{256} << 20;  // small cards: the model needs a few MiB
+  cfg.trace = true;                                // record the timeline for Perfetto
   emu::cluster cluster(cfg);
   const dataset task = make_task();
 
