@@ -171,4 +171,20 @@ inline void exp2_inplace(float* s, std::size_t n, float c, float m) {
   for (; j < n; ++j) s[j] = exp2_nonpos(std::fma(s[j], c, -m));
 }
 
+// p[j] = exp2(s[j]*c - m[j]) with a per-column shift m (m[j] = +inf gives 0), f32.
+inline void exp2_cols(const float* s, const float* m, std::size_t n, float c, float* p) {
+  const vf cv(c);
+  std::size_t j = 0;
+  for (; j + W <= n; j += W) exp2_nonpos(xsimd::fms(vf::load_unaligned(s + j), cv, vf::load_unaligned(m + j))).store_unaligned(p + j);
+  for (; j < n; ++j) p[j] = exp2_nonpos(std::fma(s[j], c, -m[j]));
+}
+
+// dp[j] = p[j] * (dp[j] - delta[j]) with a per-column delta (softmax backward of a transposed tile).
+inline void softmax_grad_cols(const float* p, float* dp, const float* delta, std::size_t n) {
+  std::size_t j = 0;
+  for (; j + W <= n; j += W)
+    (vf::load_unaligned(p + j) * (vf::load_unaligned(dp + j) - vf::load_unaligned(delta + j))).store_unaligned(dp + j);
+  for (; j < n; ++j) dp[j] = p[j] * (dp[j] - delta[j]);
+}
+
 }  // namespace tessel::arch::softmax

@@ -114,6 +114,17 @@ struct flash_bwd_dkdv_program {
   float scale;  // softmax scale
   std::size_t nkb;
 
+  // An f32 (rows, BQ) tile as the atom's A operand: itself for f32 atoms, else bf16 codes in `buf`.
+  static const E* stage_tile(const float* x, std::size_t rows, std::size_t cols, E* buf) {
+    if constexpr (std::is_same_v<E, float>) {
+      (void)rows; (void)cols; (void)buf;
+      return x;
+    } else {
+      for (std::size_t r = 0; r < rows; ++r) arch::softmax::to_bf16_row(x + r * BQ, cols, buf + r * BQ);
+      return buf;
+    }
+  }
+
   void operator()(block_ctx& ctx) const {
     const auto idx = ctx.block_index3();
     const std::size_t kb = idx[0], hk = idx[1], b = idx[2];
@@ -152,7 +163,7 @@ struct flash_bwd_dkdv_program {
         const float* lrow = lse + s.lse_base + h * g.lse_head + i0;
         const float* dl = ws.delta + blk * BQ;
         for (std::size_t i = 0; i < nq; ++i) {
-          mrow[i] = lrow[i] * log2e;
+          mrow[i] = lrow[i] == -std::numeric_limits<float>::infinity() ? std::numeric_limits<float>::infinity() : lrow[i] * log2e;
           drow[i] = dl[i];
         }
         const std::size_t ncol = round_up(nq, NR), kdep = round_up(nq, KP);
@@ -160,25 +171,35 @@ struct flash_bwd_dkdv_program {
         mma_direct<Atom>(ks, D, nk_pad, ws.qt + blk * BQ * D, D, ncol, D, st, BQ, false);
         // dPᵀ = V · dOᵀ
         mma_direct<Atom>(vs, D, nk_pad, ws.dot + blk * BQ * D, D, ncol, D, dpt, BQ, false);
+        // is every (row i, key j) pair of this tile visible? then no per-element mask is needed
+        bool full = nq == BQ && nk == BK;
+        for (std::size_t i = 0; full && i < nq; ++i) full = lo[i] <= j0 && hi[i] >= j0 + nk;
+        for (std::size_t i = nq; i < kdep; ++i) {
+          mrow[i] = std::numeric_limits<float>::infinity();  // padding columns: P = 0
+          drow[i] = 0.0f;
+        }
         for (std::size_t j = 0; j < nk_pad; ++j) {
           float* sr = st + j * BQ;
           float* dr = dpt + j * BQ;
-          const std::size_t jj = j0 + j;
-          for (std::size_t i = 0; i < kdep; ++i) {
-            const bool vis = j < nk && i < nq && jj >= lo[i] && jj < hi[i] && mrow[i] != -std::numeric_limits<float>::infinity();
-            const float p = vis ? arch::softmax::exp2_nonpos(std::fma(sr[i], c, -mrow[i])) : 0.0f;
-            sr[i] = p;
-            dr[i] = p * (dr[i] - (i < nq ? drow[i] : 0.0f));
+          if (j >= nk) {
+            std::fill_n(sr, kdep, 0.0f);
+            std::fill_n(dr, kdep, 0.0f);
+            continue;
           }
+          arch::softmax::exp2_cols(sr, mrow, kdep, c, sr);  // Pᵀ(j, i) = exp(S·scale - lse_i)
+          if (!full) {
+            const std::size_t jj = j0 + j;
+            for (std::size_t i = 0; i < nq; ++i)
+              if (jj < lo[i] || jj >= hi[i]) sr[i] = 0.0f;
+          }
+          arch::softmax::softmax_grad_cols(sr, dr, drow, kdep);  // dSᵀ = Pᵀ ∘ (dPᵀ - delta)
         }
         // dV += Pᵀ · dO
-        for (std::size_t j = 0; j < nk_pad; ++j)
-          for (std::size_t i = 0; i < kdep; ++i) pe[j * BQ + i] = stage_from_f32<E>(st[j * BQ + i]);
-        mma_direct<Atom>(pe, BQ, nk_pad, ws.don + blk * BQ * Dp, BQ, Dp, kdep, dva, Dp, true);
+        const E* pa = stage_tile(st, nk_pad, kdep, pe);
+        mma_direct<Atom>(pa, BQ, nk_pad, ws.don + blk * BQ * Dp, BQ, Dp, kdep, dva, Dp, true);
         // dK += dSᵀ · Q
-        for (std::size_t j = 0; j < nk_pad; ++j)
-          for (std::size_t i = 0; i < kdep; ++i) pe[j * BQ + i] = stage_from_f32<E>(dpt[j * BQ + i]);
-        mma_direct<Atom>(pe, BQ, nk_pad, ws.qn + blk * BQ * Dp, BQ, Dp, kdep, dka, Dp, true);
+        const E* da = stage_tile(dpt, nk_pad, kdep, pe);
+        mma_direct<Atom>(da, BQ, nk_pad, ws.qn + blk * BQ * Dp, BQ, Dp, kdep, dka, Dp, true);
       }
     }
     T* dk0 = dk + s.k_base + hk * g.k_head + j0 * g.k_tok;
@@ -251,7 +272,8 @@ struct flash_bwd_dq_program {
         if (a >= e) continue;
         arch::softmax::exp2_inplace(sr + a, e - a, c, mrow[i]);
         arch::softmax::softmax_grad_row(sr + a, dr + a, e - a, delta[i], 1.0f);
-        for (std::size_t j = a; j < e; ++j) pr[j] = stage_from_f32<E>(dr[j]);
+        if constexpr (std::is_same_v<E, float>) std::copy(dr + a, dr + e, pr + a);
+        else arch::softmax::to_bf16_row(dr + a, e - a, pr + a);
       }
       // dQ += dS · K
       mma_direct<Atom>(pe, BK, nq_pad, ws.kn + blk * BK * Dp, BK, Dp, kdep, acc, Dp, true);
