@@ -125,7 +125,8 @@ inline void widen(const S* src, D* dst, std::size_t n) {
 }
 
 // out[2j] = r0[j], out[2j+1] = r1[j] for j < n: two rows of 16-bit codes into K-pairs (VNNI).
-inline void interleave_u16(const std::uint16_t* r0, const std::uint16_t* r1, std::uint16_t* out, std::size_t n) {
+// `prefetch`: the rows are streamed from memory (fetch ahead of the loads).
+inline void interleave_u16(const std::uint16_t* r0, const std::uint16_t* r1, std::uint16_t* out, std::size_t n, bool prefetch = true) {
   std::size_t j = 0;
 #if defined(__AVX512BW__)
   alignas(64) static constexpr std::uint16_t lo[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
@@ -135,8 +136,10 @@ inline void interleave_u16(const std::uint16_t* r0, const std::uint16_t* r1, std
   const __m512i ilo = _mm512_load_si512(lo), ihi = _mm512_load_si512(hi);
   for (; j + 32 <= n; j += 32) {
     // fetch ahead: B is streamed from memory once and the loads alone do not keep enough misses in flight
-    _mm_prefetch(reinterpret_cast<const char*>(r0 + j + 512), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(r1 + j + 512), _MM_HINT_T0);
+    if (prefetch) {
+      _mm_prefetch(reinterpret_cast<const char*>(r0 + j + 512), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(r1 + j + 512), _MM_HINT_T0);
+    }
     const __m512i a = _mm512_loadu_si512(r0 + j), b = _mm512_loadu_si512(r1 + j);
     _mm512_storeu_si512(out + 2 * j, _mm512_permutex2var_epi16(a, ilo, b));
     _mm512_storeu_si512(out + 2 * j + 32, _mm512_permutex2var_epi16(a, ihi, b));

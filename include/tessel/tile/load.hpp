@@ -79,8 +79,10 @@ void load(const tensor_tile<S, R, C>& src, staged<D, R, C, L>& dst, float scale 
               alignas(64) bf16 w0[NR], w1[NR];
               arch::widen(s0, w0, NR);
               arch::widen(s0 + src.row_stride, w1, NR);
+              __builtin_prefetch(s0 + 8 * NR);
+              __builtin_prefetch(s0 + src.row_stride + 8 * NR);
               arch::interleave_u16(reinterpret_cast<const std::uint16_t*>(w0), reinterpret_cast<const std::uint16_t*>(w1),
-                                   reinterpret_cast<std::uint16_t*>(row), NR);
+                                   reinterpret_cast<std::uint16_t*>(row), NR, false);
             }
             continue;
           }
