@@ -256,7 +256,7 @@ struct flash_bwd_dq_program {
       if (lo[i] < hi[i] && mrow[i] != -std::numeric_limits<float>::infinity()) { jlo = std::min(jlo, lo[i]); jhi = std::max(jhi, hi[i]); }
     }
     for (std::size_t kb = jlo < jhi ? jlo / BK : 0; jlo < jhi && kb < (jhi + BK - 1) / BK; ++kb) {
-      const std::size_t j0 = kb * BK, nk = std::min(BK, s.skv - j0);
+      const std::size_t j0 = kb * BK, nk = std::min({BK, s.skv - j0, jhi - j0});
       const std::size_t ncol = round_up(nk, NR), kdep = round_up(nk, KP);
       const std::size_t blk = (s.kv_blk0 + kb) * g.hkv + hk;
       mma_direct<Atom>(qs, D, nq_pad, ws.kt + blk * BK * D, D, ncol, D, sb, BK, false);

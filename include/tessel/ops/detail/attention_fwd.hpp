@@ -106,7 +106,7 @@ struct flash_fwd_program {
     if (jlo < jhi) {
       const std::size_t kb_lo = jlo / BKV, kb_hi = (jhi + BKV - 1) / BKV;
       for (std::size_t kb = kb_lo; kb < kb_hi; ++kb) {
-        const std::size_t j0 = kb * BKV, nk = std::min(BKV, s.skv - j0);
+        const std::size_t j0 = kb * BKV, nk = std::min({BKV, s.skv - j0, jhi - j0});  // keys right of every row's limit are skipped
         const std::size_t ncol = round_up(nk, NR), kdep = round_up(nk, KP);
         const std::size_t blk = (s.kv_blk0 + kb) * g.hkv + hk;
         // S = Q · Kᵀ  (nq_pad, ncol)
