@@ -76,24 +76,28 @@ inline void qk16_bf16(const std::uint16_t* q, std::size_t R, std::size_t D, cons
 }
 
 // o(r, d) += sum_j p(r, j) v_j(d) over n (even) keys; p rows are bf16 codes with keys adjacent
-// (pairs), V rows bf16 codes; D a multiple of 32; R <= 8 rows per call.
-inline void pv_bf16(const std::uint16_t* p, std::size_t ldp, std::size_t R, const std::uint16_t* const* vrow, std::size_t n, std::size_t D,
-                    float* o, std::size_t ldo) {
+// (pairs), V rows bf16 codes; D a multiple of 32. R rows at compile time, so the 2R accumulators
+// stay in registers.
+template <int R>
+inline void pv_bf16_rows(const std::uint16_t* p, std::size_t ldp, const std::uint16_t* const* vrow, std::size_t n, std::size_t D, float* o,
+                         std::size_t ldo) {
   alignas(64) static constexpr std::uint16_t lo_idx[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
                                                            8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
   alignas(64) static constexpr std::uint16_t hi_idx[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
                                                            24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
   const __m512i ilo = _mm512_load_si512(lo_idx), ihi = _mm512_load_si512(hi_idx);
   for (std::size_t d = 0; d < D; d += 32) {
-    __m512 acc[8][2];
-    for (std::size_t r = 0; r < R; ++r) {
+    __m512 acc[R][2];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
       acc[r][0] = _mm512_loadu_ps(o + r * ldo + d);
       acc[r][1] = _mm512_loadu_ps(o + r * ldo + d + 16);
     }
     for (std::size_t j = 0; j < n; j += 2) {
       const __m512i a = _mm512_loadu_si512(vrow[j] + d), b = _mm512_loadu_si512(vrow[j + 1] + d);
       const __m512i vlo = _mm512_permutex2var_epi16(a, ilo, b), vhi = _mm512_permutex2var_epi16(a, ihi, b);
-      for (std::size_t r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
         std::uint32_t pair;
         std::memcpy(&pair, p + r * ldp + j, 4);
         const __m512i pp = _mm512_set1_epi32(static_cast<int>(pair));
@@ -101,10 +105,26 @@ inline void pv_bf16(const std::uint16_t* p, std::size_t ldp, std::size_t R, cons
         acc[r][1] = _mm512_dpbf16_ps(acc[r][1], (__m512bh)pp, (__m512bh)vhi);
       }
     }
-    for (std::size_t r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
       _mm512_storeu_ps(o + r * ldo + d, acc[r][0]);
       _mm512_storeu_ps(o + r * ldo + d + 16, acc[r][1]);
     }
+  }
+}
+
+// Same for R <= 8 rows given at run time.
+inline void pv_bf16(const std::uint16_t* p, std::size_t ldp, std::size_t R, const std::uint16_t* const* vrow, std::size_t n, std::size_t D,
+                    float* o, std::size_t ldo) {
+  switch (R) {
+    case 1: return pv_bf16_rows<1>(p, ldp, vrow, n, D, o, ldo);
+    case 2: return pv_bf16_rows<2>(p, ldp, vrow, n, D, o, ldo);
+    case 3: return pv_bf16_rows<3>(p, ldp, vrow, n, D, o, ldo);
+    case 4: return pv_bf16_rows<4>(p, ldp, vrow, n, D, o, ldo);
+    case 5: return pv_bf16_rows<5>(p, ldp, vrow, n, D, o, ldo);
+    case 6: return pv_bf16_rows<6>(p, ldp, vrow, n, D, o, ldo);
+    case 7: return pv_bf16_rows<7>(p, ldp, vrow, n, D, o, ldo);
+    default: return pv_bf16_rows<8>(p, ldp, vrow, n, D, o, ldo);
   }
 }
 #else
