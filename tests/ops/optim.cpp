@@ -389,3 +389,54 @@ TEST_CASE("bad optimizer input is a typed error and writes nothing", "[ops][opti
   // empty list: a no-op
   CHECK_FALSE(adamw_step(dev, std::span<const optim_tensor<float, float>>(), adamw_params{}, 1).skipped);
 }
+
+#include <tessel/emulator/card.hpp>
+#include <tessel/ops/loss.hpp>
+#include <tessel/ops/norm.hpp>
+
+TEST_CASE("the training programs run unchanged on an emulator card, with the host's bits", "[ops][optim]") {
+  executor ex(2);
+  emu::card_spec spec;
+  spec.memory_bytes = std::size_t(256) << 20;
+  emu::card card(0, spec, ex, false, nullptr);
+  host_device host(2);
+  const std::size_t n = 100003;
+  auto p0 = train_ref::randn(n, 1), g0 = train_ref::randn(n, 2);
+  // card memory for the parameter tensor and its state
+  float* p = static_cast<float*>(card.allocate(n * sizeof(float)));
+  float* g = static_cast<float*>(card.allocate(n * sizeof(float)));
+  float* m = static_cast<float*>(card.allocate(n * sizeof(float)));
+  float* v = static_cast<float*>(card.allocate(n * sizeof(float)));
+  card.copy(p0.data(), p, n * sizeof(float));
+  card.copy(g0.data(), g, n * sizeof(float));
+  std::memset(m, 0, n * sizeof(float));
+  std::memset(v, 0, n * sizeof(float));
+  std::vector<float> hp = p0, hm(n, 0.0f), hv(n, 0.0f);
+  optim_tensor<float, float> tc, th;
+  tc.param = {p, n};
+  tc.grad = {g, n};
+  tc.m = {m, n};
+  tc.v = {v, n};
+  th.param = hp;
+  th.grad = g0;
+  th.m = hm;
+  th.v = hv;
+  step_options o;
+  o.max_grad_norm = 10.0f;
+  const auto rc = adamw_step(card, std::span<const optim_tensor<float, float>>(&tc, 1), adamw_params{}, 1, o);
+  const auto rh = adamw_step(host, std::span<const optim_tensor<float, float>>(&th, 1), adamw_params{}, 1, o);
+  CHECK(rc.grad_norm == rh.grad_norm);
+  CHECK(std::memcmp(p, hp.data(), n * sizeof(float)) == 0);
+  // a norm and a loss on the card too
+  const std::size_t rows = 64, cols = 1000;
+  std::vector<float> w(cols, 1.0f), yc(rows * cols), yh(rows * cols), rs(rows);
+  rmsnorm_forward(card, tensor<const float, 2>(p, rows, cols), w, tensor<float, 2>(yc.data(), rows, cols), rs);
+  rmsnorm_forward(host, tensor<const float, 2>(hp.data(), rows, cols), w, tensor<float, 2>(yh.data(), rows, cols), rs);
+  CHECK(std::memcmp(yc.data(), yh.data(), yc.size() * sizeof(float)) == 0);
+  std::vector<std::int64_t> labels(rows, 3);
+  const auto lc = cross_entropy(card, tensor<const float, 2>(yc.data(), rows, cols), labels, tensor<float, 2>(m, rows, cols));
+  const auto lh = cross_entropy(host, tensor<const float, 2>(yh.data(), rows, cols), labels, tensor<float, 2>(hm.data(), rows, cols));
+  CHECK(lc.loss == lh.loss);
+  CHECK(std::memcmp(m, hm.data(), rows * cols * sizeof(float)) == 0);
+  for (float* q : {p, g, m, v}) card.deallocate(q);
+}
