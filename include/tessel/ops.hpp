@@ -1,3 +1,12 @@
 // tessel/ops.hpp: the fused operators (GEMM, attention, optimizers, norms, activations, softmax,
-// losses), each a tile program launched on a device.
+// losses, rotary embeddings), each a tile program launched on a device.
 #pragma once
+
+#include <tessel/ops/activation.hpp>
+#include <tessel/ops/attention.hpp>
+#include <tessel/ops/gemm.hpp>
+#include <tessel/ops/loss.hpp>
+#include <tessel/ops/norm.hpp>
+#include <tessel/ops/optim.hpp>
+#include <tessel/ops/rope.hpp>
+#include <tessel/ops/softmax.hpp>
