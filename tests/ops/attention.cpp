@@ -187,6 +187,16 @@ TEST_CASE("attention fully masked rows give zeros and -inf lse", "[ops][attentio
       for (std::size_t d = 0; d < p.D; ++d) CHECK(o[p.q_index(0, i, h, d)] == 0.0f);
     }
   check_forward<float>(p, 11, true);
+  // no keys at all: every row is fully masked, and the backward pass gives zero gradients
+  ref::problem z{2, 7, 0, 2, 1, 16};
+  auto zi = make_inputs<float>(z, 12);
+  std::vector<float> zo(z.q_elems(), 1.0f), zl(z.B * z.H * z.Sq), zdq(z.q_elems(), 1.0f);
+  attention_forward<host_device, float, float>(dev, shape_of(z), zi.q, zi.k, zi.v, zo, zl);
+  for (float x : zo) CHECK(x == 0.0f);
+  for (float x : zl) CHECK(x == -std::numeric_limits<float>::infinity());
+  std::vector<float> none;
+  attention_backward<host_device, float>(dev, shape_of(z), zi.q, zi.k, zi.v, zo, zi.dout, zl, zdq, none, none);
+  for (float x : zdq) CHECK(x == 0.0f);
 }
 
 TEST_CASE("attention backward matches fp64 within the FlashAttention rule", "[ops][attention][backward]") {

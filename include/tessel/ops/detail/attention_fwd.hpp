@@ -9,7 +9,9 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include <tessel/ops/detail/attention_common.hpp>
 #include <tessel/ops/detail/attention_pack.hpp>
