@@ -39,7 +39,8 @@ struct call_options {
 struct comm_options {
   std::size_t segment_bytes = std::size_t{512} << 10;  // pipelining unit of the ring and direct algorithms
   int node_size = 0;                                 // ranks per super-node; 0: ask the transport
-  std::size_t small_bytes = 32 * 1024;               // below this, trees win on latency (n >= 4)
+  std::size_t small_bytes = 32 * 1024;               // up to this, trees win on latency (n >= 4)
+  std::size_t medium_bytes = std::size_t{1} << 20;   // up to this, halving-doubling (log n steps) wins
 };
 
 }  // namespace v0
@@ -185,6 +186,7 @@ class communicator {
   algorithm default_algorithm(std::size_t bytes) const {
     const int n = size();
     if (n >= 4 && bytes <= s_->opt.small_bytes) return algorithm::tree;
+    if (n >= 4 && bytes <= s_->opt.medium_bytes) return algorithm::halving_doubling;
     const int g = node_size();
     if (g > 1 && g < n && n % g == 0) return algorithm::hierarchical;
     return algorithm::direct;

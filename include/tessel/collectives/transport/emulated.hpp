@@ -84,6 +84,7 @@ class emulated_world {
       throw std::invalid_argument("tessel::emulated_world: more than 128 ranks must be a multiple of 128");
     cfg.scaleout.supernodes = n / cfg.cards_per_supernode;
     cfg.timing_only = timing_only;
+    cfg.faults.op_timeout = 1.0;  // large transfers queue behind each other for long in big runs
     emu::cluster cl(cfg, 1);
     emulated_world(cl).run(std::forward<F>(f));
   }
