@@ -125,7 +125,16 @@ opts parse(int argc, char** argv) {
   }
   if (o.factor <= 1 && o.step == 0) usage("step factor must be > 1");
   if (o.iters <= 0 || o.ranks <= 0 || o.warmup < 0) usage("iters and ranks must be positive");
-  if (o.compress != "none") usage("--compress is only available through the compression API (see collectives/compression.hpp)");
+  if (o.compress != "none") {
+    try {
+      (void)wire_format_from_name(o.compress);
+    } catch (const std::invalid_argument& e) {
+      usage(e.what());
+    }
+    if (o.kind != coll::all_reduce || o.dt != dtype::f32 || (o.op != reduce_op::sum && o.op != reduce_op::avg))
+      usage("--compress applies to all_reduce of f32 with sum or avg");
+    if (o.check) usage("--compress results are approximate: --check compares exact bits (see tests/collectives/compression.cpp)");
+  }
   return o;
 }
 
@@ -231,7 +240,14 @@ void call(communicator& c, const opts& o, std::byte* send, std::byte* recv, std:
   const std::size_t es = dtype_size(o.dt), r = static_cast<std::size_t>(c.rank());
   const call_options co{o.algo};
   switch (o.kind) {
-    case coll::all_reduce: return c.all_reduce(inplace ? recv : send, recv, count, o.dt, o.op, co);
+    case coll::all_reduce:
+      if (o.compress != "none") {
+        auto* in = reinterpret_cast<const float*>(inplace ? recv : send);
+        all_reduce_compressed(c, std::span<const float>(in, count), std::span<float>(reinterpret_cast<float*>(recv), count), o.op,
+                              {wire_format_from_name(o.compress), 256});
+        return;
+      }
+      return c.all_reduce(inplace ? recv : send, recv, count, o.dt, o.op, co);
     case coll::reduce: return c.reduce(inplace ? recv : send, recv, count, o.dt, o.op, o.root, co);
     case coll::broadcast: return c.broadcast(inplace ? recv : send, recv, count, o.dt, o.root, co);
     case coll::all_gather: return c.all_gather(inplace ? recv + r * count * es : send, recv, count, o.dt, co);
@@ -378,8 +394,8 @@ void run(communicator& c, const opts& o) {
   const bool rooted = o.kind == coll::reduce || o.kind == coll::broadcast || o.kind == coll::gather || o.kind == coll::scatter;
   const bool reduces = o.kind == coll::all_reduce || o.kind == coll::reduce || o.kind == coll::reduce_scatter;
   if (print) {
-    std::printf("# tessel-perf %s: transport %s, %d ranks, algo %s, %d iters, %d warmup%s\n", o.name.c_str(),
-                o.transport.c_str(), n, std::string(algorithm_name(o.algo)).c_str(), o.iters, o.warmup,
+    std::printf("# tessel-perf %s: transport %s, %d ranks, algo %s, compress %s, %d iters, %d warmup%s\n", o.name.c_str(),
+                o.transport.c_str(), n, std::string(algorithm_name(o.algo)).c_str(), o.compress.c_str(), o.iters, o.warmup,
                 c.transport_handle().is_simulated() ? " (simulated time)" : "");
     std::printf("#%72s%32s\n", "out-of-place", "in-place");
     std::printf("#%11s %13s %6s %6s %6s %10s %7s %7s %6s %10s %7s %7s %6s\n", "size", "count", "type", "redop", "root",
