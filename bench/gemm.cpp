@@ -6,6 +6,7 @@
 // OPENBLAS_CORETYPE=SkylakeX and compare against the faster.
 #include <benchmark/benchmark.h>
 
+#include <ctime>
 #include <memory>
 #include <random>
 #include <string>
@@ -45,9 +46,28 @@ tessel_bench::huge_buffer<T> random_buffer(std::size_t n, unsigned seed, float l
   return b;
 }
 
-void set_flops(benchmark::State& st, double flops, double peak_gflops) {
+double process_cpu_seconds() {
+  timespec t;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return double(t.tv_sec) + double(t.tv_nsec) * 1e-9;
+}
+
+// CPU time of the whole process (all threads) over the timed loop. On a shared, oversubscribed
+// machine wall time measures the load as much as the code; flops per CPU-second per thread
+// (cpu_of_limit against the 1-thread peak) is the per-core efficiency while the code runs.
+struct cpu_timer {
+  double t0 = process_cpu_seconds();
+  double seconds() const { return process_cpu_seconds() - t0; }
+};
+
+void set_flops(benchmark::State& st, double flops, double peak_gflops, const cpu_timer& ct, double peak1_gflops) {
   st.counters["flops"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
   st.counters["of_limit"] = benchmark::Counter(flops / 1e9 / peak_gflops, benchmark::Counter::kIsIterationInvariantRate);
+  const double cpu = ct.seconds(), total = flops * double(st.iterations());
+  if (cpu > 0) {
+    st.counters["cpu_gflops"] = total / cpu / 1e9;
+    st.counters["cpu_of_limit"] = total / cpu / 1e9 / peak1_gflops;
+  }
 }
 
 // ---- f32 ----
@@ -56,11 +76,12 @@ void gemm_f32_tessel(benchmark::State& st) {
   const unsigned th = static_cast<unsigned>(st.range(3));
   auto A = random_buffer<float>(M * K, 1), B = random_buffer<float>(K * N, 2);
   tessel_bench::huge_buffer<float> C(M * N, 2);
+  const cpu_timer ct;
   for (auto _ : st) {
     gemm(dev(th), transpose::none, transpose::none, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C.data(), N);
     benchmark::ClobberMemory();
   }
-  set_flops(st, 2.0 * M * N * K, tessel_bench::peak_fp32_gflops(th));
+  set_flops(st, 2.0 * M * N * K, tessel_bench::peak_fp32_gflops(th), ct, tessel_bench::peak_fp32_gflops(1));
 }
 
 #if defined(TESSEL_HAVE_OPENBLAS)
@@ -71,12 +92,13 @@ void gemm_f32_openblas(benchmark::State& st) {
   tessel_bench::huge_buffer<float> C(M * N, 2);
   openblas_set_num_threads(th);
   st.SetLabel(openblas_get_corename());
+  const cpu_timer ct;
   for (auto _ : st) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(M), int(N), int(K), 1.0f, A.data(), int(K), B.data(), int(N), 0.0f,
                 C.data(), int(N));
     benchmark::ClobberMemory();
   }
-  set_flops(st, 2.0 * M * N * K, tessel_bench::peak_fp32_gflops(th));
+  set_flops(st, 2.0 * M * N * K, tessel_bench::peak_fp32_gflops(th), ct, tessel_bench::peak_fp32_gflops(1));
 }
 #endif
 
@@ -86,11 +108,12 @@ void gemm_f32_eigen(benchmark::State& st) {
   tessel_bench::huge_buffer<float> C(M * N, 2);
   using Mat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   Eigen::Map<Mat> a(A.data(), M, K), b(B.data(), K, N), c(C.data(), M, N);
+  const cpu_timer ct;
   for (auto _ : st) {
     c.noalias() = a * b;
     benchmark::ClobberMemory();
   }
-  set_flops(st, 2.0 * M * N * K, tessel_bench::peak_fp32_gflops(1));  // Eigen is built without OpenMP: 1 thread
+  set_flops(st, 2.0 * M * N * K, tessel_bench::peak_fp32_gflops(1), ct, tessel_bench::peak_fp32_gflops(1));  // Eigen is built without OpenMP: 1 thread
 }
 
 #if defined(TESSEL_HAVE_ONEDNN)
@@ -114,11 +137,13 @@ void gemm_onednn(benchmark::State& st) {
   reorder(b_plain, b_m).execute(s, b_plain, b_m);  // weights prepacked outside the timing (favours oneDNN)
   s.wait();
   matmul prim(pd);
+  const cpu_timer ct;
   for (auto _ : st) {
     prim.execute(s, {{DNNL_ARG_SRC, a_m}, {DNNL_ARG_WEIGHTS, b_m}, {DNNL_ARG_DST, c_m}});
     s.wait();
   }
-  set_flops(st, 2.0 * M * N * K, DT == memory::data_type::f32 ? tessel_bench::peak_fp32_gflops(th) : tessel_bench::peak_bf16_gflops(th));
+  set_flops(st, 2.0 * M * N * K, DT == memory::data_type::f32 ? tessel_bench::peak_fp32_gflops(th) : tessel_bench::peak_bf16_gflops(th), ct,
+            DT == memory::data_type::f32 ? tessel_bench::peak_fp32_gflops(1) : tessel_bench::peak_bf16_gflops(1));
 }
 #endif
 
@@ -128,11 +153,12 @@ void gemm_bf16_tessel(benchmark::State& st) {
   const unsigned th = static_cast<unsigned>(st.range(3));
   auto A = random_buffer<bf16>(M * K, 1), B = random_buffer<bf16>(K * N, 2);
   tessel_bench::huge_buffer<float> C(M * N, 2);
+  const cpu_timer ct;
   for (auto _ : st) {
     gemm(dev(th), transpose::none, transpose::none, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C.data(), N);
     benchmark::ClobberMemory();
   }
-  set_flops(st, 2.0 * M * N * K, tessel_bench::peak_bf16_gflops(th));
+  set_flops(st, 2.0 * M * N * K, tessel_bench::peak_bf16_gflops(th), ct, tessel_bench::peak_bf16_gflops(1));
 }
 
 // Fused epilogue: bias + GELU + cast to bf16, against the same GEMM writing bf16 plainly.
@@ -144,6 +170,7 @@ void gemm_bf16_fused_tessel(benchmark::State& st) {
   auto bias = random_buffer<float>(N, 3);
   tessel_bench::huge_buffer<bf16> C(M * N, 2);
   const std::span<const float> bs(bias.data(), N);
+  const cpu_timer ct;
   for (auto _ : st) {
     if (fused)
       gemm(dev(th), transpose::none, transpose::none, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C.data(), N,
@@ -152,7 +179,7 @@ void gemm_bf16_fused_tessel(benchmark::State& st) {
       gemm(dev(th), transpose::none, transpose::none, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C.data(), N);
     benchmark::ClobberMemory();
   }
-  set_flops(st, 2.0 * M * N * K, tessel_bench::peak_bf16_gflops(th));
+  set_flops(st, 2.0 * M * N * K, tessel_bench::peak_bf16_gflops(th), ct, tessel_bench::peak_bf16_gflops(1));
 }
 
 // FP8 e4m3 with DeepSeek-V3 block scales (1x128 A, 128x128 B), f32 out.
@@ -166,11 +193,12 @@ void gemm_fp8_block_tessel(benchmark::State& st) {
   gemm_scales s;
   s.a_block = sa.data();
   s.b_block = sb.data();
+  const cpu_timer ct;
   for (auto _ : st) {
     gemm(dev(th), transpose::none, transpose::none, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C.data(), N, epilogue::chain<>{}, s);
     benchmark::ClobberMemory();
   }
-  set_flops(st, 2.0 * M * N * K, tessel_bench::peak_bf16_gflops(th));
+  set_flops(st, 2.0 * M * N * K, tessel_bench::peak_bf16_gflops(th), ct, tessel_bench::peak_bf16_gflops(1));
 }
 
 // Skinny: M = 1 or 16 activations times (K,N) bf16 weights; bound by reading B once.
@@ -179,6 +207,7 @@ void gemm_skinny_tessel(benchmark::State& st) {
   const unsigned th = static_cast<unsigned>(st.range(3));
   auto A = random_buffer<bf16>(M * K, 1), B = random_buffer<bf16>(K * N, 2);
   tessel_bench::huge_buffer<float> C(M * N, 2);
+  const cpu_timer ct;
   for (auto _ : st) {
     gemm(dev(th), transpose::none, transpose::none, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C.data(), N);
     benchmark::ClobberMemory();
@@ -188,6 +217,8 @@ void gemm_skinny_tessel(benchmark::State& st) {
   // of_limit: STREAM-bound time for reading B once divided by our time
   st.counters["of_limit"] = benchmark::Counter(bytes / 1e9 / tessel_bench::stream_copy_gbs(th), benchmark::Counter::kIsIterationInvariantRate);
   st.counters["flops"] = benchmark::Counter(2.0 * M * N * K, benchmark::Counter::kIsIterationInvariantRate);
+  const double cpu = ct.seconds();
+  if (cpu > 0) st.counters["cpu_of_limit"] = bytes * double(st.iterations()) / cpu / 1e9 / tessel_bench::stream_copy_gbs(1);
 }
 
 void big_shapes(benchmark::internal::Benchmark* b) {
