@@ -136,7 +136,7 @@ inline vf from_bits(vu v) { return xsimd::bitwise_cast<vf>(v); }
 inline vu bf16_rne_lanes(vf f) {
   const vu u = bits(f);
   const vu rne = (u + vu(0x7FFFu) + ((u >> 16) & vu(1u))) >> 16;
-  const auto is_nan = f != f;
+  const auto is_nan = !(f == f);  // xsimd 8.1 lowers != to an ordered compare (false for NaN)
   if (xsimd::any(is_nan)) {
     const vu payload = (u >> 16) & vu(0x7Fu);
     const vu nonzero = ((payload + vu(0x7Fu)) >> 7) & vu(1u);  // 1 iff payload != 0
@@ -229,8 +229,8 @@ inline float exp_fast(float x) {
 
 inline vf exp_fast(vf x) {
   using namespace detail_exp;
-  using vi = xsimd::batch<std::int32_t>;
-  const vf xc = xsimd::select(x < vf(lo), vf(lo), xsimd::select(x > vf(hi), vf(hi), x));
+  // max/min return their second operand for a NaN lane; the final select restores NaN.
+  const vf xc = xsimd::min(xsimd::max(x, vf(lo)), vf(hi));
   const vf n = xsimd::nearbyint(xc * vf(log2e));
   vf r = fma(n, vf(-ln2_hi), xc);
   r = fma(n, vf(-ln2_lo), r);
@@ -241,11 +241,27 @@ inline vf exp_fast(vf x) {
   p = fma(p, r, vf(c5));
   const vf r2 = r * r;
   p = fma(p, r2, r) + vf(1.0f);
+#if defined(__AVX512F__)
+  // p·2^n rounded once, exactly what the two exact half-scalings of the scalar twin give.
+  const vf y = vf(_mm512_scalef_ps(p, n));
+#else
+  using vi = xsimd::batch<std::int32_t>;
   const vi ni = xsimd::batch_cast<std::int32_t>(n);
   const vi e1 = ni >> 1, e2 = ni - e1;
   const vf s1 = xsimd::bitwise_cast<vf>((e1 + vi(127)) << 23), s2 = xsimd::bitwise_cast<vf>((e2 + vi(127)) << 23);
   const vf y = p * s1 * s2;
-  return xsimd::select(x != x, x, y);
+#endif
+  return xsimd::select(!(x == x), x, y);
+}
+
+// Hint that the cache line at `p` is read soon (the next row of a row-streaming kernel), so its
+// transfer overlaps the arithmetic on the current row.
+inline void prefetch(const void* p) {
+#if defined(__SSE__)
+  _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0);
+#else
+  (void)p;
+#endif
 }
 
 // Horizontal sum in a fixed lane order (pairwise halving), so results never depend on the target's

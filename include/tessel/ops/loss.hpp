@@ -81,8 +81,11 @@ struct ce_program {
         sum_z += bz;
         const float bm = std::max(ms, st::hmax(mv));
         if (bm == -std::numeric_limits<float>::infinity()) continue;
+        const In* ahead = c0 + col_block < n ? zb + col_block : nullptr;  // the next block streams in meanwhile
         const float bs = sum_lanes(len, [&](std::size_t i, auto v0) {
           using V = decltype(v0);
+          if constexpr (!std::is_same_v<V, float>)
+            if (ahead && c0 + col_block + i < n) st::prefetch(ahead + i);
           return st::exp_fast(typed_load<In, V>(zb, i) - V(bm));
         });
         if (bm > M) {
@@ -99,8 +102,11 @@ struct ce_program {
       if (!gr) continue;
       const float smooth = eps / float(n);
       const float py = st::exp_fast(zy - lse);
+      const In* next = r + 1 < r1 ? &z(r + 1, 0) : nullptr;  // streams in while this row computes
       for_lanes(n, [&](std::size_t i, auto v0) {
         using V = decltype(v0);
+        if constexpr (!std::is_same_v<V, float>)
+          if (next) st::prefetch(next + i);
         typed_store_nt<G, V>(gr, i, V(scale) * (st::exp_fast(typed_load<In, V>(zr, i) - V(lse)) - V(smooth)), nt);
       });
       if (nt) st::nt_fence();  // the label's entry is patched with an ordinary store

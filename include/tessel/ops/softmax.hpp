@@ -71,15 +71,20 @@ struct fwd_program {
         for_lanes(n, [&](std::size_t i, auto v0) { typed_store<Out, decltype(v0)>(yr, i, decltype(v0)(0.0f)); });
         continue;
       }
+      // While the exponentials are computed from cache, the next row streams in.
+      const In* next = r + 1 < r1 ? &x(r + 1, 0) : nullptr;
       const float s = sum_lanes(len, [&](std::size_t i, auto v0) {
         using V = decltype(v0);
+        if constexpr (!std::is_same_v<V, float>)
+          if (next) st::prefetch(next + i);
         const V e = st::exp_fast(lanes_load<V>(buf, i) - V(m));
         lanes_store<V>(buf, i, e);
         return e;
       });
+      const float inv = 1.0f / s;  // one division per row; y = e·(1/s) is within 1.5 ulp of e/s
       for_lanes(len, [&](std::size_t i, auto v0) {
         using V = decltype(v0);
-        typed_store_nt<Out, V>(yr, i, lanes_load<V>(buf, i) / V(s), nt);
+        typed_store_nt<Out, V>(yr, i, lanes_load<V>(buf, i) * V(inv), nt);
       });
       for (std::size_t i = len; i < n; ++i) store1(yr, i, 0.0f);
     }
