@@ -95,8 +95,15 @@ struct fwd_program {
       if (mean) mean[r] = mu;
       if (rstd) rstd[r] = rs;
       Out* yr = &y(r, 0);
+      // The next row (and its residual) stream in while this one is normalised from cache.
+      const In* nx = r + 1 < r1 ? &x(r + 1, 0) : nullptr;
+      const In* nr = (nx && rr) ? &res(r + 1, 0) : nullptr;
       for_lanes(n, [&](std::size_t i, auto v0) {
         using V = decltype(v0);
+        if constexpr (!std::is_same_v<V, float>) {
+          if (nx && i % (64 / sizeof(In)) == 0) st::prefetch(nx + i);
+          if (nr && i % (64 / sizeof(In)) == 0) st::prefetch(nr + i);
+        }
         const V xh = (lanes_load<V>(buf, i) - V(mu)) * V(rs);
         const V yv = b ? st::fma(xh, lanes_load<V>(w, i), lanes_load<V>(b, i)) : xh * lanes_load<V>(w, i);
         if (amax_blocks) {
@@ -149,8 +156,14 @@ struct bwd_program {
       }) * inv_n;
       const float* dr = dres.data() == nullptr ? nullptr : &dres(r, 0);
       Dx* dxr = &dx(r, 0);
+      const Dy* ndy = r + 1 < r1 ? &dy(r + 1, 0) : nullptr;
+      const In* nh = r + 1 < r1 ? &h(r + 1, 0) : nullptr;
       for_lanes(n, [&](std::size_t i, auto v0) {
         using V = decltype(v0);
+        if constexpr (!std::is_same_v<V, float>) {
+          if (ndy && i % (64 / sizeof(Dy)) == 0) st::prefetch(ndy + i);
+          if (nh && i % (64 / sizeof(In)) == 0) st::prefetch(nh + i);
+        }
         const V d = typed_load<Dy, V>(dyr, i);
         const V xh = (typed_load<In, V>(hr, i) - V(mu)) * V(rs);
         const V g = d * lanes_load<V>(w, i);
