@@ -440,3 +440,39 @@ TEST_CASE("the training programs run unchanged on an emulator card, with the hos
   CHECK(std::memcmp(m, hm.data(), rows * cols * sizeof(float)) == 0);
   for (float* q : {p, g, m, v}) card.deallocate(q);
 }
+
+TEST_CASE("dynamic loss scaling in a loop: overflow halves and skips, clean steps double", "[ops][optim]") {
+  host_device dev(2);
+  const std::size_t n = 5000;
+  const auto g_true = train_ref::randn(n, 41, 1.0f);
+  std::vector<float> p(n, 1.0f), m(n), v(n), g(n);
+  optim_tensor<float, float> t;
+  t.param = p;
+  t.grad = g;
+  t.m = m;
+  t.v = v;
+  loss_scaler scaler(std::ldexp(1.0f, 127), 2.0f, 0.5f, 4);
+  int skipped = 0, applied = 0;
+  float last_scale = scaler.scale();
+  for (int step = 1; step <= 20; ++step) {
+    // the "backward pass" of a scaled loss: gradients are true gradients times the scale (may overflow)
+    for (std::size_t i = 0; i < n; ++i) g[i] = g_true[i] * scaler.scale();
+    step_options o;
+    o.loss_scale = scaler.scale();
+    const auto before = p;
+    const auto r = adamw_step(dev, std::span<const optim_tensor<float, float>>(&t, 1), adamw_params{}, std::uint64_t(applied + 1), o);
+    if (r.skipped) {
+      ++skipped;
+      CHECK(std::memcmp(before.data(), p.data(), n * sizeof(float)) == 0);
+    } else {
+      ++applied;
+    }
+    const float next = scaler.update(r.found_inf);
+    if (r.found_inf) CHECK(next == last_scale * 0.5f);
+    last_scale = next;
+  }
+  // 2^127 * |g| overflows for |g| >= 2: a few halvings, then steps apply and every 4 clean steps double the scale
+  CHECK(skipped >= 1);
+  CHECK(applied >= 12);
+  CHECK(std::isfinite(scaler.scale()));
+}
