@@ -617,13 +617,16 @@ class fabric {
     chunk& ch = chunks_[ci];
     if (ch.lost) return;
     ch.lost = true;
-    return_credit(ch);
-    message& m = msgs_[ch.msg];
+    const std::uint32_t id = ch.msg, index = ch.index;
+    return_credit(ch);  // may start chunks and grow chunks_: `ch` dangles after it
+    message& m = msgs_[id];
     if (m.state != msg_state::active) return;
-    m.retry.push_back(ch.index);
-    register_sources(ch.msg);
+    m.retry.push_back(index);
+    register_sources(id);
   }
 
+  // Returns the chunk's credit to its final port and restarts the sources waiting on it. Starting
+  // them allocates chunks, which can move chunks_: callers must not touch `ch` afterwards.
   void return_credit(chunk& ch) {
     if (!ch.credited) return;
     ch.credited = false;
@@ -831,8 +834,9 @@ class fabric {
       pt.st.drops++;
       drops_++;
       release_after(ch);
-      return_credit(ch);
-      push_event(now_ + cfg_.fabric.retransmit_timeout, ev_retry, ch.msg, ch.index);
+      const std::uint32_t id = ch.msg, index = ch.index;
+      return_credit(ch);  // may grow chunks_: `ch` dangles after it
+      push_event(now_ + cfg_.fabric.retransmit_timeout, ev_retry, id, index);
       free_chunk(ci);
       return;
     }
@@ -846,8 +850,8 @@ class fabric {
     chunk& ch = chunks_[ci];
     if (ch.gen != gen) return;
     if (ch.lost) { free_chunk(ci); return; }
-    return_credit(ch);
     const std::uint32_t id = ch.msg;
+    return_credit(ch);  // may grow chunks_: `ch` dangles after it
     free_chunk(ci);
     message& m = msgs_[id];
     if (m.state != msg_state::active) return;
