@@ -297,8 +297,10 @@ TEST_CASE("attention varlen equals per-sequence dense runs, empty sequences incl
     std::span<const bf16> dos(dout.data() + q0 * H * D, sq * H * D);
     attention_backward<host_device, bf16>(dev, s, qs, ks, vs2, ob, dos, lb, dqb, dkb, dvb, opt);
     CHECK(std::memcmp(dqb.data(), dq.data() + q0 * H * D, dqb.size() * 2) == 0);
-    CHECK(std::memcmp(dkb.data(), dk.data() + k0 * HK * D, dkb.size() * 2) == 0);
-    CHECK(std::memcmp(dvb.data(), dv.data() + k0 * HK * D, dvb.size() * 2) == 0);
+    if (skv > 0) {  // memcmp on an empty vector's null data() is undefined
+      CHECK(std::memcmp(dkb.data(), dk.data() + k0 * HK * D, dkb.size() * 2) == 0);
+      CHECK(std::memcmp(dvb.data(), dv.data() + k0 * HK * D, dvb.size() * 2) == 0);
+    }
   }
   // sequence 3 (one query, no keys): zeros and -inf
   for (std::size_t h = 0; h < H; ++h) CHECK(lse[h * lq.back() + 105] == -std::numeric_limits<float>::infinity());
