@@ -1,7 +1,8 @@
 // Cross-entropy from logits fused with its backward, as a row-streaming tile program: per row an
-// online log-sum-exp over cache-sized column blocks (one exp per logit), the loss with label
-// smoothing and an ignore index, then the gradient softmax − target written directly (a second
-// exp per logit, from cache): probabilities are never materialised. The gradient may overwrite
+// online log-sum-exp over cache-sized column blocks (one exp per logit, kept in the worker's
+// scratch), the loss with label smoothing and an ignore index, then the gradient
+// softmax − target = exp(z − bm)·exp(bm − lse) − target written directly: the probabilities are
+// never written to memory, only the gradient is. The gradient may overwrite
 // the logits (in place). Labels are all checked before the launch; the mean loss sums the row
 // losses in row order, so it never depends on the worker count.
 #pragma once
@@ -56,6 +57,8 @@ struct ce_program {
   void operator()(block_ctx& ctx) const {
     const std::size_t r0 = ctx.block_linear() * rpb, r1 = std::min(rows, r0 + rpb);
     const bool want_grad = g.data() != nullptr;
+    float* ebuf = want_grad ? ctx.scratch().template allocate_array<float>(n) : nullptr;
+    float* bmax = want_grad ? ctx.scratch().template allocate_array<float>((n + col_block - 1) / col_block) : nullptr;
     for (std::size_t r = r0; r < r1; ++r) {
       const In* zr = &z(r, 0);
       G* gr = want_grad ? &g(r, 0) : nullptr;
@@ -64,9 +67,11 @@ struct ce_program {
         if (gr) for_lanes(n, [&](std::size_t i, auto v0) { typed_store<G, decltype(v0)>(gr, i, decltype(v0)(0.0f)); });
         continue;
       }
-      // online log-sum-exp over column blocks
+      // online log-sum-exp over column blocks; with a gradient to write, each block's exp(z - bm)
+      // is kept in the worker's scratch (one exp per logit in all: the gradient rescales them)
+      float* e = want_grad ? ebuf : nullptr;
       float M = -std::numeric_limits<float>::infinity(), S = 0.0f, sum_z = 0.0f;
-      for (std::size_t c0 = 0; c0 < n; c0 += col_block) {
+      for (std::size_t c0 = 0, b = 0; c0 < n; c0 += col_block, ++b) {
         const std::size_t len = std::min(col_block, n - c0);
         const In* zb = zr + c0;
         st::vf mv(-std::numeric_limits<float>::infinity());
@@ -80,13 +85,17 @@ struct ce_program {
         });
         sum_z += bz;
         const float bm = std::max(ms, st::hmax(mv));
+        if (e) bmax[b] = bm;
         if (bm == -std::numeric_limits<float>::infinity()) continue;
         const In* ahead = c0 + col_block < n ? zb + col_block : nullptr;  // the next block streams in meanwhile
+        float* eb = e ? e + c0 : nullptr;
         const float bs = sum_lanes(len, [&](std::size_t i, auto v0) {
           using V = decltype(v0);
           if constexpr (!std::is_same_v<V, float>)
             if (ahead && c0 + col_block + i < n) st::prefetch(ahead + i);
-          return st::exp_fast(typed_load<In, V>(zb, i) - V(bm));
+          const V x = st::exp_fast(typed_load<In, V>(zb, i) - V(bm));
+          if (eb) lanes_store<V>(eb, i, x);
+          return x;
         });
         if (bm > M) {
           S = st::fma(S, st::exp_fast(M - bm), bs);
@@ -101,14 +110,27 @@ struct ce_program {
       row_loss[r] = (1.0f - eps) * (lse - zy) + eps * (lse - sum_z / float(n));
       if (!gr) continue;
       const float smooth = eps / float(n);
-      const float py = st::exp_fast(zy - lse);
       const In* next = r + 1 < r1 ? &z(r + 1, 0) : nullptr;  // streams in while this row computes
-      for_lanes(n, [&](std::size_t i, auto v0) {
-        using V = decltype(v0);
-        if constexpr (!std::is_same_v<V, float>)
-          if (next) st::prefetch(next + i);
-        typed_store_nt<G, V>(gr, i, V(scale) * (st::exp_fast(typed_load<In, V>(zr, i) - V(lse)) - V(smooth)), nt);
-      });
+      float py = 0.0f;
+      for (std::size_t c0 = 0, b = 0; c0 < n; c0 += col_block, ++b) {
+        const std::size_t len = std::min(col_block, n - c0);
+        // softmax = exp(z - bm) · exp(bm - lse)
+        const float f = bmax[b] == -std::numeric_limits<float>::infinity() ? 0.0f : st::exp_fast(bmax[b] - lse);
+        if (y >= c0 && y < c0 + len) py = e[y] * f;
+        const float* eb = e + c0;
+        G* gb = gr + c0;
+        const In* nb = next ? next + c0 : nullptr;
+        if (f == 0.0f) {
+          for_lanes(len, [&](std::size_t i, auto v0) { typed_store_nt<G, decltype(v0)>(gb, i, decltype(v0)(-scale * smooth), nt); });
+          continue;
+        }
+        for_lanes(len, [&](std::size_t i, auto v0) {
+          using V = decltype(v0);
+          if constexpr (!std::is_same_v<V, float>)
+            if (nb) st::prefetch(nb + i);
+          typed_store_nt<G, V>(gb, i, V(scale) * st::fma(lanes_load<V>(eb, i), V(f), V(-smooth)), nt);
+        });
+      }
       if (nt) st::nt_fence();  // the label's entry is patched with an ordinary store
       store1(gr, y, scale * ((py - smooth) - (1.0f - eps)));
     }
