@@ -5,6 +5,8 @@
 //   adamw bf16_master (bf16 grad): read g 2 + master 4 + m 4 + v 4, write bf16 p 2 + master 4 + m 4 + v 4 = 28 B
 //   adamw f32 (f32 grad):          read g 4 + p 4 + m 4 + v 4,      write p 4 + m 4 + v 4               = 28 B
 //   adamw bf16_master + clip:      28 B + 2 B (the gradient pre-pass for the global norm / inf check) = 30 B
+//   adamw bf16_master + stochastic rounding of the bf16 copy: 28 B
+//   adamw bf16_remainder:          read g 2 + p 2 + rem 2 + m 4 + v 4, write p 2 + rem 2 + m 4 + v 4 = 26 B
 //   lion f32:                      read g 4 + p 4 + m 4, write p 4 + m 4                                = 20 B
 // Counters: bytes (rate) and of_limit = bytes rate / STREAM triad on the same thread count
 // (bench/common/limits.hpp). Run with --benchmark_repetitions=3 for min/median.
@@ -81,7 +83,7 @@ double timed(F&& f) {
 
 void adamw_tessel_bf16_master(benchmark::State& state) {
   const unsigned threads = unsigned(state.range(0));
-  const bool clip = state.range(1) != 0;
+  const bool clip = state.range(1) == 1, sr = state.range(1) == 2;
   auto& b = buffers::get();
   (void)stream_triad_gbs(threads);
   auto& dev = device(threads);
@@ -99,6 +101,7 @@ void adamw_tessel_bf16_master(benchmark::State& state) {
   o.storage = tessel::param_storage::bf16_master;
   o.check_finite = clip;
   o.max_grad_norm = clip ? 1.0f : 0.0f;
+  if (sr) o.round = tessel::rounding::stochastic;
   tessel::adamw_params h;
   std::uint64_t step = 1;
   double total = 0;
@@ -108,6 +111,37 @@ void adamw_tessel_bf16_master(benchmark::State& state) {
     total += s;
   }
   report(state, clip ? 30 : 28, total, threads);
+}
+
+void adamw_tessel_bf16_remainder(benchmark::State& state) {
+  const unsigned threads = unsigned(state.range(0));
+  auto& b = buffers::get();
+  (void)stream_triad_gbs(threads);
+  auto& dev = device(threads);
+  // the remainder half of each master lives in the low half-words of the g32 buffer (unused here)
+  auto* rem = reinterpret_cast<std::uint16_t*>(b.g32.data());
+  std::vector<tessel::optim_tensor<float, bf16>> ts(n_tensors);
+  for (unsigned k = 0; k < n_tensors; ++k) {
+    auto [lo, hi] = buffers::range(k);
+    const std::size_t n = hi - lo;
+    ts[k].param_bf16 = std::span<bf16>(reinterpret_cast<bf16*>(b.p.data() + lo), n);
+    ts[k].remainder = std::span<std::uint16_t>(rem + lo, n);
+    ts[k].grad = std::span<const bf16>(reinterpret_cast<const bf16*>(b.g16.data() + lo), n);
+    ts[k].m = std::span<float>(b.m.data() + lo, n);
+    ts[k].v = std::span<float>(b.v.data() + lo, n);
+  }
+  tessel::step_options o;
+  o.storage = tessel::param_storage::bf16_remainder;
+  o.check_finite = false;
+  tessel::adamw_params h;
+  std::uint64_t step = 1;
+  double total = 0;
+  for (auto _ : state) {
+    const double s = timed([&] { tessel::adamw_step(dev, std::span<const tessel::optim_tensor<float, bf16>>(ts), h, step++, o); });
+    state.SetIterationTime(s);
+    total += s;
+  }
+  report(state, 26, total, threads);
 }
 
 void adamw_tessel_f32(benchmark::State& state) {
@@ -193,8 +227,10 @@ void adamw_eigen_bf16_master(benchmark::State& state) {
 
 }  // namespace
 
-BENCHMARK(adamw_tessel_bf16_master)->Name("adamw/tessel/bf16_master/64M")->ArgsProduct({{1, 2}, {0}})->ArgNames({"threads", "clip"})->UseManualTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(adamw_tessel_bf16_master)->Name("adamw/tessel/bf16_master_clip/64M")->ArgsProduct({{1, 2}, {1}})->ArgNames({"threads", "clip"})->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(adamw_tessel_bf16_master)->Name("adamw/tessel/bf16_master/64M")->ArgsProduct({{1, 2}, {0}})->ArgNames({"threads", "mode"})->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(adamw_tessel_bf16_master)->Name("adamw/tessel/bf16_master_clip/64M")->ArgsProduct({{1, 2}, {1}})->ArgNames({"threads", "mode"})->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(adamw_tessel_bf16_master)->Name("adamw/tessel/bf16_master_sr/64M")->ArgsProduct({{1, 2}, {2}})->ArgNames({"threads", "mode"})->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(adamw_tessel_bf16_remainder)->Name("adamw/tessel/bf16_remainder/64M")->ArgName("threads")->Arg(1)->Arg(2)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(adamw_eigen_bf16_master)->Name("adamw/eigen/bf16_master/64M")->ArgName("threads")->Arg(1)->Arg(2)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(adamw_tessel_f32)->Name("adamw/tessel/f32/64M")->ArgName("threads")->Arg(1)->Arg(2)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(lion_tessel_f32)->Name("lion/tessel/f32/64M")->ArgName("threads")->Arg(1)->Arg(2)->UseManualTime()->Unit(benchmark::kMillisecond);
