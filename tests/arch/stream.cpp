@@ -80,7 +80,7 @@ TEST_CASE("exp_fast: within 2 ulp, exact specials, lanes == scalar", "[arch][str
   CHECK(std::isinf(st::exp_fast(std::numeric_limits<float>::infinity())));
 }
 
-TEST_CASE("stochastic rounding reaches only the two neighbours; random bits are positional", "[arch][stream]") {
+TEST_CASE("stochastic rounding reaches only the two neighbours and random bits are positional", "[arch][stream]") {
   const auto v = interesting();
   std::size_t bad = 0;
   for (std::size_t i = 0; i < v.size(); i += st::width) {

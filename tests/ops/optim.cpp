@@ -277,7 +277,7 @@ TEST_CASE("stochastic rounding to bf16 is unbiased, seeded and thread-count inde
   CHECK(var > 0.05);  // really random, not nearest
 }
 
-TEST_CASE("a non-finite gradient skips the step and writes nothing; the loss scaler backs off and grows", "[ops][optim]") {
+TEST_CASE("a non-finite gradient skips the step and writes nothing, the loss scaler backs off and grows", "[ops][optim]") {
   host_device dev(2);
   f32_set a(21);
   a.g[4][777] = std::numeric_limits<float>::infinity();
