@@ -74,8 +74,15 @@ struct fwd_program {
       const In* xr = &x(r, 0);
       const In* rr = has_res ? &res(r, 0) : nullptr;
       In* hr = has_h_out ? &h_out(r, 0) : nullptr;
+      // Rows stream in one ahead: while this row is read, the next one is requested too, so two
+      // rows' worth of loads are in flight (one row alone does not cover the memory latency).
+      const In* pf = r + 1 < rows ? &x(r + 1, 0) : nullptr;
       const float s = sum_lanes(n, [&](std::size_t i, auto v0) {
         using V = decltype(v0);
+        if constexpr (!std::is_same_v<V, float>) {
+          if (pf && i % (64 / sizeof(In)) == 0) st::prefetch(pf + i);
+          if (pf && rr && i % (64 / sizeof(In)) == 0) st::prefetch(&res(r + 1, 0) + i);
+        }
         V h = typed_load<In, V>(xr, i);
         if (rr) {
           h = h + typed_load<In, V>(rr, i);
@@ -95,15 +102,8 @@ struct fwd_program {
       if (mean) mean[r] = mu;
       if (rstd) rstd[r] = rs;
       Out* yr = &y(r, 0);
-      // The next row (and its residual) stream in while this one is normalised from cache.
-      const In* nx = r + 1 < r1 ? &x(r + 1, 0) : nullptr;
-      const In* nr = (nx && rr) ? &res(r + 1, 0) : nullptr;
       for_lanes(n, [&](std::size_t i, auto v0) {
         using V = decltype(v0);
-        if constexpr (!std::is_same_v<V, float>) {
-          if (nx && i % (64 / sizeof(In)) == 0) st::prefetch(nx + i);
-          if (nr && i % (64 / sizeof(In)) == 0) st::prefetch(nr + i);
-        }
         const V xh = (lanes_load<V>(buf, i) - V(mu)) * V(rs);
         const V yv = b ? st::fma(xh, lanes_load<V>(w, i), lanes_load<V>(b, i)) : xh * lanes_load<V>(w, i);
         if (amax_blocks) {
@@ -149,21 +149,22 @@ struct bwd_program {
         using V = decltype(v0);
         return typed_load<Dy, V>(dyr, i) * lanes_load<V>(w, i);
       }) * inv_n : 0.0f;
+      // the next row's dy and h are requested while this row's are read (two rows in flight)
+      const Dy* ndy = r + 1 < rows ? &dy(r + 1, 0) : nullptr;
+      const In* nh = r + 1 < rows ? &h(r + 1, 0) : nullptr;
       const float c2 = sum_lanes(n, [&](std::size_t i, auto v0) {
-        using V = decltype(v0);
-        const V xh = (typed_load<In, V>(hr, i) - V(mu)) * V(rs);
-        return (typed_load<Dy, V>(dyr, i) * lanes_load<V>(w, i)) * xh;
-      }) * inv_n;
-      const float* dr = dres.data() == nullptr ? nullptr : &dres(r, 0);
-      Dx* dxr = &dx(r, 0);
-      const Dy* ndy = r + 1 < r1 ? &dy(r + 1, 0) : nullptr;
-      const In* nh = r + 1 < r1 ? &h(r + 1, 0) : nullptr;
-      for_lanes(n, [&](std::size_t i, auto v0) {
         using V = decltype(v0);
         if constexpr (!std::is_same_v<V, float>) {
           if (ndy && i % (64 / sizeof(Dy)) == 0) st::prefetch(ndy + i);
           if (nh && i % (64 / sizeof(In)) == 0) st::prefetch(nh + i);
         }
+        const V xh = (typed_load<In, V>(hr, i) - V(mu)) * V(rs);
+        return (typed_load<Dy, V>(dyr, i) * lanes_load<V>(w, i)) * xh;
+      }) * inv_n;
+      const float* dr = dres.data() == nullptr ? nullptr : &dres(r, 0);
+      Dx* dxr = &dx(r, 0);
+      for_lanes(n, [&](std::size_t i, auto v0) {
+        using V = decltype(v0);
         const V d = typed_load<Dy, V>(dyr, i);
         const V xh = (typed_load<In, V>(hr, i) - V(mu)) * V(rs);
         const V g = d * lanes_load<V>(w, i);
