@@ -68,7 +68,7 @@ int main() {
   std::printf("after %d steps of -1e-4 (f32 reference %.6f):\n", steps, mean(f32));
   std::printf("  bf16, round to nearest : mean %.6f  (stuck: each update is below half an ulp)\n", mean(nearest));
   std::printf("  bf16, stochastic       : mean %.6f  (unbiased, 2 bytes per parameter)\n", mean(stochastic));
-  std::printf("  bf16 + remainder       : bf16 half %.6f, and %zu of %zu masters equal the f32 master bit for bit, 4 bytes per parameter)\n",
+  std::printf("  bf16 + remainder       : bf16 part %.6f; (bf16, remainder) == f32 run bit for bit for %zu of %zu (4 bytes per parameter)\n",
               mean(hi), exact, n);
   const bool ok = exact == n && mean(nearest) == 1.0 && std::abs(mean(stochastic) - mean(f32)) < 1e-3;
   return ok ? 0 : 1;
