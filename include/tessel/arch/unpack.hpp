@@ -126,7 +126,7 @@ inline void widen(const S* src, D* dst, std::size_t n) {
 
 // out[2j] = r0[j], out[2j+1] = r1[j] for j < n: two rows of 16-bit codes into K-pairs (VNNI).
 // `prefetch`: the rows are streamed from memory (fetch ahead of the loads).
-inline void interleave_u16(const std::uint16_t* r0, const std::uint16_t* r1, std::uint16_t* out, std::size_t n, bool prefetch = true) {
+inline void interleave_u16(const std::uint16_t* r0, const std::uint16_t* r1, std::uint16_t* out, std::size_t n, [[maybe_unused]] bool prefetch = true) {
   std::size_t j = 0;
 #if defined(__AVX512BW__)
   alignas(64) static constexpr std::uint16_t lo[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
