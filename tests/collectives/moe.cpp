@@ -43,7 +43,7 @@ rank_input make_input(int r, std::size_t hidden, std::size_t top_k, int num_expe
 bf16 expert_out(bf16 x, int global_expert) { return bf16(static_cast<float>(x) * (0.5f + static_cast<float>(global_expert))); }
 }  // namespace
 
-TEST_CASE("moe: dispatch groups rows by local expert; combine and backward match the reference bitwise", "[collectives][moe]") {
+TEST_CASE("moe: dispatch groups rows by local expert, and combine and backward match the reference bitwise", "[collectives][moe]") {
   const std::size_t hidden = 256, top_k = 4;
   for (int n : {1, 2, 3, 4}) {
     const int E = 4 * n, epr = E / n;

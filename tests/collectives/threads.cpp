@@ -32,7 +32,7 @@ std::vector<float> expected_over(const std::vector<int>& ranks, std::uint64_t se
 }
 }  // namespace
 
-TEST_CASE("threads: a rank stopping at a random point never hangs survivors; shrink recovers (1000 seeded trials)",
+TEST_CASE("threads: a rank stopping at a random point never hangs survivors, and shrink recovers (1000 seeded trials)",
           "[collectives][threads][faults]") {
   std::mt19937_64 rng(20261129);
   const algorithm algos[] = {algorithm::ring, algorithm::direct, algorithm::halving_doubling, algorithm::tree,
@@ -170,7 +170,7 @@ TEST_CASE("threads: a hung peer gives comm_timeout_error within the timeout", "[
   CHECK(std::chrono::steady_clock::now() - t0 < 3s);
 }
 
-TEST_CASE("threads: async collectives overlap and complete in order; errors come out of wait()",
+TEST_CASE("threads: async collectives overlap and complete in order, and errors come out of wait()",
           "[collectives][threads][async]") {
   std::mutex mu;
   std::vector<std::string> problems;

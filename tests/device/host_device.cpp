@@ -51,7 +51,7 @@ TEST_CASE("exceptions thrown by a program reach launch", "[device][errors]") {
   REQUIRE(n == 10);
 }
 
-TEST_CASE("nested launches run inline; concurrent launches from many threads", "[device][launch]") {
+TEST_CASE("nested launches run inline, and concurrent launches from many threads", "[device][launch]") {
   host_device d(2);
   std::atomic<int> n{0};
   d.launch(grid{4}, [&](block_ctx&) { d.launch(grid{3}, [&](block_ctx&) { n++; }); });
