@@ -363,3 +363,26 @@ TEST_CASE("gemm program declares its cost (costed_program)", "[ops][gemm]") {
   using P = tessel::detail::gemm_program<bf16, bf16, float, epilogue::chain<epilogue::alpha_beta>, false>;
   STATIC_REQUIRE(costed_program<P>);
 }
+
+TEST_CASE("skinny bf16 rows path (M <= 3): batches, padding, partial strips, epilogue", "[ops][gemm][skinny]") {
+  std::mt19937 g(11);
+  for (std::size_t M : {1, 2, 3})
+    for (std::size_t N : {1, 127, 300}) {
+      const std::size_t K = 77, batch = 2, lda = K + 3, ldb = N + 5, ldc = N + 1;
+      std::vector<bf16> A(batch * M * lda), B(batch * K * ldb);
+      std::vector<float> C(batch * M * ldc, 1.0f), bias(N);
+      ref::fill_int(A, g);
+      ref::fill_int(B, g);
+      ref::fill_int(bias, g);
+      gemm_strided_batched(dev2(), transpose::none, transpose::none, M, N, K, 1.0f, A.data(), lda, M * lda, B.data(), ldb, K * ldb, 0.5f,
+                           C.data(), ldc, M * ldc, batch, epilogue::bias(bias) | epilogue::relu);
+      for (std::size_t z = 0; z < batch; ++z) {
+        auto r = ref::gemm(false, false, M, N, K, 1.0, A.data() + z * M * lda, lda, B.data() + z * K * ldb, ldb, 0.0, C.data(), ldc);
+        for (std::size_t i = 0; i < M; ++i)
+          for (std::size_t j = 0; j < N; ++j) {
+            INFO("M=" << M << " N=" << N << " z=" << z);
+            REQUIRE(C[z * M * ldc + i * ldc + j] == std::max(0.0, r.c[i * N + j] + 0.5 + bias[j]));
+          }
+      }
+    }
+}

@@ -236,6 +236,46 @@ struct avx512bf16_dot_bf16bf16f32 {
 using avx512bf16_dot_6x32_bf16bf16f32 = avx512bf16_dot_bf16bf16f32<6, 2>;
 #endif
 
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+// Skinny product c(M, n) = a(M, K) · b(K, n), n <= 128, for M <= 3 rows of bf16 activations and
+// bf16 rows of B read in place (no packing: a GEMV-like product is bound by reading B once).
+// One f32 FMA per k in k order per element (bf16 products are exact in f32).
+template <int M>
+struct avx512_rows_bf16_f32 {
+  static_assert(M >= 1 && M <= 3, "avx512_rows_bf16_f32: 1 to 3 rows");
+  static constexpr int max_cols = 128;
+  static void run(const std::uint16_t* a, std::size_t lda, const std::uint16_t* b, std::size_t ldb, std::size_t K, int n, float* c,
+                  std::size_t ldc) {
+    __m512 t[M][8];
+    for (int i = 0; i < M; ++i)
+      for (int v = 0; v < 8; ++v) t[i][v] = _mm512_setzero_ps();
+    __mmask16 mk[8];
+    for (int v = 0; v < 8; ++v) {
+      const int left = n - 16 * v;
+      mk[v] = left >= 16 ? __mmask16(0xFFFF) : (left <= 0 ? __mmask16(0) : __mmask16((1u << left) - 1));
+    }
+    for (std::size_t k = 0; k < K; ++k) {
+      const std::uint16_t* row = b + k * ldb;
+      const std::uint16_t* ahead = b + (k + 16 < K ? k + 16 : k) * ldb;
+      for (int l = 0; l < 4; ++l) _mm_prefetch(reinterpret_cast<const char*>(ahead + 32 * l), _MM_HINT_T0);
+      __m512 av[M];
+      for (int i = 0; i < M; ++i) av[i] = _mm512_set1_ps(detail::bf16_bits_to_f32(a[i * lda + k]));
+#pragma GCC unroll 8
+      for (int v = 0; v < 8; ++v) {
+        const __m256i h = _mm256_maskz_loadu_epi16(mk[v], row + 16 * v);
+        const __m512 bv = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+        for (int i = 0; i < M; ++i) t[i][v] = _mm512_fmadd_ps(av[i], bv, t[i][v]);
+      }
+    }
+    for (int i = 0; i < M; ++i)
+      for (int v = 0; v < 8; ++v) _mm512_mask_storeu_ps(c + i * ldc + 16 * v, mk[v], t[i][v]);
+  }
+};
+inline constexpr bool has_rows_bf16_atom = true;
+#else
+inline constexpr bool has_rows_bf16_atom = false;
+#endif
+
 // ---- AVX2 -------------------------------------------------------------------------------------
 #if defined(__AVX2__) && defined(__FMA__)
 // (MR, 8*NV) f32 tile with AVX2 FMA.

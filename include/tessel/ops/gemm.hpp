@@ -194,6 +194,41 @@ struct gemm_program {
   }
 };
 
+// Skinny bf16 GEMM (M <= 3, row-major A and B): each block owns 128 columns of C and streams its
+// strip of B once, in place. Bound by reading B, so no packing and no pair layout.
+template <class TC, class Chain>
+struct gemm_rows_program {
+  std::size_t M, N, K, batch;
+  tensor<const bf16, 2> A, B;
+  tensor<TC, 2> C;
+  std::size_t sa, sb, sc;
+  float alpha, beta;
+  Chain ep;
+  kernel_cost cost(const grid&) const {
+    return {2.0 * double(M) * N * K * batch, (double(M) * K + double(K) * N) * 2.0 + double(M) * N * sizeof(TC), math_precision::bf16};
+  }
+  void operator()(block_ctx& ctx) const {
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+    const auto idx = ctx.block_index3();
+    const std::size_t n0 = idx[0] * 128, z = idx[2];
+    const int n = static_cast<int>(std::min<std::size_t>(128, N - n0));
+    alignas(64) float acc[3 * 128];
+    const auto* a = reinterpret_cast<const std::uint16_t*>(A.data() + z * sa);
+    const auto* b = reinterpret_cast<const std::uint16_t*>(B.data() + z * sb + n0);
+    const std::size_t lda = A.row_stride(), ldb = B.row_stride();
+    switch (M) {
+      case 1: arch::avx512_rows_bf16_f32<1>::run(a, lda, b, ldb, K, n, acc, 128); break;
+      case 2: arch::avx512_rows_bf16_f32<2>::run(a, lda, b, ldb, K, n, acc, 128); break;
+      default: arch::avx512_rows_bf16_f32<3>::run(a, lda, b, ldb, K, n, acc, 128); break;
+    }
+    TC* c = C.data() + z * sc + n0;
+    detail::store_rows<TC>(acc, 128, M, static_cast<std::size_t>(n), c, C.row_stride(), 1, 0, n0, epilogue::alpha_beta(alpha, beta) | ep);
+#else
+    (void)ctx;
+#endif
+  }
+};
+
 inline void gemm_check(bool ok, const std::string& msg) {
   if (!ok) throw gemm_error("tessel::gemm: " + msg);
 }
@@ -236,6 +271,14 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
     dev.launch(g, prog);
   };
   const bool skinny = M <= gemm_config<TA, TB>::skinny_max_m;
+  if constexpr (std::is_same_v<TA, bf16> && std::is_same_v<TB, bf16> && arch::has_rows_bf16_atom) {
+    const bool unit = s.a == 1.0f && s.b == 1.0f;
+    if (M <= 3 && !s.a_block && unit && !ap && A.col_stride() == 1 && B.col_stride() == 1 && K > 0) {
+      gemm_rows_program<TC, chain_t> prog{M, N, K, batch, A, B, C, sa, sb, sc, alpha, beta, chain};
+      dev.launch(grid{ceil_div(N, 128), 1, batch}, prog);
+      return;
+    }
+  }
   if (s.a_block) run.template operator()<true, false>();
   else if (skinny) run.template operator()<false, true>();
   else run.template operator()<false, false>();
