@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <type_traits>
 #include <vector>
 
 #include <tessel/device.hpp>
@@ -25,9 +26,15 @@ struct gemm_bias_gelu {
     auto [bm, bn] = ctx.block_index();                                   // which (BM,BN) tile of C
     staged<float, Cfg::BM, Cfg::BN> acc{ctx};                            // (BM,BN) accumulators
     staged<tr::stage_type, Cfg::BK, Cfg::BN, tr::b_layout> b{ctx};        // (BK,BN) packed in K pairs
+    staged<tr::stage_type, Cfg::BM, Cfg::BK, tr::a_layout> a{ctx};        // (BM,BK) used only without a pair atom
     for (auto k : pipelined(ceil_div(A.cols(), Cfg::BK))) {
       load(B.tile<Cfg::BK, Cfg::BN>(k, bn), b);                          // source first, destination second
-      mma(A.tile<Cfg::BM, Cfg::BK>(bm, k), b, acc, {.accumulate = !k.first()});  // A read in place
+      if constexpr (std::is_same_v<tr::stage_type, bf16>) {
+        mma(A.tile<Cfg::BM, Cfg::BK>(bm, k), b, acc, {.accumulate = !k.first()});  // A read in place
+      } else {  // no bf16 pair atom (AVX2 build): A is widened to f32 panels on the way
+        load(A.tile<Cfg::BM, Cfg::BK>(bm, k), a);
+        mma(a, b, acc, {.accumulate = !k.first()});
+      }
     }
     store(acc, C.tile<Cfg::BM, Cfg::BN>(bm, bn), epilogue::bias(bias) | epilogue::gelu | epilogue::cast<bf16>);
   }
