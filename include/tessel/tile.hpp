@@ -8,5 +8,6 @@
 #include <tessel/tile/map.hpp>
 #include <tessel/tile/mma.hpp>
 #include <tessel/tile/pipelined.hpp>
+#include <tessel/tile/ranges.hpp>
 #include <tessel/tile/store.hpp>
 #include <tessel/tile/tensor.hpp>
