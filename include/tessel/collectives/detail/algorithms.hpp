@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <tuple>
+#include <exception>
 #include <utility>
 #include <span>
 #include <stdexcept>
@@ -94,7 +95,14 @@ class scratch_pool {
     }
     ::operator delete(p, std::align_val_t{cls >= (std::size_t{2} << 20) ? (std::size_t{2} << 20) : 64});
   }
+  // Kept until the process ends (still reachable, so leak checkers stay quiet); failures are rare.
+  void quarantine(std::byte* p, std::size_t cls) {
+    std::lock_guard lk(mu_);
+    quarantined_.emplace_back(p, cls);
+  }
   ~scratch_pool() {
+    for (auto [p, cls] : quarantined_)
+      ::operator delete(p, std::align_val_t{cls >= (std::size_t{2} << 20) ? (std::size_t{2} << 20) : 64});
     for (std::size_t b = 0; b < 64; ++b)
       for (auto* p : free_[b]) {
         const std::size_t cls = std::size_t{1} << b;
@@ -111,6 +119,7 @@ class scratch_pool {
   }
   std::mutex mu_;
   std::vector<std::byte*> free_[64];
+  std::vector<std::pair<std::byte*, std::size_t>> quarantined_;
   std::size_t cached_ = 0;
 };
 
@@ -129,8 +138,16 @@ class scratch {
     std::swap(cls_, o.cls_);
     return *this;
   }
+  // A collective that fails (a dead peer, an abort) unwinds with sends still posted from its
+  // scratch, and a peer may be copying out of them at that moment: the transports withdraw those
+  // sends only when the collective's context is destroyed, after this scratch. So scratch released
+  // during unwinding is quarantined, never handed to another collective while a reader may be in it.
   ~scratch() {
-    if (p_) scratch_pool::instance().put(p_, cls_);
+    if (!p_) return;
+    if (std::uncaught_exceptions() > 0)
+      scratch_pool::instance().quarantine(p_, cls_);
+    else
+      scratch_pool::instance().put(p_, cls_);
   }
   std::byte* data() const { return p_; }
   std::size_t size() const { return n_; }
