@@ -133,6 +133,122 @@ TEST_CASE("run_rows dispatches the partial-panel atom", "[arch][atom]") {
   }
 }
 
+TEST_CASE("scrambled_col is a permutation of the 32 columns of a unit", "[arch][atom]") {
+  std::vector<int> seen(32, 0);
+  for (int p = 0; p < 32; ++p) ++seen[arch::scrambled_col(p)];
+  for (int c = 0; c < 32; ++c) REQUIRE(seen[c] == 1);
+}
+
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+namespace {
+// rows atom (A and B in place) against scalar_rows_dot2_bf16: every row count, partial column
+// counts, odd and even K, fresh and continued accumulators, with and without prefetch
+template <int MR, int NP>
+void check_rows_atom(std::mt19937& g) {
+  using Atom = arch::avx512bf16_rows_dot_bf16bf16f32<MR, NP>;
+  constexpr int NC = Atom::nc;
+  for (int rows = 1; rows <= MR; ++rows)
+    for (int n : {1, 17, NC - 3, NC})
+      for (std::size_t k : {1, 2, 9, 64})
+        for (bool integer : {true, false})
+          for (bool acc : {false, true}) {
+            const std::size_t lda = k + 3, ldb = NC + 5, ldc = NC + 7;
+            std::vector<std::uint16_t> a(rows * lda), b(k * ldb);
+            std::uniform_int_distribution<int> di(-4, 4);
+            std::uniform_real_distribution<float> dr(0.5f, 2.0f);
+            auto val = [&] { return integer ? static_cast<float>(di(g)) : dr(g); };
+            for (auto& x : a) x = bf16(val()).bits();
+            for (auto& x : b) x = bf16(val()).bits();
+            std::vector<float> c1(rows * ldc), c2;
+            for (auto& x : c1) x = val();
+            c2 = c1;
+            arch::rows_args p;
+            p.a = a.data();
+            p.lda = lda;
+            p.b = b.data();
+            p.ldb = ldb;
+            p.k = k;
+            p.n = n;
+            p.ldc = ldc;
+            p.accumulate = acc;
+            p.prefetch = b.data();
+            p.prefetch_k = k;
+            p.c = c1.data();
+            arch::run_rows_of<Atom>(rows, p);
+            p.c = c2.data();
+            arch::run_rows_of<arch::scalar_rows_dot2_bf16<MR, NC>>(rows, p);
+            INFO("MR=" << MR << " NP=" << NP << " rows=" << rows << " n=" << n << " k=" << k << " integer=" << integer << " acc=" << acc);
+            if (integer) {
+              REQUIRE(std::memcmp(c1.data(), c2.data(), c1.size() * 4) == 0);
+            } else {
+              for (std::size_t i = 0; i < c1.size(); ++i) REQUIRE(std::fabs(c1[i] - c2[i]) <= 1e-5f * (std::fabs(c2[i]) + 1));
+            }
+          }
+}
+}  // namespace
+
+TEST_CASE("avx512_bf16 rows atoms (A and B in place) match the scalar rows reference", "[arch][atom][avx512_bf16]") {
+  std::mt19937 g(6);
+  check_rows_atom<2, 4>(g);
+  check_rows_atom<4, 2>(g);
+  check_rows_atom<12, 1>(g);
+}
+
+TEST_CASE("pack_pairs_bf16 lays out lane-scrambled K pairs; pair atom + unscramble match the reference", "[arch][atom][avx512_bf16]") {
+  std::mt19937 g(7);
+  std::uniform_int_distribution<int> di(-4, 4);
+  for (std::size_t k : {1, 2, 7, 40})
+    for (std::size_t n : {1, 5, 31, 32, 33, 64, 70}) {
+      const std::size_t ldb = n + 3, units = (n + 31) / 32, pairs = (k + 1) / 2, stride = pairs * 64 + 32;
+      std::vector<std::uint16_t> b(k * ldb);
+      for (auto& x : b) x = bf16(static_cast<float>(di(g))).bits();
+      std::vector<std::uint16_t> out(units * stride, 0xFFFF);
+      arch::pack_pairs_bf16(b.data(), ldb, k, n, out.data(), stride);
+      INFO("k=" << k << " n=" << n);
+      for (std::size_t u = 0; u < units; ++u)
+        for (std::size_t q = 0; q < pairs; ++q)
+          for (int w = 0; w < 64; ++w) {
+            const std::size_t row = 2 * q + w % 2, col = 32 * u + static_cast<std::size_t>(arch::scrambled_col(w / 2));
+            const std::uint16_t want = row < k && col < n ? b[row * ldb + col] : 0;
+            REQUIRE(out[u * stride + q * 64 + w] == want);
+          }
+      // one 5-row pair-atom product per unit, unscrambled, against the rows reference
+      constexpr int MR = 5;
+      std::vector<std::uint16_t> a(MR * k), ap(pairs * MR * 2, 0);
+      for (auto& x : a) x = bf16(static_cast<float>(di(g))).bits();
+      for (std::size_t q = 0; q < pairs; ++q)
+        for (int i = 0; i < MR; ++i) {
+          ap[(q * MR + i) * 2] = a[i * k + 2 * q];
+          ap[(q * MR + i) * 2 + 1] = 2 * q + 1 < k ? a[i * k + 2 * q + 1] : std::uint16_t{0};
+        }
+      const std::size_t ldc = units * 32;
+      std::vector<float> c1(MR * ldc), c2(MR * ldc);
+      for (std::size_t u = 0; u < units; ++u) {
+        arch::ukernel_args p;
+        p.k = pairs;
+        p.a = ap.data();
+        p.b = out.data() + u * stride;
+        p.c = c1.data() + 32 * u;
+        p.ldc = ldc;
+        arch::avx512bf16_dot_bf16bf16f32<MR, 2>::run(p);
+      }
+      for (int i = 0; i < MR; ++i) arch::unscramble_pairs32(c1.data() + i * ldc, units);
+      arch::rows_args r;
+      r.a = a.data();
+      r.lda = k;
+      r.b = b.data();
+      r.ldb = ldb;
+      r.k = k;
+      r.n = static_cast<int>(n);
+      r.c = c2.data();
+      r.ldc = ldc;
+      arch::scalar_rows_dot2_bf16<MR, 96>::run(r);
+      for (int i = 0; i < MR; ++i)
+        for (std::size_t j = 0; j < n; ++j) REQUIRE(c1[i * ldc + j] == c2[i * ldc + j]);
+    }
+}
+#endif
+
 TEST_CASE("target flags are consistent", "[arch][target]") {
   if (arch::has_avx512_bf16) REQUIRE(arch::has_avx512);
   REQUIRE(std::string(arch::target_name()).size() > 0);

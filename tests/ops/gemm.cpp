@@ -3,7 +3,9 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include <tessel/device.hpp>
@@ -384,5 +386,57 @@ TEST_CASE("skinny bf16 rows path (M <= 3): batches, padding, partial strips, epi
             REQUIRE(C[z * M * ldc + i * ldc + j] == std::max(0.0, r.c[i * N + j] + 0.5 + bias[j]));
           }
       }
+    }
+}
+
+TEST_CASE("skinny bf16 path: M in {1,2,15,16,17,33}, odd N/K, transposes, chunks, 1 vs 2 threads bitwise", "[ops][gemm][skinny]") {
+  std::mt19937 g(12);
+  for (std::size_t M : {1, 2, 15, 16, 17, 33})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (auto [N, K] : {std::pair<std::size_t, std::size_t>{1, 7}, {33, 1}, {300, 77}, {257, 600}, {4133, 5}}) {
+          gemm_case<bf16, bf16, float> c(M, N, K, ta, tb, (M + N) % 3);
+          ref::fill_real(c.A, g, 0.5f, 2.0f);
+          ref::fill_real(c.B, g, -2.0f, 2.0f);
+          ref::fill_real(c.C, g);
+          auto r = ref::gemm(ta, tb, M, N, K, 0.75, c.A.data(), c.lda, c.B.data(), c.ldb, -0.5, c.C.data(), c.ldc);
+          auto c1 = c;
+          c.run(dev2(), 0.75f, -0.5f);
+          c1.run(dev1(), 0.75f, -0.5f);
+          INFO("M=" << M << " N=" << N << " K=" << K << " ta=" << ta << " tb=" << tb);
+          REQUIRE(check_bound(c.C, c.ldc, r, M, N, K) == 0);
+          REQUIRE(std::memcmp(c.C.data(), c1.C.data(), c.C.size() * sizeof(float)) == 0);
+        }
+}
+
+TEST_CASE("skinny bf16 path: integer inputs bitwise, bf16 output with bias+GELU, batches", "[ops][gemm][skinny]") {
+  std::mt19937 g(13);
+  for (std::size_t M : {1, 3, 16, 33})
+    for (std::size_t K : {0, 1, 300}) {
+      const std::size_t N = 161, batch = 2, lda = K + 1, ldb = N + 2, ldc = N + 3;
+      std::vector<bf16> A(batch * M * lda), B(batch * std::max<std::size_t>(K, 1) * ldb);
+      std::vector<float> C(batch * M * ldc, 1.0f);
+      ref::fill_int(A, g);
+      ref::fill_int(B, g);
+      gemm_strided_batched(dev2(), transpose::none, transpose::none, M, N, K, 1.0f, A.data(), lda, M * lda, B.data(), ldb, K * ldb, 2.0f,
+                           C.data(), ldc, M * ldc, batch);
+      for (std::size_t z = 0; z < batch; ++z) {
+        std::vector<float> Cz(M * ldc, 1.0f);
+        auto r = ref::gemm(false, false, M, N, K, 1.0, A.data() + z * M * lda, lda, B.data() + z * K * ldb, ldb, 2.0, Cz.data(), ldc);
+        INFO("M=" << M << " K=" << K << " z=" << z);
+        for (std::size_t i = 0; i < M; ++i)
+          for (std::size_t j = 0; j < N; ++j) REQUIRE(C[z * M * ldc + i * ldc + j] == r.c[i * N + j]);
+      }
+      // bf16 output through bias + GELU: the same values as the f32 path's epilogue applied after
+      std::vector<float> bias(N);
+      ref::fill_real(bias, g);
+      std::vector<bf16> D(M * ldc);
+      std::vector<float> E(M * ldc);
+      gemm(dev2(), transpose::none, transpose::none, M, N, K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, D.data(), ldc,
+           epilogue::bias(bias) | epilogue::gelu | epilogue::cast<bf16>);
+      gemm(dev1(), transpose::none, transpose::none, M, N, K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, E.data(), ldc,
+           epilogue::bias(bias) | epilogue::gelu);
+      for (std::size_t i = 0; i < M; ++i)
+        for (std::size_t j = 0; j < N; ++j) REQUIRE(D[i * ldc + j].bits() == bf16(E[i * ldc + j]).bits());
     }
 }

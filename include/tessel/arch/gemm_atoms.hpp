@@ -114,6 +114,65 @@ struct scalar_dot2_bf16 {
   }
 };
 
+// Column held at position p (0..31) of a 32-column unit when K pairs are formed lane-locally
+// (vpunpck{l,h}wd): the low half holds columns 0-3, 8-11, 16-19, 24-27, the high half the rest.
+constexpr int scrambled_col(int p) { return p < 16 ? 8 * (p / 4) + p % 4 : 8 * ((p - 16) / 4) + 4 + p % 4; }
+
+// Arguments of a rows atom: a skinny product with A and B read where they lie (no packing).
+//  c(MR, n) = [c +] a(MR, k) · b(k, n); row i of A at a + i*lda, row k of B at b + k*ldb (bf16 bits).
+// `prefetch`, when set, names other B rows (row r at prefetch + r*ldb, r < prefetch_k, same
+// columns) that the atom requests while it streams its own: the caller's next chunk.
+struct rows_args {
+  const std::uint16_t* a = nullptr;
+  std::size_t lda = 0;
+  const std::uint16_t* b = nullptr;
+  std::size_t ldb = 0;
+  std::size_t k = 0;
+  int n = 0;
+  float* c = nullptr;
+  std::size_t ldc = 0;
+  bool accumulate = false;  // start from c (true continuation of an earlier call) or from zero
+  const std::uint16_t* prefetch = nullptr;
+  std::size_t prefetch_k = 0;
+};
+
+// Reference of the rows atoms: vdpbf16ps semantics over K-pairs (k, k+1) formed from two rows of
+// B and two adjacent elements of A (an odd K ends with a half pair whose second element is zero);
+// the accumulator starts from c when accumulating, so a K split into calls gives the same bits.
+template <int MR, int NC>
+struct scalar_rows_dot2_bf16 {
+  static constexpr int mr = MR, nc = NC;
+  template <int R> using with_rows = scalar_rows_dot2_bf16<R, NC>;
+  static void run(const rows_args& p) {
+    using detail::bf16_bits_to_f32;
+    using detail::flush_subnormal;
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < p.n && j < NC; ++j) {
+        float acc = p.accumulate ? p.c[static_cast<std::size_t>(i) * p.ldc + j] : 0.0f;
+        for (std::size_t k = 0; k < p.k; k += 2) {
+          const bool two = k + 1 < p.k;
+          const float a0 = flush_subnormal(bf16_bits_to_f32(p.a[i * p.lda + k]));
+          const float a1 = two ? flush_subnormal(bf16_bits_to_f32(p.a[i * p.lda + k + 1])) : 0.0f;
+          const float b0 = flush_subnormal(bf16_bits_to_f32(p.b[k * p.ldb + j]));
+          const float b1 = two ? flush_subnormal(bf16_bits_to_f32(p.b[(k + 1) * p.ldb + j])) : 0.0f;
+          acc = flush_subnormal(acc);
+          acc = flush_subnormal(acc + a1 * b1);
+          acc = flush_subnormal(acc + a0 * b0);
+        }
+        p.c[static_cast<std::size_t>(i) * p.ldc + j] = acc;
+      }
+  }
+};
+
+// Runs Atom::with_rows<rows> for 1 <= rows <= Atom::mr with any argument struct.
+template <class Atom, int R = Atom::mr, class Args>
+inline void run_rows_of(int rows, const Args& p) {
+  if constexpr (R >= 1) {
+    if (rows == R) return Atom::template with_rows<R>::run(p);
+    return run_rows_of<Atom, R - 1>(rows, p);
+  }
+}
+
 // ---- AVX-512 --------------------------------------------------------------------------------
 #if defined(__AVX512F__)
 namespace detail {
@@ -234,6 +293,169 @@ struct avx512bf16_dot_bf16bf16f32 {
   }
 };
 using avx512bf16_dot_6x32_bf16bf16f32 = avx512bf16_dot_bf16bf16f32<6, 2>;
+#endif
+
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+// Skinny (GEMV-like) atom: c(MR, n) (+)= a(MR, k) · b(k, n) for n <= 32*NP, with A and B read in
+// place from row-major bf16. Each pair of B rows (k, k+1) is interleaved into K-pairs in
+// registers (vpunpck{l,h}wd: lane-local, so the accumulators hold columns in a lane-scrambled
+// order that is undone once, when c is written) and fed to vdpbf16ps with A's pair broadcast.
+// Skinny GEMMs are bound by reading B once; packing B would only add a write and a re-read.
+template <int MR, int NP>
+struct avx512bf16_rows_dot_bf16bf16f32 {
+  static constexpr int mr = MR, nc = 32 * NP;
+  template <int R> using with_rows = avx512bf16_rows_dot_bf16bf16f32<R, NP>;
+  static void run(const rows_args& p) {
+    // scrambled (lo, hi) accumulator lanes <-> natural columns, for vpermt2ps
+    alignas(64) static constexpr std::int32_t to_nat0[16] = {0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23};
+    alignas(64) static constexpr std::int32_t to_nat1[16] = {8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31};
+    alignas(64) static constexpr std::int32_t to_lo[16] = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
+    alignas(64) static constexpr std::int32_t to_hi[16] = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
+    __mmask32 mk[NP];
+    __mmask16 ms[2 * NP];
+#pragma GCC unroll 16
+    for (int u = 0; u < NP; ++u) {
+      const int left = p.n - 32 * u;
+      mk[u] = left >= 32 ? __mmask32(0xFFFFFFFFu) : (left <= 0 ? __mmask32(0) : __mmask32((1u << left) - 1));
+#pragma GCC unroll 16
+      for (int h = 0; h < 2; ++h) {
+        const int l = left - 16 * h;
+        ms[2 * u + h] = l >= 16 ? __mmask16(0xFFFF) : (l <= 0 ? __mmask16(0) : __mmask16((1u << l) - 1));
+      }
+    }
+    __m512 t[MR][2 * NP];
+    if (p.accumulate) {
+      const __m512i il = _mm512_load_si512(to_lo), ih = _mm512_load_si512(to_hi);
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 16
+        for (int u = 0; u < NP; ++u) {
+          const float* c = p.c + static_cast<std::size_t>(i) * p.ldc + 32 * u;
+          const __m512 n0 = _mm512_maskz_loadu_ps(ms[2 * u], c), n1 = _mm512_maskz_loadu_ps(ms[2 * u + 1], c + 16);
+          t[i][2 * u] = _mm512_permutex2var_ps(n0, il, n1);
+          t[i][2 * u + 1] = _mm512_permutex2var_ps(n0, ih, n1);
+        }
+    } else {
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 16
+        for (int v = 0; v < 2 * NP; ++v) t[i][v] = _mm512_setzero_ps();
+    }
+    const std::uint16_t* b = p.b;
+    const std::uint16_t* a = p.a;
+    const std::size_t ldb = p.ldb, lda = p.lda, kp = p.k / 2;
+    const char* pf = reinterpret_cast<const char*>(p.prefetch);
+    const std::size_t pf_pairs = p.prefetch ? p.prefetch_k / 2 : 0;
+    for (std::size_t q = 0; q < kp; ++q) {
+      if (q < pf_pairs) {
+#pragma GCC unroll 4
+        for (int u = 0; u < NP; ++u) {
+          _mm_prefetch(pf + 64 * u, _MM_HINT_T0);
+          _mm_prefetch(pf + 2 * ldb + 64 * u, _MM_HINT_T0);
+        }
+        pf += 4 * ldb;
+      }
+      __m512i lo[NP], hi[NP];
+#pragma GCC unroll 4
+      for (int u = 0; u < NP; ++u) {
+        const __m512i x = _mm512_maskz_loadu_epi16(mk[u], b + 32 * u), y = _mm512_maskz_loadu_epi16(mk[u], b + ldb + 32 * u);
+        lo[u] = _mm512_unpacklo_epi16(x, y);
+        hi[u] = _mm512_unpackhi_epi16(x, y);
+      }
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) {
+        std::uint32_t pair;
+        std::memcpy(&pair, a + i * lda + 2 * q, 4);
+        const __m512i av = _mm512_set1_epi32(static_cast<int>(pair));
+#pragma GCC unroll 4
+        for (int u = 0; u < NP; ++u) {
+          t[i][2 * u] = _mm512_dpbf16_ps(t[i][2 * u], (__m512bh)av, (__m512bh)lo[u]);
+          t[i][2 * u + 1] = _mm512_dpbf16_ps(t[i][2 * u + 1], (__m512bh)av, (__m512bh)hi[u]);
+        }
+      }
+      b += 2 * ldb;
+    }
+    if (p.k & 1) {  // half pair: (k-1, zero)
+      const __m512i z = _mm512_setzero_si512();
+      __m512i lo[NP], hi[NP];
+#pragma GCC unroll 16
+      for (int u = 0; u < NP; ++u) {
+        const __m512i x = _mm512_maskz_loadu_epi16(mk[u], b + 32 * u);
+        lo[u] = _mm512_unpacklo_epi16(x, z);
+        hi[u] = _mm512_unpackhi_epi16(x, z);
+      }
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) {
+        const __m512i av = _mm512_set1_epi32(static_cast<int>(a[i * lda + p.k - 1]));
+#pragma GCC unroll 16
+        for (int u = 0; u < NP; ++u) {
+          t[i][2 * u] = _mm512_dpbf16_ps(t[i][2 * u], (__m512bh)av, (__m512bh)lo[u]);
+          t[i][2 * u + 1] = _mm512_dpbf16_ps(t[i][2 * u + 1], (__m512bh)av, (__m512bh)hi[u]);
+        }
+      }
+    }
+    const __m512i i0 = _mm512_load_si512(to_nat0), i1 = _mm512_load_si512(to_nat1);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 16
+      for (int u = 0; u < NP; ++u) {
+        float* c = p.c + static_cast<std::size_t>(i) * p.ldc + 32 * u;
+        _mm512_mask_storeu_ps(c, ms[2 * u], _mm512_permutex2var_ps(t[i][2 * u], i0, t[i][2 * u + 1]));
+        _mm512_mask_storeu_ps(c + 16, ms[2 * u + 1], _mm512_permutex2var_ps(t[i][2 * u], i1, t[i][2 * u + 1]));
+      }
+  }
+};
+// Packs k rows x n columns of row-major bf16 B (row r at b + r*ldb) into K-pair panels of 32
+// columns for avx512bf16_dot_bf16bf16f32<MR, 2>: panel u at out + u*panel_stride holds pair q at
+// + 64q. Pairs are formed with the lane-local vpunpck{l,h}wd (1 uop each; a full 32-lane word
+// permute costs as much as the math for M = 16), so within each 32-column unit the atom's output
+// columns come out in the order `scrambled_col`; unscramble_pairs32 restores it once per result.
+// An odd k and columns beyond n are zero-filled. Rows are read whole and in order (long bursts).
+inline void pack_pairs_bf16(const std::uint16_t* b, std::size_t ldb, std::size_t k, std::size_t n, std::uint16_t* out,
+                            std::size_t panel_stride) {
+  const std::size_t full = n / 32, rest = n % 32;
+  const __mmask32 m = rest ? __mmask32((1u << rest) - 1) : __mmask32(0);
+  for (std::size_t r = 0; r < k; r += 2) {
+    const std::uint16_t* r0 = b + r * ldb;
+    const std::uint16_t* r1 = r0 + ldb;
+    std::uint16_t* o = out + 32 * r;  // pair r/2: 64 words
+    if (r + 1 < k) {
+      for (std::size_t u = 0; u < full; ++u, o += panel_stride) {
+        const __m512i x = _mm512_loadu_si512(r0 + 32 * u), y = _mm512_loadu_si512(r1 + 32 * u);
+        _mm512_storeu_si512(o, _mm512_unpacklo_epi16(x, y));
+        _mm512_storeu_si512(o + 32, _mm512_unpackhi_epi16(x, y));
+      }
+      if (rest) {
+        const __m512i x = _mm512_maskz_loadu_epi16(m, r0 + 32 * full), y = _mm512_maskz_loadu_epi16(m, r1 + 32 * full);
+        _mm512_storeu_si512(o, _mm512_unpacklo_epi16(x, y));
+        _mm512_storeu_si512(o + 32, _mm512_unpackhi_epi16(x, y));
+      }
+    } else {
+      const __m512i y = _mm512_setzero_si512();
+      for (std::size_t u = 0; u < full + (rest ? 1 : 0); ++u, o += panel_stride) {
+        const __m512i x = u < full ? _mm512_loadu_si512(r0 + 32 * u) : _mm512_maskz_loadu_epi16(m, r0 + 32 * u);
+        _mm512_storeu_si512(o, _mm512_unpacklo_epi16(x, y));
+        _mm512_storeu_si512(o + 32, _mm512_unpackhi_epi16(x, y));
+      }
+    }
+  }
+}
+
+// Restores natural column order in `units` 32-float units of a result row written by the pair
+// atom from pack_pairs_bf16 panels (position p holds column scrambled_col(p)).
+inline void unscramble_pairs32(float* row, std::size_t units) {
+  alignas(64) static constexpr std::int32_t to_nat0[16] = {0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23};
+  alignas(64) static constexpr std::int32_t to_nat1[16] = {8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31};
+  const __m512i i0 = _mm512_load_si512(to_nat0), i1 = _mm512_load_si512(to_nat1);
+  for (std::size_t u = 0; u < units; ++u, row += 32) {
+    const __m512 lo = _mm512_loadu_ps(row), hi = _mm512_loadu_ps(row + 16);
+    _mm512_storeu_ps(row, _mm512_permutex2var_ps(lo, i0, hi));
+    _mm512_storeu_ps(row + 16, _mm512_permutex2var_ps(lo, i1, hi));
+  }
+}
+inline constexpr bool has_rows_dot_atom = true;
+#else
+inline constexpr bool has_rows_dot_atom = false;
 #endif
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)

@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include <tessel/device/device.hpp>
 #include <tessel/tile.hpp>
@@ -229,6 +230,143 @@ struct gemm_rows_program {
   }
 };
 
+inline constexpr std::size_t skinny_rows_max = 48;
+
+// Skinny bf16 GEMM (M <= skinny_rows_max, row-major B): bound by reading B once, and B streams
+// from memory fastest in whole rows (strips of a few hundred bytes per row run at half the
+// bandwidth here). So a launch has about one block per worker, each owning W columns of C for
+// all M rows (accumulators in L1/L2) and walking its strip of B in K chunks of ~128 KiB, row by
+// row, with the next chunk requested while the current one computes. M <= 2 reads B in place
+// with the rows atom; more rows pack each chunk once into K pairs and run the pair atom on it per
+// group of <= 12 rows. Each element of C is one chain in K order fixed by KC alone (a function of
+// the shape), so the result does not depend on W or on the thread count.
+template <class TC, class Chain>
+struct gemm_skinny_program {
+  static constexpr std::size_t rows_per_group = 12, max_w = 4096, chunk_words = 262144;
+  std::size_t M, N, K, batch;
+  tensor<const bf16, 2> A, B;
+  tensor<TC, 2> C;
+  std::size_t sa, sb, sc;
+  float alpha, beta;
+  Chain ep;
+  std::size_t W = 0;  // columns per block (multiple of 32)
+
+  // K rows per chunk. The pair atom rounds once per chunk (c + chunk sum), so for M > 2 the chunk
+  // depends on the shape only, never on the worker count; the rows atom (M <= 2) carries its
+  // accumulators across chunks exactly, so its chunk follows the block width (~128 KiB of B).
+  std::size_t kc() const {
+    if (M <= 2) return std::clamp<std::size_t>(65536 / W / 16 * 16, 16, 256);
+    const std::size_t w = std::min(max_w, ceil_div(N, 32) * 32);
+    return std::clamp<std::size_t>(chunk_words / w / 16 * 16, 16, 256);
+  }
+  static std::size_t block_cols(std::size_t N, unsigned workers) {
+    const std::size_t nblk = std::max<std::size_t>(std::max(1u, workers), ceil_div(N, max_w));
+    return ceil_div(ceil_div(N, nblk), 32) * 32;
+  }
+  kernel_cost cost(const grid&) const {
+    return {2.0 * double(M) * N * K * batch, (double(M) * K + double(K) * N) * 2.0 + double(M) * N * sizeof(TC), math_precision::bf16};
+  }
+  void operator()(block_ctx& ctx) const {
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+    const auto idx = ctx.block_index3();
+    const std::size_t n0 = idx[0] * W, z = idx[2];
+    const std::size_t n = std::min(W, N - n0);
+    const std::size_t KC = kc();
+    const std::size_t ldc = W + 16;  // rows of acc not a multiple of 4 KiB apart (L1 sets)
+    float* acc = ctx.scratch().allocate_array<float>(M * ldc);  // (M,W)
+    const auto* b = reinterpret_cast<const std::uint16_t*>(B.data() + z * sb + n0);
+    const auto* a = reinterpret_cast<const std::uint16_t*>(A.data() + z * sa);
+    const std::size_t ldb = B.row_stride();
+    // A's K-pairs must be adjacent for the rows atom's broadcasts (a transposed A is staged per
+    // chunk); the pair atom gets A staged per chunk as K-pair panels per row group
+    const std::size_t lds = KC + 32;
+    std::uint16_t* as = ctx.scratch().allocate_array<std::uint16_t>(M * lds);  // (M,KC)
+    auto chunk_a = [&](std::size_t k0, std::size_t kv) -> std::pair<const std::uint16_t*, std::size_t> {
+      if (A.col_stride() == 1) return {a + k0, A.row_stride()};
+      for (std::size_t i = 0; i < M; ++i)
+        for (std::size_t kk = 0; kk < kv; ++kk) as[i * lds + kk] = a[i * A.row_stride() + (k0 + kk) * A.col_stride()];
+      return {as, lds};
+    };
+    // requests the next chunk (rows k0+KC..) row by row, `lines` cache lines at a time
+    const std::size_t row_lines = ceil_div(n * 2, 64);
+    std::size_t pf_row = 0, pf_line = 0, pf_end = 0;
+    auto prefetch_next = [&](std::size_t lines) {
+      for (; lines > 0 && pf_row < pf_end; --lines) {
+        __builtin_prefetch(b + pf_row * ldb + pf_line * 32);
+        if (++pf_line == row_lines) pf_line = 0, ++pf_row;
+      }
+    };
+    for (std::size_t k = 0; k < std::min(K, std::size_t{4}); ++k)
+      for (std::size_t l = 0; l < row_lines; ++l) __builtin_prefetch(b + k * ldb + l * 32);
+    if (K == 0) std::fill_n(acc, M * ldc, 0.0f);
+    constexpr std::size_t SW = 128;  // columns per rows-atom call
+    const std::size_t groups = ceil_div(M, rows_per_group), R = ceil_div(M, groups);
+    std::uint16_t* pk = M <= 2 ? nullptr : ctx.scratch().allocate_array<std::uint16_t>(KC * 32 + 32);  // (KC,32) as pairs
+    for (std::size_t k0 = 0; k0 < K; k0 += KC) {
+      const std::size_t kv = std::min(KC, K - k0);
+      pf_row = std::min(K, k0 + KC), pf_line = 0, pf_end = std::min(K, k0 + 2 * KC);
+      const std::size_t calls = M <= 2 ? ceil_div(n, SW) : ceil_div(n, 32);
+      const std::size_t per_call = ceil_div((pf_end - pf_row) * row_lines, calls);
+      if (M <= 2) {
+        const auto [ak, lda] = chunk_a(k0, kv);
+        for (std::size_t s0 = 0; s0 < n; s0 += SW) {
+          arch::rows_args p;
+          p.a = ak;
+          p.lda = lda;
+          p.b = b + k0 * ldb + s0;
+          p.ldb = ldb;
+          p.k = kv;
+          p.n = static_cast<int>(std::min(SW, n - s0));
+          p.c = acc + s0;
+          p.ldc = ldc;
+          p.accumulate = k0 > 0;
+          arch::run_rows_of<arch::avx512bf16_rows_dot_bf16bf16f32<2, 4>>(static_cast<int>(M), p);
+          prefetch_next(per_call);
+        }
+      } else {
+        // A of this chunk as K-pair panels per group (pair q, row i at 2*(q*rows + i)): the atom
+        // broadcasts from fixed offsets instead of computing M row addresses. Then each 32-column
+        // panel of the chunk (fetched into L2 row by row during the previous chunk) is packed
+        // into K pairs in an L1-resident buffer and every group of <= 12 rows runs on it.
+        const std::size_t kp = ceil_div(kv, 2);
+        for (std::size_t r0 = 0; r0 < M; r0 += R) {
+          const std::size_t rows = std::min(R, M - r0);
+          std::uint16_t* dst = as + r0 * lds;
+          const std::size_t rs = A.row_stride(), cs = A.col_stride();
+          for (std::size_t i = 0; i < rows; ++i) {
+            const std::uint16_t* src = a + (r0 + i) * rs + k0 * cs;
+            for (std::size_t q = 0; q < kp; ++q) {
+              dst[2 * (q * rows + i)] = src[2 * q * cs];
+              dst[2 * (q * rows + i) + 1] = 2 * q + 1 < kv ? src[(2 * q + 1) * cs] : std::uint16_t{0};
+            }
+          }
+        }
+        for (std::size_t u = 0; u * 32 < n; ++u) {
+          arch::pack_pairs_bf16(b + k0 * ldb + 32 * u, ldb, kv, std::min<std::size_t>(32, n - 32 * u), pk, 0);
+          for (std::size_t r0 = 0; r0 < M; r0 += R) {
+            arch::ukernel_args p;
+            p.k = kp;
+            p.a = as + r0 * lds;
+            p.b = pk;
+            p.c = acc + r0 * ldc + 32 * u;
+            p.ldc = ldc;
+            p.accumulate = k0 > 0;
+            arch::run_rows<arch::avx512bf16_dot_bf16bf16f32<12, 2>>(static_cast<int>(std::min(R, M - r0)), p);
+          }
+          prefetch_next(per_call);
+        }
+      }
+    }
+    if (M > 2 && K > 0)
+      for (std::size_t i = 0; i < M; ++i) arch::unscramble_pairs32(acc + i * ldc, ceil_div(n, 32));
+    TC* c = C.data() + z * sc + n0;
+    detail::store_rows<TC>(acc, ldc, M, n, c, C.row_stride(), 1, 0, n0, epilogue::alpha_beta(alpha, beta) | ep);
+#else
+    (void)ctx;
+#endif
+  }
+};
+
 inline void gemm_check(bool ok, const std::string& msg) {
   if (!ok) throw gemm_error("tessel::gemm: " + msg);
 }
@@ -271,7 +409,16 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
     dev.launch(g, prog);
   };
   const bool skinny = M <= gemm_config<TA, TB>::skinny_max_m;
-  if constexpr (std::is_same_v<TA, bf16> && std::is_same_v<TB, bf16> && arch::has_rows_bf16_atom) {
+  if constexpr (std::is_same_v<TA, bf16> && std::is_same_v<TB, bf16> && arch::has_rows_dot_atom) {
+    // skinny: B streamed once in place by the rows atom (any A layout; B row-major)
+    if (M <= skinny_rows_max && !s.a_block && !ap && B.col_stride() == 1 && C.col_stride() == 1) {
+      using P = gemm_skinny_program<TC, chain_t>;
+      const std::size_t w = P::block_cols(N, dev.capabilities().workers);
+      P prog{M, N, K, batch, A, B, C, sa, sb, sc, alpha * s.a * s.b, beta, chain, w};
+      dev.launch(grid{ceil_div(N, w), 1, batch}, prog);
+      return;
+    }
+  } else if constexpr (std::is_same_v<TA, bf16> && std::is_same_v<TB, bf16> && arch::has_rows_bf16_atom) {
     const bool unit = s.a == 1.0f && s.b == 1.0f;
     if (M <= 3 && !s.a_block && unit && !ap && A.col_stride() == 1 && B.col_stride() == 1 && K > 0) {
       gemm_rows_program<TC, chain_t> prog{M, N, K, batch, A, B, C, sa, sb, sc, alpha, beta, chain};
