@@ -395,9 +395,9 @@ TEST_CASE("attention rejects bad arguments with typed errors", "[ops][attention]
 namespace {
 // Decode against a contiguous cache; each sequence checked against fp64 and the naive rule.
 template <class T>
-void check_decode(std::size_t D, std::size_t sq, bool causal) {
-  const std::size_t B = 4, H = 8, HK = 2, max_kv = 1500;
-  const std::vector<std::int32_t> lens{0, 1, 700, 1500};
+void check_decode(std::size_t D, std::size_t sq, bool causal, std::size_t H = 8, std::size_t HK = 2, std::size_t max_kv = 1500) {
+  const std::size_t B = 4;
+  const std::vector<std::int32_t> lens{0, 1, std::int32_t(max_kv / 2 - 17), std::int32_t(max_kv)};
   std::mt19937 rng(71 + unsigned(D) + unsigned(sq));
   std::normal_distribution<double> nd;
   std::vector<T> q(B * sq * H * D), k(B * max_kv * HK * D), v(k.size());
@@ -413,6 +413,14 @@ void check_decode(std::size_t D, std::size_t sq, bool causal) {
   std::vector<T> o(q.size());
   std::vector<float> lse(B * H * sq);
   attention_decode<host_device, T, T>(dev, s, q, k, v, lens, {}, o, lse, opt);
+  {  // the same bits on one thread
+    host_device dev1(1);
+    std::vector<T> o1(q.size());
+    std::vector<float> lse1(lse.size());
+    attention_decode<host_device, T, T>(dev1, s, q, k, v, lens, {}, o1, lse1, opt);
+    CHECK(std::memcmp(o1.data(), o.data(), o.size() * sizeof(T)) == 0);
+    CHECK(std::memcmp(lse1.data(), lse.data(), lse.size() * sizeof(float)) == 0);
+  }
   for (std::size_t b = 0; b < B; ++b) {
     ref::problem p{1, sq, std::size_t(lens[b]), H, HK, D};
     p.causal = causal;
@@ -443,6 +451,13 @@ TEST_CASE("attention decode (split-KV) matches fp64 within the FlashAttention ru
   check_decode<bf16>(48, 2, true);
   check_decode<float>(64, 1, false);
   check_decode<float>(32, 4, true);
+}
+
+TEST_CASE("attention decode with more than 64 query rows per kv head", "[ops][attention][decode]") {
+  // 16 q heads on one kv head, 5 new tokens: 80 rows per kv head (two row tiles)
+  check_decode<bf16>(64, 5, true, 16, 1, 300);
+  // 4 q heads per kv head, 33 rows each: 132 rows, f32 path with D=48
+  check_decode<float>(48, 33, true, 8, 2, 200);
 }
 
 TEST_CASE("attention decode over a paged cache equals the contiguous cache bitwise", "[ops][attention][decode]") {

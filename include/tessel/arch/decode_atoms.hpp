@@ -17,6 +17,26 @@
 
 namespace tessel::arch::decode {
 
+// Reads one byte of every cache line of [a, a + bytes) and [b, b + bytes), alternating, in address
+// order: a dense demand stream that the hardware prefetchers pick up (software prefetches of the
+// same lines are not followed as well on these cores). Returns a value to pass to keep().
+inline unsigned touch_lines2(const void* a, const void* b, std::size_t bytes) {
+  const unsigned char* x = static_cast<const unsigned char*>(a);
+  const unsigned char* y = static_cast<const unsigned char*>(b);
+  unsigned s = 0;
+  for (std::size_t o = 0; o < bytes; o += 64) s += static_cast<unsigned>(x[o]) + y[o];
+  return s;
+}
+// Keeps the loads behind x from being optimised away.
+inline void keep(unsigned x) {
+#if defined(__GNUC__) || defined(__clang__)
+  asm volatile("" : : "r"(x));
+#else
+  static volatile unsigned sink;
+  sink = x;
+#endif
+}
+
 // ---- portable: f32 rows ------------------------------------------------------------------------
 // out[r*ld + j] = sum_d q[r*D + d] * k_j[d] for j < n keys (k_j already f32).
 inline void qk_f32(const float* q, std::size_t R, std::size_t D, const float* const* krow, std::size_t n, float* out, std::size_t ld) {
@@ -60,9 +80,32 @@ inline __m512 reduce16(__m512 (&a)[16]) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(u01, u23, 0x88), _mm512_shuffle_f32x4(u01, u23, 0xDD));
 }
 
-// out[r*ld + j] (j < 16) = sum_d q(r, d) k_j(d), bf16 codes, D a multiple of 32.
+// out[r*ld + j] (j < 16) = sum_d q(r, d) k_j(d), bf16 codes, D a multiple of 32. Rows go in
+// pairs against 8 keys at a time: each K vector loaded feeds two rows, and one transpose-reduction
+// yields 8 scores of each row.
 inline void qk16_bf16(const std::uint16_t* q, std::size_t R, std::size_t D, const std::uint16_t* const* krow, float* out, std::size_t ld) {
-  for (std::size_t r = 0; r < R; ++r) {
+  std::size_t r = 0;
+  for (; r + 2 <= R; r += 2) {
+    const std::uint16_t* q0 = q + r * D;
+    const std::uint16_t* q1 = q0 + D;
+    for (int h = 0; h < 16; h += 8) {
+      __m512 acc[16];
+      for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
+      for (std::size_t d = 0; d < D; d += 32) {
+        const __m512i a = _mm512_loadu_si512(q0 + d), b = _mm512_loadu_si512(q1 + d);
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j) {
+          const __m512i kv = _mm512_loadu_si512(krow[h + j] + d);
+          acc[j] = _mm512_dpbf16_ps(acc[j], (__m512bh)a, (__m512bh)kv);
+          acc[8 + j] = _mm512_dpbf16_ps(acc[8 + j], (__m512bh)b, (__m512bh)kv);
+        }
+      }
+      const __m512 s = reduce16(acc);  // lanes 0-7: row r, keys h..h+7; lanes 8-15: row r+1
+      _mm256_storeu_ps(out + r * ld + h, _mm512_castps512_ps256(s));
+      _mm256_storeu_ps(out + (r + 1) * ld + h, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1)));
+    }
+  }
+  for (; r < R; ++r) {
     const std::uint16_t* qr = q + r * D;
     __m512 acc[16];
     for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
@@ -76,41 +119,57 @@ inline void qk16_bf16(const std::uint16_t* q, std::size_t R, std::size_t D, cons
 }
 
 // o(r, d) += sum_j p(r, j) v_j(d) over n (even) keys; p rows are bf16 codes with keys adjacent
-// (pairs), V rows bf16 codes; D a multiple of 32. R rows at compile time, so the 2R accumulators
-// stay in registers.
+// (pairs), V rows bf16 codes; D a multiple of 32. The pairs of two V rows are formed with in-lane
+// unpacks (one cycle, unlike a cross-lane permute), so o keeps each 32-column chunk in "pv order":
+// 128-bit groups [c0-3, c8-11, c16-19, c24-27, c4-7, c12-15, c20-23, c28-31]; from_pv_order
+// restores the natural order. R rows and C chunks per pass at compile time: the 2·R·C
+// accumulators stay in registers and are independent enough to hide the vdpbf16ps latency.
+template <int R, int C>
+inline void pv_bf16_pass(const std::uint16_t* p, std::size_t ldp, const std::uint16_t* const* vrow, std::size_t n, std::size_t d, float* o,
+                         std::size_t ldo) {
+  __m512 acc[R][C][2];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) {
+      acc[r][c][0] = _mm512_loadu_ps(o + r * ldo + d + 32 * c);
+      acc[r][c][1] = _mm512_loadu_ps(o + r * ldo + d + 32 * c + 16);
+    }
+  for (std::size_t j = 0; j < n; j += 2) {
+    __m512i vlo[C], vhi[C];
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) {
+      const __m512i a = _mm512_loadu_si512(vrow[j] + d + 32 * c), b = _mm512_loadu_si512(vrow[j + 1] + d + 32 * c);
+      vlo[c] = _mm512_unpacklo_epi16(a, b);
+      vhi[c] = _mm512_unpackhi_epi16(a, b);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      std::uint32_t pair;
+      std::memcpy(&pair, p + r * ldp + j, 4);
+      const __m512i pp = _mm512_set1_epi32(static_cast<int>(pair));
+#pragma GCC unroll 4
+      for (int c = 0; c < C; ++c) {
+        acc[r][c][0] = _mm512_dpbf16_ps(acc[r][c][0], (__m512bh)pp, (__m512bh)vlo[c]);
+        acc[r][c][1] = _mm512_dpbf16_ps(acc[r][c][1], (__m512bh)pp, (__m512bh)vhi[c]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) {
+      _mm512_storeu_ps(o + r * ldo + d + 32 * c, acc[r][c][0]);
+      _mm512_storeu_ps(o + r * ldo + d + 32 * c + 16, acc[r][c][1]);
+    }
+}
 template <int R>
 inline void pv_bf16_rows(const std::uint16_t* p, std::size_t ldp, const std::uint16_t* const* vrow, std::size_t n, std::size_t D, float* o,
                          std::size_t ldo) {
-  alignas(64) static constexpr std::uint16_t lo_idx[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
-                                                           8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
-  alignas(64) static constexpr std::uint16_t hi_idx[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
-                                                           24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
-  const __m512i ilo = _mm512_load_si512(lo_idx), ihi = _mm512_load_si512(hi_idx);
-  for (std::size_t d = 0; d < D; d += 32) {
-    __m512 acc[R][2];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      acc[r][0] = _mm512_loadu_ps(o + r * ldo + d);
-      acc[r][1] = _mm512_loadu_ps(o + r * ldo + d + 16);
-    }
-    for (std::size_t j = 0; j < n; j += 2) {
-      const __m512i a = _mm512_loadu_si512(vrow[j] + d), b = _mm512_loadu_si512(vrow[j + 1] + d);
-      const __m512i vlo = _mm512_permutex2var_epi16(a, ilo, b), vhi = _mm512_permutex2var_epi16(a, ihi, b);
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
-        std::uint32_t pair;
-        std::memcpy(&pair, p + r * ldp + j, 4);
-        const __m512i pp = _mm512_set1_epi32(static_cast<int>(pair));
-        acc[r][0] = _mm512_dpbf16_ps(acc[r][0], (__m512bh)pp, (__m512bh)vlo);
-        acc[r][1] = _mm512_dpbf16_ps(acc[r][1], (__m512bh)pp, (__m512bh)vhi);
-      }
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      _mm512_storeu_ps(o + r * ldo + d, acc[r][0]);
-      _mm512_storeu_ps(o + r * ldo + d + 16, acc[r][1]);
-    }
-  }
+  constexpr int C = R <= 2 ? 4 : R <= 4 ? 2 : 1;
+  std::size_t d = 0;
+  for (; d + 32 * C <= D; d += 32 * C) pv_bf16_pass<R, C>(p, ldp, vrow, n, d, o, ldo);
+  for (; d < D; d += 32) pv_bf16_pass<R, 1>(p, ldp, vrow, n, d, o, ldo);
 }
 
 // Same for R <= 8 rows given at run time.
@@ -126,6 +185,15 @@ inline void pv_bf16(const std::uint16_t* p, std::size_t ldp, std::size_t R, cons
     case 7: return pv_bf16_rows<7>(p, ldp, vrow, n, D, o, ldo);
     default: return pv_bf16_rows<8>(p, ldp, vrow, n, D, o, ldo);
   }
+}
+
+// dst(D) = src(D) in natural column order, src in pv order (see pv_bf16).
+inline void from_pv_order(const float* src, float* dst, std::size_t D) {
+  for (std::size_t d = 0; d < D; d += 32)
+    for (std::size_t g = 0; g < 4; ++g) {
+      std::memcpy(dst + d + 8 * g, src + d + 4 * g, 16);
+      std::memcpy(dst + d + 8 * g + 4, src + d + 16 + 4 * g, 16);
+    }
 }
 #else
 inline constexpr bool has_bf16_decode = false;
@@ -147,6 +215,8 @@ inline void pv_bf16(const std::uint16_t* p, std::size_t ldp, std::size_t R, cons
       for (std::size_t d = 0; d < D; ++d) o[r * ldo + d] = std::fma(pj, detail::bf16_bits_to_f32(vrow[j][d]), o[r * ldo + d]);
     }
 }
+// The scalar pv_bf16 keeps natural order.
+inline void from_pv_order(const float* src, float* dst, std::size_t D) { std::memcpy(dst, src, D * sizeof(float)); }
 #endif
 
 }  // namespace tessel::arch::decode

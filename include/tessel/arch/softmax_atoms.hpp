@@ -83,6 +83,46 @@ inline void store_bf16(const float* x, std::uint16_t* out) {
   for (std::size_t i = 0; i < W; ++i) out[i] = static_cast<std::uint16_t>(t[i]);
 }
 
+// Largest lane of v.
+inline float hmax(const vf& v) {
+#if defined(__AVX512F__)
+  if constexpr (W == 16) return _mm512_reduce_max_ps(v);
+#endif
+  alignas(64) float t[W];
+  v.store_aligned(t);
+  float m = t[0];
+  for (std::size_t i = 1; i < W; ++i) m = t[i] > m ? t[i] : m;
+  return m;
+}
+
+// One online-softmax step of a row over 32 scores, all visible: m (running max of s*c, log2
+// units) and l (running sum) are updated, p gets exp2(s*c - m_new) as bf16 codes (RNE), and the
+// factor alpha = exp2(m_old - m_new) that the row's accumulator must be scaled by is returned.
+inline float online_step32_bf16(const float* s, float c, float& m, float& l, std::uint16_t* p) {
+  constexpr std::size_t N = 32 / W;
+  vf x[N];
+  vf mx = vf::load_unaligned(s);
+  x[0] = mx;
+  for (std::size_t i = 1; i < N; ++i) {
+    x[i] = vf::load_unaligned(s + i * W);
+    mx = xsimd::max(mx, x[i]);
+  }
+  const float mn = std::max(m, hmax(mx) * c);
+  const float alpha = exp2_nonpos(m - mn);
+  const vf cv(c), mv(mn);
+  vf sum(0.0f);
+  alignas(64) float e[32];
+  for (std::size_t i = 0; i < N; ++i) {
+    const vf v = exp2_nonpos(xsimd::fms(x[i], cv, mv));
+    sum += v;
+    v.store_aligned(e + i * W);
+  }
+  for (std::size_t i = 0; i < N; ++i) store_bf16(e + i * W, p + i * W);
+  l = l * alpha + xsimd::hadd(sum);
+  m = mn;
+  return alpha;
+}
+
 // max_j s[j] * scale over [0, n) (scale > 0, so max(s)*scale); -inf for n == 0.
 inline float row_max(const float* s, std::size_t n) {
   std::size_t j = 0;

@@ -371,7 +371,6 @@ void attention_decode(Dev& dev, const attention_decode_shape& s, std::span<const
   using namespace detail::attn;
   check_heads(s.heads_q, s.heads_kv, s.head_dim);
   const std::size_t R = detail::mul_checked(s.heads_q / s.heads_kv, s.seq_q, "attention shape");
-  check(R <= 64, "decode handles at most 64 query rows per kv head (heads_q/heads_kv * seq_q = " + std::to_string(R) + "); use attention_forward");
   const std::size_t nq = mul3(detail::mul_checked(s.batch, s.seq_q, "attention shape"), s.heads_q, s.head_dim, "attention shape");
   check_buffer(q, nq, "q");
   check_buffer(o, nq, "o");
@@ -421,13 +420,14 @@ void attention_decode(Dev& dev, const attention_decode_shape& s, std::span<const
     max_kv = std::max(max_kv, q0.skv);
   }
   if (s.batch == 0 || s.seq_q == 0) return;
-  const std::size_t nsplit = std::max<std::size_t>(1, ceil_div(max_kv, dec_chunk));
-  const std::size_t part_elems = mul3(mul3(s.batch, s.heads_kv, nsplit, "attention workspace"), R, s.head_dim + 2, "attention workspace");
+  const decode_plan plan = decode_plan::make(R, s.heads_kv, s.head_dim, max_kv);
+  const std::size_t part_elems = mul3(mul3(s.batch, s.heads_kv, plan.nsplit, "attention workspace"), R, s.head_dim + 2, "attention workspace");
   float* part = static_cast<float*>(dev.allocate(detail::mul_checked(part_elems, sizeof(float), "attention workspace")));
   struct guard { Dev& d; void* p; ~guard() { d.deallocate(p); } } gd{dev, part};
   const float sc = softmax_scale(opt, s.head_dim) * opt.q_scale * opt.k_scale * log2e;
-  dev.launch(grid{nsplit, s.batch}, decode_split_program<T>{q.data(), k.data(), v.data(), seqs.data(), g, make_mask(opt), sc, R, nsplit, part});
-  dev.launch(grid{s.heads_kv, s.batch}, decode_merge_program<O>{part, o.data(), lse.empty() ? nullptr : lse.data(), seqs.data(), g, R, nsplit, opt.v_scale});
+  dev.launch(grid{plan.nsplit, plan.head_tiles * plan.row_tiles, s.batch},
+             decode_split_program<T>{q.data(), k.data(), v.data(), seqs.data(), g, make_mask(opt), sc, plan, part});
+  dev.launch(grid{s.heads_kv, s.batch}, decode_merge_program<O>{part, o.data(), lse.empty() ? nullptr : lse.data(), seqs.data(), g, R, plan.nsplit, opt.v_scale});
 }
 
 }  // namespace v0
