@@ -5,9 +5,16 @@
 // Conventions: an FMA is 2 flops; a 512-bit vdpbf16ps does 32 bf16 products and 32 adds = 64 flops.
 // STREAM bytes follow STREAM: copy counts 16 B per double element (read + write), triad 24 B; no
 // write-allocate traffic is counted. Memory is 2 MiB-aligned, madvise(MADV_HUGEPAGE), touched first.
+//
+// Robust under load: each limit is the best of many short trials. Compute peaks are timed by each
+// thread's own CPU clock (CLOCK_THREAD_CPUTIME_ID), which stops while the thread is descheduled: a
+// wall clock on a shared, oversubscribed machine measures the other tenants as much as the core,
+// and understated peaks would overstate every of_limit. STREAM stays on the wall clock (memory is
+// shared by the threads, see measure_stream).
 #pragma once
 
 #include <sys/mman.h>
+#include <time.h>
 
 #include <algorithm>
 #include <atomic>
@@ -18,6 +25,7 @@
 #include <cstring>
 #include <new>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #if defined(__AVX2__) || defined(__AVX512F__)
@@ -63,26 +71,54 @@ class huge_buffer {
   std::size_t n_ = 0;
 };
 
-// Runs f(thread_index) on `threads` threads (the caller is thread 0) released together; returns
-// the wall seconds from the common start until all have finished. Waits yield, so that a 2-core
-// machine is never oversubscribed by spinning threads.
+// Seconds of CPU time the calling thread has used.
+inline double thread_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return double(t.tv_sec) + double(t.tv_nsec) * 1e-9;
+}
+
+// Timing of one run_threads_timed call: wall seconds from the common start until all finished,
+// and each thread's own CPU seconds for its f (descheduled time excluded).
+struct thread_timing {
+  double wall = 0;
+  std::vector<double> cpu;
+  double cpu_max() const { return cpu.empty() ? 0.0 : *std::max_element(cpu.begin(), cpu.end()); }
+};
+
+// Runs f(thread_index) on `threads` threads (the caller is thread 0) released together. Waits
+// yield, so that a 2-core machine is never oversubscribed by spinning threads.
 template <class F>
-double run_threads(unsigned threads, F&& f) {
+thread_timing run_threads_timed(unsigned threads, F&& f) {
   std::atomic<unsigned> ready{0};
   std::atomic<bool> go{false};
+  thread_timing r;
+  r.cpu.assign(threads, 0.0);
+  auto body = [&](unsigned t) {
+    const double c0 = thread_cpu_seconds();
+    f(t);
+    r.cpu[t] = thread_cpu_seconds() - c0;
+  };
   std::vector<std::thread> ts;
   for (unsigned t = 1; t < threads; ++t)
     ts.emplace_back([&, t] {
       ready.fetch_add(1);
       while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
-      f(t);
+      body(t);
     });
   while (ready.load() + 1 < threads) std::this_thread::yield();
   const auto t0 = std::chrono::steady_clock::now();
   go.store(true, std::memory_order_release);
-  f(0u);
+  body(0u);
   for (auto& th : ts) th.join();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+// As run_threads_timed; returns the wall seconds only.
+template <class F>
+double run_threads(unsigned threads, F&& f) {
+  return run_threads_timed(threads, std::forward<F>(f)).wall;
 }
 
 namespace detail {
@@ -153,8 +189,12 @@ inline double measure_peak(peak_kind k, unsigned threads, std::uint64_t iters) {
 #endif
     default: return 0.0;
   }
-  const double s = run_threads(threads, [&](unsigned) { fn(iters); });
-  return flops_per_iter * double(iters) * threads / s * 1e-9;
+  // each thread's rate on its own CPU clock, summed: cores do not share FMA units, so time a
+  // thread spent descheduled (another tenant on its core) is not the core's limit
+  const auto t = run_threads_timed(threads, [&](unsigned) { fn(iters); });
+  double rate = 0;
+  for (double c : t.cpu) rate += c > 0 ? flops_per_iter * double(iters) / c : 0.0;
+  return rate * 1e-9;
 }
 
 // ---- STREAM (GB/s) -----------------------------------------------------------------------------
@@ -180,15 +220,18 @@ inline double measure_stream(stream_kind k, unsigned threads) {
   double* __restrict b = s.b.data();
   double* __restrict c = s.c.data();
   const double q = 3.0;
-  const double secs = run_threads(threads, [&](unsigned t) {
+  const auto tm = run_threads_timed(threads, [&](unsigned t) {
     const std::size_t lo = n * t / threads, hi = n * (t + 1) / threads;
     if (k == stream_kind::copy)
       for (std::size_t i = lo; i < hi; ++i) c[i] = a[i];
     else
       for (std::size_t i = lo; i < hi; ++i) a[i] = b[i] + q * c[i];
   });
+  // wall clock: memory is shared, so CPU clocks would credit a thread that ran while its peer was
+  // descheduled with the whole bandwidth (2 threads read ~2x STREAM that way); the best of several
+  // short passes is the undisturbed one
   const double bytes = double(n) * sizeof(double) * (k == stream_kind::copy ? 2 : 3);
-  return bytes / secs * 1e-9;
+  return bytes / tm.wall * 1e-9;
 }
 
 // ---- cached limits -----------------------------------------------------------------------------
@@ -197,19 +240,21 @@ struct machine_limits {
   double stream_copy[2]{}, stream_triad[2]{};                       // GB/s,     [threads-1]
 };
 
-// Measured on first use (about 2 s), best of several runs each.
+// Measured on first use (about 2 s): the best of many short trials each (a trial a few ms long
+// is more likely to run undisturbed than one long run).
 inline const machine_limits& limits() {
   static const machine_limits m = [] {
     machine_limits r;
-    constexpr std::uint64_t iters = 2'000'000;  // ~30-60 ms per run at ~3-5 GHz
+    constexpr std::uint64_t iters = 250'000;  // ~4-8 ms per trial at ~3-5 GHz
+    constexpr int peak_trials = 12, stream_trials = 8;
     for (unsigned t = 1; t <= 2; ++t) {
-      for (int rep = 0; rep < 3; ++rep) {
+      for (int rep = 0; rep < peak_trials; ++rep) {
         r.fp32_fma_avx512[t - 1] = std::max(r.fp32_fma_avx512[t - 1], measure_peak(peak_kind::fp32_fma_avx512, t, iters));
         r.fp32_fma_avx2[t - 1] = std::max(r.fp32_fma_avx2[t - 1], measure_peak(peak_kind::fp32_fma_avx2, t, iters));
         r.bf16_dot[t - 1] = std::max(r.bf16_dot[t - 1], measure_peak(peak_kind::bf16_dot, t, iters));
       }
       measure_stream(stream_kind::copy, t);  // warm
-      for (int rep = 0; rep < 5; ++rep) {
+      for (int rep = 0; rep < stream_trials; ++rep) {
         r.stream_copy[t - 1] = std::max(r.stream_copy[t - 1], measure_stream(stream_kind::copy, t));
         r.stream_triad[t - 1] = std::max(r.stream_triad[t - 1], measure_stream(stream_kind::triad, t));
       }
