@@ -1,7 +1,7 @@
 // bench_attention: fused flash attention (bf16, B=1, H=16, D=128, S=4096, causal and not) forward
 // and backward, next to tessel's own bf16 GEMM (the throughput target), a naive materialised
 // implementation, and an unfused oneDNN baseline (bf16 matmul, vectorised softmax, bf16 matmul);
-// decode (1 row, 32 q heads, 8 kv heads, D=128, 32k bf16 cache) against the STREAM bound of
+// decode (1 row, 32 q heads, 8 kv heads, D=128, 32k bf16 cache, contiguous and in 16-token pages) against the STREAM bound of
 // reading the cache once; peak extra memory of the forward pass at S = 8k and 32k.
 // FLOPs: 4·Sq·Skv·D per head forward (half when causal), 2.5x that backward.
 // Counters: flops (rate), of_limit (fraction of the machine's bf16 dot peak, or of STREAM for
@@ -220,10 +220,18 @@ void decode_tessel(benchmark::State& state) {
   const double bw = std::max(stream_copy_gbs(threads), stream_triad_gbs(threads));
   attention_decode_shape s;
   s.batch = 1; s.seq_q = 1; s.heads_q = HQ; s.heads_kv = HK; s.head_dim = D; s.max_kv = KV;
+  // page > 0: the same cache as a paged cache whose pages are used in reverse order (a block table
+  // that is not the identity, so nothing relies on pages being adjacent)
+  const std::size_t page = std::size_t(state.range(0));
+  std::vector<std::int32_t> table;
+  if (page > 0) {
+    s.max_kv = 0; s.page_size = page; s.num_pages = KV / page; s.pages_per_seq = KV / page;
+    for (std::size_t i = 0; i < KV / page; ++i) table.push_back(std::int32_t(KV / page - 1 - i));
+  }
   const std::int32_t len = std::int32_t(KV);
   for (auto _ : state)
     attention_decode<host_device, bf16, bf16>(dev(), s, std::span<const bf16>(q.data(), q.size()), std::span<const bf16>(kc.data(), kc.size()),
-                                              std::span<const bf16>(vc.data(), vc.size()), std::span<const std::int32_t>(&len, 1), {},
+                                              std::span<const bf16>(vc.data(), vc.size()), std::span<const std::int32_t>(&len, 1), table,
                                               std::span<bf16>(o.data(), o.size()));
   const double bytes = 2.0 * double(KV) * HK * D * sizeof(bf16);
   state.counters["bytes"] = benchmark::Counter(bytes * double(state.iterations()), benchmark::Counter::kIsRate);
@@ -262,7 +270,7 @@ BENCHMARK(fwd_naive)->Name("attention/naive/fwd/bf16/B1_H1_D128_S4096")->ArgName
 #if TESSEL_HAVE_ONEDNN
 BENCHMARK(fwd_onednn)->Name("attention/onednn/fwd/bf16/B1_H16_D128_S4096")->ArgName("causal")->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime()->ComputeStatistics("min", min_of);
 #endif
-BENCHMARK(decode_tessel)->Name("attention/tessel/decode/bf16/HQ32_HKV8_D128_KV32768")->Unit(benchmark::kMillisecond)->UseRealTime()->ComputeStatistics("min", min_of);
+BENCHMARK(decode_tessel)->Name("attention/tessel/decode/bf16/HQ32_HKV8_D128_KV32768")->ArgName("page")->Arg(0)->Arg(16)->Unit(benchmark::kMillisecond)->UseRealTime()->ComputeStatistics("min", min_of);
 BENCHMARK(fwd_memory)->Name("attention/tessel/fwd_memory/bf16/H1_D128")->ArgName("S")->Arg(8192)->Arg(32768)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
 
 BENCHMARK_MAIN();

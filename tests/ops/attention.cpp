@@ -353,6 +353,32 @@ TEST_CASE("attention e4m3 inputs with scales", "[ops][attention][fp8]") {
   ref::materialised<double>{}.forward(p, qd, kd, vd, o64, l64);
   naive_same_dtype<bf16>().forward(p, qd, kd, vd, on, ln);  // e4m3 values are exact in bf16
   CHECK(ref::max_abs_diff(to_double(o), o64) <= 2 * ref::max_abs_diff(on, o64) + slack(o64));
+
+  // Backward: gradients of the real inputs q·q_scale, k·k_scale, v·v_scale. The backward is fed
+  // the exact forward output (rounded to O), so what is measured is the backward's own error.
+  std::vector<double> dod(p.q_elems()), dq64, dk64, dv64;
+  for (auto& x : dod) x = double(float(nd(rng)));
+  ref::materialised<double>{}.backward(p, qd, kd, vd, dod, dq64, dk64, dv64);
+  auto check_grads = [&](auto tag) {
+    using O = decltype(tag);
+    std::vector<O> ox(o64.size()), dout(dod.size()), dq(q.size()), dk(k.size()), dv(v.size());
+    for (std::size_t i = 0; i < ox.size(); ++i) { ox[i] = O(float(o64[i])); dout[i] = O(float(dod[i])); }
+    attention_backward<host_device, O>(dev, shape_of(p), q, k, v, ox, dout, lse, dq, dk, dv, opt);
+    std::vector<double> dqn, dkn, dvn;
+    naive_same_dtype<O>().backward(p, qd, kd, vd, to_double(dout), dqn, dkn, dvn);
+    const double eq = ref::max_abs_diff(to_double(dq), dq64), eqn = ref::max_abs_diff(dqn, dq64);
+    const double ek = ref::max_abs_diff(to_double(dk), dk64), ekn = ref::max_abs_diff(dkn, dk64);
+    const double ev = ref::max_abs_diff(to_double(dv), dv64), evn = ref::max_abs_diff(dvn, dv64);
+    CAPTURE(eq, eqn, ek, ekn, ev, evn);
+    CHECK(eq <= 2 * eqn + slack(dq64));
+    CHECK(ek <= 2 * ekn + slack(dk64));
+    CHECK(ev <= 2 * evn + slack(dv64));
+  };
+  check_grads(float{});
+  check_grads(bf16{});
+  // bad buffer sizes are typed errors here too
+  std::vector<float> small(3), g(q.size());
+  CHECK_THROWS_AS((attention_backward<host_device, float>(dev, shape_of(p), q, k, v, small, small, lse, g, g, g, opt)), std::out_of_range);
 }
 
 TEST_CASE("attention rejects bad arguments with typed errors", "[ops][attention][errors]") {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 // GCC 12 warns (-Wuninitialized, not only -Wmaybe-uninitialized) inside its AVX-512 headers when
 // _mm512_max_ps / roundscale / cvtt inline into our code; what counts is the pragma state when the
@@ -61,9 +62,23 @@ inline B exp2_nonpos(const B& x) {
   const B scale = xsimd::bitwise_cast<B>(e);
   return xsimd::select(x < B(-126.0f), B(0.0f), p * scale);
 }
+// Scalar twin of the vector version (same polynomial, so scalar and vector results agree; no libm
+// call on the per-row rescaling path). exp2_nonpos(0) == 1 exactly.
 inline float exp2_nonpos(float x) {
   if (!(x >= -126.0f)) return 0.0f;
-  return std::exp2(x);
+  const float r = std::nearbyint(x);
+  const float f = x - r;
+  float p = 1.5403530393381606e-4f;
+  p = std::fma(p, f, 1.3333558146428443e-3f);
+  p = std::fma(p, f, 9.6181291076284772e-3f);
+  p = std::fma(p, f, 5.5504108664821580e-2f);
+  p = std::fma(p, f, 2.4022650695910071e-1f);
+  p = std::fma(p, f, 6.9314718055994531e-1f);
+  p = std::fma(p, f, 1.0f);
+  const std::uint32_t e = static_cast<std::uint32_t>(static_cast<std::int32_t>(r) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &e, 4);
+  return p * scale;
 }
 
 // W floats -> W bf16 codes (RNE).
@@ -81,6 +96,20 @@ inline void store_bf16(const float* x, std::uint16_t* out) {
   alignas(64) std::uint32_t t[W];
   r.store_aligned(t);
   for (std::size_t i = 0; i < W; ++i) out[i] = static_cast<std::uint16_t>(t[i]);
+}
+
+// W floats in a register -> W bf16 codes (RNE).
+inline void store_bf16(const vf& x, std::uint16_t* out) {
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+  if constexpr (W == 16) {
+    const __m256bh h = _mm512_cvtneps_pbh(x);
+    std::memcpy(out, &h, 32);
+    return;
+  }
+#endif
+  alignas(64) float t[W];
+  x.store_aligned(t);
+  store_bf16(t, out);
 }
 
 // Largest lane of v.
@@ -111,13 +140,11 @@ inline float online_step32_bf16(const float* s, float c, float& m, float& l, std
   const float alpha = exp2_nonpos(m - mn);
   const vf cv(c), mv(mn);
   vf sum(0.0f);
-  alignas(64) float e[32];
   for (std::size_t i = 0; i < N; ++i) {
     const vf v = exp2_nonpos(xsimd::fms(x[i], cv, mv));
     sum += v;
-    v.store_aligned(e + i * W);
+    store_bf16(v, p + i * W);
   }
-  for (std::size_t i = 0; i < N; ++i) store_bf16(e + i * W, p + i * W);
   l = l * alpha + xsimd::hadd(sum);
   m = mn;
   return alpha;
@@ -148,13 +175,8 @@ inline float exp2_row(const float* s, std::size_t n, float c, float m, Out* p) {
   for (; j + W <= n; j += W) {
     const vf e = exp2_nonpos(xsimd::fms(vf::load_unaligned(s + j), cv, mv));
     acc += e;
-    if constexpr (std::is_same_v<Out, float>) {
-      e.store_unaligned(p + j);
-    } else {
-      alignas(64) float tmp[W];
-      e.store_aligned(tmp);
-      store_bf16(tmp, p + j);
-    }
+    if constexpr (std::is_same_v<Out, float>) e.store_unaligned(p + j);
+    else store_bf16(e, p + j);
   }
   float sum = xsimd::hadd(acc);
   for (; j < n; ++j) {

@@ -5,11 +5,13 @@
 // 256; GQA/MQA (heads_q a multiple of heads_kv); causal masks aligned top-left or bottom-right;
 // sliding windows; f32, bf16 (FP32 softmax and accumulation) and e4m3 inputs with scales.
 // Decode (few query rows, long or paged KV cache) splits the KV length and merges exactly.
-// Backward (f32, bf16) recomputes tiles and never accumulates in a data-dependent order.
+// Backward (f32, bf16, and e4m3 inputs dequantised to f32) recomputes tiles and never accumulates
+// in a data-dependent order.
 // A row with no visible key is "fully masked": its output is 0 and its log-sum-exp is −inf.
 // Results never depend on the thread count.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -346,6 +348,89 @@ void attention_backward_varlen(Dev& dev, const attention_varlen_shape& s, std::s
   varlen_geom(s, g, seqs, max_sq, max_skv);
   run_backward<T>(dev, g, seqs, max_sq, max_skv, q.data(), k.data(), v.data(), o.data(), dout.data(), lse.data(), dq.data(), dk.data(),
                   dv.data(), opt);
+}
+
+}  // namespace v0
+
+namespace detail::attn {
+// dst[i] = To(float(src[i]) * scale) over a launch (dequantisation and dtype changes for the e4m3
+// backward); runs on the device that owns the buffers.
+template <class From, class To>
+struct convert_program {
+  const From* src;
+  To* dst;
+  std::size_t n;
+  float scale;
+  static constexpr std::size_t chunk = 1 << 16;
+  void operator()(block_ctx& ctx) const {
+    const std::size_t i0 = ctx.block_linear() * chunk, i1 = std::min(n, i0 + chunk);
+    for (std::size_t i = i0; i < i1; ++i) dst[i] = from_f32<To>(arch::to_f32(src[i]) * scale);
+  }
+};
+template <class To, class From, class Dev>
+void convert_on(Dev& dev, const From* src, To* dst, std::size_t n, float scale) {
+  if (n) dev.launch(grid{ceil_div(n, convert_program<From, To>::chunk)}, convert_program<From, To>{src, dst, n, scale});
+}
+}  // namespace detail::attn
+
+inline namespace v0 {
+
+// Backward attention for e4m3 q, k, v with scales (dense batch): the gradients are those of the
+// real inputs q·q_scale, k·k_scale, v·v_scale (what a bf16/f32 master copy receives). o, dout,
+// lse are the forward's (o in O = f32 or bf16); dq, dk, dv are O. The inputs are dequantised to
+// f32 (exact up to f32 rounding of the scale product) and the f32 backward runs on them.
+template <class Dev, attention_output O>
+void attention_backward(Dev& dev, const attention_shape& s, std::span<const e4m3> q, std::span<const e4m3> k, std::span<const e4m3> v,
+                        std::span<const O> o, std::span<const O> dout, std::span<const float> lse, std::span<O> dq, std::span<O> dk,
+                        std::span<O> dv, const attention_options& opt = {}) {
+  using namespace detail::attn;
+  check_heads(s.heads_q, s.heads_kv, s.head_dim);
+  const std::size_t nq = mul3(detail::mul_checked(s.batch, s.seq_q, "attention shape"), s.heads_q, s.head_dim, "attention shape");
+  const std::size_t nkv = mul3(detail::mul_checked(s.batch, s.seq_kv, "attention shape"), s.heads_kv, s.head_dim, "attention shape");
+  check_buffer(q, nq, "q");
+  check_buffer(o, nq, "o");
+  check_buffer(dout, nq, "dout");
+  check_buffer(dq, nq, "dq");
+  check_buffer(k, nkv, "k");
+  check_buffer(v, nkv, "v");
+  check_buffer(dk, nkv, "dk");
+  check_buffer(dv, nkv, "dv");
+  check_buffer(lse, mul3(s.batch, s.heads_q, s.seq_q, "attention shape"), "lse");
+  (void)make_mask(opt);
+  // f32 copies: q, k, v (dequantised), and o, dout, dq, dk, dv when O is not f32
+  constexpr bool same = std::is_same_v<O, float>;
+  const std::size_t base = detail::add_checked(nq, detail::mul_checked(2, nkv, "attention workspace"), "attention workspace");
+  const std::size_t extra = same ? 0 : detail::add_checked(detail::mul_checked(3, nq, "attention workspace"), detail::mul_checked(2, nkv, "attention workspace"), "attention workspace");
+  const std::size_t total = detail::add_checked(base, extra, "attention workspace");
+  float* mem = total ? static_cast<float*>(dev.allocate(detail::mul_checked(total, sizeof(float), "attention workspace"))) : nullptr;
+  struct guard { Dev& d; void* p; ~guard() { if (p) d.deallocate(p); } } gd{dev, mem};
+  float* p = mem;
+  float* q32 = p; p += nq;
+  float* k32 = p; p += nkv;
+  float* v32 = p; p += nkv;
+  convert_on<float>(dev, q.data(), q32, nq, opt.q_scale);
+  convert_on<float>(dev, k.data(), k32, nkv, opt.k_scale);
+  convert_on<float>(dev, v.data(), v32, nkv, opt.v_scale);
+  attention_options o1 = opt;
+  o1.q_scale = o1.k_scale = o1.v_scale = 1.0f;
+  if constexpr (same) {
+    attention_backward<Dev, float>(dev, s, std::span<const float>(q32, nq), std::span<const float>(k32, nkv), std::span<const float>(v32, nkv), o,
+                                   dout, lse, dq, dk, dv, o1);
+  } else {
+    float* o32 = p; p += nq;
+    float* do32 = p; p += nq;
+    float* dq32 = p; p += nq;
+    float* dk32 = p; p += nkv;
+    float* dv32 = p;
+    convert_on<float>(dev, o.data(), o32, nq, 1.0f);
+    convert_on<float>(dev, dout.data(), do32, nq, 1.0f);
+    attention_backward<Dev, float>(dev, s, std::span<const float>(q32, nq), std::span<const float>(k32, nkv), std::span<const float>(v32, nkv),
+                                   std::span<const float>(o32, nq), std::span<const float>(do32, nq), lse, std::span<float>(dq32, nq),
+                                   std::span<float>(dk32, nkv), std::span<float>(dv32, nkv), o1);
+    convert_on<O>(dev, dq32, dq.data(), nq, 1.0f);
+    convert_on<O>(dev, dk32, dk.data(), nkv, 1.0f);
+    convert_on<O>(dev, dv32, dv.data(), nkv, 1.0f);
+  }
 }
 
 }  // namespace v0
