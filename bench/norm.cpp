@@ -35,12 +35,15 @@ constexpr std::size_t ce_rows = 256, ce_vocab = 131072;
 
 struct buffers {
   huge_buffer<float> a, b, c, d, w, bias, mean, rstd;
+  huge_buffer<bf16> a16, c16;  // real bf16 data (halves of f32 words would hold NaNs and subnormals)
   huge_buffer<std::int64_t> labels;
-  buffers() : a(N, 2), b(N, 2), c(N, 2), d(N, 2), w(C, 1), bias(C, 1), mean(R, 1), rstd(R, 1), labels(ce_rows, 1) {
+  buffers()
+      : a(N, 2), b(N, 2), c(N, 2), d(N, 2), w(C, 1), bias(C, 1), mean(R, 1), rstd(R, 1), a16(N, 2), c16(N, 2), labels(ce_rows, 1) {
     std::mt19937 rng(1);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     for (std::size_t i = 0; i < N; i += 1) a[i] = float(i % 977) * 1e-3f - 0.4f;
     for (std::size_t i = 0; i < N; i += 1) b[i] = float(i % 613) * 1e-3f - 0.3f;
+    for (std::size_t i = 0; i < N; i += 1) a16[i] = bf16(a[i]);
     for (std::size_t i = 0; i < C; ++i) w[i] = 1.0f + nd(rng) * 0.1f;
     for (std::size_t r = 0; r < ce_rows; ++r) labels[r] = std::int64_t((r * 7919) % ce_vocab);
   }
@@ -76,8 +79,8 @@ void run(benchmark::State& state, double bytes_per_iter, F&& f) {
 
 tensor<const float, 2> cin(const huge_buffer<float>& b) { return tensor<const float, 2>(b.data(), R, C); }
 tensor<float, 2> out(const huge_buffer<float>& b) { return tensor<float, 2>(b.data(), R, C); }
-tensor<const bf16, 2> cin16(const huge_buffer<float>& b) { return tensor<const bf16, 2>(reinterpret_cast<const bf16*>(b.data()), R, C); }
-tensor<bf16, 2> out16(const huge_buffer<float>& b) { return tensor<bf16, 2>(reinterpret_cast<bf16*>(b.data()), R, C); }
+tensor<const bf16, 2> cin16(const huge_buffer<bf16>& b) { return tensor<const bf16, 2>(b.data(), R, C); }
+tensor<bf16, 2> out16(huge_buffer<bf16>& b) { return tensor<bf16, 2>(b.data(), R, C); }
 std::span<const float> cs(const huge_buffer<float>& b, std::size_t n) { return {b.data(), n}; }
 std::span<float> ms(const huge_buffer<float>& b, std::size_t n) { return {b.data(), n}; }
 
@@ -87,7 +90,7 @@ void rmsnorm_fwd_f32(benchmark::State& st) {
 }
 void rmsnorm_fwd_bf16(benchmark::State& st) {
   auto& b = buffers::get();
-  run(st, 4.0 * N, [&](auto& dev) { tessel::rmsnorm_forward(dev, cin16(b.a), cs(b.w, C), out16(b.c), ms(b.rstd, R)); });
+  run(st, 4.0 * N, [&](auto& dev) { tessel::rmsnorm_forward(dev, cin16(b.a16), cs(b.w, C), out16(b.c16), ms(b.rstd, R)); });
 }
 void layernorm_fwd_f32(benchmark::State& st) {
   auto& b = buffers::get();
@@ -95,7 +98,7 @@ void layernorm_fwd_f32(benchmark::State& st) {
 }
 void layernorm_fwd_bf16(benchmark::State& st) {
   auto& b = buffers::get();
-  run(st, 4.0 * N, [&](auto& dev) { tessel::layernorm_forward(dev, cin16(b.a), cs(b.w, C), cs(b.bias, C), out16(b.c), ms(b.mean, R), ms(b.rstd, R)); });
+  run(st, 4.0 * N, [&](auto& dev) { tessel::layernorm_forward(dev, cin16(b.a16), cs(b.w, C), cs(b.bias, C), out16(b.c16), ms(b.mean, R), ms(b.rstd, R)); });
 }
 void rmsnorm_bwd_f32(benchmark::State& st) {
   auto& b = buffers::get();

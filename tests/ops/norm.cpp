@@ -162,6 +162,49 @@ TEST_CASE("norm backward agrees with fp64 finite differences, param grads are th
   }
 }
 
+TEST_CASE("norm rows in a pipelined block equal rows computed alone; LayerNorm shift fallback stays accurate", "[ops][norm]") {
+  host_device dev(2);
+  for (bool rms : {false, true}) {
+    for (std::size_t n : {7u, 64u, 1000u}) {
+      const std::size_t rows = 12;
+      auto x = train_ref::randn(rows * n, 70 + n, 1.0f), res = train_ref::randn(rows * n, 71 + n), w = train_ref::randn(n, 72), b = train_ref::randn(n, 73);
+      for (std::size_t j = 0; j < n; ++j) x[3 * n + j] += 1.0e4f;  // a mean far from zero, first value near it
+      x[5 * n] = 50.0f;                                              // an outlier first value: the exact two-pass variance
+      std::vector<bf16> xb(rows * n), rb(rows * n), yb(rows * n), hb(rows * n), yb1(n), hb1(n);
+      for (std::size_t i = 0; i < x.size(); ++i) xb[i] = bf16(x[i]), rb[i] = bf16(res[i]);
+      std::vector<float> y(rows * n), rs(rows), mu(rows), y1(n), rs1(1), mu1(1);
+      auto fwd = [&](auto xin, auto yout, std::span<float> m, std::span<float> r, auto rin, auto hout) {
+        if (rms) rmsnorm_forward(dev, xin, w, yout, r, {}, rin, hout);
+        else layernorm_forward(dev, xin, w, b, yout, m, r, {}, rin, hout);
+      };
+      fwd(cview(x, rows, n), view(y, rows, n), std::span<float>(mu), std::span<float>(rs), tensor<const float, 2>{}, tensor<float, 2>{});
+      fwd(cview(xb, rows, n), view(yb, rows, n), std::span<float>{}, std::span<float>{}, cview(rb, rows, n), view(hb, rows, n));
+      bool same = true, same_b = true;
+      double worst = 0.0, worst_big = 0.0;
+      std::vector<double> hd(n), wd(w.begin(), w.end()), bd(b.begin(), b.end()), yd(n);
+      for (std::size_t r = 0; r < rows; ++r) {
+        std::vector<float> xr(x.begin() + std::ptrdiff_t(r * n), x.begin() + std::ptrdiff_t((r + 1) * n));
+        std::vector<bf16> xbr(xb.begin() + std::ptrdiff_t(r * n), xb.begin() + std::ptrdiff_t((r + 1) * n));
+        std::vector<bf16> rbr(rb.begin() + std::ptrdiff_t(r * n), rb.begin() + std::ptrdiff_t((r + 1) * n));
+        fwd(cview(xr, 1, n), view(y1, 1, n), std::span<float>(mu1), std::span<float>(rs1), tensor<const float, 2>{}, tensor<float, 2>{});
+        fwd(cview(xbr, 1, n), view(yb1, 1, n), std::span<float>{}, std::span<float>{}, cview(rbr, 1, n), view(hb1, 1, n));
+        same = same && std::memcmp(y1.data(), y.data() + r * n, n * 4) == 0 && rs1[0] == rs[r] && (rms || mu1[0] == mu[r]);
+        same_b = same_b && std::memcmp(yb1.data(), yb.data() + r * n, n * 2) == 0 && std::memcmp(hb1.data(), hb.data() + r * n, n * 2) == 0;
+        for (std::size_t j = 0; j < n; ++j) hd[j] = x[r * n + j];
+        train_ref::layernorm(hd.data(), wd.data(), rms ? nullptr : bd.data(), yd.data(), n, 1e-5, rms);
+        double& wr = r == 3 ? worst_big : worst;
+        for (std::size_t j = 0; j < n; ++j) wr = std::max(wr, std::fabs(yd[j] - y[r * n + j]) / (std::fabs(yd[j]) + 1.0));
+      }
+      INFO("rms " << rms << " n " << n << " worst " << worst << " mean-1e4 row " << worst_big);
+      CHECK(same);
+      CHECK(same_b);
+      CHECK(worst < 2e-6 * std::sqrt(double(n) + 1.0) * 4.0);
+      // f32 arithmetic on values near 1e4 with unit spread: h − mean alone carries 1e4·u relative error
+      CHECK(worst_big < 2e-6 * std::sqrt(double(n) + 1.0) * 4.0 * 1.0e4);
+    }
+  }
+}
+
 TEST_CASE("norm bad input is a typed error", "[ops][norm]") {
   host_device dev(1);
   std::vector<float> x(12), y(12), w(4), b(4), rs(3), wrong(5);

@@ -9,6 +9,7 @@
 
 #include <tessel/device/host_device.hpp>
 #include <tessel/ops/softmax.hpp>
+#include <tessel/types/bf16.hpp>
 
 #include "reference/train_ref.hpp"
 
@@ -110,4 +111,37 @@ TEST_CASE("softmax bad input", "[ops][softmax]") {
   o = {};
   o.scale = std::numeric_limits<float>::infinity();
   CHECK_THROWS_AS(softmax_forward(dev, cview(x, 3, 4), view(y, 3, 4), o), std::invalid_argument);
+}
+
+TEST_CASE("softmax rows in a pipelined block equal rows computed alone, bf16 output is one rounding", "[ops][softmax]") {
+  host_device dev(2);
+  for (std::size_t n : {5u, 16u, 77u, 2048u}) {
+    const std::size_t rows = 13;
+    auto x = train_ref::randn(rows * n, 40 + n, 2.0f);
+    std::vector<float> mask(rows * n, 0.0f);
+    const float ninf = -std::numeric_limits<float>::infinity();
+    for (std::size_t j = 0; j < n; ++j) mask[5 * n + j] = ninf;             // a fully masked row mid-block
+    for (std::size_t j = 0; j < n; j += 3) mask[8 * n + j] = ninf;          // a partly masked row
+    softmax_options o;
+    o.scale = 0.7f;
+    o.mask = cview(mask, rows, n);
+    std::vector<float> y(rows * n), one(n);
+    std::vector<bf16> yb(rows * n);
+    softmax_forward(dev, cview(x, rows, n), view(y, rows, n), o);
+    softmax_forward(dev, cview(x, rows, n), view(yb, rows, n), o);
+    bool same = true, rounded = true;
+    for (std::size_t r = 0; r < rows; ++r) {
+      std::vector<float> xr(x.begin() + std::ptrdiff_t(r * n), x.begin() + std::ptrdiff_t((r + 1) * n));
+      std::vector<float> mr(mask.begin() + std::ptrdiff_t(r * n), mask.begin() + std::ptrdiff_t((r + 1) * n));
+      softmax_options o1 = o;
+      o1.mask = cview(mr, 1, n);
+      softmax_forward(dev, cview(xr, 1, n), view(one, 1, n), o1);
+      same = same && std::memcmp(one.data(), y.data() + r * n, n * 4) == 0;
+      for (std::size_t j = 0; j < n; ++j) rounded = rounded && yb[r * n + j].bits() == bf16(y[r * n + j]).bits();
+    }
+    INFO("n " << n);
+    CHECK(same);
+    CHECK(rounded);
+    for (std::size_t j = 0; j < n; ++j) CHECK(y[5 * n + j] == 0.0f);
+  }
 }

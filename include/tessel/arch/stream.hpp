@@ -145,7 +145,23 @@ inline vu bf16_rne_lanes(vf f) {
   }
   return rne;
 }
-inline void store_bf16(vf f, std::uint16_t* p, bool nt = false) { store_u16(bf16_rne_lanes(f), p, nt); }
+inline void store_bf16(vf f, std::uint16_t* p, bool nt = false) {
+#if defined(__AVX512BF16__) && defined(__AVX512DQ__)
+  static_assert(width == 16);
+  // vcvtneps2bf16 rounds to nearest even exactly like f32_to_bf16_bits for every other class, but
+  // reads subnormal inputs as zero and quiets every NaN its own way, so vectors holding a NaN
+  // (0x01 quiet, 0x80 signalling) or a subnormal (0x20) take the integer path below.
+  if (_mm512_fpclass_ps_mask(f, 0x01 | 0x20 | 0x80) == 0) {
+    const __m256i h = (__m256i)_mm512_cvtneps_pbh(f);
+    if (nt && (reinterpret_cast<std::uintptr_t>(p) & 31u) == 0)
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(p), h);
+    else
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), h);
+    return;
+  }
+#endif
+  store_u16(bf16_rne_lanes(f), p, nt);
+}
 
 inline vu mix32(vu x) {
   x ^= x >> 16;
@@ -259,6 +275,16 @@ inline vf exp_fast(vf x) {
 inline void prefetch(const void* p) {
 #if defined(__SSE__)
   _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0);
+#else
+  (void)p;
+#endif
+}
+
+// Same, into the L2 cache only: for a whole row requested ahead (tens of KiB), which would
+// otherwise push the current row's working set out of L1.
+inline void prefetch_l2(const void* p) {
+#if defined(__SSE__)
+  _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T1);
 #else
   (void)p;
 #endif

@@ -55,6 +55,108 @@ struct ce_program {
   std::size_t rpb, rows, n;
   bool nt;
   void operator()(block_ctx& ctx) const {
+    if (g.data() != nullptr) pipelined_rows(ctx);
+    else plain_rows(ctx);
+  }
+
+  // With a gradient: a two-stage pipeline over the block's rows, column block by column block.
+  // One loop writes row r's gradient for a column block and reads the same block of row r + 1
+  // (its max and sum), then that block's exponentials are taken from L1 into the scratch row e,
+  // where row r's gradient has just consumed them: gradient writes, logit reads and the exp
+  // arithmetic overlap, and each logit is read from memory once. Per row the arithmetic and its
+  // order are those of plain_rows.
+  void pipelined_rows(block_ctx& ctx) const {
+    constexpr float ninf = -std::numeric_limits<float>::infinity();
+    const std::size_t r0 = ctx.block_linear() * rpb, r1 = std::min(rows, r0 + rpb), cnt = r1 - r0;
+    const std::size_t nblk = (n + col_block - 1) / col_block;
+    float* e = ctx.scratch().template allocate_array<float>(n);
+    float* bmax = ctx.scratch().template allocate_array<float>(nblk);
+    const float smooth = eps / float(n);
+    float out_lse = 0.0f;  // log-sum-exp of the row being written
+    for (std::size_t t = 0; t <= cnt; ++t) {
+      const bool head = t < cnt && labels[r0 + t] != ignore;  // row r0 + t is read
+      const bool out = t >= 1;                                 // row r0 + t - 1 is written
+      const bool out_zero = out && labels[r0 + t - 1] == ignore;
+      const In* zr = t < cnt ? &z(r0 + t, 0) : nullptr;
+      G* gr = out ? &g(r0 + t - 1, 0) : nullptr;
+      const std::size_t oy = out && !out_zero ? std::size_t(labels[r0 + t - 1]) : 0;
+      float py = 0.0f;
+      float M = ninf, S = 0.0f, sum_z = 0.0f;
+      for (std::size_t c0 = 0, b = 0; c0 < n; c0 += col_block, ++b) {
+        const std::size_t len = std::min(col_block, n - c0);
+        float* eb = e + c0;
+        G* gb = out ? gr + c0 : nullptr;
+        const In* zb = head ? zr + c0 : nullptr;
+        // the next two column blocks of the row being read are requested into L2 meanwhile
+        const In* p1 = head && c0 + col_block < n ? zb + col_block : nullptr;
+        const In* p2 = head && c0 + 2 * col_block < n ? zb + 2 * col_block : nullptr;
+        const std::size_t p1_len = p1 ? std::min(col_block, n - c0 - col_block) : 0;
+        const std::size_t p2_len = p2 ? std::min(col_block, n - c0 - 2 * col_block) : 0;
+        // softmax = exp(z - bm) · exp(bm - lse)
+        float f = 0.0f;
+        if (out && !out_zero) {
+          f = bmax[b] == ninf ? 0.0f : st::exp_fast(bmax[b] - out_lse);
+          if (oy >= c0 && oy < c0 + len) py = e[oy] * f;
+        }
+        const float zero_g = out_zero ? 0.0f : -scale * smooth;
+        const bool dense = out && !out_zero && f != 0.0f;
+        st::vf mv(ninf);
+        float ms = ninf;
+        const float bz = for_lanes_sum(
+            len,
+            [&](std::size_t i, auto v0) {
+              using V = decltype(v0);
+              if (!out) return;
+              if (dense) typed_store_nt<G, V>(gb, i, V(scale) * st::fma(lanes_load<V>(eb, i), V(f), V(-smooth)), nt);
+              else typed_store_nt<G, V>(gb, i, V(zero_g), nt);
+            },
+            [&](std::size_t i, auto v0) {
+              using V = decltype(v0);
+              if (!head) return V(0.0f);
+              if constexpr (!std::is_same_v<V, float>)
+                if (p1 && i < p1_len && i % (64 / sizeof(In)) == 0) st::prefetch(p1 + i);
+              const V x = typed_load<In, V>(zb, i);
+              if constexpr (std::is_same_v<V, float>) ms = st::max(ms, x);
+              else mv = st::max(mv, x);
+              return x;
+            });
+        if (!head) continue;
+        sum_z += bz;
+        const float bm = std::max(ms, st::hmax(mv));
+        bmax[b] = bm;
+        if (bm == ninf) continue;
+        const float bs = sum_lanes(len, [&](std::size_t i, auto v0) {
+          using V = decltype(v0);
+          if constexpr (!std::is_same_v<V, float>)
+            if (p2 && i < p2_len && i % (64 / sizeof(In)) == 0) st::prefetch(p2 + i);
+          const V x = st::exp_fast(typed_load<In, V>(zb, i) - V(bm));
+          lanes_store<V>(eb, i, x);
+          return x;
+        });
+        if (bm > M) {
+          S = st::fma(S, st::exp_fast(M - bm), bs);
+          M = bm;
+        } else {
+          S = st::fma(bs, st::exp_fast(bm - M), S);
+        }
+      }
+      if (out) {
+        const std::size_t ro = r0 + t - 1;
+        if (nt) st::nt_fence();  // the label's entry is patched with an ordinary store
+        if (!out_zero) store1(gr, oy, scale * ((py - smooth) - (1.0f - eps)));
+        else row_loss[ro] = 0.0f;
+      }
+      if (head) {
+        const std::size_t rh = r0 + t;
+        out_lse = M + std::log(S);
+        const float zy = load1(zr, std::size_t(labels[rh]));
+        row_loss[rh] = (1.0f - eps) * (out_lse - zy) + eps * (out_lse - sum_z / float(n));
+      }
+    }
+  }
+
+  // Loss only (no gradient): one row at a time.
+  void plain_rows(block_ctx& ctx) const {
     const std::size_t r0 = ctx.block_linear() * rpb, r1 = std::min(rows, r0 + rpb);
     const bool want_grad = g.data() != nullptr;
     float* ebuf = want_grad ? ctx.scratch().template allocate_array<float>(n) : nullptr;
@@ -177,7 +279,7 @@ cross_entropy_result cross_entropy(Dev& dev, tensor<const In, 2> logits, std::sp
     own.resize(rows);
     rl = own.data();
   }
-  const std::size_t rpb = rows_per_block(rows, n);
+  const std::size_t rpb = rows_per_block(rows, n, dlogits.data() ? std::size_t{1} << 20 : std::size_t{1} << 15);
   dev.launch(grid{(rows + rpb - 1) / rpb},
              detail::loss::ce_program<In, G>{logits, dlogits, labels.data(), rl, o.ignore_index, o.label_smoothing, scale, rpb, rows, n,
                                                              detail::rows::stream_out<G>(rows, n) && (const void*)dlogits.data() != (const void*)logits.data()});

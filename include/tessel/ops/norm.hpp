@@ -62,58 +62,126 @@ struct fwd_program {
   bool nt;
 
   void operator()(block_ctx& ctx) const {
+    if (has_res) rms ? rows_<true, true>(ctx) : rows_<true, false>(ctx);
+    else rms ? rows_<false, true>(ctx) : rows_<false, false>(ctx);
+  }
+
+  // Memory traffic: x (and the residual) are read from memory once, in the row's first pass (its
+  // sum); the variance and the output pass re-read the row from cache. The output pass of row r
+  // runs in the same loop as the first pass of row r + 1, so the non-temporal writes of one row
+  // and the reads of the next stream together (as in one elementwise pass) instead of in turns.
+  template <bool Res, bool Rms>
+  void rows_(block_ctx& ctx) const {
     const std::size_t blk = ctx.block_linear();
     const std::size_t r0 = blk * rpb, r1 = std::min(rows, r0 + rpb);
-    float* buf = ctx.scratch().template allocate_array<float>(n);
+    // with a residual, h = x + residual is formed once per row into scratch (two rows alternate:
+    // one is being written out while the next is formed); without one, x itself is re-read
+    float* bufs[2] = {Res ? ctx.scratch().template allocate_array<float>(n) : nullptr,
+                      Res ? ctx.scratch().template allocate_array<float>(n) : nullptr};
     constexpr bool fp8 = std::is_same_v<Out, e4m3>;
     float* q = fp8 ? ctx.scratch().template allocate_array<float>(n) : nullptr;
     st::vf amv(0.0f);
     float ams = 0.0f;
     const float inv_n = 1.0f / float(n);
-    for (std::size_t r = r0; r < r1; ++r) {
+    // first pass over row r: h, with the residual add (summed, or summed as squares for RMSNorm)
+    const auto head = [&](std::size_t r) {
       const In* xr = &x(r, 0);
-      const In* rr = has_res ? &res(r, 0) : nullptr;
-      In* hr = has_h_out ? &h_out(r, 0) : nullptr;
-      // Rows stream in one ahead: while this row is read, the next one is requested too, so two
-      // rows' worth of loads are in flight (one row alone does not cover the memory latency).
-      const In* pf = r + 1 < rows ? &x(r + 1, 0) : nullptr;
-      const float s = sum_lanes(n, [&](std::size_t i, auto v0) {
+      // the row after is requested into L2 a whole row ahead: the few loads the core keeps in
+      // flight by itself do not cover the memory latency
+      const bool ahead = r + 1 < r1;
+      const In* px = ahead ? &x(r + 1, 0) : nullptr;
+      const In* pr = Res && ahead ? &res(r + 1, 0) : nullptr;
+      const In* rr = Res ? &res(r, 0) : nullptr;
+      In* hr = Res && has_h_out ? &h_out(r, 0) : nullptr;
+      float* bf = bufs[(r - r0) & 1];
+      return [=](std::size_t i, auto v0) {
         using V = decltype(v0);
         if constexpr (!std::is_same_v<V, float>) {
-          if (pf && i % (64 / sizeof(In)) == 0) st::prefetch(pf + i);
-          if (pf && rr && i % (64 / sizeof(In)) == 0) st::prefetch(&res(r + 1, 0) + i);
+          if (px && i % (64 / sizeof(In)) == 0) st::prefetch_l2(px + i);
+          if (Res && pr && i % (64 / sizeof(In)) == 0) st::prefetch_l2(pr + i);
         }
         V h = typed_load<In, V>(xr, i);
-        if (rr) {
+        if constexpr (Res) {
           h = h + typed_load<In, V>(rr, i);
           if constexpr (std::is_same_v<In, bf16>) h = round_bf16(h);  // normalise what is saved
           if (hr) typed_store<In, V>(hr, i, h);
+          lanes_store<V>(bf, i, h);
+        } else {
+          (void)rr, (void)hr, (void)bf;
         }
-        lanes_store<V>(buf, i, h);
-        return rms ? h * h : h;
-      });
-      const float mu = rms ? 0.0f : s * inv_n;
-      const float var = rms ? s * inv_n : sum_lanes(n, [&](std::size_t i, auto v0) {
+        return h;
+      };
+    };
+    // h of row r at lane i, from cache
+    const auto cached = [&](std::size_t r) {
+      const In* xr = &x(r, 0);
+      const float* bf = bufs[(r - r0) & 1];
+      return [=](std::size_t i, auto v0) {
         using V = decltype(v0);
-        const V d = lanes_load<V>(buf, i) - V(mu);
-        return d * d;
-      }) * inv_n;
-      const float rs = 1.0f / std::sqrt(var + eps);
-      if (mean) mean[r] = mu;
-      if (rstd) rstd[r] = rs;
+        if constexpr (Res) return lanes_load<V>(bf, i);
+        else return (void)bf, typed_load<In, V>(xr, i);
+      };
+    };
+    const float* wp = w;
+    const float* bp = b;
+    const bool want_amax = amax_blocks != nullptr, use_nt = nt;
+    const float osc = out_scale;
+    // output pass of row r
+    const auto out = [&](std::size_t r, float mu, float rs) {
+      const auto hv = cached(r);
       Out* yr = &y(r, 0);
-      for_lanes(n, [&](std::size_t i, auto v0) {
+      return [=, &amv, &ams](std::size_t i, auto v0) {
         using V = decltype(v0);
-        const V xh = (lanes_load<V>(buf, i) - V(mu)) * V(rs);
-        const V yv = b ? st::fma(xh, lanes_load<V>(w, i), lanes_load<V>(b, i)) : xh * lanes_load<V>(w, i);
-        if (amax_blocks) {
+        const V xh = (hv(i, v0) - V(mu)) * V(rs);
+        const V yv = bp ? st::fma(xh, lanes_load<V>(wp, i), lanes_load<V>(bp, i)) : xh * lanes_load<V>(wp, i);
+        if (want_amax) {
           if constexpr (std::is_same_v<V, float>) ams = st::max(ams, st::abs(yv));
           else amv = st::max(amv, st::abs(yv));
         }
-        if constexpr (fp8) lanes_store<V>(q, i, yv * V(out_scale));
-        else typed_store_nt<Out, V>(yr, i, yv, nt);
-      });
-      if constexpr (fp8) convert(std::span<const float>(q, n), std::span<e4m3>(yr, n), overflow::saturate);
+        if constexpr (fp8) lanes_store<V>(q, i, yv * V(osc));
+        else (void)osc, typed_store_nt<Out, V>(yr, i, yv, use_nt);
+      };
+    };
+    if constexpr (Rms) {
+      float s = sum_lanes<true>(n, head(r0));
+      for (std::size_t r = r0; r < r1; ++r) {
+        const float rs = 1.0f / std::sqrt(s * inv_n + eps);
+        if (rstd) rstd[r] = rs;
+        if (r + 1 < r1) s = for_lanes_sum<true>(n, out(r, 0.0f, rs), head(r + 1));
+        else for_lanes(n, out(r, 0.0f, rs));
+        if constexpr (fp8) convert(std::span<const float>(q, n), std::span<e4m3>(&y(r, 0), n), overflow::saturate);
+      }
+    } else {
+      // LayerNorm takes the mean and variance from moments shifted by the row's first value, in
+      // the same pass that reads the row (no pass over the row while memory idles). When that
+      // shift is far from the mean (|mean − c| > 4σ), cancellation could cost accuracy, and the
+      // exact two-pass variance is taken from the cached row instead.
+      const auto nop = [](std::size_t, auto) {};
+      const auto shift = [&](std::size_t r) { return float(head(r)(0, 0.0f)); };
+      float c = shift(r0);
+      moments m = for_lanes_moments(n, c, nop, head(r0));
+      for (std::size_t r = r0; r < r1; ++r) {
+        const float d = m.s1 * inv_n;
+        const float mu = c + d;
+        float var = m.s2 * inv_n - d * d;
+        if (!(d * d <= 16.0f * var)) {  // also NaN/Inf rows
+          const auto hv = cached(r);
+          var = sum_lanes<true>(n, [&](std::size_t i, auto v0) {
+            using V = decltype(v0);
+            return hv(i, v0) - V(mu);
+          }) * inv_n;
+        }
+        const float rs = 1.0f / std::sqrt(var + eps);
+        if (mean) mean[r] = mu;
+        if (rstd) rstd[r] = rs;
+        if (r + 1 < r1) {
+          c = shift(r + 1);
+          m = for_lanes_moments(n, c, out(r, mu, rs), head(r + 1));
+        } else {
+          for_lanes(n, out(r, mu, rs));
+        }
+        if constexpr (fp8) convert(std::span<const float>(q, n), std::span<e4m3>(&y(r, 0), n), overflow::saturate);
+      }
     }
     if (amax_blocks) amax_blocks[blk] = std::max(ams, st::hmax(amv));
     if (nt) st::nt_fence();
@@ -231,7 +299,7 @@ void forward(Dev& dev, bool rms, tensor<const In, 2> x, std::span<const float> w
     if (o.amax) *o.amax = 0.0f;
     return;
   }
-  const std::size_t rpb = rows_per_block(rows, n);
+  const std::size_t rpb = rows_per_block(rows, n, pipelined_block);
   const std::size_t blocks = (rows + rpb - 1) / rpb;
   std::vector<float> am(o.amax ? blocks : 0, 0.0f);
   fwd_program<In, Out> p{x, res, h_out, w.data(), (rms || b.empty()) ? nullptr : b.data(), y, (rms || mean.empty()) ? nullptr : mean.data(),

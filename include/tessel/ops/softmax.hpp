@@ -45,6 +45,75 @@ struct fwd_program {
   std::size_t rpb, rows, n;
   bool nt;
   void operator()(block_ctx& ctx) const {
+    if (causal) causal_rows(ctx);
+    else pipelined_rows(ctx);
+  }
+
+  // Full rows, as a three-stage pipeline over the block's rows: one loop over the columns writes
+  // row r's output (non-temporally), exponentiates row r + 1 from cache, and reads row r + 2 from
+  // memory (scale, mask, running max). Reads, writes and the exp arithmetic all overlap, and each
+  // row is read once. Per row the operations and their order are those of the plain passes.
+  void pipelined_rows(block_ctx& ctx) const {
+    const std::size_t r0 = ctx.block_linear() * rpb, r1 = std::min(rows, r0 + rpb), cnt = r1 - r0;
+    float* bufs[3];
+    for (auto& b : bufs) b = ctx.scratch().template allocate_array<float>(n);
+    float row_max[3] = {neg_inf, neg_inf, neg_inf}, row_inv[3] = {0.0f, 0.0f, 0.0f};
+    const bool has_mask = mask.data() != nullptr;
+    for (std::size_t t = 0; t < cnt + 2; ++t) {
+      const bool do_head = t < cnt, do_mid = t >= 1 && t - 1 < cnt, do_out = t >= 2;
+      // head: row t; mid: row t - 1; out: row t - 2 (ring slots t % 3)
+      const std::size_t sh = t % 3, sm = (t + 2) % 3, so = (t + 1) % 3;
+      const In* xr = do_head ? &x(r0 + t, 0) : nullptr;
+      const float* mr = do_head && has_mask ? &mask(r0 + t, 0) : nullptr;
+      // the row after the head row is requested into L2 a whole row ahead: the loads the core
+      // keeps in flight by itself do not cover the memory latency
+      const In* px = t + 1 < cnt ? &x(r0 + t + 1, 0) : nullptr;
+      const float* pm = t + 1 < cnt && has_mask ? &mask(r0 + t + 1, 0) : nullptr;
+      float* bh = bufs[sh];
+      float* bm = bufs[sm];
+      const float* bo = bufs[so];
+      const float m = do_mid ? row_max[sm] : neg_inf;
+      const bool mid = do_mid && m != neg_inf;  // an all-masked row has no exponentials
+      const bool out_zero = do_out && row_max[so] == neg_inf;
+      const float inv = row_inv[so];
+      Out* yr = do_out ? &y(r0 + t - 2, 0) : nullptr;
+      const auto step = [&](std::size_t i, auto v0, auto& mx, auto& sum) {
+        using V = decltype(v0);
+        if (do_out) typed_store_nt<Out, V>(yr, i, out_zero ? V(0.0f) : lanes_load<V>(bo, i) * V(inv), nt);
+        if (mid) {
+          const V e = st::exp_fast(lanes_load<V>(bm, i) - V(m));
+          lanes_store<V>(bm, i, e);
+          sum = sum + e;
+        }
+        if (do_head) {
+          if constexpr (!std::is_same_v<V, float>) {
+            if (px && i % (64 / sizeof(In)) == 0) st::prefetch_l2(px + i);
+            if (pm) st::prefetch_l2(pm + i);
+          }
+          V z = typed_load<In, V>(xr, i) * V(scale);
+          if (mr) z = z + lanes_load<V>(mr, i);
+          lanes_store<V>(bh, i, z);
+          mx = st::max(mx, z);
+        }
+      };
+      std::size_t i = 0;
+      float ms = neg_inf, s = 0.0f;
+      if (n >= st::width) {
+        st::vf mv(neg_inf), sv(0.0f);
+        for (; i + st::width <= n; i += st::width) step(i, st::vf{}, mv, sv);
+        ms = st::hmax(mv);
+        s = st::hsum(sv);
+      }
+      float mt = neg_inf;
+      for (; i < n; ++i) step(i, 0.0f, mt, s);
+      if (do_head) row_max[sh] = std::max(mt, ms);
+      if (do_mid) row_inv[sm] = 1.0f / s;  // one division per row; y = e·(1/s) is within 1.5 ulp of e/s
+    }
+    if (nt) st::nt_fence();
+  }
+
+  // Causal rows (visible lengths differ row to row): one row at a time, three passes.
+  void causal_rows(block_ctx& ctx) const {
     const std::size_t r0 = ctx.block_linear() * rpb, r1 = std::min(rows, r0 + rpb);
     float* buf = ctx.scratch().template allocate_array<float>(n);
     for (std::size_t r = r0; r < r1; ++r) {
@@ -134,7 +203,7 @@ void softmax_forward(Dev& dev, tensor<const In, 2> x, tensor<Out, 2> y, const so
   if (o.mask.data()) check_rows<layer_error>(o.mask, rows, n, "softmax_forward: mask");
   require<layer_error>(std::isfinite(o.scale), "softmax_forward: scale must be finite");
   if (rows == 0 || n == 0) return;
-  const std::size_t rpb = rows_per_block(rows, n);
+  const std::size_t rpb = rows_per_block(rows, n, o.causal ? std::size_t{1} << 15 : pipelined_block);
   dev.launch(grid{(rows + rpb - 1) / rpb}, detail::softmax::fwd_program<In, Out>{x, y, o.mask, o.scale, o.causal, o.causal_offset, rpb, rows, n,
                                                                                  detail::rows::stream_out<Out>(rows, n) && (const void*)y.data() != (const void*)x.data()});
 }

@@ -68,7 +68,7 @@ inline void typed_store_nt(T* p, std::size_t i, V x, bool nt) {
   } else if constexpr (std::is_same_v<T, float>) {
     st::store_nt(x, p + i);
   } else {
-    st::store_u16(st::bf16_rne_lanes(x), reinterpret_cast<std::uint16_t*>(p) + i, true);
+    st::store_bf16(x, reinterpret_cast<std::uint16_t*>(p) + i, true);
   }
 }
 
@@ -80,18 +80,81 @@ inline void for_lanes(std::size_t n, F&& f) {
   for (; i < n; ++i) f(i, 0.0f);
 }
 
-// Fixed-order sum of g(i, V) over [0, n): lane accumulators, pairwise lane combine, tail in order.
-template <class G>
+// Adds v (or v², Sq) to the accumulator with one explicit rounding pattern. Squares use an
+// explicit fma: left as v * v + acc, GCC's default -ffp-contract=fast may fuse it in one inlining
+// context and not in another, and two code paths meant to agree bit for bit would not.
+template <bool Sq, class V>
+inline V accumulate(V acc, V v) {
+  if constexpr (Sq) return st::fma(v, v, acc);
+  else return acc + v;
+}
+
+// Fixed-order sum of g(i, V) (or of its squares) over [0, n): lane accumulators, pairwise lane
+// combine, tail in order.
+template <bool Sq = false, class G>
 inline float sum_lanes(std::size_t n, G&& g) {
   std::size_t i = 0;
   float s = 0.0f;
   if (n >= st::width) {
     st::vf acc(0.0f);
-    for (; i + st::width <= n; i += st::width) acc = acc + g(i, st::vf{});
+    for (; i + st::width <= n; i += st::width) acc = accumulate<Sq>(acc, st::vf(g(i, st::vf{})));
     s = st::hsum(acc);
   }
-  for (; i < n; ++i) s += g(i, 0.0f);
+  for (; i < n; ++i) s = accumulate<Sq>(s, float(g(i, 0.0f)));
   return s;
+}
+
+// One loop over [0, n) that runs f(i, V) and returns sum_lanes<Sq>(n, g) in exactly its order:
+// it fuses the output pass of one row with the first (memory-reading) pass of the next, so the
+// row's writes and the next row's reads stream at the same time, like one elementwise pass.
+template <bool Sq = false, class F, class G>
+inline float for_lanes_sum(std::size_t n, F&& f, G&& g) {
+  std::size_t i = 0;
+  float s = 0.0f;
+  if (n >= st::width) {
+    st::vf acc(0.0f);
+    for (; i + st::width <= n; i += st::width) {
+      f(i, st::vf{});
+      acc = accumulate<Sq>(acc, st::vf(g(i, st::vf{})));
+    }
+    s = st::hsum(acc);
+  }
+  for (; i < n; ++i) {
+    f(i, 0.0f);
+    s = accumulate<Sq>(s, float(g(i, 0.0f)));
+  }
+  return s;
+}
+
+// Shifted moments of g over [0, n) in one fixed-order loop that also runs f(i, V) (as
+// for_lanes_sum): s1 = Σ (g − c), s2 = Σ (g − c)². With c a value of the row itself, the
+// variance s2/n − (s1/n)² loses nothing to cancellation unless c lies far from the mean.
+struct moments {
+  float s1, s2;
+};
+template <class F, class G>
+inline moments for_lanes_moments(std::size_t n, float c, F&& f, G&& g) {
+  std::size_t i = 0;
+  float s1 = 0.0f, s2 = 0.0f;
+  if (n >= st::width) {
+    st::vf a1(0.0f), a2(0.0f);
+    const st::vf cv(c);
+    for (; i + st::width <= n; i += st::width) {
+      f(i, st::vf{});
+      const st::vf d = st::vf(g(i, st::vf{})) - cv;
+      a1 = a1 + d;
+      a2 = st::fma(d, d, a2);
+    }
+    s1 = st::hsum(a1);
+    s2 = st::hsum(a2);
+  }
+  for (; i < n; ++i) {
+    f(i, 0.0f);
+    const float d = float(g(i, 0.0f)) - c;
+    s1 = s1 + d;
+    s2 = st::fma(d, d, s2);
+  }
+  return {s1, s2};
 }
 
 template <class V>
@@ -115,7 +178,10 @@ inline void typed_store(T* p, std::size_t i, V x) {
   else storev(p, i, x);
 }
 
-// Rows per block so a block streams about `target` elements (at least one row).
+// Rows per block so a block streams about `target` elements (at least one row). Row-streaming
+// programs that overlap one row's output with the next row's input use `pipelined_block`: longer
+// blocks, so the unoverlapped first and last row of each block cost little.
+inline constexpr std::size_t pipelined_block = std::size_t{1} << 18;
 inline std::size_t rows_per_block(std::size_t rows, std::size_t cols, std::size_t target = std::size_t{1} << 15) {
   std::size_t r = cols >= target ? 1 : target / (cols ? cols : 1);
   return r == 0 ? 1 : (r > rows && rows > 0 ? rows : r);
