@@ -436,7 +436,9 @@ void attention_backward(Dev& dev, const attention_shape& s, std::span<const e4m3
 }  // namespace v0
 inline namespace v0 {
 
-// Decode: seq_q (a few) query rows per sequence against a KV cache read in place.
+// Decode: seq_q (a few) query rows per sequence against a KV cache read in place; each KV chunk
+// is streamed once for all heads_q/heads_kv·seq_q rows of its kv heads (any number of rows; more
+// than 64 per kv head run as several row tiles, each reading the chunk).
 // q, o: [batch, seq_q, heads_q, head_dim]; lse (optional): [batch, heads_q, seq_q].
 // Contiguous cache (page_size == 0): k, v are [batch, max_kv, heads_kv, head_dim].
 // Paged cache: k, v are [num_pages, page_size, heads_kv, head_dim] and block_table is
