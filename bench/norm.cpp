@@ -11,7 +11,13 @@
 //   swiglu fwd f32 (64 Mi):                   read a 4 + b 4 + write y 4                    = 12 B/elem
 //   cross_entropy f32 [256 x 131072]:         read logits 4 + write dlogits 4              = 8 B/elem
 //   cross_entropy in place:                   read 4 + write 4 (same buffer)               = 8 B/elem
-// Counters: bytes (rate) and of_limit = rate / STREAM triad on the same thread count.
+// These are the bytes the kernels move: each input row is read from memory once (its later passes
+// run from L1/L2), outputs above 16 MiB are written with non-temporal stores (no read for
+// ownership), and the per-column weights (32 KiB) and per-row statistics stay in cache. The bf16
+// benchmarks run on real bf16 data: reinterpreted f32 words would contain NaNs and subnormals.
+// Counters: bytes (rate) and of_limit = rate / STREAM triad on the same thread count (STREAM
+// counts 24 B per triad element and no write-allocate traffic, so a kernel that writes with
+// non-temporal stores can exceed 1.0).
 #include <tessel/device/host_device.hpp>
 #include <tessel/ops/activation.hpp>
 #include <tessel/ops/loss.hpp>

@@ -119,3 +119,27 @@ TEST_CASE("stochastic rounding reaches only the two neighbours and random bits a
   }
   CHECK(bad == 0);
 }
+
+TEST_CASE("max/min lanes equal the scalar twins bit for bit (NaN, signed zeros)", "[arch][stream]") {
+  const auto v = interesting();
+  std::vector<float> w(v.rbegin(), v.rend());  // pairs every value with another one, NaN and zeros included
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < v.size(); i += st::width) {
+    alignas(64) float mx[st::width], mn[st::width];
+    st::max(st::load(v.data() + i), st::load(w.data() + i)).store_aligned(mx);
+    st::min(st::load(v.data() + i), st::load(w.data() + i)).store_aligned(mn);
+    for (std::size_t k = 0; k < st::width; ++k) {
+      bad += std::bit_cast<std::uint32_t>(mx[k]) != std::bit_cast<std::uint32_t>(st::max(v[i + k], w[i + k]));
+      bad += std::bit_cast<std::uint32_t>(mn[k]) != std::bit_cast<std::uint32_t>(st::min(v[i + k], w[i + k]));
+    }
+  }
+  for (float a : {0.0f, -0.0f})
+    for (float b : {0.0f, -0.0f, std::numeric_limits<float>::quiet_NaN()}) {
+      alignas(64) float mx[st::width];
+      st::max(st::vf(a), st::vf(b)).store_aligned(mx);
+      bad += std::bit_cast<std::uint32_t>(mx[0]) != std::bit_cast<std::uint32_t>(st::max(a, b));
+      st::max(st::vf(b), st::vf(a)).store_aligned(mx);
+      bad += std::bit_cast<std::uint32_t>(mx[0]) != std::bit_cast<std::uint32_t>(st::max(b, a));
+    }
+  CHECK(bad == 0);
+}

@@ -201,10 +201,28 @@ inline vf fma(vf a, vf b, vf c) {
 }
 inline float sqrt(float a) { return std::sqrt(a); }
 inline vf sqrt(vf a) { return xsimd::sqrt(a); }
+// a > b ? a : b lane by lane, which is exactly vmaxps/vminps (the second operand for a NaN or for
+// two zeros): one instruction instead of a compare and a blend.
 inline float max(float a, float b) { return a > b ? a : b; }
-inline vf max(vf a, vf b) { return xsimd::select(a > b, a, b); }
+inline vf max(vf a, vf b) {
+#if defined(__AVX512F__)
+  return vf(_mm512_max_ps(a, b));
+#elif defined(__AVX__)
+  return vf(_mm256_max_ps(a, b));
+#else
+  return xsimd::select(a > b, a, b);
+#endif
+}
 inline float min(float a, float b) { return a < b ? a : b; }
-inline vf min(vf a, vf b) { return xsimd::select(a < b, a, b); }
+inline vf min(vf a, vf b) {
+#if defined(__AVX512F__)
+  return vf(_mm512_min_ps(a, b));
+#elif defined(__AVX__)
+  return vf(_mm256_min_ps(a, b));
+#else
+  return xsimd::select(a < b, a, b);
+#endif
+}
 inline float abs(float a) { return std::fabs(a); }
 inline vf abs(vf a) { return xsimd::abs(a); }
 // -1, 0 or +1 (NaN -> 0).

@@ -59,14 +59,15 @@ struct ce_program {
     else plain_rows(ctx);
   }
 
-  // With a gradient: a two-stage pipeline over the block's rows, column block by column block.
-  // One loop writes row r's gradient for a column block and reads the same block of row r + 1
-  // (its max and sum), then that block's exponentials are taken from L1 into the scratch row e,
-  // where row r's gradient has just consumed them: gradient writes, logit reads and the exp
-  // arithmetic overlap, and each logit is read from memory once. Per row the arithmetic and its
-  // order are those of plain_rows.
+  // With a gradient: a pipeline over the block's rows, column block by column block. One loop
+  // writes row r's gradient for column block b, reads block b of row r + 1 (its max and sum), and
+  // takes the exponentials of block b − 1 of row r + 1 (from cache) into the scratch row e, where
+  // row r's gradient has already consumed them. Gradient writes, logit reads and the exp
+  // arithmetic all overlap, and each logit is read from memory once. Per row the arithmetic and
+  // its order are those of plain_rows (the tests compare the losses bit for bit).
   void pipelined_rows(block_ctx& ctx) const {
     constexpr float ninf = -std::numeric_limits<float>::infinity();
+    constexpr std::size_t W = st::width;
     const std::size_t r0 = ctx.block_linear() * rpb, r1 = std::min(rows, r0 + rpb), cnt = r1 - r0;
     const std::size_t nblk = (n + col_block - 1) / col_block;
     float* e = ctx.scratch().template allocate_array<float>(n);
@@ -81,63 +82,93 @@ struct ce_program {
       G* gr = out ? &g(r0 + t - 1, 0) : nullptr;
       const std::size_t oy = out && !out_zero ? std::size_t(labels[r0 + t - 1]) : 0;
       float py = 0.0f;
-      float M = ninf, S = 0.0f, sum_z = 0.0f;
-      for (std::size_t c0 = 0, b = 0; c0 < n; c0 += col_block, ++b) {
-        const std::size_t len = std::min(col_block, n - c0);
-        float* eb = e + c0;
+      float M = ninf, S = 0.0f, sum_z = 0.0f, prev_bm = ninf;
+      for (std::size_t b = 0; b <= nblk; ++b) {
+        const std::size_t c0 = b * col_block;
+        const std::size_t len = b < nblk ? std::min(col_block, n - c0) : 0;
+        // stage lengths: gradient and reads over block b, exponentials over block b - 1
+        const std::size_t lo = out ? len : 0, lh = head ? len : 0;
+        const std::size_t le = head && b >= 1 && prev_bm != ninf ? col_block : 0;  // every block but the last is full
         G* gb = out ? gr + c0 : nullptr;
+        const float* eb = e + c0;
         const In* zb = head ? zr + c0 : nullptr;
-        // the next two column blocks of the row being read are requested into L2 meanwhile
-        const In* p1 = head && c0 + col_block < n ? zb + col_block : nullptr;
-        const In* p2 = head && c0 + 2 * col_block < n ? zb + 2 * col_block : nullptr;
-        const std::size_t p1_len = p1 ? std::min(col_block, n - c0 - col_block) : 0;
-        const std::size_t p2_len = p2 ? std::min(col_block, n - c0 - 2 * col_block) : 0;
+        const In* const zp = head && b >= 1 ? zr + c0 - col_block : nullptr;
+        float* const ep = b >= 1 ? e + c0 - col_block : nullptr;
+        const float bmp = prev_bm;
+        // the next column block of the row being read is requested into L1 meanwhile
+        const In* pf = head && c0 + col_block < n ? zb + col_block : nullptr;
+        const std::size_t pf_len = pf ? std::min(col_block, n - c0 - col_block) : 0;
         // softmax = exp(z - bm) · exp(bm - lse)
         float f = 0.0f;
-        if (out && !out_zero) {
+        if (lo != 0 && !out_zero) {
           f = bmax[b] == ninf ? 0.0f : st::exp_fast(bmax[b] - out_lse);
           if (oy >= c0 && oy < c0 + len) py = e[oy] * f;
         }
-        const float zero_g = out_zero ? 0.0f : -scale * smooth;
-        const bool dense = out && !out_zero && f != 0.0f;
-        st::vf mv(ninf);
-        float ms = ninf;
-        const float bz = for_lanes_sum(
-            len,
-            [&](std::size_t i, auto v0) {
+        const bool dense = lo != 0 && !out_zero && f != 0.0f;
+        const float flat = out_zero ? 0.0f : -scale * smooth;
+        const auto grad = [&](std::size_t i, auto v0) {
+          using V = decltype(v0);
+          if (dense) typed_store_nt<G, V>(gb, i, V(scale) * st::fma(lanes_load<V>(eb, i), V(f), V(-smooth)), nt);
+          else typed_store_nt<G, V>(gb, i, V(flat), nt);
+        };
+        const auto expo = [&](std::size_t i, auto v0) {
+          using V = decltype(v0);
+          const V x = st::exp_fast(typed_load<In, V>(zp, i) - V(bmp));
+          lanes_store<V>(ep, i, x);
+          return x;
+        };
+        st::vf mv(ninf), zacc(0.0f), eacc(0.0f);
+        const std::size_t L = std::max(lo, std::max(lh, le));
+        std::size_t i = 0;
+        for (; i + W <= L; i += W) {
+          if (i + W <= lo) grad(i, st::vf{});
+          if (i + W <= lh) {
+            if (pf && i < pf_len && i % (64 / sizeof(In)) == 0) st::prefetch(pf + i);
+            const st::vf x = typed_load<In, st::vf>(zb, i);
+            mv = st::max(mv, x);
+            zacc = zacc + x;
+          }
+          if (i + W <= le) eacc = eacc + expo(i, st::vf{});
+        }
+        for (std::size_t j = lo / W * W; j < lo; ++j) grad(j, 0.0f);
+        if (le != 0) {  // block b - 1 done: the online log-sum-exp update, in block order
+          float bs = le >= W ? st::hsum(eacc) : 0.0f;
+          for (std::size_t j = le / W * W; j < le; ++j) bs += expo(j, 0.0f);
+          if (bmp > M) {
+            S = st::fma(S, st::exp_fast(M - bmp), bs);
+            M = bmp;
+          } else {
+            S = st::fma(bs, st::exp_fast(bmp - M), S);
+          }
+        }
+        if (lh != 0) {
+          float bz = lh >= W ? st::hsum(zacc) : 0.0f, ms = ninf;
+          for (std::size_t j = lh / W * W; j < lh; ++j) {
+            const float x = load1(zb, j);
+            ms = st::max(ms, x);
+            bz += x;
+          }
+          sum_z += bz;
+          const float bm = std::max(ms, st::hmax(mv));
+          bmax[b] = bm;
+          prev_bm = bm;
+          // the last block is short: its exponentials are taken here, not in a next round
+          if (b + 1 == nblk && bm != ninf && len != col_block) {
+            float* el = e + c0;
+            const float bs = sum_lanes(len, [&](std::size_t k, auto v0) {
               using V = decltype(v0);
-              if (!out) return;
-              if (dense) typed_store_nt<G, V>(gb, i, V(scale) * st::fma(lanes_load<V>(eb, i), V(f), V(-smooth)), nt);
-              else typed_store_nt<G, V>(gb, i, V(zero_g), nt);
-            },
-            [&](std::size_t i, auto v0) {
-              using V = decltype(v0);
-              if (!head) return V(0.0f);
-              if constexpr (!std::is_same_v<V, float>)
-                if (p1 && i < p1_len && i % (64 / sizeof(In)) == 0) st::prefetch(p1 + i);
-              const V x = typed_load<In, V>(zb, i);
-              if constexpr (std::is_same_v<V, float>) ms = st::max(ms, x);
-              else mv = st::max(mv, x);
+              const V x = st::exp_fast(typed_load<In, V>(zb, k) - V(bm));
+              lanes_store<V>(el, k, x);
               return x;
             });
-        if (!head) continue;
-        sum_z += bz;
-        const float bm = std::max(ms, st::hmax(mv));
-        bmax[b] = bm;
-        if (bm == ninf) continue;
-        const float bs = sum_lanes(len, [&](std::size_t i, auto v0) {
-          using V = decltype(v0);
-          if constexpr (!std::is_same_v<V, float>)
-            if (p2 && i < p2_len && i % (64 / sizeof(In)) == 0) st::prefetch(p2 + i);
-          const V x = st::exp_fast(typed_load<In, V>(zb, i) - V(bm));
-          lanes_store<V>(eb, i, x);
-          return x;
-        });
-        if (bm > M) {
-          S = st::fma(S, st::exp_fast(M - bm), bs);
-          M = bm;
-        } else {
-          S = st::fma(bs, st::exp_fast(bm - M), S);
+            if (bm > M) {
+              S = st::fma(S, st::exp_fast(M - bm), bs);
+              M = bm;
+            } else {
+              S = st::fma(bs, st::exp_fast(bm - M), S);
+            }
+            prev_bm = ninf;  // nothing left for the round after
+          }
         }
       }
       if (out) {
