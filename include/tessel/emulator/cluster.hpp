@@ -31,6 +31,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -158,6 +159,10 @@ class cluster {
   // Also allow send/recv (not put/get) on buffers outside card memory, e.g. a transport's staging
   // vectors. Off by default: a pointer into the wrong card is then an error, not a silent copy.
   void set_allow_host_buffers(bool on) { std::lock_guard lk(mu_); host_buffers_ = on; }
+  // Also allow send/recv with a null buffer in a cluster that moves payloads: such a transfer is
+  // timed like any other (links, latency, shaping) but moves no bytes. A transport uses it for
+  // payload-free timing runs next to real metadata messages (e.g. MoE dispatch). Off by default.
+  void set_allow_count_only(bool on) { std::lock_guard lk(mu_); count_only_ = on; }
 
   // ---- data plane ----
   completion put(std::size_t src, const void* src_ptr, std::size_t dst, void* dst_ptr, std::size_t bytes) {
@@ -183,7 +188,7 @@ class cluster {
   completion send(std::size_t src, std::size_t dst, const void* ptr, std::size_t bytes, std::uint64_t tag = 0) {
     std::lock_guard lk(mu_);
     check_card(dst, "send destination");
-    check_buf(src, ptr, bytes, "send buffer", host_buffers_);
+    check_buf(src, ptr, bytes, "send buffer", host_buffers_, count_only_);
     op o = make_op(op_send, src, src, dst, ptr, nullptr, bytes, tag);
     o.posted = cards_[src]->clock();
     op_id id = push(o);
@@ -201,7 +206,7 @@ class cluster {
   completion recv(std::size_t dst, std::size_t src, void* ptr, std::size_t bytes, std::uint64_t tag = 0) {
     std::lock_guard lk(mu_);
     check_card(src, "recv source");
-    check_buf(dst, ptr, bytes, "recv buffer", host_buffers_);
+    check_buf(dst, ptr, bytes, "recv buffer", host_buffers_, count_only_);
     op o = make_op(op_recv, dst, src, dst, nullptr, ptr, bytes, tag);
     o.posted = cards_[dst]->clock();
     op_id id = push(o);
@@ -396,10 +401,10 @@ class cluster {
     if (c >= cards_.size())
       throw invalid_card_error(std::string("tessel emulator: ") + what + ": invalid card index " + std::to_string(c) + " (cluster has " + std::to_string(cards_.size()) + " cards)");
   }
-  void check_buf(std::size_t c, const void* p, std::size_t bytes, const char* what, bool host_ok = false) const {
+  void check_buf(std::size_t c, const void* p, std::size_t bytes, const char* what, bool host_ok = false, bool null_ok = false) const {
     check_card(c, what);
     if (bytes == 0) return;
-    if (cfg_.timing_only && p == nullptr) return;
+    if ((cfg_.timing_only || null_ok) && p == nullptr) return;
     if (!p) throw std::invalid_argument(std::string("tessel emulator: ") + what + ": null pointer for " + std::to_string(bytes) + " bytes");
     if (!host_ok && !cards_[c]->owns(p, bytes))
       throw invalid_card_error(std::string("tessel emulator: ") + what + ": [" + std::to_string(reinterpret_cast<std::uintptr_t>(p)) + ", +" +
@@ -528,10 +533,14 @@ class cluster {
       if (!d.attached || c == me) continue;
       if (d.waiting == UINT32_MAX) h = std::min(h, cards_[c]->clock());
       else if (ops_[d.waiting].state != op_pending) h = std::min(h, ops_[d.waiting].done);
+      // An unmatched wait ends at its deadline (a timeout no fabric event marks), and that driver
+      // may post again from there: nobody may simulate past it first.
+      else if (ops_[d.waiting].msg < 0) h = std::min(h, ops_[d.waiting].posted + cfg_.faults.op_timeout);
     }
     return h;
   }
 
+  static bool before(double t, double h) { return t < h || (std::isinf(h) && !std::isinf(t)); }
   void wait_conservative(std::unique_lock<std::mutex>& lk, op_id id, std::size_t me) {
     drivers_[me].waiting = id;
     cv_.notify_all();
@@ -546,7 +555,12 @@ class cluster {
       bool progressed = false;
       if (ops_[id].msg < 0) {
         const double deadline = ops_[id].posted + cfg_.faults.op_timeout;
-        while (!horizon_dirty_ && ops_[id].msg < 0 && net_.next_event_time() <= std::min(h, deadline)) {
+        // strictly before the horizon: a driver at clock h may still post at h, and what it posts
+        // must be ordered among that instant's events by the fabric's keys, not by host timing
+        // (at a deadline on the horizon itself, that instant is processed: two unmatched waits
+        // with the same deadline must not wait for each other)
+        while (!horizon_dirty_ && ops_[id].msg < 0 && net_.next_event_time() <= deadline &&
+               (before(net_.next_event_time(), h) || (h >= deadline && net_.next_event_time() <= h))) {
           net_.step_once();
           progressed = true;
         }
@@ -556,7 +570,7 @@ class cluster {
           break;
         }
       } else {
-        while (!horizon_dirty_ && ops_[id].state == op_pending && net_.next_event_time() <= h) {
+        while (!horizon_dirty_ && ops_[id].state == op_pending && before(net_.next_event_time(), h)) {
           net_.step_once();
           progressed = true;
         }
@@ -592,6 +606,7 @@ class cluster {
   std::size_t attached_ = 0;
   bool horizon_dirty_ = false;
   bool host_buffers_ = false;
+  bool count_only_ = false;
   std::string aborted_;
 };
 

@@ -153,8 +153,11 @@ class fabric {
     m.tag = tag;
     m.post = std::max(at, now_);
     msgs_.push_back(m);
-    if (m.post > now_) push_event(m.post, ev_post, id);
-    else activate(id);
+    // Activation is an event ordered by (time, source, destination, per-pair count), not by the
+    // order posts arrive: threads driving cards post same-time messages in any order, and the
+    // simulation must not depend on it (same inputs, same simulated times).
+    std::uint32_t& pc = pair_posts_[static_cast<std::uint64_t>(src) * n_ + dst];
+    push_keyed(m.post, ev_post, id, (static_cast<std::uint64_t>(src) << 42) | (static_cast<std::uint64_t>(dst) << 22) | (pc++ & 0x3FFFFFu));
     return id;
   }
 
@@ -352,6 +355,7 @@ class fabric {
     std::uint64_t queued = 0, reserved = 0;
     std::deque<std::uint32_t> fifo;                                // chunks, in arrival order
     std::deque<std::pair<std::uint32_t, std::uint32_t>> rr;       // (message, route gen) to pull from
+    std::uint32_t last_dst = UINT32_MAX;                           // destination of the last own chunk
     std::int64_t credit = 0;                                       // shaping: bytes a sender may still send here
     std::vector<std::uint32_t> waiters;                            // source ports blocked on credit here
     port_stats st;
@@ -371,6 +375,7 @@ class fabric {
   std::vector<chunk> chunks_;
   std::vector<std::uint32_t> free_chunks_;
   std::vector<std::uint32_t> active_;
+  std::unordered_map<std::uint64_t, std::uint32_t> pair_posts_;  // posts per (src, dst): activation order
   std::priority_queue<event, std::vector<event>, std::greater<event>> events_;
   std::uint64_t seq_ = 0, events_done_ = 0, drops_ = 0;
   double now_ = 0, last_delivery_ = 0;
@@ -392,6 +397,11 @@ class fabric {
     if (id >= msgs_.size()) throw std::out_of_range("tessel emulator: unknown message id " + std::to_string(id));
   }
   void push_event(double t, std::uint32_t kind, std::uint32_t a, std::uint32_t b = 0) { events_.push(event{t, seq_++, kind, a, b}); }
+  // Events whose order at equal times must not depend on the caller's order: after every
+  // sequenced event of that time, among themselves by key (posts, then port wake-ups).
+  void push_keyed(double t, std::uint32_t kind, std::uint32_t a, std::uint64_t key) {
+    events_.push(event{t, (std::uint64_t{1} << 63) | key, kind, a, 0});
+  }
 
   std::uint32_t new_chunk() {
     if (!free_chunks_.empty()) {
@@ -536,7 +546,8 @@ class fabric {
     message& m = msgs_[id];
     for_source_ports(m, [&](std::size_t q) {
       ports_[q].rr.emplace_back(id, m.route_gen);
-      try_start(q);
+      // the port picks once every message of this instant is active (see try_start's order)
+      if (!ports_[q].busy) push_keyed(now_, ev_wake, static_cast<std::uint32_t>(q), (std::uint64_t{1} << 62) | q);
     });
   }
 
@@ -738,6 +749,26 @@ class fabric {
       start(q, ci);
       return;
     }
+    // Own messages are served in destination order, rotating on from the last destination served
+    // (ties: activation order). Activation order alone follows the host threads when cards are
+    // driven concurrently, so concurrent messages (an all-to-all) would collide at receivers by
+    // chance; in destination order an all-to-all sends one permutation per round, deterministically.
+    if (pt.rr.size() > 1) {
+      std::size_t best = SIZE_MAX, best_key = SIZE_MAX;
+      for (std::size_t i = 0; i < pt.rr.size(); ++i) {
+        const auto [id, gen] = pt.rr[i];
+        const message& m = msgs_[id];
+        if (m.state != msg_state::active || m.route_gen != gen || !m.has_more() || !route_uses_source(m, q)) continue;
+        const std::size_t from = pt.last_dst == UINT32_MAX ? m.src : pt.last_dst;
+        const std::size_t key = (m.dst + n_ - from - 1) % n_;
+        if (key < best_key) best_key = key, best = i;
+      }
+      if (best != SIZE_MAX && best != 0) {
+        const auto e = pt.rr[best];
+        pt.rr.erase(pt.rr.begin() + static_cast<std::ptrdiff_t>(best));
+        pt.rr.push_front(e);
+      }
+    }
     std::size_t tries = pt.rr.size();
     while (tries-- > 0 && !pt.rr.empty()) {
       auto [id, gen] = pt.rr.front();
@@ -773,6 +804,7 @@ class fabric {
       if (m.retry.empty()) m.next_chunk++;
       else m.retry.pop_back();
       if (m.has_more()) pt.rr.emplace_back(id, gen);
+      pt.last_dst = m.dst;
       pt.queued += ch.bytes;
       start(q, ci);
       return;
