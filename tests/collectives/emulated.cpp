@@ -7,6 +7,8 @@
 #include <atomic>
 #include <chrono>
 #include <mutex>
+#include <optional>
+#include <algorithm>
 #include <random>
 #include <string>
 #include <vector>
@@ -51,6 +53,16 @@ std::vector<std::string> check_on_cluster(emu::cluster& cl, std::size_t count, r
   });
   return errs;
 }
+// The canonical sum (rank order) over a set of ranks' inputs.
+std::vector<float> expected_over(const std::vector<int>& ranks, std::uint64_t seed, std::size_t count) {
+  std::vector<float> out(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    float acc = tessel_ref::gen<float>(seed, ranks[0], i, reduce_op::sum);
+    for (std::size_t k = 1; k < ranks.size(); ++k) acc += tessel_ref::gen<float>(seed, ranks[k], i, reduce_op::sum);
+    out[i] = acc;
+  }
+  return out;
+}
 }  // namespace
 
 TEST_CASE("emulated: all_reduce equals the canonical reduction bitwise (8 cards in 2 super-nodes)", "[collectives][emulated]") {
@@ -87,10 +99,10 @@ TEST_CASE("emulated: 128 cards all_reduce and all_gather", "[collectives][emulat
   CHECK(bad == 0);
 }
 
-TEST_CASE("emulated: a card failing at a random simulated time gives survivors typed errors, never a hang",
+TEST_CASE("emulated: a card failing at a random simulated time gives survivors typed errors, never a hang, and shrink recovers",
           "[collectives][emulated][faults]") {
   std::mt19937_64 rng(4242);
-  int trials = 0, errors = 0, wrong = 0;
+  int trials = 0, errors = 0, wrong = 0, not_recovered = 0, recovered = 0, late_split = 0;
   const auto t_start = std::chrono::steady_clock::now();
   for (int trial = 0; trial < 1000; ++trial) {
     const std::size_t n = 3 + rng() % 4;  // 3..6 cards
@@ -105,27 +117,81 @@ TEST_CASE("emulated: a card failing at a random simulated time gives survivors t
     const std::uint64_t seed = rng();
     const algorithm a = std::array{algorithm::direct, algorithm::ring, algorithm::tree, algorithm::halving_doubling}[rng() % 4];
     const auto want = tessel_ref::reduce_vec<float>(seed, static_cast<int>(n), count, reduce_op::sum);
-    std::atomic<int> errs{0}, bad{0};
+    std::atomic<int> errs{0}, bad{0}, unrecovered{0}, late{0}, shrunk_ok{0};
     emulated_world(cl).run([&](emulated_transport t) {
       communicator c(std::move(t));
-      const auto in = tessel_ref::gen_vec<float>(seed, c.rank(), count, reduce_op::sum);
+      const int me = c.rank();
+      const bool survivor = static_cast<std::size_t>(me) != victim;
+      const auto in = tessel_ref::gen_vec<float>(seed, me, count, reduce_op::sum);
       std::vector<float> out(count);
       try {
         c.all_reduce(in.data(), out.data(), count, dtype::f32, reduce_op::sum, {a});
-        if (static_cast<std::size_t>(c.rank()) != victim && tessel_ref::count_wrong(out.data(), want.data(), count)) ++bad;
+        if (survivor && tessel_ref::count_wrong(out.data(), want.data(), count)) ++bad;
       } catch (const comm_error&) {
-        if (static_cast<std::size_t>(c.rank()) != victim) ++errs;
+        if (survivor) ++errs;
       } catch (const std::exception&) {
-        if (static_cast<std::size_t>(c.rank()) != victim) ++bad;  // an untyped error is a failure
+        if (survivor) ++bad;  // an untyped error is a failure
       }
+      // ULFM-style recovery: every rank shrinks (a rank whose card failed is refused) and the
+      // shrunk world computes again, checked against the fold over its members in rank order.
+      // The world agreed on may still hold the victim when its failure comes later in simulated
+      // time: then that collective fails (typed) and the ranks shrink again. A barrier ends each
+      // attempt, so a member fails it unless every member finished the attempt's collectives.
+      std::optional<communicator> cur;
+      try {
+        cur.emplace(c.shrink());
+      } catch (const comm_error&) {
+        if (survivor) ++unrecovered;
+        return;  // this rank's card failed: it is not in the shrunk world
+      }
+      // Without ULFM's agree, a failure after the world was agreed can end an attempt on some
+      // members and not on others; recovery is required when the victim was already excluded.
+      const bool must = cur->size() == static_cast<int>(n) - 1;
+      for (int attempt = 0; attempt < 4; ++attempt) {
+        try {
+          const int m = cur->size();
+          std::vector<int> members(static_cast<std::size_t>(m));
+          cur->all_gather(&me, members.data(), 1, dtype::i32);
+          std::vector<float> out2(count);
+          cur->all_reduce(in.data(), out2.data(), count, dtype::f32, reduce_op::sum, {a});
+          cur->barrier();
+          if (!survivor) return;  // the victim may pass when it fails after the world's last message
+          if (std::find(members.begin(), members.end(), static_cast<int>(victim)) == members.end() && m != static_cast<int>(n) - 1)
+            ++bad;  // a survivor went missing
+          if (tessel_ref::count_wrong(out2.data(), expected_over(members, seed, count).data(), count)) ++bad;
+          ++shrunk_ok;
+          return;
+        } catch (const comm_error&) {
+        } catch (const std::exception&) {
+          if (survivor) ++bad;
+          return;
+        }
+        try {
+          communicator next = cur->shrink();
+          cur.reset();
+          cur.emplace(std::move(next));
+        } catch (const comm_error&) {
+          if (survivor) ++(must ? unrecovered : late);
+          return;
+        }
+      }
+      if (survivor) ++(must ? unrecovered : late);
     });
     ++trials;
     errors += errs;
     wrong += bad;
+    not_recovered += unrecovered;
+    recovered += shrunk_ok;
+    late_split += late;
+    if (unrecovered) UNSCOPED_INFO("trial " << trial << ": " << unrecovered << " survivors did not recover (n " << n << ", victim "
+                                            << victim << ", at " << at << ")");
     if (std::chrono::steady_clock::now() - t_start > std::chrono::seconds(40)) break;  // keep CI fast on 2 cores
   }
-  INFO("trials " << trials << ", survivor errors " << errors);
+  INFO("trials " << trials << ", survivor errors " << errors << ", survivors recovered by shrink " << recovered
+                   << ", survivors split by a failure after the shrink " << late_split);
   CHECK(wrong == 0);
+  CHECK(not_recovered == 0);
+  CHECK(recovered > 0);
   CHECK(errors > 0);
   CHECK(trials >= 100);
 }

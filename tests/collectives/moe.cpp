@@ -4,6 +4,7 @@
 // bad expert indices.
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <mutex>
@@ -13,6 +14,7 @@
 
 #include <tessel/collectives.hpp>
 #include <tessel/collectives/moe.hpp>
+#include <tessel/collectives/transport/emulated.hpp>
 
 using namespace tessel;
 
@@ -168,5 +170,112 @@ TEST_CASE("moe: bad routing is a typed error on every rank", "[collectives][moe]
     }
   });
   CHECK(oor == 2);
+  CHECK(inv == 2);
+}
+
+namespace {
+// Per rank: simulated seconds of dispatch, combine, dispatch_backward and combine_backward, and the routing.
+struct moe_timing {
+  std::vector<double> t;
+  std::vector<std::size_t> per_expert, row_token;
+  std::size_t x_size = 0;
+};
+std::vector<moe_timing> time_moe_on_cluster(bool timing_only, std::size_t ranks, std::size_t tokens, std::size_t hidden, std::size_t top_k,
+                                            int E) {
+  emu::cluster_config cfg;
+  cfg.cards_per_supernode = ranks;
+  cfg.card.memory_bytes = std::size_t{1} << 30;
+  emu::cluster cl(cfg, 1);
+  std::vector<moe_timing> out(ranks);
+  emulated_world(cl).run([&](emulated_transport tp) {
+    communicator c(std::move(tp));
+    const int me = c.rank();
+    std::mt19937_64 g(77 + static_cast<std::uint64_t>(me));
+    const std::size_t nt = me == 1 ? 0 : tokens + g() % 5;  // rank 1 sends nothing
+    std::vector<std::int64_t> idx(nt * top_k);
+    std::vector<float> w(idx.size());
+    for (std::size_t i = 0; i < idx.size(); ++i) {
+      idx[i] = g() % 7 == 0 ? -1 : static_cast<std::int64_t>(g() % static_cast<std::uint64_t>(E));
+      w[i] = static_cast<float>(g() % 100) / 97.0f;
+    }
+    auto& o = out[static_cast<std::size_t>(me)];
+    double t0 = c.now();
+    moe_dispatch_result<e4m3> d;
+    std::vector<e4m3> x(nt * hidden, e4m3(1.0f));
+    std::vector<float> sc(nt * hidden / 128, 1.0f);
+    if (timing_only)
+      d = moe_dispatch_fp8(c, moe_timing_only, nt, hidden, idx, w, top_k, E);
+    else
+      d = moe_dispatch_fp8(c, x, sc, hidden, idx, w, top_k, E);
+    o.t.push_back(c.now() - t0);
+    o.per_expert = d.tokens_per_expert();
+    o.row_token = d.handle.row_token;
+    o.x_size = d.x.size();
+    std::vector<bf16> y(timing_only ? 0 : d.handle.rows() * hidden, bf16(0.5f)), go(timing_only ? 0 : nt * hidden, bf16(0.25f));
+    t0 = c.now();
+    auto r1 = moe_combine(c, y, d.handle);
+    o.t.push_back(c.now() - t0);
+    t0 = c.now();
+    auto r2 = moe_dispatch_backward(c, y, d.handle);
+    o.t.push_back(c.now() - t0);
+    t0 = c.now();
+    auto r3 = moe_combine_backward(c, go, d.handle);
+    o.t.push_back(c.now() - t0);
+    if (timing_only && (!r1.empty() || !r2.empty() || !r3.empty())) o.t.push_back(-1);  // must stay empty
+  });
+  return out;
+}
+}  // namespace
+
+TEST_CASE("moe: timing-only dispatch/combine takes the same simulated time as with payloads", "[collectives][moe][emulated]") {
+  const std::size_t ranks = 4, tokens = 40, hidden = 512, top_k = 4;
+  const int E = 16;
+  const auto real = time_moe_on_cluster(false, ranks, tokens, hidden, top_k, E);
+  const auto dry = time_moe_on_cluster(true, ranks, tokens, hidden, top_k, E);
+  for (std::size_t r = 0; r < ranks; ++r) {
+    INFO("rank " << r);
+    REQUIRE(real[r].t.size() == 4);
+    REQUIRE(dry[r].t.size() == 4);
+    for (std::size_t i = 0; i < 4; ++i) {
+      INFO("phase " << i << ": real " << real[r].t[i] << " s, timing-only " << dry[r].t[i] << " s");
+      CHECK(real[r].t[i] > 0);
+      CHECK(real[r].t[i] == dry[r].t[i]);
+    }
+    CHECK(real[r].per_expert == dry[r].per_expert);
+    CHECK(real[r].row_token == dry[r].row_token);
+    CHECK(real[r].x_size == real[r].row_token.size() * hidden);
+    CHECK(dry[r].x_size == 0);
+  }
+}
+
+TEST_CASE("moe: timing-only needs a transport that times byte counts, and routing needs real metadata",
+          "[collectives][moe][errors]") {
+  std::atomic<int> inv{0};
+  threads_world::run(2, [&](threads_transport t) {
+    communicator c(std::move(t));
+    std::vector<std::int64_t> idx{0, 1};
+    std::vector<float> w(2, 1.0f);
+    try {
+      moe_dispatch_fp8(c, moe_timing_only, 1, 128, idx, w, 2, 4);
+    } catch (const std::invalid_argument&) {
+      ++inv;
+    }
+  });
+  CHECK(inv == 2);
+  emu::cluster_config cfg;  // a timing-only cluster moves no bytes at all: routing cannot be exchanged
+  cfg.cards_per_supernode = 2;
+  cfg.timing_only = true;
+  emu::cluster cl(cfg, 1);
+  inv = 0;
+  emulated_world(cl).run([&](emulated_transport tp) {
+    communicator c(std::move(tp));
+    std::vector<std::int64_t> idx{0, 1};
+    std::vector<float> w(2, 1.0f);
+    try {
+      moe_dispatch_fp8(c, moe_timing_only, 1, 128, idx, w, 2, 4);
+    } catch (const std::invalid_argument&) {
+      ++inv;
+    }
+  });
   CHECK(inv == 2);
 }

@@ -1,6 +1,7 @@
 // tessel-perf: collective benchmarks in the style of nccl-tests.
 //   tessel-perf all_reduce -b 8 -e 256M -f 2 -n 20 --transport threads -g 2 [--algo ring] [--check]
 // Prints size, count, type, redop, root, then time/algbw/busbw/#wrong for out-of-place and in-place.
+// `tessel-perf moe` (moe.cpp) measures MoE dispatch/combine bandwidth on the emulated cluster.
 // busbw = algbw * factor (nccl-tests): all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all,
 // gather, scatter (n-1)/n; broadcast, reduce, sendrecv 1. On the emulated transport times are simulated.
 #include <algorithm>
@@ -53,6 +54,7 @@ struct opts {
   std::fprintf(stderr,
                "tessel-perf: %s\n"
                "usage: tessel-perf <all_reduce|reduce|broadcast|all_gather|reduce_scatter|gather|scatter|all_to_all|sendrecv>\n"
+               "       tessel-perf moe ... (MoE dispatch/combine on the emulated cluster; tessel-perf moe --help)\n"
                "  -b/--minbytes SIZE  -e/--maxbytes SIZE  -f/--stepfactor F  -i/--stepbytes SIZE\n"
                "  -g/--ranks N (threads, emulated)  -n/--iters N  -w/--warmup_iters N\n"
                "  -d/--datatype f64|f32|bf16|fp16|e4m3|e5m2|i32|i64|u8  -o/--op sum|prod|min|max|avg  -r/--root R\n"
@@ -455,7 +457,10 @@ void run(communicator& c, const opts& o) {
 
 }  // namespace
 
+int moe_main(int argc, char** argv);  // moe.cpp
+
 int main(int argc, char** argv) {
+  if (argc >= 2 && std::string(argv[1]) == "moe") return moe_main(argc, argv);
   const opts o = parse(argc, argv);
   try {
     comm_options co;

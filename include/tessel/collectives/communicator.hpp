@@ -227,6 +227,20 @@ class communicator {
                      {recvcounts.begin(), recvcounts.end()}, {rdispls.begin(), rdispls.end()}, d);
     });
   }
+  // Timing-only all_to_allv: the same message schedule with these counts, but no payload exists
+  // (nothing is read or written; displacements are irrelevant). Needs a transport that times byte
+  // counts (counts_only: the emulated one); it is how MoE measures 128-card dispatches whose
+  // payloads would not fit in host memory.
+  void all_to_allv_timing(std::span<const std::size_t> sendcounts, std::span<const std::size_t> recvcounts, dtype d) {
+    if (!s_->tp->counts_only())
+      throw std::invalid_argument("tessel::all_to_allv_timing: the transport cannot time payload-free messages (use the emulated one)");
+    const std::vector<std::size_t> zero(sendcounts.size(), 0), zr(recvcounts.size(), 0);
+    sync(
+        [&] {
+          do_all_to_allv(nullptr, {sendcounts.begin(), sendcounts.end()}, zero, nullptr, {recvcounts.begin(), recvcounts.end()}, zr, d);
+        },
+        true);
+  }
   void send(const void* buf, std::size_t count, dtype d, int peer, int tag = 0) {
     sync([&] { do_send(buf, count, d, peer, tag); });
   }
@@ -315,8 +329,8 @@ class communicator {
   static constexpr tag_t p2p_space = tag_t{1} << 63;
 
   template <class F>
-  void sync(F&& f) {
-    const bool dry = s_->tp->timing_only();
+  void sync(F&& f, bool force_dry = false) {
+    const bool dry = force_dry || s_->tp->timing_only();
     auto body = [&] {
       dry_guard g(dry);
       f();
@@ -609,13 +623,18 @@ class communicator {
     auto* sb = static_cast<const std::byte*>(send);
     auto* rb = static_cast<std::byte*>(recv);
     const tag_t tg = c.tag + 26;
+    // (timing-only runs pass null buffers: no pointer arithmetic on them)
     for (int q = 0; q < c.n; ++q)
-      if (q != r) c.send(q, tg, sc[q] ? sb + sd[q] * es : nullptr, sc[q] * es);
-    detail::copy_bytes(rb + rd[r] * es, sb + sd[r] * es, sc[r] * es);
+      if (q != r) c.send(q, tg, sc[q] && sb ? sb + sd[q] * es : nullptr, sc[q] * es);
+    // every receive posted before any is awaited (a fabric then serves all senders at once)
+    std::vector<detail::treq> recvs;
+    recvs.reserve(static_cast<std::size_t>(c.n));
     for (int k = 1; k < c.n; ++k) {  // start with the next rank so that senders are served evenly
       const int q = (r + c.n - k) % c.n;
-      c.tp.recv_into(q, tg, {rc[q] ? rb + rd[q] * es : nullptr, rc[q] * es});
+      recvs.push_back(c.tp.irecv_into(q, tg, {rc[q] && rb ? rb + rd[q] * es : nullptr, rc[q] * es}));
     }
+    if (sb && rb) detail::copy_bytes(rb + rd[r] * es, sb + sd[r] * es, sc[r] * es);
+    for (auto& q : recvs) c.tp.wait(q);
     c.wait_all();
   }
 

@@ -8,6 +8,8 @@
 //   rounds once to BF16. Tokens without experts come back as zeros.
 //   Backward: dispatch_backward (a combine with unit weights) and combine_backward (a dispatch of
 //   the output gradient, scaled by each row's weight).
+//   Timing-only forms (moe_timing_only) run the same exchanges with real routing metadata and
+//   payload-free token rows, for simulated transports (the 128-card bandwidth figure).
 // topk_idx = -1 means "no expert" for that slot; any other index outside [0, E) is out_of_range.
 #pragma once
 
@@ -23,6 +25,7 @@
 #include <vector>
 
 #include <tessel/collectives/communicator.hpp>
+#include <tessel/detail/checked.hpp>
 #include <tessel/types/bf16.hpp>
 #include <tessel/types/fp8.hpp>
 
@@ -44,6 +47,8 @@ struct moe_handle {
   std::vector<int> row_expert;             // row -> local expert
   std::vector<float> row_weight;           // row -> top-k weight
   std::vector<std::size_t> tokens_per_expert;
+  std::size_t payload_bytes = 0;  // bytes per dispatched token (data + scales)
+  bool timing_only = false;       // made by a moe_timing_only dispatch: no payloads
   std::size_t rows() const { return row_token.size(); }
 };
 
@@ -73,41 +78,48 @@ inline void check_routing(const communicator& c, std::size_t tokens, std::size_t
                               ") (use -1 for no expert)");
 }
 
-// Exchanges per-rank byte buffers (all_to_allv of bytes); returns what each rank sent us.
-inline std::vector<std::vector<std::byte>> moe_exchange(communicator& c, const std::vector<std::vector<std::byte>>& out) {
-  const auto n = static_cast<std::size_t>(c.size());
-  std::vector<std::uint64_t> sc(n), rc(n);
-  for (std::size_t q = 0; q < n; ++q) sc[q] = out[q].size();
-  c.all_to_all(sc.data(), rc.data(), 1, dtype::u64);
-  std::vector<std::size_t> scount(n), sdisp(n), rcount(n), rdisp(n);
-  std::size_t st = 0, rt = 0;
-  for (std::size_t q = 0; q < n; ++q) {
-    scount[q] = sc[q], sdisp[q] = st, st += sc[q];
-    rcount[q] = rc[q], rdisp[q] = rt, rt += rc[q];
-  }
-  std::vector<std::byte> sb(st), rb(rt);
-  for (std::size_t q = 0; q < n; ++q)
-    if (sc[q]) std::memcpy(sb.data() + sdisp[q], out[q].data(), sc[q]);
-  c.all_to_allv(sb.data(), scount, sdisp, rb.data(), rcount, rdisp, dtype::u8);
-  std::vector<std::vector<std::byte>> in(n);
-  for (std::size_t q = 0; q < n; ++q) in[q].assign(rb.begin() + static_cast<std::ptrdiff_t>(rdisp[q]), rb.begin() + static_cast<std::ptrdiff_t>(rdisp[q] + rc[q]));
-  return in;
+// An all_to_allv of bytes: sc[q] bytes from `send` (packed in rank order) to rank q; rc[q] bytes
+// from rank q into `recv` (packed in rank order). timing: payload-free (no buffers; see
+// communicator::all_to_allv_timing), the same messages otherwise.
+inline void exchange_bytes(communicator& c, const std::byte* send, const std::vector<std::size_t>& sc, std::byte* recv,
+                           const std::vector<std::size_t>& rc, bool timing) {
+  if (timing) return c.all_to_allv_timing(sc, rc, dtype::u8);
+  const std::size_t n = sc.size();
+  std::vector<std::size_t> sd(n), rd(n);
+  for (std::size_t q = 1; q < n; ++q) sd[q] = sd[q - 1] + sc[q - 1], rd[q] = rd[q - 1] + rc[q - 1];
+  c.all_to_allv(send, sc, sd, recv, rc, rd, dtype::u8);
+}
+inline std::vector<std::size_t> prefix(const std::vector<std::size_t>& v) {
+  std::vector<std::size_t> p(v.size() + 1, 0);
+  for (std::size_t i = 0; i < v.size(); ++i) p[i + 1] = tessel::detail::add_checked(p[i], v[i], "tessel::moe");
+  return p;
+}
+inline void check_not_dry(communicator& c) {
+  if (c.transport_handle().timing_only())
+    throw std::invalid_argument(
+        "tessel::moe: the transport is timing-only (no bytes move), so the routing cannot be exchanged; use a cluster that "
+        "moves payloads and the moe_timing_only forms for payload-free timing");
 }
 
-// Shared body of both dispatches: payload_bytes per token (data [+ scales]).
+// Shared body of every dispatch. Three exchanges, the same in both modes: (1) per destination the
+// record count and the record shape, (2) the routing metadata (token id, top-k indices and
+// weights), (3) the payload rows (data_bytes of `data` [+ extra_bytes of `extra`] per token).
+// timing: (3) is payload-free (data/extra unused, result rows empty) but timed in full.
 template <class X>
-moe_dispatch_result<X> dispatch(communicator& c, const std::byte* payload, std::size_t payload_bytes, std::size_t data_bytes,
-                                std::size_t tokens, std::size_t hidden, std::size_t top_k,
+moe_dispatch_result<X> dispatch(communicator& c, const std::byte* data, std::size_t data_bytes, const std::byte* extra,
+                                std::size_t extra_bytes, bool timing, std::size_t tokens, std::size_t hidden, std::size_t top_k,
                                 std::span<const std::int64_t> idx, std::span<const float> w, int num_experts) {
   check_routing(c, tokens, hidden, top_k, idx, w, num_experts);
+  check_not_dry(c);
   const int n = c.size(), epr = num_experts / n;
+  const auto un = static_cast<std::size_t>(n);
+  const std::size_t payload_bytes = data_bytes + extra_bytes;
   moe_dispatch_result<X> res;
   moe_handle& h = res.handle;
   h.num_tokens = tokens, h.hidden = hidden, h.top_k = top_k, h.num_experts = num_experts, h.ranks = n;
-  h.sent_tokens.assign(static_cast<std::size_t>(n), {});
-  const std::size_t rec = sizeof(std::int64_t) + payload_bytes + top_k * (sizeof(std::int64_t) + sizeof(float));
-  std::vector<std::vector<std::byte>> out(static_cast<std::size_t>(n));
-  std::vector<char> seen(static_cast<std::size_t>(n));
+  h.timing_only = timing, h.payload_bytes = payload_bytes;
+  h.sent_tokens.assign(un, {});
+  std::vector<char> seen(un);
   for (std::size_t t = 0; t < tokens; ++t) {
     std::fill(seen.begin(), seen.end(), 0);
     for (std::size_t k = 0; k < top_k; ++k) {
@@ -117,102 +129,155 @@ moe_dispatch_result<X> dispatch(communicator& c, const std::byte* payload, std::
       if (seen[q]) continue;  // once per destination rank
       seen[q] = 1;
       h.sent_tokens[q].push_back(static_cast<std::int64_t>(t));
-      auto& b = out[q];
-      const std::size_t at = b.size();
-      b.resize(at + rec);
-      const auto tok = static_cast<std::int64_t>(t);
-      std::memcpy(b.data() + at, &tok, sizeof tok);
-      std::memcpy(b.data() + at + 8, payload + t * payload_bytes, payload_bytes);
-      std::memcpy(b.data() + at + 8 + payload_bytes, idx.data() + t * top_k, top_k * 8);
-      std::memcpy(b.data() + at + 8 + payload_bytes + top_k * 8, w.data() + t * top_k, top_k * 4);
     }
   }
-  const auto in = moe_exchange(c, out);
+  // (1) counts, with the record shape so that peers that disagree are caught
+  std::vector<std::uint64_t> hs(3 * un), hr(3 * un);
+  for (std::size_t q = 0; q < un; ++q) hs[3 * q] = h.sent_tokens[q].size(), hs[3 * q + 1] = payload_bytes, hs[3 * q + 2] = top_k;
+  c.all_to_all(hs.data(), hr.data(), 3, dtype::u64);
+  std::vector<std::size_t> rcount(un);
+  for (std::size_t q = 0; q < un; ++q) {
+    if (hr[3 * q + 1] != payload_bytes || hr[3 * q + 2] != top_k)
+      throw std::length_error("tessel::moe: peers disagree on hidden, the payload format or top_k");
+    rcount[q] = static_cast<std::size_t>(hr[3 * q]);
+  }
+  // (2) metadata records: token id, top_k expert indices, top_k weights
+  const std::size_t meta = sizeof(std::int64_t) + top_k * (sizeof(std::int64_t) + sizeof(float));
+  std::vector<std::size_t> msc(un), mrc(un), psc(un), prc(un);
+  for (std::size_t q = 0; q < un; ++q) {
+    msc[q] = h.sent_tokens[q].size() * meta;
+    mrc[q] = tessel::detail::mul_checked(rcount[q], meta, "tessel::moe: received records");
+    psc[q] = h.sent_tokens[q].size() * payload_bytes;
+    prc[q] = tessel::detail::mul_checked(rcount[q], payload_bytes, "tessel::moe: received payload");
+  }
+  const auto msd = prefix(msc), mrd = prefix(mrc);
+  std::vector<std::byte> ms(msd[un]), mr(mrd[un]);
+  for (std::size_t q = 0; q < un; ++q)
+    for (std::size_t i = 0; i < h.sent_tokens[q].size(); ++i) {
+      const std::int64_t tok = h.sent_tokens[q][i];
+      const auto t = static_cast<std::size_t>(tok);
+      std::byte* p = ms.data() + msd[q] + i * meta;
+      std::memcpy(p, &tok, 8);
+      std::memcpy(p + 8, idx.data() + t * top_k, top_k * 8);
+      std::memcpy(p + 8 + top_k * 8, w.data() + t * top_k, top_k * 4);
+    }
+  exchange_bytes(c, ms.data(), msc, mr.data(), mrc, false);
+  // (3) payload rows
+  std::vector<std::byte> pr;
+  {
+    std::vector<std::byte> ps;
+    if (!timing) {
+      const auto psd = prefix(psc);
+      ps.resize(psd[un]);
+      for (std::size_t q = 0; q < un; ++q)
+        for (std::size_t i = 0; i < h.sent_tokens[q].size(); ++i) {
+          const auto t = static_cast<std::size_t>(h.sent_tokens[q][i]);
+          std::byte* p = ps.data() + psd[q] + i * payload_bytes;
+          std::memcpy(p, data + t * data_bytes, data_bytes);
+          if (extra_bytes) std::memcpy(p + data_bytes, extra + t * extra_bytes, extra_bytes);
+        }
+      pr.resize(prefix(prc)[un]);
+    }
+    exchange_bytes(c, ps.data(), psc, pr.data(), prc, timing);
+  }
   // distinct received tokens
-  std::vector<const std::byte*> recs;
-  h.recv_per_rank.assign(static_cast<std::size_t>(n), 0);
-  for (int q = 0; q < n; ++q) {
-    const auto& b = in[static_cast<std::size_t>(q)];
-    if (b.size() % rec) throw std::length_error("tessel::moe: peers disagree on hidden or top_k");
-    for (std::size_t at = 0; at < b.size(); at += rec) {
+  h.recv_per_rank = rcount;
+  std::size_t U = 0;
+  for (std::size_t q = 0; q < un; ++q) U += rcount[q];
+  h.recv_src_rank.reserve(U);
+  h.recv_src_token.reserve(U);
+  for (std::size_t q = 0; q < un; ++q)
+    for (std::size_t i = 0; i < rcount[q]; ++i) {
       std::int64_t tok;
-      std::memcpy(&tok, b.data() + at, 8);
-      recs.push_back(b.data() + at);
-      h.recv_src_rank.push_back(q);
+      std::memcpy(&tok, mr.data() + mrd[q] + i * meta, 8);
+      h.recv_src_rank.push_back(static_cast<int>(q));
       h.recv_src_token.push_back(tok);
-      ++h.recv_per_rank[static_cast<std::size_t>(q)];
     }
-  }
   // rows grouped by local expert, then by received token, then by k
   h.tokens_per_expert.assign(static_cast<std::size_t>(epr), 0);
   const std::int64_t first = static_cast<std::int64_t>(c.rank()) * epr;
   for (int e = 0; e < epr; ++e)
-    for (std::size_t u = 0; u < recs.size(); ++u)
+    for (std::size_t u = 0; u < U; ++u) {
+      const std::byte* rec = mr.data() + u * meta;  // records are packed in rank order
       for (std::size_t k = 0; k < top_k; ++k) {
         std::int64_t g;
-        std::memcpy(&g, recs[u] + 8 + payload_bytes + k * 8, 8);
+        std::memcpy(&g, rec + 8 + k * 8, 8);
         if (g != first + e) continue;
         float wt;
-        std::memcpy(&wt, recs[u] + 8 + payload_bytes + top_k * 8 + k * 4, 4);
+        std::memcpy(&wt, rec + 8 + top_k * 8 + k * 4, 4);
         h.row_token.push_back(u);
         h.row_k.push_back(static_cast<int>(k));
         h.row_expert.push_back(e);
         h.row_weight.push_back(wt);
         ++h.tokens_per_expert[static_cast<std::size_t>(e)];
       }
+    }
+  if (timing) return res;
   const std::size_t rows = h.rows();
   res.x.resize(rows * hidden);
-  const std::size_t sb = payload_bytes - data_bytes;
-  res.scales.resize(rows * sb / sizeof(float));
+  res.scales.resize(rows * extra_bytes / sizeof(float));
   for (std::size_t i = 0; i < rows; ++i) {
-    const std::byte* p = recs[h.row_token[i]] + 8;
+    const std::byte* p = pr.data() + h.row_token[i] * payload_bytes;  // payload rows are packed like the records
     std::memcpy(res.x.data() + i * hidden, p, data_bytes);
-    if (sb) std::memcpy(res.scales.data() + i * sb / sizeof(float), p + data_bytes, sb);
+    if (extra_bytes) std::memcpy(res.scales.data() + i * extra_bytes / sizeof(float), p + data_bytes, extra_bytes);
   }
   return res;
 }
 
-// Expert side of a combine: per received token, sum_w * y over its rows (FP32, row order), as BF16;
-// home side: add the partials in rank order (FP32), round once.
-inline std::vector<bf16> combine_rows(communicator& c, std::span<const bf16> y, const moe_handle& h, bool use_weights) {
+// Byte counts of the reverse exchange (expert ranks -> home ranks), `row` bytes per token.
+inline void reverse_counts(const moe_handle& h, std::size_t row, std::vector<std::size_t>& sc, std::vector<std::size_t>& rc) {
+  const auto un = static_cast<std::size_t>(h.ranks);
+  sc.assign(un, 0), rc.assign(un, 0);
+  for (std::size_t q = 0; q < un; ++q) {
+    sc[q] = tessel::detail::mul_checked(h.recv_per_rank[q], row, "tessel::moe: combine");
+    rc[q] = tessel::detail::mul_checked(h.sent_tokens[q].size(), row, "tessel::moe: combine");
+  }
+}
+inline void check_handle(communicator& c, const moe_handle& h) {
   if (h.ranks != c.size()) throw std::invalid_argument("tessel::moe: handle belongs to another communicator size");
-  if (y.size() != h.rows() * h.hidden) throw std::length_error("tessel::moe: combine input must hold rows * hidden elements");
-  const std::size_t H = h.hidden, U = h.recv_src_token.size();
+  if (h.sent_tokens.size() != static_cast<std::size_t>(h.ranks) || h.recv_per_rank.size() != static_cast<std::size_t>(h.ranks))
+    throw std::invalid_argument("tessel::moe: handle was not filled by a dispatch");
+  check_not_dry(c);
+}
+
+// Expert side of a combine: per received token, sum_w * y over its rows (FP32, row order), as BF16;
+// home side: add the partials in rank order (FP32), round once. One exchange (the counts are in
+// the handle). In timing-only mode y must be empty and the result is empty.
+inline std::vector<bf16> combine_rows(communicator& c, std::span<const bf16> y, const moe_handle& h, bool use_weights) {
+  check_handle(c, h);
+  const std::size_t H = h.hidden, U = h.recv_src_token.size(), un = static_cast<std::size_t>(h.ranks);
+  std::vector<std::size_t> sc, rc;
+  reverse_counts(h, H * sizeof(bf16), sc, rc);
+  if (h.timing_only) {
+    if (!y.empty()) throw std::invalid_argument("tessel::moe: a timing-only handle takes no payload (pass an empty span)");
+    exchange_bytes(c, nullptr, sc, nullptr, rc, true);
+    return {};
+  }
+  if (y.size() != h.rows() * H) throw std::length_error("tessel::moe: combine input must hold rows * hidden elements");
   std::vector<float> part(U * H, 0.0f);
   for (std::size_t i = 0; i < h.rows(); ++i) {
     const float wt = use_weights ? h.row_weight[i] : 1.0f;
     float* d = part.data() + h.row_token[i] * H;
-    for (std::size_t j = 0; j < H; ++j) d[j] += wt * static_cast<float>(y[i * H + j]);
+    const bf16* src = y.data() + i * H;
+    for (std::size_t j = 0; j < H; ++j) d[j] += wt * static_cast<float>(src[j]);
   }
-  std::vector<std::vector<std::byte>> out(static_cast<std::size_t>(h.ranks));
-  std::size_t u = 0;
-  for (int q = 0; q < h.ranks; ++q) {
-    auto& b = out[static_cast<std::size_t>(q)];
-    b.resize(h.recv_per_rank[static_cast<std::size_t>(q)] * H * sizeof(bf16));
-    for (std::size_t t = 0; t < h.recv_per_rank[static_cast<std::size_t>(q)]; ++t, ++u)
-      for (std::size_t j = 0; j < H; ++j) {
-        const bf16 v(part[u * H + j]);
-        std::memcpy(b.data() + (t * H + j) * sizeof(bf16), &v, sizeof(bf16));
-      }
-  }
-  const auto in = moe_exchange(c, out);
+  // distinct received tokens are in rank order, so the partials are already packed for sending
+  std::vector<bf16> sb(U * H);
+  for (std::size_t i = 0; i < sb.size(); ++i) sb[i] = bf16(part[i]);
+  std::vector<bf16> rb(prefix(rc)[un] / sizeof(bf16));
+  exchange_bytes(c, reinterpret_cast<const std::byte*>(sb.data()), sc, reinterpret_cast<std::byte*>(rb.data()), rc, false);
   std::vector<float> acc(h.num_tokens * H, 0.0f);
   std::vector<char> any(h.num_tokens, 0);
-  for (int q = 0; q < h.ranks; ++q) {
-    const auto& toks = h.sent_tokens[static_cast<std::size_t>(q)];
-    const auto& b = in[static_cast<std::size_t>(q)];
-    if (b.size() != toks.size() * H * sizeof(bf16)) throw std::length_error("tessel::moe: combine reply of the wrong size");
-    for (std::size_t t = 0; t < toks.size(); ++t) {
-      float* d = acc.data() + static_cast<std::size_t>(toks[t]) * H;
-      const bool first = !any[static_cast<std::size_t>(toks[t])];
-      any[static_cast<std::size_t>(toks[t])] = 1;
-      for (std::size_t j = 0; j < H; ++j) {
-        bf16 v;
-        std::memcpy(&v, b.data() + (t * H + j) * sizeof(bf16), sizeof(bf16));
-        d[j] = first ? static_cast<float>(v) : d[j] + static_cast<float>(v);
-      }
+  const bf16* in = rb.data();
+  for (std::size_t q = 0; q < un; ++q)
+    for (std::int64_t tok : h.sent_tokens[q]) {
+      const auto t = static_cast<std::size_t>(tok);
+      float* d = acc.data() + t * H;
+      const bool first = !any[t];
+      any[t] = 1;
+      for (std::size_t j = 0; j < H; ++j) d[j] = first ? static_cast<float>(in[j]) : d[j] + static_cast<float>(in[j]);
+      in += H;
     }
-  }
   std::vector<bf16> res(h.num_tokens * H);
   for (std::size_t i = 0; i < res.size(); ++i) res[i] = bf16(acc[i]);
   return res;
@@ -225,7 +290,7 @@ inline moe_dispatch_result<bf16> moe_dispatch(communicator& c, std::span<const b
                                               std::size_t top_k, int num_experts) {
   if (hidden == 0 || x.size() % hidden) throw std::length_error("tessel::moe_dispatch: x must hold tokens * hidden elements");
   const std::size_t tokens = x.size() / hidden;
-  return moe_detail::dispatch<bf16>(c, reinterpret_cast<const std::byte*>(x.data()), hidden * sizeof(bf16), hidden * sizeof(bf16),
+  return moe_detail::dispatch<bf16>(c, reinterpret_cast<const std::byte*>(x.data()), hidden * sizeof(bf16), nullptr, 0, false,
                                     tokens, hidden, top_k, topk_idx, topk_weights, num_experts);
 }
 
@@ -237,13 +302,48 @@ inline moe_dispatch_result<e4m3> moe_dispatch_fp8(communicator& c, std::span<con
   if (x.size() % hidden) throw std::length_error("tessel::moe_dispatch_fp8: x must hold tokens * hidden elements");
   const std::size_t tokens = x.size() / hidden, sg = hidden / 128;
   if (scales.size() != tokens * sg) throw std::length_error("tessel::moe_dispatch_fp8: scales must hold tokens * hidden/128 entries");
-  std::vector<std::byte> payload(tokens * (hidden + sg * 4));
-  for (std::size_t t = 0; t < tokens; ++t) {
-    std::memcpy(payload.data() + t * (hidden + sg * 4), x.data() + t * hidden, hidden);
-    std::memcpy(payload.data() + t * (hidden + sg * 4) + hidden, scales.data() + t * sg, sg * 4);
-  }
-  return moe_detail::dispatch<e4m3>(c, payload.data(), hidden + sg * 4, hidden, tokens, hidden, top_k, topk_idx, topk_weights,
-                                    num_experts);
+  return moe_detail::dispatch<e4m3>(c, reinterpret_cast<const std::byte*>(x.data()), hidden,
+                                    reinterpret_cast<const std::byte*>(scales.data()), sg * sizeof(float), false, tokens, hidden,
+                                    top_k, topk_idx, topk_weights, num_experts);
+}
+
+// Timing-only forms (simulated transports): the same dispatch, with the routing metadata exchanged
+// for real, but the token payloads only timed (every byte of them crosses the modelled fabric; no
+// payload is allocated or copied). The result has the full handle and per-expert counts and empty
+// x/scales; combine and the backward passes of a timing-only handle take and return empty spans.
+// This is how 128-card dispatches (4096 tokens x 7168 channels each) are measured in host memory.
+struct moe_timing_only_t {
+  explicit constexpr moe_timing_only_t() = default;
+};
+inline constexpr moe_timing_only_t moe_timing_only{};
+
+inline moe_dispatch_result<bf16> moe_dispatch(communicator& c, moe_timing_only_t, std::size_t tokens, std::size_t hidden,
+                                              std::span<const std::int64_t> topk_idx, std::span<const float> topk_weights,
+                                              std::size_t top_k, int num_experts) {
+  const std::size_t row = tessel::detail::mul_checked(hidden, sizeof(bf16), "tessel::moe_dispatch: hidden");
+  return moe_detail::dispatch<bf16>(c, nullptr, row, nullptr, 0, true, tokens, hidden, top_k, topk_idx, topk_weights, num_experts);
+}
+inline moe_dispatch_result<e4m3> moe_dispatch_fp8(communicator& c, moe_timing_only_t, std::size_t tokens, std::size_t hidden,
+                                                  std::span<const std::int64_t> topk_idx, std::span<const float> topk_weights,
+                                                  std::size_t top_k, int num_experts) {
+  if (hidden == 0 || hidden % 128) throw std::invalid_argument("tessel::moe_dispatch_fp8: hidden must be a positive multiple of 128");
+  return moe_detail::dispatch<e4m3>(c, nullptr, hidden, nullptr, hidden / 128 * sizeof(float), true, tokens, hidden, top_k, topk_idx,
+                                    topk_weights, num_experts);
+}
+
+// Bytes this rank's dispatch put on the wire for token payloads (to other ranks; rows to itself
+// stay local), and the bytes its combine sends back (BF16 partials).
+inline std::size_t moe_dispatch_wire_bytes(const moe_handle& h, int rank) {
+  std::size_t b = 0;
+  for (std::size_t q = 0; q < h.sent_tokens.size(); ++q)
+    if (static_cast<int>(q) != rank) b += h.sent_tokens[q].size() * h.payload_bytes;
+  return b;
+}
+inline std::size_t moe_combine_wire_bytes(const moe_handle& h, int rank) {
+  std::size_t b = 0;
+  for (std::size_t q = 0; q < h.recv_per_rank.size(); ++q)
+    if (static_cast<int>(q) != rank) b += h.recv_per_rank[q] * h.hidden * sizeof(bf16);
+  return b;
 }
 
 // Quantizes BF16 activations for FP8 dispatch: scale = amax/448 per 128 channels, saturating.
@@ -271,34 +371,33 @@ inline std::vector<bf16> moe_dispatch_backward(communicator& c, std::span<const 
   return moe_detail::combine_rows(c, grad_rows, h, false);
 }
 
-// Backward of combine: grad_y[row] = weight(row) * grad_out[token of row] (a dispatch of grad_out).
+// Backward of combine: grad_y[row] = weight(row) * grad_out[token of row] (a dispatch of grad_out,
+// with the routing of the handle: one exchange).
 inline std::vector<bf16> moe_combine_backward(communicator& c, std::span<const bf16> grad_out, const moe_handle& h) {
-  if (h.ranks != c.size()) throw std::invalid_argument("tessel::moe: handle belongs to another communicator size");
-  const std::size_t H = h.hidden;
+  moe_detail::check_handle(c, h);
+  const std::size_t H = h.hidden, un = static_cast<std::size_t>(h.ranks);
+  std::vector<std::size_t> rc, sc;  // the reverse of combine: home ranks send, expert ranks receive
+  moe_detail::reverse_counts(h, H * sizeof(bf16), rc, sc);
+  if (h.timing_only) {
+    if (!grad_out.empty()) throw std::invalid_argument("tessel::moe: a timing-only handle takes no payload (pass an empty span)");
+    moe_detail::exchange_bytes(c, nullptr, sc, nullptr, rc, true);
+    return {};
+  }
   if (grad_out.size() != h.num_tokens * H) throw std::length_error("tessel::moe_combine_backward: grad_out must hold tokens * hidden elements");
-  std::vector<std::vector<std::byte>> out(static_cast<std::size_t>(h.ranks));
-  for (int q = 0; q < h.ranks; ++q) {
-    const auto& toks = h.sent_tokens[static_cast<std::size_t>(q)];
-    auto& b = out[static_cast<std::size_t>(q)];
-    b.resize(toks.size() * H * sizeof(bf16));
-    for (std::size_t t = 0; t < toks.size(); ++t)
-      std::memcpy(b.data() + t * H * sizeof(bf16), grad_out.data() + static_cast<std::size_t>(toks[t]) * H, H * sizeof(bf16));
-  }
-  const auto in = moe_detail::moe_exchange(c, out);
-  std::vector<const std::byte*> recs;
-  for (int q = 0; q < h.ranks; ++q) {
-    const auto& b = in[static_cast<std::size_t>(q)];
-    if (b.size() != h.recv_per_rank[static_cast<std::size_t>(q)] * H * sizeof(bf16))
-      throw std::length_error("tessel::moe_combine_backward: reply of the wrong size");
-    for (std::size_t t = 0; t < h.recv_per_rank[static_cast<std::size_t>(q)]; ++t) recs.push_back(b.data() + t * H * sizeof(bf16));
-  }
-  std::vector<bf16> g(h.rows() * H);
-  for (std::size_t i = 0; i < h.rows(); ++i)
-    for (std::size_t j = 0; j < H; ++j) {
-      bf16 v;
-      std::memcpy(&v, recs[h.row_token[i]] + j * sizeof(bf16), sizeof(bf16));
-      g[i * H + j] = bf16(h.row_weight[i] * static_cast<float>(v));
+  std::vector<bf16> sb(moe_detail::prefix(sc)[un] / sizeof(bf16));
+  bf16* o = sb.data();
+  for (std::size_t q = 0; q < un; ++q)
+    for (std::int64_t tok : h.sent_tokens[q]) {
+      std::memcpy(o, grad_out.data() + static_cast<std::size_t>(tok) * H, H * sizeof(bf16));
+      o += H;
     }
+  std::vector<bf16> rb(moe_detail::prefix(rc)[un] / sizeof(bf16));
+  moe_detail::exchange_bytes(c, reinterpret_cast<const std::byte*>(sb.data()), sc, reinterpret_cast<std::byte*>(rb.data()), rc, false);
+  std::vector<bf16> g(h.rows() * H);
+  for (std::size_t i = 0; i < h.rows(); ++i) {
+    const bf16* v = rb.data() + h.row_token[i] * H;
+    for (std::size_t j = 0; j < H; ++j) g[i * H + j] = bf16(h.row_weight[i] * static_cast<float>(v[j]));
+  }
   return g;
 }
 

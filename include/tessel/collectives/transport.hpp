@@ -62,6 +62,8 @@ concept transport = std::movable<typename T::send_request> &&
 //   t.node_size()  ranks per super-node (enables the hierarchical algorithm), 
 //   t.shrink()     a transport over the surviving ranks (ULFM shrink),
 //   t.revoke(int)  mark the world failed so every rank's waits end.
+//   T::counts_only  true when a null buffer of n bytes is timed as n bytes that carry no payload
+//                  (a simulated transport: payload-free timing runs of real message schedules).
 
 }  // namespace v0
 namespace detail {
@@ -80,6 +82,10 @@ class transport_iface {
   virtual void wait(request& r) = 0;
   virtual void recv(int peer, tag_t tag, std::size_t bytes, recv_consumer fn) = 0;
   virtual void recv_into(int peer, tag_t tag, std::span<std::byte> dst) = 0;
+  // A receive whose completion is awaited later with wait(). Transports with native posted
+  // receives (emulated: all of an all_to_all's receives in flight at once, as on a real fabric)
+  // start it now; the others receive at wait() time, which is what recv_into would have done.
+  virtual request irecv_into(int peer, tag_t tag, std::span<std::byte> dst) = 0;
   virtual void abort() = 0;
   virtual double now() const = 0;
   virtual int node_size() const = 0;
@@ -88,6 +94,7 @@ class transport_iface {
   virtual std::shared_ptr<transport_iface> shrink() = 0;
   virtual bool is_simulated() const = 0;
   virtual bool timing_only() const = 0;
+  virtual bool counts_only() const = 0;
 };
 
 template <transport T>
@@ -95,6 +102,15 @@ class transport_model final : public transport_iface {
   struct req final : request_base {
     typename T::send_request r;
     explicit req(typename T::send_request&& x) : r(std::move(x)) {}
+  };
+  static constexpr bool native_irecv = requires(T& t, int p, tag_t g, std::span<std::byte> d) {
+    { t.irecv_into(p, g, d) } -> std::same_as<typename T::send_request>;
+  };
+  struct deferred_recv final : request_base {  // a receive run at wait() time
+    int peer;
+    tag_t tag;
+    std::span<std::byte> dst;
+    deferred_recv(int p, tag_t g, std::span<std::byte> d) : peer(p), tag(g), dst(d) {}
   };
 
  public:
@@ -105,8 +121,19 @@ class transport_model final : public transport_iface {
     return std::make_unique<req>(t_.isend(peer, tag, src));
   }
   void wait(request& r) override {
-    if (r) t_.wait(static_cast<req&>(*r).r);
+    if (!r) return;
+    if (auto* d = dynamic_cast<deferred_recv*>(r.get())) {
+      const deferred_recv x = *d;
+      r.reset();  // done or failed, the receive is consumed
+      t_.recv_into(x.peer, x.tag, x.dst);
+      return;
+    }
+    t_.wait(static_cast<req&>(*r).r);
     r.reset();
+  }
+  request irecv_into(int peer, tag_t tag, std::span<std::byte> dst) override {
+    if constexpr (native_irecv) return std::make_unique<req>(t_.irecv_into(peer, tag, dst));
+    else return std::make_unique<deferred_recv>(peer, tag, dst);
   }
   void recv(int peer, tag_t tag, std::size_t bytes, recv_consumer fn) override { t_.recv(peer, tag, bytes, fn); }
   void recv_into(int peer, tag_t tag, std::span<std::byte> dst) override { t_.recv_into(peer, tag, dst); }
@@ -130,6 +157,10 @@ class transport_model final : public transport_iface {
   }
   bool timing_only() const override {
     if constexpr (requires { t_.timing_only(); }) return t_.timing_only();
+    else return false;
+  }
+  bool counts_only() const override {
+    if constexpr (requires { T::counts_only; }) return T::counts_only;
     else return false;
   }
   T& get() { return t_; }

@@ -191,7 +191,7 @@ inline std::vector<std::size_t> equal_blocks(std::size_t per, int n) {
   return off;
 }
 inline bool overlaps(const void* a, std::size_t an, const void* b, std::size_t bn) {
-  if (!an || !bn) return false;
+  if (!an || !bn || !a || !b) return false;  // timing-only runs pass null buffers
   const auto pa = reinterpret_cast<std::uintptr_t>(a), pb = reinterpret_cast<std::uintptr_t>(b);
   return pa < pb + bn && pb < pa + an;
 }

@@ -2,7 +2,9 @@
 // Messages are the cluster's two-sided send/recv, so their timing comes from the fabric model and
 // now() is the card's simulated clock. Payloads move between the algorithms' host buffers (the
 // cluster allows host buffers for send/recv); in a timing-only cluster no bytes move and the
-// collectives run their message schedule without arithmetic (see detail::coll_dry_run).
+// collectives run their message schedule without arithmetic (see detail::coll_dry_run). In a
+// cluster that moves payloads, a null buffer is still a timed, payload-free message of its size
+// (communicator::all_to_allv_timing), so real metadata and timing-only payloads can mix.
 // Emulator faults become comm errors: a failed card -> peer_failed_error, a simulated timeout ->
 // comm_timeout_error, a lost link -> comm_error; shrink() keeps the cards not known to have failed.
 #pragma once
@@ -11,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -37,6 +40,10 @@ struct emulated_shared {
   std::atomic<bool> aborted{false};
   std::atomic<bool> revoked{false};
   std::atomic<int> revoked_by{-1};
+  // Context of this world's messages, mixed into every cluster tag (MPI's context id): a shrunk
+  // world never matches messages a failed collective of its parent left unmatched.
+  std::uint64_t context = 0;
+  std::uint64_t cluster_tag(std::uint64_t tag) const { return context ? tag ^ (context * 0x9E3779B97F4A7C15ull) : tag; }
   std::shared_ptr<emulated_shared> successor;
   std::vector<int> successor_ranks;
   int rank_of(std::size_t card) const {
@@ -64,6 +71,8 @@ class emulated_world {
     s_->cards = std::move(cards);
     // the algorithms' own buffers (host memory) are sent and received directly, no staging copy
     cl.set_allow_host_buffers(true);
+    // a null buffer is a payload-free message of its size (communicator::all_to_allv_timing)
+    cl.set_allow_count_only(true);
   }
   int size() const { return static_cast<int>(s_->cards.size()); }
   inline emulated_transport transport(int rank) const;
@@ -103,6 +112,7 @@ class emulated_world {
 class emulated_transport {
  public:
   static constexpr bool simulated = true;
+  static constexpr bool counts_only = true;
 
   class send_request {
    public:
@@ -154,7 +164,7 @@ class emulated_transport {
     r.owner_ = s_.get();
     guard([&] {
       r.done_ = s_->cl->send(card(), s_->cards[static_cast<std::size_t>(peer)], timing_only() ? nullptr : src.data(),
-                             src.size(), tag);
+                             src.size(), s_->cluster_tag(tag));
     });
     r.live_ = true;
     return r;
@@ -168,12 +178,12 @@ class emulated_transport {
     check_peer(peer);
     check_state();
     if (timing_only()) {
-      guard([&] { s_->cl->wait(s_->cl->recv(card(), s_->cards[static_cast<std::size_t>(peer)], nullptr, bytes, tag)); });
+      guard([&] { s_->cl->wait(s_->cl->recv(card(), s_->cards[static_cast<std::size_t>(peer)], nullptr, bytes, s_->cluster_tag(tag))); });
       fn(std::span<const std::byte>(static_cast<const std::byte*>(nullptr), 0), 0);
       return;
     }
     std::vector<std::byte> bounce(bytes);
-    guard([&] { s_->cl->wait(s_->cl->recv(card(), s_->cards[static_cast<std::size_t>(peer)], bounce.data(), bytes, tag)); });
+    guard([&] { s_->cl->wait(s_->cl->recv(card(), s_->cards[static_cast<std::size_t>(peer)], bounce.data(), bytes, s_->cluster_tag(tag))); });
     fn(std::span<const std::byte>(bounce.data(), bytes), 0);
   }
   void recv_into(int peer, tag_t tag, std::span<std::byte> dst) {
@@ -181,8 +191,20 @@ class emulated_transport {
     check_state();
     guard([&] {
       s_->cl->wait(s_->cl->recv(card(), s_->cards[static_cast<std::size_t>(peer)], timing_only() ? nullptr : dst.data(),
-                                dst.size(), tag));
+                                dst.size(), s_->cluster_tag(tag)));
     });
+  }
+  // A posted receive (waited with wait()): every receive of an exchange can be in flight at once.
+  send_request irecv_into(int peer, tag_t tag, std::span<std::byte> dst) {
+    check_peer(peer);
+    check_state();
+    send_request r;
+    r.owner_ = s_.get();
+    guard([&] {
+      r.done_ = s_->cl->recv(card(), s_->cards[static_cast<std::size_t>(peer)], timing_only() ? nullptr : dst.data(), dst.size(), s_->cluster_tag(tag));
+    });
+    r.live_ = true;
+    return r;
   }
   void abort() { s_->aborted = true; }
   void revoke(int failed) {
@@ -195,6 +217,7 @@ class emulated_transport {
     if (!s_->successor) {
       auto next = std::make_shared<detail::emulated_shared>();
       next->cl = s_->cl;
+      next->context = s_->context + 1;
       for (std::size_t r = 0; r < s_->cards.size(); ++r)
         if (!s_->cl->failed(s_->cards[r]) && s_->cl->at(s_->cards[r]).alive()) {
           next->cards.push_back(s_->cards[r]);
