@@ -274,8 +274,9 @@ struct gemm_skinny_program {
     const std::size_t KC = kc();
     const std::size_t ldc = W + 16;  // rows of acc not a multiple of 4 KiB apart (L1 sets)
     float* acc = ctx.scratch().allocate_array<float>(M * ldc);  // (M,W)
-    const auto* b = reinterpret_cast<const std::uint16_t*>(B.data() + z * sb + n0);
-    const auto* a = reinterpret_cast<const std::uint16_t*>(A.data() + z * sa);
+    // (with K = 0, A and B may be null: no offsets are applied to them then)
+    const auto* b = K ? reinterpret_cast<const std::uint16_t*>(B.data() + z * sb + n0) : nullptr;
+    const auto* a = K ? reinterpret_cast<const std::uint16_t*>(A.data() + z * sa) : nullptr;
     const std::size_t ldb = B.row_stride();
     // A's K-pairs must be adjacent for the rows atom's broadcasts (a transposed A is staged per
     // chunk); the pair atom gets A staged per chunk as K-pair panels per row group
