@@ -22,6 +22,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include <tessel/collectives/communicator.hpp>
@@ -111,90 +112,79 @@ inline float chunk_scale(wire_format f, const float* x, std::size_t n) {
   return static_cast<float>(std::exp2(std::ceil(std::log2(want))));
 }
 
+template <class T>
+struct is_wire_float : std::bool_constant<std::is_same_v<T, tessel::bf16> || std::is_same_v<T, tessel::e4m3> || std::is_same_v<T, tessel::e5m2>> {};
+// The element type of a float wire format, as a dtype (for detail::visit_dtype_if).
+inline dtype wire_dtype(wire_format f) {
+  switch (f) {
+    case wire_format::bf16: return dtype::bf16;
+    case wire_format::e4m3: return dtype::e4m3;
+    case wire_format::e5m2: return dtype::e5m2;
+    default: throw std::invalid_argument("tessel: wire format " + std::string(wire_format_name(f)) + " has no float element type");
+  }
+}
+
 struct compression_impl {
   // Encodes n floats into out (wire_bytes(f, n, chunk) bytes); writes x - decoded into resid if given.
   static void encode(wire_format f, std::size_t chunk, const float* x, std::size_t n, std::byte* out, float* resid) {
     const std::size_t chunks = (n + chunk - 1) / chunk;
     std::byte* codes = out + chunks * 4;
-    for (std::size_t k = 0; k < chunks; ++k) {
-      const std::size_t lo = k * chunk, len = std::min(chunk, n - lo);
-      const float s = chunk_scale(f, x + lo, len);
-      std::memcpy(out + k * 4, &s, 4);
-      for (std::size_t i = lo; i < lo + len; ++i) {
-        const float v = x[i] / s;
-        float dec;
-        switch (f) {
-          case wire_format::bf16: {
-            const tessel::bf16 q(v);
-            const auto b = q.bits();
-            std::memcpy(codes + i * 2, &b, 2);
-            dec = static_cast<float>(q) * s;
-            break;
-          }
-          case wire_format::e4m3: {
-            const tessel::e4m3 q(v);
-            const auto b = q.bits();
-            std::memcpy(codes + i, &b, 1);
-            dec = static_cast<float>(q) * s;
-            break;
-          }
-          case wire_format::e5m2: {
-            const tessel::e5m2 q(v);
-            const auto b = q.bits();
-            std::memcpy(codes + i, &b, 1);
-            dec = static_cast<float>(q) * s;
-            break;
-          }
-          default: {  // int4, two per byte, low nibble first
-            const int q = static_cast<int>(std::clamp(std::nearbyint(v), -7.0f, 7.0f));
-            auto& byte = reinterpret_cast<unsigned char&>(codes[i / 2]);
-            if (i % 2 == 0) byte = static_cast<unsigned char>(q & 0xF);
-            else byte = static_cast<unsigned char>(byte | ((q & 0xF) << 4));
-            dec = static_cast<float>(q) * s;
-          }
+    // per chunk: scale, then codes; the format is dispatched once, outside the element loop
+    auto each_chunk = [&](auto&& code_one) {
+      for (std::size_t k = 0; k < chunks; ++k) {
+        const std::size_t lo = k * chunk, len = std::min(chunk, n - lo);
+        const float s = chunk_scale(f, x + lo, len);
+        std::memcpy(out + k * 4, &s, 4);
+        for (std::size_t i = lo; i < lo + len; ++i) {
+          const float dec = code_one(i, x[i] / s) * s;
+          if (resid) resid[i] = x[i] - dec;
         }
-        if (resid) resid[i] = x[i] - dec;
       }
+    };
+    if (f == wire_format::int4) {  // two per byte, low nibble first
+      return each_chunk([&](std::size_t i, float v) {
+        const int q = static_cast<int>(std::clamp(std::nearbyint(v), -7.0f, 7.0f));
+        auto& byte = reinterpret_cast<unsigned char&>(codes[i / 2]);
+        if (i % 2 == 0) byte = static_cast<unsigned char>(q & 0xF);
+        else byte = static_cast<unsigned char>(byte | ((q & 0xF) << 4));
+        return static_cast<float>(q);
+      });
     }
+    detail::visit_dtype_if<is_wire_float, tessel::bf16>(wire_dtype(f), "is not a wire format", [&]<class Q>(std::type_identity<Q>) {
+      each_chunk([&](std::size_t i, float v) {
+        const Q q(v);
+        const auto b = q.bits();
+        std::memcpy(codes + i * sizeof b, &b, sizeof b);
+        return static_cast<float>(q);
+      });
+    });
   }
   static void decode(wire_format f, std::size_t chunk, const std::byte* in, std::size_t n, float* out) {
     const std::size_t chunks = (n + chunk - 1) / chunk;
     const std::byte* codes = in + chunks * 4;
-    for (std::size_t k = 0; k < chunks; ++k) {
-      const std::size_t lo = k * chunk, len = std::min(chunk, n - lo);
-      float s;
-      std::memcpy(&s, in + k * 4, 4);
-      for (std::size_t i = lo; i < lo + len; ++i) {
-        float v;
-        switch (f) {
-          case wire_format::bf16: {
-            std::uint16_t b;
-            std::memcpy(&b, codes + i * 2, 2);
-            v = static_cast<float>(tessel::bf16::from_bits(b));
-            break;
-          }
-          case wire_format::e4m3: {
-            std::uint8_t b;
-            std::memcpy(&b, codes + i, 1);
-            v = static_cast<float>(tessel::e4m3::from_bits(b));
-            break;
-          }
-          case wire_format::e5m2: {
-            std::uint8_t b;
-            std::memcpy(&b, codes + i, 1);
-            v = static_cast<float>(tessel::e5m2::from_bits(b));
-            break;
-          }
-          default: {
-            const unsigned byte = static_cast<unsigned char>(codes[i / 2]);
-            int q = static_cast<int>(i % 2 == 0 ? (byte & 0xF) : (byte >> 4));
-            if (q >= 8) q -= 16;
-            v = static_cast<float>(q);
-          }
-        }
-        out[i] = v * s;
+    auto each_chunk = [&](auto&& value_of) {
+      for (std::size_t k = 0; k < chunks; ++k) {
+        const std::size_t lo = k * chunk, len = std::min(chunk, n - lo);
+        float s;
+        std::memcpy(&s, in + k * 4, 4);
+        for (std::size_t i = lo; i < lo + len; ++i) out[i] = value_of(i) * s;
       }
+    };
+    if (f == wire_format::int4) {
+      return each_chunk([&](std::size_t i) {
+        const unsigned byte = static_cast<unsigned char>(codes[i / 2]);
+        int q = static_cast<int>(i % 2 == 0 ? (byte & 0xF) : (byte >> 4));
+        if (q >= 8) q -= 16;
+        return static_cast<float>(q);
+      });
     }
+    detail::visit_dtype_if<is_wire_float, tessel::bf16>(wire_dtype(f), "is not a wire format", [&]<class Q>(std::type_identity<Q>) {
+      each_chunk([&](std::size_t i) {
+        decltype(Q{}.bits()) b;
+        std::memcpy(&b, codes + i * sizeof b, sizeof b);
+        return static_cast<float>(Q::from_bits(b));
+      });
+    });
   }
   static std::vector<float>& send_res(error_feedback& e) { return e.send_; }
   static std::vector<float>& recv_res(error_feedback& e) { return e.recv_; }

@@ -137,16 +137,26 @@ decltype(auto) visit_op(reduce_op op, F&& f) {
   throw std::invalid_argument("tessel: invalid reduce_op value " + std::to_string(static_cast<int>(op)));
 }
 
-template <class F>
-decltype(auto) visit_reducible(dtype d, F&& f) {
-  if (d == dtype::i4x2) throw std::invalid_argument("tessel: i4x2 cannot be reduced element-wise");
+// The one runtime element-type dispatch of the collectives: f(std::type_identity<T>) for the
+// dtypes whose type Allowed<T> accepts, std::invalid_argument "<dtype> <why>" for the others.
+// Reductions use it (every type but packed int4) and so does wire compression (bf16/e4m3/e5m2).
+template <template <class> class Allowed, class Fallback, class F>
+decltype(auto) visit_dtype_if(dtype d, const char* why, F&& f) {
   return visit_dtype(d, [&]<class T>(std::type_identity<T> t) -> decltype(auto) {
-    if constexpr (std::is_same_v<T, tessel::int4x2>) {
-      return f(std::type_identity<float>{});  // unreachable: rejected above
-    } else {
+    if constexpr (Allowed<T>::value) {
       return f(t);
+    } else {
+      throw std::invalid_argument("tessel: " + std::string(dtype_name(d)) + " " + why);
+      return f(std::type_identity<Fallback>{});  // never reached; gives every branch one return type
     }
   });
+}
+template <class T>
+struct is_reducible_element : std::bool_constant<!std::is_same_v<T, tessel::int4x2>> {};
+
+template <class F>
+decltype(auto) visit_reducible(dtype d, F&& f) {
+  return visit_dtype_if<is_reducible_element, float>(d, "cannot be reduced element-wise", static_cast<F&&>(f));
 }
 
 // dst[i] = op(a[i], b[i]) in the accumulator type. a holds T (a_acc == false) or acc_t<T>; b holds T.
