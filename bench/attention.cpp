@@ -9,7 +9,9 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <ctime>
 #include <random>
 #include <vector>
 
@@ -205,6 +207,14 @@ void fwd_onednn(benchmark::State& state) {
 }
 #endif
 
+// Process CPU seconds so far (every thread): with the wall time it shows whether the workers had
+// the cores to themselves (proc_cpu/wall near the thread count) when the machine is shared.
+double process_cpu_s() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+}
+
 // Decode: 1 query row, 32 q heads, 8 kv heads, D=128, 32k cached bf16 tokens.
 void decode_tessel(benchmark::State& state) {
   const std::size_t HQ = 32, HK = 8, KV = 32768;
@@ -229,10 +239,14 @@ void decode_tessel(benchmark::State& state) {
     for (std::size_t i = 0; i < KV / page; ++i) table.push_back(std::int32_t(KV / page - 1 - i));
   }
   const std::int32_t len = std::int32_t(KV);
+  const double cpu0 = process_cpu_s();
+  const auto wall0 = std::chrono::steady_clock::now();
   for (auto _ : state)
     attention_decode<host_device, bf16, bf16>(dev(), s, std::span<const bf16>(q.data(), q.size()), std::span<const bf16>(kc.data(), kc.size()),
                                               std::span<const bf16>(vc.data(), vc.size()), std::span<const std::int32_t>(&len, 1), table,
                                               std::span<bf16>(o.data(), o.size()));
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+  state.counters["cpu_per_wall"] = (process_cpu_s() - cpu0) / wall;
   const double bytes = 2.0 * double(KV) * HK * D * sizeof(bf16);
   state.counters["bytes"] = benchmark::Counter(bytes * double(state.iterations()), benchmark::Counter::kIsRate);
   state.counters["of_limit"] = benchmark::Counter(bytes * double(state.iterations()) * 1e-9 / bw, benchmark::Counter::kIsRate);
