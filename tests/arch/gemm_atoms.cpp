@@ -2,6 +2,7 @@
 // (same operation order) and for integer-valued bf16 pairs, within a tight bound for real bf16.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -91,6 +92,110 @@ TEST_CASE("avx512_bf16 vdpbf16ps atoms match the scalar pair reference", "[arch]
     check_atom<arch::avx512bf16_dot_6x32_bf16bf16f32>(integer, g);
     check_atom<arch::best_bf16_atom>(integer, g);
     check_atom<arch::avx512bf16_dot_bf16bf16f32<5, 2>>(integer, g);
+  }
+}
+#endif
+
+namespace {
+// A block-scaled pair atom (scaled_ukernel_args) against its scalar reference: several scale
+// blocks per call (a short last one included), in-place and panel A, accumulate or not.
+template <class Atom, int Rows = Atom::mr>
+void check_scaled_atom(bool integer, std::mt19937& g) {
+  constexpr int MR = Atom::mr, NR = Atom::nr;
+  using Ref = arch::scalar_dot2_scaled_bf16<MR, NR>;
+  for (std::size_t bk : {64, 5})
+    for (std::size_t k : {1, 64, 65, 150, 256})
+      for (bool direct : {false, true})
+        for (bool acc : {false, true}) {
+          const std::size_t nq = (k + bk - 1) / bk;
+          std::vector<std::uint16_t> a(k * MR * 2 + 64), b(k * NR * 2);
+          std::uniform_int_distribution<int> di(-4, 4);
+          std::uniform_real_distribution<float> dr(-2.0f, 2.0f), ds(0.25f, 4.0f);
+          auto val = [&] { return integer ? static_cast<float>(di(g)) : dr(g); };
+          for (auto& x : a) x = bf16(val()).bits();
+          for (auto& x : b) x = bf16(val()).bits();
+          const std::size_t ldc = NR + 5, rs_stride = MR + 3, cs_stride = NR + 16;
+          std::vector<float> c1(MR * ldc), c2, rs(nq * rs_stride), cs(nq * cs_stride);
+          for (auto& x : c1) x = val();
+          c2 = c1;
+          for (auto& x : rs) x = integer ? 2.0f : ds(g);
+          for (auto& x : cs) x = integer ? 0.5f : ds(g);
+          arch::scaled_ukernel_args p;
+          p.k = k;
+          p.a = a.data();
+          p.b = b.data();
+          p.ldc = ldc;
+          p.accumulate = acc;
+          if (direct) p.a_rs = k * 2;  // A as a row-major (MR, 2k) matrix
+          p.row_scale = rs.data();
+          p.col_scale = cs.data();
+          p.block_k = bk;
+          p.rs_stride = rs_stride;
+          p.cs_stride = cs_stride;
+          p.c = c1.data();
+          arch::run_rows_of<Atom>(Rows, p);
+          p.c = c2.data();
+          arch::run_rows_of<Ref>(Rows, p);
+          INFO("k=" << k << " block_k=" << bk << " direct=" << direct << " acc=" << acc << " integer=" << integer << " rows=" << Rows);
+          if (integer) {
+            REQUIRE(std::memcmp(c1.data(), c2.data(), c1.size() * 4) == 0);
+          } else {
+            for (std::size_t i = 0; i < c1.size(); ++i) REQUIRE(std::fabs(c1[i] - c2[i]) <= 1e-5f * (std::fabs(c2[i]) + 1));
+          }
+        }
+}
+}  // namespace
+
+TEST_CASE("scalar block-scaled pair reference is the pair reference once per scale block", "[arch][atom]") {
+  std::mt19937 g(7);
+  constexpr int MR = 3, NR = 4;
+  const std::size_t k = 11, bk = 4, nq = 3;
+  std::vector<std::uint16_t> a(k * MR * 2), b(k * NR * 2);
+  std::uniform_real_distribution<float> d(-2.0f, 2.0f), ds(0.25f, 4.0f);
+  for (auto& x : a) x = bf16(d(g)).bits();
+  for (auto& x : b) x = bf16(d(g)).bits();
+  std::vector<float> rs(nq * MR), cs(nq * NR), c1(MR * NR, 7.0f), c2(MR * NR, 7.0f);
+  for (auto& x : rs) x = ds(g);
+  for (auto& x : cs) x = ds(g);
+  arch::scaled_ukernel_args p;
+  p.k = k;
+  p.a = a.data();
+  p.b = b.data();
+  p.ldc = NR;
+  p.c = c1.data();
+  p.row_scale = rs.data();
+  p.col_scale = cs.data();
+  p.block_k = bk;
+  p.rs_stride = MR;
+  p.cs_stride = NR;
+  arch::scalar_dot2_scaled_bf16<MR, NR>::run(p);
+  // the same product as one unscaled pair-reference call per block, scaled and summed here
+  for (std::size_t q = 0; q < nq; ++q) {
+    std::vector<float> t(MR * NR);
+    arch::ukernel_args u;
+    u.k = std::min(bk, k - q * bk);
+    u.a = a.data() + q * bk * 2 * MR;
+    u.b = b.data() + q * bk * 2 * NR;
+    u.c = t.data();
+    u.ldc = NR;
+    arch::scalar_dot2_bf16<MR, NR>::run(u);
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < NR; ++j) {
+        const float s = rs[q * MR + i] * cs[q * NR + j];
+        float& c = c2[i * NR + j];
+        c = q == 0 ? t[i * NR + j] * s : std::fma(t[i * NR + j], s, c);
+      }
+  }
+  REQUIRE(c1 == c2);
+}
+
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+TEST_CASE("avx512_bf16 block-scaled pair atoms match the scalar reference", "[arch][atom][avx512_bf16]") {
+  std::mt19937 g(8);
+  for (bool integer : {true, false}) {
+    check_scaled_atom<arch::best_bf16_scaled_atom>(integer, g);
+    check_scaled_atom<arch::best_bf16_scaled_atom, 5>(integer, g);
+    check_scaled_atom<arch::avx512bf16_dot_scaled_bf16bf16f32<4, 1>>(integer, g);
   }
 }
 #endif

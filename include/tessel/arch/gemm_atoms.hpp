@@ -114,6 +114,42 @@ struct scalar_dot2_bf16 {
   }
 };
 
+// Arguments of a block-scaled pair atom (FP8 with DeepSeek-V3 scales, staged as bf16 K-pairs):
+// the k pair steps form scale blocks of `block_k` steps (the last may be shorter). For scale
+// block q, t_q = A·B over its steps (FP32, from zero) and, with
+// s(i,j) = row_scale[q*rs_stride + i] * col_scale[q*cs_stride + j],
+// c = t_0·s (accumulate = false) or c = fma(t_q, s, c): the same arithmetic as one call of a
+// pair atom per scale block with row_scale/col_scale, but C is read and written in L1 only.
+struct scaled_ukernel_args : ukernel_args {
+  std::size_t block_k = 64;
+  std::size_t rs_stride = 0;
+  std::size_t cs_stride = 0;
+};
+
+// Reference of the block-scaled pair atoms: scalar_dot2_bf16 per scale block, then the scaled
+// accumulation into c, in block order.
+template <int MR, int NR>
+struct scalar_dot2_scaled_bf16 {
+  static constexpr int mr = MR, nr = NR, k_pack = 2;
+  template <int R> using with_rows = scalar_dot2_scaled_bf16<R, NR>;
+  using a_type = std::uint16_t;
+  using b_type = std::uint16_t;
+  static void run(const scaled_ukernel_args& p) {
+    const std::size_t bk = p.block_k ? p.block_k : 1;
+    const std::size_t ks = p.a_rs ? 2 : 2 * MR;  // A words per pair step
+    for (std::size_t q = 0, k0 = 0; k0 < p.k; ++q, k0 += bk) {
+      ukernel_args s = p;
+      s.k = p.k - k0 < bk ? p.k - k0 : bk;
+      s.a = static_cast<const std::uint16_t*>(p.a) + k0 * ks;
+      s.b = static_cast<const std::uint16_t*>(p.b) + k0 * 2 * NR;
+      s.row_scale = p.row_scale + q * p.rs_stride;
+      s.col_scale = p.col_scale + q * p.cs_stride;
+      s.accumulate = p.accumulate || q > 0;
+      scalar_dot2_bf16<MR, NR>::run(s);
+    }
+  }
+};
+
 // Column held at position p (0..31) of a 32-column unit when K pairs are formed lane-locally
 // (vpunpck{l,h}wd): the low half holds columns 0-3, 8-11, 16-19, 24-27, the high half the rest.
 constexpr int scrambled_col(int p) { return p < 16 ? 8 * (p / 4) + p % 4 : 8 * ((p - 16) / 4) + 4 + p % 4; }
@@ -293,6 +329,73 @@ struct avx512bf16_dot_bf16bf16f32 {
   }
 };
 using avx512bf16_dot_6x32_bf16bf16f32 = avx512bf16_dot_bf16bf16f32<6, 2>;
+
+// Block-scaled form of the pair atom (scaled_ukernel_args): the scale blocks of one call run
+// back to back on the same (MR, 16*NV) tile of C, which stays in L1 between them, so a packed
+// panel may span several 128-deep scale blocks and C leaves the core once per panel, not once
+// per scale block. Same arithmetic as scalar_dot2_scaled_bf16.
+template <int MR, int NV>
+struct avx512bf16_dot_scaled_bf16bf16f32 {
+  static constexpr int mr = MR, nr = 16 * NV, k_pack = 2;
+  template <int R> using with_rows = avx512bf16_dot_scaled_bf16bf16f32<R, NV>;
+  using a_type = std::uint16_t;
+  using b_type = std::uint16_t;
+  static void run(const scaled_ukernel_args& p) {
+    if (p.a_rs) run_impl<true>(p);
+    else run_impl<false>(p);
+  }
+  template <bool Direct>
+  static void run_impl(const scaled_ukernel_args& p) {
+    const auto* a = static_cast<const std::uint16_t*>(p.a);
+    const auto* b = static_cast<const std::uint16_t*>(p.b);
+    const std::size_t rs = Direct ? p.a_rs : 2, ks = Direct ? 2 : 2 * MR;
+    const std::size_t bk = p.block_k ? p.block_k : 1;
+    if (p.accumulate)
+      for (int i = 0; i < MR; ++i)
+        for (int v = 0; v < NV; ++v) _mm_prefetch(reinterpret_cast<const char*>(p.c + i * p.ldc + 16 * v), _MM_HINT_T0);
+    for (std::size_t q = 0, k0 = 0; k0 < p.k; ++q, k0 += bk) {
+      __m512 t[MR][NV];
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) t[i][v] = _mm512_setzero_ps();
+      std::size_t k = p.k - k0 < bk ? p.k - k0 : bk;
+#pragma GCC unroll 4
+      for (; k > 0; --k) {
+        __m512i bv[NV];
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) bv[v] = _mm512_loadu_si512(b + 32 * v);
+        _mm_prefetch(reinterpret_cast<const char*>(b + 32 * NV * 8), _MM_HINT_T0);
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; ++i) {
+          std::uint32_t pair;
+          std::memcpy(&pair, a + i * rs, 4);
+          const __m512i av = _mm512_set1_epi32(static_cast<int>(pair));
+#pragma GCC unroll 8
+          for (int v = 0; v < NV; ++v) t[i][v] = _mm512_dpbf16_ps(t[i][v], (__m512bh)av, (__m512bh)bv[v]);
+        }
+        a += ks;
+        b += 32 * NV;
+      }
+      const float* rsq = p.row_scale + q * p.rs_stride;
+      const float* csq = p.col_scale + q * p.cs_stride;
+      __m512 cs[NV];
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) cs[v] = _mm512_loadu_ps(csq + 16 * v);
+      const bool first = q == 0 && !p.accumulate;
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) {
+        float* c = p.c + static_cast<std::size_t>(i) * p.ldc;
+        const __m512 r = _mm512_set1_ps(rsq[i]);
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) {
+          const __m512 s = _mm512_mul_ps(r, cs[v]);
+          _mm512_storeu_ps(c + 16 * v, first ? _mm512_mul_ps(t[i][v], s) : _mm512_fmadd_ps(t[i][v], s, _mm512_loadu_ps(c + 16 * v)));
+        }
+      }
+    }
+  }
+};
 #endif
 
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
@@ -565,9 +668,12 @@ using best_f32_atom = scalar_fma_f32<4, 8>;
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
 using best_bf16_atom = avx512bf16_dot_bf16bf16f32<12, 2>;
 inline constexpr bool has_pair_atom = true;
+// Block-scaled (FP8 DeepSeek-V3) pair atom with the same tile as best_bf16_atom.
+using best_bf16_scaled_atom = avx512bf16_dot_scaled_bf16bf16f32<12, 2>;
 #else
 using best_bf16_atom = best_f32_atom;
 inline constexpr bool has_pair_atom = false;
+using best_bf16_scaled_atom = scalar_dot2_scaled_bf16<best_f32_atom::mr, best_f32_atom::nr>;  // unused: no pair staging
 #endif
 
 // Runs Atom::with_rows<rows> (1 <= rows <= Atom::mr): the same atom for a partial row panel,

@@ -72,6 +72,24 @@ struct gemm_config {
   static_assert(NB % NR == 0 && MC % MR == 0, "gemm_config: tile sizes must be multiples of the atom");
 };
 
+// Requests the cache lines of a row-major tile (rows x bytes_per_row at base, rows row_stride
+// bytes apart) into L2 a few at a time, in row order: the next tile's fetch spread over the
+// current tile's compute. Only addresses inside the tile are touched.
+struct tile_prefetcher {
+  const char* base = nullptr;
+  std::size_t row_stride = 0, row_lines = 0, lines = 0, next = 0;
+  void start(const void* p, std::size_t rows, std::size_t bytes_per_row, std::size_t stride_bytes) {
+    base = static_cast<const char*>(p);
+    row_stride = stride_bytes;
+    row_lines = ceil_div(bytes_per_row, 64);
+    lines = rows * row_lines;
+    next = 0;
+  }
+  void issue(std::size_t n) {
+    for (; n > 0 && next < lines; --n, ++next) __builtin_prefetch(base + (next / row_lines) * row_stride + (next % row_lines) * 64, 0, 2);
+  }
+};
+
 inline std::string gemm_shape(std::size_t M, std::size_t N, std::size_t K) {
   return "(M,N,K)=(" + std::to_string(M) + "," + std::to_string(N) + "," + std::to_string(K) + ")";
 }
@@ -82,7 +100,16 @@ struct gemm_program {
   using S = typename cfg::stage;
   using atom = typename cfg::atom;
   static constexpr std::size_t MR = cfg::MR, NR = cfg::NR, KP = cfg::KP, NB = cfg::NB, MC = cfg::MC;
-  static constexpr std::size_t KC = Scaled ? gemm_scales::block : cfg::KC;
+  // Block scales with the pair atom: a chunk spans SB scale blocks and the block-scaled atom
+  // applies each block's scales to its tile in registers/L1, so the (MB,NB) accumulator is swept
+  // once per chunk as for bf16 (one sweep per 128-deep block cost ~25% at 1 MiB per block).
+  // Other atoms run one scale block per chunk with their row/column scales.
+  static constexpr bool scaled_pair = Scaled && KP == 2;
+  static constexpr std::size_t SB = scaled_pair ? cfg::KC / gemm_scales::block : 1;
+  static constexpr std::size_t KC = Scaled ? gemm_scales::block * SB : cfg::KC;
+  static_assert(!scaled_pair || cfg::KC % gemm_scales::block == 0, "gemm_program: K chunk must hold whole scale blocks");
+  static_assert(!scaled_pair || (arch::best_bf16_scaled_atom::mr == MR && arch::best_bf16_scaled_atom::nr == NR),
+                "gemm_program: the block-scaled atom must have the pair atom's tile");
 
   std::size_t M, N, K, batch;
   tensor<const TA, 2> A;  // (M,K) view of batch 0
@@ -125,36 +152,57 @@ struct gemm_program {
     staged<S, MC, KC, typename mma_traits<TA>::a_layout> ap{ctx};               // (MC,KC) transposed A as MR-row panels
     // a column-major (transposed) A packs fastest into panels (MR contiguous rows per K step)
     const bool panel_a = KP == 1 && Az.row_stride() == 1 && K > 1;
-    alignas(64) float rs[MC];
-    alignas(64) float cs[NB];
+    alignas(64) float rs[SB * MC];  // rs[q*MC + i]: row scales of scale block q of the chunk
+    alignas(64) float cs[SB * NB];  // cs[q*NB + j]
     const bool direct_a = std::is_same_v<TA, S> && Az.col_stride() == 1;
     const std::size_t nk = ceil_div(K, KC);
     const auto ab = epilogue::alpha_beta(alpha * scales.a * scales.b, beta);
     const auto chain = ab | ep;
 
     if (nk == 0) std::fill_n(acc, rows_pad * NB, 0.0f);
+    // FP8 block-scaled: the next B tile and the next A tile are requested during the current
+    // compute (their strips are 4 KiB-strided rows of a few lines, which the hardware
+    // prefetchers do not fetch ahead of the converting loads)
+    constexpr bool prefetch_tiles = scaled_pair;
+    const bool pf_b = prefetch_tiles && Bz.col_stride() == 1, pf_a = prefetch_tiles && Az.col_stride() == 1;
+    tile_prefetcher next_b, next_a;
+    const std::size_t calls_per_mc = ceil_div(cols, NR) * (MC / MR);
     for (auto k : pipelined(nk)) {
       const std::size_t k0 = k * KC, kv = std::min(KC, K - k0);
       load(Bz.template tile_at<KC, NB>(k0, n0), b);
+      if (pf_b && k.has_next()) {
+        const std::size_t k1 = k0 + KC;
+        next_b.start(Bz.data() + k1 * Bz.row_stride() + n0, std::min(KC, K - k1), cols * sizeof(TB), Bz.row_stride() * sizeof(TB));
+      }
+      const std::size_t b_per_call = ceil_div(next_b.lines, ceil_div(rows, MC) * calls_per_mc);
       if constexpr (Scaled) {
         const std::size_t nbk = ceil_div(N, gemm_scales::block);
-        for (std::size_t j = 0; j < NB; ++j) {
-          const std::size_t col = std::min(n0 + j, N - 1);
-          cs[j] = scales.b_block[k * nbk + col / gemm_scales::block];
-        }
+        for (std::size_t q = 0; q < ceil_div(kv, gemm_scales::block); ++q)
+          for (std::size_t j = 0; j < NB; ++j) {
+            const std::size_t col = std::min(n0 + j, N - 1);
+            cs[q * NB + j] = scales.b_block[(k * SB + q) * nbk + col / gemm_scales::block];
+          }
       }
       for (std::size_t mc = 0; mc < rows; mc += MC) {
         const std::size_t r = std::min(MC, rows - mc);
         float* accm = acc + mc * NB;
         if constexpr (Scaled) {
           const std::size_t kbs = ceil_div(K, gemm_scales::block);
-          for (std::size_t i = 0; i < MC; ++i) rs[i] = i < r ? scales.a_block[(m0 + mc + i) * kbs + k] : 0.0f;
+          for (std::size_t q = 0; q < ceil_div(kv, gemm_scales::block); ++q)
+            for (std::size_t i = 0; i < MC; ++i) rs[q * MC + i] = i < r ? scales.a_block[(m0 + mc + i) * kbs + k * SB + q] : 0.0f;
         }
         const bool direct = direct_a && kv % KP == 0;
         if (!direct) {
           if (panel_a) load(Az.template tile_at<MC, KC>(m0 + mc, k0), ap);
           else load(Az.template tile_at<MC, KC>(m0 + mc, k0), a);
         }
+        if (pf_a) {  // the A tile of the next mc step (or of the next K chunk's first)
+          const std::size_t mn = mc + MC < rows ? mc + MC : 0, kn = mc + MC < rows ? k0 : k0 + KC;
+          if (kn < K) next_a.start(Az.data() + (m0 + mn) * Az.row_stride() + kn, std::min(MC, rows - mn), std::min(KC, K - kn) * sizeof(TA),
+                                   Az.row_stride() * sizeof(TA));
+          else next_a.lines = 0;
+        }
+        const std::size_t a_per_call = ceil_div(next_a.lines, calls_per_mc);
         const std::size_t steps = ceil_div(kv, KP);  // a staged A is zero beyond kv
         for (std::size_t jp = 0; jp < ceil_div(cols, NR); ++jp) {
           for (std::size_t ip = 0; ip < ceil_div(r, MR); ++ip) {
@@ -176,7 +224,16 @@ struct gemm_program {
               p.a = a.data() + ip * MR * KC;
               p.a_rs = KC;
             }
-            if (panel_a && !direct) {
+            if constexpr (scaled_pair) {
+              arch::scaled_ukernel_args sp;
+              static_cast<arch::ukernel_args&>(sp) = p;
+              sp.block_k = gemm_scales::block / KP;
+              sp.rs_stride = MC;
+              sp.cs_stride = NB;
+              arch::run_rows_of<arch::best_bf16_scaled_atom>(static_cast<int>(pr), sp);
+              if (pf_a) next_a.issue(a_per_call);
+              if (pf_b) next_b.issue(b_per_call);
+            } else if (panel_a && !direct) {
               p.a = ap.data() + ip * MR * KC;  // KP == 1: panels are MR x KC
               atom::run(p);
             } else {
