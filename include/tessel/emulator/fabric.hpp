@@ -804,7 +804,9 @@ class fabric {
       if (m.retry.empty()) m.next_chunk++;
       else m.retry.pop_back();
       if (m.has_more()) pt.rr.emplace_back(id, gen);
-      pt.last_dst = m.dst;
+      // the rotation restarts after the source itself once the port has nothing more of its own,
+      // so every exchange starts in the same phase on every card (one permutation per round)
+      pt.last_dst = pt.rr.empty() ? UINT32_MAX : m.dst;
       pt.queued += ch.bytes;
       start(q, ci);
       return;
