@@ -299,7 +299,7 @@ TEST_CASE("avx512_bf16 rows atoms (A and B in place) match the scalar rows refer
   check_rows_atom<12, 1>(g);
 }
 
-TEST_CASE("pack_pairs_bf16 lays out lane-scrambled K pairs; pair atom + unscramble match the reference", "[arch][atom][avx512_bf16]") {
+TEST_CASE("pack_pairs_bf16 lays out lane-scrambled K pairs, and pair atom + unscramble match the reference", "[arch][atom][avx512_bf16]") {
   std::mt19937 g(7);
   std::uniform_int_distribution<int> di(-4, 4);
   for (std::size_t k : {1, 2, 7, 40})

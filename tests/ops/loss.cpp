@@ -92,7 +92,7 @@ TEST_CASE("cross-entropy bad input writes nothing", "[ops][loss]") {
   for (float v : g) CHECK(v == 0.0f);
 }
 
-TEST_CASE("cross-entropy rows in a pipelined block equal rows computed alone; loss with and without gradient agree", "[ops][loss]") {
+TEST_CASE("cross-entropy rows in a pipelined block equal rows computed alone, and loss with and without gradient agree", "[ops][loss]") {
   host_device d1(1), d2(2);
   for (std::size_t V : {3u, 40u, 4096u, 8192u, 9000u}) {
     const std::size_t rows = 11;

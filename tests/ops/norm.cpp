@@ -162,7 +162,7 @@ TEST_CASE("norm backward agrees with fp64 finite differences, param grads are th
   }
 }
 
-TEST_CASE("norm rows in a pipelined block equal rows computed alone; LayerNorm shift fallback stays accurate", "[ops][norm]") {
+TEST_CASE("norm rows in a pipelined block equal rows computed alone, and the LayerNorm shift fallback stays accurate", "[ops][norm]") {
   host_device dev(2);
   for (bool rms : {false, true}) {
     for (std::size_t n : {7u, 64u, 1000u}) {
