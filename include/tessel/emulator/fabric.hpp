@@ -811,6 +811,11 @@ class fabric {
       start(q, ci);
       return;
     }
+    // Nothing of its own left: the loop above has dropped the stale entries (messages whose last
+    // chunks left through another plane), so the next exchange starts its rotation after the
+    // source again. Without this a port kept the last destination of the previous exchange and
+    // later iterations of the same exchange started out of phase (MoE dispatch 89% -> 82%).
+    pt.last_dst = UINT32_MAX;
   }
 
   // ---------------------------------------------------------------- events
