@@ -3,8 +3,9 @@
 // sharing one memory must read both inputs (2S) and write both outputs (2S) at least once: 4S bytes
 // of traffic, which STREAM copy on 2 threads (same 1:1 read:write mix, same no-write-allocate
 // accounting) moves at B GB/s. So busbw (= algbw for n = 2) <= S / (4S / B) = B / 4, and
-// of_limit = busbw / (B / 4). tessel's direct algorithm moves 5S (each owner reads both halves and
-// writes its half; each rank then copies the peer's half), so its ceiling is 0.8 of the bound.
+// of_limit = busbw / (B / 4). On the threads transport tessel's direct algorithm moves the minimal
+// 4S: each owner reads its half of both inputs in place and writes the sum into both outputs (the
+// second write copies a chunk still in L1/L2).
 //
 // MPI side by side: run the same binary under `mpirun -np 2 bench_collectives`: it then times
 // OpenMPI's MPI_Allreduce (impl "mpi") and tessel over the MPI transport (impl "tessel", transport

@@ -62,6 +62,9 @@ concept transport = std::movable<typename T::send_request> &&
 //   t.node_size()  ranks per super-node (enables the hierarchical algorithm), 
 //   t.shrink()     a transport over the surviving ranks (ULFM shrink),
 //   t.revoke(int)  mark the world failed so every rank's waits end.
+//   T::shared_address_space  true when every rank's buffers are readable and writable from every
+//                  other rank (threads of one process): the direct algorithms then read the peers'
+//                  buffers in place and write results straight into them.
 //   T::counts_only  true when a null buffer of n bytes is timed as n bytes that carry no payload
 //                  (a simulated transport: payload-free timing runs of real message schedules).
 
@@ -93,6 +96,7 @@ class transport_iface {
   virtual bool can_shrink() const = 0;
   virtual std::shared_ptr<transport_iface> shrink() = 0;
   virtual bool is_simulated() const = 0;
+  virtual bool shared_address_space() const = 0;
   virtual bool timing_only() const = 0;
   virtual bool counts_only() const = 0;
 };
@@ -153,6 +157,10 @@ class transport_model final : public transport_iface {
   }
   bool is_simulated() const override {
     if constexpr (requires { T::simulated; }) return T::simulated;
+    else return false;
+  }
+  bool shared_address_space() const override {
+    if constexpr (requires { T::shared_address_space; }) return T::shared_address_space;
     else return false;
   }
   bool timing_only() const override {

@@ -499,10 +499,85 @@ inline void fold_gathered(coll_ctx& c, const scratch& g, std::size_t count, dtyp
 
 // ---------------------------------------------------------------- all-reduce
 
+// direct all-reduce over a shared address space (threads): every rank posts the addresses of its
+// buffers to every peer; the owner of block r reads block r of every rank's input in place, folds it
+// in rank order and writes the result straight into every rank's output, chunk by chunk (all reads
+// of a chunk before its writes, so in-place works). For n = 2 that is 2S read and 2S written in all,
+// the minimum, with one message each way instead of a pipeline of them. A peer's buffers are used
+// only inside the receive of its address message, which keeps that send pending: the peer cannot
+// return, or be unwound by a failure, while this rank is inside its memory. Returns false, on every
+// rank alike (all see the same addresses), when buffers of different ranks overlap.
+struct shared_bufs {
+  const std::byte* send;
+  std::byte* recv;
+};
+inline bool ar_direct_shared(coll_ctx& c, const std::byte* send, std::byte* recv, std::size_t count, dtype d,
+                             reduce_op op) {
+  const int r = c.rank, n = c.n;
+  const std::size_t es = dtype_size(d), as = dtype_size(accumulator_dtype(d)), bytes = count * es;
+  const tag_t tag = c.tag + 70;
+  std::vector<shared_bufs> bufs(static_cast<std::size_t>(n));
+  bufs[r] = {send, recv};
+  // declared after bufs: on unwinding these sends are withdrawn (or their readers waited for)
+  // before the addresses they point at go away
+  std::vector<treq> addr(static_cast<std::size_t>(n));
+  for (int q = 0; q < n; ++q)
+    if (q != r) addr[q] = c.tp.isend(q, tag, {reinterpret_cast<const std::byte*>(&bufs[r]), sizeof(shared_bufs)});
+  bool ok = true;
+  auto work = [&] {
+    for (int p = 0; p < n && ok; ++p)
+      for (int q = 0; q < n && ok; ++q)
+        if (p != q && (overlaps(bufs[p].recv, bytes, bufs[q].send, bytes) || overlaps(bufs[p].recv, bytes, bufs[q].recv, bytes)))
+          ok = false;
+    if (!ok) return;
+    const auto off = even_blocks(count, n);
+    const std::size_t lo0 = off[r], hi0 = off[r + 1];
+    // chunks small enough that the result is still in L1/L2 when it is copied to the peers
+    const std::size_t chunk = std::max<std::size_t>(1, (std::size_t{32} << 10) / as);
+    // the accumulator may be our output unless in place with our input folded after the first two
+    // (ordered_fold's aliasing rule); peers' inputs never overlap our output (checked above)
+    const bool acc_in_out = accumulator_dtype(d) == d &&
+                            (r < 2 || !overlaps(recv + lo0 * es, (hi0 - lo0) * es, send + lo0 * es, (hi0 - lo0) * es));
+    scratch accs(acc_in_out ? 0 : std::min(chunk, hi0 - lo0) * as);
+    std::vector<fold_src> seq(static_cast<std::size_t>(n));
+    for (std::size_t lo = lo0; lo < hi0; lo += chunk) {
+      const std::size_t len = std::min(chunk, hi0 - lo);
+      std::byte* out = recv + lo * es;
+      std::byte* a = acc_in_out ? out : accs.data();
+      for (int q = 0; q < n; ++q) seq[q] = fold_src{-1, bufs[q].send + lo * es, false};
+      ordered_fold(c, d, op, seq, a, len, tag);
+      finalize_kernel(op, d, n, a, out, len);
+      for (int q = 0; q < n; ++q)
+        if (q != r) copy_bytes(bufs[q].recv + lo * es, out, len * es);
+    }
+  };
+  // receive the peers' addresses nested, so that every peer's send stays pending during the work
+  auto nest = [&](auto& self, int k) -> void {
+    if (k == n) return work();
+    const int q = (r + k) % n;
+    auto* dst = reinterpret_cast<std::byte*>(&bufs[q]);
+    c.tp.recv(q, tag, sizeof(shared_bufs), [&](std::span<const std::byte> p, std::size_t o) {
+      std::memcpy(dst + o, p.data(), p.size());
+      if (o + p.size() == sizeof(shared_bufs)) self(self, k + 1);
+    });
+  };
+  nest(nest, 1);
+  for (auto& a : addr) c.tp.wait(a);  // no peer is inside our buffers any more
+  // A peer's receive ends (and our send with it) also when the peer fails half-way, so completion
+  // is confirmed by a message each peer sends only after it has written its block everywhere.
+  for (int q = 0; q < n; ++q)
+    if (q != r) c.send(q, tag + 1, nullptr, 0);
+  for (int q = 0; q < n; ++q)
+    if (q != r) c.tp.recv_into(q, tag + 1, {});
+  c.wait_all();
+  return ok;
+}
+
 // direct all-reduce, pipelined by segments: the owner of block q folds segment s of it and sends
 // the result at once, so peers copy it while it is still in cache (the gather costs little DRAM
 // traffic) and the reduce and gather phases overlap.
 inline void ar_direct(coll_ctx& c, const std::byte* send, std::byte* recv, std::size_t count, dtype d, reduce_op op) {
+  if (c.tp.shared_address_space() && !c.tp.is_simulated() && ar_direct_shared(c, send, recv, count, d, op)) return;
   const std::size_t es = dtype_size(d);
   const int r = c.rank, n = c.n;
   const auto off = even_blocks(count, n);

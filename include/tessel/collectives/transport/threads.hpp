@@ -140,6 +140,9 @@ class threads_world {
 // One rank's endpoint (a model of `transport`).
 class threads_transport {
  public:
+  // ranks are threads of one process: peers' buffers can be used in place (see transport.hpp)
+  static constexpr bool shared_address_space = true;
+
   class send_request {
    public:
     send_request() = default;
