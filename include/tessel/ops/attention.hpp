@@ -20,6 +20,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 // first: it includes the intrinsic headers with GCC 12's spurious -Wuninitialized silenced
@@ -102,6 +103,28 @@ inline mask_rule make_mask(const attention_options& o) {
   m.wl = o.window_left;
   m.wr = o.window_right;
   return m;
+}
+// The checks every dense backward entry point makes, whatever its element types: head shape,
+// buffer sizes, null data, mask options. Returns the element counts of the q-like and kv-like tensors.
+template <class Q, class KV, class O, class G>
+std::pair<std::size_t, std::size_t> check_dense_backward(const attention_shape& s, std::span<const Q> q, std::span<const KV> k,
+                                                         std::span<const KV> v, std::span<const O> o, std::span<const O> dout,
+                                                         std::span<const float> lse, std::span<G> dq, std::span<G> dk, std::span<G> dv,
+                                                         const attention_options& opt) {
+  check_heads(s.heads_q, s.heads_kv, s.head_dim);
+  const std::size_t nq = mul3(detail::mul_checked(s.batch, s.seq_q, "attention shape"), s.heads_q, s.head_dim, "attention shape");
+  const std::size_t nkv = mul3(detail::mul_checked(s.batch, s.seq_kv, "attention shape"), s.heads_kv, s.head_dim, "attention shape");
+  check_buffer(q, nq, "q");
+  check_buffer(o, nq, "o");
+  check_buffer(dout, nq, "dout");
+  check_buffer(dq, nq, "dq");
+  check_buffer(k, nkv, "k");
+  check_buffer(v, nkv, "v");
+  check_buffer(dk, nkv, "dk");
+  check_buffer(dv, nkv, "dv");
+  check_buffer(lse, mul3(s.batch, s.heads_q, s.seq_q, "attention shape"), "lse");
+  (void)make_mask(opt);
+  return {nq, nkv};
 }
 inline float softmax_scale(const attention_options& o, std::size_t d) {
   const float s = o.scale == 0.0f ? 1.0f / std::sqrt(static_cast<float>(d)) : o.scale;
@@ -302,19 +325,7 @@ void attention_backward(Dev& dev, const attention_shape& s, std::span<const T> q
                         std::span<const T> o, std::span<const T> dout, std::span<const float> lse, std::span<T> dq, std::span<T> dk,
                         std::span<T> dv, const attention_options& opt = {}) {
   using namespace detail::attn;
-  check_heads(s.heads_q, s.heads_kv, s.head_dim);
-  const std::size_t nq = mul3(detail::mul_checked(s.batch, s.seq_q, "attention shape"), s.heads_q, s.head_dim, "attention shape");
-  const std::size_t nkv = mul3(detail::mul_checked(s.batch, s.seq_kv, "attention shape"), s.heads_kv, s.head_dim, "attention shape");
-  check_buffer(q, nq, "q");
-  check_buffer(o, nq, "o");
-  check_buffer(dout, nq, "dout");
-  check_buffer(dq, nq, "dq");
-  check_buffer(k, nkv, "k");
-  check_buffer(v, nkv, "v");
-  check_buffer(dk, nkv, "dk");
-  check_buffer(dv, nkv, "dv");
-  check_buffer(lse, mul3(s.batch, s.heads_q, s.seq_q, "attention shape"), "lse");
-  (void)make_mask(opt);
+  check_dense_backward(s, q, k, v, o, dout, lse, dq, dk, dv, opt);
   geom g;
   std::vector<seq_geom> seqs;
   dense_geom(s, g, seqs);
@@ -384,19 +395,7 @@ void attention_backward(Dev& dev, const attention_shape& s, std::span<const e4m3
                         std::span<const O> o, std::span<const O> dout, std::span<const float> lse, std::span<O> dq, std::span<O> dk,
                         std::span<O> dv, const attention_options& opt = {}) {
   using namespace detail::attn;
-  check_heads(s.heads_q, s.heads_kv, s.head_dim);
-  const std::size_t nq = mul3(detail::mul_checked(s.batch, s.seq_q, "attention shape"), s.heads_q, s.head_dim, "attention shape");
-  const std::size_t nkv = mul3(detail::mul_checked(s.batch, s.seq_kv, "attention shape"), s.heads_kv, s.head_dim, "attention shape");
-  check_buffer(q, nq, "q");
-  check_buffer(o, nq, "o");
-  check_buffer(dout, nq, "dout");
-  check_buffer(dq, nq, "dq");
-  check_buffer(k, nkv, "k");
-  check_buffer(v, nkv, "v");
-  check_buffer(dk, nkv, "dk");
-  check_buffer(dv, nkv, "dv");
-  check_buffer(lse, mul3(s.batch, s.heads_q, s.seq_q, "attention shape"), "lse");
-  (void)make_mask(opt);
+  const auto [nq, nkv] = check_dense_backward(s, q, k, v, o, dout, lse, dq, dk, dv, opt);
   // f32 copies: q, k, v (dequantised), and o, dout, dq, dk, dv when O is not f32
   constexpr bool same = std::is_same_v<O, float>;
   const std::size_t base = detail::add_checked(nq, detail::mul_checked(2, nkv, "attention workspace"), "attention workspace");
