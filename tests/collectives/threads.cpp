@@ -219,3 +219,68 @@ TEST_CASE("threads: async collectives overlap and complete in order, and errors 
   });
   CHECK(typed == 2);
 }
+
+TEST_CASE("threads: a send whose receiver's consumer throws part-way fails the sender's wait",
+          "[collectives][threads][faults]") {
+  // The shared-address all_reduce relies on this: a peer's receive of our address message ending
+  // means it finished writing its block into our output, unless its wait says otherwise.
+  std::atomic<int> sender_errors{0}, receiver_errors{0};
+  threads_world::run(2, [&](threads_transport t) {
+    std::vector<std::byte> buf(64);
+    if (t.rank() == 0) {
+      auto req = t.isend(1, 7, buf);
+      try {
+        t.wait(req);
+      } catch (const peer_failed_error& e) {
+        if (e.peer == 1) ++sender_errors;
+      }
+      // a message rejected unread (wrong size) is not a failure of the sender's side
+      auto req2 = t.isend(1, 8, buf);
+      t.wait(req2);
+    } else {
+      try {
+        t.recv(0, 7, buf.size(), [&](std::span<const std::byte>, std::size_t) { throw std::runtime_error("half-way"); });
+      } catch (const std::runtime_error&) {
+        ++receiver_errors;
+      }
+      CHECK_THROWS_AS(t.recv_into(0, 8, std::span<std::byte>(buf.data(), 32)), std::length_error);
+    }
+  });
+  CHECK(sender_errors == 1);
+  CHECK(receiver_errors == 1);
+}
+
+TEST_CASE("threads: waits spin for a bounded time only, and any spin setting gives the same results",
+          "[collectives][threads]") {
+  CHECK_THROWS_AS(threads_world(2).set_spin(std::chrono::nanoseconds(-1)), std::invalid_argument);
+  const std::size_t count = 40000;
+  const auto want = expected_over({0, 1, 2}, 77, count);
+  for (auto spin : {std::chrono::nanoseconds(0), std::chrono::nanoseconds(20000), std::chrono::nanoseconds(2000000)}) {
+    threads_world w(3, 10s);
+    w.set_spin(spin);
+    std::atomic<int> wrong{0};
+    w.run([&](threads_transport t) {
+      communicator c(std::move(t));
+      const auto in = tessel_ref::gen_vec<float>(77, c.rank(), count, reduce_op::sum);
+      for (algorithm a : {algorithm::direct, algorithm::ring}) {
+        std::vector<float> out(count);
+        for (int rep = 0; rep < 3; ++rep) c.all_reduce(in.data(), out.data(), count, dtype::f32, reduce_op::sum, {a});
+        wrong += tessel_ref::count_wrong(out.data(), want.data(), count) != 0;
+      }
+    });
+    CHECK(wrong == 0);
+  }
+  // a peer that is late by far more than the spin time: the waiter sleeps and still completes
+  threads_world w(2, 10s);
+  w.set_spin(std::chrono::microseconds(5));
+  std::atomic<int> wrong{0};
+  w.run([&](threads_transport t) {
+    communicator c(std::move(t));
+    if (c.rank() == 1) std::this_thread::sleep_for(20ms);
+    const auto in = tessel_ref::gen_vec<float>(78, c.rank(), count, reduce_op::sum);
+    std::vector<float> out(count);
+    c.all_reduce(in.data(), out.data(), count, dtype::f32, reduce_op::sum);
+    wrong += tessel_ref::count_wrong(out.data(), expected_over({0, 1}, 78, count).data(), count) != 0;
+  });
+  CHECK(wrong == 0);
+}

@@ -1,10 +1,12 @@
 // The threads transport: ranks are threads of one process. A send posts (pointer, size) in the
 // receiver's inbox and the receiver reads the sender's memory directly (one copy, or none when the
 // receiver reduces straight out of it); flags and waits go through one mutex and per-rank condition
-// variables. Supports abort(), timeouts, stopping a rank (fault injection) and ULFM-like shrink().
+// variables, after a short bounded spin. Supports abort(), timeouts, stopping a rank (fault
+// injection) and ULFM-like shrink().
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -19,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include <tessel/arch/copy.hpp>
 #include <tessel/collectives/errors.hpp>
 #include <tessel/collectives/transport.hpp>
 
@@ -36,14 +39,27 @@ struct threads_desc {
   std::size_t size;
   bool claimed = false;  // a receiver is reading it (outside the lock)
   bool done = false;     // the receiver finished reading: the sender's buffer is free again
+  bool failed = false;   // ... but its consumer threw part-way: the sender's wait reports an error
 };
+
+// Takes the mutex, spinning briefly first: the critical sections are a few dozen instructions, and
+// a contended std::mutex puts the thread to sleep, whose wake-up costs tens of microseconds on a VM.
+inline std::unique_lock<std::mutex> lock_spinning(std::mutex& m) {
+  std::unique_lock lk(m, std::try_to_lock);
+  for (int i = 0; i < 512 && !lk.owns_lock(); ++i) {
+    tessel::arch::cpu_relax();
+    if (i % 8 == 7) (void)lk.try_lock();
+  }
+  if (!lk.owns_lock()) lk.lock();
+  return lk;
+}
 
 struct threads_shared {
   explicit threads_shared(int ranks, std::chrono::nanoseconds to)
       : n(ranks), cv(std::make_unique<std::condition_variable[]>(static_cast<std::size_t>(ranks))),
         inbox(static_cast<std::size_t>(ranks)), alive(static_cast<std::size_t>(ranks), 1),
         reading_from(static_cast<std::size_t>(ranks), 0), fail_after(static_cast<std::size_t>(ranks), -1),
-        timeout(to) {}
+        timeout(to), epoch(std::make_unique<padded_epoch[]>(static_cast<std::size_t>(ranks))) {}
   int n;
   std::mutex mu;
   std::unique_ptr<std::condition_variable[]> cv;  // cv[r]: rank r waits on it
@@ -55,11 +71,24 @@ struct threads_shared {
   bool revoked = false;
   int revoked_by = -1;
   std::chrono::nanoseconds timeout;
+  // Waits spin this long (re-checking when rank r's epoch changes) before sleeping on cv[r]. Short
+  // and bounded: long enough to catch a peer that is running and a few microseconds from posting
+  // (a futex sleep and wake-up costs tens of microseconds on a VM), never long enough to burn a
+  // core for a descheduled peer. 0 disables spinning.
+  std::chrono::nanoseconds spin{std::chrono::microseconds(20)};
+  struct alignas(64) padded_epoch {
+    std::atomic<std::uint32_t> v{0};
+  };
+  std::unique_ptr<padded_epoch[]> epoch;  // epoch[r] changes (under mu) whenever cv[r] is notified
   std::shared_ptr<threads_shared> successor;  // the shrunk world, once a survivor asked for it
   std::vector<int> successor_ranks;           // old rank of each new rank
 
+  void notify_locked(int r) {
+    epoch[r].v.fetch_add(1, std::memory_order_release);
+    cv[r].notify_all();
+  }
   void notify_all_locked() {
-    for (int r = 0; r < n; ++r) cv[r].notify_all();
+    for (int r = 0; r < n; ++r) notify_locked(r);
   }
   void revoke_locked(int failed) {
     if (!revoked) {
@@ -116,6 +145,13 @@ class threads_world {
   void set_timeout(std::chrono::milliseconds t) {
     std::lock_guard lk(s_->mu);
     s_->timeout = t;
+  }
+  // How long a wait spins before it sleeps (default 20 us; 0: sleep at once). Spinning saves the
+  // futex round trip when the peer is running; the bound keeps a descheduled peer from costing a core.
+  void set_spin(std::chrono::nanoseconds t) {
+    if (t.count() < 0) throw std::invalid_argument("tessel::threads_world: spin time must not be negative");
+    std::lock_guard lk(s_->mu);
+    s_->spin = t;
   }
 
   // Runs f(threads_transport) on `ranks` threads and joins them; rethrows the lowest rank's exception.
@@ -188,31 +224,42 @@ class threads_transport {
 
   send_request isend(int peer, tag_t tag, std::span<const std::byte> src) {
     check_peer(peer);
-    std::unique_lock lk(s_->mu);
+    auto lk = detail::lock_spinning(s_->mu);
     tick_locked(lk);
     check_state_locked(peer);
     auto d = std::make_shared<detail::threads_desc>(detail::threads_desc{rank_, peer, tag, src.data(), src.size()});
     s_->inbox[static_cast<std::size_t>(peer)].push_back(d);
-    s_->cv[peer].notify_all();
+    s_->notify_locked(peer);
     return send_request(s_, std::move(d));
   }
 
   void wait(send_request& r) {
     if (!r.d_) return;
-    std::unique_lock lk(s_->mu);
+    auto lk = detail::lock_spinning(s_->mu);
     tick_locked(lk);
     auto* d = r.d_.get();
     const int peer = d->dst;
     wait_locked(lk, peer, [d] { return d->done; }, "send completion");
+    const bool failed = d->failed;
     lk.unlock();
     r.d_.reset();
+    // the receiver's consumer threw part-way (it failed inside a collective): whatever it was to do
+    // with this message (write results into our buffers, say) may be unfinished
+    if (failed) {
+      {
+        std::lock_guard g(s_->mu);
+        check_state_locked(peer);  // revoked / aborted / dead: say so
+      }
+      throw peer_failed_error(peer, "tessel::threads_transport: rank " + std::to_string(peer) +
+                                        " failed while consuming a message from rank " + std::to_string(rank_));
+    }
   }
 
   void recv(int peer, tag_t tag, std::size_t bytes, recv_consumer fn) {
     check_peer(peer);
     std::shared_ptr<detail::threads_desc> d;
     {
-      std::unique_lock lk(s_->mu);
+      auto lk = detail::lock_spinning(s_->mu);
       tick_locked(lk);
       auto& q = s_->inbox[static_cast<std::size_t>(rank_)];
       auto find = [&] {
@@ -228,15 +275,16 @@ class threads_transport {
       d->claimed = true;
       ++s_->reading_from[static_cast<std::size_t>(peer)];
     }
-    auto finish = [&] {
-      std::lock_guard lk(s_->mu);
+    auto finish = [&](bool ok) {
+      auto lk = detail::lock_spinning(s_->mu);
       d->done = true;
+      d->failed = !ok;
       --s_->reading_from[static_cast<std::size_t>(peer)];
-      s_->cv[peer].notify_all();
+      s_->notify_locked(peer);
     };
     if (d->size != bytes) {
       const std::size_t got = d->size;
-      finish();
+      finish(true);  // rejected unread: the sender's buffer is simply free again
       throw std::length_error("tessel::threads_transport: rank " + std::to_string(rank_) + " expected " +
                               std::to_string(bytes) + " bytes from rank " + std::to_string(peer) + ", got " +
                               std::to_string(got));
@@ -244,10 +292,10 @@ class threads_transport {
     try {
       fn(std::span<const std::byte>(d->data, d->size), 0);
     } catch (...) {
-      finish();
+      finish(false);
       throw;
     }
-    finish();
+    finish(true);
   }
 
   void recv_into(int peer, tag_t tag, std::span<std::byte> dst) {
@@ -326,12 +374,31 @@ class threads_transport {
   }
   template <class Ready>
   void wait_locked(std::unique_lock<std::mutex>& lk, int peer, Ready ready, const char* what) {
-    const auto deadline = std::chrono::steady_clock::now() + s_->timeout;
+    const auto start = std::chrono::steady_clock::now();
+    const auto deadline = start + s_->timeout;
+    const auto spin_end = start + s_->spin;
+    bool spinning = s_->spin.count() > 0;
+    auto& epoch = s_->epoch[rank_].v;
     for (;;) {
       if (ready()) return;
       if (!s_->alive[static_cast<std::size_t>(rank_)])
         throw rank_stopped_error(rank_, "tessel::threads_transport: rank " + std::to_string(rank_) + " was stopped");
       check_state_locked(peer);
+      if (spinning) {
+        // every change a waiter of this rank could be waiting for bumps epoch[rank] under the lock,
+        // so a value read under the lock that stays the same means nothing happened yet
+        const std::uint32_t seen = epoch.load(std::memory_order_relaxed);
+        lk.unlock();
+        for (unsigned i = 1; epoch.load(std::memory_order_acquire) == seen; ++i) {
+          tessel::arch::cpu_relax();
+          if (i % 16 == 0 && std::chrono::steady_clock::now() >= spin_end) {
+            spinning = false;
+            break;
+          }
+        }
+        lk = detail::lock_spinning(s_->mu);
+        continue;
+      }
       if (s_->cv[rank_].wait_until(lk, deadline) == std::cv_status::timeout) {
         if (ready()) return;
         check_state_locked(peer);

@@ -1,0 +1,80 @@
+// Memory-movement atoms for code outside the SIMD layers (collectives, transports): a copy with
+// non-temporal (streaming) stores for results far larger than the cache, and the spin-wait hint.
+// Light on purpose: no xsimd, only the intrinsics header, each path with a portable fallback.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+namespace tessel::arch {
+
+// One step of a busy-wait loop: tells the core it is spinning (x86 `pause`, Arm `yield`), which
+// saves power and lets a sibling hyperthread run.
+inline void cpu_relax() noexcept {
+#if defined(__SSE2__)
+  _mm_pause();
+#elif defined(__aarch64__) || defined(__arm__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+// dst[0, bytes) = src[0, bytes) with streaming stores: the destination lines are written without
+// being read first (no write-allocate), so a copy of B bytes costs 2B of memory traffic, not 3B,
+// and does not evict the working set. Worth it only when the destination will not be read again
+// soon. The stores are weakly ordered: call store_fence() before another thread may read dst.
+// Buffers must not overlap; any alignment works (the head is copied up to a 64-byte destination
+// boundary, then whole vectors, then the tail).
+inline void copy_streaming(void* dst, const void* src, std::size_t bytes) noexcept {
+  auto* d = static_cast<unsigned char*>(dst);
+  const auto* s = static_cast<const unsigned char*>(src);
+#if defined(__AVX512F__) || defined(__AVX__) || defined(__SSE2__)
+  const std::size_t head = std::min<std::size_t>(bytes, (64 - (reinterpret_cast<std::uintptr_t>(d) & 63u)) & 63u);
+  if (head) std::memcpy(d, s, head);
+  d += head;
+  s += head;
+  bytes -= head;
+  std::size_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 128 <= bytes; i += 128) {
+    const __m512i a = _mm512_loadu_si512(s + i), b = _mm512_loadu_si512(s + i + 64);
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(d + i), a);
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(d + i + 64), b);
+  }
+#elif defined(__AVX__)
+  for (; i + 128 <= bytes; i += 128) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + 32));
+    const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + 64));
+    const __m256i e = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + 96));
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + i), a);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + i + 32), b);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + i + 64), c);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + i + 96), e);
+  }
+#else
+  for (; i + 64 <= bytes; i += 64)
+    for (std::size_t k = 0; k < 64; k += 16)
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + k), _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + k)));
+#endif
+  if (i < bytes) std::memcpy(d + i, s + i, bytes - i);
+#else
+  if (bytes) std::memcpy(d, s, bytes);  // no streaming stores on this target: an ordinary copy
+#endif
+}
+
+// Orders earlier streaming stores before later stores (and the lock release that publishes them).
+inline void store_fence() noexcept {
+#if defined(__SSE2__)
+  _mm_sfence();
+#else
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+#endif
+}
+
+}  // namespace tessel::arch
