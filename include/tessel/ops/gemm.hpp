@@ -133,6 +133,74 @@ struct gemm_program {
     return c;
   }
 
+  // Unscaled products: the block packs B's (K,NB) column strip once, in KS-deep pieces kept in
+  // L3, then runs each MC-row slab of C through all K chunks of a piece while the slab's
+  // accumulators (MC x NB floats) stay in L2; the (MB,NB) accumulator is swept once per piece,
+  // not once per KC chunk. Chunks are added into the accumulators in K order, as in the
+  // chunk-major loop, so the bits are the same.
+  static constexpr std::size_t KS_max = 4096;  // K depth of one packed piece
+  void run_resident(block_ctx& ctx, const tensor<const TA, 2>& Az, const tensor<const TB, 2>& Bz, const tensor<TC, 2>& Cz, std::size_t m0,
+                    std::size_t rows, std::size_t n0, std::size_t cols) const {
+    using b_stage = staged<S, KC, NB, typename mma_traits<TA>::b_layout>;
+    const std::size_t nk = ceil_div(K, KC), chunks = std::min(nk, KS_max / KC);
+    S* strip = ctx.scratch().allocate_array<S>(chunks * b_stage::elements);     // chunks x (KC,NB)
+    const std::size_t rows_pad = ceil_div(rows, MC) * MC;
+    float* acc = ctx.scratch().allocate_array<float>((nk > chunks ? rows_pad : MC) * NB);  // (MB,NB) or one (MC,NB) slab
+    staged<S, MC, KC, layout::row> a{ctx};                                      // (MC,KC) converted A
+    staged<S, MC, KC, typename mma_traits<TA>::a_layout> ap{ctx};               // (MC,KC) transposed A as MR-row panels
+    const bool panel_a = KP == 1 && Az.row_stride() == 1 && K > 1;
+    const bool direct_a = std::is_same_v<TA, S> && Az.col_stride() == 1;
+    const auto chain = epilogue::alpha_beta(alpha * scales.a * scales.b, beta) | ep;
+    const std::size_t jps = ceil_div(cols, NR);
+    for (std::size_t kq = 0; kq < nk; kq += chunks) {
+      const std::size_t kn = std::min(chunks, nk - kq);
+      for (std::size_t k = 0; k < kn; ++k) {
+        b_stage bk(strip + k * b_stage::elements);
+        load(Bz.template tile_at<KC, NB>((kq + k) * KC, n0), bk);
+      }
+      const bool last_piece = kq + kn == nk;
+      for (std::size_t mc = 0; mc < rows; mc += MC) {
+        const std::size_t r = std::min(MC, rows - mc);
+        float* accm = acc + (nk > chunks ? mc * NB : 0);
+        for (std::size_t k = 0; k < kn; ++k) {
+          const std::size_t k0 = (kq + k) * KC, kv = std::min(KC, K - k0);
+          const bool direct = direct_a && kv % KP == 0;
+          if (!direct) {
+            if (panel_a) load(Az.template tile_at<MC, KC>(m0 + mc, k0), ap);
+            else load(Az.template tile_at<MC, KC>(m0 + mc, k0), a);
+          }
+          const S* bkp = strip + k * b_stage::elements;
+          arch::ukernel_args p;
+          p.k = ceil_div(kv, KP);  // a staged A is zero beyond kv
+          p.ldc = NB;
+          p.accumulate = kq + k > 0;
+          for (std::size_t jp = 0; jp < jps; ++jp) {
+            p.b = bkp + jp * NR * layout::col_panel<NR, KP>::padded_rows(KC);
+            for (std::size_t ip = 0; ip * MR < r; ++ip) {
+              const std::size_t pr = std::min(MR, r - ip * MR);
+              p.c = accm + ip * MR * NB + jp * NR;
+              if (direct) {
+                p.a = Az.data() + (m0 + mc + ip * MR) * Az.row_stride() + k0;
+                p.a_rs = Az.row_stride();
+                arch::run_rows<atom>(static_cast<int>(pr), p);
+              } else if (panel_a) {
+                p.a = ap.data() + ip * MR * KC;
+                atom::run(p);
+              } else {
+                p.a = a.data() + ip * MR * KC;
+                p.a_rs = KC;
+                arch::run_rows<atom>(static_cast<int>(pr), p);
+              }
+            }
+          }
+        }
+        if (last_piece)
+          detail::store_rows<TC>(accm, NB, r, cols, Cz.data() + (m0 + mc) * Cz.row_stride() + n0 * Cz.col_stride(), Cz.row_stride(),
+                                 Cz.col_stride(), m0 + mc, n0, chain);
+      }
+    }
+  }
+
   void operator()(block_ctx& ctx) const {
     const auto idx = ctx.block_index3();
     const std::size_t mb = idx[0], nb = idx[1], z = idx[2];
@@ -145,6 +213,9 @@ struct gemm_program {
 
     const std::size_t m0 = mb * MB, rows = std::min(MB, M - m0);
     const std::size_t n0 = nb * NB, cols = std::min(NB, N - n0);
+    if constexpr (!Scaled && !Skinny) {
+      if (K > 0) return run_resident(ctx, Az, Bz, Cz, m0, rows, n0, cols);
+    }
     const std::size_t rows_pad = ceil_div(rows, MC) * MC;
     float* acc = ctx.scratch().allocate_array<float>(rows_pad * NB);           // (MB,NB)
     staged<S, KC, NB, typename mma_traits<TA>::b_layout> b{ctx};                // (KC,NB)

@@ -60,6 +60,23 @@ void load(const tensor_tile<S, R, C>& src, staged<D, R, C, L>& dst, float scale 
   if constexpr (layout::is_col_panel<L>) {
     constexpr std::size_t NR = L::nr, KP = L::kp;
     constexpr std::size_t PR = L::padded_rows(R);
+    if constexpr (KP == 1 && std::is_same_v<SV, D>) {
+      // whole tile inside the tensor, unit column stride: fixed-size row copies (a variable-size
+      // memcpy call per NR-wide piece cost more than the memory traffic), the source row a few
+      // rows ahead requested meanwhile (rows are strided, so the prefetchers start late)
+      constexpr std::size_t NP = L::padded_cols(C) / NR, ahead = 4;
+      if (!scaled && src.col_stride == 1 && vr == R && vc == NP * NR) {
+        for (std::size_t k = 0; k < R; ++k) {
+          const SV* s = src.data + k * src.row_stride;
+          if (k + ahead < R)
+            for (std::size_t l = 0; l < vc * sizeof(D); l += 64) __builtin_prefetch(reinterpret_cast<const char*>(s + ahead * src.row_stride) + l);
+          for (std::size_t p = 0; p < NP; ++p) std::memcpy(out + p * NR * PR + k * NR, s + p * NR, NR * sizeof(D));
+        }
+        for (std::size_t k = R; k < PR; ++k)
+          for (std::size_t p = 0; p < NP; ++p) std::fill_n(out + p * NR * PR + k * NR, NR, zero);
+        return;
+      }
+    }
     // rows outer, panels inner: the source is read row by row (long sequential bursts that the
     // prefetchers follow) while the writes land in the L1/L2-resident staged tile
     for (std::size_t k = 0; k < PR; k += KP) {
