@@ -15,8 +15,9 @@
 // run from L1/L2), outputs above 16 MiB are written with non-temporal stores (no read for
 // ownership), and the per-column weights (32 KiB) and per-row statistics stay in cache. The bf16
 // benchmarks run on real bf16 data: reinterpreted f32 words would contain NaNs and subnormals.
-// Counters: bytes (rate) and of_limit = rate / STREAM triad on the same thread count (STREAM
-// counts 24 B per triad element and no write-allocate traffic, so a kernel that writes with
+// Counters: bytes (rate), triad_GBs (STREAM triad on the same thread count, measured in passes
+// paired with the operator's repetitions) and of_limit = rate / triad_GBs (STREAM counts 24 B per
+// triad element and no write-allocate traffic, so a kernel that writes with
 // non-temporal stores can exceed 1.0).
 #include <tessel/device/host_device.hpp>
 #include <tessel/ops/activation.hpp>
@@ -64,23 +65,31 @@ tessel::host_device& device(unsigned threads) {
   return threads >= 2 ? d2 : d1;
 }
 
+// Each timed repetition of the operator is followed by one STREAM triad pass on the same thread
+// count (untimed for the operator), and of_limit divides the operator's mean rate by the mean
+// triad rate of those paired passes: this VM's memory bandwidth drifts minute to minute (2-thread
+// triad ~45-85 GB/s), so a triad measured once at start-up would not describe the same machine.
 template <class F>
 void run(benchmark::State& state, double bytes_per_iter, F&& f) {
   const unsigned threads = unsigned(state.range(0));
   buffers::get();
-  const double triad = stream_triad_gbs(threads);
   auto& dev = device(threads);
-  f(dev);  // warm (scratch arenas, page tables)
-  double total = 0;
+  measure_stream(stream_kind::triad, threads);  // warm the STREAM arrays
+  f(dev);                                       // warm (scratch arenas, page tables)
+  double total = 0, triad_inv = 0;
   for (auto _ : state) {
     const auto t0 = std::chrono::steady_clock::now();
     f(dev);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     state.SetIterationTime(s);
     total += s;
+    triad_inv += 1.0 / measure_stream(stream_kind::triad, threads);
   }
-  state.counters["bytes"] = benchmark::Counter(bytes_per_iter * double(state.iterations()), benchmark::Counter::kIsRate);
-  state.counters["of_limit"] = bytes_per_iter * double(state.iterations()) / total * 1e-9 / triad;
+  const double iters = double(state.iterations());
+  const double rate = bytes_per_iter * iters / total * 1e-9, triad = iters / triad_inv;
+  state.counters["bytes"] = benchmark::Counter(bytes_per_iter * iters, benchmark::Counter::kIsRate);
+  state.counters["triad_GBs"] = triad;
+  state.counters["of_limit"] = rate / triad;
 }
 
 tensor<const float, 2> cin(const huge_buffer<float>& b) { return tensor<const float, 2>(b.data(), R, C); }

@@ -163,6 +163,25 @@ inline void store_bf16(vf f, std::uint16_t* p, bool nt = false) {
   store_u16(bf16_rne_lanes(f), p, nt);
 }
 
+// store_bf16 of two vectors to p[0 .. 2·width): with AVX512-BF16 one vcvtne2ps2bf16 and one full
+// 64-byte store, so a non-temporal output stream hands the write-combining buffers whole lines
+// (two half-line stores per line, from several rows at once, can run out of them). Same bits as
+// two store_bf16 calls.
+inline void store_bf16x2(vf lo, vf hi, std::uint16_t* p, bool nt = false) {
+#if defined(__AVX512BF16__) && defined(__AVX512DQ__)
+  if ((_mm512_fpclass_ps_mask(lo, 0x01 | 0x20 | 0x80) | _mm512_fpclass_ps_mask(hi, 0x01 | 0x20 | 0x80)) == 0) {
+    const __m512i h = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+    if (nt && (reinterpret_cast<std::uintptr_t>(p) & 63u) == 0)
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(p), h);
+    else
+      _mm512_storeu_si512(reinterpret_cast<__m512i*>(p), h);
+    return;
+  }
+#endif
+  store_bf16(lo, p, nt);
+  store_bf16(hi, p + width, nt);
+}
+
 inline vu mix32(vu x) {
   x ^= x >> 16;
   x *= vu(0x7FEB352Du);
