@@ -77,6 +77,25 @@ void load(const tensor_tile<S, R, C>& src, staged<D, R, C, L>& dst, float scale 
         return;
       }
     }
+    if constexpr (KP == 2 && std::is_same_v<SV, bf16> && std::is_same_v<D, bf16>) {
+      // the same for bf16 K-pairs: two whole rows per step, interleaved per NR-wide piece
+      constexpr std::size_t NP = L::padded_cols(C) / NR;
+      constexpr std::size_t ahead = 8;
+      if (!scaled && src.col_stride == 1 && vr == R && R % 2 == 0 && vc == NP * NR) {
+        for (std::size_t k = 0; k < R; k += 2) {
+          const SV* s = src.data + k * src.row_stride;
+          if (k + ahead + 1 < R)
+            for (std::size_t l = 0; l < vc * sizeof(D); l += 64) {
+              __builtin_prefetch(reinterpret_cast<const char*>(s + ahead * src.row_stride) + l);
+              __builtin_prefetch(reinterpret_cast<const char*>(s + (ahead + 1) * src.row_stride) + l);
+            }
+          for (std::size_t p = 0; p < NP; ++p)
+            arch::interleave_u16(reinterpret_cast<const std::uint16_t*>(s + p * NR), reinterpret_cast<const std::uint16_t*>(s + src.row_stride + p * NR),
+                                 reinterpret_cast<std::uint16_t*>(out + p * NR * PR + k * NR), NR, false);
+        }
+        return;
+      }
+    }
     // rows outer, panels inner: the source is read row by row (long sequential bursts that the
     // prefetchers follow) while the writes land in the L1/L2-resident staged tile
     for (std::size_t k = 0; k < PR; k += KP) {
