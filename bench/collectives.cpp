@@ -178,7 +178,12 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark(("all_reduce/tessel/mpi2" + tail).c_str(), bm_mpi_tessel)
         ->Arg(static_cast<std::int64_t>(b))->Iterations(iterations_for(b))->UseRealTime()->Unit(benchmark::kMicrosecond);
   }
-  benchmark::Initialize(&argc, argv);
+  // only rank 0 reports: the others drop --benchmark_out* (they would truncate rank 0's file)
+  std::vector<char*> args;
+  for (int i = 0; i < argc; ++i)
+    if (rank == 0 || std::strncmp(argv[i], "--benchmark_out", 15) != 0) args.push_back(argv[i]);
+  int nargs = static_cast<int>(args.size());
+  benchmark::Initialize(&nargs, args.data());
   if (rank == 0) {
     benchmark::RunSpecifiedBenchmarks();
   } else {

@@ -176,7 +176,10 @@ class threads_world {
 // One rank's endpoint (a model of `transport`).
 class threads_transport {
  public:
-  // ranks are threads of one process: peers' buffers can be used in place (see transport.hpp)
+  // ranks are threads of one process: peers' buffers can be used in place (see transport.hpp).
+  // What in-place algorithms rely on: a send's wait returns only after the receiver's consumer
+  // returned, and throws (peer_failed_error, or the revoke/abort that caused it) if the consumer
+  // threw part-way, so completing a send means the receiver did all it meant to do with it.
   static constexpr bool shared_address_space = true;
 
   class send_request {
