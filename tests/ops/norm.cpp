@@ -216,3 +216,34 @@ TEST_CASE("norm bad input is a typed error", "[ops][norm]") {
   CHECK_THROWS_AS(rmsnorm_forward(dev, cview(x, 3, 4), w, view(y, 3, 4), rs, bad), std::invalid_argument);
   CHECK_THROWS_AS(rmsnorm_backward(dev, cview(x, 3, 4), cview(x, 3, 4), w, std::span<const float>(wrong), view(y, 3, 4), std::span<float>(w)), layer_error);
 }
+
+TEST_CASE("norm bf16 outputs holding NaN and subnormal values are the rounding of the f32 outputs", "[ops][norm]") {
+  // bf16 outputs are written a 64-byte line (two vectors) at a time; a line holding a NaN or a
+  // subnormal takes the exact integer rounding instead of vcvtne2ps2bf16
+  host_device dev(2);
+  const std::size_t rows = 7, n = 200;
+  auto x = train_ref::randn(rows * n, 90, 1.0f), w = train_ref::randn(n, 91);
+  for (std::size_t j = 0; j < 70; ++j) w[j] *= 1e-39f;  // subnormal outputs in the first columns
+  x[2 * n + 45] = std::numeric_limits<float>::quiet_NaN();  // a NaN row
+  for (bool rms : {false, true}) {
+    std::vector<float> y(rows * n), rs(rows), mu(rows);
+    std::vector<bf16> yb(rows * n);
+    if (rms) {
+      rmsnorm_forward(dev, cview(x, rows, n), w, view(y, rows, n), rs);
+      rmsnorm_forward(dev, cview(x, rows, n), w, view(yb, rows, n), {});
+    } else {
+      layernorm_forward(dev, cview(x, rows, n), w, {}, view(y, rows, n), mu, rs);
+      layernorm_forward(dev, cview(x, rows, n), w, {}, view(yb, rows, n), {}, {});
+    }
+    bool same = true, saw_sub = false, saw_nan = false;
+    for (std::size_t i = 0; i < y.size(); ++i) {
+      same = same && yb[i].bits() == bf16(y[i]).bits();
+      saw_sub = saw_sub || (y[i] != 0.0f && std::fabs(y[i]) < std::numeric_limits<float>::min());
+      saw_nan = saw_nan || std::isnan(y[i]);
+    }
+    INFO("rms " << rms);
+    CHECK(saw_sub);
+    CHECK(saw_nan);
+    CHECK(same);
+  }
+}
