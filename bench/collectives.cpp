@@ -29,6 +29,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -84,7 +85,9 @@ double paired_copy_seconds(float* const in[2], float* const out[2], std::size_t 
 // Threads transport: this thread is rank 0, a helper thread is rank 1; both run warmup + the
 // fixed iteration count so they always pair up. TESSEL_BENCH_SPIN_US sets the transport's spin
 // time (experiments; default: the transport's).
-void bm_threads(benchmark::State& state, algorithm algo) {
+void bm_threads(benchmark::State& state, algorithm algo, bool streaming = true) {
+  // streaming == false: the same algorithm with ordinary stores only (what streaming stores buy)
+  tessel::detail::ar_stream_above = streaming ? 0 : SIZE_MAX;
   const std::size_t bytes = static_cast<std::size_t>(state.range(0));
   const std::size_t count = bytes / sizeof(float);
   const int iters = static_cast<int>(state.max_iterations);
@@ -120,6 +123,7 @@ void bm_threads(benchmark::State& state, algorithm algo) {
   state.counters["of_limit"] = busbw / bound;
   state.counters["stream"] = benchmark::Counter(stream * 1e9, benchmark::Counter::kDefaults, benchmark::Counter::kIs1024);
   state.counters["of_stream4"] = busbw / (stream * 1e9 / 4);
+  tessel::detail::ar_stream_above = 0;
 }
 
 #if TESSEL_HAVE_MPI
@@ -156,10 +160,13 @@ int main(int argc, char** argv) {
     (void)tessel_bench::limits();  // measure the machine first, outside any timing
     for (std::size_t b : sizes) {
       const std::string tail = "/f32/" + std::to_string(b);
-      benchmark::RegisterBenchmark(("all_reduce/tessel/threads2" + tail).c_str(), bm_threads, algorithm::automatic)
+      benchmark::RegisterBenchmark(("all_reduce/tessel/threads2" + tail).c_str(), bm_threads, algorithm::automatic, true)
           ->Arg(static_cast<std::int64_t>(b))->Iterations(iterations_for(b))->UseRealTime()->Unit(benchmark::kMicrosecond);
-      benchmark::RegisterBenchmark(("all_reduce/tessel/threads2_ring" + tail).c_str(), bm_threads, algorithm::ring)
+      benchmark::RegisterBenchmark(("all_reduce/tessel/threads2_ring" + tail).c_str(), bm_threads, algorithm::ring, true)
           ->Arg(static_cast<std::int64_t>(b))->Iterations(iterations_for(b))->UseRealTime()->Unit(benchmark::kMicrosecond);
+      if (b >= (std::size_t{16} << 20))
+        benchmark::RegisterBenchmark(("all_reduce/tessel/threads2_nostream" + tail).c_str(), bm_threads, algorithm::automatic, false)
+            ->Arg(static_cast<std::int64_t>(b))->Iterations(iterations_for(b))->UseRealTime()->Unit(benchmark::kMicrosecond);
     }
     benchmark::Initialize(&argc, argv);
     benchmark::RunSpecifiedBenchmarks();

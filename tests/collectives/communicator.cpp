@@ -289,29 +289,47 @@ TEST_CASE("2^20 elements: all_reduce and reduce_scatter on a subset", "[collecti
 TEST_CASE("all_reduce larger than the last-level cache: the streaming-store path gives the same bits",
           "[collectives][large]") {
   // The shared-address direct all_reduce writes results with streaming stores once all ranks'
-  // inputs and outputs (2·n·S) exceed the last-level cache; sizes here are just past that, odd, so
-  // blocks are unequal and the copies have unaligned heads and tails.
+  // inputs and outputs (2·n·S) exceed the last-level cache; the size here is just past that, odd,
+  // so blocks are unequal and the copies have unaligned heads and tails.
   checked_guard guard;
   const std::size_t llc = detail::last_level_cache_bytes();
   if (llc > (std::size_t{64} << 20)) {
     WARN("last-level cache of " << llc << " bytes: the streaming path needs more memory than this test uses");
-    return;
-  }
-  auto run = [&]<class T>(int n, reduce_op op, std::uint64_t seed) {
-    const std::size_t count = llc / (2 * static_cast<std::size_t>(n)) / sizeof(T) + 4099;
-    const auto want = tessel_ref::reduce_vec<T>(seed, n, count, op);
-    auto errs = on_ranks(n, [&](communicator& c, std::vector<std::string>& e) {
-      const auto in = tessel_ref::gen_vec<T>(seed, c.rank(), count, op);
-      std::vector<T> out(count + 1);  // +1: an output not 64-byte aligned
-      c.all_reduce(in.data(), out.data() + 1, count, dtype_of<T>, op, {algorithm::direct});
-      expect_bits(e, out.data() + 1, want.data(), count, label<T>("all_reduce", n, op, count, algorithm::direct, false, c.rank()));
-      std::vector<T> buf = in;
-      c.all_reduce(buf.data(), buf.data(), count, dtype_of<T>, op, {algorithm::direct});
-      expect_bits(e, buf.data(), want.data(), count, label<T>("all_reduce", n, op, count, algorithm::direct, true, c.rank()));
+  } else {
+    const std::size_t count = llc / 4 / sizeof(float) + 4099;
+    const auto want = tessel_ref::reduce_vec<float>(6000, 2, count, reduce_op::sum);
+    auto errs = on_ranks(2, [&](communicator& c, std::vector<std::string>& e) {
+      const auto in = tessel_ref::gen_vec<float>(6000, c.rank(), count, reduce_op::sum);
+      std::vector<float> out(count + 1);  // +1: an output not 64-byte aligned
+      c.all_reduce(in.data(), out.data() + 1, count, dtype::f32, reduce_op::sum);
+      expect_bits(e, out.data() + 1, want.data(), count, label<float>("all_reduce", 2, reduce_op::sum, count, algorithm::automatic, false, c.rank()));
+      std::vector<float> buf = in;
+      c.all_reduce(buf.data(), buf.data(), count, dtype::f32, reduce_op::sum);
+      expect_bits(e, buf.data(), want.data(), count, label<float>("all_reduce", 2, reduce_op::sum, count, algorithm::automatic, true, c.rank()));
     });
     for (auto& s : errs) FAIL_CHECK(s);
-  };
-  run.operator()<float>(2, reduce_op::sum, 6000);
-  run.operator()<bf16>(3, reduce_op::avg, 6001);
-  run.operator()<std::int32_t>(2, reduce_op::max, 6002);
+  }
+  // every size through the streaming path (the threshold forced down): every dtype, op, count,
+  // rank count and in/out-of-place gives the canonical bits
+  struct force_streaming {
+    force_streaming() { detail::ar_stream_above = 1; }
+    ~force_streaming() { detail::ar_stream_above = 0; }
+  } forced;
+  for (int n : {2, 3, 5})
+    for_each_type([&]<class T>(T) {
+      for (reduce_op op : ops)
+        for (std::size_t count : {std::size_t{1}, std::size_t{7}, std::size_t{53327}}) {
+          const auto want = tessel_ref::reduce_vec<T>(7000 + static_cast<std::uint64_t>(n), n, count, op);
+          auto errs = on_ranks(n, [&](communicator& c, std::vector<std::string>& e) {
+            const auto in = tessel_ref::gen_vec<T>(7000 + static_cast<std::uint64_t>(n), c.rank(), count, op);
+            std::vector<T> out(count + 1);
+            c.all_reduce(in.data(), out.data() + 1, count, dtype_of<T>, op, {algorithm::direct});
+            expect_bits(e, out.data() + 1, want.data(), count, label<T>("all_reduce streaming", n, op, count, algorithm::direct, false, c.rank()));
+            std::vector<T> buf = in;
+            c.all_reduce(buf.data(), buf.data(), count, dtype_of<T>, op, {algorithm::direct});
+            expect_bits(e, buf.data(), want.data(), count, label<T>("all_reduce streaming", n, op, count, algorithm::direct, true, c.rank()));
+          });
+          for (auto& s : errs) FAIL_CHECK(s);
+        }
+    });
 }

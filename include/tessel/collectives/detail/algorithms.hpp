@@ -9,6 +9,7 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -542,6 +543,10 @@ inline std::size_t last_level_cache_bytes() {
   }();
   return v;
 }
+// Streaming stores are used when 2nS exceeds this many bytes; 0 (default): the last-level cache.
+// Benchmarks and tests set it to compare the two paths or to reach the streaming one with small
+// buffers; SIZE_MAX turns streaming off.
+inline std::atomic<std::size_t> ar_stream_above{0};
 inline bool ar_direct_shared(coll_ctx& c, const std::byte* send, std::byte* recv, std::size_t count, dtype d,
                              reduce_op op) {
   const int r = c.rank, n = c.n;
@@ -564,7 +569,8 @@ inline bool ar_direct_shared(coll_ctx& c, const std::byte* send, std::byte* recv
     const auto off = even_blocks(count, n);
     const std::size_t lo0 = off[r], hi0 = off[r + 1];
     // inputs and outputs of all ranks together (2nS) against the cache (bytes <= count * 8: no overflow)
-    const bool streaming = !coll_dry_run && bytes > last_level_cache_bytes() / (2 * static_cast<std::size_t>(n));
+    const std::size_t above = ar_stream_above.load(std::memory_order_relaxed);
+    const bool streaming = !coll_dry_run && bytes > (above ? above : last_level_cache_bytes()) / (2 * static_cast<std::size_t>(n));
     if (streaming) {
       // fold a chunk into L1-resident scratch, then stream it to every output
       const std::size_t chunk = std::max<std::size_t>(1, (std::size_t{16} << 10) / as);
