@@ -531,7 +531,16 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
   using chain_t = std::remove_cvref_t<decltype(chain)>;
   auto run = [&]<bool Scaled, bool Skinny>() {
     using cfg = gemm_config<TA, TB, Skinny>;
-    const std::size_t mblocks = ceil_div(M, cfg::MB_max);
+    // Unscaled blocks hold one (MC,NB) slab of accumulators, so they may be twice as tall: each
+    // block packs its B strip itself, and fewer blocks per strip pack less (2 workers no longer
+    // both pack every strip). Rows are split further when that shares the blocks more evenly
+    // among the workers. Block shapes never change the arithmetic of an element.
+    std::size_t mblocks = ceil_div(M, Scaled || Skinny ? cfg::MB_max : 2 * cfg::MB_max);
+    if constexpr (!Scaled && !Skinny) {
+      const std::size_t w = std::max(1u, dev.capabilities().workers), nblocks = ceil_div(N, cfg::NB) * batch;
+      auto spread = [&](std::size_t mbk) { return double(ceil_div(mbk * nblocks, w) * w) / double(mbk * nblocks); };
+      if (spread(mblocks) > 1.02 && ceil_div(M, 2 * mblocks) >= cfg::MC && spread(2 * mblocks) < spread(mblocks)) mblocks *= 2;
+    }
     const std::size_t MB = ceil_div(ceil_div(M, mblocks), cfg::MC) * cfg::MC;
     const grid g{ceil_div(M, MB), ceil_div(N, cfg::NB), batch};
     gemm_program<TA, TB, TC, chain_t, Scaled, Skinny> prog{M, N, K, batch, A, B, C, sa, sb, sc, ap, bp, cp, alpha, beta, s, MB, chain};
