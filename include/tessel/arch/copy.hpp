@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -66,6 +67,72 @@ inline void copy_streaming(void* dst, const void* src, std::size_t bytes) noexce
 #else
   if (bytes) std::memcpy(d, s, bytes);  // no streaming stores on this target: an ordinary copy
 #endif
+}
+
+// dst[k][i] = (...((src[0][i] + src[1][i]) + src[2][i]) ...) + src[nsrc-1][i] for every k < ndst and
+// i < count: the sum in source order (each lane does exactly the scalar additions, so the bits are
+// those of the scalar loop), written to every destination with streaming stores. Loading every
+// source and storing every destination in one pass keeps reads and writes in flight together,
+// which a fold into cache followed by streaming copies does not (measured on 2 threads: 13.1 vs
+// 9.6 GiB/s, the fused loop matching a streaming copy of the same bytes). A destination may be
+// one of the sources (in place) but must not otherwise overlap them. Destinations whose address
+// is not vector-aligned where the first one is get ordinary stores. Call store_fence() after.
+template <class T>
+  requires(std::is_same_v<T, float> || std::is_same_v<T, double>)
+inline void sum_streaming(const T* const* src, int nsrc, T* const* dst, int ndst, std::size_t count) noexcept {
+  auto scalar = [&](std::size_t i) {
+    T acc = src[0][i];
+    for (int k = 1; k < nsrc; ++k) acc = acc + src[k][i];
+    for (int k = 0; k < ndst; ++k) dst[k][i] = acc;
+  };
+  std::size_t i = 0;
+#if defined(__AVX512F__) || defined(__AVX__)
+#if defined(__AVX512F__)
+  constexpr std::size_t vbytes = 64;
+#else
+  constexpr std::size_t vbytes = 32;
+#endif
+  constexpr std::size_t lanes = vbytes / sizeof(T);
+  if (ndst > 0) {
+    // align the first destination; the others stream only if they are aligned at the same index
+    while (i < count && (reinterpret_cast<std::uintptr_t>(dst[0] + i) & (vbytes - 1)) != 0) scalar(i++);
+    std::uint64_t nt = 0;  // bit k: dst[k] is aligned here
+    for (int k = 0; k < ndst && k < 64; ++k)
+      if ((reinterpret_cast<std::uintptr_t>(dst[k] + i) & (vbytes - 1)) == 0) nt |= std::uint64_t{1} << k;
+    for (; i + lanes <= count; i += lanes) {
+#if defined(__AVX512F__)
+      if constexpr (std::is_same_v<T, float>) {
+        __m512 acc = _mm512_loadu_ps(src[0] + i);
+        for (int k = 1; k < nsrc; ++k) acc = _mm512_add_ps(acc, _mm512_loadu_ps(src[k] + i));
+        for (int k = 0; k < ndst; ++k)
+          if (k < 64 && (nt >> k & 1)) _mm512_stream_ps(dst[k] + i, acc);
+          else _mm512_storeu_ps(dst[k] + i, acc);
+      } else {
+        __m512d acc = _mm512_loadu_pd(src[0] + i);
+        for (int k = 1; k < nsrc; ++k) acc = _mm512_add_pd(acc, _mm512_loadu_pd(src[k] + i));
+        for (int k = 0; k < ndst; ++k)
+          if (k < 64 && (nt >> k & 1)) _mm512_stream_pd(dst[k] + i, acc);
+          else _mm512_storeu_pd(dst[k] + i, acc);
+      }
+#else
+      if constexpr (std::is_same_v<T, float>) {
+        __m256 acc = _mm256_loadu_ps(src[0] + i);
+        for (int k = 1; k < nsrc; ++k) acc = _mm256_add_ps(acc, _mm256_loadu_ps(src[k] + i));
+        for (int k = 0; k < ndst; ++k)
+          if (k < 64 && (nt >> k & 1)) _mm256_stream_ps(dst[k] + i, acc);
+          else _mm256_storeu_ps(dst[k] + i, acc);
+      } else {
+        __m256d acc = _mm256_loadu_pd(src[0] + i);
+        for (int k = 1; k < nsrc; ++k) acc = _mm256_add_pd(acc, _mm256_loadu_pd(src[k] + i));
+        for (int k = 0; k < ndst; ++k)
+          if (k < 64 && (nt >> k & 1)) _mm256_stream_pd(dst[k] + i, acc);
+          else _mm256_storeu_pd(dst[k] + i, acc);
+      }
+#endif
+    }
+  }
+#endif
+  for (; i < count; ++i) scalar(i);
 }
 
 // Orders earlier streaming stores before later stores (and the lock release that publishes them).

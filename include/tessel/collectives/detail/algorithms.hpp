@@ -17,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <tuple>
+#include <type_traits>
 #include <exception>
 #include <utility>
 #include <span>
@@ -571,6 +572,23 @@ inline bool ar_direct_shared(coll_ctx& c, const std::byte* send, std::byte* recv
     // inputs and outputs of all ranks together (2nS) against the cache (bytes <= count * 8: no overflow)
     const std::size_t above = ar_stream_above.load(std::memory_order_relaxed);
     const bool streaming = !coll_dry_run && bytes > (above ? above : last_level_cache_bytes()) / (2 * static_cast<std::size_t>(n));
+    if (streaming && op == reduce_op::sum && (d == dtype::f32 || d == dtype::f64)) {
+      // the common case (gradients) in one pass: every input read and every output streamed
+      // together, the same rank-order additions as fold_kernel
+      auto sum_all = [&]<class T>(std::type_identity<T>) {
+        std::vector<const T*> in(static_cast<std::size_t>(n));
+        std::vector<T*> outs(static_cast<std::size_t>(n));
+        for (int q = 0; q < n; ++q) {
+          in[q] = reinterpret_cast<const T*>(bufs[q].send) + lo0;
+          outs[q] = reinterpret_cast<T*>(bufs[(r + q) % n].recv) + lo0;
+        }
+        tessel::arch::sum_streaming(in.data(), n, outs.data(), n, hi0 - lo0);
+      };
+      if (d == dtype::f32) sum_all(std::type_identity<float>{});
+      else sum_all(std::type_identity<double>{});
+      tessel::arch::store_fence();
+      return;
+    }
     if (streaming) {
       // fold a chunk into L1-resident scratch, then stream it to every output
       const std::size_t chunk = std::max<std::size_t>(1, (std::size_t{16} << 10) / as);
