@@ -288,7 +288,7 @@ TEST_CASE("2^20 elements: all_reduce and reduce_scatter on a subset", "[collecti
 
 TEST_CASE("all_reduce larger than the last-level cache: the streaming-store path gives the same bits",
           "[collectives][large]") {
-  // The shared-address direct all_reduce writes results with streaming stores once all ranks'
+  // The shared-address direct all_reduce writes f32/f64 sums with streaming stores once all ranks'
   // inputs and outputs (2·n·S) exceed the last-level cache; the size here is just past that, odd,
   // so blocks are unequal and the copies have unaligned heads and tails.
   checked_guard guard;
@@ -309,8 +309,9 @@ TEST_CASE("all_reduce larger than the last-level cache: the streaming-store path
     });
     for (auto& s : errs) FAIL_CHECK(s);
   }
-  // every size through the streaming path (the threshold forced down): every dtype, op, count,
-  // rank count and in/out-of-place gives the canonical bits
+  // every size past the streaming threshold (forced down): f32/f64 sums take the fused streaming
+  // pass, the rest ordinary stores; every dtype, op, count, rank count and in/out-of-place gives
+  // the canonical bits
   struct force_streaming {
     force_streaming() { detail::ar_stream_above = 1; }
     ~force_streaming() { detail::ar_stream_above = 0; }
