@@ -64,7 +64,10 @@ concept transport = std::movable<typename T::send_request> &&
 //   t.revoke(int)  mark the world failed so every rank's waits end.
 //   T::shared_address_space  true when every rank's buffers are readable and writable from every
 //                  other rank (threads of one process): the direct algorithms then read the peers'
-//                  buffers in place and write results straight into them.
+//                  buffers in place and write results straight into them. Such a transport
+//                  must also guarantee that a send's wait returns only after the receiver's
+//                  consumer has returned, and throws if that consumer threw: the in-place
+//                  algorithms use a pending send to keep the peer's buffers alive.
 //   T::counts_only  true when a null buffer of n bytes is timed as n bytes that carry no payload
 //                  (a simulated transport: payload-free timing runs of real message schedules).
 
