@@ -72,7 +72,7 @@ TEMPLATE_TEST_CASE("sum_streaming equals the rank-order scalar sum bit for bit, 
             tessel::arch::sum_streaming(s.data(), nsrc, d.data(), ndst, count);
             tessel::arch::store_fence();
             for (int k = 0; k < ndst; ++k)
-              bad += std::memcmp(d[k], want.data(), count * sizeof(T)) != 0;
+              bad += count && std::memcmp(d[k], want.data(), count * sizeof(T)) != 0;  // want.data() may be null at 0
           }
   CHECK(bad == 0);
 }
