@@ -82,25 +82,25 @@ void set_flops(benchmark::State& st, double flops, double peak_gflops, const cpu
 }
 
 // ---- f32 ----
+// f32 operands in huge-page buffers (Huge, what tessel's devices allocate) or in ordinary 4 KiB-page
+// std::vector memory (what most callers pass); the same values either way.
+template <bool Huge>
+auto f32_input(std::size_t n, unsigned seed) {
+  if constexpr (Huge) return random_buffer<float>(n, seed);
+  else return random_vector<float>(n, seed);
+}
+template <bool Huge>
+auto f32_output(std::size_t n) {
+  if constexpr (Huge) return tessel_bench::huge_buffer<float>(n, 2);
+  else return std::vector<float>(n);
+}
+
+template <bool Huge>
 void gemm_f32_tessel(benchmark::State& st) {
   const std::size_t M = st.range(0), N = st.range(1), K = st.range(2);
   const unsigned th = static_cast<unsigned>(st.range(3));
-  auto A = random_buffer<float>(M * K, 1), B = random_buffer<float>(K * N, 2);
-  tessel_bench::huge_buffer<float> C(M * N, 2);
-  const cpu_timer ct;
-  for (auto _ : st) {
-    gemm(dev(th), transpose::none, transpose::none, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C.data(), N);
-    benchmark::ClobberMemory();
-  }
-  set_flops(st, 2.0 * M * N * K, tessel_bench::peak_fp32_gflops(th), ct, tessel_bench::peak_fp32_gflops(1));
-}
-
-// f32 on 4 KiB-page memory (plain std::vector), tessel and OpenBLAS side by side.
-void gemm_f32_4k_tessel(benchmark::State& st) {
-  const std::size_t M = st.range(0), N = st.range(1), K = st.range(2);
-  const unsigned th = static_cast<unsigned>(st.range(3));
-  auto A = random_vector<float>(M * K, 1), B = random_vector<float>(K * N, 2);
-  std::vector<float> C(M * N);
+  auto A = f32_input<Huge>(M * K, 1), B = f32_input<Huge>(K * N, 2);
+  auto C = f32_output<Huge>(M * N);
   const cpu_timer ct;
   for (auto _ : st) {
     gemm(dev(th), transpose::none, transpose::none, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C.data(), N);
@@ -110,27 +110,12 @@ void gemm_f32_4k_tessel(benchmark::State& st) {
 }
 
 #if defined(TESSEL_HAVE_OPENBLAS)
-void gemm_f32_4k_openblas(benchmark::State& st) {
-  const std::size_t M = st.range(0), N = st.range(1), K = st.range(2);
-  const int th = static_cast<int>(st.range(3));
-  auto A = random_vector<float>(M * K, 1), B = random_vector<float>(K * N, 2);
-  std::vector<float> C(M * N);
-  openblas_set_num_threads(th);
-  st.SetLabel(openblas_get_corename());
-  const cpu_timer ct;
-  for (auto _ : st) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(M), int(N), int(K), 1.0f, A.data(), int(K), B.data(), int(N), 0.0f,
-                C.data(), int(N));
-    benchmark::ClobberMemory();
-  }
-  set_flops(st, 2.0 * M * N * K, tessel_bench::peak_fp32_gflops(th), ct, tessel_bench::peak_fp32_gflops(1));
-}
-
+template <bool Huge>
 void gemm_f32_openblas(benchmark::State& st) {
   const std::size_t M = st.range(0), N = st.range(1), K = st.range(2);
   const int th = static_cast<int>(st.range(3));
-  auto A = random_buffer<float>(M * K, 1), B = random_buffer<float>(K * N, 2);
-  tessel_bench::huge_buffer<float> C(M * N, 2);
+  auto A = f32_input<Huge>(M * K, 1), B = f32_input<Huge>(K * N, 2);
+  auto C = f32_output<Huge>(M * N);
   openblas_set_num_threads(th);
   st.SetLabel(openblas_get_corename());
   const cpu_timer ct;
@@ -280,21 +265,21 @@ void bf16_shapes(benchmark::internal::Benchmark* b) {
 
 }  // namespace
 
-BENCHMARK(gemm_f32_tessel)->Name("gemm_f32/tessel")->Apply(big_shapes);
+BENCHMARK(gemm_f32_tessel<true>)->Name("gemm_f32/tessel")->Apply(big_shapes);
 #if defined(TESSEL_HAVE_OPENBLAS)
-BENCHMARK(gemm_f32_openblas)->Name("gemm_f32/openblas")->Apply(big_shapes);
+BENCHMARK(gemm_f32_openblas<true>)->Name("gemm_f32/openblas")->Apply(big_shapes);
 #endif
 #if defined(TESSEL_HAVE_ONEDNN)
 BENCHMARK(gemm_onednn<dnnl::memory::data_type::f32, float>)->Name("gemm_f32/onednn")->Apply(big_shapes);
 #endif
-BENCHMARK(gemm_f32_4k_tessel)
+BENCHMARK(gemm_f32_tessel<false>)
     ->Name("gemm_f32_4k/tessel")
     ->ArgsProduct({{2048}, {4096}, {4096}, {1, 2}})
     ->ArgNames({"M", "N", "K", "threads"})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 #if defined(TESSEL_HAVE_OPENBLAS)
-BENCHMARK(gemm_f32_4k_openblas)
+BENCHMARK(gemm_f32_openblas<false>)
     ->Name("gemm_f32_4k/openblas")
     ->ArgsProduct({{2048}, {4096}, {4096}, {1, 2}})
     ->ArgNames({"M", "N", "K", "threads"})
