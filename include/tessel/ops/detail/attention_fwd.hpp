@@ -11,11 +11,13 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <span>
 #include <type_traits>
 
 #include <tessel/ops/detail/attention_common.hpp>
 #include <tessel/ops/detail/attention_pack.hpp>
 #include <tessel/tile/block_ctx.hpp>
+#include <tessel/types/convert.hpp>
 
 namespace tessel::detail::attn {
 
@@ -123,15 +125,10 @@ struct flash_fwd_program {
             std::fill_n(prow, kdep, E{});
             continue;
           }
-          const float mx = arch::softmax::row_max(srow + a, e - a) * c;
-          const float mn = std::max(m[i], mx);
-          const float alpha = arch::softmax::exp2_nonpos(m[i] - mn);
           std::fill_n(prow, a, E{});
-          const float sum = arch::softmax::exp2_row(srow + a, e - a, c, mn, prow + a);
+          const float alpha = arch::softmax::online_row(srow + a, e - a, c, m[i], l[i], prow + a);
           std::fill(prow + e, prow + kdep, E{});
-          l[i] = l[i] * alpha + sum;
           if (alpha != 1.0f) arch::softmax::scale_row(acc + i * Dp, Dp, alpha);
-          m[i] = mn;
         }
         // O += P · V  (nq_pad, Dp)
         mma_direct<Atom>(pbuf, BKV, nq_pad, vp + blk * BKV * Dp, BKV, Dp, kdep, acc, Dp, true);
@@ -140,14 +137,19 @@ struct flash_fwd_program {
     O* orow0 = o + s.o_base + h * g.o_head + i0 * g.o_tok;
     for (std::size_t i = 0; i < nq; ++i) {
       O* dst = orow0 + i * g.o_tok;
-      const float* src = acc + i * Dp;
+      float* src = acc + i * Dp;
       if (l[i] == 0.0f) {  // fully masked row: zeros and -inf
         for (std::size_t d = 0; d < D; ++d) dst[d] = from_f32<O>(0.0f);
         if (lse) lse[s.lse_base + h * g.lse_head + i0 + i] = -std::numeric_limits<float>::infinity();
         continue;
       }
       const float inv = out_scale / l[i];
-      for (std::size_t d = 0; d < D; ++d) dst[d] = from_f32<O>(src[d] * inv);
+      if constexpr (narrow_float<O>) {  // the bulk (vectorized) conversion, the same bits as O(float)
+        arch::softmax::scale_row(src, D, inv);
+        tessel::convert(std::span<const float>(src, D), std::span<O>(dst, D));
+      } else {
+        for (std::size_t d = 0; d < D; ++d) dst[d] = from_f32<O>(src[d] * inv);
+      }
       if (lse) lse[s.lse_base + h * g.lse_head + i0 + i] = (m[i] + std::log2(l[i])) * ln2;
     }
   }
