@@ -112,4 +112,37 @@ inline void mma_direct(const typename Atom::a_type* a, std::size_t a_rs, std::si
   }
 }
 
+// mma_direct where row panel r (rows [r*MR, r*MR+MR)) needs only the first `cols[r]` columns of c
+// (when kdepth_from_cols is false: columns are cut to whole NR panels) or only the first `cols[r]`
+// of the K depth (when true: rounded up to KP; the rest of a's row must be zero in effect, as for
+// probabilities of masked keys). A causal diagonal block thus skips its fully masked micro-tiles.
+// With accumulate == false every row panel is written, even one that needs nothing (zeros).
+template <class Atom>
+inline void mma_direct_panels(const typename Atom::a_type* a, std::size_t a_rs, std::size_t rows, const typename Atom::b_type* b,
+                              std::size_t b_rows, std::size_t ncols, std::size_t kdepth, float* c, std::size_t ldc, bool accumulate,
+                              const std::size_t* cols, bool kdepth_from_cols) {
+  constexpr std::size_t MR = Atom::mr, NR = Atom::nr, KP = Atom::k_pack;
+  arch::ukernel_args p;
+  p.ldc = ldc;
+  p.accumulate = accumulate;
+  p.a_rs = a_rs;
+  for (std::size_t jp = 0; jp < ncols; jp += NR) {
+    p.b = b + jp * b_rows;
+    for (std::size_t ip = 0, r = 0; ip < rows; ip += MR, ++r) {
+      std::size_t kd = kdepth;
+      if (kdepth_from_cols) {
+        kd = std::min(kdepth, round_up(cols[r], KP));
+        if (kd == 0 && accumulate) continue;
+      } else if (jp >= cols[r]) {
+        continue;
+      }
+      p.k = kd / KP;
+      p.a = a + ip * a_rs;
+      p.c = c + ip * ldc + jp;
+      if (ip + MR <= rows) Atom::run(p);
+      else arch::run_rows<Atom>(static_cast<int>(rows - ip), p);
+    }
+  }
+}
+
 }  // namespace tessel::detail::attn

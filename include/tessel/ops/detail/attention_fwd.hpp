@@ -23,7 +23,7 @@ namespace tessel::detail::attn {
 
 // Tile sizes of the forward pass.
 inline constexpr std::size_t fwd_bq = 96;   // Q rows per block (multiple of every atom's MR)
-inline constexpr std::size_t fwd_bkv = 128; // K/V tokens per block (multiple of every atom's NR)
+inline constexpr std::size_t fwd_bkv = 256; // K/V tokens per block (multiple of every atom's NR; 256 halves the acc round trips and row steps per flop of 128)
 
 // Pass 1: pack block kb of K (T-form) and V (N-form) of kv head hk of sequence b.
 template <class T, class E, std::size_t NR, std::size_t KP>
@@ -98,7 +98,6 @@ struct flash_fwd_program {
         std::fill_n(dst, D, E{});
       }
     }
-    std::fill_n(acc, nq_pad * Dp, 0.0f);
     std::size_t jlo = s.skv, jhi = 0;
     for (std::size_t i = 0; i < nq; ++i) {
       m[i] = -std::numeric_limits<float>::infinity();
@@ -109,29 +108,45 @@ struct flash_fwd_program {
     const float c = scale_log2;
     if (jlo < jhi) {
       const std::size_t kb_lo = jlo / BKV, kb_hi = (jhi + BKV - 1) / BKV;
+      bool first = true;  // the first block's P·V writes acc (no zero fill, no rescale)
       for (std::size_t kb = kb_lo; kb < kb_hi; ++kb) {
         const std::size_t j0 = kb * BKV, nk = std::min({BKV, s.skv - j0, jhi - j0});  // keys right of every row's limit are skipped
         const std::size_t ncol = round_up(nk, NR), kdep = round_up(nk, KP);
         const std::size_t blk = (s.kv_blk0 + kb) * g.hkv + hk;
-        // S = Q · Kᵀ  (nq_pad, ncol)
-        mma_direct<Atom>(qs, D, nq_pad, kp + blk * BKV * D, D, ncol, D, sbuf, BKV, false);
+        // visible keys [a, e) of each row within this block, and per MR-row panel the columns any
+        // of its rows sees: the micro-tiles right of that (masked for the whole panel) are skipped
+        std::size_t ra[BQ], re[BQ], pcols[BQ / MR + 1];
+        bool partial = false;
         for (std::size_t i = 0; i < nq_pad; ++i) {
-          float* srow = sbuf + i * BKV;
-          E* prow = pbuf + i * BKV;
           const std::size_t a = i < nq ? std::max(lo[i], j0) - j0 : 0;
           const std::size_t z = i < nq ? std::min(hi[i], j0 + nk) : 0;
           const std::size_t e = z > j0 ? z - j0 : 0;
-          if (i >= nq || a >= e) {  // no key of this block is visible to row i
+          ra[i] = a;
+          re[i] = a < e ? e : 0;
+          if (i % MR == 0) pcols[i / MR] = 0;
+          pcols[i / MR] = std::max(pcols[i / MR], re[i]);
+          partial |= re[i] < nk;
+        }
+        // S = Q · Kᵀ  (nq_pad, ncol)
+        if (partial) mma_direct_panels<Atom>(qs, D, nq_pad, kp + blk * BKV * D, D, ncol, D, sbuf, BKV, false, pcols, false);
+        else mma_direct<Atom>(qs, D, nq_pad, kp + blk * BKV * D, D, ncol, D, sbuf, BKV, false);
+        for (std::size_t i = 0; i < nq_pad; ++i) {
+          float* srow = sbuf + i * BKV;
+          E* prow = pbuf + i * BKV;
+          const std::size_t a = ra[i], e = re[i];
+          if (a >= e) {  // no key of this block is visible to row i
             std::fill_n(prow, kdep, E{});
             continue;
           }
           std::fill_n(prow, a, E{});
           const float alpha = arch::softmax::online_row(srow + a, e - a, c, m[i], l[i], prow + a);
           std::fill(prow + e, prow + kdep, E{});
-          if (alpha != 1.0f) arch::softmax::scale_row(acc + i * Dp, Dp, alpha);
+          if (!first && alpha != 1.0f) arch::softmax::scale_row(acc + i * Dp, Dp, alpha);
         }
         // O += P · V  (nq_pad, Dp)
-        mma_direct<Atom>(pbuf, BKV, nq_pad, vp + blk * BKV * Dp, BKV, Dp, kdep, acc, Dp, true);
+        if (partial) mma_direct_panels<Atom>(pbuf, BKV, nq_pad, vp + blk * BKV * Dp, BKV, Dp, kdep, acc, Dp, !first, pcols, true);
+        else mma_direct<Atom>(pbuf, BKV, nq_pad, vp + blk * BKV * Dp, BKV, Dp, kdep, acc, Dp, !first);
+        first = false;
       }
     }
     O* orow0 = o + s.o_base + h * g.o_head + i0 * g.o_tok;
