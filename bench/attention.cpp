@@ -2,7 +2,8 @@
 // and backward, next to tessel's own bf16 GEMM (the throughput target), a naive materialised
 // implementation, and an unfused oneDNN baseline (bf16 matmul, vectorised softmax, bf16 matmul);
 // decode (1 row, 32 q heads, 8 kv heads, D=128, 32k bf16 cache, contiguous and in 16-token pages) against the STREAM bound of
-// reading the cache once; peak extra memory of the forward pass at S = 8k and 32k.
+// reading the cache once, and the same decode on one worker split into read-only / math-from-L2 /
+// kernel time; peak extra memory of the forward pass at S = 8k and 32k.
 // FLOPs: 4·Sq·Skv·D per head forward (half when causal), 2.5x that backward.
 // Counters: flops (rate), of_limit (fraction of the machine's bf16 dot peak, or for decode of the
 // STREAM bandwidth measured alongside it, see decode_tessel), of_gemm (fraction of the bf16 GEMM
@@ -233,35 +234,40 @@ double process_cpu_s() {
 // of_limit = kernel GB/s / STREAM GB/s, as the median over the iterations of each (and
 // of_limit_best: best kernel / best STREAM); of_read likewise against the read-only pass (median).
 // Judge a run by of_limit; the read-only pass is usually faster than STREAM copy (no writes).
-void decode_tessel(benchmark::State& state) {
-  const std::size_t HQ = 32, HK = 8, KV = 32768;
-  static huge_buffer<bf16> kc(KV * HK * D, threads), vc(KV * HK * D, threads), q(HQ * D, threads), o(HQ * D, threads);
-  static bool init = [] {
+struct decode_case {
+  static constexpr std::size_t HQ = 32, HK = 8, KV = 32768;
+  static constexpr std::size_t row = HK * D;  // elements of one token's K (or V) row
+  static constexpr double bytes = 2.0 * double(KV) * HK * D * sizeof(bf16);
+  huge_buffer<bf16> kc{KV * HK * D, threads}, vc{KV * HK * D, threads}, q{HQ * D, threads}, o{HQ * D, threads};
+  decode_case() {
     std::mt19937 g(3);
     std::normal_distribution<float> nd;
     for (std::size_t i = 0; i < kc.size(); ++i) { kc[i] = bf16(nd(g)); vc[i] = bf16(nd(g)); }
     for (std::size_t i = 0; i < q.size(); ++i) q[i] = bf16(nd(g));
-    return true;
-  }();
-  (void)init;
-  attention_decode_shape s;
-  s.batch = 1; s.seq_q = 1; s.heads_q = HQ; s.heads_kv = HK; s.head_dim = D; s.max_kv = KV;
-  // page > 0: the same cache as a paged cache whose pages are used in reverse order (a block table
-  // that is not the identity, so nothing relies on pages being adjacent)
-  const std::size_t page = std::size_t(state.range(0));
-  std::vector<std::int32_t> table;
-  if (page > 0) {
-    s.max_kv = 0; s.page_size = page; s.num_pages = KV / page; s.pages_per_seq = KV / page;
-    for (std::size_t i = 0; i < KV / page; ++i) table.push_back(std::int32_t(KV / page - 1 - i));
   }
-  const std::int32_t len = std::int32_t(KV);
-  const std::size_t row = HK * D;  // elements of one token's K (or V) row
-  auto row_of = [&](std::size_t j) { return page > 0 ? std::size_t(table[j / page]) * page * row + (j % page) * row : j * row; };
-  // the read-only pass: same blocks as the kernel, each reads its chunk's K and V token rows
-  auto read_pass = [&] {
+  static decode_case& get() {
+    static decode_case x;
+    return x;
+  }
+  // The cache as contiguous (page 0) or paged: page > 0 with `table` as block table.
+  static attention_decode_shape shape(std::size_t page) {
+    attention_decode_shape s;
+    s.batch = 1; s.seq_q = 1; s.heads_q = HQ; s.heads_kv = HK; s.head_dim = D; s.max_kv = KV;
+    if (page > 0) { s.max_kv = 0; s.page_size = page; s.num_pages = KV / page; s.pages_per_seq = KV / page; }
+    return s;
+  }
+  void kernel(host_device& d, std::size_t page, std::span<const std::int32_t> table) {
+    const std::int32_t len = std::int32_t(KV);
+    attention_decode<host_device, bf16, bf16>(d, shape(page), std::span<const bf16>(q.data(), q.size()), std::span<const bf16>(kc.data(), kc.size()),
+                                              std::span<const bf16>(vc.data(), vc.size()), std::span<const std::int32_t>(&len, 1), table,
+                                              std::span<bf16>(o.data(), o.size()));
+  }
+  // The read-only pass: same blocks as the kernel, each reads its chunk's K and V token rows.
+  void read_pass(host_device& d, std::size_t page, const std::vector<std::int32_t>& table) {
+    auto row_of = [&](std::size_t j) { return page > 0 ? std::size_t(table[j / page]) * page * row + (j % page) * row : j * row; };
     const std::size_t chunk = tessel::detail::attn::dec_chunk, words = row * sizeof(bf16) / 8;
     std::atomic<std::uint64_t> sink{0};
-    dev().launch(grid{KV / chunk}, [&](block_ctx& ctx) {
+    d.launch(grid{KV / chunk}, [&](block_ctx& ctx) {
       const std::size_t j0 = ctx.block_linear() * chunk;
       std::uint64_t x = 0;
       for (std::size_t j = j0; j < j0 + chunk; ++j) {
@@ -273,39 +279,47 @@ void decode_tessel(benchmark::State& state) {
     });
     std::uint64_t x = sink.load();
     benchmark::DoNotOptimize(x);
-  };
-  auto kernel = [&] {
-    attention_decode<host_device, bf16, bf16>(dev(), s, std::span<const bf16>(q.data(), q.size()), std::span<const bf16>(kc.data(), kc.size()),
-                                              std::span<const bf16>(vc.data(), vc.size()), std::span<const std::int32_t>(&len, 1), table,
-                                              std::span<bf16>(o.data(), o.size()));
-  };
-  auto secs = [](auto&& f) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  };
-  const double bytes = 2.0 * double(KV) * HK * D * sizeof(bf16);
+  }
+};
+
+template <class F>
+double seconds_of(F&& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+void decode_tessel(benchmark::State& state) {
+  auto& x = decode_case::get();
+  constexpr std::size_t KV = decode_case::KV;
+  // page > 0: the same cache as a paged cache whose pages are used in reverse order (a block table
+  // that is not the identity, so nothing relies on pages being adjacent)
+  const std::size_t page = std::size_t(state.range(0));
+  std::vector<std::int32_t> table;
+  if (page > 0)
+    for (std::size_t i = 0; i < KV / page; ++i) table.push_back(std::int32_t(KV / page - 1 - i));
+  const double bytes = decode_case::bytes;
   measure_stream(stream_kind::copy, threads);  // arrays allocated and warm
   std::vector<double> tk, tr, st;
   double cpu = 0, wall = 0;
   for (auto _ : state) {
     st.push_back(measure_stream(stream_kind::copy, threads));
-    tr.push_back(secs(read_pass));
+    tr.push_back(seconds_of([&] { x.read_pass(dev(), page, table); }));
     const double c0 = process_cpu_s();
-    const double t = secs(kernel);
+    const double t = seconds_of([&] { x.kernel(dev(), page, table); });
     cpu += process_cpu_s() - c0;
     wall += t;
     tk.push_back(t);
     state.SetIterationTime(t);
   }
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    const std::size_t n = v.size();
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-  };
-  const double k_med = bytes / median(tk) * 1e-9, k_best = bytes / *std::min_element(tk.begin(), tk.end()) * 1e-9;
-  const double s_med = median(st), s_best = *std::max_element(st.begin(), st.end());
-  const double r_med = bytes / median(tr) * 1e-9;
+  const double k_med = bytes / median_of(tk) * 1e-9, k_best = bytes / *std::min_element(tk.begin(), tk.end()) * 1e-9;
+  const double s_med = median_of(st), s_best = *std::max_element(st.begin(), st.end());
+  const double r_med = bytes / median_of(tr) * 1e-9;
   state.counters["cpu_per_wall"] = cpu / wall;
   state.counters["bytes"] = benchmark::Counter(bytes * double(state.iterations()), benchmark::Counter::kIsRate);
   state.counters["stream_gbs"] = s_med;
@@ -313,6 +327,39 @@ void decode_tessel(benchmark::State& state) {
   state.counters["of_limit"] = k_med / s_med;
   state.counters["of_limit_best"] = k_best / s_best;
   state.counters["of_read"] = k_med / r_med;
+}
+
+// The same decode on ONE worker, split into its parts, each timed every iteration (medians):
+//   read_ms   the read-only pass over the 128 MiB (kernel's chunks, one core);
+//   l2_ms     the kernel with every KV read hitting L2: the cache viewed as 16-token pages through a
+//             block table that cycles over 8 pages (512 KiB of K and V), so the math, the softmax
+//             and the kernel's own reads run without DRAM (plus the block-table lookups);
+//   kernel_ms the kernel on the real 128 MiB (the reported time).
+// overlap = (read + l2 - kernel) / min(read, l2): 0 when reads and math run one after the other
+// on the core, 1 when the shorter one hides entirely under the longer. The split does not depend
+// on the machine's bandwidth state as much as the 2-thread ratio does: it shows where the time goes.
+void decode_1thread(benchmark::State& state) {
+  auto& x = decode_case::get();
+  constexpr std::size_t KV = decode_case::KV, page = 16, pages = 8;
+  static host_device one(1);
+  std::vector<std::int32_t> cycle(KV / page), none;
+  for (std::size_t i = 0; i < cycle.size(); ++i) cycle[i] = std::int32_t(i % pages);
+  x.kernel(one, 0, none);
+  x.kernel(one, page, cycle);
+  std::vector<double> tk, tr, tl;
+  for (auto _ : state) {
+    tr.push_back(seconds_of([&] { x.read_pass(one, 0, none); }));
+    tl.push_back(seconds_of([&] { x.kernel(one, page, cycle); }));
+    const double t = seconds_of([&] { x.kernel(one, 0, none); });
+    tk.push_back(t);
+    state.SetIterationTime(t);
+  }
+  const double k = median_of(tk), r = median_of(tr), l = median_of(tl);
+  state.counters["bytes"] = benchmark::Counter(decode_case::bytes * double(state.iterations()), benchmark::Counter::kIsRate);
+  state.counters["kernel_ms"] = k * 1e3;
+  state.counters["read_ms"] = r * 1e3;
+  state.counters["l2_ms"] = l * 1e3;
+  state.counters["overlap"] = (r + l - k) / std::min(r, l);
 }
 
 // Peak extra device memory (workspace from the device pool) of one forward pass, bf16, H=1,
@@ -348,6 +395,7 @@ BENCHMARK(fwd_naive)->Name("attention/naive/fwd/bf16/B1_H1_D128_S4096")->ArgName
 BENCHMARK(fwd_onednn)->Name("attention/onednn/fwd/bf16/B1_H16_D128_S4096")->ArgName("causal")->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime()->ComputeStatistics("min", min_of);
 #endif
 BENCHMARK(decode_tessel)->Name("attention/tessel/decode/bf16/HQ32_HKV8_D128_KV32768")->ArgName("page")->Arg(0)->Arg(16)->Unit(benchmark::kMillisecond)->UseManualTime()->ComputeStatistics("min", min_of);
+BENCHMARK(decode_1thread)->Name("attention/tessel/decode_1thread/bf16/HQ32_HKV8_D128_KV32768")->Unit(benchmark::kMillisecond)->UseManualTime()->ComputeStatistics("min", min_of);
 BENCHMARK(fwd_memory)->Name("attention/tessel/fwd_memory/bf16/H1_D128")->ArgName("S")->Arg(8192)->Arg(32768)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
 
 BENCHMARK_MAIN();
