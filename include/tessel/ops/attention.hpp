@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <span>
 #include <stdexcept>
@@ -82,11 +83,22 @@ inline void check(bool ok, const std::string& msg) {
 inline std::size_t mul3(std::size_t a, std::size_t b, std::size_t c, const char* what) {
   return detail::mul_checked(mul_checked(a, b, what), c, what);
 }
+// One buffer as the checks see it: data, element count, name for the message.
+struct named_buffer {
+  const void* data;
+  std::size_t size;
+  const char* name;
+  template <class T>
+  named_buffer(std::span<T> s, const char* n) : data(s.data()), size(s.size()), name(n) {}
+};
+inline void check_named(const named_buffer& b, std::size_t need) {
+  if (b.size < need)
+    throw std::out_of_range(std::string("tessel::attention: ") + b.name + " has " + std::to_string(b.size) + " elements, needs " + std::to_string(need));
+  if (need > 0 && b.data == nullptr) throw attention_error(std::string("tessel::attention: ") + b.name + " is null");
+}
 template <class T>
 inline void check_buffer(std::span<T> s, std::size_t need, const char* name) {
-  if (s.size() < need)
-    throw std::out_of_range(std::string("tessel::attention: ") + name + " has " + std::to_string(s.size()) + " elements, needs " + std::to_string(need));
-  if (need > 0 && s.data() == nullptr) throw attention_error(std::string("tessel::attention: ") + name + " is null");
+  check_named({s, name}, need);
 }
 inline void check_heads(std::size_t hq, std::size_t hkv, std::size_t d) {
   check(d > 0 && d % 16 == 0 && d <= 256, "head_dim " + std::to_string(d) + " must be a positive multiple of 16 up to 256");
@@ -104,27 +116,37 @@ inline mask_rule make_mask(const attention_options& o) {
   m.wr = o.window_right;
   return m;
 }
-// The checks every dense backward entry point makes, whatever its element types: head shape,
-// buffer sizes, null data, mask options. Returns the element counts of the q-like and kv-like tensors.
-template <class Q, class KV, class O, class G>
-std::pair<std::size_t, std::size_t> check_dense_backward(const attention_shape& s, std::span<const Q> q, std::span<const KV> k,
-                                                         std::span<const KV> v, std::span<const O> o, std::span<const O> dout,
-                                                         std::span<const float> lse, std::span<G> dq, std::span<G> dk, std::span<G> dv,
-                                                         const attention_options& opt) {
-  check_heads(s.heads_q, s.heads_kv, s.head_dim);
-  const std::size_t nq = mul3(detail::mul_checked(s.batch, s.seq_q, "attention shape"), s.heads_q, s.head_dim, "attention shape");
-  const std::size_t nkv = mul3(detail::mul_checked(s.batch, s.seq_kv, "attention shape"), s.heads_kv, s.head_dim, "attention shape");
-  check_buffer(q, nq, "q");
-  check_buffer(o, nq, "o");
-  check_buffer(dout, nq, "dout");
-  check_buffer(dq, nq, "dq");
-  check_buffer(k, nkv, "k");
-  check_buffer(v, nkv, "v");
-  check_buffer(dk, nkv, "dk");
-  check_buffer(dv, nkv, "dv");
-  check_buffer(lse, mul3(s.batch, s.heads_q, s.seq_q, "attention shape"), "lse");
+// Element counts of one call's tensors: q-like (q, o, dout, dq), kv-like (k, v, dk, dv), lse.
+struct io_counts {
+  std::size_t q = 0, kv = 0, lse = 0;
+};
+// The checks every entry point makes of its buffers and options, in one order: each q-like buffer
+// holds n.q elements, each kv-like one n.kv, lse n.lse (an optional lse may also be empty), none
+// is null where it must hold data, and the mask options are valid.
+inline void check_io(const io_counts& n, std::initializer_list<named_buffer> q_like, std::initializer_list<named_buffer> kv_like,
+                     named_buffer lse, bool lse_optional, const attention_options& opt) {
+  for (const auto& b : q_like) check_named(b, n.q);
+  for (const auto& b : kv_like) check_named(b, n.kv);
+  if (!(lse_optional && lse.size == 0)) check_named(lse, n.lse);
   (void)make_mask(opt);
-  return {nq, nkv};
+}
+// Counts of a dense batch (checks the head shape and the size arithmetic).
+inline io_counts dense_counts(const attention_shape& s) {
+  check_heads(s.heads_q, s.heads_kv, s.head_dim);
+  io_counts n;
+  n.q = mul3(detail::mul_checked(s.batch, s.seq_q, "attention shape"), s.heads_q, s.head_dim, "attention shape");
+  n.kv = mul3(detail::mul_checked(s.batch, s.seq_kv, "attention shape"), s.heads_kv, s.head_dim, "attention shape");
+  n.lse = mul3(s.batch, s.seq_q, s.heads_q, "attention shape");  // the first products of n.q: no new overflow
+  return n;
+}
+// The checks of both dense backward entry points, whatever their element types; returns the counts.
+template <class Q, class KV, class O, class G>
+io_counts check_dense_backward(const attention_shape& s, std::span<const Q> q, std::span<const KV> k, std::span<const KV> v,
+                               std::span<const O> o, std::span<const O> dout, std::span<const float> lse, std::span<G> dq,
+                               std::span<G> dk, std::span<G> dv, const attention_options& opt) {
+  const io_counts n = dense_counts(s);
+  check_io(n, {{q, "q"}, {o, "o"}, {dout, "dout"}, {dq, "dq"}}, {{k, "k"}, {v, "v"}, {dk, "dk"}, {dv, "dv"}}, {lse, "lse"}, false, opt);
+  return n;
 }
 inline float softmax_scale(const attention_options& o, std::size_t d) {
   const float s = o.scale == 0.0f ? 1.0f / std::sqrt(static_cast<float>(d)) : o.scale;
@@ -201,15 +223,7 @@ template <class Dev, attention_input T, attention_output O>
 void attention_forward(Dev& dev, const attention_shape& s, std::span<const T> q, std::span<const T> k, std::span<const T> v, std::span<O> o,
                        std::span<float> lse = {}, const attention_options& opt = {}) {
   using namespace detail::attn;
-  check_heads(s.heads_q, s.heads_kv, s.head_dim);
-  const std::size_t nq = mul3(detail::mul_checked(s.batch, s.seq_q, "attention shape"), s.heads_q, s.head_dim, "attention shape");
-  const std::size_t nkv = mul3(detail::mul_checked(s.batch, s.seq_kv, "attention shape"), s.heads_kv, s.head_dim, "attention shape");
-  check_buffer(q, nq, "q");
-  check_buffer(k, nkv, "k");
-  check_buffer(v, nkv, "v");
-  check_buffer(o, nq, "o");
-  if (!lse.empty()) check_buffer(lse, mul3(s.batch, s.heads_q, s.seq_q, "attention shape"), "lse");
-  (void)make_mask(opt);
+  check_io(dense_counts(s), {{q, "q"}, {o, "o"}}, {{k, "k"}, {v, "v"}}, {lse, "lse"}, true, opt);
   geom g;
   std::vector<seq_geom> seqs;
   dense_geom(s, g, seqs);
@@ -227,6 +241,17 @@ inline std::size_t check_offsets(std::span<const std::int32_t> cu, const char* n
   for (std::size_t i = 1; i < cu.size(); ++i)
     check(cu[i] >= cu[i - 1], std::string(name) + " is not non-decreasing at index " + std::to_string(i) + " (" + std::to_string(cu[i - 1]) + " > " + std::to_string(cu[i]) + ")");
   return static_cast<std::size_t>(cu.back());
+}
+// Counts of a varlen batch (checks the head shape, the offsets and the size arithmetic).
+inline io_counts varlen_counts(const attention_varlen_shape& s) {
+  check_heads(s.heads_q, s.heads_kv, s.head_dim);
+  check(s.cu_q.size() == s.cu_kv.size(), "cu_q and cu_kv must have the same length (batch + 1): " + std::to_string(s.cu_q.size()) + " vs " + std::to_string(s.cu_kv.size()));
+  const std::size_t tq = check_offsets(s.cu_q, "cu_q"), tkv = check_offsets(s.cu_kv, "cu_kv");
+  io_counts n;
+  n.q = mul3(tq, s.heads_q, s.head_dim, "attention shape");
+  n.kv = mul3(tkv, s.heads_kv, s.head_dim, "attention shape");
+  n.lse = detail::mul_checked(tq, s.heads_q, "attention shape");
+  return n;
 }
 inline void varlen_geom(const attention_varlen_shape& s, geom& g, std::vector<seq_geom>& seqs, std::size_t& max_sq, std::size_t& max_skv) {
   const std::size_t H = s.heads_q, HK = s.heads_kv, D = s.head_dim;
@@ -261,15 +286,7 @@ template <class Dev, attention_input T, attention_output O>
 void attention_forward_varlen(Dev& dev, const attention_varlen_shape& s, std::span<const T> q, std::span<const T> k, std::span<const T> v,
                               std::span<O> o, std::span<float> lse = {}, const attention_options& opt = {}) {
   using namespace detail::attn;
-  check_heads(s.heads_q, s.heads_kv, s.head_dim);
-  check(s.cu_q.size() == s.cu_kv.size(), "cu_q and cu_kv must have the same length (batch + 1): " + std::to_string(s.cu_q.size()) + " vs " + std::to_string(s.cu_kv.size()));
-  const std::size_t tq = check_offsets(s.cu_q, "cu_q"), tkv = check_offsets(s.cu_kv, "cu_kv");
-  check_buffer(q, mul3(tq, s.heads_q, s.head_dim, "attention shape"), "q");
-  check_buffer(o, mul3(tq, s.heads_q, s.head_dim, "attention shape"), "o");
-  check_buffer(k, mul3(tkv, s.heads_kv, s.head_dim, "attention shape"), "k");
-  check_buffer(v, mul3(tkv, s.heads_kv, s.head_dim, "attention shape"), "v");
-  if (!lse.empty()) check_buffer(lse, detail::mul_checked(tq, s.heads_q, "attention shape"), "lse");
-  (void)make_mask(opt);
+  check_io(varlen_counts(s), {{q, "q"}, {o, "o"}}, {{k, "k"}, {v, "v"}}, {lse, "lse"}, true, opt);
   geom g;
   std::vector<seq_geom> seqs;
   std::size_t max_sq = 0, max_skv = 0;
@@ -339,20 +356,7 @@ void attention_backward_varlen(Dev& dev, const attention_varlen_shape& s, std::s
                                std::span<const T> o, std::span<const T> dout, std::span<const float> lse, std::span<T> dq,
                                std::span<T> dk, std::span<T> dv, const attention_options& opt = {}) {
   using namespace detail::attn;
-  check_heads(s.heads_q, s.heads_kv, s.head_dim);
-  check(s.cu_q.size() == s.cu_kv.size(), "cu_q and cu_kv must have the same length (batch + 1): " + std::to_string(s.cu_q.size()) + " vs " + std::to_string(s.cu_kv.size()));
-  const std::size_t tq = check_offsets(s.cu_q, "cu_q"), tkv = check_offsets(s.cu_kv, "cu_kv");
-  const std::size_t nq = mul3(tq, s.heads_q, s.head_dim, "attention shape"), nkv = mul3(tkv, s.heads_kv, s.head_dim, "attention shape");
-  check_buffer(q, nq, "q");
-  check_buffer(o, nq, "o");
-  check_buffer(dout, nq, "dout");
-  check_buffer(dq, nq, "dq");
-  check_buffer(k, nkv, "k");
-  check_buffer(v, nkv, "v");
-  check_buffer(dk, nkv, "dk");
-  check_buffer(dv, nkv, "dv");
-  check_buffer(lse, detail::mul_checked(tq, s.heads_q, "attention shape"), "lse");
-  (void)make_mask(opt);
+  check_io(varlen_counts(s), {{q, "q"}, {o, "o"}, {dout, "dout"}, {dq, "dq"}}, {{k, "k"}, {v, "v"}, {dk, "dk"}, {dv, "dv"}}, {lse, "lse"}, false, opt);
   geom g;
   std::vector<seq_geom> seqs;
   std::size_t max_sq = 0, max_skv = 0;
@@ -395,7 +399,8 @@ void attention_backward(Dev& dev, const attention_shape& s, std::span<const e4m3
                         std::span<const O> o, std::span<const O> dout, std::span<const float> lse, std::span<O> dq, std::span<O> dk,
                         std::span<O> dv, const attention_options& opt = {}) {
   using namespace detail::attn;
-  const auto [nq, nkv] = check_dense_backward(s, q, k, v, o, dout, lse, dq, dk, dv, opt);
+  const io_counts n = check_dense_backward(s, q, k, v, o, dout, lse, dq, dk, dv, opt);
+  const std::size_t nq = n.q, nkv = n.kv;
   // f32 copies: q, k, v (dequantised), and o, dout, dq, dk, dv when O is not f32
   constexpr bool same = std::is_same_v<O, float>;
   const std::size_t base = detail::add_checked(nq, detail::mul_checked(2, nkv, "attention workspace"), "attention workspace");
@@ -455,12 +460,10 @@ void attention_decode(Dev& dev, const attention_decode_shape& s, std::span<const
                       std::span<const std::int32_t> seqlens_kv, std::span<const std::int32_t> block_table, std::span<O> o,
                       std::span<float> lse = {}, const attention_options& opt = {}) {
   using namespace detail::attn;
-  check_heads(s.heads_q, s.heads_kv, s.head_dim);
+  // the cache is checked below: it is shaped by max_kv or by pages, not by seq_kv
+  const io_counts n = dense_counts(attention_shape{s.batch, s.seq_q, 0, s.heads_q, s.heads_kv, s.head_dim, attention_layout::bshd});
   const std::size_t R = detail::mul_checked(s.heads_q / s.heads_kv, s.seq_q, "attention shape");
-  const std::size_t nq = mul3(detail::mul_checked(s.batch, s.seq_q, "attention shape"), s.heads_q, s.head_dim, "attention shape");
-  check_buffer(q, nq, "q");
-  check_buffer(o, nq, "o");
-  if (!lse.empty()) check_buffer(lse, mul3(s.batch, s.heads_q, s.seq_q, "attention shape"), "lse");
+  check_io(n, {{q, "q"}, {o, "o"}}, {}, {lse, "lse"}, true, opt);
   check(seqlens_kv.size() == s.batch, "seqlens_kv has " + std::to_string(seqlens_kv.size()) + " entries, batch is " + std::to_string(s.batch));
   const bool paged = s.page_size > 0;
   const std::size_t row = detail::mul_checked(s.heads_kv, s.head_dim, "attention shape");
@@ -475,7 +478,6 @@ void attention_decode(Dev& dev, const attention_decode_shape& s, std::span<const
     check_buffer(v, mul3(s.batch, s.max_kv, row, "attention shape"), "v_cache");
     cap = s.max_kv;
   }
-  (void)make_mask(opt);
   geom g;
   g.hq = s.heads_q; g.hkv = s.heads_kv; g.d = s.head_dim; g.group = s.heads_q / s.heads_kv;
   g.q_tok = g.o_tok = s.heads_q * s.head_dim;
