@@ -162,6 +162,20 @@ TEST_CASE("attention forward matches fp64 within the FlashAttention rule", "[ops
     p.Skv = 300;
     check_forward<bf16>(p, 8);
   }
+  SECTION("several K/V blocks: rescaled accumulators, diagonals and window edges inside later blocks") {
+    p = {1, 600, 600, 2, 1, 64};  // causal: the diagonal crosses the 2nd and 3rd K/V blocks
+    p.causal = true;
+    check_forward<bf16>(p, 11);
+    p = {1, 300, 530, 2, 1, 64};  // bottom-right: every row sees keys of three blocks
+    p.causal = true;
+    p.bottom_right = true;
+    check_forward<bf16>(p, 12);
+    p = {1, 530, 700, 2, 2, 32};  // rows whose window starts after the first block that any row sees
+    p.wl = 150;
+    p.wr = 40;
+    check_forward<float>(p, 13);
+    check_forward<bf16>(p, 14);
+  }
   SECTION("huge logits do not overflow") {
     p = {1, 50, 90, 1, 1, 32};
     // logits ~ 30*30*sqrt(32) ~ 5000: errors are then dominated by the rounding of the logits
