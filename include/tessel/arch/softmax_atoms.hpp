@@ -304,7 +304,7 @@ inline void softmax_grad_row(const float* p, float* dp, std::size_t n, float del
   for (; j < n; ++j) dp[j] = p[j] * (dp[j] - delta) * c;
 }
 
-// p[j] = exp2(s[j]*c - m) in place (m finite, or -inf giving zeros), f32.
+// p[j] = exp2(s[j]*c - m) in place (m finite, or -inf giving zeros), f32 (the bits of exp2_nonpos).
 inline void exp2_inplace(float* s, std::size_t n, float c, float m) {
   if (m == neg_inf) {
     for (std::size_t j = 0; j < n; ++j) s[j] = 0.0f;
@@ -312,7 +312,7 @@ inline void exp2_inplace(float* s, std::size_t n, float c, float m) {
   }
   const vf cv(c), mv(m);
   std::size_t j = 0;
-  for (; j + W <= n; j += W) exp2_nonpos(xsimd::fms(vf::load_unaligned(s + j), cv, mv)).store_unaligned(s + j);
+  for (; j + W <= n; j += W) exp2_nonpos_scalef(xsimd::fms(vf::load_unaligned(s + j), cv, mv)).store_unaligned(s + j);
   for (; j < n; ++j) s[j] = exp2_nonpos(std::fma(s[j], c, -m));
 }
 
@@ -320,7 +320,7 @@ inline void exp2_inplace(float* s, std::size_t n, float c, float m) {
 inline void exp2_cols(const float* s, const float* m, std::size_t n, float c, float* p) {
   const vf cv(c);
   std::size_t j = 0;
-  for (; j + W <= n; j += W) exp2_nonpos(xsimd::fms(vf::load_unaligned(s + j), cv, vf::load_unaligned(m + j))).store_unaligned(p + j);
+  for (; j + W <= n; j += W) exp2_nonpos_scalef(xsimd::fms(vf::load_unaligned(s + j), cv, vf::load_unaligned(m + j))).store_unaligned(p + j);
   for (; j < n; ++j) p[j] = exp2_nonpos(std::fma(s[j], c, -m[j]));
 }
 
