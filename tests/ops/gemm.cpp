@@ -216,6 +216,32 @@ TEMPLATE_TEST_CASE("results do not depend on the thread count (1 vs 2 threads bi
   }
 }
 
+// K deeper than one chunk (f32 1024, bf16 2048) and than one packed piece (4096): partial sums of
+// the chunks are added into C in K order, and that order must not depend on the thread count.
+TEMPLATE_TEST_CASE("deep K across chunks and packed pieces: gamma_K, integers bitwise, 1 vs 2 threads bitwise", "[ops][gemm]", float, bf16) {
+  std::mt19937 g(11);
+  for (std::size_t K : {2053, 5127}) {
+    INFO("K=" << K);
+    gemm_case<TestType, TestType, float> c(130, 300, K, false, false);
+    ref::fill_real(c.A, g);
+    ref::fill_real(c.B, g);
+    ref::fill_real(c.C, g);
+    auto c1 = c;
+    auto r = ref::gemm(false, false, c.M, c.N, c.K, 1.0, c.A.data(), c.lda, c.B.data(), c.ldb, 0.5, c.C.data(), c.ldc);
+    c.run(dev2(), 1.0f, 0.5f);
+    c1.run(dev1(), 1.0f, 0.5f);
+    REQUIRE(check_bound(c.C, c.ldc, r, c.M, c.N, c.K) == 0);
+    REQUIRE(std::memcmp(c.C.data(), c1.C.data(), c.C.size() * sizeof(float)) == 0);
+    gemm_case<TestType, TestType, float> n(130, 300, K, false, false);
+    ref::fill_int(n.A, g);
+    ref::fill_int(n.B, g);
+    ref::fill_int(n.C, g);
+    auto rn = ref::gemm(false, false, n.M, n.N, n.K, 1.0, n.A.data(), n.lda, n.B.data(), n.ldb, 2.0, n.C.data(), n.ldc);
+    n.run(dev2(), 1.0f, 2.0f);
+    REQUIRE(check_exact(n.C, n.ldc, rn, n.M, n.N) == 0);
+  }
+}
+
 TEST_CASE("epilogues: every op against a scalar reference, f32/bf16/e4m3 outputs", "[ops][gemm][epilogue]") {
   std::mt19937 g(8);
   const std::size_t M = 45, N = 70, K = 64;

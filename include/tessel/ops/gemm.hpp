@@ -60,13 +60,18 @@ struct gemm_config {
   using stage = typename traits::stage_type;
   using atom = typename traits::atom;
   static constexpr std::size_t MR = atom::mr, NR = atom::nr, KP = atom::k_pack;
-  // K chunk (FP8 block-scaled: 128, one scale block). 512 deep for f32 too: the B micro-panel
-  // (64 KiB) then streams from L2, which the FMA atom sustains at full rate, and each atom call's
-  // C tile round trip and call overhead are spread over twice the work (+1.5-3.5% over 256).
+  // K chunk: 1024 deep for f32, 2048 for bf16 pairs (both 4 KiB of each A row, and a 128 KiB B
+  // micro-panel that streams from L2, which the atoms sustain at full rate). Each atom call's C
+  // tile round trip and call overhead are spread over K/KC fewer calls: measured side by side,
+  // f32 512 -> 1024 +1.6%, bf16 512 -> 1024 -> 2048 +1.8% then +1.0%; one step deeper (f32 2048,
+  // bf16 4096: an (MC,KC) A tile of 768 KiB no longer shares the 1 MiB L2) lost 1-2%. Deeper
+  // chunks change rounding (one add into C per chunk); the gamma_K, integer-bitwise and
+  // thread-count tests decide. FP8 block-scaled chunks stay 512 (KC_scaled: 4 scale blocks).
   // Skinny (small M) GEMMs are bound by reading B once: wide, short B tiles read B's rows
   // contiguously (few pages, long bursts) instead of tall column strips; 72 (not 64) rows keep
   // the staged panels from sitting 4 KiB apart, where their stores alias the source loads.
-  static constexpr std::size_t KC = Skinny ? 72 : 512;
+  static constexpr std::size_t KC = Skinny ? 72 : (traits::pair ? 2048 : 1024);
+  static constexpr std::size_t KC_scaled = Skinny ? 72 : 512;  // block-scaled (FP8) chunks
   static constexpr std::size_t NB = Skinny ? 1024 : 256;  // columns per block (B tile KC x NB stays in L2)
   static constexpr std::size_t MC = 96;     // rows per mma step (A tile MC x KC in L2)
   static constexpr std::size_t MB_max = 1024;  // rows per block: packed B is reused by this many rows
@@ -107,9 +112,9 @@ struct gemm_program {
   // once per chunk as for bf16 (one sweep per 128-deep block cost ~25% at 1 MiB per block).
   // Other atoms run one scale block per chunk with their row/column scales.
   static constexpr bool scaled_pair = Scaled && KP == 2;
-  static constexpr std::size_t SB = scaled_pair ? cfg::KC / gemm_scales::block : 1;
+  static constexpr std::size_t SB = scaled_pair ? cfg::KC_scaled / gemm_scales::block : 1;
   static constexpr std::size_t KC = Scaled ? gemm_scales::block * SB : cfg::KC;
-  static_assert(!scaled_pair || cfg::KC % gemm_scales::block == 0, "gemm_program: K chunk must hold whole scale blocks");
+  static_assert(!scaled_pair || cfg::KC_scaled % gemm_scales::block == 0, "gemm_program: K chunk must hold whole scale blocks");
   static_assert(!scaled_pair || (arch::best_bf16_scaled_atom::mr == MR && arch::best_bf16_scaled_atom::nr == NR),
                 "gemm_program: the block-scaled atom must have the pair atom's tile");
 
