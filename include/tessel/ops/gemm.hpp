@@ -73,7 +73,10 @@ struct gemm_config {
   static constexpr std::size_t KC = Skinny ? 72 : (traits::pair ? 2048 : 1024);
   static constexpr std::size_t KC_scaled = Skinny ? 72 : 512;  // block-scaled (FP8) chunks
   static constexpr std::size_t NB = Skinny ? 1024 : 256;  // columns per block (B tile KC x NB stays in L2)
-  static constexpr std::size_t MC = 96;     // rows per mma step (A tile MC x KC in L2)
+  // rows per mma step: the (MC,KC) A tile (f32 288 KiB, bf16 288 KiB), the B micro-panel
+  // (128 KiB) and the (MC,NB) accumulators (72 KiB) share the 1 MiB L2 with room to spare; measured
+  // against 96 with the deeper chunks: +0.8-2.8% f32, +0.4-0.8% bf16 (48 was no better than 72)
+  static constexpr std::size_t MC = 72;
   static constexpr std::size_t MB_max = 1024;  // rows per block: packed B is reused by this many rows
   static constexpr std::size_t skinny_max_m = 32;
   static_assert(NB % NR == 0 && MC % MR == 0, "gemm_config: tile sizes must be multiples of the atom");
