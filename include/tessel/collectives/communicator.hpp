@@ -14,6 +14,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -39,8 +40,14 @@ struct call_options {
 struct comm_options {
   std::size_t segment_bytes = std::size_t{512} << 10;  // pipelining unit of the ring and direct algorithms
   int node_size = 0;                                 // ranks per super-node; 0: ask the transport
-  std::size_t small_bytes = 32 * 1024;               // up to this, trees win on latency (n >= 4)
-  std::size_t medium_bytes = std::size_t{1} << 20;   // up to this, halving-doubling (log n steps) wins
+  // Size thresholds (bytes per rank) of algorithm::automatic at n >= 4; unset: the transport's.
+  // Real transports: the fewest-latency algorithm (a tree) up to 32 KiB, halving-doubling up to
+  // 1 MiB, then direct. A modelled fabric charges no per-message cost and overlaps posted receives
+  // completely, so there the fewest-latency algorithm is direct (one step) and direct wins at every
+  // size (measured on 16 and 128 emulated cards): small 4 KiB (broadcast: direct up to it, then
+  // halving-doubling) and no halving-doubling band.
+  std::optional<std::size_t> small_bytes;
+  std::optional<std::size_t> medium_bytes;
 };
 
 }  // namespace v0
@@ -185,8 +192,8 @@ class communicator {
   // The algorithm the default selection picks for a collective of `bytes` per rank.
   algorithm default_algorithm(std::size_t bytes) const {
     const int n = size();
-    if (n >= 4 && bytes <= s_->opt.small_bytes) return algorithm::tree;
-    if (n >= 4 && bytes <= s_->opt.medium_bytes) return algorithm::halving_doubling;
+    if (n >= 4 && bytes <= small_limit()) return latency_algorithm();
+    if (n >= 4 && bytes <= medium_limit()) return algorithm::halving_doubling;
     const int g = node_size();
     if (g > 1 && g < n && n % g == 0) return algorithm::hierarchical;
     return algorithm::direct;
@@ -352,10 +359,15 @@ class communicator {
   int node_size() const { return s_->opt.node_size > 0 ? s_->opt.node_size : s_->tp->node_size(); }
 
   detail::coll_ctx ctx() {
-    detail::coll_ctx c{*s_->tp, rank(), size(), (++s_->seq) << 8, s_->opt.segment_bytes, node_size(), {}};
-    c.segment_bytes = s_->opt.segment_bytes;
-    c.node_size = node_size();
+    detail::coll_ctx c{*s_->tp, rank(), size(), (++s_->seq) << 8, s_->opt.segment_bytes, node_size(), {}, {}};
     return c;
+  }
+  // The automatic choice's pieces (see comm_options).
+  bool modelled() const { return s_->tp->is_simulated(); }
+  algorithm latency_algorithm() const { return modelled() ? algorithm::direct : algorithm::tree; }
+  std::size_t small_limit() const { return s_->opt.small_bytes.value_or(modelled() ? std::size_t{4} << 10 : std::size_t{32} << 10); }
+  std::size_t medium_limit() const {
+    return std::max(small_limit(), s_->opt.medium_bytes.value_or(modelled() ? 0 : std::size_t{1} << 20));
   }
   algorithm pick(algorithm a, std::size_t bytes) const { return a == algorithm::automatic ? default_algorithm(bytes) : a; }
 
@@ -465,7 +477,8 @@ class communicator {
     const tag_t tg = c.tag + 21;
     if (c.rank == root) {
       for (int q = 0; q < c.n; ++q)
-        if (q != root) c.tp.recv_into(q, tg, {rb + off[q] * es, (off[q + 1] - off[q]) * es});
+        if (q != root) c.post_recv(q, tg, rb + off[q] * es, (off[q + 1] - off[q]) * es);
+      c.wait_recvs();
       detail::copy_bytes(rb + off[c.rank] * es, blk.data(), m * es);
     } else {
       c.send(root, tg, blk.data(), m * es);
@@ -486,7 +499,7 @@ class communicator {
     if (c.n == 1) return;
     const tag_t tg = c.tag + 22;
     algorithm a = o.algo;
-    if (a == algorithm::automatic) a = (c.n >= 4 && bytes <= s_->opt.small_bytes) ? algorithm::tree : algorithm::halving_doubling;
+    if (a == algorithm::automatic) a = (c.n >= 4 && bytes <= small_limit()) ? latency_algorithm() : algorithm::halving_doubling;
     switch (a) {
       case algorithm::tree: return detail::tree_bcast(c, rb, bytes, root, tg);
       case algorithm::ring: {
@@ -569,7 +582,8 @@ class communicator {
     if (c.rank == root) {
       if (!inplace) detail::copy_bytes(rb + static_cast<std::size_t>(root) * sendcount * es, send, sendcount * es);
       for (int q = 0; q < c.n; ++q)
-        if (q != root) c.tp.recv_into(q, tg, {rb + static_cast<std::size_t>(q) * sendcount * es, sendcount * es});
+        if (q != root) c.post_recv(q, tg, rb + static_cast<std::size_t>(q) * sendcount * es, sendcount * es);
+      c.wait_recvs();
     } else {
       c.send(root, tg, static_cast<const std::byte*>(send), sendcount * es);
       c.wait_all();
@@ -627,14 +641,12 @@ class communicator {
     for (int q = 0; q < c.n; ++q)
       if (q != r) c.send(q, tg, sc[q] && sb ? sb + sd[q] * es : nullptr, sc[q] * es);
     // every receive posted before any is awaited (a fabric then serves all senders at once)
-    std::vector<detail::treq> recvs;
-    recvs.reserve(static_cast<std::size_t>(c.n));
     for (int k = 1; k < c.n; ++k) {  // start with the next rank so that senders are served evenly
       const int q = (r + c.n - k) % c.n;
-      recvs.push_back(c.tp.irecv_into(q, tg, {rc[q] && rb ? rb + rd[q] * es : nullptr, rc[q] * es}));
+      c.post_recv(q, tg, rc[q] && rb ? rb + rd[q] * es : nullptr, rc[q] * es);
     }
     if (sb && rb) detail::copy_bytes(rb + rd[r] * es, sb + sd[r] * es, sc[r] * es);
-    for (auto& q : recvs) c.tp.wait(q);
+    c.wait_recvs();
     c.wait_all();
   }
 

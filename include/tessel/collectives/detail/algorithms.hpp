@@ -179,6 +179,16 @@ struct coll_ctx {
     for (auto& r : pending) tp.wait(r);
     pending.clear();
   }
+  // Receives from several peers: post each one, then wait for all of them. On a modelled fabric a
+  // receive pulls its bytes after a handshake round trip, so receiving one peer after another
+  // would add n-1 round trips; posted together they overlap and share the port. Transports without
+  // native posted receives run them in posting order at wait time, as a loop of recv_into would.
+  std::vector<treq> posted;
+  void post_recv(int peer, tag_t t, std::byte* p, std::size_t bytes) { posted.push_back(tp.irecv_into(peer, t, {p, bytes})); }
+  void wait_recvs() {
+    for (auto& r : posted) tp.wait(r);
+    posted.clear();
+  }
 };
 
 inline std::size_t block_off(std::size_t count, int n, int b) {
@@ -217,6 +227,29 @@ inline void ordered_fold(coll_ctx& c, dtype d, reduce_op op, const std::vector<f
   auto bytes_of = [&](const fold_src& s) { return m * (s.is_acc ? as : es); };
   auto elem_of = [&](const fold_src& s, std::size_t off) { return off / (s.is_acc ? as : es); };
   if (seq.empty()) throw std::logic_error("tessel: empty fold");
+  if (c.tp.is_simulated() && std::count_if(seq.begin(), seq.end(), [](const fold_src& s) { return s.rank >= 0; }) > 1) {
+    // modelled fabric: pull every message at once into staging (see coll_ctx::post_recv), then
+    // fold the same sequence from memory; the order of the additions is unchanged
+    std::size_t total = 0;
+    for (const auto& s : seq)
+      if (s.rank >= 0) total += bytes_of(s);
+    scratch staged(total);
+    std::vector<fold_src> local = seq;
+    std::vector<std::size_t> at(seq.size(), 0);
+    for (std::size_t k = 0, pos = 0; k < seq.size(); ++k)
+      if (seq[k].rank >= 0) {
+        at[k] = pos;
+        pos += bytes_of(seq[k]);
+      }
+    auto where = [&](std::size_t k) { return staged.data() ? staged.data() + at[k] : nullptr; };
+    for (int step = 1; step <= c.n; ++step)  // rotated from our rank, so senders are not all hit in rank order
+      for (std::size_t k = 0; k < seq.size(); ++k)
+        if (seq[k].rank == (c.rank + step) % c.n) c.post_recv(seq[k].rank, tag, where(k), bytes_of(seq[k]));
+    c.wait_recvs();
+    for (std::size_t k = 0; k < seq.size(); ++k)
+      if (seq[k].rank >= 0) local[k] = fold_src{-1, where(k), seq[k].is_acc};
+    return ordered_fold(c, d, op, local, acc, m, tag);  // all sources local now (at least two)
+  }
   const fold_src& s0 = seq[0];
   std::size_t next = 1;
   if (seq.size() == 1) {
@@ -417,8 +450,9 @@ inline void ag_direct(coll_ctx& c, std::byte* buf, dtype d, const std::vector<st
     if (q != r) c.send(q, tag, buf + off[r] * es, (off[r + 1] - off[r]) * es);
   for (int k = 1; k < c.n; ++k) {  // rotated: at every step each sender serves one receiver
     const int q = (r - k + c.n) % c.n;
-    c.tp.recv_into(q, tag, {buf + off[q] * es, (off[q + 1] - off[q]) * es});
+    c.post_recv(q, tag, buf + off[q] * es, (off[q + 1] - off[q]) * es);
   }
+  c.wait_recvs();
   c.wait_all();
 }
 
@@ -657,40 +691,31 @@ inline void ar_direct(coll_ctx& c, const std::byte* send, std::byte* recv, std::
   auto acc = place_acc(d, out, std::min(m, seg), early || !overlaps(out, m * es, local, m * es));
   const bool acc_is_out = acc.p == out;
   std::vector<fold_src> seq(static_cast<std::size_t>(n));
-  scratch staged;
   for (std::size_t s = 0; s < maxseg; ++s) {
     if (s < nseg(r)) {
       const std::size_t lo = s * seg, len = std::min(seg, m - lo);
       std::byte* a = acc_is_out ? out + lo * es : acc.p;
-      if (c.tp.is_simulated()) {
-        // on a modelled fabric the order of receives is the order of transfers: receiving every
-        // owner's contributions in rank order would make all owners pull from rank 0 at once.
-        // Receive in rotated order (a permutation per step), then fold in rank order as always.
-        staged = scratch(len * es * static_cast<std::size_t>(n));
-        for (int k = 1; k < n; ++k) {
-          const int q = (r + k) % n;
-          c.tp.recv_into(q, tin, {staged.data() + static_cast<std::size_t>(q) * len * es, len * es});
-        }
-        for (int q = 0; q < n; ++q)
-          seq[q] = fold_src{-1, q == r ? local + lo * es : staged.data() + static_cast<std::size_t>(q) * len * es, false};
-      } else {
-        for (int q = 0; q < n; ++q) seq[q] = q == r ? fold_src{-1, local + lo * es, false} : fold_src{q, nullptr, false};
-      }
+      for (int q = 0; q < n; ++q) seq[q] = q == r ? fold_src{-1, local + lo * es, false} : fold_src{q, nullptr, false};
       ordered_fold(c, d, op, seq, a, len, tin);
       finalize_kernel(op, d, n, a, out + lo * es, len);
       for (int q = 0; q < n; ++q)
         if (q != r) c.send(q, tout, out + lo * es, len * es);
     }
+    // our contribution to each segment must have been read before the result overwrites it (in
+    // place); the owner read it before sending the result, so these waits do not block. Then
+    // every result receive is posted at once, so their handshakes overlap.
+    for (int k = 1; k < n; ++k) {
+      const int q = (r - k + n) % n;
+      if (s < nseg(q)) c.tp.wait(in_sends[s * static_cast<std::size_t>(n) + static_cast<std::size_t>(q)]);
+    }
     for (int k = 1; k < n; ++k) {
       const int q = (r - k + n) % n;
       if (s < nseg(q)) {
         const std::size_t lo = off[q] + s * seg, len = std::min(seg, off[q + 1] - lo);
-        // our contribution to this segment must have been read before the result overwrites it
-        // (in place); the owner read it before sending the result, so this does not block
-        c.tp.wait(in_sends[s * static_cast<std::size_t>(n) + static_cast<std::size_t>(q)]);
-        c.tp.recv_into(q, tout, {recv + lo * es, len * es});
+        c.post_recv(q, tout, recv + lo * es, len * es);
       }
     }
+    c.wait_recvs();
   }
   for (auto& rq : in_sends) c.tp.wait(rq);
   c.wait_all();
