@@ -116,7 +116,9 @@ inline void mma_direct(const typename Atom::a_type* a, std::size_t a_rs, std::si
 // (when kdepth_from_cols is false: columns are cut to whole NR panels) or only the first `cols[r]`
 // of the K depth (when true: rounded up to KP; the rest of a's row must be zero in effect, as for
 // probabilities of masked keys). A causal diagonal block thus skips its fully masked micro-tiles.
-// With accumulate == false every row panel is written, even one that needs nothing (zeros).
+// In the K-depth form with accumulate == false every row panel is written (zeros where it needs
+// nothing); in the column form the skipped micro-tiles are left unwritten (their scores are masked
+// and never read).
 template <class Atom>
 inline void mma_direct_panels(const typename Atom::a_type* a, std::size_t a_rs, std::size_t rows, const typename Atom::b_type* b,
                               std::size_t b_rows, std::size_t ncols, std::size_t kdepth, float* c, std::size_t ldc, bool accumulate,
