@@ -6,8 +6,8 @@
 // kernel time; peak extra memory of the forward pass at S = 8k and 32k.
 // FLOPs: 4·Sq·Skv·D per head forward (half when causal), 2.5x that backward.
 // Counters: flops (rate), of_limit (fraction of the machine's bf16 dot peak, or for decode of the
-// STREAM bandwidth measured alongside it, see decode_tessel), of_gemm (fraction of the bf16 GEMM
-// rate measured earlier in this run).
+// STREAM bandwidth measured alongside it, see decode_tessel), of_gemm (fraction of the median bf16
+// GEMM repetition measured earlier in this run).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -39,9 +39,18 @@ host_device& dev() {
   static host_device d(threads);
   return d;
 }
-double& gemm_rate() {
-  static double r = 0;
+// The bf16 GEMM's rate: the median of its repetitions so far (each attention repetition is then
+// compared with the same middle figure; the best repetition would bias every ratio low).
+std::vector<double>& gemm_rates() {
+  static std::vector<double> r;
   return r;
+}
+double gemm_rate() {
+  auto r = gemm_rates();
+  if (r.empty()) return 0;
+  std::sort(r.begin(), r.end());
+  const std::size_t h = r.size() / 2;
+  return r.size() % 2 ? r[h] : 0.5 * (r[h - 1] + r[h]);
 }
 
 struct qkv {
@@ -93,7 +102,7 @@ void gemm_bf16(benchmark::State& state) {
     secs += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   const double f = 2.0 * double(n) * n * n;
-  gemm_rate() = std::max(gemm_rate(), f * double(state.iterations()) / secs);
+  gemm_rates().push_back(f * double(state.iterations()) / secs);
   report(state, f);
 }
 
