@@ -391,6 +391,14 @@ class communicator {
     if (!reducible(d)) throw std::invalid_argument(std::string("tessel::") + what + ": dtype " + std::string(dtype_name(d)) + " cannot be reduced");
   }
   // In-place means exactly equal (or the NCCL offset); any other overlap is an error.
+  // A timing-only run may pass null buffers (nothing is read or written); the algorithms still
+  // compute addresses in them, so a null buffer gets an inaccessible stand-in of its size.
+  template <class P>
+  static P* stand_in(P* p, std::size_t bytes, detail::dry_region& keep) {
+    if (p || !detail::coll_dry_run || bytes == 0) return p;
+    keep = detail::dry_region(bytes);
+    return static_cast<P*>(static_cast<void*>(keep.data()));
+  }
   static void check_alias(const void* a, std::size_t an, const void* b, std::size_t bn, bool allowed, const char* what) {
     if (!allowed && detail::overlaps(a, an, b, bn))
       throw std::invalid_argument(std::string("tessel::") + what + ": send and recv overlap but are not in place");
@@ -400,6 +408,9 @@ class communicator {
     check_reducible(d, op, "all_reduce");
     detail::check_buffer(send, count, d, "all_reduce", "send");
     detail::check_buffer(recv, count, d, "all_reduce", "recv");
+    detail::dry_region dry_s, dry_r;
+    send = stand_in(send, detail::checked_bytes(count, d, "all_reduce"), dry_s);
+    recv = stand_in(recv, detail::checked_bytes(count, d, "all_reduce"), dry_r);
     const std::size_t bytes = count * dtype_size(d);
     check_alias(send, bytes, recv, bytes, send == recv, "all_reduce");
     auto c = ctx();
@@ -439,6 +450,9 @@ class communicator {
     const std::size_t total = detail::mul_checked(recvcount, static_cast<std::size_t>(size()), "reduce_scatter");
     detail::check_buffer(send, total, d, "reduce_scatter", "send");
     detail::check_buffer(recv, recvcount, d, "reduce_scatter", "recv");
+    detail::dry_region dry_s, dry_r;
+    send = stand_in(send, detail::checked_bytes(total, d, "reduce_scatter"), dry_s);
+    recv = stand_in(recv, detail::checked_bytes(recvcount, d, "reduce_scatter"), dry_r);
     const std::size_t es = dtype_size(d);
     auto* sb = static_cast<const std::byte*>(send);
     auto* rb = static_cast<std::byte*>(recv);
@@ -454,6 +468,9 @@ class communicator {
     check_reducible(d, op, "reduce");
     check_root(root, "reduce");
     detail::check_buffer(send, count, d, "reduce", "send");
+    detail::dry_region dry_s, dry_r;
+    send = stand_in(send, detail::checked_bytes(count, d, "reduce"), dry_s);
+    recv = stand_in(recv, detail::checked_bytes(count, d, "reduce"), dry_r);
     const std::size_t bytes = count * dtype_size(d), es = dtype_size(d);
     if (rank() == root) {
       detail::check_buffer(recv, count, d, "reduce", "recv");
@@ -491,6 +508,9 @@ class communicator {
     const std::size_t bytes = detail::checked_bytes(count, d, "broadcast"), es = dtype_size(d);
     if (rank() == root) detail::check_buffer(send, count, d, "broadcast", "send");
     detail::check_buffer(recv, count, d, "broadcast", "recv");
+    detail::dry_region dry_s, dry_r;
+    send = stand_in(send, bytes, dry_s);
+    recv = stand_in(recv, bytes, dry_r);
     if (rank() == root) check_alias(send, bytes, recv, bytes, send == recv, "broadcast");
     auto c = ctx();
     if (count == 0) return;
@@ -539,6 +559,9 @@ class communicator {
     const std::size_t total = detail::mul_checked(sendcount, static_cast<std::size_t>(size()), "all_gather");
     detail::check_buffer(send, sendcount, d, "all_gather", "send");
     detail::check_buffer(recv, total, d, "all_gather", "recv");
+    detail::dry_region dry_s, dry_r;
+    send = stand_in(send, detail::checked_bytes(sendcount, d, "all_gather"), dry_s);
+    recv = stand_in(recv, detail::checked_bytes(total, d, "all_gather"), dry_r);
     const std::size_t es = dtype_size(d);
     auto* rb = static_cast<std::byte*>(recv);
     std::byte* mine = rb + static_cast<std::size_t>(rank()) * sendcount * es;
@@ -568,6 +591,9 @@ class communicator {
     check_root(root, "gather");
     const std::size_t total = detail::mul_checked(sendcount, static_cast<std::size_t>(size()), "gather");
     detail::check_buffer(send, sendcount, d, "gather", "send");
+    detail::dry_region dry_s, dry_r;
+    send = stand_in(send, detail::checked_bytes(sendcount, d, "gather"), dry_s);
+    recv = stand_in(recv, detail::checked_bytes(total, d, "gather"), dry_r);
     const std::size_t es = dtype_size(d);
     auto* rb = static_cast<std::byte*>(recv);
     bool inplace = false;
@@ -594,6 +620,9 @@ class communicator {
     check_root(root, "scatter");
     const std::size_t total = detail::mul_checked(recvcount, static_cast<std::size_t>(size()), "scatter");
     detail::check_buffer(recv, recvcount, d, "scatter", "recv");
+    detail::dry_region dry_s, dry_r;
+    send = stand_in(send, detail::checked_bytes(total, d, "scatter"), dry_s);
+    recv = stand_in(recv, detail::checked_bytes(recvcount, d, "scatter"), dry_r);
     const std::size_t es = dtype_size(d);
     auto* sb = static_cast<const std::byte*>(send);
     bool inplace = false;

@@ -128,19 +128,52 @@ class scratch_pool {
   std::size_t cached_ = 0;
 };
 
-// Scratch bytes from the pool (at least 64-byte aligned, so any element type can live in them).
+// Timing-only runs move no bytes: their buffers may be null and their scratch holds no memory, yet
+// the algorithms still compute addresses inside them. A dry_region stands in for such a buffer: an
+// inaccessible (PROT_NONE), unreserved mapping of the same size, so that address arithmetic stays
+// inside a mapping instead of offsetting a null pointer. It costs address space only.
+class dry_region {
+ public:
+  dry_region() = default;
+  explicit dry_region(std::size_t bytes) {
+    if (!bytes) return;
+    void* q = ::mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (q == MAP_FAILED) throw std::bad_alloc();
+    p_ = static_cast<std::byte*>(q);
+    n_ = bytes;
+  }
+  dry_region(dry_region&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  dry_region& operator=(dry_region&& o) noexcept {
+    std::swap(p_, o.p_);
+    std::swap(n_, o.n_);
+    return *this;
+  }
+  ~dry_region() {
+    if (p_) ::munmap(p_, n_);
+  }
+  std::byte* data() const { return p_; }
+
+ private:
+  std::byte* p_ = nullptr;
+  std::size_t n_ = 0;
+};
+
+// Scratch bytes from the pool (at least 64-byte aligned, so any element type can live in them); in
+// a timing-only run, a dry_region of that size.
 class scratch {
  public:
   scratch() = default;
   explicit scratch(std::size_t bytes) : n_(bytes) {
     if (bytes && !coll_dry_run) std::tie(p_, cls_) = scratch_pool::instance().get(bytes);
+    else if (bytes) dry_ = dry_region(bytes);
   }
   scratch(scratch&& o) noexcept
-      : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)), cls_(std::exchange(o.cls_, 0)) {}
+      : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)), cls_(std::exchange(o.cls_, 0)), dry_(std::move(o.dry_)) {}
   scratch& operator=(scratch&& o) noexcept {
     std::swap(p_, o.p_);
     std::swap(n_, o.n_);
     std::swap(cls_, o.cls_);
+    std::swap(dry_, o.dry_);
     return *this;
   }
   // A collective that fails (a dead peer, an abort) unwinds with sends still posted from its
@@ -154,12 +187,13 @@ class scratch {
     else
       scratch_pool::instance().put(p_, cls_);
   }
-  std::byte* data() const { return p_; }
+  std::byte* data() const { return p_ ? p_ : dry_.data(); }
   std::size_t size() const { return n_; }
 
  private:
   std::byte* p_ = nullptr;
   std::size_t n_ = 0, cls_ = 0;
+  dry_region dry_;
 };
 
 struct coll_ctx {
@@ -221,8 +255,9 @@ struct fold_src {
 
 // acc (m accumulator elements) = contributions folded in sequence order. acc may alias a local
 // contribution only if that contribution is one of the first two (element-wise reads come first).
+// Messages carry `tag`; a partial (is_acc) message carries `partial_tag`.
 inline void ordered_fold(coll_ctx& c, dtype d, reduce_op op, const std::vector<fold_src>& seq, std::byte* acc,
-                         std::size_t m, tag_t tag) {
+                         std::size_t m, tag_t tag, tag_t partial_tag) {
   const std::size_t es = dtype_size(d), as = dtype_size(accumulator_dtype(d));
   auto bytes_of = [&](const fold_src& s) { return m * (s.is_acc ? as : es); };
   auto elem_of = [&](const fold_src& s, std::size_t off) { return off / (s.is_acc ? as : es); };
@@ -241,20 +276,21 @@ inline void ordered_fold(coll_ctx& c, dtype d, reduce_op op, const std::vector<f
         at[k] = pos;
         pos += bytes_of(seq[k]);
       }
-    auto where = [&](std::size_t k) { return staged.data() ? staged.data() + at[k] : nullptr; };
+    auto where = [&](std::size_t k) { return staged.data() + at[k]; };
     for (int step = 1; step <= c.n; ++step)  // rotated from our rank, so senders are not all hit in rank order
       for (std::size_t k = 0; k < seq.size(); ++k)
-        if (seq[k].rank == (c.rank + step) % c.n) c.post_recv(seq[k].rank, tag, where(k), bytes_of(seq[k]));
+        if (seq[k].rank == (c.rank + step) % c.n)
+          c.post_recv(seq[k].rank, seq[k].is_acc ? partial_tag : tag, where(k), bytes_of(seq[k]));
     c.wait_recvs();
     for (std::size_t k = 0; k < seq.size(); ++k)
       if (seq[k].rank >= 0) local[k] = fold_src{-1, where(k), seq[k].is_acc};
-    return ordered_fold(c, d, op, local, acc, m, tag);  // all sources local now (at least two)
+    return ordered_fold(c, d, op, local, acc, m, tag, partial_tag);  // all sources local now (at least two)
   }
   const fold_src& s0 = seq[0];
   std::size_t next = 1;
   if (seq.size() == 1) {
     if (s0.rank < 0) to_acc_kernel(d, s0.local, acc, m);
-    else if (s0.is_acc) c.tp.recv_into(s0.rank, tag, {acc, m * as});
+    else if (s0.is_acc) c.tp.recv_into(s0.rank, partial_tag, {acc, m * as});
     else
       c.tp.recv(s0.rank, tag, bytes_of(s0), [&](std::span<const std::byte> p, std::size_t off) {
         to_acc_kernel(d, p.data(), acc + elem_of(s0, off) * as, p.size() / es);
@@ -267,7 +303,7 @@ inline void ordered_fold(coll_ctx& c, dtype d, reduce_op op, const std::vector<f
     fold_kernel(op, d, s0.local, s0.is_acc, s1.local, acc, m);
     next = 2;
   } else if (s0.rank >= 0 && s1.rank < 0) {  // fused: acc = op(message, local) in one pass
-    c.tp.recv(s0.rank, tag, bytes_of(s0), [&](std::span<const std::byte> p, std::size_t off) {
+    c.tp.recv(s0.rank, s0.is_acc ? partial_tag : tag, bytes_of(s0), [&](std::span<const std::byte> p, std::size_t off) {
       const std::size_t e = elem_of(s0, off), len = p.size() / (s0.is_acc ? as : es);
       fold_kernel(op, d, p.data(), s0.is_acc, s1.local + e * es, acc + e * as, len);
     });
@@ -279,7 +315,7 @@ inline void ordered_fold(coll_ctx& c, dtype d, reduce_op op, const std::vector<f
     });
     next = 2;
   } else {
-    if (s0.is_acc) c.tp.recv_into(s0.rank, tag, {acc, m * as});
+    if (s0.is_acc) c.tp.recv_into(s0.rank, partial_tag, {acc, m * as});
     else
       c.tp.recv(s0.rank, tag, bytes_of(s0), [&](std::span<const std::byte> p, std::size_t off) {
         to_acc_kernel(d, p.data(), acc + elem_of(s0, off) * as, p.size() / es);
@@ -297,6 +333,11 @@ inline void ordered_fold(coll_ctx& c, dtype d, reduce_op op, const std::vector<f
       });
     }
   }
+}
+
+inline void ordered_fold(coll_ctx& c, dtype d, reduce_op op, const std::vector<fold_src>& seq, std::byte* acc,
+                         std::size_t m, tag_t tag) {
+  ordered_fold(c, d, op, seq, acc, m, tag, tag);
 }
 
 // Where an accumulator for m elements lives: in `out` when the types agree and aliasing is safe.
@@ -798,20 +839,7 @@ inline void ar_hier(coll_ctx& c, const std::byte* send, std::byte* recv, std::si
   if (node > 0) seq.push_back({(node - 1) * g + l, nullptr, true});
   for (int q = 0; q < g; ++q) seq.push_back(q == l ? fold_src{-1, send + off[l] * es, false} : fold_src{node * g + q, nullptr, false});
   scratch acc(bm * as);
-  if (node > 0) {
-    // the prefix partial (tag t2) goes first, then this node's raw blocks (tag t1) in rank order
-    c.tp.recv_into(seq[0].rank, t2, {acc.data(), bm * as});
-    for (std::size_t k = 1; k < seq.size(); ++k) {
-      if (seq[k].rank < 0) fold_kernel(op, d, acc.data(), true, seq[k].local, acc.data(), bm);
-      else
-        c.tp.recv(seq[k].rank, t1, bm * es, [&](std::span<const std::byte> p, std::size_t o) {
-          const std::size_t e = o / es;
-          fold_kernel(op, d, acc.data() + e * as, true, p.data(), acc.data() + e * as, p.size() / es);
-        });
-    }
-  } else {
-    ordered_fold(c, d, op, seq, acc.data(), bm, t1);
-  }
+  ordered_fold(c, d, op, seq, acc.data(), bm, t1, t2);  // the prefix partial (tag t2) first, then this node's blocks
   std::byte* myblk = recv + off[l] * es;
   if (node < m - 1) {
     c.send((node + 1) * g + l, t2, acc.data(), bm * as);
@@ -827,7 +855,8 @@ inline void ar_hier(coll_ctx& c, const std::byte* send, std::byte* recv, std::si
   for (int q = 0; q < g; ++q)
     if (q != l) c.send(node * g + q, t4, myblk, bm * es);
   for (int q = 0; q < g; ++q)
-    if (q != l) c.tp.recv_into(node * g + q, t4, {recv + off[q] * es, (off[q + 1] - off[q]) * es});
+    if (q != l) c.post_recv(node * g + q, t4, recv + off[q] * es, (off[q + 1] - off[q]) * es);
+  c.wait_recvs();
   c.wait_all();
 }
 
