@@ -214,9 +214,10 @@ struct coll_ctx {
     pending.clear();
   }
   // Receives from several peers: post each one, then wait for all of them. On a modelled fabric a
-  // receive pulls its bytes after a handshake round trip, so receiving one peer after another
-  // would add n-1 round trips; posted together they overlap and share the port. Transports without
-  // native posted receives run them in posting order at wait time, as a loop of recv_into would.
+  // transfer starts only once its receive is posted and then pays the link latency, so receiving
+  // one peer after another would add n-1 latencies; posted together they overlap and share the
+  // port. Transports without native posted receives run them in posting order at wait time, as a
+  // loop of recv_into would.
   std::vector<treq> posted;
   void post_recv(int peer, tag_t t, std::byte* p, std::size_t bytes) { posted.push_back(tp.irecv_into(peer, t, {p, bytes})); }
   void wait_recvs() {
@@ -744,7 +745,7 @@ inline void ar_direct(coll_ctx& c, const std::byte* send, std::byte* recv, std::
     }
     // our contribution to each segment must have been read before the result overwrites it (in
     // place); the owner read it before sending the result, so these waits do not block. Then
-    // every result receive is posted at once, so their handshakes overlap.
+    // every result receive is posted at once, so their latencies overlap.
     for (int k = 1; k < n; ++k) {
       const int q = (r - k + n) % n;
       if (s < nseg(q)) c.tp.wait(in_sends[s * static_cast<std::size_t>(n) + static_cast<std::size_t>(q)]);
