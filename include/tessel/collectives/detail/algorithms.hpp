@@ -271,20 +271,13 @@ inline void ordered_fold(coll_ctx& c, dtype d, reduce_op op, const std::vector<f
       if (s.rank >= 0) total += bytes_of(s);
     scratch staged(total);
     std::vector<fold_src> local = seq;
-    std::vector<std::size_t> at(seq.size(), 0);
     for (std::size_t k = 0, pos = 0; k < seq.size(); ++k)
       if (seq[k].rank >= 0) {
-        at[k] = pos;
+        c.post_recv(seq[k].rank, seq[k].is_acc ? partial_tag : tag, staged.data() + pos, bytes_of(seq[k]));
+        local[k] = fold_src{-1, staged.data() + pos, seq[k].is_acc};
         pos += bytes_of(seq[k]);
       }
-    auto where = [&](std::size_t k) { return staged.data() + at[k]; };
-    for (int step = 1; step <= c.n; ++step)  // rotated from our rank, so senders are not all hit in rank order
-      for (std::size_t k = 0; k < seq.size(); ++k)
-        if (seq[k].rank == (c.rank + step) % c.n)
-          c.post_recv(seq[k].rank, seq[k].is_acc ? partial_tag : tag, where(k), bytes_of(seq[k]));
     c.wait_recvs();
-    for (std::size_t k = 0; k < seq.size(); ++k)
-      if (seq[k].rank >= 0) local[k] = fold_src{-1, where(k), seq[k].is_acc};
     return ordered_fold(c, d, op, local, acc, m, tag, partial_tag);  // all sources local now (at least two)
   }
   const fold_src& s0 = seq[0];
