@@ -2,9 +2,12 @@
 // {0,1,7,33,127,129,1000}, every transpose x dtype x epilogue, 1 vs 2 threads bitwise, typed errors.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <limits>
 #include <random>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -317,6 +320,35 @@ TEST_CASE("beta = 0 never reads C (NaN in C is overwritten)", "[ops][gemm]") {
   std::vector<float> A(4 * 5, 1.0f), B(5 * 3, 1.0f), C(4 * 3, std::numeric_limits<float>::quiet_NaN());
   gemm(dev2(), transpose::none, transpose::none, 4, 3, 5, 1.0f, A.data(), 5, B.data(), 3, 0.0f, C.data(), 3);
   for (float x : C) REQUIRE(x == 5.0f);
+}
+
+// An f32 result of at least 8 MiB with beta = 0 is written with streaming stores: same bits as
+// the cached store of a small GEMM over the same rows (row-aligned and unaligned C rows, with and
+// without an epilogue), within gamma_K of fp64, and C is never read (NaN is overwritten).
+TEMPLATE_TEST_CASE("large f32 results (streaming stores): gamma_K, same bits as the cached store", "[ops][gemm]", float, bf16) {
+  std::mt19937 g(13);
+  const std::size_t M = 1030, N = 2050, K = 37, rows = 72;
+  for (std::size_t pad : {std::size_t{0}, std::size_t{3}}) {
+    INFO("ldc = N + " << pad);
+    gemm_case<TestType, TestType, float> c(M, N, K, false, false, pad);
+    REQUIRE(M * N * sizeof(float) >= (std::size_t{8} << 20));
+    ref::fill_real(c.A, g);
+    ref::fill_real(c.B, g);
+    std::fill(c.C.begin(), c.C.end(), std::numeric_limits<float>::quiet_NaN());
+    auto r = ref::gemm(false, false, M, N, K, 1.0, c.A.data(), c.lda, c.B.data(), c.ldb, 0.0, c.C.data(), c.ldc);
+    c.run(dev2(), 1.0f, 0.0f);
+    REQUIRE(check_bound(c.C, c.ldc, r, M, N, K) == 0);
+    std::vector<float> bias(N);
+    ref::fill_real(bias, g);
+    const auto ep = epilogue::bias(std::span<const float>(bias)) | epilogue::relu;
+    c.run(dev2(), 0.5f, 0.0f, ep);
+    for (std::size_t m0 : {std::size_t{0}, M - rows}) {  // first and last row slab as small GEMMs
+      std::vector<float> s(rows * c.ldc);
+      gemm(dev1(), transpose::none, transpose::none, rows, N, K, 0.5f, c.A.data() + m0 * c.lda, c.lda, c.B.data(), c.ldb, 0.0f, s.data(), c.ldc, ep);
+      INFO("rows " << m0);
+      for (std::size_t i = 0; i < rows; ++i) REQUIRE(std::memcmp(s.data() + i * c.ldc, c.C.data() + (m0 + i) * c.ldc, N * sizeof(float)) == 0);
+    }
+  }
 }
 
 TEST_CASE("batched and strided-batched", "[ops][gemm][batched]") {
