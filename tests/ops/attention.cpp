@@ -493,6 +493,17 @@ TEST_CASE("attention decode (split-KV) matches fp64 within the FlashAttention ru
   check_decode<float>(32, 4, true);
 }
 
+TEST_CASE("attention decode, token-order path (bf16, 4 query rows per kv head)", "[ops][attention][decode]") {
+  // the benchmark's shape (32 q heads on 8 kv heads), a row count that is no multiple of 16
+  // (3 kv heads: 12 rows), D = 96, and causal rows whose visible ranges differ (4 new tokens on
+  // 1 q head per kv head; 2 on 2), so that full groups take the token-order path and the edge
+  // groups the general one within the same block
+  check_decode<bf16>(128, 1, false, 32, 8, 1500);
+  check_decode<bf16>(64, 1, false, 12, 3, 800);
+  check_decode<bf16>(96, 2, true, 16, 8, 900);
+  check_decode<bf16>(64, 4, true, 4, 4, 700);
+}
+
 TEST_CASE("attention decode with more than 64 query rows per kv head", "[ops][attention][decode]") {
   // 16 q heads on one kv head, 5 new tokens: 80 rows per kv head (two row tiles)
   check_decode<bf16>(64, 5, true, 16, 1, 300);
@@ -500,8 +511,9 @@ TEST_CASE("attention decode with more than 64 query rows per kv head", "[ops][at
   check_decode<float>(48, 33, true, 8, 2, 200);
 }
 
-TEST_CASE("attention decode over a paged cache equals the contiguous cache bitwise", "[ops][attention][decode]") {
-  const std::size_t B = 3, H = 4, HK = 4, D = 64, page = 16, per_seq = 40, max_kv = page * per_seq;
+namespace {
+void check_paged_decode(std::size_t H, std::size_t HK, std::size_t D) {
+  const std::size_t B = 3, page = 16, per_seq = 40, max_kv = page * per_seq;
   const std::vector<std::int32_t> lens{640, 33, 1};
   std::mt19937 rng(81);
   std::normal_distribution<float> nd;
@@ -537,6 +549,7 @@ TEST_CASE("attention decode over a paged cache equals the contiguous cache bitwi
   std::vector<bf16> o3(q.size());
   attention_decode<host_device, bf16, bf16>(dev1, sp, q, kp, vp, lens, table, o3);
   CHECK(std::memcmp(o1.data(), o3.data(), o1.size() * 2) == 0);
+  if (H != 4) return;
   // bad page index, too long a sequence, too many rows
   auto bad = table;
   bad[1] = std::int32_t(npages);
@@ -544,4 +557,10 @@ TEST_CASE("attention decode over a paged cache equals the contiguous cache bitwi
   const std::vector<std::int32_t> too_long{641, 1, 1};
   CHECK_THROWS_AS((attention_decode<host_device, bf16, bf16>(dev, sp, q, kp, vp, too_long, table, o2)), attention_error);
   CHECK_THROWS_AS((attention_decode<host_device, bf16, bf16>(dev, sp, q, kp, vp, std::span<const std::int32_t>(lens).first(2), table, o2)), attention_error);
+}
+}  // namespace
+
+TEST_CASE("attention decode over a paged cache equals the contiguous cache bitwise", "[ops][attention][decode]") {
+  check_paged_decode(4, 4, 64);
+  check_paged_decode(32, 8, 128);  // the token-order path (4 query rows per kv head)
 }

@@ -4,6 +4,7 @@
 // K-pairs on the fly. bf16 with AVX512-BF16; portable f32 versions for every other case.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -187,6 +188,125 @@ inline void pv_bf16(const std::uint16_t* p, std::size_t ldp, std::size_t R, cons
   }
 }
 
+// ---- token order (4 query rows per kv head) ----------------------------------------------------
+// A core here overlaps its memory reads with its math only when it walks the cache in address
+// order and the line for a few tokens ahead is already requested (measured: head-order walks,
+// 2 KiB apart, and dense bursts followed by math run reads and math one after the other). So these
+// atoms take 4 consecutive token rows at once, every kv head in turn, line by line, and prefetch
+// the same lines of 4 rows further along the walk (pf: row bases, kv head 0).
+
+// Scores of 4 token rows against nh kv heads x 4 query rows: out[u*ld + h*4 + r] = q(h, r) . k_u(h),
+// q rows (h*4 + r) of D bf16 codes (D a multiple of 32), k_u(h) at krow[u] + h*k_head. Each Q
+// vector loaded feeds the 4 tokens; one transpose-reduction per head gives its 16 scores.
+inline void qk_tok4_bf16(const std::uint16_t* q, std::size_t nh, std::size_t D, const std::uint16_t* const* krow, std::size_t k_head,
+                         const std::uint16_t* const* pf, float* out, std::size_t ld) {
+  for (std::size_t h = 0; h < nh; ++h) {
+    const std::uint16_t* qh = q + h * 4 * D;
+    const std::size_t off = h * k_head;
+    __m512 a[16];
+    for (int i = 0; i < 16; ++i) a[i] = _mm512_setzero_ps();
+    for (std::size_t d = 0; d < D; d += 32) {
+      __m512i x[4];
+#pragma GCC unroll 4
+      for (int u = 0; u < 4; ++u) {
+        _mm_prefetch(reinterpret_cast<const char*>(pf[u] + off + d), _MM_HINT_T0);
+        x[u] = _mm512_loadu_si512(krow[u] + off + d);
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < 4; ++r) {
+        const __m512i qv = _mm512_loadu_si512(qh + r * D + d);
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; ++u) a[u * 4 + r] = _mm512_dpbf16_ps(a[u * 4 + r], (__m512bh)qv, (__m512bh)x[u]);
+      }
+    }
+    const __m512 s = reduce16(a);  // lane u*4 + r
+    _mm_storeu_ps(out + h * 4, _mm512_castps512_ps128(s));
+    _mm_storeu_ps(out + ld + h * 4, _mm512_extractf32x4_ps(s, 1));
+    _mm_storeu_ps(out + 2 * ld + h * 4, _mm512_extractf32x4_ps(s, 2));
+    _mm_storeu_ps(out + 3 * ld + h * 4, _mm512_extractf32x4_ps(s, 3));
+  }
+}
+
+// o(h*4 + r, :) += the P·V terms of N (4 or 8) token rows: pp[i*ldp + h*4 + r] holds the bf16 pair
+// of tokens 2i (low) and 2i+1 (high); v_u(h) at vrow[u] + h*v_head. o rows of D floats in pv
+// order (see pv_bf16); each accumulator gets the pairs in token order, as pv_bf16 adds them.
+template <int N>
+inline void pv_tok_bf16(const std::uint32_t* pp, std::size_t ldp, std::size_t nh, std::size_t D, const std::uint16_t* const* vrow,
+                        std::size_t v_head, const std::uint16_t* const* pf, float* o) {
+  static_assert(N == 4 || N == 8);
+  for (std::size_t h = 0; h < nh; ++h) {
+    const std::size_t off = h * v_head;
+    __m512i a[N / 2][4];
+#pragma GCC unroll 4
+    for (int i = 0; i < N / 2; ++i)
+#pragma GCC unroll 4
+      for (int r = 0; r < 4; ++r) a[i][r] = _mm512_set1_epi32(static_cast<int>(pp[i * ldp + h * 4 + r]));
+    for (std::size_t d = 0; d < D; d += 32) {
+      __m512i lo[N / 2], hi[N / 2];
+#pragma GCC unroll 4
+      for (int i = 0; i < N / 2; ++i) {
+        _mm_prefetch(reinterpret_cast<const char*>(pf[2 * i] + off + d), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(pf[2 * i + 1] + off + d), _MM_HINT_T0);
+        const __m512i x0 = _mm512_loadu_si512(vrow[2 * i] + off + d), x1 = _mm512_loadu_si512(vrow[2 * i + 1] + off + d);
+        lo[i] = _mm512_unpacklo_epi16(x0, x1);
+        hi[i] = _mm512_unpackhi_epi16(x0, x1);
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < 4; ++r) {
+        float* od = o + (h * 4 + r) * D + d;
+        __m512 l = _mm512_loadu_ps(od), u = _mm512_loadu_ps(od + 16);
+#pragma GCC unroll 4
+        for (int i = 0; i < N / 2; ++i) {
+          l = _mm512_dpbf16_ps(l, (__m512bh)a[i][r], (__m512bh)lo[i]);
+          u = _mm512_dpbf16_ps(u, (__m512bh)a[i][r], (__m512bh)hi[i]);
+        }
+        _mm512_storeu_ps(od, l);
+        _mm512_storeu_ps(od + 16, u);
+      }
+    }
+  }
+}
+
+// The online-softmax step of n rows over G visible tokens, split so that its exp2 work can run
+// inside the P·V walk (a phase of pure math would stall the core's read stream). Scores are
+// s[t*ld + row], ld a multiple of 16; rows run 16 to a vector, tokens down the columns, so no
+// horizontal reductions are needed.
+// First: m (running max of s*c, log2 units) moves to the step's new max, and alpha[row] =
+// exp2(m_old - m_new) is the factor the row's accumulator and sum must be scaled by (exactly 1
+// when the max did not move).
+inline void online_tok_max(const float* s, std::size_t ld, std::size_t G, std::size_t n, float c, float* m, float* alpha) {
+  const __m512 cv = _mm512_set1_ps(c);
+  for (std::size_t j = 0; j < n; j += 16) {
+    const __mmask16 k = n - j >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - j)) - 1u);
+    __m512 mx = _mm512_maskz_loadu_ps(k, s + j);
+    for (std::size_t t = 1; t < G; ++t) mx = _mm512_max_ps(mx, _mm512_maskz_loadu_ps(k, s + t * ld + j));
+    const __m512 mo = _mm512_maskz_loadu_ps(k, m + j);
+    const __m512 mn = _mm512_max_ps(mo, _mm512_mul_ps(mx, cv));
+    _mm512_mask_storeu_ps(alpha + j, k, softmax::exp2_nonpos_scalef(softmax::vf(_mm512_sub_ps(mo, mn))));
+    _mm512_mask_storeu_ps(m + j, k, mn);
+  }
+}
+// Then, for nt (even) tokens from s: p = exp2(s*c - m) is added to sum[row] in token order (f32),
+// and pp[(t/2)*ld + row] gets the bf16 (RNE) pair of tokens t, t+1 that pv_tok_bf16 takes.
+inline void online_tok_exp(const float* s, std::size_t ld, std::size_t nt, std::size_t n, float c, const float* m, std::uint32_t* pp, float* sum) {
+  const __m512i pair_idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3,
+                                            18, 2, 17, 1, 16, 0);
+  const __m512 cv = _mm512_set1_ps(c);
+  for (std::size_t j = 0; j < n; j += 16) {
+    const __mmask16 k = n - j >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - j)) - 1u);
+    const __m512 mn = _mm512_maskz_loadu_ps(k, m + j);
+    __m512 acc = _mm512_maskz_loadu_ps(k, sum + j);
+    for (std::size_t t = 0; t < nt; t += 2) {
+      const __m512 p0 = softmax::exp2_nonpos_scalef(softmax::vf(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(k, s + t * ld + j), cv, mn)));
+      const __m512 p1 = softmax::exp2_nonpos_scalef(softmax::vf(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(k, s + (t + 1) * ld + j), cv, mn)));
+      acc = _mm512_add_ps(_mm512_add_ps(acc, p0), p1);
+      const __m512i w = (__m512i)_mm512_cvtne2ps_pbh(p1, p0);  // words 0-15 token t, 16-31 token t+1
+      _mm512_storeu_si512(pp + (t / 2) * ld + j, _mm512_permutexvar_epi16(pair_idx, w));
+    }
+    _mm512_mask_storeu_ps(sum + j, k, acc);
+  }
+}
+
 // dst(D) = src(D) in natural column order, src in pv order (see pv_bf16).
 inline void from_pv_order(const float* src, float* dst, std::size_t D) {
   for (std::size_t d = 0; d < D; d += 32)
@@ -217,6 +337,47 @@ inline void pv_bf16(const std::uint16_t* p, std::size_t ldp, std::size_t R, cons
 }
 // The scalar pv_bf16 keeps natural order.
 inline void from_pv_order(const float* src, float* dst, std::size_t D) { std::memcpy(dst, src, D * sizeof(float)); }
+// Token-order forms with the same contracts (scalar; pv_tok4_bf16 in natural order, as pv_bf16).
+inline void qk_tok4_bf16(const std::uint16_t* q, std::size_t nh, std::size_t D, const std::uint16_t* const* krow, std::size_t k_head,
+                         const std::uint16_t* const*, float* out, std::size_t ld) {
+  for (std::size_t u = 0; u < 4; ++u)
+    for (std::size_t h = 0; h < nh; ++h) {
+      for (std::size_t r = 0; r < 4; ++r) {
+        float acc = 0.0f;
+        for (std::size_t d = 0; d < D; ++d)
+          acc = std::fma(detail::bf16_bits_to_f32(q[(h * 4 + r) * D + d]), detail::bf16_bits_to_f32(krow[u][h * k_head + d]), acc);
+        out[u * ld + h * 4 + r] = acc;
+      }
+    }
+}
+template <int N>
+inline void pv_tok_bf16(const std::uint32_t* pp, std::size_t ldp, std::size_t nh, std::size_t D, const std::uint16_t* const* vrow,
+                        std::size_t v_head, const std::uint16_t* const*, float* o) {
+  for (std::size_t h = 0; h < nh; ++h)
+    for (std::size_t r = 0; r < 4; ++r)
+      for (std::size_t u = 0; u < std::size_t(N); ++u) {
+        const std::uint32_t pr = pp[(u / 2) * ldp + h * 4 + r];
+        const float pj = detail::bf16_bits_to_f32(static_cast<std::uint16_t>(u % 2 ? pr >> 16 : pr & 0xffffu));
+        for (std::size_t d = 0; d < D; ++d) o[(h * 4 + r) * D + d] = std::fma(pj, detail::bf16_bits_to_f32(vrow[u][h * v_head + d]), o[(h * 4 + r) * D + d]);
+      }
+}
+inline void online_tok_max(const float* s, std::size_t ld, std::size_t G, std::size_t n, float c, float* m, float* alpha) {
+  for (std::size_t j = 0; j < n; ++j) {
+    float mx = s[j];
+    for (std::size_t t = 1; t < G; ++t) mx = std::max(mx, s[t * ld + j]);
+    const float mn = std::max(m[j], mx * c);
+    alpha[j] = softmax::exp2_nonpos(m[j] - mn);
+    m[j] = mn;
+  }
+}
+inline void online_tok_exp(const float* s, std::size_t ld, std::size_t nt, std::size_t n, float c, const float* m, std::uint32_t* pp, float* sum) {
+  for (std::size_t j = 0; j < n; ++j)
+    for (std::size_t t = 0; t < nt; t += 2) {
+      const float p0 = softmax::exp2_nonpos(s[t * ld + j] * c - m[j]), p1 = softmax::exp2_nonpos(s[(t + 1) * ld + j] * c - m[j]);
+      sum[j] = sum[j] + p0 + p1;
+      pp[(t / 2) * ld + j] = std::uint32_t(softmax::f32_to_bf16_bits(p0)) | (std::uint32_t(softmax::f32_to_bf16_bits(p1)) << 16);
+    }
+}
 #endif
 
 }  // namespace tessel::arch::decode

@@ -3,7 +3,9 @@
 // thread count). One block per (chunk, tile of kv heads and query rows, sequence) streams its
 // chunk once: groups of dec_group tokens, and for each group every kv head of the tile in turn,
 // all query rows of the head's GQA group at once (scores, online softmax, P·V fused per group),
-// while the rows of the next group are pulled in as one dense stream. The block leaves its rows'
+// while the rows of the next group are pulled in as one dense stream; with bf16 and 4 query rows
+// per kv head (GQA-4 decode) a full group is instead walked in token order with its lines
+// requested ahead, so that the core's reads run under its math. The block leaves its rows'
 // max m, sum l and unnormalised output; a merge pass combines the chunks of each row in chunk
 // order: exact and deterministic. Users never include this.
 #pragma once
@@ -121,6 +123,18 @@ struct decode_split_program {
     float* sbuf = sc.allocate_array<float>(nr * G);      // (nr, G) scores of one step
     E* pbuf = sc.allocate_array<E>(nr * G);              // (nr, G) probabilities of one step
     float* kvf = fast_bf16 ? nullptr : sc.allocate_array<float>(G * D);  // (G, D) rows in f32
+    // Token order (bf16, 4 query rows per kv head, the GQA-4 decode): full groups are walked in
+    // address order, 4 token rows at a time (K rows, then V rows), with the lines 4 rows further
+    // along requested ahead, so the core's reads run under its math; a dense burst followed by
+    // head-order math (the general path below) runs the two one after the other. Scores (G, rows)
+    // and probability pairs (G/2, rows) with rows = kv head * 4 + query row, padded to 16.
+    bool tok = false;
+    if constexpr (fast_bf16) tok = nr == 4;
+    const std::size_t ldr = round_up(nh * 4, std::size_t{16});
+    float* st = tok ? sc.allocate_array<float>(G * ldr) : nullptr;
+    std::uint32_t* pp = tok ? sc.allocate_array<std::uint32_t>(G / 2 * ldr) : nullptr;
+    float* alph = tok ? sc.allocate_array<float>(ldr) : nullptr;
+    float* lsum = tok ? sc.allocate_array<float>(ldr) : nullptr;
     std::fill_n(acc, nh * nr * D, 0.0f);
     std::fill_n(m, nh * nr, -std::numeric_limits<float>::infinity());
     std::fill_n(l, nh * nr, 0.0f);
@@ -155,14 +169,53 @@ struct decode_split_program {
       arch::decode::keep(sink);
     };
     rows_of(ga, kt[0], vt[0]);
-    touch_group(kt[0], vt[0]);
+    if (!tok) touch_group(kt[0], vt[0]);
     const float c = scale_log2;
     int cur = 0;
     for (std::size_t gs = ga; gs < chi; gs += G, cur ^= 1) {
       const std::size_t cnt = std::min(G, chi - gs), nk2 = round_up(cnt, 2);
       const bool has_next = gs + G < chi;
       if (has_next) rows_of(gs + G, kt[cur ^ 1], vt[cur ^ 1]);
-      if (has_next) touch_group(kt[cur ^ 1], vt[cur ^ 1]);  // the next group, while this one computes
+      if (has_next && !tok) touch_group(kt[cur ^ 1], vt[cur ^ 1]);  // the next group, while this one computes
+      if constexpr (fast_bf16) {
+        bool full = tok && cnt == G;
+        for (std::size_t r = 0; r < nr && full; ++r) full = lo[r] <= gs && hi[r] >= gs + G;
+        if (full) {
+          using U16 = std::uint16_t;
+          // PF: rows requested ahead along the walk (K rows, V rows, the next group's K rows); 3 and
+          // 6 measured slower, 5 the same. PV: V rows per P·V step (8 spills the pair registers).
+          constexpr std::size_t PF = 4, PV = 4;
+          const std::size_t kh0 = h0 * g.k_head, vh0 = h0 * g.v_head;
+          auto walk = [&](std::size_t p) -> const U16* {
+            const T* r = p < G ? kt[cur][p] + kh0 : p < 2 * G ? vt[cur][p - G] + vh0 : has_next ? kt[cur ^ 1][p - 2 * G] + kh0 : vt[cur][G - 1] + vh0;
+            return reinterpret_cast<const U16*>(r);
+          };
+          const U16 *rows[4], *pf[4];
+          for (std::size_t t = 0; t < G; t += 4) {
+            for (std::size_t u = 0; u < 4; ++u) {
+              rows[u] = reinterpret_cast<const U16*>(kt[cur][t + u] + kh0);
+              pf[u] = walk(t + u + PF);
+            }
+            arch::decode::qk_tok4_bf16(qs, nh, D, rows, g.k_head, pf, st + t * ldr, ldr);
+          }
+          arch::decode::online_tok_max(st, ldr, G, nh * 4, c, m, alph);
+          for (std::size_t row = 0; row < nh * 4; ++row) {
+            if (alph[row] != 1.0f) arch::softmax::scale_row(acc + row * D, D, alph[row]);
+            lsum[row] = 0.0f;
+          }
+          const U16 *vrows[PV], *vpf[PV];
+          for (std::size_t t = 0; t < G; t += PV) {
+            for (std::size_t u = 0; u < PV; ++u) {
+              vrows[u] = reinterpret_cast<const U16*>(vt[cur][t + u] + vh0);
+              vpf[u] = walk(G + t + u + PF);
+            }
+            arch::decode::online_tok_exp(st + t * ldr, ldr, PV, nh * 4, c, m, pp + (t / 2) * ldr, lsum);
+            arch::decode::pv_tok_bf16<PV>(pp + (t / 2) * ldr, ldr, nh, D, vrows, g.v_head, vpf, acc);
+          }
+          for (std::size_t row = 0; row < nh * 4; ++row) l[row] = l[row] * alph[row] + lsum[row];
+          continue;
+        }
+      }
       for (std::size_t hh = 0; hh < nh; ++hh) {
         const std::size_t hk = h0 + hh;
         const T* krow[G];
