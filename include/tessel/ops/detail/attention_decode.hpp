@@ -134,12 +134,16 @@ struct decode_split_program {
     // address order, 4 token rows at a time (K rows, then V rows), with the lines 4 rows further
     // along requested ahead, so the core's reads run under its math; a dense burst followed by
     // head-order math (the general path below) runs the two one after the other. Scores (G, rows)
-    // and probability pairs (G/2, rows) with rows = kv head * 4 + query row, padded to 16.
+    // and the probability pairs of one P·V step (PV/2, rows), rows = kv head * 4 + query row
+    // padded to 16. PF: rows requested ahead along the walk (K rows, V rows, the next group's K
+    // rows); 3 and 6 measured slower, 5 the same. PV: V rows per P·V step (8 spills the pair
+    // registers).
+    constexpr std::size_t PF = 4, PV = 4;
     bool tok = false;
     if constexpr (fast_bf16 && G == dec_tok_group) tok = nr == 4;
     const std::size_t ldr = round_up(nh * 4, std::size_t{16});
     float* st = tok ? sc.allocate_array<float>(G * ldr) : nullptr;
-    std::uint32_t* pp = tok ? sc.allocate_array<std::uint32_t>(G / 2 * ldr) : nullptr;
+    std::uint32_t* pp = tok ? sc.allocate_array<std::uint32_t>(PV / 2 * ldr) : nullptr;
     float* alph = tok ? sc.allocate_array<float>(ldr) : nullptr;
     float* lsum = tok ? sc.allocate_array<float>(ldr) : nullptr;
     std::fill_n(acc, nh * nr * D, 0.0f);
@@ -189,9 +193,6 @@ struct decode_split_program {
         for (std::size_t r = 0; r < nr && full; ++r) full = lo[r] <= gs && hi[r] >= gs + G;
         if (full) {
           using U16 = std::uint16_t;
-          // PF: rows requested ahead along the walk (K rows, V rows, the next group's K rows); 3 and
-          // 6 measured slower, 5 the same. PV: V rows per P·V step (8 spills the pair registers).
-          constexpr std::size_t PF = 4, PV = 4;
           const std::size_t kh0 = h0 * g.k_head, vh0 = h0 * g.v_head;
           auto walk = [&](std::size_t p) -> const U16* {
             const T* r = p < G ? kt[cur][p] + kh0 : p < 2 * G ? vt[cur][p - G] + vh0 : has_next ? kt[cur ^ 1][p - 2 * G] + kh0 : vt[cur][G - 1] + vh0;
@@ -216,8 +217,8 @@ struct decode_split_program {
               vrows[u] = reinterpret_cast<const U16*>(vt[cur][t + u] + vh0);
               vpf[u] = walk(G + t + u + PF);
             }
-            arch::decode::online_tok_exp(st + t * ldr, ldr, PV, nh * 4, c, m, pp + (t / 2) * ldr, lsum);
-            arch::decode::pv_tok_bf16<PV>(pp + (t / 2) * ldr, ldr, nh, D, vrows, g.v_head, vpf, acc);
+            arch::decode::online_tok_exp(st + t * ldr, ldr, PV, nh * 4, c, m, pp, lsum);
+            arch::decode::pv_tok_bf16<PV>(pp, ldr, nh, D, vrows, g.v_head, vpf, acc);
           }
           for (std::size_t row = 0; row < nh * 4; ++row) l[row] = l[row] * alph[row] + lsum[row];
           continue;
