@@ -544,6 +544,103 @@ inline void pack_pairs_bf16(const std::uint16_t* b, std::size_t ldb, std::size_t
   }
 }
 
+// Arguments of the in-place pair atom: c(MR, 32) (+)= a · b(k rows, <= 32 columns).
+//  a: A's K-pairs packed as for the pair atom (pair q of row i at a + 2*(q*MR + i)); b: row r of B
+//  at b + r*ldb, columns >= n not read. `prefetch` (may be null): `prefetch_lines` consecutive
+//  cache lines the atom requests, PF per K-pair step, while it computes (the caller's next chunk).
+//  `copy_out` (may be null): the k rows it reads are also stored there, row r at copy_out + 32*r
+//  (zero beyond n), for later calls to read as b with ldb = 32 from L1 (B's own rows may share
+//  one L1 set).
+struct inplace_pairs_args {
+  const std::uint16_t* a = nullptr;
+  const std::uint16_t* b = nullptr;
+  std::size_t ldb = 0;
+  std::size_t k = 0;  // rows of B (an odd k ends with a half pair)
+  int n = 32;
+  float* c = nullptr;
+  std::size_t ldc = 0;
+  bool accumulate = false;
+  const char* prefetch = nullptr;
+  std::size_t prefetch_lines = 0;
+  std::uint16_t* copy_out = nullptr;
+};
+
+// avx512bf16_dot_bf16bf16f32<MR, 2> on B read in place: each pair of B rows (k, k+1) is paired in
+// registers exactly as pack_pairs_bf16 pairs it (same scrambled column order, same zero half pair
+// for an odd k), so the result has the same bits as packing then running the pair atom, without
+// the packing pass (a store and a reload of every element of B). Lines the caller names are
+// requested PF per step, spread through the math instead of in a loop between calls.
+template <int MR, int PF>
+struct avx512bf16_dot_inplace_bf16bf16f32 {
+  static constexpr int mr = MR, nr = 32;
+  template <int R> using with_rows = avx512bf16_dot_inplace_bf16bf16f32<R, PF>;
+  static void run(const inplace_pairs_args& p) {
+    const auto* a = p.a;
+    const auto* b = p.b;
+    const std::size_t ldb = p.ldb;
+    const __mmask32 m = p.n >= 32 ? __mmask32(0xFFFFFFFFu) : __mmask32((1u << (p.n > 0 ? p.n : 0)) - 1);
+    __m512 t[MR][2];
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) t[i][0] = t[i][1] = _mm512_setzero_ps();
+    if (p.accumulate)
+      for (int i = 0; i < MR; ++i)
+        for (int v = 0; v < 2; ++v) _mm_prefetch(reinterpret_cast<const char*>(p.c + i * p.ldc + 16 * v), _MM_HINT_T0);
+    // branch-free walk of the lines to request (a data-dependent branch in this loop made GCC
+    // -O3 spill the accumulators); with none left it re-requests the last one, or its own B line
+    const char* pf = p.prefetch && p.prefetch_lines ? p.prefetch : reinterpret_cast<const char*>(b);
+    std::size_t pf_left = p.prefetch ? p.prefetch_lines : 0;
+    const std::size_t kp = p.k / 2;
+    std::uint16_t* const co = p.copy_out;
+    for (std::size_t q = 0; q < kp; ++q) {
+#pragma GCC unroll 4
+      for (int j = 0; j < PF; ++j) {
+        _mm_prefetch(pf, _MM_HINT_T0);
+        pf_left -= pf_left != 0;
+        pf += pf_left != 0 ? 64 : 0;
+      }
+      const __m512i x = _mm512_maskz_loadu_epi16(m, b), y = _mm512_maskz_loadu_epi16(m, b + ldb);
+      if (co) _mm512_storeu_si512(co + 64 * q, x), _mm512_storeu_si512(co + 64 * q + 32, y);
+      const __m512i lo = _mm512_unpacklo_epi16(x, y), hi = _mm512_unpackhi_epi16(x, y);
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) {
+        std::uint32_t pair;
+        std::memcpy(&pair, a + 2 * i, 4);
+        const __m512i av = _mm512_set1_epi32(static_cast<int>(pair));
+        t[i][0] = _mm512_dpbf16_ps(t[i][0], (__m512bh)av, (__m512bh)lo);
+        t[i][1] = _mm512_dpbf16_ps(t[i][1], (__m512bh)av, (__m512bh)hi);
+      }
+      a += 2 * MR;
+      b += 2 * ldb;
+    }
+    if (p.k & 1) {
+      const __m512i x = _mm512_maskz_loadu_epi16(m, b), z = _mm512_setzero_si512();
+      if (co) _mm512_storeu_si512(co + 64 * kp, x);
+      const __m512i lo = _mm512_unpacklo_epi16(x, z), hi = _mm512_unpackhi_epi16(x, z);
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) {
+        std::uint32_t pair;
+        std::memcpy(&pair, a + 2 * i, 4);
+        const __m512i av = _mm512_set1_epi32(static_cast<int>(pair));
+        t[i][0] = _mm512_dpbf16_ps(t[i][0], (__m512bh)av, (__m512bh)lo);
+        t[i][1] = _mm512_dpbf16_ps(t[i][1], (__m512bh)av, (__m512bh)hi);
+      }
+    }
+    for (; pf_left > 0; --pf_left) _mm_prefetch(pf, _MM_HINT_T0), pf += 64;  // lines beyond PF per step
+    // written out here, not through finish_avx512: GCC -O3 does not inline that call, and an
+    // accumulator array passed by reference is then stored to the stack on every K step
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      float* c = p.c + static_cast<std::size_t>(i) * p.ldc;
+      if (p.accumulate) {
+        t[i][0] = _mm512_add_ps(_mm512_loadu_ps(c), t[i][0]);
+        t[i][1] = _mm512_add_ps(_mm512_loadu_ps(c + 16), t[i][1]);
+      }
+      _mm512_storeu_ps(c, t[i][0]);
+      _mm512_storeu_ps(c + 16, t[i][1]);
+    }
+  }
+};
+
 // Restores natural column order in `units` 32-float units of a result row written by the pair
 // atom from pack_pairs_bf16 panels (position p holds column scrambled_col(p)).
 inline void unscramble_pairs32(float* row, std::size_t units) {

@@ -416,14 +416,17 @@ inline constexpr std::size_t skinny_rows_max = 48;
 // Skinny bf16 GEMM (M <= skinny_rows_max, row-major B): bound by reading B once, and B streams
 // from memory fastest in whole rows (strips of a few hundred bytes per row run at half the
 // bandwidth here). So a launch has about one block per worker, each owning W columns of C for
-// all M rows (accumulators in L1/L2) and walking its strip of B in K chunks of ~128 KiB, row by
-// row, with the next chunk requested while the current one computes. M <= 2 reads B in place
-// with the rows atom; more rows pack each chunk once into K pairs and run the pair atom on it per
+// all M rows (accumulators in L1/L2) and walking its strip of B in K chunks of 128-256 KiB, row
+// by row, with the next chunk requested while the current one computes. M <= 2 reads B in place
+// with the rows atom; more rows run the in-place pair atom (K pairs formed in registers) per
 // group of <= 12 rows. Each element of C is one chain in K order fixed by KC alone (a function of
 // the shape), so the result does not depend on W or on the thread count.
 template <class TC, class Chain>
 struct gemm_skinny_program {
-  static constexpr std::size_t rows_per_group = 12, max_w = 4096, chunk_words = 262144;
+  // max_w: widest block for M > 2 (2048 columns: the chunk being computed, the next one being
+  // fetched and the (M,W) accumulators fit one 1 MiB L2; 4096 for 1 thread overflowed it,
+  // 2.2 -> 1.5 ms). kc_w: the width KC is derived from (fixed, so KC follows the shape only).
+  static constexpr std::size_t rows_per_group = 12, max_w = 2048, rows_max_w = 4096, kc_w = 4096, chunk_words = 262144;
   std::size_t M, N, K, batch;
   tensor<const bf16, 2> A, B;
   tensor<TC, 2> C;
@@ -437,11 +440,11 @@ struct gemm_skinny_program {
   // accumulators across chunks exactly, so its chunk follows the block width (~128 KiB of B).
   std::size_t kc() const {
     if (M <= 2) return std::clamp<std::size_t>(65536 / W / 16 * 16, 16, 256);
-    const std::size_t w = std::min(max_w, ceil_div(N, 32) * 32);
+    const std::size_t w = std::min(kc_w, ceil_div(N, 32) * 32);
     return std::clamp<std::size_t>(chunk_words / w / 16 * 16, 16, 256);
   }
-  static std::size_t block_cols(std::size_t N, unsigned workers) {
-    const std::size_t nblk = std::max<std::size_t>(std::max(1u, workers), ceil_div(N, max_w));
+  static std::size_t block_cols(std::size_t M, std::size_t N, unsigned workers) {
+    const std::size_t nblk = std::max<std::size_t>(std::max(1u, workers), ceil_div(N, M <= 2 ? rows_max_w : max_w));
     return ceil_div(ceil_div(N, nblk), 32) * 32;
   }
   kernel_cost cost(const grid&) const {
@@ -483,12 +486,13 @@ struct gemm_skinny_program {
     if (K == 0) std::fill_n(acc, M * ldc, 0.0f);
     constexpr std::size_t SW = 128;  // columns per rows-atom call
     const std::size_t groups = ceil_div(M, rows_per_group), R = ceil_div(M, groups);
-    const std::size_t pstride = (KC + 1) / 2 * 64 + 64;
-    std::uint16_t* pk = M <= 2 ? nullptr : ctx.scratch().allocate_array<std::uint16_t>(pstride * ceil_div(n, 32) + 32);
+    // lines of the next chunk per K-pair step of an atom call: (KC * n/32 lines) / (groups * n/32 calls * KC/2 steps)
+    const std::size_t pf_step = groups == 1 ? 2 : 1;
+    std::uint16_t* cb = M <= 2 ? nullptr : ctx.scratch().allocate_array<std::uint16_t>(32 * KC + 64);  // (KC,32) panel copy
     for (std::size_t k0 = 0; k0 < K; k0 += KC) {
       const std::size_t kv = std::min(KC, K - k0);
       pf_row = std::min(K, k0 + KC), pf_line = 0, pf_end = std::min(K, k0 + 2 * KC);
-      const std::size_t calls = M <= 2 ? ceil_div(n, SW) : ceil_div(n, 32);
+      const std::size_t calls = M <= 2 ? ceil_div(n, SW) : ceil_div(n, 32) * groups;
       const std::size_t per_call = ceil_div((pf_end - pf_row) * row_lines, calls);
       if (M <= 2) {
         const auto [ak, lda] = chunk_a(k0, kv);
@@ -508,18 +512,29 @@ struct gemm_skinny_program {
         }
       } else {
         // A of this chunk as K-pair panels per group (pair q, row i at 2*(q*rows + i)): the atom
-        // broadcasts from fixed offsets instead of computing M row addresses. Then the chunk
-        // (fetched into L2 row by row during the previous chunk) is packed into K pairs in one
-        // pass over whole rows, and every group of <= 12 rows runs on each 32-column panel. Rows
-        // read whole beat the old per-panel packing (64 rows 8 KiB apart per 64-byte column:
-        // one L1 set, 41 against 66 GB/s from L2): M=16, N=K=4096 1.7 -> 1.2 ms on 2 threads,
-        // same bits. Panels sit (KC/2)*128 + 128 bytes apart, not a multiple of 4 KiB, so the
-        // packing stores do not alias in L1.
+        // broadcasts from fixed offsets instead of computing M row addresses. Then every group of
+        // <= 12 rows runs on each 32-column panel of the chunk (fetched into L2 row by row during
+        // the previous chunk) with the in-place pair atom, which pairs rows k, k+1 in registers
+        // exactly as packing did (same bits). The first group reads B where it lies and leaves a
+        // copy of the panel in a contiguous (KC,32) buffer that the other groups read from L1: a
+        // panel's KC lines of B, 2*ldb bytes apart, share one L1 set when ldb is a multiple of
+        // 2 KiB, so a second walk of them came from L2 again. M=16, N=K=4096, side by side with
+        // the packing version in one process: 2 threads 1.0 -> 0.78-0.80 ms, 1 thread 2.2 ->
+        // 1.5 ms (with max_w). Prefetches of the next chunk are spread one or two per K step
+        // inside the atoms (no prefetch: +28%; more prefetches per step, or of the current chunk
+        // a few steps ahead, were slower).
         const std::size_t kp = ceil_div(kv, 2);
         for (std::size_t r0 = 0; r0 < M; r0 += R) {
           const std::size_t rows = std::min(R, M - r0);
           std::uint16_t* dst = as + r0 * lds;
           const std::size_t rs = A.row_stride(), cs = A.col_stride();
+          if (cs == 1 && kv % 2 == 0) {  // whole pairs: one 32-bit copy each
+            for (std::size_t i = 0; i < rows; ++i) {
+              const std::uint16_t* src = a + (r0 + i) * rs + k0;
+              for (std::size_t q = 0; q < kp; ++q) std::memcpy(dst + 2 * (q * rows + i), src + 2 * q, 4);
+            }
+            continue;
+          }
           for (std::size_t i = 0; i < rows; ++i) {
             const std::uint16_t* src = a + (r0 + i) * rs + k0 * cs;
             for (std::size_t q = 0; q < kp; ++q) {
@@ -528,19 +543,29 @@ struct gemm_skinny_program {
             }
           }
         }
-        arch::pack_pairs_bf16(b + k0 * ldb, ldb, kv, n, pk, pstride);
         for (std::size_t u = 0; u * 32 < n; ++u) {
           for (std::size_t r0 = 0; r0 < M; r0 += R) {
-            arch::ukernel_args p;
-            p.k = kp;
+            arch::inplace_pairs_args p;
             p.a = as + r0 * lds;
-            p.b = pk + u * pstride;
+            p.b = r0 == 0 ? b + k0 * ldb + 32 * u : cb;
+            p.ldb = r0 == 0 ? ldb : 32;
+            p.copy_out = r0 == 0 && groups > 1 ? cb : nullptr;
+            p.k = kv;
+            p.n = static_cast<int>(std::min<std::size_t>(32, n - 32 * u));
             p.c = acc + r0 * ldc + 32 * u;
             p.ldc = ldc;
             p.accumulate = k0 > 0;
-            arch::run_rows<arch::avx512bf16_dot_bf16bf16f32<12, 2>>(static_cast<int>(std::min(R, M - r0)), p);
+            if (pf_row < pf_end) {
+              const std::size_t take = std::min({per_call, pf_step * kp, row_lines - pf_line});
+              p.prefetch = reinterpret_cast<const char*>(b + pf_row * ldb + pf_line * 32);
+              p.prefetch_lines = take;
+              if ((pf_line += take) == row_lines) pf_line = 0, ++pf_row;
+            }
+            const int rows = static_cast<int>(std::min(R, M - r0));
+            if (pf_step == 1) arch::run_rows_of<arch::avx512bf16_dot_inplace_bf16bf16f32<12, 1>>(rows, p);
+            else arch::run_rows_of<arch::avx512bf16_dot_inplace_bf16bf16f32<12, 2>>(rows, p);
+            prefetch_next(per_call - p.prefetch_lines);
           }
-          prefetch_next(per_call);
         }
       }
     }
@@ -609,7 +634,7 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
     // skinny: B streamed once in place by the rows atom (any A layout; B row-major)
     if (M <= skinny_rows_max && !s.a_block && !ap && B.col_stride() == 1 && C.col_stride() == 1) {
       using P = gemm_skinny_program<TC, chain_t>;
-      const std::size_t w = P::block_cols(N, dev.capabilities().workers);
+      const std::size_t w = P::block_cols(M, N, dev.capabilities().workers);
       P prog{M, N, K, batch, A, B, C, sa, sb, sc, alpha * s.a * s.b, beta, chain, w};
       dev.launch(grid{ceil_div(N, w), 1, batch}, prog);
       return;
