@@ -359,3 +359,72 @@ TEST_CASE("target flags are consistent", "[arch][target]") {
   REQUIRE(std::string(arch::target_name()).size() > 0);
   REQUIRE(arch::vec_f32_width >= 1);
 }
+
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+// The skinny program's in-place pair atom (B rows paired in registers) must give the bits of
+// packing B with pack_pairs_bf16 and running the pair atom on the panel: the skinny path kept its
+// results when it stopped packing; the panel copy it leaves for the next row group holds the same
+// rows.
+template <int MR>
+void check_inplace_atom(std::mt19937& g) {
+  for (std::size_t k : {1, 2, 7, 64, 65})
+    for (int n : {1, 17, 32})
+      for (bool accumulate : {false, true})
+        for (bool pf : {false, true}) {
+          const std::size_t ldb = 40, kp = (k + 1) / 2, ldc = 36;
+          std::vector<std::uint16_t> B(k * ldb - (ldb - static_cast<std::size_t>(n)));  // last row ends at column n
+          std::vector<std::uint16_t> A(kp * MR * 2);
+          for (auto& x : B) x = bf16(std::uniform_real_distribution<float>(-2.0f, 2.0f)(g)).bits();
+          for (auto& x : A) x = bf16(std::uniform_real_distribution<float>(-2.0f, 2.0f)(g)).bits();
+          if (k % 2)  // the packed A of an odd chunk ends with a half pair
+            for (int i = 0; i < MR; ++i) A[2 * ((kp - 1) * MR + i) + 1] = 0;
+          std::vector<float> c0(MR * ldc), c1;
+          for (auto& x : c0) x = std::uniform_real_distribution<float>(-4.0f, 4.0f)(g);
+          c1 = c0;
+          std::vector<std::uint16_t> pk(kp * 64 + 64);
+          arch::pack_pairs_bf16(B.data(), ldb, k, static_cast<std::size_t>(n), pk.data(), pk.size());
+          arch::ukernel_args p;
+          p.k = kp;
+          p.a = A.data();
+          p.b = pk.data();
+          p.c = c0.data();
+          p.ldc = ldc;
+          p.accumulate = accumulate;
+          arch::avx512bf16_dot_bf16bf16f32<MR, 2>::run(p);
+          arch::inplace_pairs_args q;
+          q.a = A.data();
+          q.b = B.data();
+          q.ldb = ldb;
+          q.k = k;
+          q.n = n;
+          q.c = c1.data();
+          q.ldc = ldc;
+          q.accumulate = accumulate;
+          std::vector<std::uint16_t> copy(32 * k + 32, 0xFFFF);
+          std::vector<float> c2 = c1;
+          if (pf) q.prefetch = reinterpret_cast<const char*>(B.data()), q.prefetch_lines = k, q.copy_out = copy.data();
+          arch::avx512bf16_dot_inplace_bf16bf16f32<MR, 1>::run(q);
+          INFO("MR=" << MR << " k=" << k << " n=" << n << " accumulate=" << accumulate);
+          for (int i = 0; i < MR; ++i)
+            for (int j = 0; j < 32; ++j) REQUIRE(std::bit_cast<std::uint32_t>(c0[i * ldc + j]) == std::bit_cast<std::uint32_t>(c1[i * ldc + j]));
+          if (pf) {  // the copy holds the rows read (zero beyond n), and a call on it gives the same bits
+            for (std::size_t r = 0; r < k; ++r)
+              for (std::size_t j = 0; j < 32; ++j) REQUIRE(copy[32 * r + j] == (j < static_cast<std::size_t>(n) ? B[r * ldb + j] : 0));
+            q.b = copy.data();
+            q.ldb = 32;
+            q.copy_out = nullptr;
+            q.c = c2.data();
+            arch::avx512bf16_dot_inplace_bf16bf16f32<MR, 2>::run(q);
+            REQUIRE(std::memcmp(c1.data(), c2.data(), c1.size() * sizeof(float)) == 0);
+          }
+        }
+}
+
+TEST_CASE("skinny in-place pair atom: same bits as pack_pairs_bf16 + pair atom, also from its panel copy", "[arch][gemm]") {
+  std::mt19937 g(14);
+  check_inplace_atom<1>(g);
+  check_inplace_atom<3>(g);
+  check_inplace_atom<8>(g);
+  check_inplace_atom<12>(g);
+}
+#endif
