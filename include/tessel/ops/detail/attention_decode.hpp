@@ -133,7 +133,11 @@ struct decode_split_program {
     // Token order (bf16, 4 query rows per kv head, the GQA-4 decode): full groups are walked in
     // address order, 4 token rows at a time (K rows, then V rows), with the lines 4 rows further
     // along requested ahead, so the core's reads run under its math; a dense burst followed by
-    // head-order math (the general path below) runs the two one after the other. Scores (G, rows)
+    // head-order math (the general path below) runs the two one after the other. Q·Kᵀ reads each
+    // token row whole before the next when the tile has a multiple of 4 kv heads (a single
+    // sequential stream hides better under the math than 4 rows side by side, even at more Q
+    // loads per line); P·V takes 4 rows side by side (pairs need 2; 8 rows lose the overlap, its
+    // 1-thread kernel 3.8 -> 4.4-5.0 ms). Scores (G, rows)
     // and the probability pairs of one P·V step (PV/2, rows), rows = kv head * 4 + query row
     // padded to 16. PF: rows requested ahead along the walk (K rows, V rows, the next group's K
     // rows); 3 and 6 measured slower, 5 the same. PV: V rows per P·V step (8 spills the pair
@@ -204,7 +208,8 @@ struct decode_split_program {
               rows[u] = reinterpret_cast<const U16*>(kt[cur][t + u] + kh0);
               pf[u] = walk(t + u + PF);
             }
-            arch::decode::qk_tok4_bf16(qs, nh, D, rows, g.k_head, pf, st + t * ldr, ldr);
+            if (nh % 4 == 0) arch::decode::qk_tok4_seq_bf16(qs, nh, D, rows, g.k_head, pf, st + t * ldr, ldr);
+            else arch::decode::qk_tok4_bf16(qs, nh, D, rows, g.k_head, pf, st + t * ldr, ldr);
           }
           arch::decode::online_tok_max(st, ldr, G, nh * 4, c, m, alph);
           for (std::size_t row = 0; row < nh * 4; ++row) {
