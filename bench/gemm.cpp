@@ -6,7 +6,11 @@
 // OPENBLAS_CORETYPE=SkylakeX and compare against the faster.
 #include <benchmark/benchmark.h>
 
+#include <chrono>
 #include <ctime>
+#include <functional>
+#include <thread>
+#include <type_traits>
 #include <memory>
 #include <random>
 #include <string>
@@ -247,6 +251,108 @@ void gemm_skinny_tessel(benchmark::State& st) {
   if (cpu > 0) st.counters["cpu_of_limit"] = bytes * double(st.iterations()) / cpu / 1e9 / tessel_bench::stream_copy_gbs(1);
 }
 
+// ---- paired: tessel and every peer alternated inside one timed loop ----
+// The separate benchmarks above run each library for a second or more in turn; this machine's
+// speed drifts by a few percent over that time, as much as the libraries differ. Here every
+// iteration calls tessel and each peer once on the same huge-page operands, in an order that
+// rotates from one iteration to the next, so drift reaches all of them alike, and reports the
+// ratios of the summed times. gap_ms idles between calls (not timed) so that one library's
+// spinning pool threads have gone to sleep before the next one starts. The benchmark's own
+// time is tessel's (manual time). vs_X = time of X / time of tessel: above 1, tessel is faster.
+// Run with OPENBLAS_CORETYPE=SkylakeX (OpenBLAS reads it when it loads).
+template <bool Bf16>
+void gemm_paired(benchmark::State& st) {
+  using T = std::conditional_t<Bf16, bf16, float>;
+  const std::size_t M = st.range(0), N = st.range(1), K = st.range(2);
+  const unsigned th = static_cast<unsigned>(st.range(3));
+  const auto gap = std::chrono::milliseconds(st.range(4));
+  auto A = random_buffer<T>(M * K, 1), B = random_buffer<T>(K * N, 2);
+  tessel_bench::huge_buffer<float> C(M * N, 2);
+  std::vector<std::function<void()>> calls;
+  std::vector<std::string> names;
+  calls.emplace_back([&] { gemm(dev(th), transpose::none, transpose::none, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C.data(), N); });
+  names.emplace_back("tessel");
+#if defined(TESSEL_HAVE_OPENBLAS)
+  if constexpr (!Bf16) {
+    openblas_set_num_threads(static_cast<int>(th));
+    calls.emplace_back([&] {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(M), int(N), int(K), 1.0f, A.data(), int(K), B.data(), int(N), 0.0f, C.data(),
+                  int(N));
+    });
+    names.emplace_back("openblas");
+    st.SetLabel(std::string("openblas ") + openblas_get_corename());
+  }
+#endif
+#if defined(TESSEL_HAVE_ONEDNN)
+  using namespace dnnl;
+  if (omp_set_num_threads) omp_set_num_threads(static_cast<int>(th));
+  constexpr auto DT = Bf16 ? memory::data_type::bf16 : memory::data_type::f32;
+  engine eng(engine::kind::cpu, 0);
+  stream s(eng);
+  using dims = memory::dims;
+  const auto mi = static_cast<memory::dim>(M), ni = static_cast<memory::dim>(N), ki = static_cast<memory::dim>(K);
+  memory::desc a_md(dims{mi, ki}, DT, memory::format_tag::ab), b_any(dims{ki, ni}, DT, memory::format_tag::any),
+      b_md(dims{ki, ni}, DT, memory::format_tag::ab), c_md(dims{mi, ni}, memory::data_type::f32, memory::format_tag::ab);
+  matmul::primitive_desc pd(matmul::desc(a_md, b_any, c_md), eng);
+  memory a_m(a_md, eng, A.data()), b_plain(b_md, eng, B.data()), c_m(c_md, eng, C.data());
+  memory b_m(pd.weights_desc(), eng);
+  reorder(b_plain, b_m).execute(s, b_plain, b_m);  // weights prepacked outside the timing, as above
+  s.wait();
+  matmul prim(pd);
+  calls.emplace_back([&] {
+    prim.execute(s, {{DNNL_ARG_SRC, a_m}, {DNNL_ARG_WEIGHTS, b_m}, {DNNL_ARG_DST, c_m}});
+    s.wait();
+  });
+  names.emplace_back("onednn");
+#endif
+  const std::size_t n = calls.size();
+  for (auto& c : calls) c();  // warm every library once (pools started, pages touched)
+  std::vector<double> total(n, 0.0);
+  std::size_t it = 0;
+  for (auto _ : st) {
+    double mine = 0;
+    for (std::size_t j = 0; j < n; ++j) {
+      const std::size_t who = (it + j) % n;
+      std::this_thread::sleep_for(gap);
+      const auto t0 = std::chrono::steady_clock::now();
+      calls[who]();
+      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      total[who] += dt;
+      if (who == 0) mine = dt;
+    }
+    benchmark::ClobberMemory();
+    st.SetIterationTime(mine);
+    ++it;
+  }
+  const double flops = 2.0 * double(M) * double(N) * double(K) * double(it);
+  double best_peer = 0;
+  for (std::size_t j = 0; j < n; ++j) {
+    st.counters[names[j] + "_gflops"] = flops / total[j] / 1e9;
+    if (j > 0) {
+      st.counters["vs_" + names[j]] = total[j] / total[0];
+      best_peer = best_peer == 0 ? total[j] : std::min(best_peer, total[j]);
+    }
+  }
+  if (best_peer > 0) st.counters["vs_best_peer"] = best_peer / total[0];
+  st.counters["of_limit"] = flops / total[0] / 1e9 / (Bf16 ? tessel_bench::peak_bf16_gflops(th) : tessel_bench::peak_fp32_gflops(th));
+}
+
+void paired_shapes(benchmark::internal::Benchmark* b) {
+  for (long th : {1, 2}) {
+    b->Args({2048, 2048, 2048, th, th == 1 ? 0 : 200});
+    b->Args({2048, 4096, 4096, th, th == 1 ? 0 : 200});
+    b->Args({2048, 11008, 4096, th, th == 1 ? 0 : 200});
+  }
+  b->ArgNames({"M", "N", "K", "threads", "gap_ms"})->Unit(benchmark::kMillisecond)->UseManualTime()->Iterations(6);
+}
+void paired_bf16_shapes(benchmark::internal::Benchmark* b) {
+  for (long th : {1, 2}) {
+    b->Args({2048, 2048, 2048, th, th == 1 ? 0 : 200});
+    b->Args({2048, 4096, 4096, th, th == 1 ? 0 : 200});
+  }
+  b->ArgNames({"M", "N", "K", "threads", "gap_ms"})->Unit(benchmark::kMillisecond)->UseManualTime()->Iterations(6);
+}
+
 void big_shapes(benchmark::internal::Benchmark* b) {
   for (long th : {1, 2}) {
     b->Args({2048, 2048, 2048, th});
@@ -292,6 +398,8 @@ BENCHMARK(gemm_bf16_tessel)->Name("gemm_bf16/tessel")->Apply(bf16_shapes);
 #if defined(TESSEL_HAVE_ONEDNN)
 BENCHMARK(gemm_onednn<dnnl::memory::data_type::bf16, bf16>)->Name("gemm_bf16/onednn")->Apply(bf16_shapes);
 #endif
+BENCHMARK(gemm_paired<false>)->Name("gemm_f32_paired")->Apply(paired_shapes);
+BENCHMARK(gemm_paired<true>)->Name("gemm_bf16_paired")->Apply(paired_bf16_shapes);
 BENCHMARK(gemm_fp8_block_tessel)->Name("gemm_fp8_block/tessel")->Apply(bf16_shapes);
 BENCHMARK(gemm_bf16_fused_tessel)
     ->Name("gemm_bf16_epilogue/tessel")
