@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -52,8 +53,19 @@ void check_atom(bool integer, std::mt19937& g) {
             p.row_scale = rs.data();
             p.col_scale = cs.data();
           }
+          // the same tile written to a separate 64-byte aligned `out` (streamed) leaves c as it was
+          constexpr std::size_t ldo = (NR + 15) / 16 * 16 + 16;
+          std::vector<float> obuf(MR * ldo + 16, -7.0f);
+          float* o = obuf.data() + (16 - reinterpret_cast<std::uintptr_t>(obuf.data()) / 4 % 16) % 16;
+          const std::vector<float> c0 = c1;
+          p.out = o;
+          p.ldo = ldo;
           p.c = c1.data();
           Atom::run(p);
+          REQUIRE(c1 == c0);
+          p.out = nullptr;
+          Atom::run(p);
+          for (int i = 0; i < MR; ++i) REQUIRE(std::memcmp(o + i * ldo, c1.data() + i * (NR + 3), NR * 4) == 0);
           p.c = c2.data();
           Ref::run(p);
           INFO("k=" << k << " direct=" << direct << " acc=" << acc << " scaled=" << scaled << " integer=" << integer);

@@ -352,6 +352,34 @@ TEMPLATE_TEST_CASE("large f32 results (streaming stores): gamma_K, same bits as 
   }
 }
 
+// With nothing left to apply (alpha 1, beta 0, no epilogue) and 64-byte aligned C rows, the atoms
+// stream each full-width tile of the last K chunk straight into C; the narrower last column panel
+// goes through the slab store. Same bits as the cached store of small GEMMs over the same rows,
+// with one and several K chunks, and with C rows not 64-byte aligned (the slab store instead).
+TEMPLATE_TEST_CASE("large f32 results streamed by the atoms: same bits as the cached store", "[ops][gemm]", float, bf16) {
+  std::mt19937 g(17);
+  const std::size_t M = 1030, N = 2064, rows = 72;  // N: 8 full 256-column blocks and one of 16 columns
+  const std::size_t chunk = std::is_same_v<TestType, float> ? 1024 : 2048;
+  for (std::size_t K : {std::size_t{37}, chunk + 77}) {
+    std::vector<TestType> A(M * K), B(K * N);
+    ref::fill_real(A, g);
+    ref::fill_real(B, g);
+    std::vector<float> buf(M * N + 32);
+    for (std::size_t shift : {std::size_t{0}, std::size_t{4}}) {  // 4 floats: rows 16 bytes off a line
+      float* C = buf.data() + (16 - reinterpret_cast<std::uintptr_t>(buf.data()) / 4 % 16) % 16 + shift;
+      REQUIRE(M * N * sizeof(float) >= (std::size_t{8} << 20));
+      std::fill(buf.begin(), buf.end(), std::numeric_limits<float>::quiet_NaN());
+      gemm(dev2(), transpose::none, transpose::none, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C, N);
+      for (std::size_t m0 : {std::size_t{0}, std::size_t{504}, M - rows}) {
+        std::vector<float> s(rows * N);
+        gemm(dev1(), transpose::none, transpose::none, rows, N, K, 1.0f, A.data() + m0 * K, K, B.data(), N, 0.0f, s.data(), N);
+        INFO("K " << K << " shift " << shift << " rows from " << m0);
+        for (std::size_t i = 0; i < rows; ++i) REQUIRE(std::memcmp(s.data() + i * N, C + (m0 + i) * N, N * sizeof(float)) == 0);
+      }
+    }
+  }
+}
+
 TEST_CASE("batched and strided-batched", "[ops][gemm][batched]") {
   std::mt19937 g(9);
   const std::size_t M = 19, N = 40, K = 33, batch = 3;

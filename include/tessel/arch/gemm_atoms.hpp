@@ -34,6 +34,11 @@ struct ukernel_args {
   // 0: A is a packed panel. Otherwise A is read in place, row i at a + i*a_rs elements
   // (row-major f32, or row-major bf16 whose K-pairs are adjacent): no packing for row-major A.
   std::size_t a_rs = 0;
+  // Optional (best_f32_atom and best_bf16_atom, and the scalar atoms): the finished tile (c + t,
+  // or t) goes to `out` (rows ldo apart, each 64-byte aligned) instead of back to c, with
+  // streaming stores where the target has them; the caller fences before publishing it.
+  float* out = nullptr;
+  std::size_t ldo = 0;
 };
 
 namespace detail {
@@ -41,12 +46,13 @@ template <int MR, int NR>
 inline void finish_scalar(const ukernel_args& p, const float (&t)[MR][NR]) {
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) {
-      float* c = p.c + static_cast<std::size_t>(i) * p.ldc + j;
+      const float* c = p.c + static_cast<std::size_t>(i) * p.ldc + j;
+      float* o = p.out ? p.out + static_cast<std::size_t>(i) * p.ldo + j : p.c + static_cast<std::size_t>(i) * p.ldc + j;
       if (p.row_scale || p.col_scale) {
         const float s = (p.row_scale ? p.row_scale[i] : 1.0f) * (p.col_scale ? p.col_scale[j] : 1.0f);
-        *c = p.accumulate ? std::fma(t[i][j], s, *c) : t[i][j] * s;
+        *o = p.accumulate ? std::fma(t[i][j], s, *c) : t[i][j] * s;
       } else {
-        *c = p.accumulate ? *c + t[i][j] : t[i][j];
+        *o = p.accumulate ? *c + t[i][j] : t[i][j];
       }
     }
 }
@@ -229,7 +235,8 @@ inline void finish_avx512(const ukernel_args& p, __m512 (&t)[MR][NV]) {
       } else if (p.accumulate) {
         t[i][v] = _mm512_add_ps(_mm512_loadu_ps(c + 16 * v), t[i][v]);
       }
-      _mm512_storeu_ps(c + 16 * v, t[i][v]);
+      if (p.out) _mm512_stream_ps(p.out + static_cast<std::size_t>(i) * p.ldo + 16 * v, t[i][v]);
+      else _mm512_storeu_ps(c + 16 * v, t[i][v]);
     }
   }
 }
@@ -743,7 +750,8 @@ struct avx2_fma_f32 {
         } else if (p.accumulate) {
           r = _mm256_add_ps(_mm256_loadu_ps(c + 8 * v), r);
         }
-        _mm256_storeu_ps(c + 8 * v, r);
+        if (p.out) _mm256_stream_ps(p.out + static_cast<std::size_t>(i) * p.ldo + 8 * v, r);
+        else _mm256_storeu_ps(c + 8 * v, r);
       }
     }
   }

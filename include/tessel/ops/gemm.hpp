@@ -165,6 +165,11 @@ struct gemm_program {
     const auto chain = epilogue::alpha_beta(alpha * scales.a * scales.b, beta) | ep;
     const std::size_t jps = ceil_div(cols, NR);
     const bool stream_c = stream_output(Cz);
+    // ... and when nothing is left to apply (alpha 1, no epilogue), the atoms stream each finished
+    // full-width tile straight into C during the last chunk, so the stores spread over the slab's
+    // compute instead of following it (bf16 2048^3: +1.0% 1 thread, +2.3% 2 threads, side by side)
+    const bool atoms_out = stream_c && Chain::empty && alpha * scales.a * scales.b == 1.0f && Cz.row_stride() % 16 == 0 &&
+                           reinterpret_cast<std::uintptr_t>(Cz.data()) % 64 == 0;
     for (std::size_t kq = 0; kq < nk; kq += chunks) {
       const std::size_t kn = std::min(chunks, nk - kq);
       for (std::size_t k = 0; k < kn; ++k) {
@@ -187,11 +192,15 @@ struct gemm_program {
           p.k = ceil_div(kv, KP);  // a staged A is zero beyond kv
           p.ldc = NB;
           p.accumulate = kq + k > 0;
+          const bool out_now = atoms_out && last_piece && k + 1 == kn;
+          p.ldo = Cz.row_stride();
           for (std::size_t jp = 0; jp < jps; ++jp) {
             p.b = bkp + jp * NR * layout::col_panel<NR, KP>::padded_rows(KC);
+            const bool out_panel = out_now && (jp + 1) * NR <= cols;
             for (std::size_t ip = 0; ip * MR < r; ++ip) {
               const std::size_t pr = std::min(MR, r - ip * MR);
               p.c = accm + ip * MR * NB + jp * NR;
+              if constexpr (std::is_same_v<TC, float>) p.out = out_panel ? Cz.data() + (m0 + mc + ip * MR) * Cz.row_stride() + n0 + jp * NR : nullptr;
               if (direct) {
                 p.a = Az.data() + (m0 + mc + ip * MR) * Az.row_stride() + k0;
                 p.a_rs = Az.row_stride();
@@ -210,6 +219,12 @@ struct gemm_program {
         if (last_piece) {
           TC* c = Cz.data() + (m0 + mc) * Cz.row_stride() + n0 * Cz.col_stride();
           if constexpr (std::is_same_v<TC, float>) {
+            if (atoms_out) {  // the atoms wrote the full-width panels; the narrower last one is left
+              const std::size_t done = cols / NR * NR;
+              if (done < cols) store_streaming(accm + done, r, cols - done, c + done, Cz.row_stride(), m0 + mc, n0 + done, chain);
+              else arch::store_fence();
+              continue;
+            }
             if (stream_c) {
               store_streaming(accm, r, cols, c, Cz.row_stride(), m0 + mc, n0, chain);
               continue;
