@@ -2,6 +2,7 @@
 // fragment tiles, mma with the picked atom, map/reduce, store through epilogue chains, pipelined.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <random>
 #include <vector>
 
@@ -205,6 +206,47 @@ TEMPLATE_TEST_CASE("mma with A read in place matches the reference for odd K", "
           float s = 0;
           for (std::size_t k = 0; k < K; ++k) s += float(A[i * K + k]) * float(B[k * N + j]);
           REQUIRE(C[i * N + j] == s);
+        }
+    }
+  }
+}
+
+// mma_opts::n: only the atom panels holding the first n columns are computed (edge strips of C
+// need not pay for the full BN); the accumulator's later panels keep their values.
+TEMPLATE_TEST_CASE("mma computes only the panels holding the first n columns", "[tile][mma]", float, bf16) {
+  using tr = mma_traits<TestType>;
+  using S = typename tr::stage_type;
+  constexpr std::size_t NR = tr::nr, BM = 2 * tr::mr, BN = 3 * NR, BK = 20;
+  std::mt19937 g(4);
+  std::uniform_int_distribution<int> d(-3, 3);
+  std::vector<TestType> A(BM * BK), B(BK * BN);
+  for (auto& x : A) x = TestType(float(d(g)));
+  for (auto& x : B) x = TestType(float(d(g)));
+  std::vector<S> bs(staged<S, BK, BN, typename tr::b_layout>::elements), as(staged<S, BM, BK, typename tr::a_layout>::elements);
+  staged<S, BK, BN, typename tr::b_layout> b(bs.data());
+  staged<S, BM, BK, typename tr::a_layout> a(as.data());
+  const tensor<const TestType, 2> tA(A.data(), BM, BK), tB(B.data(), BK, BN);
+  load(tB.template tile<BK, BN>(0, 0), b);
+  load(tA.template tile<BM, BK>(0, 0), a);
+  std::vector<float> accs(BM * BN);
+  staged<float, BM, BN> acc(accs.data());
+  for (bool in_place : {false, true}) {
+    if (in_place && !std::is_same_v<S, TestType>) continue;  // in-place A needs the pair atom's element type
+    for (std::size_t n : {std::size_t{1}, NR, NR + 1, BN}) {
+      std::fill(accs.begin(), accs.end(), 7.5f);
+      if constexpr (std::is_same_v<S, TestType>) {
+        if (in_place) mma(tA.template tile<BM, BK>(0, 0), b, acc, {.accumulate = false, .n = n});
+        else mma(a, b, acc, {.accumulate = false, .n = n});
+      } else {
+        mma(a, b, acc, {.accumulate = false, .n = n});
+      }
+      const std::size_t computed = (n + NR - 1) / NR * NR;
+      INFO("n " << n << " in place " << in_place);
+      for (std::size_t i = 0; i < BM; ++i)
+        for (std::size_t j = 0; j < BN; ++j) {
+          float s = 0;
+          for (std::size_t k = 0; k < BK; ++k) s += float(A[i * BK + k]) * float(B[k * BN + j]);
+          REQUIRE(accs[i * BN + j] == (j < computed ? s : 7.5f));
         }
     }
   }

@@ -3,6 +3,7 @@
 // atom's panel layouts, which `mma_traits<T>` names; a row-major A may also be read in place.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
@@ -41,6 +42,8 @@ struct mma_opts {
   const float* row_scale = nullptr;    // BM scales: acc(i,j) (+)= (a·b)(i,j) * row_scale[i] * col_scale[j]
   const float* col_scale = nullptr;    // BN scales (null = 1)
   std::size_t k = SIZE_MAX;            // depth actually used (<= BK; rest treated as zero)
+  std::size_t n = SIZE_MAX;            // columns actually used (<= BN): only the atom panels holding
+                                       // them are computed; accumulator columns past those are left as they are
 };
 
 }  // namespace v0
@@ -68,7 +71,8 @@ void mma(const staged<T, BM, BK, layout::panel<MR, KP>>& a, const staged<T, BK, 
   const std::size_t steps = (kd + KP - 1) / KP;
   constexpr std::size_t PK = layout::panel<MR, KP>::padded_cols(BK);
   constexpr std::size_t ldc = Acc::tile_cols;
-  for (std::size_t jp = 0; jp < BN / NR; ++jp) {
+  const std::size_t panels = (std::min(o.n, BN) + NR - 1) / NR;
+  for (std::size_t jp = 0; jp < panels; ++jp) {
     for (std::size_t ip = 0; ip < BM / MR; ++ip) {
       arch::ukernel_args p;
       p.k = steps;
@@ -102,7 +106,22 @@ void mma(const tensor_tile<TA, BM, BK>& a, const staged<std::remove_const_t<TA>,
   constexpr std::size_t ldc = Acc::tile_cols;
   constexpr std::size_t PK = layout::col_panel<NR, KP>::padded_rows(BK);
   const std::size_t rows = a.rows;
-  for (std::size_t jp = 0; jp < BN / NR; ++jp) {
+  const std::size_t panels = (std::min(o.n, BN) + NR - 1) / NR;
+  // an odd K (pairs) reads a copy of the tile's rows with the tail zero-padded to a whole pair,
+  // made once for all panels
+  const T* base = a.data;
+  std::size_t rs = a.row_stride, ksteps = steps;
+  thread_local std::vector<T> buf;
+  if (tail != 0) {
+    const std::size_t kp = (steps + 1) * KP;
+    buf.assign(rows * kp, T{});
+    for (std::size_t i = 0; i < rows; ++i)
+      for (std::size_t k = 0; k < kd; ++k) buf[i * kp + k] = a.data[i * a.row_stride + k];
+    base = buf.data();
+    rs = kp;
+    ksteps = steps + 1;
+  }
+  for (std::size_t jp = 0; jp < panels; ++jp) {
     for (std::size_t ip = 0; ip * MR < rows; ++ip) {
       const std::size_t pr = rows - ip * MR < MR ? rows - ip * MR : MR;
       arch::ukernel_args p;
@@ -112,23 +131,10 @@ void mma(const tensor_tile<TA, BM, BK>& a, const staged<std::remove_const_t<TA>,
       p.accumulate = o.accumulate;
       p.row_scale = o.row_scale ? o.row_scale + ip * MR : nullptr;
       p.col_scale = o.col_scale ? o.col_scale + jp * NR : nullptr;
-      if (tail == 0) {
-        p.k = steps;
-        p.a = a.data + ip * MR * a.row_stride;
-        p.a_rs = a.row_stride;
-        arch::run_rows<atom>(static_cast<int>(pr), p);
-      } else {
-        // copy the panel's rows with the K tail zero-padded to a whole pair
-        const std::size_t kp = (steps + 1) * KP;
-        thread_local std::vector<T> buf;
-        buf.assign(pr * kp, T{});
-        for (std::size_t i = 0; i < pr; ++i)
-          for (std::size_t k = 0; k < kd; ++k) buf[i * kp + k] = a.data[(ip * MR + i) * a.row_stride + k];
-        p.k = steps + 1;
-        p.a = buf.data();
-        p.a_rs = kp;
-        arch::run_rows<atom>(static_cast<int>(pr), p);
-      }
+      p.k = ksteps;
+      p.a = base + ip * MR * rs;
+      p.a_rs = rs;
+      arch::run_rows<atom>(static_cast<int>(pr), p);
     }
   }
 }
