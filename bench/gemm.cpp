@@ -148,33 +148,53 @@ void gemm_f32_eigen(benchmark::State& st) {
 }
 
 #if defined(TESSEL_HAVE_ONEDNN)
+// A oneDNN matmul C (f32) = A·B over the caller's row-major buffers. Prepacked: B is reordered
+// once, here, into the layout the primitive prefers (outside any timing, which favours oneDNN);
+// otherwise the primitive takes B row-major, as tessel and OpenBLAS do, and packs it in each call.
+template <dnnl::memory::data_type DT>
+struct onednn_matmul {
+  dnnl::engine eng{dnnl::engine::kind::cpu, 0};
+  dnnl::stream s{eng};
+  dnnl::memory a_m, b_m, c_m;
+  dnnl::matmul prim;
+  onednn_matmul(std::size_t M, std::size_t N, std::size_t K, void* A, void* B, float* C, bool prepacked) {
+    using namespace dnnl;
+    using dims = memory::dims;
+    const auto mi = static_cast<memory::dim>(M), ni = static_cast<memory::dim>(N), ki = static_cast<memory::dim>(K);
+    const memory::desc a_md(dims{mi, ki}, DT, memory::format_tag::ab), b_md(dims{ki, ni}, DT, memory::format_tag::ab),
+        b_any(dims{ki, ni}, DT, memory::format_tag::any), c_md(dims{mi, ni}, memory::data_type::f32, memory::format_tag::ab);
+    const matmul::primitive_desc pd(matmul::desc(a_md, prepacked ? b_any : b_md, c_md), eng);
+    a_m = memory(a_md, eng, A);
+    c_m = memory(c_md, eng, C);
+    memory b_plain(b_md, eng, B);
+    if (prepacked) {
+      b_m = memory(pd.weights_desc(), eng);
+      reorder(b_plain, b_m).execute(s, b_plain, b_m);
+      s.wait();
+    } else {
+      b_m = b_plain;
+    }
+    prim = matmul(pd);
+  }
+  void run() {
+    prim.execute(s, {{DNNL_ARG_SRC, a_m}, {DNNL_ARG_WEIGHTS, b_m}, {DNNL_ARG_DST, c_m}});
+    s.wait();
+  }
+};
+
 template <dnnl::memory::data_type DT, class T>
 void gemm_onednn(benchmark::State& st) {
-  using namespace dnnl;
   const std::size_t M = st.range(0), N = st.range(1), K = st.range(2);
   const int th = static_cast<int>(st.range(3));
   if (omp_set_num_threads) omp_set_num_threads(th);
   auto A = random_buffer<T>(M * K, 1), B = random_buffer<T>(K * N, 2);
   tessel_bench::huge_buffer<float> C(M * N, 2);
-  engine eng(engine::kind::cpu, 0);
-  stream s(eng);
-  using dims = memory::dims;
-  const auto mi = static_cast<memory::dim>(M), ni = static_cast<memory::dim>(N), ki = static_cast<memory::dim>(K);
-  memory::desc a_md(dims{mi, ki}, DT, memory::format_tag::ab), b_any(dims{ki, ni}, DT, memory::format_tag::any),
-      b_md(dims{ki, ni}, DT, memory::format_tag::ab), c_md(dims{mi, ni}, memory::data_type::f32, memory::format_tag::ab);
-  matmul::primitive_desc pd(matmul::desc(a_md, b_any, c_md), eng);
-  memory a_m(a_md, eng, A.data()), b_plain(b_md, eng, B.data()), c_m(c_md, eng, C.data());
-  memory b_m(pd.weights_desc(), eng);
-  reorder(b_plain, b_m).execute(s, b_plain, b_m);  // weights prepacked outside the timing (favours oneDNN)
-  s.wait();
-  matmul prim(pd);
+  onednn_matmul<DT> mm(M, N, K, A.data(), B.data(), C.data(), true);
   const cpu_timer ct;
-  for (auto _ : st) {
-    prim.execute(s, {{DNNL_ARG_SRC, a_m}, {DNNL_ARG_WEIGHTS, b_m}, {DNNL_ARG_DST, c_m}});
-    s.wait();
-  }
-  set_flops(st, 2.0 * M * N * K, DT == memory::data_type::f32 ? tessel_bench::peak_fp32_gflops(th) : tessel_bench::peak_bf16_gflops(th), ct,
-            DT == memory::data_type::f32 ? tessel_bench::peak_fp32_gflops(1) : tessel_bench::peak_bf16_gflops(1));
+  for (auto _ : st) mm.run();
+  constexpr bool f32 = DT == dnnl::memory::data_type::f32;
+  set_flops(st, 2.0 * M * N * K, f32 ? tessel_bench::peak_fp32_gflops(th) : tessel_bench::peak_bf16_gflops(th), ct,
+            f32 ? tessel_bench::peak_fp32_gflops(1) : tessel_bench::peak_bf16_gflops(1));
 }
 #endif
 
@@ -285,34 +305,13 @@ void gemm_paired(benchmark::State& st) {
   }
 #endif
 #if defined(TESSEL_HAVE_ONEDNN)
-  using namespace dnnl;
   if (omp_set_num_threads) omp_set_num_threads(static_cast<int>(th));
-  constexpr auto DT = Bf16 ? memory::data_type::bf16 : memory::data_type::f32;
-  engine eng(engine::kind::cpu, 0);
-  stream s(eng);
-  using dims = memory::dims;
-  const auto mi = static_cast<memory::dim>(M), ni = static_cast<memory::dim>(N), ki = static_cast<memory::dim>(K);
-  memory::desc a_md(dims{mi, ki}, DT, memory::format_tag::ab), b_any(dims{ki, ni}, DT, memory::format_tag::any),
-      b_md(dims{ki, ni}, DT, memory::format_tag::ab), c_md(dims{mi, ni}, memory::data_type::f32, memory::format_tag::ab);
-  matmul::primitive_desc pd(matmul::desc(a_md, b_any, c_md), eng);
-  memory a_m(a_md, eng, A.data()), b_plain(b_md, eng, B.data()), c_m(c_md, eng, C.data());
-  memory b_m(pd.weights_desc(), eng);
-  reorder(b_plain, b_m).execute(s, b_plain, b_m);  // weights prepacked outside the timing, as above
-  s.wait();
-  matmul prim(pd);
-  calls.emplace_back([&] {
-    prim.execute(s, {{DNNL_ARG_SRC, a_m}, {DNNL_ARG_WEIGHTS, b_m}, {DNNL_ARG_DST, c_m}});
-    s.wait();
-  });
+  constexpr auto DT = Bf16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
+  // prepacked (as gemm_onednn), and with B as the caller holds it, packed inside each call
+  onednn_matmul<DT> packed(M, N, K, A.data(), B.data(), C.data(), true), plain(M, N, K, A.data(), B.data(), C.data(), false);
+  calls.emplace_back([&] { packed.run(); });
   names.emplace_back("onednn");
-  // The same product with B as the caller holds it (row-major), as tessel and OpenBLAS get it:
-  // oneDNN then packs B inside the call, as they do.
-  matmul::primitive_desc pd_plain(matmul::desc(a_md, b_md, c_md), eng);
-  matmul prim_plain(pd_plain);
-  calls.emplace_back([&] {
-    prim_plain.execute(s, {{DNNL_ARG_SRC, a_m}, {DNNL_ARG_WEIGHTS, b_plain}, {DNNL_ARG_DST, c_m}});
-    s.wait();
-  });
+  calls.emplace_back([&] { plain.run(); });
   names.emplace_back("onednn_plain_b");
 #endif
   const std::size_t n = calls.size();
