@@ -91,8 +91,11 @@ TEST_CASE("avx512 fma atoms match the scalar reference bitwise", "[arch][atom][a
   for (bool integer : {true, false}) {
     check_atom<arch::avx512_fma_6x32_f32>(integer, g);
     check_atom<arch::avx512_fma_8x32_f32>(integer, g);
+    check_atom<arch::avx512_fma_6x64_f32>(integer, g);
     check_atom<arch::best_f32_atom>(integer, g);
+    check_atom<arch::best_f32_gemm_atom>(integer, g);
     check_atom<arch::avx512_fma_f32<1, 2>>(integer, g);
+    check_atom<arch::avx512_fma_f32<5, 4>>(integer, g);
   }
 }
 #endif
@@ -222,9 +225,9 @@ TEST_CASE("avx2 fma atoms match the scalar reference bitwise", "[arch][atom][avx
 }
 #endif
 
-TEST_CASE("run_rows dispatches the partial-panel atom", "[arch][atom]") {
+TEMPLATE_TEST_CASE("run_rows dispatches the partial-panel atom", "[arch][atom]", arch::best_f32_atom, arch::best_f32_gemm_atom) {
   std::mt19937 g(5);
-  using A = arch::best_f32_atom;
+  using A = TestType;
   constexpr int NR = A::nr;
   for (int rows = 1; rows <= A::mr; ++rows) {
     const std::size_t k = 9;

@@ -60,22 +60,25 @@ struct gemm_config {
                 "tessel::gemm: A and B must both be 16/8-bit floats (bf16/e4m3/e5m2) or both f32/fp16 on this target");
   using traits = mma_traits<TA>;
   using stage = typename traits::stage_type;
-  using atom = typename traits::atom;
+  using atom = std::conditional_t<traits::pair, typename traits::atom, arch::best_f32_gemm_atom>;
   static constexpr std::size_t MR = atom::mr, NR = atom::nr, KP = atom::k_pack;
-  // K chunk: 1024 deep for f32, 2048 for bf16 pairs (both 4 KiB of each A row, and a 128 KiB B
-  // micro-panel that streams from L2, which the atoms sustain at full rate). Each atom call's C
-  // tile round trip and call overhead are spread over K/KC fewer calls: measured side by side,
-  // f32 512 -> 1024 +1.6%, bf16 512 -> 1024 -> 2048 +1.8% then +1.0%; one step deeper (f32 2048,
-  // bf16 4096: an (MC,KC) A tile of 768 KiB no longer shares the 1 MiB L2) lost 1-2%. Deeper
-  // chunks change rounding (one add into C per chunk); the gamma_K, integer-bitwise and
-  // thread-count tests decide. FP8 block-scaled chunks stay 512 (KC_scaled: 4 scale blocks).
+  using a_layout = layout::panel<MR, KP>;      // (MC,KC) A as MR-row panels
+  using b_layout = layout::col_panel<NR, KP>;  // (KC,NB) B as NR-column panels
+  // K chunk: a 128 KiB B micro-panel that streams from L2, which the atoms sustain at full rate:
+  // 2048 deep for bf16 pairs (32 columns), 512 for f32 with the AVX-512 6x64 atom (1024 with the
+  // 32 columns of the AVX2 atom). Each atom call's C tile round trip and call overhead are spread
+  // over K/KC fewer calls: measured side by side, bf16 512 -> 1024 -> 2048 +1.8% then +1.0%, f32
+  // 8x32 512 -> 1024 +1.6%, but f32 6x64 1024 -> 512 +1.3% (a 256 KiB panel did not keep up);
+  // one step deeper (bf16 4096: an (MC,KC) A tile of 768 KiB no longer shares the 1 MiB L2) lost
+  // 1-2%. Deeper chunks change rounding (one add into C per chunk); the gamma_K,
+  // integer-bitwise and thread-count tests decide. FP8 block-scaled chunks stay 512 (KC_scaled: 4 scale blocks).
   // Skinny (small M) GEMMs are bound by reading B once: wide, short B tiles read B's rows
   // contiguously (few pages, long bursts) instead of tall column strips; 72 (not 64) rows keep
   // the staged panels from sitting 4 KiB apart, where their stores alias the source loads.
-  static constexpr std::size_t KC = Skinny ? 72 : (traits::pair ? 2048 : 1024);
+  static constexpr std::size_t KC = Skinny ? 72 : (traits::pair ? 2048 : (NR >= 64 ? 512 : 1024));
   static constexpr std::size_t KC_scaled = Skinny ? 72 : 512;  // block-scaled (FP8) chunks
   static constexpr std::size_t NB = Skinny ? 1024 : 256;  // columns per block ((KC,NB) B tile in L3, its (KC,NR) micro-panels streamed from L2)
-  // rows per mma step: the (MC,KC) A tile (f32 288 KiB, bf16 288 KiB), the B micro-panel
+  // rows per mma step: the (MC,KC) A tile (f32 144 KiB, bf16 288 KiB), the B micro-panel
   // (128 KiB) and the (MC,NB) accumulators (72 KiB) share the 1 MiB L2 with room to spare; measured
   // against 96 with the deeper chunks: +0.8-2.8% f32, +0.4-0.8% bf16 (48 was no better than 72)
   static constexpr std::size_t MC = 72;
@@ -153,13 +156,13 @@ struct gemm_program {
   static constexpr std::size_t KS_max = 4096;  // K depth of one packed piece
   void run_resident(block_ctx& ctx, const tensor<const TA, 2>& Az, const tensor<const TB, 2>& Bz, const tensor<TC, 2>& Cz, std::size_t m0,
                     std::size_t rows, std::size_t n0, std::size_t cols) const {
-    using b_stage = staged<S, KC, NB, typename mma_traits<TA>::b_layout>;
+    using b_stage = staged<S, KC, NB, typename cfg::b_layout>;
     const std::size_t nk = ceil_div(K, KC), chunks = std::min(nk, KS_max / KC);
     S* strip = ctx.scratch().allocate_array<S>(chunks * b_stage::elements);     // chunks x (KC,NB)
     const std::size_t rows_pad = ceil_div(rows, MC) * MC;
     float* acc = ctx.scratch().allocate_array<float>((nk > chunks ? rows_pad : MC) * NB);  // (MB,NB) or one (MC,NB) slab
     staged<S, MC, KC, layout::row> a{ctx};                                      // (MC,KC) converted A
-    staged<S, MC, KC, typename mma_traits<TA>::a_layout> ap{ctx};               // (MC,KC) transposed A as MR-row panels
+    staged<S, MC, KC, typename cfg::a_layout> ap{ctx};               // (MC,KC) transposed A as MR-row panels
     const bool panel_a = KP == 1 && Az.row_stride() == 1 && K > 1;
     const bool direct_a = std::is_same_v<TA, S> && Az.col_stride() == 1;
     const auto chain = epilogue::alpha_beta(alpha * scales.a * scales.b, beta) | ep;
@@ -286,9 +289,9 @@ struct gemm_program {
     }
     const std::size_t rows_pad = ceil_div(rows, MC) * MC;
     float* acc = ctx.scratch().allocate_array<float>(rows_pad * NB);           // (MB,NB)
-    staged<S, KC, NB, typename mma_traits<TA>::b_layout> b{ctx};                // (KC,NB)
+    staged<S, KC, NB, typename cfg::b_layout> b{ctx};                // (KC,NB)
     staged<S, MC, KC, layout::row> a{ctx};                                      // (MC,KC) converted A, read in place
-    staged<S, MC, KC, typename mma_traits<TA>::a_layout> ap{ctx};               // (MC,KC) transposed A as MR-row panels
+    staged<S, MC, KC, typename cfg::a_layout> ap{ctx};               // (MC,KC) transposed A as MR-row panels
     // a column-major (transposed) A packs fastest into panels (MR contiguous rows per K step)
     const bool panel_a = KP == 1 && Az.row_stride() == 1 && K > 1;
     alignas(64) float rs[SB * MC];  // rs[q*MC + i]: row scales of scale block q of the chunk

@@ -107,6 +107,9 @@ struct flash_bwd_dkdv_program {
   using E = typename Atom::a_type;
   static constexpr std::size_t MR = Atom::mr, NR = Atom::nr, KP = Atom::k_pack;
   static constexpr std::size_t BQ = bwd_bq, BK = bwd_bkv;
+  // padded tiles (rows rounded up to MR, columns to NR) must fit the blocks' workspace
+  static_assert(BQ % MR == 0 && BQ % NR == 0 && BK % MR == 0 && BK % NR == 0,
+                "flash attention backward: block sizes must be multiples of the atom's MR and NR");
   const T* k; const T* v; const float* lse;
   T* dk; T* dv;
   const seq_geom* seqs;
@@ -220,6 +223,9 @@ struct flash_bwd_dq_program {
   using E = typename Atom::a_type;
   static constexpr std::size_t MR = Atom::mr, NR = Atom::nr, KP = Atom::k_pack;
   static constexpr std::size_t BQ = bwd_bq, BK = bwd_bkv;
+  // padded tiles (rows rounded up to MR, columns to NR) must fit the blocks' workspace
+  static_assert(BQ % MR == 0 && BQ % NR == 0 && BK % MR == 0 && BK % NR == 0,
+                "flash attention backward: block sizes must be multiples of the atom's MR and NR");
   const T* q; const T* dout; const float* lse;
   T* dq;
   const seq_geom* seqs;

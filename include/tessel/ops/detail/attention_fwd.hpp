@@ -57,6 +57,7 @@ struct flash_fwd_program {
   using E = typename Atom::a_type;
   static constexpr std::size_t MR = Atom::mr, NR = Atom::nr, KP = Atom::k_pack;
   static constexpr std::size_t BQ = fwd_bq, BKV = fwd_bkv;
+  static_assert(BQ % MR == 0 && BKV % NR == 0, "flash attention forward: block sizes must be multiples of the atom's MR and NR");
   const T* q;
   O* o;
   float* lse;            // may be null
