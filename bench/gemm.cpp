@@ -395,23 +395,33 @@ alternated alternate(benchmark::State& st, Mine&& mine, Other&& other) {
   return r;
 }
 
+// Operands of the bf16 GEMM + bias + GELU + cast comparisons (args M, N, K, threads), and the
+// library's fused call on them.
+struct epilogue_case {
+  std::size_t M, N, K;
+  unsigned th;
+  tessel_bench::huge_buffer<bf16> A, B;
+  tessel_bench::huge_buffer<float> bias;
+  tessel_bench::huge_buffer<bf16> C;
+  explicit epilogue_case(const benchmark::State& st)
+      : M(st.range(0)), N(st.range(1)), K(st.range(2)), th(static_cast<unsigned>(st.range(3))), A(random_buffer<bf16>(M * K, 1)),
+        B(random_buffer<bf16>(K * N, 2)), bias(random_buffer<float>(N, 3)), C(M * N, 2) {}
+  tensor<const bf16, 2> a() const { return tensor<const bf16, 2>(A.data(), M, K); }
+  tensor<const bf16, 2> b() const { return tensor<const bf16, 2>(B.data(), K, N); }
+  tensor<bf16, 2> c() { return tensor<bf16, 2>(C.data(), M, N); }
+  std::span<const float> bs() const { return std::span<const float>(bias.data(), N); }
+  void fused() { gemm(dev(th), a(), b(), c(), 1.0f, 0.0f, epilogue::bias(bs()) | epilogue::gelu | epilogue::cast<bf16>); }
+  double flops(std::size_t iterations) const { return 2.0 * double(M) * double(N) * double(K) * double(iterations); }
+};
+
 // The user-written tile program of example 03 (GEMM + bias + GELU + cast, public primitives)
 // against the library GEMM with the same epilogue, alternated in one timed loop; the
 // benchmark's time is the user program's, vs_library = library time / user time (above 1: the
 // user program is faster).
 void gemm_user_vs_library(benchmark::State& st) {
-  const std::size_t M = st.range(0), N = st.range(1), K = st.range(2);
-  const unsigned th = static_cast<unsigned>(st.range(3));
-  auto A = random_buffer<bf16>(M * K, 1), B = random_buffer<bf16>(K * N, 2);
-  auto bias = random_buffer<float>(N, 3);
-  tessel_bench::huge_buffer<bf16> C(M * N, 2);
-  const tensor<const bf16, 2> tA(A.data(), M, K), tB(B.data(), K, N);
-  const tensor<bf16, 2> tC(C.data(), M, N);
-  const std::span<const float> bs(bias.data(), N);
-  const auto r = alternate(
-      st, [&] { example::gemm_bias_gelu_launch(dev(th), tA, tB, tC, bs); },
-      [&] { gemm(dev(th), tA, tB, tC, 1.0f, 0.0f, epilogue::bias(bs) | epilogue::gelu | epilogue::cast<bf16>); });
-  const double flops = 2.0 * double(M) * double(N) * double(K) * double(r.iterations);
+  epilogue_case e(st);
+  const auto r = alternate(st, [&] { example::gemm_bias_gelu_launch(dev(e.th), e.a(), e.b(), e.c(), e.bs()); }, [&] { e.fused(); });
+  const double flops = e.flops(r.iterations);
   st.counters["user_gflops"] = flops / r.mine / 1e9;
   st.counters["library_gflops"] = flops / r.other / 1e9;
   st.counters["vs_library"] = r.other / r.mine;
@@ -421,18 +431,9 @@ void gemm_user_vs_library(benchmark::State& st) {
 // bf16 without it, alternated in one loop: epilogue_cost = fused time / plain time - 1 (the
 // issue's bound is 0.03). The separate gemm_bf16_epilogue/tessel runs drift by as much.
 void gemm_fused_vs_plain(benchmark::State& st) {
-  const std::size_t M = st.range(0), N = st.range(1), K = st.range(2);
-  const unsigned th = static_cast<unsigned>(st.range(3));
-  auto A = random_buffer<bf16>(M * K, 1), B = random_buffer<bf16>(K * N, 2);
-  auto bias = random_buffer<float>(N, 3);
-  tessel_bench::huge_buffer<bf16> C(M * N, 2);
-  const tensor<const bf16, 2> tA(A.data(), M, K), tB(B.data(), K, N);
-  const tensor<bf16, 2> tC(C.data(), M, N);
-  const std::span<const float> bs(bias.data(), N);
-  const auto r = alternate(
-      st, [&] { gemm(dev(th), tA, tB, tC, 1.0f, 0.0f, epilogue::bias(bs) | epilogue::gelu | epilogue::cast<bf16>); },
-      [&] { gemm(dev(th), tA, tB, tC, 1.0f, 0.0f); });
-  const double flops = 2.0 * double(M) * double(N) * double(K) * double(r.iterations);
+  epilogue_case e(st);
+  const auto r = alternate(st, [&] { e.fused(); }, [&] { gemm(dev(e.th), e.a(), e.b(), e.c(), 1.0f, 0.0f); });
+  const double flops = e.flops(r.iterations);
   st.counters["fused_gflops"] = flops / r.mine / 1e9;
   st.counters["plain_gflops"] = flops / r.other / 1e9;
   st.counters["epilogue_cost"] = r.mine / r.other - 1.0;
