@@ -128,21 +128,6 @@ void bwd_tessel(benchmark::State& state) {
   report(state, 2.5 * fwd_flops(opt.causal));
 }
 
-// Softmax of rows [r0, r1) of a materialised (S, S) f32 score matrix into bf16 probabilities.
-void softmax_rows(float* s, bf16* p, std::size_t r0, std::size_t r1, float scale, bool causal) {
-  using namespace tessel::arch::softmax;
-  const float c = scale * 1.4426950408889634f;
-  for (std::size_t i = r0; i < r1; ++i) {
-    float* row = s + i * S;
-    const std::size_t n = causal ? i + 1 : S;
-    const float m = row_max(row, n) * c;
-    const float l = exp2_row(row, n, c, m, row);
-    scale_row(row, n, 1.0f / l);
-    to_bf16_row(row, n, reinterpret_cast<std::uint16_t*>(p + i * S));
-    std::fill(p + i * S + n, p + (i + 1) * S, bf16(0.0f));
-  }
-}
-
 // Naive materialised attention (one head, f32 scores in memory), rows split over the workers.
 void fwd_naive(benchmark::State& state) {
   auto& x = qkv::get();
@@ -177,6 +162,21 @@ void fwd_naive(benchmark::State& state) {
 }
 
 #if TESSEL_HAVE_ONEDNN
+// Softmax of rows [r0, r1) of a materialised (S, S) f32 score matrix into bf16 probabilities.
+void softmax_rows(float* s, bf16* p, std::size_t r0, std::size_t r1, float scale, bool causal) {
+  using namespace tessel::arch::softmax;
+  const float c = scale * 1.4426950408889634f;
+  for (std::size_t i = r0; i < r1; ++i) {
+    float* row = s + i * S;
+    const std::size_t n = causal ? i + 1 : S;
+    const float m = row_max(row, n) * c;
+    const float l = exp2_row(row, n, c, m, row);
+    scale_row(row, n, 1.0f / l);
+    to_bf16_row(row, n, reinterpret_cast<std::uint16_t*>(p + i * S));
+    std::fill(p + i * S + n, p + (i + 1) * S, bf16(0.0f));
+  }
+}
+
 // Unfused: oneDNN bf16 matmul S = Q·Kᵀ (f32 out), tessel's vectorised softmax to bf16 P, oneDNN
 // bf16 matmul O = P·V; head by head so the (S, S) buffers stay at 96 MiB.
 void fwd_onednn(benchmark::State& state) {

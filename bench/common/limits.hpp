@@ -28,6 +28,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/peers.hpp"
+
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
