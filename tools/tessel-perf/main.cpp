@@ -18,6 +18,8 @@
 #include <vector>
 
 #include <tessel/collectives.hpp>
+
+#include "../common/args.hpp"
 #if TESSEL_HAVE_MPI
 #include <tessel/collectives/transport/mpi.hpp>
 #endif
@@ -27,8 +29,14 @@
 #endif
 
 using namespace tessel;
+using tessel_tools::parse_int;
+using tessel_tools::parse_real;
+using tessel_tools::parse_size;
 
 namespace {
+
+constexpr long long max_ranks = 1 << 20;        // beyond any cluster the emulator models
+constexpr long long max_thread_ranks = 1024;    // one OS thread per rank on the threads transport
 
 enum class coll { all_reduce, reduce, broadcast, all_gather, reduce_scatter, gather, scatter, all_to_all, sendrecv };
 
@@ -65,17 +73,6 @@ struct opts {
   std::exit(2);
 }
 
-std::size_t parse_size(const std::string& s) {
-  char* end = nullptr;
-  const double v = std::strtod(s.c_str(), &end);
-  if (end == s.c_str() || v < 0) usage(("bad size '" + s + "'").c_str());
-  double mul = 1;
-  if (*end == 'K' || *end == 'k') mul = 1024.0;
-  else if (*end == 'M' || *end == 'm') mul = 1024.0 * 1024;
-  else if (*end == 'G' || *end == 'g') mul = 1024.0 * 1024 * 1024;
-  return static_cast<std::size_t>(v * mul);
-}
-
 coll parse_coll(const std::string& s) {
   const std::pair<const char*, coll> names[] = {
       {"all_reduce", coll::all_reduce}, {"reduce", coll::reduce},   {"broadcast", coll::broadcast},
@@ -99,13 +96,13 @@ opts parse(int argc, char** argv) {
       return argv[++i];
     };
     try {
-      if (a == "-b" || a == "--minbytes") o.minb = parse_size(val());
-      else if (a == "-e" || a == "--maxbytes") o.maxb = parse_size(val());
-      else if (a == "-f" || a == "--stepfactor") o.factor = std::stod(val());
-      else if (a == "-i" || a == "--stepbytes") o.step = parse_size(val());
-      else if (a == "-g" || a == "--ranks") o.ranks = std::stoi(val());
-      else if (a == "-n" || a == "--iters") o.iters = std::stoi(val());
-      else if (a == "-w" || a == "--warmup_iters") o.warmup = std::stoi(val());
+      if (a == "-b" || a == "--minbytes") o.minb = parse_size(a, val());
+      else if (a == "-e" || a == "--maxbytes") o.maxb = parse_size(a, val());
+      else if (a == "-f" || a == "--stepfactor") o.factor = parse_real(a, val(), 1.0, 1e6);
+      else if (a == "-i" || a == "--stepbytes") o.step = parse_size(a, val());
+      else if (a == "-g" || a == "--ranks") o.ranks = static_cast<int>(parse_int(a, val(), 1, max_ranks));
+      else if (a == "-n" || a == "--iters") o.iters = static_cast<int>(parse_int(a, val(), 1, 1000000));
+      else if (a == "-w" || a == "--warmup_iters") o.warmup = static_cast<int>(parse_int(a, val(), 0, 1000000));
       else if (a == "-d" || a == "--datatype") {
         auto v = val();
         if (v == "float") v = "f32";
@@ -113,26 +110,34 @@ opts parse(int argc, char** argv) {
         if (v == "int32") v = "i32";
         o.dt = dtype_from_name(v);
       } else if (a == "-o" || a == "--op") o.op = reduce_op_from_name(val());
-      else if (a == "-r" || a == "--root") o.root = std::stoi(val());
+      else if (a == "-r" || a == "--root") o.root = static_cast<int>(parse_int(a, val(), 0, max_ranks - 1));
       else if (a == "-c" || a == "--check") {
         if (i + 1 < argc && (std::string(argv[i + 1]) == "0" || std::string(argv[i + 1]) == "1")) o.check = std::string(argv[++i]) == "1";
         else o.check = true;
       } else if (a == "--transport") o.transport = val();
       else if (a == "--algo") o.algo = algorithm_from_name(val());
       else if (a == "--compress") o.compress = val();
-      else if (a == "--node-size") o.node_size = std::stoi(val());
-      else if (a == "--segment") o.segment = parse_size(val());
+      else if (a == "--node-size") o.node_size = static_cast<int>(parse_int(a, val(), 0, max_ranks));
+      else if (a == "--segment") o.segment = parse_size(a, val());
       else usage(("unknown option " + a).c_str());
-    } catch (const std::invalid_argument& e) {
+    } catch (const std::exception& e) {  // a bad number (std::stoi) or name (tessel::error)
       usage(e.what());
     }
   }
   if (o.factor <= 1 && o.step == 0) usage("step factor must be > 1");
-  if (o.iters <= 0 || o.ranks <= 0 || o.warmup < 0) usage("iters and ranks must be positive");
+  if (o.minb > o.maxb) usage(("-b (" + std::to_string(o.minb) + " bytes) is larger than -e (" + std::to_string(o.maxb) + " bytes): nothing to run").c_str());
+  if (o.transport == "threads" && o.ranks > max_thread_ranks)
+    usage(("the threads transport runs one thread per rank: -g " + std::to_string(o.ranks) + " is above its " +
+           std::to_string(max_thread_ranks) + " (use --transport emulated for large rank counts)").c_str());
+  if (o.root >= o.ranks && o.transport != "mpi")
+    usage(("-r " + std::to_string(o.root) + " is not a rank of the " + std::to_string(o.ranks) + " ranks").c_str());
+  if (o.segment && o.segment < 64) usage("--segment must be at least 64 bytes");
+  if (o.transport != "threads" && o.transport != "emulated" && o.transport != "mpi")
+    usage(("unknown transport '" + o.transport + "'").c_str());
   if (o.compress != "none") {
     try {
       (void)wire_format_from_name(o.compress);
-    } catch (const std::invalid_argument& e) {
+    } catch (const tessel::error& e) {
       usage(e.what());
     }
     if (o.kind != coll::all_reduce || o.dt != dtype::f32 || (o.op != reduce_op::sum && o.op != reduce_op::avg))

@@ -21,6 +21,8 @@
 
 #include <tessel/collectives.hpp>
 #include <tessel/collectives/moe.hpp>
+
+#include "../common/args.hpp"
 #if __has_include(<tessel/collectives/transport/emulated.hpp>)
 #include <tessel/collectives/transport/emulated.hpp>
 #define TESSEL_PERF_MOE 1
@@ -50,17 +52,17 @@ int moe_main(int argc, char** argv) {
       return argv[++i];
     };
     try {
-      if (a == "-g" || a == "--ranks") ranks = std::stoi(val());
-      else if (a == "--tokens") tokens = std::stoul(val());
-      else if (a == "--hidden") hidden = std::stoul(val());
-      else if (a == "--topk") top_k = std::stoul(val());
-      else if (a == "--experts") experts = std::stoi(val());
-      else if (a == "-n" || a == "--iters") iters = std::stoi(val());
+      if (a == "-g" || a == "--ranks") ranks = static_cast<int>(tessel_tools::parse_int(a, val(), 1, 1 << 20));
+      else if (a == "--tokens") tokens = static_cast<std::size_t>(tessel_tools::parse_int(a, val(), 0, 1 << 24));
+      else if (a == "--hidden") hidden = static_cast<std::size_t>(tessel_tools::parse_int(a, val(), 1, 1 << 20));
+      else if (a == "--topk") top_k = static_cast<std::size_t>(tessel_tools::parse_int(a, val(), 1, 1 << 16));
+      else if (a == "--experts") experts = static_cast<int>(tessel_tools::parse_int(a, val(), 1, 1 << 20));
+      else if (a == "-n" || a == "--iters") iters = static_cast<int>(tessel_tools::parse_int(a, val(), 1, 1000000));
       else if (a == "-c" || a == "--check") check = true;
       else if (a == "--transport") {
         if (val() != "emulated") moe_usage("moe runs on the emulated transport only");
       } else moe_usage(("unknown option " + a).c_str());
-    } catch (const std::logic_error& e) {
+    } catch (const std::exception& e) {
       moe_usage(e.what());
     }
   }
