@@ -23,6 +23,7 @@
 #include <vector>
 
 #include <tessel/collectives.hpp>
+#include <tessel/device/device_buffer.hpp>
 #include <tessel/collectives/transport/emulated.hpp>
 #include <tessel/emulator.hpp>
 #include <tessel/ops/activation.hpp>
@@ -63,28 +64,6 @@ dataset make_task() {
   return t;
 }
 
-// An array in a card's memory (the card enforces its capacity and counts what is allocated).
-template <class T>
-class card_array {
- public:
-  card_array(emu::card& c, std::size_t n) : card_(&c), n_(n) {
-    p_ = static_cast<T*>(c.allocate(n * sizeof(T)));
-    std::memset(static_cast<void*>(p_), 0, n * sizeof(T));
-  }
-  ~card_array() { card_->deallocate(p_); }
-  card_array(const card_array&) = delete;
-  card_array& operator=(const card_array&) = delete;
-  T* data() { return p_; }
-  std::size_t size() const { return n_; }
-  std::span<T> span() { return {p_, n_}; }
-  std::span<const T> cspan() const { return {p_, n_}; }
-
- private:
-  emu::card* card_;
-  T* p_;
-  std::size_t n_;
-};
-
 struct replica_result {
   std::vector<float> w1, w2;  // final master weights, to compare across cards
   std::vector<double> losses;  // global mean loss per step (rank 0 prints it)
@@ -97,11 +76,14 @@ replica_result train_on_card(emu::card& card, communicator& comm, const dataset&
   // The same seed on every card: replicas start identical.
   std::mt19937 rng(3);
   std::normal_distribution<float> nd;
-  card_array<float> w1(card, D * H), w2(card, H * C), g1(card, D * H), g2(card, H * C);
-  card_array<float> m1(card, D * H), v1(card, D * H), m2(card, H * C), v2(card, H * C);
-  card_array<bf16> w1b(card, D * H), w2b(card, H * C), xb(card, B * D), hb(card, B * H), dlog(card, B * C),
-      dpre(card, B * H);
-  card_array<float> pre(card, B * H), logits(card, B * C), dh(card, B * H);
+  // Arrays in the card's memory (the card enforces its capacity and counts what is allocated).
+  using f32s = device_buffer<float, emu::card>;
+  using bf16s = device_buffer<bf16, emu::card>;
+  f32s w1(card, D * H, 0.0f), w2(card, H * C, 0.0f), g1(card, D * H, 0.0f), g2(card, H * C, 0.0f);
+  f32s m1(card, D * H, 0.0f), v1(card, D * H, 0.0f), m2(card, H * C, 0.0f), v2(card, H * C, 0.0f);
+  bf16s w1b(card, D * H, bf16{}), w2b(card, H * C, bf16{}), xb(card, B * D, bf16{}), hb(card, B * H, bf16{});
+  bf16s dlog(card, B * C, bf16{}), dpre(card, B * H, bf16{});
+  f32s pre(card, B * H, 0.0f), logits(card, B * C, 0.0f), dh(card, B * H, 0.0f);
   for (std::size_t i = 0; i < w1.size(); ++i) w1.data()[i] = nd(rng) / std::sqrt(float(D));
   for (std::size_t i = 0; i < w2.size(); ++i) w2.data()[i] = nd(rng) / std::sqrt(float(H));
   for (std::size_t i = 0; i < w1.size(); ++i) w1b.data()[i] = bf16(w1.data()[i]);
@@ -114,7 +96,7 @@ replica_result train_on_card(emu::card& card, communicator& comm, const dataset&
   opt.max_grad_norm = 1.0f;
   opt.storage = param_storage::bf16_master;
 
-  auto view = [](card_array<bf16>& a, std::size_t r, std::size_t c) { return tensor<const bf16, 2>(a.data(), r, c); };
+  auto view = [](bf16s& a, std::size_t r, std::size_t c) { return tensor<const bf16, 2>(a.data(), r, c); };
   replica_result res;
   for (int step = 1; step <= steps; ++step) {
     // This card's shard of the global batch.

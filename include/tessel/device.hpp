@@ -1,5 +1,6 @@
-// Umbrella for tessel/device: the device concept, the executor and host_device.
+// Umbrella for tessel/device: the device concept, the executor, host_device and device_buffer.
 #pragma once
 #include <tessel/device/device.hpp>
 #include <tessel/device/executor.hpp>
 #include <tessel/device/host_device.hpp>
+#include <tessel/device/device_buffer.hpp>

@@ -44,6 +44,8 @@ constexpr std::string_view to_string(errc e) noexcept {
   return "unknown tessel error";
 }
 
+}  // namespace v0
+
 namespace detail {
 class tessel_category final : public std::error_category {
  public:
@@ -51,6 +53,8 @@ class tessel_category final : public std::error_category {
   std::string message(int v) const override { return std::string(to_string(static_cast<errc>(v))); }
 };
 }  // namespace detail
+
+inline namespace v0 {
 
 inline const std::error_category& error_category() noexcept {
   static const detail::tessel_category c;
@@ -71,6 +75,16 @@ class error : public std::runtime_error {
  private:
   errc code_;
   const char* area_;
+};
+
+// A family of errors raised by one area: `struct gemm_error : error_of<gemm_error> { using
+// error_of::error_of; static constexpr const char area_name[] = "gemm"; };`. One argument gives
+// errc::invalid_argument, the common case of a check on the caller's input.
+template <class Family>
+class error_of : public error {
+ public:
+  explicit error_of(const std::string& detail) : error(errc::invalid_argument, Family::area_name, detail) {}
+  error_of(errc code, const std::string& detail) : error(code, Family::area_name, detail) {}
 };
 
 // Size arithmetic that would wrap (detail/checked.hpp throws it for every layer).

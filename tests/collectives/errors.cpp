@@ -8,6 +8,10 @@
 #include <vector>
 
 #include <tessel/collectives.hpp>
+#include "error_match.hpp"
+
+using tessel_test::is_error;
+using tessel::errc;
 
 using namespace tessel;
 
@@ -33,44 +37,44 @@ void on_two(F f) {
 TEST_CASE("collectives: bad arguments throw typed errors", "[collectives][errors]") {
   std::vector<float> a(64), b(64);
   const std::size_t huge = std::numeric_limits<std::size_t>::max() / 2;
-  CHECK_THROWS_AS(on_two([&](communicator& c) { c.all_reduce(nullptr, b.data(), 4, dtype::f32, reduce_op::sum); }),
-                  std::invalid_argument);
-  CHECK_THROWS_AS(on_two([&](communicator& c) { c.all_reduce(a.data(), b.data(), huge, dtype::f32, reduce_op::sum); }),
-                  std::overflow_error);
-  CHECK_THROWS_AS(on_two([&](communicator& c) { c.all_reduce(a.data(), a.data() + 1, 8, dtype::f32, reduce_op::sum); }),
-                  std::invalid_argument);  // partial overlap is not in place
-  CHECK_THROWS_AS(on_two([&](communicator& c) {
+  CHECK_THROWS_MATCHES(on_two([&](communicator& c) { c.all_reduce(nullptr, b.data(), 4, dtype::f32, reduce_op::sum); }),
+                  comm_error, is_error(errc::invalid_argument, "comm"));
+  CHECK_THROWS_MATCHES(on_two([&](communicator& c) { c.all_reduce(a.data(), b.data(), huge, dtype::f32, reduce_op::sum); }),
+                  tessel::error, is_error(errc::overflow, "comm"));
+  CHECK_THROWS_MATCHES(on_two([&](communicator& c) { c.all_reduce(a.data(), a.data() + 1, 8, dtype::f32, reduce_op::sum); }),
+                  comm_error, is_error(errc::invalid_argument, "comm"));  // partial overlap is not in place
+  CHECK_THROWS_MATCHES(on_two([&](communicator& c) {
                     c.all_reduce(reinterpret_cast<char*>(a.data()) + 1, b.data(), 4, dtype::f32, reduce_op::sum);
                   }),
-                  std::invalid_argument);  // misaligned
-  CHECK_THROWS_AS(on_two([&](communicator& c) { c.all_reduce(a.data(), b.data(), 4, dtype::i4x2, reduce_op::sum); }),
-                  std::invalid_argument);
-  CHECK_THROWS_AS(on_two([&](communicator& c) { c.all_reduce(a.data(), b.data(), 4, static_cast<dtype>(200), reduce_op::sum); }),
-                  std::invalid_argument);
-  CHECK_THROWS_AS(on_two([&](communicator& c) { c.all_reduce(a.data(), b.data(), 4, dtype::f32, static_cast<reduce_op>(9)); }),
-                  std::invalid_argument);
-  CHECK_THROWS_AS(on_two([&](communicator& c) { c.broadcast(a.data(), b.data(), 4, dtype::f32, 2); }), std::out_of_range);
-  CHECK_THROWS_AS(on_two([&](communicator& c) { c.reduce(a.data(), b.data(), 4, dtype::f32, reduce_op::sum, -1); }),
-                  std::out_of_range);
-  CHECK_THROWS_AS(on_two([&](communicator& c) { c.all_gather(a.data() + 1, a.data(), 8, dtype::f32); }),
-                  std::invalid_argument);  // in place only at recv + rank*count
-  CHECK_THROWS_AS(on_two([&](communicator& c) { c.all_gather(a.data(), b.data(), huge, dtype::f32); }), std::overflow_error);
-  CHECK_THROWS_AS(on_two([&](communicator& c) { c.send(a.data(), 4, dtype::f32, c.rank()); }), std::out_of_range);
-  CHECK_THROWS_AS(on_two([&](communicator& c) {
+                  comm_error, is_error(errc::invalid_argument, "comm"));  // misaligned
+  CHECK_THROWS_MATCHES(on_two([&](communicator& c) { c.all_reduce(a.data(), b.data(), 4, dtype::i4x2, reduce_op::sum); }),
+                  comm_error, is_error(errc::invalid_argument, "comm"));
+  CHECK_THROWS_MATCHES(on_two([&](communicator& c) { c.all_reduce(a.data(), b.data(), 4, static_cast<dtype>(200), reduce_op::sum); }),
+                  tessel::type_error, is_error(errc::invalid_argument, "types", "invalid dtype value 200"));
+  CHECK_THROWS_MATCHES(on_two([&](communicator& c) { c.all_reduce(a.data(), b.data(), 4, dtype::f32, static_cast<reduce_op>(9)); }),
+                  comm_error, is_error(errc::invalid_argument, "comm"));
+  CHECK_THROWS_MATCHES(on_two([&](communicator& c) { c.broadcast(a.data(), b.data(), 4, dtype::f32, 2); }), comm_error, is_error(errc::out_of_range, "comm"));
+  CHECK_THROWS_MATCHES(on_two([&](communicator& c) { c.reduce(a.data(), b.data(), 4, dtype::f32, reduce_op::sum, -1); }),
+                  comm_error, is_error(errc::out_of_range, "comm"));
+  CHECK_THROWS_MATCHES(on_two([&](communicator& c) { c.all_gather(a.data() + 1, a.data(), 8, dtype::f32); }),
+                  comm_error, is_error(errc::invalid_argument, "comm"));  // in place only at recv + rank*count
+  CHECK_THROWS_MATCHES(on_two([&](communicator& c) { c.all_gather(a.data(), b.data(), huge, dtype::f32); }), tessel::error, is_error(errc::overflow, "comm"));
+  CHECK_THROWS_MATCHES(on_two([&](communicator& c) { c.send(a.data(), 4, dtype::f32, c.rank()); }), comm_error, is_error(errc::out_of_range, "comm"));
+  CHECK_THROWS_MATCHES(on_two([&](communicator& c) {
                     std::vector<std::size_t> one(1, 0);
                     c.all_to_allv(a.data(), one, one, b.data(), one, one, dtype::f32);
                   }),
-                  std::length_error);
-  CHECK_THROWS_AS(on_two([&](communicator& c) {
+                  comm_error, is_error(errc::invalid_argument, "comm"));
+  CHECK_THROWS_MATCHES(on_two([&](communicator& c) {
                     std::span<const float> s(a.data(), 4);
                     std::span<float> r(b.data(), 5);
                     c.all_reduce(s, r, reduce_op::sum);
                   }),
-                  std::length_error);
-  CHECK_THROWS_AS(threads_world(0), std::invalid_argument);
-  CHECK_THROWS_AS(threads_world(2).transport(2), std::out_of_range);
-  CHECK_THROWS_AS(algorithm_from_name("spiral"), std::invalid_argument);
-  CHECK_THROWS_AS(reduce_op_from_name("xor"), std::invalid_argument);
+                  comm_error, is_error(errc::invalid_argument, "comm"));
+  CHECK_THROWS_MATCHES(threads_world(0), comm_error, is_error(errc::invalid_argument, "comm"));
+  CHECK_THROWS_MATCHES(threads_world(2).transport(2), comm_error, is_error(errc::out_of_range, "comm"));
+  CHECK_THROWS_MATCHES(algorithm_from_name("spiral"), comm_error, is_error(errc::invalid_argument, "comm"));
+  CHECK_THROWS_MATCHES(reduce_op_from_name("xor"), comm_error, is_error(errc::invalid_argument, "comm"));
 }
 
 TEST_CASE("collectives: a message of the wrong size is a length_error, not a silent truncation", "[collectives][errors]") {
@@ -82,7 +86,8 @@ TEST_CASE("collectives: a message of the wrong size is a length_error, not a sil
     try {
       if (c.rank() == 0) c.send(x.data(), 4, dtype::f32, 1);
       else c.recv(x.data(), 8, dtype::f32, 0);
-    } catch (const std::length_error&) {
+    } catch (const comm_error& e) {
+      CHECK(e.code() == errc::invalid_argument);
       std::lock_guard lk(mu);
       ++caught;
     }

@@ -8,6 +8,10 @@
 #include <vector>
 
 #include <tessel/device.hpp>
+#include "error_match.hpp"
+
+using tessel_test::is_error;
+using tessel::errc;
 
 using namespace tessel;
 
@@ -79,9 +83,9 @@ TEST_CASE("several devices share one executor (one pool, separate memory)", "[de
   t.join();
   REQUIRE(n == 500);
   void* p = a.allocate(100);
-  REQUIRE_THROWS_AS(b.deallocate(p), std::invalid_argument);
+  REQUIRE_THROWS_MATCHES(b.deallocate(p), device_error, is_error(errc::invalid_argument, "device", "deallocate"));
   a.deallocate(p);
-  REQUIRE_THROWS_AS(executor(0), std::invalid_argument);
+  REQUIRE_THROWS_MATCHES(executor(0), device_error, is_error(errc::invalid_argument, "device", "at least one thread"));
 }
 
 TEST_CASE("per-worker scratch persists across launches", "[device][scratch]") {
@@ -114,9 +118,9 @@ TEST_CASE("caching pool reuses blocks, huge-page aligns big ones, counts the sav
   d.deallocate(small);
   d.trim();
   REQUIRE(d.memory().reserved == 0);
-  REQUIRE_THROWS_AS(d.deallocate(reinterpret_cast<void*>(0x1000)), std::invalid_argument);
-  REQUIRE_THROWS_AS(d.allocate_n<double>(SIZE_MAX / 4), std::overflow_error);
-  REQUIRE_THROWS_AS(d.copy(nullptr, small, 4), std::invalid_argument);
+  REQUIRE_THROWS_MATCHES(d.deallocate(reinterpret_cast<void*>(0x1000)), device_error, is_error(errc::invalid_argument, "device", "deallocate"));
+  REQUIRE_THROWS_MATCHES(d.allocate_n<double>(SIZE_MAX / 4), device_error, is_error(errc::overflow, "device", "allocation"));
+  REQUIRE_THROWS_MATCHES(d.copy(nullptr, small, 4), device_error, is_error(errc::invalid_argument, "device", "null pointer"));
   int x = 5, y = 0;
   d.copy(&x, &y, sizeof x);
   REQUIRE(y == 5);
@@ -124,5 +128,5 @@ TEST_CASE("caching pool reuses blocks, huge-page aligns big ones, counts the sav
 
 TEST_CASE("grid size overflow is a typed error", "[device][errors]") {
   host_device d(1);
-  REQUIRE_THROWS_AS(d.launch(grid{SIZE_MAX, 2}, [](block_ctx&) {}), std::overflow_error);
+  REQUIRE_THROWS_MATCHES(d.launch(grid{SIZE_MAX, 2}, [](block_ctx&) {}), tile_error, is_error(errc::overflow, "tile", "too many blocks"));
 }

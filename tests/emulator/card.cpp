@@ -2,7 +2,14 @@
 
 #include <atomic>
 #include <cstring>
+#include <vector>
+
+#include <tessel/device/device_buffer.hpp>
 #include <tessel/emulator/card.hpp>
+#include "error_match.hpp"
+
+using tessel_test::is_error;
+using tessel::errc;
 
 using namespace tessel;
 using namespace tessel::emu;
@@ -52,7 +59,7 @@ TEST_CASE("allocation enforces capacity and takes host memory only when used", "
     CHECK(e.requested == (30u << 20));
     CHECK(e.available == (24u << 20));
   }
-  CHECK_THROWS_AS(c.allocate(30 << 20), std::length_error);
+  CHECK_THROWS_MATCHES(c.allocate(30 << 20), emu::capacity_error, is_error(errc::capacity, "emulator", "exceeds"));
   c.deallocate(a);
   CHECK(c.used() == 0);
   CHECK_THROWS_AS(c.deallocate(a), invalid_card_error);
@@ -125,7 +132,7 @@ TEST_CASE("copies move bytes and cost HBM time", "[emulator][card]") {
   c.copy(a, b, 1 << 20);
   CHECK(b[12345] == 7);
   CHECK(c.clock() == Approx(2.0 * (1 << 20) / spec.hbm_bandwidth));
-  CHECK_THROWS_AS(c.copy(nullptr, b, 4), std::invalid_argument);
+  CHECK_THROWS_MATCHES(c.copy(nullptr, b, 4), emu::emulator_error, is_error(errc::invalid_argument, "emulator", "null pointer"));
   c.deallocate(a);
   c.deallocate(b);
 }
@@ -142,4 +149,22 @@ TEST_CASE("a dead card refuses work with card_failed_error", "[emulator][card]")
     CHECK(e.card == 5);
   }
   CHECK(count.load() == 0);
+}
+
+TEST_CASE("device_buffer on an emulated card uses the card's arena and its capacity", "[emulator][card][device_buffer]") {
+  executor ex(1);
+  card_spec spec;
+  spec.memory_bytes = 1 << 20;
+  card c(0, spec, ex, false, nullptr);
+  {
+    auto a = device_buffer<float, card>::zeros(c, 1000);
+    CHECK(c.used() >= 4000);
+    CHECK(c.owns(a.data(), a.size_bytes()));
+    std::vector<float> v(1000, 3.0f);
+    a.copy_from(v);
+    CHECK(a.span()[999] == 3.0f);
+    // more than the card has: the card's own typed error, and nothing leaks
+    CHECK_THROWS_MATCHES((device_buffer<float, card>(c, 1 << 20)), emu::capacity_error, is_error(errc::capacity, "emulator"));
+  }
+  CHECK(c.used() == 0);
 }

@@ -5,6 +5,10 @@
 #include <numeric>
 #include <thread>
 #include <tessel/emulator/cluster.hpp>
+#include "error_match.hpp"
+
+using tessel_test::is_error;
+using tessel::errc;
 
 using namespace tessel;
 using namespace tessel::emu;
@@ -80,13 +84,13 @@ TEST_CASE("data plane errors are typed and name the card", "[emulator][cluster]"
   CHECK_THROWS_AS(cl.put(0, p0, 3, p1, 16), invalid_card_error);    // bad card index
   CHECK_THROWS_AS(cl.put(0, p0, 2, p1, 16), invalid_card_error);    // p1 is not card 2's
   CHECK_THROWS_AS(cl.put(0, p0, 1, p1, 8192), invalid_card_error);  // past the allocation
-  CHECK_THROWS_AS(cl.put(0, nullptr, 1, p1, 8), std::invalid_argument);
-  CHECK_THROWS_AS(cl.at(99), std::out_of_range);
+  CHECK_THROWS_MATCHES(cl.put(0, nullptr, 1, p1, 8), emu::emulator_error, is_error(errc::invalid_argument, "emulator", "null pointer"));
+  CHECK_THROWS_MATCHES(cl.at(99), emu::invalid_card_error, is_error(errc::out_of_range, "emulator", "invalid card index"));
   // size mismatch between send and recv
   auto s = cl.send(0, 1, p0, 100);
   auto r = cl.recv(1, 0, p1, 200);
-  CHECK_THROWS_AS(s.wait(), std::length_error);
-  CHECK_THROWS_AS(r.wait(), std::length_error);
+  CHECK_THROWS_MATCHES(s.wait(), emu::emulator_error, is_error(errc::invalid_argument, "emulator", "matched a recv"));
+  CHECK_THROWS_MATCHES(r.wait(), emu::emulator_error, is_error(errc::invalid_argument, "emulator", "matched a recv"));
   // a recv nobody sends to ends at the simulated timeout, naming the peer
   auto lonely = cl.recv(1, 2, p1, 64, 77);
   try {

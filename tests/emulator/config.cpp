@@ -3,6 +3,10 @@
 #include <cstdio>
 #include <fstream>
 #include <tessel/emulator/config.hpp>
+#include "error_match.hpp"
+
+using tessel_test::is_error;
+using tessel::errc;
 
 using namespace tessel::emu;
 
@@ -71,5 +75,5 @@ TEST_CASE("bad configurations raise config_error naming the field", "[emulator][
   CHECK_THROWS_AS(c.validate(), config_error);
   c = cluster_config{};
   c.card.memory_bytes = 0;
-  CHECK_THROWS_AS(c.validate(), std::invalid_argument);
+  CHECK_THROWS_MATCHES(c.validate(), config_error, is_error(errc::config, "emulator", "config"));
 }

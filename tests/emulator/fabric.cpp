@@ -2,6 +2,10 @@
 
 #include <random>
 #include <tessel/emulator/fabric.hpp>
+#include "error_match.hpp"
+
+using tessel_test::is_error;
+using tessel::errc;
 
 using namespace tessel::emu;
 
@@ -248,11 +252,11 @@ TEST_CASE("bad fabric inputs raise typed errors", "[emulator][fabric]") {
   auto c = small(4);
   fabric f(c);
   CHECK_THROWS_AS(f.post(0, 4, 1, 0), invalid_card_error);
-  CHECK_THROWS_AS(f.post(9, 0, 1, 0), std::out_of_range);
-  CHECK_THROWS_AS(f.post(0, 1, 1, -1), std::invalid_argument);
+  CHECK_THROWS_MATCHES(f.post(9, 0, 1, 0), invalid_card_error, is_error(errc::out_of_range, "emulator", "invalid card index"));
+  CHECK_THROWS_MATCHES(f.post(0, 1, 1, -1), emulator_error, is_error(errc::invalid_argument, "emulator", "post time"));
   CHECK_THROWS_AS(f.schedule_fault({0, fault_kind::plane_down, 0, 8, 0}), invalid_card_error);
   CHECK_THROWS_AS(f.schedule_fault({0, fault_kind::card_down, 77, 0, 0}), invalid_card_error);
-  CHECK_THROWS_AS(f.state(12345), std::out_of_range);
+  CHECK_THROWS_MATCHES(f.state(12345), emulator_error, is_error(errc::out_of_range, "emulator", "unknown message id"));
   cluster_config bad = c;
   bad.fabric.port_bandwidth = 0;
   CHECK_THROWS_AS(fabric(bad), config_error);

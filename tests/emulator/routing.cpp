@@ -2,6 +2,10 @@
 
 #include <random>
 #include <tessel/emulator/routing.hpp>
+#include "error_match.hpp"
+
+using tessel_test::is_error;
+using tessel::errc;
 
 using namespace tessel::emu;
 
@@ -50,5 +54,6 @@ TEST_CASE("nodes that do not forward are only endpoints", "[emulator][routing]")
   CHECK(blocked.dist[1] == 1);
   CHECK(blocked.dist[2] == topology_graph::unreachable);
   CHECK(blocked.path_to(2).empty());
-  CHECK_THROWS_AS(g.add_edge(5, 0, 9), std::out_of_range);
+  CHECK_THROWS_MATCHES(g.add_edge(5, 0, 9), invalid_card_error, is_error(errc::out_of_range, "emulator", "outside the"));
+  CHECK_THROWS_AS(g.add_edge(0, 5, 9), invalid_card_error);
 }

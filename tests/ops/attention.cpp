@@ -12,6 +12,10 @@
 #include <vector>
 
 #include "reference/attention_ref.hpp"
+#include "error_match.hpp"
+
+using tessel_test::is_error;
+using tessel::errc;
 
 using namespace tessel;
 namespace ref = tessel::test::attn;
@@ -392,7 +396,7 @@ TEST_CASE("attention e4m3 inputs with scales", "[ops][attention][fp8]") {
   check_grads(bf16{});
   // bad buffer sizes are typed errors here too
   std::vector<float> small(3), g(q.size());
-  CHECK_THROWS_AS((attention_backward<host_device, float>(dev, shape_of(p), q, k, v, small, small, lse, g, g, g, opt)), std::out_of_range);
+  CHECK_THROWS_MATCHES((attention_backward<host_device, float>(dev, shape_of(p), q, k, v, small, small, lse, g, g, g, opt)), attention_error, is_error(errc::out_of_range, "attention"));
 }
 
 TEST_CASE("attention rejects bad arguments with typed errors", "[ops][attention][errors]") {
@@ -412,14 +416,14 @@ TEST_CASE("attention rejects bad arguments with typed errors", "[ops][attention]
   s.heads_kv = 0;
   CHECK_THROWS_AS((attention_forward<host_device, float, float>(dev, s, c, c, c, m)), attention_error);
   s = {1, 100, 8, 2, 1, 32};
-  CHECK_THROWS_AS((attention_forward<host_device, float, float>(dev, s, c, c, c, m)), std::out_of_range);
+  CHECK_THROWS_MATCHES((attention_forward<host_device, float, float>(dev, s, c, c, c, m)), attention_error, is_error(errc::out_of_range, "attention"));
   s = {1, 8, 8, 2, 1, 32};
-  CHECK_THROWS_AS((attention_forward<host_device, float, float>(dev, s, c, c, c, m, std::span<float>(lse).first(3))), std::out_of_range);
+  CHECK_THROWS_MATCHES((attention_forward<host_device, float, float>(dev, s, c, c, c, m, std::span<float>(lse).first(3))), attention_error, is_error(errc::out_of_range, "attention", "lse"));
   attention_options bad;
   bad.window_left = -2;
   CHECK_THROWS_AS((attention_forward<host_device, float, float>(dev, s, c, c, c, m, {}, bad)), attention_error);
   s.batch = std::size_t{1} << 62;
-  CHECK_THROWS_AS((attention_forward<host_device, float, float>(dev, s, c, c, c, m)), std::overflow_error);
+  CHECK_THROWS_MATCHES((attention_forward<host_device, float, float>(dev, s, c, c, c, m)), tessel::overflow_error, is_error(errc::overflow, "size", "attention shape"));
   const std::vector<std::int32_t> dec{0, 5, 3}, ok{0, 4, 8}, big{0, 4, 1000}, neg{-1, 2, 3};
   auto var = [&](std::span<const std::int32_t> a, std::span<const std::int32_t> b) {
     attention_forward_varlen<host_device, float, float>(dev, attention_varlen_shape{a, b, 2, 1, 32}, c, c, c, m);
@@ -427,7 +431,7 @@ TEST_CASE("attention rejects bad arguments with typed errors", "[ops][attention]
   CHECK_NOTHROW(var(ok, ok));
   CHECK_THROWS_AS(var(dec, ok), attention_error);
   CHECK_THROWS_AS(var(ok, neg), attention_error);
-  CHECK_THROWS_AS(var(big, ok), std::out_of_range);
+  CHECK_THROWS_MATCHES(var(big, ok), attention_error, is_error(errc::out_of_range, "attention"));
   CHECK_THROWS_AS(var(ok, std::span<const std::int32_t>(ok).first(2)), attention_error);
   CHECK_THROWS_AS(var({}, {}), attention_error);
 }
@@ -553,7 +557,7 @@ void check_paged_decode(std::size_t H, std::size_t HK, std::size_t D) {
   // bad page index, too long a sequence, too many rows
   auto bad = table;
   bad[1] = std::int32_t(npages);
-  CHECK_THROWS_AS((attention_decode<host_device, bf16, bf16>(dev, sp, q, kp, vp, lens, bad, o2)), std::out_of_range);
+  CHECK_THROWS_MATCHES((attention_decode<host_device, bf16, bf16>(dev, sp, q, kp, vp, lens, bad, o2)), attention_error, is_error(errc::out_of_range, "attention", "block_table"));
   const std::vector<std::int32_t> too_long{641, 1, 1};
   CHECK_THROWS_AS((attention_decode<host_device, bf16, bf16>(dev, sp, q, kp, vp, too_long, table, o2)), attention_error);
   CHECK_THROWS_AS((attention_decode<host_device, bf16, bf16>(dev, sp, q, kp, vp, std::span<const std::int32_t>(lens).first(2), table, o2)), attention_error);

@@ -16,6 +16,10 @@
 #include <tessel/ops/gemm.hpp>
 
 #include "reference/gemm_ref.hpp"
+#include "error_match.hpp"
+
+using tessel_test::is_error;
+using tessel::errc;
 
 using namespace tessel;
 
@@ -441,7 +445,7 @@ TEST_CASE("bad arguments give typed errors naming the shapes", "[ops][gemm][erro
   REQUIRE_NOTHROW(gemm(d, N_, N_, 0, 5, 0, 1.0f, static_cast<const float*>(nullptr), 1, B.data(), 5, 0.0f, static_cast<float*>(nullptr), 5));
   // overflowing sizes
   const std::size_t huge = std::size_t{1} << 62;
-  REQUIRE_THROWS_AS(gemm(d, N_, N_, huge, 8, 8, 1.0f, A.data(), 8, B.data(), 8, 0.0f, C.data(), 8), std::overflow_error);
+  REQUIRE_THROWS_MATCHES(gemm(d, N_, N_, huge, 8, 8, 1.0f, A.data(), 8, B.data(), 8, 0.0f, C.data(), 8), tessel::overflow_error, is_error(errc::overflow, "size", "overflows"));
   gemm_scales s;
   std::vector<float> sa(10);
   s.a_block = sa.data();

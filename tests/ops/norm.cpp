@@ -11,6 +11,10 @@
 #include <tessel/ops/norm.hpp>
 
 #include "reference/train_ref.hpp"
+#include "error_match.hpp"
+
+using tessel_test::is_error;
+using tessel::errc;
 
 using namespace tessel;
 
@@ -213,7 +217,7 @@ TEST_CASE("norm bad input is a typed error", "[ops][norm]") {
   CHECK_THROWS_AS(layernorm_forward(dev, cview(x, 3, 4), w, wrong, view(y, 3, 4), {}, rs), layer_error);
   norm_options bad;
   bad.eps = std::numeric_limits<float>::quiet_NaN();
-  CHECK_THROWS_AS(rmsnorm_forward(dev, cview(x, 3, 4), w, view(y, 3, 4), rs, bad), std::invalid_argument);
+  CHECK_THROWS_MATCHES(rmsnorm_forward(dev, cview(x, 3, 4), w, view(y, 3, 4), rs, bad), layer_error, is_error(errc::invalid_argument, "layers"));
   CHECK_THROWS_AS(rmsnorm_backward(dev, cview(x, 3, 4), cview(x, 3, 4), w, std::span<const float>(wrong), view(y, 3, 4), std::span<float>(w)), layer_error);
 }
 

@@ -10,6 +10,10 @@
 #include <tessel/tile.hpp>
 #include <tessel/types/bf16.hpp>
 #include <tessel/types/fp8.hpp>
+#include "error_match.hpp"
+
+using tessel_test::is_error;
+using tessel::errc;
 
 using namespace tessel;
 
@@ -164,8 +168,8 @@ TEST_CASE("scratch arena grows without moving and consolidates on reset", "[tile
   REQUIRE(a.capacity() >= 1024 + 4096);
   void* r = a.allocate(4096 + 512);  // fits in the merged chunk
   REQUIRE(r != nullptr);
-  REQUIRE_THROWS_AS(a.allocate(8, 3), std::invalid_argument);
-  REQUIRE_THROWS_AS(a.allocate_array<double>(SIZE_MAX / 4), std::overflow_error);
+  REQUIRE_THROWS_MATCHES(a.allocate(8, 3), tile_error, is_error(errc::invalid_argument, "tile", "scratch alignment"));
+  REQUIRE_THROWS_MATCHES(a.allocate_array<double>(SIZE_MAX / 4), tile_error, is_error(errc::overflow, "tile", "scratch array"));
 }
 
 // A read in place (row-major), B staged; odd K exercises the padded K-pair tail.

@@ -6,6 +6,10 @@
 #include <reference/types_ref.hpp>
 #include <tessel/types.hpp>
 #include <vector>
+#include "error_match.hpp"
+
+using tessel_test::is_error;
+using tessel::errc;
 
 using tessel::overflow;
 
@@ -64,9 +68,9 @@ TEMPLATE_TEST_CASE("quantize and dequantize with one scale", "[types][convert]",
     const float b = float(q[i]) * scale;
     REQUIRE(std::bit_cast<std::uint32_t>(back[i]) == std::bit_cast<std::uint32_t>(b));
   }
-  CHECK_THROWS_AS(tessel::quantize(std::span<const float>(src), std::span<TestType>(q), 0.0f), std::invalid_argument);
-  CHECK_THROWS_AS(tessel::quantize(std::span<const float>(src), std::span<TestType>(q), -1.0f), std::invalid_argument);
-  CHECK_THROWS_AS(tessel::quantize(std::span<const float>(src), std::span<TestType>(q), NAN), std::invalid_argument);
+  CHECK_THROWS_MATCHES(tessel::quantize(std::span<const float>(src), std::span<TestType>(q), 0.0f), tessel::type_error, is_error(errc::invalid_argument, "types"));
+  CHECK_THROWS_MATCHES(tessel::quantize(std::span<const float>(src), std::span<TestType>(q), -1.0f), tessel::type_error, is_error(errc::invalid_argument, "types"));
+  CHECK_THROWS_MATCHES(tessel::quantize(std::span<const float>(src), std::span<TestType>(q), NAN), tessel::type_error, is_error(errc::invalid_argument, "types"));
 }
 
 TEST_CASE("block-scaled e4m3: amax maps to max, error bound, zero blocks", "[types][convert]") {
@@ -106,20 +110,20 @@ TEST_CASE("bulk API errors name both sizes", "[types][convert]") {
   std::vector<float> a(10), b(7);
   std::vector<tessel::bf16> h(9);
   std::vector<tessel::e4m3> q(10);
-  CHECK_THROWS_AS(tessel::convert(std::span<const float>(a), std::span<tessel::bf16>(h)), std::invalid_argument);
+  CHECK_THROWS_MATCHES(tessel::convert(std::span<const float>(a), std::span<tessel::bf16>(h)), tessel::type_error, is_error(errc::invalid_argument, "types"));
   CHECK_THROWS_WITH(tessel::convert(std::span<const float>(a), std::span<tessel::bf16>(h)),
                     Catch::Contains("10") && Catch::Contains("9"));
   CHECK_THROWS_WITH(tessel::convert(std::span<const tessel::bf16>(h), std::span<float>(b)),
                     Catch::Contains("9") && Catch::Contains("7"));
   CHECK_THROWS_WITH(tessel::quantize_blocks(std::span<const float>(a), std::span<tessel::e4m3>(q), 4),
                     Catch::Contains("4") && Catch::Contains("10"));
-  CHECK_THROWS_AS(tessel::quantize_blocks(std::span<const float>(a), std::span<tessel::e4m3>(q), 0), std::invalid_argument);
+  CHECK_THROWS_MATCHES(tessel::quantize_blocks(std::span<const float>(a), std::span<tessel::e4m3>(q), 0), tessel::type_error, is_error(errc::invalid_argument, "types"));
   std::vector<float> sc(3);
   CHECK_THROWS_WITH(tessel::quantize_blocks(std::span<const float>(a), std::span<tessel::e4m3>(q), std::span<float>(sc), 5),
                     Catch::Contains("3") && Catch::Contains("2"));
-  CHECK_THROWS_AS(tessel::dequantize_blocks(std::span<const tessel::e4m3>(q), std::span<const float>(sc), std::span<float>(a), 5),
-                  std::invalid_argument);
-  CHECK_THROWS_AS(tessel::dequantize(std::span<const tessel::e4m3>(q), std::span<float>(b), 1.0f), std::invalid_argument);
+  CHECK_THROWS_MATCHES(tessel::dequantize_blocks(std::span<const tessel::e4m3>(q), std::span<const float>(sc), std::span<float>(a), 5),
+                  tessel::type_error, is_error(errc::invalid_argument, "types"));
+  CHECK_THROWS_MATCHES(tessel::dequantize(std::span<const tessel::e4m3>(q), std::span<float>(b), 1.0f), tessel::type_error, is_error(errc::invalid_argument, "types"));
 }
 
 TEST_CASE("convert between other float pairs (double, narrow <-> narrow)", "[types][convert]") {
@@ -139,7 +143,7 @@ TEST_CASE("convert between other float pairs (double, narrow <-> narrow)", "[typ
   std::vector<double> back(d.size());
   tessel::convert(std::span<const tessel::e5m2>(e), std::span<double>(back));
   CHECK(back[3] == 448.0);
-  CHECK_THROWS_AS(tessel::convert(std::span<const double>(d), std::span<tessel::e5m2>(e.data(), 2)), std::invalid_argument);
+  CHECK_THROWS_MATCHES(tessel::convert(std::span<const double>(d), std::span<tessel::e5m2>(e.data(), 2)), tessel::type_error, is_error(errc::invalid_argument, "types"));
 }
 
 namespace {

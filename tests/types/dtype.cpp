@@ -1,6 +1,10 @@
 // tessel::dtype: sizes, names, type mapping, dispatch, bad values.
 #include <catch2/catch.hpp>
 #include <tessel/types/dtype.hpp>
+#include "error_match.hpp"
+
+using tessel_test::is_error;
+using tessel::errc;
 
 using tessel::dtype;
 
@@ -27,8 +31,8 @@ TEST_CASE("dtype traits", "[types][dtype]") {
 }
 
 TEST_CASE("dtype rejects bad values and names", "[types][dtype]") {
-  CHECK_THROWS_AS(tessel::dtype_from_name("f128"), std::invalid_argument);
+  CHECK_THROWS_MATCHES(tessel::dtype_from_name("f128"), tessel::type_error, is_error(errc::invalid_argument, "types"));
   CHECK_THROWS_WITH(tessel::dtype_from_name("f128"), Catch::Contains("f128"));
-  CHECK_THROWS_AS(tessel::dtype_size(static_cast<dtype>(200)), std::invalid_argument);
-  CHECK_THROWS_AS(tessel::dtype_name(static_cast<dtype>(200)), std::invalid_argument);
+  CHECK_THROWS_MATCHES(tessel::dtype_size(static_cast<dtype>(200)), tessel::type_error, is_error(errc::invalid_argument, "types"));
+  CHECK_THROWS_MATCHES(tessel::dtype_name(static_cast<dtype>(200)), tessel::type_error, is_error(errc::invalid_argument, "types"));
 }

@@ -2,6 +2,10 @@
 #include <catch2/catch.hpp>
 #include <tessel/types/int4.hpp>
 #include <vector>
+#include "error_match.hpp"
+
+using tessel_test::is_error;
+using tessel::errc;
 
 using tessel::int4x2;
 
@@ -22,10 +26,10 @@ TEST_CASE("int4x2 packs every pair and unpacks it", "[types][int4]") {
 }
 
 TEST_CASE("int4x2 rejects values outside [-8, 7]", "[types][int4]") {
-  CHECK_THROWS_AS(int4x2(8, 0), std::out_of_range);
-  CHECK_THROWS_AS(int4x2(0, -9), std::out_of_range);
+  CHECK_THROWS_MATCHES(int4x2(8, 0), tessel::type_error, is_error(errc::out_of_range, "types"));
+  CHECK_THROWS_MATCHES(int4x2(0, -9), tessel::type_error, is_error(errc::out_of_range, "types"));
   CHECK_THROWS_WITH(int4x2(100, 0), Catch::Contains("100"));
-  CHECK_THROWS_AS(int4x2(1, 1).get(2), std::out_of_range);
+  CHECK_THROWS_MATCHES(int4x2(1, 1).get(2), tessel::type_error, is_error(errc::out_of_range, "types"));
   CHECK(int4x2::saturate(100, -100) == int4x2(7, -8));
 }
 
@@ -42,11 +46,11 @@ TEST_CASE("pack_int4 / unpack_int4 over spans", "[types][int4]") {
   CHECK(back == v);
   v[5] = 100;
   v[6] = -128;
-  CHECK_THROWS_AS(tessel::pack_int4(v, packed, tessel::overflow::propagate), std::out_of_range);
+  CHECK_THROWS_MATCHES(tessel::pack_int4(v, packed, tessel::overflow::propagate), tessel::type_error, is_error(errc::out_of_range, "types"));
   CHECK_THROWS_WITH(tessel::pack_int4(v, packed, tessel::overflow::propagate), Catch::Contains("100") && Catch::Contains("5"));
   tessel::pack_int4(v, packed);  // saturates
   CHECK(packed[2].hi() == 7);
   CHECK(packed[3].lo() == -8);
-  CHECK_THROWS_AS(tessel::pack_int4(std::span<const std::int8_t>(v.data(), 3), packed), std::invalid_argument);
-  CHECK_THROWS_AS(tessel::unpack_int4(packed, std::span<std::int8_t>(back.data(), 5)), std::invalid_argument);
+  CHECK_THROWS_MATCHES(tessel::pack_int4(std::span<const std::int8_t>(v.data(), 3), packed), tessel::type_error, is_error(errc::invalid_argument, "types"));
+  CHECK_THROWS_MATCHES(tessel::unpack_int4(packed, std::span<std::int8_t>(back.data(), 5)), tessel::type_error, is_error(errc::invalid_argument, "types"));
 }

@@ -117,15 +117,15 @@ class comm_worker {
 inline std::size_t checked_bytes(std::size_t count, dtype d, const char* what) {
   const std::size_t es = dtype_size(d);
   if (count > std::numeric_limits<std::size_t>::max() / es)
-    throw std::overflow_error(std::string("tessel: ") + what + ": count * element size overflows");
+    throw comm_error(errc::overflow, std::string(what) + ": count * element size overflows");
   return count * es;
 }
 inline void check_buffer(const void* p, std::size_t count, dtype d, const char* what, const char* which) {
   checked_bytes(count, d, what);
   if (count == 0 || (coll_dry_run && !p)) return;  // timing-only runs may pass no buffers
-  if (!p) throw std::invalid_argument(std::string("tessel: ") + what + ": " + which + " buffer is null");
+  if (!p) throw comm_error(errc::invalid_argument, std::string(what) + ": " + which + " buffer is null");
   if (reinterpret_cast<std::uintptr_t>(p) % dtype_size(d) != 0)
-    throw std::invalid_argument(std::string("tessel: ") + what + ": " + which + " buffer is misaligned for " +
+    throw comm_error(errc::invalid_argument, std::string(what) + ": " + which + " buffer is misaligned for " +
                                 std::string(dtype_name(d)));
 }
 }  // namespace detail
@@ -166,8 +166,8 @@ class communicator {
                      o) {}
   explicit communicator(std::shared_ptr<detail::transport_iface> tp, comm_options o = {})
       : s_(std::make_unique<state>()) {
-    if (!tp) throw std::invalid_argument("tessel::communicator: null transport");
-    if (o.segment_bytes < 64) throw std::invalid_argument("tessel::communicator: segment_bytes must be >= 64");
+    if (!tp) throw comm_error(errc::invalid_argument, "communicator: null transport");
+    if (o.segment_bytes < 64) throw comm_error(errc::invalid_argument, "communicator: segment_bytes must be >= 64");
     s_->tp = std::move(tp);
     s_->opt = o;
   }
@@ -185,7 +185,7 @@ class communicator {
   void abort() { s_->tp->abort(); }
   // ULFM shrink: a communicator over the surviving ranks (throws if the transport cannot shrink).
   communicator shrink() {
-    if (!s_->tp->can_shrink()) throw comm_error("tessel::communicator: this transport cannot shrink");
+    if (!s_->tp->can_shrink()) throw comm_error(errc::unsupported, "communicator: this transport cannot shrink");
     return communicator(s_->tp->shrink(), s_->opt);
   }
 
@@ -240,7 +240,7 @@ class communicator {
   // payloads would not fit in host memory.
   void all_to_allv_timing(std::span<const std::size_t> sendcounts, std::span<const std::size_t> recvcounts, dtype d) {
     if (!s_->tp->counts_only())
-      throw std::invalid_argument("tessel::all_to_allv_timing: the transport cannot time payload-free messages (use the emulated one)");
+      throw comm_error(errc::invalid_argument, "all_to_allv_timing: the transport cannot time payload-free messages (use the emulated one)");
     const std::vector<std::size_t> zero(sendcounts.size(), 0), zr(recvcounts.size(), 0);
     sync(
         [&] {
@@ -275,13 +275,13 @@ class communicator {
   template <dtype_element T>
   void all_gather(std::span<const T> send, std::span<T> recv, call_options o = {}) {
     if (recv.size() != detail::mul_checked(send.size(), static_cast<std::size_t>(size()), "all_gather"))
-      throw std::length_error("tessel::all_gather: recv must hold size() * send.size() elements");
+      throw comm_error(errc::invalid_argument, "all_gather: recv must hold size() * send.size() elements");
     all_gather(send.data(), recv.data(), send.size(), dtype_of<T>, o);
   }
   template <dtype_element T>
   void reduce_scatter(std::span<const T> send, std::span<T> recv, reduce_op op, call_options o = {}) {
     if (send.size() != detail::mul_checked(recv.size(), static_cast<std::size_t>(size()), "reduce_scatter"))
-      throw std::length_error("tessel::reduce_scatter: send must hold size() * recv.size() elements");
+      throw comm_error(errc::invalid_argument, "reduce_scatter: send must hold size() * recv.size() elements");
     reduce_scatter(send.data(), recv.data(), recv.size(), dtype_of<T>, op, o);
   }
 
@@ -378,17 +378,17 @@ class communicator {
     return v;
   }
   static void same_size(std::size_t a, std::size_t b, const char* what) {
-    if (a != b) throw std::length_error(std::string("tessel::") + what + ": send and recv sizes differ");
+    if (a != b) throw comm_error(errc::invalid_argument, std::string(what) + ": send and recv sizes differ");
   }
   void check_root(int root, const char* what) const {
     if (root < 0 || root >= size())
-      throw std::out_of_range(std::string("tessel::") + what + ": root " + std::to_string(root) + " outside [0, " +
+      throw comm_error(errc::out_of_range, std::string(what) + ": root " + std::to_string(root) + " outside [0, " +
                               std::to_string(size()) + ")");
   }
   static void check_reducible(dtype d, reduce_op op, const char* what) {
     (void)dtype_size(d);  // rejects an invalid enum value
     (void)reduce_op_name(op);
-    if (!reducible(d)) throw std::invalid_argument(std::string("tessel::") + what + ": dtype " + std::string(dtype_name(d)) + " cannot be reduced");
+    if (!reducible(d)) throw comm_error(errc::invalid_argument, std::string(what) + ": dtype " + std::string(dtype_name(d)) + " cannot be reduced");
   }
   // In-place means exactly equal (or the NCCL offset); any other overlap is an error.
   // A timing-only run may pass null buffers (nothing is read or written); the algorithms still
@@ -401,7 +401,7 @@ class communicator {
   }
   static void check_alias(const void* a, std::size_t an, const void* b, std::size_t bn, bool allowed, const char* what) {
     if (!allowed && detail::overlaps(a, an, b, bn))
-      throw std::invalid_argument(std::string("tessel::") + what + ": send and recv overlap but are not in place");
+      throw comm_error(errc::invalid_argument, std::string(what) + ": send and recv overlap but are not in place");
   }
 
   void do_all_reduce(const void* send, void* recv, std::size_t count, dtype d, reduce_op op, call_options o) {
@@ -648,12 +648,12 @@ class communicator {
                       std::vector<std::size_t> rc, std::vector<std::size_t> rd, dtype d) {
     const auto n = static_cast<std::size_t>(size());
     if (sc.size() != n || sd.size() != n || rc.size() != n || rd.size() != n)
-      throw std::length_error("tessel::all_to_allv: counts and displacements must have size() entries");
+      throw comm_error(errc::invalid_argument, "all_to_allv: counts and displacements must have size() entries");
     const std::size_t es = dtype_size(d);
     std::size_t send_extent = 0, recv_extent = 0;
     for (std::size_t q = 0; q < n; ++q) {
-      if (sc[q] && sd[q] > std::numeric_limits<std::size_t>::max() - sc[q]) throw std::overflow_error("tessel::all_to_allv: send displacement overflows");
-      if (rc[q] && rd[q] > std::numeric_limits<std::size_t>::max() - rc[q]) throw std::overflow_error("tessel::all_to_allv: recv displacement overflows");
+      if (sc[q] && sd[q] > std::numeric_limits<std::size_t>::max() - sc[q]) throw comm_error(errc::overflow, "all_to_allv: send displacement overflows");
+      if (rc[q] && rd[q] > std::numeric_limits<std::size_t>::max() - rc[q]) throw comm_error(errc::overflow, "all_to_allv: recv displacement overflows");
       if (sc[q]) send_extent = std::max(send_extent, sd[q] + sc[q]);
       if (rc[q]) recv_extent = std::max(recv_extent, rd[q] + rc[q]);
     }
@@ -662,7 +662,7 @@ class communicator {
     check_alias(send, send_extent * es, recv, recv_extent * es, false, "all_to_allv");
     auto c = ctx();
     const int r = c.rank;
-    if (sc[r] != rc[r]) throw std::length_error("tessel::all_to_allv: this rank's send and recv counts to itself differ");
+    if (sc[r] != rc[r]) throw comm_error(errc::invalid_argument, "all_to_allv: this rank's send and recv counts to itself differ");
     auto* sb = static_cast<const std::byte*>(send);
     auto* rb = static_cast<std::byte*>(recv);
     const tag_t tg = c.tag + 26;
@@ -692,7 +692,7 @@ class communicator {
   }
   void check_peer(int peer, const char* what) const {
     if (peer < 0 || peer >= size() || peer == rank())
-      throw std::out_of_range(std::string("tessel::") + what + ": peer " + std::to_string(peer) + " is not another rank of [0, " +
+      throw comm_error(errc::out_of_range, std::string(what) + ": peer " + std::to_string(peer) + " is not another rank of [0, " +
                               std::to_string(size()) + ")");
   }
 

@@ -25,6 +25,7 @@
 #include <type_traits>
 #include <vector>
 
+#include <tessel/collectives/errors.hpp>
 #include <tessel/collectives/communicator.hpp>
 #include <tessel/types/bf16.hpp>
 #include <tessel/types/fp8.hpp>
@@ -42,12 +43,12 @@ constexpr std::string_view wire_format_name(wire_format f) {
     case wire_format::e5m2: return "e5m2";
     case wire_format::int4: return "int4";
   }
-  throw std::invalid_argument("tessel: invalid wire_format value");
+  throw comm_error(errc::invalid_argument, "invalid wire_format value");
 }
 inline wire_format wire_format_from_name(std::string_view s) {
   for (auto f : {wire_format::none, wire_format::bf16, wire_format::e4m3, wire_format::e5m2, wire_format::int4})
     if (wire_format_name(f) == s) return f;
-  throw std::invalid_argument("tessel: unknown wire format '" + std::string(s) + "'");
+  throw comm_error(errc::invalid_argument, "unknown wire format '" + std::string(s) + "'");
 }
 
 struct compression_options {
@@ -120,7 +121,7 @@ inline dtype wire_dtype(wire_format f) {
     case wire_format::bf16: return dtype::bf16;
     case wire_format::e4m3: return dtype::e4m3;
     case wire_format::e5m2: return dtype::e5m2;
-    default: throw std::invalid_argument("tessel: wire format " + std::string(wire_format_name(f)) + " has no float element type");
+    default: throw comm_error(errc::invalid_argument, "wire format " + std::string(wire_format_name(f)) + " has no float element type");
   }
 }
 
@@ -195,7 +196,7 @@ struct compression_impl {
       e.send_.assign(count, 0.0f);
       e.recv_.assign(block, 0.0f);
     } else if (e.count_ != count || e.ranks_ != n || e.recv_.size() != block) {
-      throw std::invalid_argument("tessel::all_reduce_compressed: error_feedback state belongs to another shape");
+      throw comm_error(errc::invalid_argument, "all_reduce_compressed: error_feedback state belongs to another shape");
     }
   }
 };
@@ -204,17 +205,17 @@ struct compression_impl {
 // In place when send.data() == recv.data(). `ef` (optional) carries residuals between calls.
 inline compression_stats all_reduce_compressed(communicator& comm, std::span<const float> send, std::span<float> recv,
                                                reduce_op op, compression_options opt = {}, error_feedback* ef = nullptr) {
-  if (send.size() != recv.size()) throw std::length_error("tessel::all_reduce_compressed: send and recv sizes differ");
+  if (send.size() != recv.size()) throw comm_error(errc::invalid_argument, "all_reduce_compressed: send and recv sizes differ");
   if (op != reduce_op::sum && op != reduce_op::avg)
-    throw std::invalid_argument("tessel::all_reduce_compressed: only sum and avg are supported");
-  if (opt.chunk == 0) throw std::invalid_argument("tessel::all_reduce_compressed: chunk must be positive");
+    throw comm_error(errc::invalid_argument, "all_reduce_compressed: only sum and avg are supported");
+  if (opt.chunk == 0) throw comm_error(errc::invalid_argument, "all_reduce_compressed: chunk must be positive");
   if (opt.format == wire_format::none) {
     comm.all_reduce(send.data(), recv.data(), send.size(), dtype::f32, op);
     return {2 * send.size() * 4 * static_cast<std::size_t>(comm.size() - 1) / static_cast<std::size_t>(comm.size()), 8.0 * (comm.size() - 1) / comm.size()};
   }
-  if (opt.format > wire_format::int4) throw std::invalid_argument("tessel::all_reduce_compressed: invalid wire format");
+  if (opt.format > wire_format::int4) throw comm_error(errc::invalid_argument, "all_reduce_compressed: invalid wire format");
   if (send.data() != recv.data() && detail::overlaps(send.data(), send.size_bytes(), recv.data(), recv.size_bytes()))
-    throw std::invalid_argument("tessel::all_reduce_compressed: send and recv overlap but are not in place");
+    throw comm_error(errc::invalid_argument, "all_reduce_compressed: send and recv overlap but are not in place");
   compression_stats st;
   const std::size_t count = send.size();
   comm.run_collective([&](detail::coll_ctx& c) {

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include <tessel/collectives/errors.hpp>
 #include <tessel/collectives/communicator.hpp>
 #include <tessel/detail/checked.hpp>
 #include <tessel/types/bf16.hpp>
@@ -65,16 +66,16 @@ namespace moe_detail {
 inline void check_routing(const communicator& c, std::size_t tokens, std::size_t hidden, std::size_t top_k,
                           std::span<const std::int64_t> idx, std::span<const float> w, int num_experts) {
   if (num_experts <= 0 || num_experts % c.size() != 0)
-    throw std::invalid_argument("tessel::moe: num_experts " + std::to_string(num_experts) + " must be a positive multiple of the rank count " +
+    throw comm_error(errc::invalid_argument, "moe: num_experts " + std::to_string(num_experts) + " must be a positive multiple of the rank count " +
                                 std::to_string(c.size()));
-  if (hidden == 0) throw std::invalid_argument("tessel::moe: hidden must be positive");
-  if (tokens > 0 && top_k == 0) throw std::invalid_argument("tessel::moe: top_k must be positive");
-  if (tokens && top_k > std::numeric_limits<std::size_t>::max() / tokens) throw std::overflow_error("tessel::moe: tokens * top_k overflows");
+  if (hidden == 0) throw comm_error(errc::invalid_argument, "moe: hidden must be positive");
+  if (tokens > 0 && top_k == 0) throw comm_error(errc::invalid_argument, "moe: top_k must be positive");
+  if (tokens && top_k > std::numeric_limits<std::size_t>::max() / tokens) throw comm_error(errc::overflow, "moe: tokens * top_k overflows");
   if (idx.size() != tokens * top_k || w.size() != tokens * top_k)
-    throw std::length_error("tessel::moe: topk_idx and topk_weights must hold tokens * top_k entries");
+    throw comm_error(errc::invalid_argument, "moe: topk_idx and topk_weights must hold tokens * top_k entries");
   for (std::int64_t e : idx)
     if (e < -1 || e >= num_experts)
-      throw std::out_of_range("tessel::moe: expert index " + std::to_string(e) + " outside [0, " + std::to_string(num_experts) +
+      throw comm_error(errc::out_of_range, "moe: expert index " + std::to_string(e) + " outside [0, " + std::to_string(num_experts) +
                               ") (use -1 for no expert)");
 }
 
@@ -91,13 +92,13 @@ inline void exchange_bytes(communicator& c, const std::byte* send, const std::ve
 }
 inline std::vector<std::size_t> prefix(const std::vector<std::size_t>& v) {
   std::vector<std::size_t> p(v.size() + 1, 0);
-  for (std::size_t i = 0; i < v.size(); ++i) p[i + 1] = tessel::detail::add_checked(p[i], v[i], "tessel::moe");
+  for (std::size_t i = 0; i < v.size(); ++i) p[i + 1] = tessel::detail::add_checked(p[i], v[i], "moe: counts");
   return p;
 }
 inline void check_not_dry(communicator& c) {
   if (c.transport_handle().timing_only())
-    throw std::invalid_argument(
-        "tessel::moe: the transport is timing-only (no bytes move), so the routing cannot be exchanged; use a cluster that "
+    throw comm_error(errc::unsupported,
+        "moe: the transport is timing-only (no bytes move), so the routing cannot be exchanged; use a cluster that "
         "moves payloads and the moe_timing_only forms for payload-free timing");
 }
 
@@ -138,7 +139,7 @@ moe_dispatch_result<X> dispatch(communicator& c, const std::byte* data, std::siz
   std::vector<std::size_t> rcount(un);
   for (std::size_t q = 0; q < un; ++q) {
     if (hr[3 * q + 1] != payload_bytes || hr[3 * q + 2] != top_k)
-      throw std::length_error("tessel::moe: peers disagree on hidden, the payload format or top_k");
+      throw comm_error(errc::invalid_argument, "moe: peers disagree on hidden, the payload format or top_k");
     rcount[q] = static_cast<std::size_t>(hr[3 * q]);
   }
   // (2) metadata records: token id, top_k expert indices, top_k weights
@@ -146,9 +147,9 @@ moe_dispatch_result<X> dispatch(communicator& c, const std::byte* data, std::siz
   std::vector<std::size_t> msc(un), mrc(un), psc(un), prc(un);
   for (std::size_t q = 0; q < un; ++q) {
     msc[q] = h.sent_tokens[q].size() * meta;
-    mrc[q] = tessel::detail::mul_checked(rcount[q], meta, "tessel::moe: received records");
+    mrc[q] = tessel::detail::mul_checked(rcount[q], meta, "moe: received records");
     psc[q] = h.sent_tokens[q].size() * payload_bytes;
-    prc[q] = tessel::detail::mul_checked(rcount[q], payload_bytes, "tessel::moe: received payload");
+    prc[q] = tessel::detail::mul_checked(rcount[q], payload_bytes, "moe: received payload");
   }
   const auto msd = prefix(msc), mrd = prefix(mrc);
   std::vector<std::byte> ms(msd[un]), mr(mrd[un]);
@@ -229,14 +230,14 @@ inline void reverse_counts(const moe_handle& h, std::size_t row, std::vector<std
   const auto un = static_cast<std::size_t>(h.ranks);
   sc.assign(un, 0), rc.assign(un, 0);
   for (std::size_t q = 0; q < un; ++q) {
-    sc[q] = tessel::detail::mul_checked(h.recv_per_rank[q], row, "tessel::moe: combine");
-    rc[q] = tessel::detail::mul_checked(h.sent_tokens[q].size(), row, "tessel::moe: combine");
+    sc[q] = tessel::detail::mul_checked(h.recv_per_rank[q], row, "moe: combine");
+    rc[q] = tessel::detail::mul_checked(h.sent_tokens[q].size(), row, "moe: combine");
   }
 }
 inline void check_handle(communicator& c, const moe_handle& h) {
-  if (h.ranks != c.size()) throw std::invalid_argument("tessel::moe: handle belongs to another communicator size");
+  if (h.ranks != c.size()) throw comm_error(errc::invalid_argument, "moe: handle belongs to another communicator size");
   if (h.sent_tokens.size() != static_cast<std::size_t>(h.ranks) || h.recv_per_rank.size() != static_cast<std::size_t>(h.ranks))
-    throw std::invalid_argument("tessel::moe: handle was not filled by a dispatch");
+    throw comm_error(errc::invalid_argument, "moe: handle was not filled by a dispatch");
   check_not_dry(c);
 }
 
@@ -249,11 +250,11 @@ inline std::vector<bf16> combine_rows(communicator& c, std::span<const bf16> y, 
   std::vector<std::size_t> sc, rc;
   reverse_counts(h, H * sizeof(bf16), sc, rc);
   if (h.timing_only) {
-    if (!y.empty()) throw std::invalid_argument("tessel::moe: a timing-only handle takes no payload (pass an empty span)");
+    if (!y.empty()) throw comm_error(errc::invalid_argument, "moe: a timing-only handle takes no payload (pass an empty span)");
     exchange_bytes(c, nullptr, sc, nullptr, rc, true);
     return {};
   }
-  if (y.size() != h.rows() * H) throw std::length_error("tessel::moe: combine input must hold rows * hidden elements");
+  if (y.size() != h.rows() * H) throw comm_error(errc::invalid_argument, "moe: combine input must hold rows * hidden elements");
   std::vector<float> part(U * H, 0.0f);
   for (std::size_t i = 0; i < h.rows(); ++i) {
     const float wt = use_weights ? h.row_weight[i] : 1.0f;
@@ -288,7 +289,7 @@ inline std::vector<bf16> combine_rows(communicator& c, std::span<const bf16> y, 
 inline moe_dispatch_result<bf16> moe_dispatch(communicator& c, std::span<const bf16> x, std::size_t hidden,
                                               std::span<const std::int64_t> topk_idx, std::span<const float> topk_weights,
                                               std::size_t top_k, int num_experts) {
-  if (hidden == 0 || x.size() % hidden) throw std::length_error("tessel::moe_dispatch: x must hold tokens * hidden elements");
+  if (hidden == 0 || x.size() % hidden) throw comm_error(errc::invalid_argument, "moe_dispatch: x must hold tokens * hidden elements");
   const std::size_t tokens = x.size() / hidden;
   return moe_detail::dispatch<bf16>(c, reinterpret_cast<const std::byte*>(x.data()), hidden * sizeof(bf16), nullptr, 0, false,
                                     tokens, hidden, top_k, topk_idx, topk_weights, num_experts);
@@ -298,10 +299,10 @@ inline moe_dispatch_result<bf16> moe_dispatch(communicator& c, std::span<const b
 inline moe_dispatch_result<e4m3> moe_dispatch_fp8(communicator& c, std::span<const e4m3> x, std::span<const float> scales,
                                                   std::size_t hidden, std::span<const std::int64_t> topk_idx,
                                                   std::span<const float> topk_weights, std::size_t top_k, int num_experts) {
-  if (hidden == 0 || hidden % 128) throw std::invalid_argument("tessel::moe_dispatch_fp8: hidden must be a positive multiple of 128");
-  if (x.size() % hidden) throw std::length_error("tessel::moe_dispatch_fp8: x must hold tokens * hidden elements");
+  if (hidden == 0 || hidden % 128) throw comm_error(errc::invalid_argument, "moe_dispatch_fp8: hidden must be a positive multiple of 128");
+  if (x.size() % hidden) throw comm_error(errc::invalid_argument, "moe_dispatch_fp8: x must hold tokens * hidden elements");
   const std::size_t tokens = x.size() / hidden, sg = hidden / 128;
-  if (scales.size() != tokens * sg) throw std::length_error("tessel::moe_dispatch_fp8: scales must hold tokens * hidden/128 entries");
+  if (scales.size() != tokens * sg) throw comm_error(errc::invalid_argument, "moe_dispatch_fp8: scales must hold tokens * hidden/128 entries");
   return moe_detail::dispatch<e4m3>(c, reinterpret_cast<const std::byte*>(x.data()), hidden,
                                     reinterpret_cast<const std::byte*>(scales.data()), sg * sizeof(float), false, tokens, hidden,
                                     top_k, topk_idx, topk_weights, num_experts);
@@ -320,13 +321,13 @@ inline constexpr moe_timing_only_t moe_timing_only{};
 inline moe_dispatch_result<bf16> moe_dispatch(communicator& c, moe_timing_only_t, std::size_t tokens, std::size_t hidden,
                                               std::span<const std::int64_t> topk_idx, std::span<const float> topk_weights,
                                               std::size_t top_k, int num_experts) {
-  const std::size_t row = tessel::detail::mul_checked(hidden, sizeof(bf16), "tessel::moe_dispatch: hidden");
+  const std::size_t row = tessel::detail::mul_checked(hidden, sizeof(bf16), "moe_dispatch: hidden");
   return moe_detail::dispatch<bf16>(c, nullptr, row, nullptr, 0, true, tokens, hidden, top_k, topk_idx, topk_weights, num_experts);
 }
 inline moe_dispatch_result<e4m3> moe_dispatch_fp8(communicator& c, moe_timing_only_t, std::size_t tokens, std::size_t hidden,
                                                   std::span<const std::int64_t> topk_idx, std::span<const float> topk_weights,
                                                   std::size_t top_k, int num_experts) {
-  if (hidden == 0 || hidden % 128) throw std::invalid_argument("tessel::moe_dispatch_fp8: hidden must be a positive multiple of 128");
+  if (hidden == 0 || hidden % 128) throw comm_error(errc::invalid_argument, "moe_dispatch_fp8: hidden must be a positive multiple of 128");
   return moe_detail::dispatch<e4m3>(c, nullptr, hidden, nullptr, hidden / 128 * sizeof(float), true, tokens, hidden, top_k, topk_idx,
                                     topk_weights, num_experts);
 }
@@ -348,9 +349,9 @@ inline std::size_t moe_combine_wire_bytes(const moe_handle& h, int rank) {
 
 // Quantizes BF16 activations for FP8 dispatch: scale = amax/448 per 128 channels, saturating.
 inline void moe_quantize_fp8(std::span<const bf16> x, std::size_t hidden, std::span<e4m3> q, std::span<float> scales) {
-  if (hidden == 0 || hidden % 128) throw std::invalid_argument("tessel::moe_quantize_fp8: hidden must be a positive multiple of 128");
+  if (hidden == 0 || hidden % 128) throw comm_error(errc::invalid_argument, "moe_quantize_fp8: hidden must be a positive multiple of 128");
   if (x.size() % hidden || q.size() != x.size() || scales.size() != x.size() / 128)
-    throw std::length_error("tessel::moe_quantize_fp8: sizes do not match (tokens * hidden, tokens * hidden/128)");
+    throw comm_error(errc::invalid_argument, "moe_quantize_fp8: sizes do not match (tokens * hidden, tokens * hidden/128)");
   for (std::size_t g = 0; g < scales.size(); ++g) {
     float amax = 0;
     for (std::size_t j = 0; j < 128; ++j) amax = std::max(amax, std::fabs(static_cast<float>(x[g * 128 + j])));
@@ -379,11 +380,11 @@ inline std::vector<bf16> moe_combine_backward(communicator& c, std::span<const b
   std::vector<std::size_t> rc, sc;  // the reverse of combine: home ranks send, expert ranks receive
   moe_detail::reverse_counts(h, H * sizeof(bf16), rc, sc);
   if (h.timing_only) {
-    if (!grad_out.empty()) throw std::invalid_argument("tessel::moe: a timing-only handle takes no payload (pass an empty span)");
+    if (!grad_out.empty()) throw comm_error(errc::invalid_argument, "moe: a timing-only handle takes no payload (pass an empty span)");
     moe_detail::exchange_bytes(c, nullptr, sc, nullptr, rc, true);
     return {};
   }
-  if (grad_out.size() != h.num_tokens * H) throw std::length_error("tessel::moe_combine_backward: grad_out must hold tokens * hidden elements");
+  if (grad_out.size() != h.num_tokens * H) throw comm_error(errc::invalid_argument, "moe_combine_backward: grad_out must hold tokens * hidden elements");
   std::vector<bf16> sb(moe_detail::prefix(sc)[un] / sizeof(bf16));
   bf16* o = sb.data();
   for (std::size_t q = 0; q < un; ++q)

@@ -13,6 +13,7 @@
 #include <string_view>
 #include <type_traits>
 
+#include <tessel/collectives/errors.hpp>
 #include <tessel/types/dtype.hpp>
 
 namespace tessel {
@@ -28,13 +29,13 @@ constexpr std::string_view reduce_op_name(reduce_op op) {
     case reduce_op::max: return "max";
     case reduce_op::avg: return "avg";
   }
-  throw std::invalid_argument("tessel: invalid reduce_op value " + std::to_string(static_cast<int>(op)));
+  throw comm_error(errc::invalid_argument, "invalid reduce_op value " + std::to_string(static_cast<int>(op)));
 }
 
 inline reduce_op reduce_op_from_name(std::string_view s) {
   for (auto op : {reduce_op::sum, reduce_op::prod, reduce_op::min, reduce_op::max, reduce_op::avg})
     if (reduce_op_name(op) == s) return op;
-  throw std::invalid_argument("tessel: unknown reduce_op '" + std::string(s) + "'");
+  throw comm_error(errc::invalid_argument, "unknown reduce_op '" + std::string(s) + "'");
 }
 
 // The type a dtype is reduced in: FP32 for bf16/fp16/e4m3/e5m2, itself otherwise.
@@ -134,7 +135,7 @@ decltype(auto) visit_op(reduce_op op, F&& f) {
     case reduce_op::max: return f(std::integral_constant<reduce_op, reduce_op::max>{});
     case reduce_op::avg: return f(std::integral_constant<reduce_op, reduce_op::avg>{});
   }
-  throw std::invalid_argument("tessel: invalid reduce_op value " + std::to_string(static_cast<int>(op)));
+  throw comm_error(errc::invalid_argument, "invalid reduce_op value " + std::to_string(static_cast<int>(op)));
 }
 
 // The one runtime element-type dispatch of the collectives: f(std::type_identity<T>) for the
@@ -146,7 +147,7 @@ decltype(auto) visit_dtype_if(dtype d, const char* why, F&& f) {
     if constexpr (Allowed<T>::value) {
       return f(t);
     } else {
-      throw std::invalid_argument("tessel: " + std::string(dtype_name(d)) + " " + why);
+      throw comm_error(errc::invalid_argument, std::string(dtype_name(d)) + " " + why);
       return f(std::type_identity<Fallback>{});  // never reached; gives every branch one return type
     }
   });

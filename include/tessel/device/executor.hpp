@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include <tessel/device/errors.hpp>
 #include <tessel/tile/block_ctx.hpp>
 
 namespace tessel {
@@ -27,8 +28,8 @@ class executor {
   explicit executor(unsigned threads, std::chrono::microseconds spin = std::chrono::microseconds(200),
                     std::size_t scratch_bytes = std::size_t{4} << 20)
       : spin_(spin) {
-    if (threads == 0) throw std::invalid_argument("tessel: executor needs at least one thread");
-    if (threads > 4096) throw std::invalid_argument("tessel: executor thread count " + std::to_string(threads) + " is unreasonable (max 4096)");
+    if (threads == 0) throw device_error(errc::invalid_argument, "executor needs at least one thread");
+    if (threads > 4096) throw device_error(errc::invalid_argument, "executor thread count " + std::to_string(threads) + " is unreasonable (max 4096)");
     arenas_.reserve(threads);
     for (unsigned i = 0; i < threads; ++i) arenas_.push_back(std::make_unique<scratch_arena>(scratch_bytes));
     threads_.reserve(threads);

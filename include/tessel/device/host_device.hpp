@@ -16,6 +16,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include <tessel/device/errors.hpp>
 #include <tessel/device/device.hpp>
 #include <tessel/device/executor.hpp>
 
@@ -61,7 +62,7 @@ class caching_pool {
     if (!p) return;
     std::lock_guard lk(mu_);
     auto it = live_.find(p);
-    if (it == live_.end()) throw std::invalid_argument("tessel: deallocate of a pointer this device did not allocate (or freed twice)");
+    if (it == live_.end()) throw device_error(errc::invalid_argument, "deallocate of a pointer this device did not allocate (or freed twice)");
     const std::size_t cls = it->second;
     live_.erase(it);
     stats_.in_use -= cls;
@@ -140,13 +141,13 @@ class host_device {
   void deallocate(void* p) { pool_.deallocate(p); }
   template <class T>
   T* allocate_n(std::size_t n) {
-    if (n > SIZE_MAX / sizeof(T)) throw std::overflow_error("tessel: allocation of " + std::to_string(n) + " elements of " + std::to_string(sizeof(T)) + " bytes overflows");
+    if (n > SIZE_MAX / sizeof(T)) throw device_error(errc::overflow, "allocation of " + std::to_string(n) + " elements of " + std::to_string(sizeof(T)) + " bytes overflows");
     return static_cast<T*>(allocate(n * sizeof(T)));
   }
   // Copies `bytes` from `src` to `dst` (source first). Null with nonzero size is an error.
   void copy(const void* src, void* dst, std::size_t bytes) {
     if (bytes == 0) return;
-    if (!src || !dst) throw std::invalid_argument("tessel: copy of " + std::to_string(bytes) + " bytes with a null pointer");
+    if (!src || !dst) throw device_error(errc::invalid_argument, "copy of " + std::to_string(bytes) + " bytes with a null pointer");
     std::memmove(dst, src, bytes);
   }
   void trim() { pool_.trim(); }

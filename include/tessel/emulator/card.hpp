@@ -114,7 +114,7 @@ class card {
     std::lock_guard lk(mu_);
     auto it = allocs_.find(reinterpret_cast<std::uintptr_t>(p));
     if (it == allocs_.end())
-      throw invalid_card_error("tessel emulator: card " + std::to_string(id_) + ": deallocate of a pointer it does not own (freed twice, or lost in a hot swap)");
+      throw invalid_card_error("card " + std::to_string(id_) + ": deallocate of a pointer it does not own (freed twice, or lost in a hot swap)");
     used_ -= it->second;
     const std::size_t size = it->second;
     allocs_.erase(it);
@@ -122,7 +122,7 @@ class card {
   }
   template <class T>
   T* allocate_n(std::size_t n) {
-    if (n > SIZE_MAX / sizeof(T)) throw std::overflow_error("tessel emulator: allocation of " + std::to_string(n) + " elements overflows");
+    if (n > SIZE_MAX / sizeof(T)) throw emulator_error(errc::overflow, "allocation of " + std::to_string(n) + " elements overflows");
     return static_cast<T*>(allocate(n * sizeof(T)));
   }
   // Whether [p, p + bytes) lies inside one live allocation of this card.
@@ -138,7 +138,7 @@ class card {
   void copy(const void* src, void* dst, std::size_t bytes) {
     ensure_alive("copy");
     if (bytes == 0) return;
-    if (!src || !dst) throw std::invalid_argument("tessel emulator: copy of " + std::to_string(bytes) + " bytes with a null pointer");
+    if (!src || !dst) throw emulator_error(errc::invalid_argument, "copy of " + std::to_string(bytes) + " bytes with a null pointer");
     if (!timing_only_) std::memmove(dst, src, bytes);
     const double t = 2.0 * static_cast<double>(bytes) / spec_.hbm_bandwidth;
     std::lock_guard lk(mu_);

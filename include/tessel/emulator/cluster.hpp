@@ -143,7 +143,7 @@ class cluster {
   void attach(std::size_t c) {
     check_card(c, "attach");
     std::lock_guard lk(mu_);
-    if (drivers_[c].attached) throw std::invalid_argument("tessel emulator: card " + std::to_string(c) + " already has a driver thread");
+    if (drivers_[c].attached) throw emulator_error(errc::invalid_argument, "card " + std::to_string(c) + " already has a driver thread");
     drivers_[c].attached = true;
     attached_++;
     cv_.notify_all();
@@ -289,7 +289,7 @@ class cluster {
       if (o.state == op_pending) {
         o.state = op_failed;
         o.done = std::max(o.posted, net_.now());
-        o.err = std::make_exception_ptr(fault_error("tessel emulator: " + why, o.done));
+        o.err = std::make_exception_ptr(fault_error(why, o.done));
       }
     for (auto& [k, q] : unmatched_) { q.sends.clear(); q.recvs.clear(); }
     horizon_dirty_ = true;
@@ -399,19 +399,19 @@ class cluster {
 
   void check_card(std::size_t c, const char* what) const {
     if (c >= cards_.size())
-      throw invalid_card_error(std::string("tessel emulator: ") + what + ": invalid card index " + std::to_string(c) + " (cluster has " + std::to_string(cards_.size()) + " cards)");
+      throw invalid_card_error(std::string(what) + ": invalid card index " + std::to_string(c) + " (cluster has " + std::to_string(cards_.size()) + " cards)");
   }
   void check_buf(std::size_t c, const void* p, std::size_t bytes, const char* what, bool host_ok = false, bool null_ok = false) const {
     check_card(c, what);
     if (bytes == 0) return;
     if ((cfg_.timing_only || null_ok) && p == nullptr) return;
-    if (!p) throw std::invalid_argument(std::string("tessel emulator: ") + what + ": null pointer for " + std::to_string(bytes) + " bytes");
+    if (!p) throw emulator_error(errc::invalid_argument, std::string(what) + ": null pointer for " + std::to_string(bytes) + " bytes");
     if (!host_ok && !cards_[c]->owns(p, bytes))
-      throw invalid_card_error(std::string("tessel emulator: ") + what + ": [" + std::to_string(reinterpret_cast<std::uintptr_t>(p)) + ", +" +
+      throw invalid_card_error(std::string(what) + ": [" + std::to_string(reinterpret_cast<std::uintptr_t>(p)) + ", +" +
                                std::to_string(bytes) + ") is not inside one allocation of card " + std::to_string(c));
   }
   void check_op(const completion& c) const {
-    if (c.owner != this || c.id >= ops_.size()) throw std::invalid_argument("tessel emulator: completion does not belong to this cluster");
+    if (c.owner != this || c.id >= ops_.size()) throw emulator_error(errc::invalid_argument, "completion does not belong to this cluster");
   }
 
   op make_op(std::uint8_t kind, std::size_t initiator, std::size_t src, std::size_t dst, const void* s, void* d, std::size_t bytes, std::uint64_t tag) {
@@ -429,8 +429,8 @@ class cluster {
     return o;
   }
   op_id push(const op& o) {
-    if (!aborted_.empty()) throw fault_error("tessel emulator: " + aborted_, cards_[o.initiator]->clock());
-    if (ops_.size() >= UINT32_MAX - 1) throw std::length_error("tessel emulator: too many transfers");
+    if (!aborted_.empty()) throw fault_error(aborted_, cards_[o.initiator]->clock());
+    if (ops_.size() >= UINT32_MAX - 1) throw emulator_error(errc::invalid_argument, "too many transfers");
     ops_.push_back(o);
     return static_cast<op_id>(ops_.size() - 1);
   }
@@ -445,7 +445,7 @@ class cluster {
     so.partner = r;
     ro.partner = s;
     if (so.bytes != ro.bytes) {
-      auto e = std::make_exception_ptr(std::length_error("tessel emulator: send of " + std::to_string(so.bytes) + " bytes from card " + std::to_string(so.src) +
+      auto e = std::make_exception_ptr(emulator_error(errc::invalid_argument, "send of " + std::to_string(so.bytes) + " bytes from card " + std::to_string(so.src) +
                                                          " matched a recv of " + std::to_string(ro.bytes) + " bytes on card " + std::to_string(ro.dst)));
       so.state = ro.state = op_failed;
       so.err = ro.err = e;
@@ -505,7 +505,7 @@ class cluster {
       if (ops_[c.id].state == op_pending) net_.run_until_done(static_cast<fabric::msg_id>(ops_[c.id].msg));
     }
     op& o = ops_[c.id];
-    if (o.state == op_pending) throw std::logic_error("tessel emulator: transfer did not finish");
+    if (o.state == op_pending) throw emulator_error(errc::invalid_argument, "transfer did not finish");
     cards_[target]->advance_to(o.done);
     if (o.state == op_failed) std::rethrow_exception(o.err);
   }

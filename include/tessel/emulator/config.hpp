@@ -90,7 +90,7 @@ struct cluster_config {
 
   // Throws config_error naming the first bad field.
   void validate() const {
-    auto bad = [](const std::string& m) { throw config_error("tessel emulator config: " + m); };
+    auto bad = [](const std::string& m) { throw config_error("config: " + m); };
     auto pos = [&](double v, const char* name) {
       if (!(v > 0) || !std::isfinite(v)) bad(std::string(name) + " must be positive and finite (got " + std::to_string(v) + ")");
     };
@@ -156,7 +156,7 @@ inline double parse_quantity(const std::string& key, const std::string& v) {
   try {
     x = std::stod(v, &used);
   } catch (const std::exception&) {
-    throw config_error("tessel emulator config: '" + key + "' has a non-numeric value '" + v + "'");
+    throw config_error("config: '" + key + "' has a non-numeric value '" + v + "'");
   }
   std::string u = v.substr(used);
   while (!u.empty() && std::isspace(static_cast<unsigned char>(u.front()))) u.erase(u.begin());
@@ -171,19 +171,19 @@ inline double parse_quantity(const std::string& key, const std::string& v) {
     (void)0;
   if (u == "b/s" || u == "bps") scale /= 8;
   else if (!(u.empty() || u == "B" || u == "B/s" || u == "s" || u == "FLOP/s"))
-    throw config_error("tessel emulator config: '" + key + "' has an unknown unit '" + u + "'");
+    throw config_error("config: '" + key + "' has an unknown unit '" + u + "'");
   return x * scale;
 }
 
 inline std::size_t to_count(const std::string& key, double x) {
   if (!(x >= 0) || x != std::floor(x) || x > 9.0e18)
-    throw config_error("tessel emulator config: '" + key + "' must be a non-negative integer (got " + std::to_string(x) + ")");
+    throw config_error("config: '" + key + "' must be a non-negative integer (got " + std::to_string(x) + ")");
   return static_cast<std::size_t>(x);
 }
 inline bool to_bool(const std::string& key, const std::string& v) {
   if (v == "true" || v == "1" || v == "on" || v == "yes") return true;
   if (v == "false" || v == "0" || v == "off" || v == "no") return false;
-  throw config_error("tessel emulator config: '" + key + "' must be true/false (got '" + v + "')");
+  throw config_error("config: '" + key + "' must be true/false (got '" + v + "')");
 }
 }  // namespace detail
 
@@ -212,7 +212,7 @@ inline cluster_config parse_cluster_config(std::string_view text) {
     std::size_t sep = t.find('=');
     if (sep == std::string::npos) sep = t.find(':');
     if (sep == std::string::npos)
-      throw config_error("tessel emulator config: line " + std::to_string(lineno) + " is not 'key = value': '" + t + "'");
+      throw config_error("config: line " + std::to_string(lineno) + " is not 'key = value': '" + t + "'");
     std::string key = detail::trim(t.substr(0, sep)), val = detail::trim(t.substr(sep + 1));
     auto num = [&] { return detail::parse_quantity(key, val); };
     auto cnt = [&] { return detail::to_count(key, num()); };
@@ -231,7 +231,7 @@ inline cluster_config parse_cluster_config(std::string_view text) {
     else if (key == "routing") {
       if (val == "adaptive") c.fabric.routing = routing_policy::adaptive;
       else if (val == "static" || val == "static_plane") c.fabric.routing = routing_policy::static_plane;
-      else throw config_error("tessel emulator config: routing must be 'adaptive' or 'static' (got '" + val + "')");
+      else throw config_error("config: routing must be 'adaptive' or 'static' (got '" + val + "')");
     } else if (key == "transit") c.fabric.transit = detail::to_bool(key, val);
     else if (key == "transit_latency") c.fabric.transit_latency = num();
     else if (key == "memory" || key == "memory_bytes") c.card.memory_bytes = cnt();
@@ -255,7 +255,7 @@ inline cluster_config parse_cluster_config(std::string_view text) {
     else if (key == "seed") c.faults.seed = cnt();
     else if (key == "timing_only") c.timing_only = detail::to_bool(key, val);
     else if (key == "trace") c.trace = detail::to_bool(key, val);
-    else throw config_error("tessel emulator config: unknown key '" + key + "' on line " + std::to_string(lineno));
+    else throw config_error("config: unknown key '" + key + "' on line " + std::to_string(lineno));
   }
   c.validate();
   return c;
@@ -263,7 +263,7 @@ inline cluster_config parse_cluster_config(std::string_view text) {
 
 inline cluster_config load_cluster_config(const std::string& path) {
   std::ifstream f(path);
-  if (!f) throw config_error("tessel emulator config: cannot open '" + path + "'");
+  if (!f) throw config_error("config: cannot open '" + path + "'", errc::io);
   std::stringstream ss;
   ss << f.rdbuf();
   return parse_cluster_config(ss.str());

@@ -1,40 +1,48 @@
 // Typed errors raised by the UBL128 emulator: bad configurations, capacity, and runtime faults.
-// Every fault error names the card or link it concerns, so a collective can report who failed,
-// and derives from a standard exception so plain `catch (std::runtime_error&)` also works.
+// All derive from emulator_error (a tessel::error, area "emulator"); every fault error names the
+// card or link it concerns, so a collective can report who failed.
 #pragma once
 
 #include <cstddef>
-#include <stdexcept>
 #include <string>
+
+#include <tessel/error.hpp>
 
 namespace tessel {
 inline namespace v0 {
 namespace emu {
 
-// A cluster description that cannot describe a machine (zero cards, zero bandwidth, ...).
-struct config_error : std::invalid_argument {
-  using std::invalid_argument::invalid_argument;
+// Base of every emulator error; code() says which kind.
+struct emulator_error : error_of<emulator_error> {
+  using error_of::error_of;
+  static constexpr const char area_name[] = "emulator";
+};
+
+// A cluster description that cannot describe a machine (zero cards, zero bandwidth, ...), or a
+// configuration file that cannot be read.
+struct config_error : emulator_error {
+  explicit config_error(const std::string& what, errc code = errc::config) : emulator_error(code, what) {}
 };
 
 // A memory request above what a card has left.
-struct capacity_error : std::length_error {
+struct capacity_error : emulator_error {
   std::size_t card;
   std::size_t requested, available;
   capacity_error(std::size_t c, std::size_t req, std::size_t avail)
-      : std::length_error("card " + std::to_string(c) + ": allocation of " + std::to_string(req) +
-                          " bytes exceeds the " + std::to_string(avail) + " bytes left"),
+      : emulator_error(errc::capacity, "card " + std::to_string(c) + ": allocation of " + std::to_string(req) +
+                                           " bytes exceeds the " + std::to_string(avail) + " bytes left"),
         card(c), requested(req), available(avail) {}
 };
 
-// A card index, pointer or byte range that does not belong to the card it is used on.
-struct invalid_card_error : std::out_of_range {
-  using std::out_of_range::out_of_range;
+// A card index, plane, pointer or byte range that does not belong to the card it is used on.
+struct invalid_card_error : emulator_error {
+  explicit invalid_card_error(const std::string& what) : emulator_error(errc::out_of_range, what) {}
 };
 
 // Base of the runtime faults: the operation could not complete.
-struct fault_error : std::runtime_error {
+struct fault_error : emulator_error {
   double at;  // simulated time (seconds) at which the failure was reported
-  fault_error(const std::string& what, double t) : std::runtime_error(what), at(t) {}
+  fault_error(const std::string& what, double t, errc code = errc::fault) : emulator_error(code, what), at(t) {}
 };
 
 // A peer card is (or became) dead; `card` is the failed one.
@@ -60,7 +68,7 @@ struct timeout_error : fault_error {
   timeout_error(std::size_t c, double t, const std::string& ctx = {})
       : fault_error("timed out at t=" + std::to_string(t) + " s waiting on card " + std::to_string(c) +
                         (ctx.empty() ? "" : ": " + ctx),
-                    t),
+                    t, errc::timeout),
         card(c) {}
 };
 

@@ -143,8 +143,8 @@ class fabric {
   msg_id post(std::size_t src, std::size_t dst, std::uint64_t bytes, double at, std::uint64_t tag = 0) {
     check_card(src, "post source");
     check_card(dst, "post destination");
-    if (!(at >= 0) || !std::isfinite(at)) throw std::invalid_argument("tessel emulator: post time must be finite and >= 0");
-    if (msgs_.size() >= std::numeric_limits<msg_id>::max() - 1) throw std::length_error("tessel emulator: too many messages");
+    if (!(at >= 0) || !std::isfinite(at)) throw emulator_error(errc::invalid_argument, "post time must be finite and >= 0");
+    if (msgs_.size() >= std::numeric_limits<msg_id>::max() - 1) throw emulator_error(errc::invalid_argument, "too many messages");
     msg_id id = static_cast<msg_id>(msgs_.size());
     message m;
     m.src = static_cast<std::uint32_t>(src);
@@ -162,13 +162,13 @@ class fabric {
   }
 
   void schedule_fault(const fault& f) {
-    if (!(f.at >= 0) || !std::isfinite(f.at)) throw std::invalid_argument("tessel emulator: fault time must be finite and >= 0");
+    if (!(f.at >= 0) || !std::isfinite(f.at)) throw emulator_error(errc::invalid_argument, "fault time must be finite and >= 0");
     if (f.kind == fault_kind::plane_down || f.kind == fault_kind::plane_up) {
-      if (f.plane >= planes_) throw invalid_card_error("tessel emulator: fault names plane " + std::to_string(f.plane) + " of " + std::to_string(planes_));
+      if (f.plane >= planes_) throw invalid_card_error("fault names plane " + std::to_string(f.plane) + " of " + std::to_string(planes_));
     } else {
       check_card(f.card, "fault");
       if ((f.kind == fault_kind::link_down || f.kind == fault_kind::link_up) && f.plane >= planes_)
-        throw invalid_card_error("tessel emulator: fault names plane " + std::to_string(f.plane) + " of " + std::to_string(planes_));
+        throw invalid_card_error("fault names plane " + std::to_string(f.plane) + " of " + std::to_string(planes_));
     }
     faults_.push_back(f);
     push_event(std::max(f.at, now_), ev_fault, static_cast<std::uint32_t>(faults_.size() - 1));
@@ -388,13 +388,13 @@ class fabric {
 
   // ---------------------------------------------------------------- helpers
   void check_card(std::size_t c, const char* what) const {
-    if (c >= n_) throw invalid_card_error(std::string("tessel emulator: ") + what + ": invalid card index " + std::to_string(c) + " (cluster has " + std::to_string(n_) + " cards)");
+    if (c >= n_) throw invalid_card_error(std::string(what) + ": invalid card index " + std::to_string(c) + " (cluster has " + std::to_string(n_) + " cards)");
   }
   void check_plane(std::size_t p) const {
-    if (p >= planes_) throw invalid_card_error("tessel emulator: invalid plane " + std::to_string(p) + " of " + std::to_string(planes_));
+    if (p >= planes_) throw invalid_card_error("invalid plane " + std::to_string(p) + " of " + std::to_string(planes_));
   }
   void check_msg(msg_id id) const {
-    if (id >= msgs_.size()) throw std::out_of_range("tessel emulator: unknown message id " + std::to_string(id));
+    if (id >= msgs_.size()) throw emulator_error(errc::out_of_range, "unknown message id " + std::to_string(id));
   }
   void push_event(double t, std::uint32_t kind, std::uint32_t a, std::uint32_t b = 0) { events_.push(event{t, seq_++, kind, a, b}); }
   // Events whose order at equal times must not depend on the caller's order: after every
@@ -583,7 +583,7 @@ class fabric {
     std::uint64_t n = (m.bytes + cb - 1) / cb;
     n = std::max<std::uint64_t>(1, (n + width - 1) / width * width);
     if (m.bytes > 0) n = std::min<std::uint64_t>(n, m.bytes);
-    if (n > std::numeric_limits<std::uint32_t>::max() / 2) throw std::length_error("tessel emulator: message of " + std::to_string(m.bytes) + " bytes needs too many chunks; raise chunk_bytes");
+    if (n > std::numeric_limits<std::uint32_t>::max() / 2) throw emulator_error(errc::invalid_argument, "message of " + std::to_string(m.bytes) + " bytes needs too many chunks; raise chunk_bytes");
     m.nchunks = static_cast<std::uint32_t>(n);
     m.chunk_base = m.bytes / n;
     m.chunk_extra = m.bytes % n;

@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include <tessel/emulator/errors.hpp>
+
 namespace tessel {
 inline namespace v0 {
 namespace emu {
@@ -26,7 +28,12 @@ class topology_graph {
   explicit topology_graph(std::size_t nodes = 0) : adj_(nodes) {}
   std::size_t nodes() const { return adj_.size(); }
   void resize(std::size_t n) { adj_.resize(n); }
-  void add_edge(std::uint32_t from, std::uint32_t to, std::uint32_t id) { adj_.at(from).push_back({to, id}); }
+  void add_edge(std::uint32_t from, std::uint32_t to, std::uint32_t id) {
+    if (from >= adj_.size() || to >= adj_.size())
+      throw invalid_card_error("routing: edge " + std::to_string(from) + " -> " + std::to_string(to) + " names a node outside the " +
+                               std::to_string(adj_.size()) + "-node graph");
+    adj_[from].push_back({to, id});
+  }
   const std::vector<edge>& out(std::uint32_t n) const { return adj_[n]; }
 
   static constexpr double unreachable = std::numeric_limits<double>::infinity();

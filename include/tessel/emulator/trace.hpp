@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include <tessel/emulator/errors.hpp>
+
 namespace tessel {
 inline namespace v0 {
 namespace emu {
@@ -127,9 +129,9 @@ class trace_recorder {
 
   void write_chrome_json(const std::string& path, std::size_t cards) const {
     std::ofstream f(path);
-    if (!f) throw std::invalid_argument("tessel emulator: cannot write trace to '" + path + "'");
+    if (!f) throw emulator_error(errc::io, "cannot write trace to '" + path + "'");
     write_chrome_json(f, cards);
-    if (!f) throw std::runtime_error("tessel emulator: writing trace '" + path + "' failed");
+    if (!f) throw emulator_error(errc::io, "writing trace '" + path + "' failed");
   }
 
  private:

@@ -25,6 +25,7 @@
 #include <vector>
 
 // first: it includes the intrinsic headers with GCC 12's spurious -Wuninitialized silenced
+#include <tessel/ops/errors.hpp>
 #include <tessel/arch/softmax_atoms.hpp>
 #include <tessel/device/device.hpp>
 #include <tessel/ops/detail/attention_common.hpp>
@@ -63,11 +64,6 @@ struct attention_options {
   float q_scale = 1.0f, k_scale = 1.0f, v_scale = 1.0f;  // dequantisation scales (e4m3 inputs)
 };
 
-// A bad attention argument (shape, head counts, offsets, buffer sizes).
-struct attention_error : std::invalid_argument {
-  using std::invalid_argument::invalid_argument;
-};
-
 template <class T>
 concept attention_input = std::is_same_v<T, float> || std::is_same_v<T, bf16> || std::is_same_v<T, e4m3>;
 template <class T>
@@ -78,7 +74,7 @@ concept attention_output = std::is_same_v<T, float> || std::is_same_v<T, bf16>;
 namespace detail::attn {
 
 inline void check(bool ok, const std::string& msg) {
-  if (!ok) throw attention_error("tessel::attention: " + msg);
+  if (!ok) throw attention_error(msg);
 }
 inline std::size_t mul3(std::size_t a, std::size_t b, std::size_t c, const char* what) {
   return detail::mul_checked(mul_checked(a, b, what), c, what);
@@ -93,8 +89,8 @@ struct named_buffer {
 };
 inline void check_named(const named_buffer& b, std::size_t need) {
   if (b.size < need)
-    throw std::out_of_range(std::string("tessel::attention: ") + b.name + " has " + std::to_string(b.size) + " elements, needs " + std::to_string(need));
-  if (need > 0 && b.data == nullptr) throw attention_error(std::string("tessel::attention: ") + b.name + " is null");
+    throw attention_error(errc::out_of_range, std::string(b.name) + " has " + std::to_string(b.size) + " elements, needs " + std::to_string(need));
+  if (need > 0 && b.data == nullptr) throw attention_error(std::string(b.name) + " is null");
 }
 template <class T>
 inline void check_buffer(std::span<T> s, std::size_t need, const char* name) {
@@ -502,7 +498,7 @@ void attention_decode(Dev& dev, const attention_decode_shape& s, std::span<const
       q0.pages = block_table.data() + b * s.pages_per_seq;
       for (std::size_t p = 0; p < ceil_div(q0.skv, s.page_size); ++p)
         if (q0.pages[p] < 0 || static_cast<std::size_t>(q0.pages[p]) >= s.num_pages)
-          throw std::out_of_range("tessel::attention: block_table[" + std::to_string(b) + "][" + std::to_string(p) + "] = " + std::to_string(q0.pages[p]) +
+          throw attention_error(errc::out_of_range, "block_table[" + std::to_string(b) + "][" + std::to_string(p) + "] = " + std::to_string(q0.pages[p]) +
                                   " is not a page index in [0, " + std::to_string(s.num_pages) + ")");
     }
     max_kv = std::max(max_kv, q0.skv);

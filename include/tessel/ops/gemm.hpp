@@ -16,6 +16,7 @@
 #include <utility>
 
 #include <tessel/arch/target.hpp>  // first: parses the intrinsic headers under a GCC 12 false-positive guard
+#include <tessel/ops/errors.hpp>
 #include <tessel/arch/copy.hpp>
 #include <tessel/device/device.hpp>
 #include <tessel/tile.hpp>
@@ -27,11 +28,6 @@ namespace tessel {
 inline namespace v0 {
 
 enum class transpose : std::uint8_t { none, yes };
-
-// A GEMM argument error (bad shape, leading dimension, null pointer, scale layout).
-struct gemm_error : std::invalid_argument {
-  using std::invalid_argument::invalid_argument;
-};
 
 // Scales for FP8 (or any) inputs. Per-tensor: C = alpha·(scale_a·A)(scale_b·B). Block scales
 // (DeepSeek-V3): a_block[m * ceil(K/128) + kb] scales A(m, 128kb..128kb+127) and
@@ -598,7 +594,7 @@ struct gemm_skinny_program {
 };
 
 inline void gemm_check(bool ok, const std::string& msg) {
-  if (!ok) throw gemm_error("tessel::gemm: " + msg);
+  if (!ok) throw gemm_error(msg);
 }
 
 // Validates one operand: (rows, cols) of op(X) stored with leading dimension ld.

@@ -296,7 +296,7 @@ cross_entropy_result cross_entropy(Dev& dev, tensor<const In, 2> logits, std::sp
     const std::int64_t l = labels[r];
     if (l == o.ignore_index) continue;
     if (l < 0 || std::uint64_t(l) >= n)
-      throw std::out_of_range("tessel: cross_entropy: label " + std::to_string(l) + " of row " + std::to_string(r) + " is outside [0, " +
+      throw layer_error(errc::out_of_range, "cross_entropy: label " + std::to_string(l) + " of row " + std::to_string(r) + " is outside [0, " +
                               std::to_string(n) + ")");
     ++res.counted;
   }

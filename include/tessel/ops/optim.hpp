@@ -20,6 +20,7 @@
 #include <type_traits>
 #include <vector>
 
+#include <tessel/ops/errors.hpp>
 #include <tessel/arch/stream.hpp>
 #include <tessel/tile/block_ctx.hpp>
 #include <tessel/tile/ranges.hpp>
@@ -27,11 +28,6 @@
 
 namespace tessel {
 inline namespace v0 {
-
-// Bad optimizer input (shapes, null storage, hyper-parameters).
-struct optim_error : std::invalid_argument {
-  using std::invalid_argument::invalid_argument;
-};
 
 enum class param_storage : std::uint8_t {
   f32,             // `param` holds f32 parameters
@@ -95,10 +91,10 @@ class loss_scaler {
   explicit loss_scaler(float init_scale = 65536.0f, float growth_factor = 2.0f, float backoff_factor = 0.5f,
                        std::uint32_t growth_interval = 2000)
       : scale_(init_scale), growth_(growth_factor), backoff_(backoff_factor), interval_(growth_interval) {
-    if (!(init_scale > 0.0f) || !std::isfinite(init_scale)) throw optim_error("tessel: loss_scaler: initial scale must be positive and finite");
-    if (!(growth_factor > 1.0f) || !std::isfinite(growth_factor)) throw optim_error("tessel: loss_scaler: growth factor must be > 1");
-    if (!(backoff_factor > 0.0f && backoff_factor < 1.0f)) throw optim_error("tessel: loss_scaler: backoff factor must be in (0, 1)");
-    if (growth_interval == 0) throw optim_error("tessel: loss_scaler: growth interval must be positive");
+    if (!(init_scale > 0.0f) || !std::isfinite(init_scale)) throw optim_error("loss_scaler: initial scale must be positive and finite");
+    if (!(growth_factor > 1.0f) || !std::isfinite(growth_factor)) throw optim_error("loss_scaler: growth factor must be > 1");
+    if (!(backoff_factor > 0.0f && backoff_factor < 1.0f)) throw optim_error("loss_scaler: backoff factor must be in (0, 1)");
+    if (growth_interval == 0) throw optim_error("loss_scaler: growth interval must be positive");
   }
   float scale() const { return scale_; }
   std::uint32_t clean_steps() const { return good_; }
@@ -406,7 +402,7 @@ struct check_program {
 };
 
 inline void require(bool ok, const std::string& msg) {
-  if (!ok) throw optim_error("tessel: " + msg);
+  if (!ok) throw optim_error(msg);
 }
 inline bool finite_nonneg(float x) { return std::isfinite(x) && x >= 0.0f; }
 
@@ -594,11 +590,11 @@ std::vector<optim_tensor<State, Grad>> zip_tensors(const std::vector<std::span<f
                                                    const std::vector<std::span<State>>& m = {}, const std::vector<std::span<State>>& v = {}) {
   auto len = [&](std::size_t got, const char* name) {
     if (got != 0 && got != params.size())
-      throw std::length_error("tessel: zip_tensors: " + std::string(name) + " list has " + std::to_string(got) + " tensors, params " +
+      throw optim_error(errc::invalid_argument, "zip_tensors: " + std::string(name) + " list has " + std::to_string(got) + " tensors, params " +
                               std::to_string(params.size()));
   };
   len(grads.size(), "grads");
-  if (grads.size() != params.size()) throw std::length_error("tessel: zip_tensors: grads list has " + std::to_string(grads.size()) + " tensors, params " + std::to_string(params.size()));
+  if (grads.size() != params.size()) throw optim_error(errc::invalid_argument, "zip_tensors: grads list has " + std::to_string(grads.size()) + " tensors, params " + std::to_string(params.size()));
   len(m.size(), "m");
   len(v.size(), "v");
   std::vector<optim_tensor<State, Grad>> out(params.size());

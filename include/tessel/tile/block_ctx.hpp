@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include <tessel/tile/errors.hpp>
 #include <tessel/tile/detail/os_memory.hpp>
 
 namespace tessel {
@@ -31,7 +32,7 @@ struct grid {
   constexpr std::size_t size() const {
     std::size_t xy = 0, xyz = 0;
     if (__builtin_mul_overflow(x, y, &xy) || __builtin_mul_overflow(xy, z, &xyz))
-      throw std::overflow_error("tessel: grid " + std::to_string(x) + "x" + std::to_string(y) + "x" + std::to_string(z) + " has too many blocks");
+      throw tile_error(errc::overflow, "grid " + std::to_string(x) + "x" + std::to_string(y) + "x" + std::to_string(z) + " has too many blocks");
     return xyz;
   }
   constexpr bool empty() const { return x == 0 || y == 0 || z == 0; }
@@ -57,7 +58,7 @@ class scratch_arena {
   // Returns `bytes` of uninitialized memory aligned to `align` (power of two, <= 4096).
   void* allocate(std::size_t bytes, std::size_t align = 64) {
     if (align == 0 || (align & (align - 1)) != 0 || align > 4096)
-      throw std::invalid_argument("tessel: scratch alignment " + std::to_string(align) + " must be a power of two <= 4096");
+      throw tile_error(errc::invalid_argument, "scratch alignment " + std::to_string(align) + " must be a power of two <= 4096");
     if (!chunks_.empty()) {
       chunk& c = chunks_[current_];
       std::size_t off = detail::round_up_checked(c.used, align);
@@ -89,7 +90,7 @@ class scratch_arena {
 
   template <class T>
   T* allocate_array(std::size_t n, std::size_t align = 64) {
-    if (n > SIZE_MAX / sizeof(T)) throw std::overflow_error("tessel: scratch array of " + std::to_string(n) + " elements overflows");
+    if (n > SIZE_MAX / sizeof(T)) throw tile_error(errc::overflow, "scratch array of " + std::to_string(n) + " elements overflows");
     return static_cast<T*>(allocate(n * sizeof(T), align < alignof(T) ? alignof(T) : align));
   }
 

@@ -12,6 +12,7 @@
 #include <tuple>
 #include <type_traits>
 
+#include <tessel/tile/errors.hpp>
 #include <tessel/arch/math.hpp>
 #include <tessel/arch/unpack.hpp>
 #include <tessel/tile/tensor.hpp>
@@ -56,7 +57,7 @@ struct bias : op_base {
   std::span<const float> b;
   explicit bias(std::span<const float> x) : b(x) {}
   void apply(float* v, std::size_t n, const row_info& ri) const {
-    if (ri.col0 + n > b.size()) throw std::out_of_range("tessel::epilogue::bias: " + std::to_string(b.size()) + " values for column " + std::to_string(ri.col0 + n - 1));
+    if (ri.col0 + n > b.size()) throw tile_error(errc::out_of_range, "epilogue::bias: " + std::to_string(b.size()) + " values for column " + std::to_string(ri.col0 + n - 1));
     const float* p = b.data() + ri.col0;
     for (std::size_t j = 0; j < n; ++j) v[j] += p[j];
   }
@@ -68,7 +69,7 @@ struct bias_row : op_base {
   std::span<const float> b;
   explicit bias_row(std::span<const float> x) : b(x) {}
   void apply(float* v, std::size_t n, const row_info& ri) const {
-    if (ri.row >= b.size()) throw std::out_of_range("tessel::epilogue::bias_row: " + std::to_string(b.size()) + " values for row " + std::to_string(ri.row));
+    if (ri.row >= b.size()) throw tile_error(errc::out_of_range, "epilogue::bias_row: " + std::to_string(b.size()) + " values for row " + std::to_string(ri.row));
     const float x = b[ri.row];
     for (std::size_t j = 0; j < n; ++j) v[j] += x;
   }
@@ -81,7 +82,7 @@ struct residual : op_base {
   explicit residual(tensor<const T, 2> x) : r(x) {}
   void apply(float* v, std::size_t n, const row_info& ri) const {
     if (ri.row >= r.rows() || ri.col0 + n > r.cols())
-      throw std::out_of_range("tessel::epilogue::residual: a (" + std::to_string(r.rows()) + "," + std::to_string(r.cols()) + ") residual is smaller than the output");
+      throw tile_error(errc::out_of_range, "epilogue::residual: a (" + std::to_string(r.rows()) + "," + std::to_string(r.cols()) + ") residual is smaller than the output");
     for (std::size_t j = 0; j < n; ++j) v[j] += arch::to_f32(r(ri.row, ri.col0 + j));
   }
 };

@@ -10,6 +10,7 @@
 #include <type_traits>
 #include <vector>
 
+#include <tessel/tile/errors.hpp>
 #include <tessel/arch/gemm_atoms.hpp>
 #include <tessel/tile/fragment.hpp>
 #include <tessel/tile/tensor.hpp>
@@ -100,7 +101,7 @@ void mma(const tensor_tile<TA, BM, BK>& a, const staged<std::remove_const_t<TA>,
   static_assert(atom::nr == NR && atom::k_pack == KP, "tessel::mma: staged B layout must be mma_traits<T>::b_layout");
   static_assert(Acc::tile_rows == BM && Acc::tile_cols == BN, "tessel::mma: accumulator must be (BM, BN)");
   static_assert(BN % NR == 0, "tessel::mma: BN must be a multiple of the atom's NR");
-  if (a.col_stride != 1 && a.cols > 1) throw std::invalid_argument("tessel::mma: in-place A must be row-major (stage it with load otherwise)");
+  if (a.col_stride != 1 && a.cols > 1) throw tile_error(errc::invalid_argument, "mma: in-place A must be row-major (stage it with load otherwise)");
   std::size_t kd = o.k < a.cols ? o.k : a.cols;
   const std::size_t steps = kd / KP, tail = kd % KP;  // an odd K tail (pairs) is handled through a padded copy
   constexpr std::size_t ldc = Acc::tile_cols;

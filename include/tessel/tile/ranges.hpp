@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <tessel/tile/errors.hpp>
+
 namespace tessel {
 inline namespace v0 {
 
@@ -27,7 +29,7 @@ inline constexpr std::size_t default_stream_chunk = std::size_t{1} << 16;
 // (row) length u > 0 is cut at multiples of u so that whole units stay inside one chunk.
 inline std::vector<chunk_range> make_chunks(const std::vector<std::size_t>& sizes, std::size_t chunk = default_stream_chunk,
                                             const std::vector<std::size_t>& units = {}) {
-  if (chunk == 0) throw std::invalid_argument("tessel: make_chunks: chunk size must be positive");
+  if (chunk == 0) throw tile_error(errc::invalid_argument, "make_chunks: chunk size must be positive");
   std::vector<chunk_range> out;
   for (std::size_t t = 0; t < sizes.size(); ++t) {
     const std::size_t u = t < units.size() ? units[t] : 0;
@@ -40,7 +42,7 @@ inline std::vector<chunk_range> make_chunks(const std::vector<std::size_t>& size
 
 // Part `i` of `parts` near-equal contiguous ranges of [0, n) (for splitting rows over workers).
 inline chunk_range split_even(std::size_t n, std::size_t parts, std::size_t i) {
-  if (parts == 0 || i >= parts) throw std::out_of_range("tessel: split_even part " + std::to_string(i) + " of " + std::to_string(parts));
+  if (parts == 0 || i >= parts) throw tile_error(errc::out_of_range, "split_even part " + std::to_string(i) + " of " + std::to_string(parts));
   const std::size_t q = n / parts, r = n % parts;
   const std::size_t b = i * q + (i < r ? i : r);
   return {0, b, b + q + (i < r ? 1 : 0)};

@@ -10,6 +10,7 @@
 #include <string>
 #include <type_traits>
 
+#include <tessel/tile/errors.hpp>
 #include <tessel/detail/checked.hpp>
 
 namespace tessel {
@@ -66,7 +67,7 @@ class tensor<T, 2> {
       : data_(data), rows_(rows), cols_(cols) {
     const std::size_t need = o == order::row_major ? cols : rows;
     if (ld < need || ld == 0)
-      throw std::invalid_argument("tessel: leading dimension " + std::to_string(ld) + " too small for a " +
+      throw tile_error(errc::invalid_argument, "leading dimension " + std::to_string(ld) + " too small for a " +
                                   (o == order::row_major ? "row-major " : "column-major ") + detail::shape_str(rows, cols) + " tensor (needs >= " + std::to_string(need == 0 ? 1 : need) + ")");
     rs_ = o == order::row_major ? ld : 1;
     cs_ = o == order::row_major ? 1 : ld;
@@ -81,7 +82,7 @@ class tensor<T, 2> {
       : tensor(storage.data(), rows, cols, ld, o) {
     const std::size_t need = detail::span_of(rows_, cols_, rs_, cs_);
     if (need > storage.size())
-      throw std::out_of_range("tessel: a " + detail::shape_str(rows, cols) + " tensor with leading dimension " + std::to_string(ld) +
+      throw tile_error(errc::out_of_range, "a " + detail::shape_str(rows, cols) + " tensor with leading dimension " + std::to_string(ld) +
                               " needs " + std::to_string(need) + " elements but its storage has " + std::to_string(storage.size()));
   }
   tensor(std::span<T> storage, std::size_t rows, std::size_t cols, order o = order::row_major)
@@ -117,7 +118,7 @@ class tensor<T, 2> {
   T& operator()(std::size_t r, std::size_t c) const { return data_[r * rs_ + c * cs_]; }
   T& at(std::size_t r, std::size_t c) const {
     if (r >= rows_ || c >= cols_)
-      throw std::out_of_range("tessel: index " + detail::shape_str(r, c) + " outside a " + detail::shape_str(rows_, cols_) + " tensor");
+      throw tile_error(errc::out_of_range, "index " + detail::shape_str(r, c) + " outside a " + detail::shape_str(rows_, cols_) + " tensor");
     return (*this)(r, c);
   }
 
@@ -126,7 +127,7 @@ class tensor<T, 2> {
   // Sub-view of nr x nc elements at (r0, c0); must lie inside.
   tensor sub(std::size_t r0, std::size_t c0, std::size_t nr, std::size_t nc) const {
     if (r0 > rows_ || c0 > cols_ || nr > rows_ - r0 || nc > cols_ - c0)
-      throw std::out_of_range("tessel: sub-view " + detail::shape_str(nr, nc) + " at " + detail::shape_str(r0, c0) + " outside a " + detail::shape_str(rows_, cols_) + " tensor");
+      throw tile_error(errc::out_of_range, "sub-view " + detail::shape_str(nr, nc) + " at " + detail::shape_str(r0, c0) + " outside a " + detail::shape_str(rows_, cols_) + " tensor");
     return strided((nr && nc) ? data_ + r0 * rs_ + c0 * cs_ : data_, nr, nc, rs_, cs_);
   }
 
@@ -136,7 +137,7 @@ class tensor<T, 2> {
     static_assert(R > 0 && C > 0, "tile<R, C>: tile extents must be positive");
     const std::size_t r0 = detail::mul_checked(i, R, "tile row"), c0 = detail::mul_checked(j, C, "tile column");
     if (r0 >= rows_ || c0 >= cols_)
-      throw std::out_of_range("tessel: tile " + detail::shape_str(i, j) + " of shape " + detail::shape_str(R, C) + " starts outside a " + detail::shape_str(rows_, cols_) + " tensor");
+      throw tile_error(errc::out_of_range, "tile " + detail::shape_str(i, j) + " of shape " + detail::shape_str(R, C) + " starts outside a " + detail::shape_str(rows_, cols_) + " tensor");
     tensor_tile<T, R, C> t;
     t.data = data_ + r0 * rs_ + c0 * cs_;
     t.rows = rows_ - r0 < R ? rows_ - r0 : R;
@@ -151,7 +152,7 @@ class tensor<T, 2> {
   template <std::size_t R, std::size_t C>
   tensor_tile<T, R, C> tile_at(std::size_t r0, std::size_t c0) const {
     if (r0 >= rows_ || c0 >= cols_)
-      throw std::out_of_range("tessel: tile at " + detail::shape_str(r0, c0) + " starts outside a " + detail::shape_str(rows_, cols_) + " tensor");
+      throw tile_error(errc::out_of_range, "tile at " + detail::shape_str(r0, c0) + " starts outside a " + detail::shape_str(rows_, cols_) + " tensor");
     tensor_tile<T, R, C> t;
     t.data = data_ + r0 * rs_ + c0 * cs_;
     t.rows = rows_ - r0 < R ? rows_ - r0 : R;
@@ -166,7 +167,7 @@ class tensor<T, 2> {
  private:
   void check_null() const {
     if (data_ == nullptr && rows_ != 0 && cols_ != 0)
-      throw std::invalid_argument("tessel: null data for a non-empty " + detail::shape_str(rows_, cols_) + " tensor");
+      throw tile_error(errc::invalid_argument, "null data for a non-empty " + detail::shape_str(rows_, cols_) + " tensor");
   }
   T* data_ = nullptr;
   std::size_t rows_ = 0, cols_ = 0, rs_ = 1, cs_ = 1;

@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include <tessel/types/errors.hpp>
 #include <tessel/arch/convert.hpp>
 #include <tessel/types/bf16.hpp>
 #include <tessel/types/fp16.hpp>
@@ -33,18 +34,18 @@ inline constexpr float max_finite = static_cast<float>(T::from_bits(T::format::m
 namespace detail {
 inline void check_sizes(const char* fn, const char* a, std::size_t na, const char* b, std::size_t nb) {
   if (na != nb)
-    throw std::invalid_argument(std::string("tessel::") + fn + ": " + a + " has " + std::to_string(na) +
+    throw type_error(errc::invalid_argument, std::string(fn) + ": " + a + " has " + std::to_string(na) +
                                 " elements but " + b + " has " + std::to_string(nb));
 }
 inline void check_block(const char* fn, std::size_t n, std::size_t block) {
-  if (block == 0) throw std::invalid_argument(std::string("tessel::") + fn + ": block size is 0");
+  if (block == 0) throw type_error(errc::invalid_argument, std::string(fn) + ": block size is 0");
   if (n % block != 0)
-    throw std::invalid_argument(std::string("tessel::") + fn + ": block size " + std::to_string(block) +
+    throw type_error(errc::invalid_argument, std::string(fn) + ": block size " + std::to_string(block) +
                                 " does not divide the length " + std::to_string(n));
 }
 inline void check_scale(const char* fn, float scale) {
   if (!(scale > 0.0f) || scale == std::numeric_limits<float>::infinity())
-    throw std::invalid_argument(std::string("tessel::") + fn + ": scale " + std::to_string(scale) +
+    throw type_error(errc::invalid_argument, std::string(fn) + ": scale " + std::to_string(scale) +
                                 " is not a positive finite number");
 }
 template <class T>

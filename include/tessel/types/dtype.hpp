@@ -9,6 +9,7 @@
 #include <string_view>
 #include <type_traits>
 
+#include <tessel/types/errors.hpp>
 #include <tessel/types/bf16.hpp>
 #include <tessel/types/fp16.hpp>
 #include <tessel/types/fp8.hpp>
@@ -71,7 +72,7 @@ template <> struct dtype_type<dtype::u8> { using type = std::uint8_t; };
 template <> struct dtype_type<dtype::i4x2> { using type = tessel::int4x2; };
 
 [[noreturn]] inline void bad_dtype(dtype d) {
-  throw std::invalid_argument("tessel: invalid dtype value " + std::to_string(static_cast<int>(d)));
+  throw type_error(errc::invalid_argument, "invalid dtype value " + std::to_string(static_cast<int>(d)));
 }
 }  // namespace detail
 
@@ -146,7 +147,7 @@ constexpr std::string_view dtype_name(dtype d) {
 constexpr dtype dtype_from_name(std::string_view name) {
   for (dtype d : all_dtypes)
     if (dtype_name(d) == name) return d;
-  throw std::invalid_argument("tessel: unknown dtype name '" + std::string(name) + "'");
+  throw type_error(errc::invalid_argument, "unknown dtype name '" + std::string(name) + "'");
 }
 
 constexpr bool dtype_is_floating(dtype d) {

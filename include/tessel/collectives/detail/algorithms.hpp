@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include <tessel/collectives/errors.hpp>
 #include <tessel/arch/copy.hpp>
 #include <tessel/collectives/reduce_op.hpp>
 #include <tessel/collectives/transport.hpp>
@@ -44,7 +45,7 @@ constexpr std::string_view algorithm_name(algorithm a) {
     case algorithm::tree: return "tree";
     case algorithm::hierarchical: return "hierarchical";
   }
-  throw std::invalid_argument("tessel: invalid algorithm value " + std::to_string(static_cast<int>(a)));
+  throw comm_error(errc::invalid_argument, "invalid algorithm value " + std::to_string(static_cast<int>(a)));
 }
 
 inline algorithm algorithm_from_name(std::string_view s) {
@@ -52,7 +53,7 @@ inline algorithm algorithm_from_name(std::string_view s) {
                  algorithm::tree, algorithm::hierarchical})
     if (algorithm_name(a) == s) return a;
   if (s == "hd" || s == "rabenseifner") return algorithm::halving_doubling;
-  throw std::invalid_argument("tessel: unknown algorithm '" + std::string(s) + "'");
+  throw comm_error(errc::invalid_argument, "unknown algorithm '" + std::string(s) + "'");
 }
 
 }  // namespace v0
@@ -262,7 +263,7 @@ inline void ordered_fold(coll_ctx& c, dtype d, reduce_op op, const std::vector<f
   const std::size_t es = dtype_size(d), as = dtype_size(accumulator_dtype(d));
   auto bytes_of = [&](const fold_src& s) { return m * (s.is_acc ? as : es); };
   auto elem_of = [&](const fold_src& s, std::size_t off) { return off / (s.is_acc ? as : es); };
-  if (seq.empty()) throw std::logic_error("tessel: empty fold");
+  if (seq.empty()) throw comm_error(errc::invalid_argument, "empty fold");
   if (c.tp.is_simulated() && std::count_if(seq.begin(), seq.end(), [](const fold_src& s) { return s.rank >= 0; }) > 1) {
     // modelled fabric: pull every message at once into staging (see coll_ctx::post_recv), then
     // fold the same sequence from memory; the order of the additions is unchanged
@@ -292,7 +293,7 @@ inline void ordered_fold(coll_ctx& c, dtype d, reduce_op op, const std::vector<f
     return;
   }
   const fold_src& s1 = seq[1];
-  if (s1.is_acc) throw std::logic_error("tessel: only the first fold source may be a partial");
+  if (s1.is_acc) throw comm_error(errc::invalid_argument, "only the first fold source may be a partial");
   if (s0.rank < 0 && s1.rank < 0) {
     fold_kernel(op, d, s0.local, s0.is_acc, s1.local, acc, m);
     next = 2;
@@ -317,7 +318,7 @@ inline void ordered_fold(coll_ctx& c, dtype d, reduce_op op, const std::vector<f
   }
   for (std::size_t k = next; k < seq.size(); ++k) {
     const fold_src& s = seq[k];
-    if (s.is_acc) throw std::logic_error("tessel: only the first fold source may be a partial");
+    if (s.is_acc) throw comm_error(errc::invalid_argument, "only the first fold source may be a partial");
     if (s.rank < 0) {
       fold_kernel(op, d, acc, true, s.local, acc, m);
     } else {
@@ -887,7 +888,7 @@ inline void rs_hd(coll_ctx& c, const std::byte* send, std::byte* out, dtype d, r
   auto holder = [&](int b) {
     for (int q = 0; q < h.p; ++q)
       if (h.ranges.back()[q].first <= b && b < h.ranges.back()[q].second) return q;
-    throw std::logic_error("tessel: halving-doubling lost a block");
+    throw comm_error(errc::invalid_argument, "halving-doubling lost a block");
   };
   const tag_t tf = c.tag + 50;
   if (r < h.p) {

@@ -62,10 +62,10 @@ class emulated_world {
  public:
   explicit emulated_world(emu::cluster& cl) : emulated_world(cl, all_cards(cl)) {}
   emulated_world(emu::cluster& cl, std::vector<std::size_t> cards) : s_(std::make_shared<detail::emulated_shared>()) {
-    if (cards.empty()) throw std::invalid_argument("tessel::emulated_world: no cards");
+    if (cards.empty()) throw comm_error(errc::invalid_argument, "emulated_world: no cards");
     for (std::size_t c : cards)
       if (c >= cl.size())
-        throw std::out_of_range("tessel::emulated_world: card " + std::to_string(c) + " outside the cluster of " +
+        throw comm_error(errc::out_of_range, "emulated_world: card " + std::to_string(c) + " outside the cluster of " +
                                 std::to_string(cl.size()));
     s_->cl = &cl;
     s_->cards = std::move(cards);
@@ -85,12 +85,12 @@ class emulated_world {
   // A cluster of `ranks` cards (super-nodes of 128) with default UBL128 figures, and run(f) on it.
   template <class F>
   static void run_default(int ranks, F&& f, bool timing_only = true) {
-    if (ranks <= 0) throw std::invalid_argument("tessel::emulated_world: rank count must be positive");
+    if (ranks <= 0) throw comm_error(errc::invalid_argument, "emulated_world: rank count must be positive");
     emu::cluster_config cfg;
     const std::size_t n = static_cast<std::size_t>(ranks);
     cfg.cards_per_supernode = std::min<std::size_t>(n, 128);
     if (n % cfg.cards_per_supernode != 0)
-      throw std::invalid_argument("tessel::emulated_world: more than 128 ranks must be a multiple of 128");
+      throw comm_error(errc::invalid_argument, "emulated_world: more than 128 ranks must be a multiple of 128");
     cfg.scaleout.supernodes = n / cfg.cards_per_supernode;
     cfg.timing_only = timing_only;
     cfg.faults.op_timeout = 1.0;  // large transfers queue behind each other for long in big runs
@@ -227,7 +227,7 @@ class emulated_transport {
     }
     const auto it = std::find(s_->successor_ranks.begin(), s_->successor_ranks.end(), rank_);
     if (it == s_->successor_ranks.end())
-      throw comm_revoked_error(-1, "tessel::emulated_transport: this rank's card failed; it is not in the shrunk world");
+      throw comm_revoked_error(-1, "emulated_transport: this rank's card failed; it is not in the shrunk world");
     return emulated_transport(s_->successor, static_cast<int>(it - s_->successor_ranks.begin()));
   }
 
@@ -237,13 +237,13 @@ class emulated_transport {
 
   void check_peer(int peer) const {
     if (peer < 0 || peer >= size())
-      throw std::out_of_range("tessel::emulated_transport: peer " + std::to_string(peer) + " outside [0, " +
+      throw comm_error(errc::out_of_range, "emulated_transport: peer " + std::to_string(peer) + " outside [0, " +
                               std::to_string(size()) + ")");
   }
   void check_state() const {
-    if (s_->aborted) throw comm_aborted_error("tessel::emulated_transport: communicator aborted");
+    if (s_->aborted) throw comm_aborted_error("emulated_transport: communicator aborted");
     if (s_->revoked)
-      throw comm_revoked_error(s_->revoked_by, "tessel::emulated_transport: communicator revoked after rank " +
+      throw comm_revoked_error(s_->revoked_by, "emulated_transport: communicator revoked after rank " +
                                                    std::to_string(s_->revoked_by.load()) + " failed");
   }
   // Emulator faults -> the collectives' error types (and the communicator is revoked).
@@ -254,14 +254,14 @@ class emulated_transport {
     } catch (const emu::card_failed_error& e) {
       const int who = s_->rank_of(e.card);
       revoke(who);
-      throw peer_failed_error(who, std::string("tessel::emulated_transport: ") + e.what());
+      throw peer_failed_error(who, std::string("emulated_transport: ") + e.what());
     } catch (const emu::timeout_error& e) {
       const int who = s_->rank_of(e.card);
       revoke(who);
-      throw comm_timeout_error(who, std::string("tessel::emulated_transport: ") + e.what());
+      throw comm_timeout_error(who, std::string("emulated_transport: ") + e.what());
     } catch (const emu::fault_error& e) {
       revoke(-1);
-      throw comm_error(std::string("tessel::emulated_transport: ") + e.what());
+      throw comm_error(std::string("emulated_transport: ") + e.what());
     }
   }
 
@@ -271,7 +271,7 @@ class emulated_transport {
 
 inline emulated_transport emulated_world::transport(int rank) const {
   if (rank < 0 || rank >= size())
-    throw std::out_of_range("tessel::emulated_world: rank " + std::to_string(rank) + " outside [0, " +
+    throw comm_error(errc::out_of_range, "emulated_world: rank " + std::to_string(rank) + " outside [0, " +
                             std::to_string(size()) + ")");
   return emulated_transport(s_, rank);
 }

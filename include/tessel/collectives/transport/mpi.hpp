@@ -64,7 +64,7 @@ class mpi_transport {
       : st_(std::make_shared<shared>()) {
     int init = 0;
     MPI_Initialized(&init);
-    if (!init) throw std::logic_error("tessel::mpi_transport: MPI is not initialized (call MPI_Init first)");
+    if (!init) throw comm_error(errc::invalid_argument, "mpi_transport: MPI is not initialized (call MPI_Init first)");
     MPI_Comm_dup(comm, &st_->coll);
     MPI_Comm_dup(comm, &st_->p2p);
     MPI_Comm_rank(st_->coll, &st_->rank);
@@ -147,14 +147,14 @@ class mpi_transport {
 
   void check_peer(int peer) const {
     if (peer < 0 || peer >= st_->size)
-      throw std::out_of_range("tessel::mpi_transport: peer " + std::to_string(peer) + " outside [0, " +
+      throw comm_error(errc::out_of_range, "mpi_transport: peer " + std::to_string(peer) + " outside [0, " +
                               std::to_string(st_->size) + ")");
   }
   static void check_len(const MPI_Status& s, std::size_t want, int peer) {
     int got = 0;
     MPI_Get_count(&s, MPI_BYTE, &got);
     if (static_cast<std::size_t>(got) != want)
-      throw std::length_error("tessel::mpi_transport: expected " + std::to_string(want) + " bytes from rank " +
+      throw comm_error(errc::invalid_argument, "mpi_transport: expected " + std::to_string(want) + " bytes from rank " +
                               std::to_string(peer) + ", got " + std::to_string(got));
   }
   // Polls so that abort() and the timeout can end the wait (a blocking MPI_Wait could not).
@@ -165,9 +165,9 @@ class mpi_transport {
       if (one) MPI_Test(&reqs[0], &done, one);
       else MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE);
       if (done) return;
-      if (st_->aborted) throw comm_aborted_error("tessel::mpi_transport: communicator aborted");
+      if (st_->aborted) throw comm_aborted_error("mpi_transport: communicator aborted");
       if ((spins & 1023) == 0 && std::chrono::steady_clock::now() > deadline)
-        throw comm_timeout_error(peer, "tessel::mpi_transport: rank " + std::to_string(st_->rank) +
+        throw comm_timeout_error(peer, "mpi_transport: rank " + std::to_string(st_->rank) +
                                            " timed out waiting on rank " + std::to_string(peer));
       if (spins > 64) std::this_thread::yield();  // oversubscribed runs: let the peer process work
     }

@@ -18,6 +18,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -117,8 +118,8 @@ class threads_transport;
 class threads_world {
  public:
   explicit threads_world(int ranks, std::chrono::milliseconds timeout = std::chrono::seconds(120)) {
-    if (ranks <= 0) throw std::invalid_argument("tessel::threads_world: rank count must be positive");
-    if (timeout.count() <= 0) throw std::invalid_argument("tessel::threads_world: timeout must be positive");
+    if (ranks <= 0) throw comm_error(errc::invalid_argument, "threads_world: rank count must be positive");
+    if (timeout.count() <= 0) throw comm_error(errc::invalid_argument, "threads_world: timeout must be positive");
     s_ = std::make_shared<detail::threads_shared>(ranks, timeout);
   }
   int size() const { return s_->n; }
@@ -149,7 +150,7 @@ class threads_world {
   // How long a wait spins before it sleeps (default 20 us; 0: sleep at once). Spinning saves the
   // futex round trip when the peer is running; the bound keeps a descheduled peer from costing a core.
   void set_spin(std::chrono::nanoseconds t) {
-    if (t.count() < 0) throw std::invalid_argument("tessel::threads_world: spin time must not be negative");
+    if (t.count() < 0) throw comm_error(errc::invalid_argument, "threads_world: spin time must not be negative");
     std::lock_guard lk(s_->mu);
     s_->spin = t;
   }
@@ -166,7 +167,7 @@ class threads_world {
  private:
   void check_rank(int r) const {
     if (r < 0 || r >= s_->n)
-      throw std::out_of_range("tessel::threads_world: rank " + std::to_string(r) + " outside [0, " +
+      throw comm_error(errc::out_of_range, "threads_world: rank " + std::to_string(r) + " outside [0, " +
                               std::to_string(s_->n) + ")");
   }
   std::shared_ptr<detail::threads_shared> s_;
@@ -253,7 +254,7 @@ class threads_transport {
         std::lock_guard g(s_->mu);
         check_state_locked(peer);  // revoked / aborted / dead: say so
       }
-      throw peer_failed_error(peer, "tessel::threads_transport: rank " + std::to_string(peer) +
+      throw peer_failed_error(peer, "threads_transport: rank " + std::to_string(peer) +
                                         " failed while consuming a message from rank " + std::to_string(rank_));
     }
   }
@@ -288,7 +289,7 @@ class threads_transport {
     if (d->size != bytes) {
       const std::size_t got = d->size;
       finish(true);  // rejected unread: the sender's buffer is simply free again
-      throw std::length_error("tessel::threads_transport: rank " + std::to_string(rank_) + " expected " +
+      throw comm_error(errc::invalid_argument, "threads_transport: rank " + std::to_string(rank_) + " expected " +
                               std::to_string(bytes) + " bytes from rank " + std::to_string(peer) + ", got " +
                               std::to_string(got));
     }
@@ -327,7 +328,7 @@ class threads_transport {
   threads_transport shrink() {
     std::lock_guard lk(s_->mu);
     if (!s_->alive[static_cast<std::size_t>(rank_)])
-      throw rank_stopped_error(rank_, "tessel::threads_transport: a stopped rank cannot shrink");
+      throw rank_stopped_error(rank_, "threads_transport: a stopped rank cannot shrink");
     if (!s_->successor) {
       for (int r = 0; r < s_->n; ++r)
         if (s_->alive[static_cast<std::size_t>(r)]) s_->successor_ranks.push_back(r);
@@ -336,7 +337,7 @@ class threads_transport {
     }
     const auto it = std::find(s_->successor_ranks.begin(), s_->successor_ranks.end(), rank_);
     if (it == s_->successor_ranks.end())
-      throw comm_revoked_error(-1, "tessel::threads_transport: rank " + std::to_string(rank_) +
+      throw comm_revoked_error(-1, "threads_transport: rank " + std::to_string(rank_) +
                                        " was not alive when the communicator shrank");
     return threads_transport(s_->successor, static_cast<int>(it - s_->successor_ranks.begin()));
   }
@@ -347,14 +348,14 @@ class threads_transport {
 
   void check_peer(int peer) const {
     if (peer < 0 || peer >= s_->n)
-      throw std::out_of_range("tessel::threads_transport: peer " + std::to_string(peer) + " outside [0, " +
+      throw comm_error(errc::out_of_range, "threads_transport: peer " + std::to_string(peer) + " outside [0, " +
                               std::to_string(s_->n) + ")");
   }
   // Counts this rank's operations for fault injection; stops the rank when its count runs out.
   void tick_locked(std::unique_lock<std::mutex>& lk) {
     auto& left = s_->fail_after[static_cast<std::size_t>(rank_)];
     if (!s_->alive[static_cast<std::size_t>(rank_)])
-      throw rank_stopped_error(rank_, "tessel::threads_transport: rank " + std::to_string(rank_) + " was stopped");
+      throw rank_stopped_error(rank_, "threads_transport: rank " + std::to_string(rank_) + " was stopped");
     if (left < 0) return;
     if (left > 0) {
       --left;
@@ -362,17 +363,17 @@ class threads_transport {
     }
     left = -1;
     s_->kill_locked(lk, rank_);
-    throw rank_stopped_error(rank_, "tessel::threads_transport: rank " + std::to_string(rank_) +
+    throw rank_stopped_error(rank_, "threads_transport: rank " + std::to_string(rank_) +
                                         " stopped (fault injection)");
   }
   void check_state_locked(int peer) {
-    if (s_->aborted) throw comm_aborted_error("tessel::threads_transport: communicator aborted");
+    if (s_->aborted) throw comm_aborted_error("threads_transport: communicator aborted");
     if (s_->revoked)
-      throw comm_revoked_error(s_->revoked_by, "tessel::threads_transport: communicator revoked after rank " +
+      throw comm_revoked_error(s_->revoked_by, "threads_transport: communicator revoked after rank " +
                                                    std::to_string(s_->revoked_by) + " failed");
     if (peer >= 0 && !s_->alive[static_cast<std::size_t>(peer)]) {
       s_->revoke_locked(peer);
-      throw peer_failed_error(peer, "tessel::threads_transport: peer rank " + std::to_string(peer) + " is dead");
+      throw peer_failed_error(peer, "threads_transport: peer rank " + std::to_string(peer) + " is dead");
     }
   }
   template <class Ready>
@@ -385,7 +386,7 @@ class threads_transport {
     for (;;) {
       if (ready()) return;
       if (!s_->alive[static_cast<std::size_t>(rank_)])
-        throw rank_stopped_error(rank_, "tessel::threads_transport: rank " + std::to_string(rank_) + " was stopped");
+        throw rank_stopped_error(rank_, "threads_transport: rank " + std::to_string(rank_) + " was stopped");
       check_state_locked(peer);
       if (spinning) {
         // every change a waiter of this rank could be waiting for bumps epoch[rank] under the lock,
@@ -406,7 +407,7 @@ class threads_transport {
         if (ready()) return;
         check_state_locked(peer);
         s_->revoke_locked(peer);
-        throw comm_timeout_error(peer, "tessel::threads_transport: rank " + std::to_string(rank_) +
+        throw comm_timeout_error(peer, "threads_transport: rank " + std::to_string(rank_) +
                                            " timed out waiting for " + what + " from rank " + std::to_string(peer));
       }
     }
@@ -426,17 +427,31 @@ void threads_world::run(F&& f) const {
   std::vector<std::exception_ptr> errs(static_cast<std::size_t>(s_->n));
   std::vector<std::thread> ts;
   ts.reserve(static_cast<std::size_t>(s_->n));
-  for (int r = 0; r < s_->n; ++r)
-    ts.emplace_back([&, r] {
-      try {
-        f(transport(r));
-      } catch (...) {
-        errs[static_cast<std::size_t>(r)] = std::current_exception();
-        // a rank that fails for its own reasons must not leave its peers waiting for it
+  for (int r = 0; r < s_->n; ++r) {
+    try {
+      ts.emplace_back([&, r] {
+        try {
+          f(transport(r));
+        } catch (...) {
+          errs[static_cast<std::size_t>(r)] = std::current_exception();
+          // a rank that fails for its own reasons must not leave its peers waiting for it
+          std::lock_guard lk(s_->mu);
+          s_->revoke_locked(r);
+        }
+      });
+    } catch (const std::system_error& e) {
+      // The OS refused a thread (e.g. -g 100000): release the ranks already running, which would
+      // otherwise wait for peers that never start, join them, and say what happened.
+      {
         std::lock_guard lk(s_->mu);
-        s_->revoke_locked(r);
+        s_->aborted = true;
+        s_->notify_all_locked();
       }
-    });
+      for (auto& t : ts) t.join();
+      throw comm_error(errc::capacity, "threads_world: the system could not start the thread of rank " + std::to_string(r) +
+                                           " of " + std::to_string(s_->n) + " (" + e.what() + "); use fewer ranks");
+    }
+  }
   for (auto& t : ts) t.join();
   for (auto& e : errs)
     if (e) std::rethrow_exception(e);

@@ -10,18 +10,11 @@
 #include <string>
 #include <type_traits>
 
+#include <tessel/ops/errors.hpp>
 #include <tessel/arch/stream.hpp>
 #include <tessel/tile/tensor.hpp>
 #include <tessel/types/bf16.hpp>
 
-namespace tessel {
-inline namespace v0 {
-// Bad norm/activation/softmax/loss/rope input (shapes, null data, eps, scales, labels).
-struct layer_error : std::invalid_argument {
-  using std::invalid_argument::invalid_argument;
-};
-}  // namespace v0
-}  // namespace tessel
 
 namespace tessel::detail::rows {
 
@@ -189,7 +182,7 @@ inline std::size_t rows_per_block(std::size_t rows, std::size_t cols, std::size_
 
 template <class E>
 inline void require(bool ok, const std::string& msg) {
-  if (!ok) throw E("tessel: " + msg);
+  if (!ok) throw E(msg);
 }
 
 inline std::string shape(std::size_t r, std::size_t c) { return tessel::detail::shape_str(r, c); }

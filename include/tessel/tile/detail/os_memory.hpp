@@ -12,6 +12,8 @@
 
 #if defined(__linux__)
 #include <sys/mman.h>
+
+#include <tessel/tile/errors.hpp>
 #endif
 
 namespace tessel::detail {
@@ -22,7 +24,7 @@ inline constexpr std::size_t huge_page_threshold = std::size_t{1} << 20;
 
 // Rounds `n` up to a multiple of `a` (a power of two); throws on overflow.
 inline std::size_t round_up_checked(std::size_t n, std::size_t a) {
-  if (n > SIZE_MAX - (a - 1)) throw std::overflow_error("tessel: size " + std::to_string(n) + " overflows when rounded up to " + std::to_string(a));
+  if (n > SIZE_MAX - (a - 1)) throw tile_error(errc::overflow, "size " + std::to_string(n) + " overflows when rounded up to " + std::to_string(a));
   return (n + a - 1) & ~(a - 1);
 }
 
@@ -31,7 +33,7 @@ inline std::size_t round_up_checked(std::size_t n, std::size_t a) {
 // `out_size`. Throws std::bad_alloc on failure.
 inline void* os_allocate(std::size_t bytes, std::size_t align, std::size_t& out_size) {
   if (align < alignof(std::max_align_t)) align = alignof(std::max_align_t);
-  if ((align & (align - 1)) != 0) throw std::invalid_argument("tessel: alignment " + std::to_string(align) + " is not a power of two");
+  if ((align & (align - 1)) != 0) throw tile_error(errc::invalid_argument, "alignment " + std::to_string(align) + " is not a power of two");
   std::size_t size = 0;
   if (bytes >= huge_page_threshold) {
     if (align < huge_page_size) align = huge_page_size;
