@@ -44,6 +44,10 @@ constexpr std::string_view to_string(errc e) noexcept {
   return "unknown tessel error";
 }
 
+}  // namespace v0
+
+// tessel::detail, not tessel::v0::detail: a second `detail` inside the inline namespace makes every
+// later `detail::` in namespace tessel ambiguous (types/ and detail/checked.hpp use tessel::detail).
 namespace detail {
 class tessel_category final : public std::error_category {
  public:
@@ -51,6 +55,8 @@ class tessel_category final : public std::error_category {
   std::string message(int v) const override { return std::string(to_string(static_cast<errc>(v))); }
 };
 }  // namespace detail
+
+inline namespace v0 {
 
 inline const std::error_category& error_category() noexcept {
   static const detail::tessel_category c;
