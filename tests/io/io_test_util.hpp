@@ -43,7 +43,7 @@ void require_io_error(F&& f, tessel::errc code, std::string_view text) {
   } catch (const tessel::io::io_error& e) {
     INFO(e.what());
     CHECK(e.code() == code);
-    CHECK(std::string_view(e.area()) == "io");
+    CHECK(std::string(e.area()) == "io");
     CHECK_THAT(e.what(), Catch::Contains(std::string(text)));
     return;
   }
