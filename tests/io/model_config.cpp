@@ -326,6 +326,10 @@ TEST_CASE("model_config files: load from a directory, save, OS errors", "[io][mo
                    (dir / "empty" / "config.json").string() + ": cannot open: No such file or directory");
   require_io_error([&] { (void)io::load_model_config(dir / "nope.json"); }, errc::io,
                    (dir / "nope.json").string() + ": cannot open: No such file or directory");
+  auto not_utf8 = g;
+  not_utf8.torch_dtype = "\xc3";
+  require_io_error([&] { io::save_model_config(not_utf8, dir / "x.json"); }, errc::invalid_argument, "cannot write the config");
+  CHECK_FALSE(std::filesystem::exists(dir / "x.json"));
   std::ofstream(dir / "bad.json") << R"({"model_type": "gpt2", "n_embd": 768})";
   require_io_error([&] { (void)io::load_model_config(dir / "bad.json"); }, errc::config,
                    (dir / "bad.json").string() + ": field 'n_layer': missing");

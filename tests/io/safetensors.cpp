@@ -19,7 +19,7 @@ namespace {
 
 std::vector<std::byte> bytes_of(std::string_view s) {
   std::vector<std::byte> v(s.size());
-  std::memcpy(v.data(), s.data(), s.size());
+  if (!s.empty()) std::memcpy(v.data(), s.data(), s.size());
   return v;
 }
 
@@ -364,6 +364,9 @@ TEST_CASE("safetensors writer refuses bad tensors", "[io][safetensors]") {
                    "tensor 'y': 24 bytes given but shape [4] of F32 needs 16");
   require_io_error([&] { w.add<float>("z", {1ULL << 62, 8}, v); }, errc::overflow, "tensor 'z': element count: ");
   CHECK(w.entries().size() == 1);
+  // Names must be UTF-8 to go into the JSON header.
+  w.add<float>("bad\xff", {6}, v);
+  require_io_error([&] { (void)w.to_bytes(); }, errc::invalid_argument, "safetensors writer: cannot write the header");
 }
 
 TEST_CASE("safetensors sharded checkpoints through the index", "[io][safetensors]") {

@@ -463,7 +463,12 @@ inline nlohmann::json to_json(const model_config& c) {
 
 // Writes config.json text atomically (temp file + rename).
 inline void save_model_config(const model_config& c, const std::filesystem::path& path) {
-  const std::string text = to_json(c).dump(2) + "\n";
+  std::string text;
+  try {
+    text = to_json(c).dump(2) + "\n";
+  } catch (const nlohmann::json::exception& e) {  // a string field that is not UTF-8
+    throw io_error(errc::invalid_argument, path.string(), std::string("cannot write the config: ") + e.what());
+  }
   detail::atomic_file f(path);
   f.write(detail::as_bytes(text));
   f.commit();

@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -433,8 +434,7 @@ class safetensors_writer {
   void add(std::string name, st_dtype dt, std::vector<std::size_t> shape, std::span<const std::byte> bytes) {
     const std::string ctx = detail::tensor_context(name);
     if (name == "__metadata__") throw io_error(errc::invalid_argument, label, ctx + "the name is reserved");
-    if (std::any_of(entries_.begin(), entries_.end(), [&](const entry& e) { return e.name == name; }))
-      throw io_error(errc::invalid_argument, label, ctx + "added twice");
+    if (names_.count(name) != 0) throw io_error(errc::invalid_argument, label, ctx + "added twice");
     std::size_t n = 1;
     for (std::size_t d : shape) n = detail::mul_checked(n, d, label, ctx + "element count: ");
     const std::size_t need = detail::mul_checked(n, st_dtype_size(dt), label, ctx + "byte size: ");
@@ -443,6 +443,7 @@ class safetensors_writer {
                      ctx + std::to_string(bytes.size()) + " bytes given but shape " + detail::shape_string(shape) +
                          " of " + std::string(st_dtype_name(dt)) + " needs " + std::to_string(need));
     data_bytes_ = detail::add_checked(data_bytes_, need, label, ctx + "file size: ");
+    names_.insert(name);  // a set, not a scan: checkpoints of MoE models hold ~10^5 tensors
     entries_.push_back({std::move(name), dt, std::move(shape), bytes});
   }
   template <st_element T>
@@ -468,7 +469,12 @@ class safetensors_writer {
       j[e->name] = {{"dtype", st_dtype_name(e->dtype)}, {"shape", e->shape}, {"data_offsets", {at, at + e->bytes.size()}}};
       at += e->bytes.size();
     }
-    std::string h = j.dump();
+    std::string h;
+    try {
+      h = j.dump();
+    } catch (const nlohmann::json::exception& e) {  // a name or metadata string that is not UTF-8
+      throw io_error(errc::invalid_argument, label, std::string("cannot write the header: ") + e.what());
+    }
     h.resize((h.size() + 7) / 8 * 8, ' ');
     return h;
   }
@@ -511,6 +517,7 @@ class safetensors_writer {
   }
 
   std::vector<entry> entries_;
+  std::set<std::string, std::less<>> names_;
   std::map<std::string, std::string> metadata_;
   std::size_t data_bytes_ = 0;
 };
