@@ -1,6 +1,8 @@
 // libFuzzer target: arbitrary bytes as a safetensors file, through the in-memory reader. Any
 // tessel::error is a refusal (fine); any other exception, a crash or a sanitizer report is a bug.
-// A file that opens must hand out every tensor's bytes and typed elements within the input.
+// A file that opens must hand out every tensor's bytes and typed elements within the input, and
+// the writer must reproduce it: the rewritten file opens with the same tensors, bit for bit.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -21,6 +23,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   namespace io = tessel::io;
   try {
     const auto r = io::safetensors_reader::from_memory(std::as_bytes(std::span(data, size)), "fuzz");
+    io::safetensors_writer w;
+    for (const auto& [k, v] : r.metadata()) w.add_metadata(k, v);
+    for (const auto& t : r.tensors()) w.add(t);
+    const auto again = io::safetensors_reader::from_bytes(w.to_bytes(), "rewritten");
+    if (again.size() != r.size() || again.metadata() != r.metadata()) __builtin_trap();
+    for (const auto& t : again.tensors()) {
+      const auto o = r.tensor(t.name());
+      if (o.dtype() != t.dtype() || !std::ranges::equal(o.shape(), t.shape()) || !std::ranges::equal(o.bytes(), t.bytes()))
+        __builtin_trap();
+    }
     for (const auto& t : r.tensors()) {
       const auto* lo = reinterpret_cast<const std::byte*>(data);
       if (t.bytes().data() < lo || t.bytes().data() + t.bytes().size() > lo + size) __builtin_trap();
