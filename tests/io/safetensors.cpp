@@ -458,3 +458,43 @@ TEST_CASE("safetensors sharded index inconsistencies are refused", "[io][safeten
   require_io_error(with_index(R"({"weight_map":{"c.weight":"s_cd.safetensors"}})"), errc::format,
                    "tensor 'd.weight': held by shard s_cd.safetensors but not listed under it");
 }
+
+TEST_CASE("safetensors sharding respects the size limit for any tensor sizes", "[io][safetensors]") {
+  std::mt19937_64 rng(7);
+  const auto tname = [](std::size_t i) {  // not "t" + to_string(i): GCC 12 warns falsely (-Wrestrict)
+    std::string s = "t";
+    s += std::to_string(i);
+    return s;
+  };
+  for (int trial = 0; trial < 20; ++trial) {
+    const std::size_t count = 1 + rng() % 12, limit = 8 + rng() % 200;
+    std::vector<std::vector<std::byte>> data;
+    io::safetensors_writer w;
+    for (std::size_t i = 0; i < count; ++i) data.push_back(random_bytes(rng, st_dtype::u8, rng() % 120));
+    for (std::size_t i = 0; i < count; ++i) w.add(tname(i), st_dtype::u8, {data[i].size()}, data[i]);
+    temp_dir dir;
+    const auto files = io::write_sharded(w, dir.path(), limit);
+    INFO("trial " << trial << ": " << count << " tensors, limit " << limit << ", " << files.size() << " files");
+    const auto ck = io::safetensors_checkpoint::open(dir.path());
+    REQUIRE(ck.size() == count);
+    std::string previous_shard;
+    for (std::size_t s = 0; s < ck.shards().size(); ++s) {
+      const auto& shard = ck.shards()[s];
+      std::size_t bytes = 0, non_empty = 0;
+      for (const auto& t : shard.tensors()) {
+        bytes += t.bytes().size();
+        non_empty += !t.bytes().empty();
+      }
+      CHECK((bytes <= limit || non_empty == 1));  // over the limit only with one tensor (and empty ones)
+    }
+    for (std::size_t i = 0; i < count; ++i) {
+      const std::string n = tname(i);
+      const auto t = ck.tensor(n);
+      CHECK(std::equal(t.bytes().begin(), t.bytes().end(), data[i].begin(), data[i].end()));
+      // Shards are filled in insertion order: a tensor's shard (model-0000k-of-...) never precedes
+      // its predecessor's.
+      CHECK(ck.shard_of(n) >= previous_shard);
+      previous_shard = ck.shard_of(n);
+    }
+  }
+}
