@@ -10,3 +10,4 @@
 #include <tessel/ops.hpp>
 #include <tessel/emulator.hpp>
 #include <tessel/collectives.hpp>
+#include <tessel/io.hpp>

@@ -32,6 +32,7 @@ class TesselConan(ConanFile):
     def requirements(self):
         self.requires("xsimd/[>=8.1 <14]")
         self.requires("highway/[>=1.0.3 <2]")
+        self.requires("nlohmann_json/[>=3.11 <4]")
 
     def layout(self):
         cmake_layout(self)

@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""Writes the seed corpus of the fuzz targets (corpus/<target>/seed_*): small valid safetensors
+files of every dtype, near-misses of each format rule, and the config.json fixtures with variants.
+Crash regressions found by tools/fuzz live beside them as crash_* files and are never rewritten.
+Run from anywhere: python3 tests/fuzz/make_corpus.py"""
+import json
+import os
+import struct
+
+here = os.path.dirname(os.path.abspath(__file__))
+sizes = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I64": 8, "I32": 4,
+         "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1}
+
+
+def st_file(tensors, metadata=None, pad=True, raw_header=None, extra=b""):
+    """tensors: list of (name, dtype, shape, data bytes), laid out in order."""
+    header, data, at = {}, b"", 0
+    if metadata is not None:
+        header["__metadata__"] = metadata
+    for name, dtype, shape, blob in tensors:
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [at, at + len(blob)]}
+        data += blob
+        at += len(blob)
+    h = raw_header if raw_header is not None else json.dumps(header, separators=(",", ":")).encode()
+    if pad:
+        h += b" " * (-len(h) % 8)
+    return struct.pack("<Q", len(h)) + h + data + extra
+
+
+def write(target, name, blob):
+    d = os.path.join(here, "corpus", target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "seed_" + name), "wb") as f:
+        f.write(blob)
+
+
+t = "safetensors_header"
+for dtype, size in sizes.items():
+    blob = bytes((i * 37 + 1) % (2 if dtype == "BOOL" else 256) for i in range(3 * size))
+    write(t, "one_" + dtype.lower(), st_file([("w", dtype, [3], blob)]))
+write(t, "empty", st_file([]))
+write(t, "metadata", st_file([("a", "F32", [1, 2], bytes(8))], metadata={"format": "pt"}))
+write(t, "mixed", st_file([("big", "F64", [2], bytes(16)), ("mid", "BF16", [2, 2], bytes(8)),
+                           ("z", "F32", [0], b""), ("m", "BOOL", [2], b"\x01\x00")]))
+write(t, "misaligned", st_file([("b", "U8", [1], b"\x07"), ("f", "F32", [2], bytes(8))]))
+write(t, "gap", st_file([], raw_header=b'{"w":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}}', extra=b"\x00\x00"))
+write(t, "overlap", st_file([], raw_header=b'{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},'
+                                          b'"b":{"dtype":"U8","shape":[2],"data_offsets":[1,3]}}', extra=bytes(3)))
+write(t, "duplicate", st_file([], raw_header=b'{"w":{"dtype":"U8","shape":[0],"data_offsets":[0,0]},'
+                                            b'"w":{"dtype":"U8","shape":[0],"data_offsets":[0,0]}}'))
+write(t, "huge_shape", st_file([], raw_header=b'{"w":{"dtype":"F64","shape":[4294967296,4294967296],"data_offsets":[0,8]}}',
+                               extra=bytes(8)))
+write(t, "long_header_length", struct.pack("<Q", 1 << 40) + b"{}")
+
+t = "model_config"
+fixtures = os.path.join(here, "..", "io", "fixtures")
+for name in sorted(os.listdir(fixtures)):
+    with open(os.path.join(fixtures, name), "rb") as f:
+        write(t, name.removesuffix(".json"), f.read())
+write(t, "minimal_llama", json.dumps({"model_type": "llama", "vocab_size": 16, "hidden_size": 8, "intermediate_size": 16,
+                                      "num_hidden_layers": 1, "num_attention_heads": 2}).encode())
+write(t, "linear_rope", json.dumps({"model_type": "llama", "vocab_size": 16, "hidden_size": 8, "intermediate_size": 16,
+                                    "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+                                    "rope_scaling": {"type": "linear", "factor": 2.0}}).encode())
+write(t, "qwen_window", json.dumps({"model_type": "qwen2", "vocab_size": 16, "hidden_size": 8, "intermediate_size": 16,
+                                    "num_hidden_layers": 1, "num_attention_heads": 2, "use_sliding_window": True,
+                                    "sliding_window": 4, "max_window_layers": 1}).encode())
+write(t, "arch_only", json.dumps({"architectures": ["GPT2LMHeadModel"], "n_embd": 8, "n_layer": 1, "n_head": 2,
+                                  "vocab_size": 16}).encode())
