@@ -55,7 +55,8 @@ TEST_CASE("device_buffer memory belongs to the device and is freed exactly once"
     REQUIRE(c.empty());
     REQUIRE(d.memory().in_use == before);
     auto e = device_buffer<float, host_device>::zeros(d, 5);
-    e = std::move(e);  // self-move keeps the buffer
+    auto& alias = e;  // through a reference: a direct self-move is a compile-time warning
+    e = std::move(alias);  // self-move keeps the buffer
     REQUIRE(e.size() == 5);
   }
   REQUIRE(d.memory().in_use == before);  // destructors released everything, and only once
