@@ -88,7 +88,7 @@ TEST_CASE("exp2_nonpos: vector, scalef and scalar forms give the same bits", "[a
   for (float o : out) REQUIRE(o == 0.0f);
 }
 
-TEST_CASE("f32_to_bf16_bits, store_bf16 and to_bf16_row round to nearest even on every boundary", "[arch][softmax]") {
+TEST_CASE("f32_to_bf16_bits, store_bf16 and to_bf16_row give tessel::bf16 bits on every boundary, Inf and NaN", "[arch][softmax]") {
   std::vector<float> x;
   for (std::uint32_t c = 0; c < 0x7F80u; ++c) {  // every finite positive bf16 value, its midpoint up, +-1 ulp
     const float v = std::bit_cast<float>(c << 16), mid = std::bit_cast<float>((c << 16) | 0x8000u);
@@ -98,6 +98,12 @@ TEST_CASE("f32_to_bf16_bits, store_bf16 and to_bf16_row round to nearest even on
     }
   }
   x.push_back(std::numeric_limits<float>::max());
+  // Inf and NaN payloads (quiet, signalling, payload only below bf16's mantissa): tessel::bf16's rule
+  for (std::uint32_t b : {0x7F800000u, 0x7F800001u, 0x7F810000u, 0x7FA00000u, 0x7FC00000u, 0x7FFFFFFFu, 0x7F80FFFFu, 0x7FBF0000u})
+    for (int k = 0; k < 2 * int(sm::W); ++k) {  // whole vectors of them, too
+      x.push_back(std::bit_cast<float>(b));
+      x.push_back(std::bit_cast<float>(b | 0x80000000u));
+    }
   std::vector<std::uint16_t> row(x.size() + 8, 0xAAAA);
   sm::to_bf16_row(x.data(), x.size(), row.data());
   std::size_t bad = 0;
@@ -114,7 +120,6 @@ TEST_CASE("f32_to_bf16_bits, store_bf16 and to_bf16_row round to nearest even on
     for (std::size_t l = 0; l < sm::W; ++l) bad += a[l] != bf16(x[i + l]).bits() || b[l] != a[l];
   }
   REQUIRE(bad == 0);
-  // NaN stays NaN (quiet), Inf stays Inf
   REQUIRE(std::isnan(float(bf16::from_bits(sm::f32_to_bf16_bits(std::bit_cast<float>(0x7F800001u))))));
   REQUIRE(sm::f32_to_bf16_bits(INFINITY) == 0x7F80);
 }

@@ -34,15 +34,9 @@ using vf = xsimd::batch<float>;
 inline constexpr std::size_t W = vf::size;
 inline constexpr float neg_inf = -std::numeric_limits<float>::infinity();
 
-// f32 -> bf16 bits, round to nearest even (inputs here are finite probabilities or gradients;
-// NaN is kept quiet).
-inline std::uint16_t f32_to_bf16_bits(float f) {
-  std::uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<std::uint16_t>(u >> 16);
-}
+// f32 -> bf16 bits: round to nearest even with tessel::bf16's NaN rule (arch::stream's scalar
+// conversion, so the scalar tails below give the same bits as the vector bodies).
+inline std::uint16_t f32_to_bf16_bits(float f) { return stream::f32_to_bf16_bits(f); }
 
 // exp2 for x <= 0 (and -inf -> 0), accurate to 3 ulp (2.6 measured over [-126, 0]): 2^x = 2^round(x) * p(f), |f| <= 0.5,
 // a degree-6 polynomial. Faster than a general exp because no overflow branch is needed.
