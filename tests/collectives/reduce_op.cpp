@@ -50,7 +50,7 @@ std::vector<T> kernel_reduce(std::uint64_t seed, int n, std::size_t count, reduc
   if constexpr (std::is_same_v<A, T>) {
     if (in_place) {
       tessel::detail::finalize_kernel(op, d, n, accb, accb, count);
-      std::memcpy(out.data(), acc.data(), count * sizeof(T));
+      if (count) std::memcpy(out.data(), acc.data(), count * sizeof(T));
       return out;
     }
   }

@@ -60,22 +60,22 @@ void check_map_shapes(std::mt19937& g) {
 }
 
 // An order-sensitive fold (a polynomial hash): equal results mean equal order.
-constexpr std::int64_t fold(std::int64_t acc, std::int64_t x) { return acc * 31 + x; }
+constexpr std::uint64_t fold(std::uint64_t acc, std::uint64_t x) { return acc * 31 + x; }  // wraps: defined
 
 template <std::size_t R, std::size_t C>
 void check_reduce(std::mt19937& g) {
-  fragment<std::int64_t, R, C> t;
-  for (auto& x : t.v) x = static_cast<std::int64_t>(g() % 1000);
-  std::int64_t rows[R], cols[C];
+  fragment<std::uint64_t, R, C> t;
+  for (auto& x : t.v) x = g() % 1000;
+  std::uint64_t rows[R], cols[C];
   reduce_rows(t, rows, fold, 7);
   reduce_cols(t, cols, fold, 7);
   for (std::size_t r = 0; r < R; ++r) {
-    std::int64_t want = 7;
+    std::uint64_t want = 7;
     for (std::size_t c = 0; c < C; ++c) want = fold(want, t(r, c));  // column order
     REQUIRE(rows[r] == want);
   }
   for (std::size_t c = 0; c < C; ++c) {
-    std::int64_t want = 7;
+    std::uint64_t want = 7;
     for (std::size_t r = 0; r < R; ++r) want = fold(want, t(r, c));  // row order
     REQUIRE(cols[c] == want);
   }
