@@ -54,7 +54,7 @@ inline void pv_f32(const float* p, std::size_t ldp, std::size_t R, const float* 
       if (pj == 0.0f) continue;
       const vf pv(pj);
       std::size_t d = 0;
-      for (; d + vf::size <= D; d += vf::size) xsimd::fma(pv, vf::load_unaligned(vrow[j] + d), vf::load_unaligned(orow + d)).store_unaligned(orow + d);
+      for (; d + vf::size <= D; d += vf::size) stream::fma(pv, vf::load_unaligned(vrow[j] + d), vf::load_unaligned(orow + d)).store_unaligned(orow + d);
       for (; d < D; ++d) orow[d] = std::fma(pj, vrow[j][d], orow[d]);
     }
   }

@@ -25,6 +25,7 @@
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
+#include <tessel/arch/stream.hpp>
 #include <tessel/arch/target.hpp>
 
 namespace tessel::arch::softmax {
@@ -33,18 +34,14 @@ using vf = xsimd::batch<float>;
 inline constexpr std::size_t W = vf::size;
 inline constexpr float neg_inf = -std::numeric_limits<float>::infinity();
 
-// f32 -> bf16 bits, round to nearest even (inputs here are finite probabilities or gradients;
-// NaN is kept quiet).
-inline std::uint16_t f32_to_bf16_bits(float f) {
-  std::uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<std::uint16_t>(u >> 16);
-}
+// f32 -> bf16 bits: round to nearest even with tessel::bf16's NaN rule (arch::stream's scalar
+// conversion, so the scalar tails below give the same bits as the vector bodies).
+inline std::uint16_t f32_to_bf16_bits(float f) { return stream::f32_to_bf16_bits(f); }
 
-// exp2 for x <= 0 (and -inf -> 0), accurate to about 2 ulp: 2^x = 2^round(x) * p(f), |f| <= 0.5,
+// exp2 for x <= 0 (and -inf -> 0), accurate to 3 ulp (2.6 measured over [-126, 0]): 2^x = 2^round(x) * p(f), |f| <= 0.5,
 // a degree-6 polynomial. Faster than a general exp because no overflow branch is needed.
+// (Every multiply-add here is stream::fma: xsimd 8's AVX-512 fma/fms are the generic a*b+c, which
+// GCC fuses and Clang does not, so the vector bodies rounded unlike their scalar std::fma twins.)
 template <class B>
 inline B exp2_nonpos(const B& x) {
   using I = xsimd::as_integer_t<B>;
@@ -53,12 +50,12 @@ inline B exp2_nonpos(const B& x) {
   const B f = xc - r;  // [-0.5, 0.5]
   // minimax-like Taylor terms of 2^f
   B p = B(1.5403530393381606e-4f);
-  p = xsimd::fma(p, f, B(1.3333558146428443e-3f));
-  p = xsimd::fma(p, f, B(9.6181291076284772e-3f));
-  p = xsimd::fma(p, f, B(5.5504108664821580e-2f));
-  p = xsimd::fma(p, f, B(2.4022650695910071e-1f));
-  p = xsimd::fma(p, f, B(6.9314718055994531e-1f));
-  p = xsimd::fma(p, f, B(1.0f));
+  p = stream::fma(p, f, B(1.3333558146428443e-3f));
+  p = stream::fma(p, f, B(9.6181291076284772e-3f));
+  p = stream::fma(p, f, B(5.5504108664821580e-2f));
+  p = stream::fma(p, f, B(2.4022650695910071e-1f));
+  p = stream::fma(p, f, B(6.9314718055994531e-1f));
+  p = stream::fma(p, f, B(1.0f));
   const I e = (xsimd::to_int(r) + I(127)) << 23;
   const B scale = xsimd::bitwise_cast<B>(e);
   return xsimd::select(x < B(-126.0f), B(0.0f), p * scale);
@@ -82,36 +79,14 @@ inline float exp2_nonpos(float x) {
   return p * scale;
 }
 
-// W floats -> W bf16 codes (RNE).
-inline void store_bf16(const float* x, std::uint16_t* out) {
-#if defined(__AVX512BF16__) && defined(__AVX512BW__)
-  if constexpr (W == 16) {
-    const __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(x));
-    std::memcpy(out, &h, 32);
-    return;
-  }
-#endif
-  using vu = xsimd::batch<std::uint32_t>;
-  const vu u = xsimd::bitwise_cast<vu>(vf::load_unaligned(x));
-  const vu r = (u + vu(0x7fffu) + ((u >> 16) & vu(1u))) >> 16;
-  alignas(64) std::uint32_t t[W];
-  r.store_aligned(t);
-  for (std::size_t i = 0; i < W; ++i) out[i] = static_cast<std::uint16_t>(t[i]);
-}
+// W floats in a register -> W bf16 codes: the bits of f32_to_bf16_bits for every lane (RNE,
+// subnormals kept, NaN quiet). arch::stream's conversion, which takes vcvtneps2bf16 only for
+// vectors without subnormal or NaN lanes (the instruction reads subnormals as zero), so a value's
+// code does not depend on whether it sits in a vector body or a scalar tail, nor on the target.
+inline void store_bf16(const vf& x, std::uint16_t* out) { stream::store_bf16(x, out); }
 
-// W floats in a register -> W bf16 codes (RNE).
-inline void store_bf16(const vf& x, std::uint16_t* out) {
-#if defined(__AVX512BF16__) && defined(__AVX512BW__)
-  if constexpr (W == 16) {
-    const __m256bh h = _mm512_cvtneps_pbh(x);
-    std::memcpy(out, &h, 32);
-    return;
-  }
-#endif
-  alignas(64) float t[W];
-  x.store_aligned(t);
-  store_bf16(t, out);
-}
+// W floats -> W bf16 codes (as above).
+inline void store_bf16(const float* x, std::uint16_t* out) { stream::store_bf16(vf::load_unaligned(x), out); }
 
 // Largest lane of v.
 inline float hmax(const vf& v) {
@@ -142,7 +117,7 @@ inline float online_step32_bf16(const float* s, float c, float& m, float& l, std
   const vf cv(c), mv(mn);
   vf sum(0.0f);
   for (std::size_t i = 0; i < N; ++i) {
-    const vf v = exp2_nonpos(xsimd::fms(x[i], cv, mv));
+    const vf v = exp2_nonpos(stream::fma(x[i], cv, -mv));
     sum += v;
     store_bf16(v, p + i * W);
   }
@@ -174,7 +149,7 @@ inline float exp2_row(const float* s, std::size_t n, float c, float m, Out* p) {
   vf acc(0.0f);
   std::size_t j = 0;
   for (; j + W <= n; j += W) {
-    const vf e = exp2_nonpos(xsimd::fms(vf::load_unaligned(s + j), cv, mv));
+    const vf e = exp2_nonpos(stream::fma(vf::load_unaligned(s + j), cv, -mv));
     acc += e;
     if constexpr (std::is_same_v<Out, float>) e.store_unaligned(p + j);
     else store_bf16(e, p + j);
@@ -249,13 +224,13 @@ inline float online_row(const float* s, std::size_t n, float c, float& m, float&
       }
     };
     for (j = 0; j < full; j += W) {
-      const vf e = exp2_nonpos_scalef(xsimd::fms(vf::load_unaligned(s + j), cv, mnv));
+      const vf e = exp2_nonpos_scalef(stream::fma(vf::load_unaligned(s + j), cv, -mnv));
       sum += e;
       put(e, j, 0xffff);
     }
     if (tail) {  // lanes past n load -inf and give exactly 0
       const vf x = _mm512_mask_loadu_ps(ninf, tail, s + full);
-      const vf e = exp2_nonpos_scalef(xsimd::fms(x, cv, mnv));
+      const vf e = exp2_nonpos_scalef(stream::fma(x, cv, -mnv));
       sum += e;
       put(e, full, tail);
     }
@@ -290,7 +265,7 @@ inline void scale_row(float* o, std::size_t n, float a) {
 inline float dot_row(const float* x, const float* y, std::size_t n) {
   vf acc(0.0f);
   std::size_t j = 0;
-  for (; j + W <= n; j += W) acc = xsimd::fma(vf::load_unaligned(x + j), vf::load_unaligned(y + j), acc);
+  for (; j + W <= n; j += W) acc = stream::fma(vf::load_unaligned(x + j), vf::load_unaligned(y + j), acc);
   float s = xsimd::hadd(acc);
   for (; j < n; ++j) s = std::fma(x[j], y[j], s);
   return s;
@@ -312,7 +287,7 @@ inline void exp2_inplace(float* s, std::size_t n, float c, float m) {
   }
   const vf cv(c), mv(m);
   std::size_t j = 0;
-  for (; j + W <= n; j += W) exp2_nonpos_scalef(xsimd::fms(vf::load_unaligned(s + j), cv, mv)).store_unaligned(s + j);
+  for (; j + W <= n; j += W) exp2_nonpos_scalef(stream::fma(vf::load_unaligned(s + j), cv, -mv)).store_unaligned(s + j);
   for (; j < n; ++j) s[j] = exp2_nonpos(std::fma(s[j], c, -m));
 }
 
@@ -320,7 +295,7 @@ inline void exp2_inplace(float* s, std::size_t n, float c, float m) {
 inline void exp2_cols(const float* s, const float* m, std::size_t n, float c, float* p) {
   const vf cv(c);
   std::size_t j = 0;
-  for (; j + W <= n; j += W) exp2_nonpos_scalef(xsimd::fms(vf::load_unaligned(s + j), cv, vf::load_unaligned(m + j))).store_unaligned(p + j);
+  for (; j + W <= n; j += W) exp2_nonpos_scalef(stream::fma(vf::load_unaligned(s + j), cv, -vf::load_unaligned(m + j))).store_unaligned(p + j);
   for (; j < n; ++j) p[j] = exp2_nonpos(std::fma(s[j], c, -m[j]));
 }
 

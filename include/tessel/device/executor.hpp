@@ -27,7 +27,7 @@ class executor {
   // `threads` workers (>= 1); `spin` is how long an idle worker polls before sleeping.
   explicit executor(unsigned threads, std::chrono::microseconds spin = std::chrono::microseconds(200),
                     std::size_t scratch_bytes = std::size_t{4} << 20)
-      : spin_(spin) {
+      : spin_(spin), scratch_initial_(scratch_bytes) {
     if (threads == 0) throw device_error(errc::invalid_argument, "executor needs at least one thread");
     if (threads > 4096) throw device_error(errc::invalid_argument, "executor thread count " + std::to_string(threads) + " is unreasonable (max 4096)");
     arenas_.reserve(threads);
@@ -45,7 +45,12 @@ class executor {
   ~executor() { shutdown(); }
 
   unsigned size() const { return static_cast<unsigned>(arenas_.size()); }
-  std::size_t scratch_bytes() const { return arenas_.empty() ? 0 : arenas_[0]->capacity(); }
+  // Bytes of scratch a block can use without growing its worker's arena: the initial size until
+  // the arena first allocates (arenas allocate lazily), then what it holds.
+  std::size_t scratch_bytes() const {
+    const std::size_t held = arenas_.empty() ? 0 : arenas_[0]->capacity();
+    return held > scratch_initial_ ? held : scratch_initial_;
+  }
 
   // Runs `program(ctx)` for every block of `g` and returns when all finished. The first
   // exception a block throws is rethrown here (remaining blocks are skipped). Safe to call from
@@ -204,6 +209,7 @@ class executor {
   }
 
   std::chrono::microseconds spin_;
+  std::size_t scratch_initial_;
   std::vector<std::unique_ptr<scratch_arena>> arenas_;
   std::vector<std::thread> threads_;
   std::mutex mu_;

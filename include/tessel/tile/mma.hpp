@@ -73,11 +73,23 @@ void mma(const staged<T, BM, BK, layout::panel<MR, KP>>& a, const staged<T, BK, 
   constexpr std::size_t PK = layout::panel<MR, KP>::padded_cols(BK);
   constexpr std::size_t ldc = Acc::tile_cols;
   const std::size_t panels = (std::min(o.n, BN) + NR - 1) / NR;
+  const T* a_data = a.data();
+  if constexpr (KP > 1) {
+    if (kd % KP != 0) {
+      // a depth inside a K-pack: the atom reads whole packs, and the staged tile may hold data past
+      // kd, which must count as zero, so the panels run on a copy of A with it zeroed
+      thread_local std::vector<T> buf;
+      buf.assign(a.data(), a.data() + layout::panel<MR, KP>::size(BM, BK));
+      for (std::size_t r = 0; r < BM; ++r)
+        for (std::size_t c = kd; c < steps * KP; ++c) buf[layout::panel<MR, KP>::offset(r, c, BM, BK)] = T{};
+      a_data = buf.data();
+    }
+  }
   for (std::size_t jp = 0; jp < panels; ++jp) {
     for (std::size_t ip = 0; ip < BM / MR; ++ip) {
       arch::ukernel_args p;
       p.k = steps;
-      p.a = a.data() + ip * MR * PK;
+      p.a = a_data + ip * MR * PK;
       p.b = b.data() + jp * NR * PK;
       p.c = acc.data() + ip * MR * ldc + jp * NR;
       p.ldc = ldc;

@@ -1,0 +1,45 @@
+// The compile-time target flags: each flag this build claims is one the running CPU has (so no
+// atom compiled in can fault), they imply each other as the ISA extensions do, the register type's
+// width follows the widest one, and target_name names the best.
+#include <catch2/catch.hpp>
+
+#include <string_view>
+
+#include <cpuid.h>
+
+#include <tessel/arch/target.hpp>
+
+using namespace tessel;
+
+TEST_CASE("every target flag of this build is supported by the CPU running it", "[arch][target]") {
+  __builtin_cpu_init();
+  if constexpr (arch::has_avx512) {
+    CHECK(__builtin_cpu_supports("avx512f"));
+    CHECK(__builtin_cpu_supports("avx512bw"));
+    CHECK(__builtin_cpu_supports("avx512vl"));
+    CHECK(__builtin_cpu_supports("avx512dq"));
+  }
+  if constexpr (arch::has_avx512_bf16) CHECK(__builtin_cpu_supports("avx512bf16"));
+  if constexpr (arch::has_avx2_fma) {
+    CHECK(__builtin_cpu_supports("avx2"));
+    CHECK(__builtin_cpu_supports("fma"));
+  }
+  if constexpr (arch::has_f16c) {
+    // (Clang 14's __builtin_cpu_supports has no "f16c": CPUID leaf 1, ECX bit 29)
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    REQUIRE(__get_cpuid(1, &a, &b, &c, &d));
+    CHECK((c >> 29 & 1u) == 1u);
+  }
+}
+
+TEST_CASE("target flags nest like the ISA extensions and set the vector width", "[arch][target]") {
+  // every AVX-512 machine has AVX2 + FMA; the BF16 extension implies AVX512BW
+  STATIC_REQUIRE(!arch::has_avx512 || arch::has_avx2_fma);
+  STATIC_REQUIRE(!arch::has_avx512_bf16 || arch::has_avx2_fma);
+  STATIC_REQUIRE(arch::vec_f32_width == arch::vec_f32::size);
+  STATIC_REQUIRE(arch::vec_f32_width == (arch::has_avx512 ? 16 : arch::has_avx2_fma ? 8 : arch::vec_f32_width));
+  STATIC_REQUIRE(arch::vec_f32_width >= 1);
+  constexpr std::string_view name = arch::target_name();
+  constexpr std::string_view best = arch::has_avx512_bf16 ? "avx512_bf16" : arch::has_avx512 ? "avx512" : arch::has_avx2_fma ? "avx2_fma" : "scalar";
+  STATIC_REQUIRE(name == best);
+}
