@@ -527,3 +527,27 @@ TEST_CASE("skinny bf16 path: integer inputs bitwise, bf16 output with bias+GELU,
         for (std::size_t j = 0; j < N; ++j) REQUIRE(D[i * ldc + j].bits() == bf16(E[i * ldc + j]).bits());
     }
 }
+
+// A transposed f32 A runs MR-row panel atoms; with M leaving a partial panel in the last slab,
+// the atoms stream only whole panels into C and the rest goes through the slab store: nothing is
+// written past C's M rows (streaming stores are invisible to ASan, hence the sentinel rows), and
+// the bits equal those of the cached store (C rows off a 64-byte line).
+TEST_CASE("large f32 results streamed by panel atoms (transposed A): no rows written past C", "[ops][gemm]") {
+  std::mt19937 g(29);
+  const std::size_t N = 1024, K = 16, extra = 8;
+  for (std::size_t M : {std::size_t{2050}, std::size_t{4099}}) {
+    INFO("M=" << M);
+    std::vector<float> A(K * M), B(K * N);
+    ref::fill_real(A, g);
+    ref::fill_real(B, g);
+    std::vector<float> buf((M + extra) * N + 32), cached((M + extra) * N + 32);
+    float* C = buf.data() + (16 - reinterpret_cast<std::uintptr_t>(buf.data()) / 4 % 16) % 16;
+    float* D = cached.data() + (16 - reinterpret_cast<std::uintptr_t>(cached.data()) / 4 % 16) % 16 + 4;
+    REQUIRE(M * N * sizeof(float) >= (std::size_t{8} << 20));
+    std::fill(buf.begin(), buf.end(), -7.0f);
+    gemm(dev2(), transpose::yes, transpose::none, M, N, K, 1.0f, A.data(), M, B.data(), N, 0.0f, C, N);
+    gemm(dev1(), transpose::yes, transpose::none, M, N, K, 1.0f, A.data(), M, B.data(), N, 0.0f, D, N);
+    REQUIRE(std::count(C + M * N, C + (M + extra) * N, -7.0f) == std::ptrdiff_t(extra * N));
+    REQUIRE(std::memcmp(C, D, M * N * sizeof(float)) == 0);
+  }
+}

@@ -203,7 +203,10 @@ struct gemm_program {
             for (std::size_t ip = 0; ip * MR < r; ++ip) {
               const std::size_t pr = std::min(MR, r - ip * MR);
               p.c = accm + ip * MR * NB + jp * NR;
-              if constexpr (std::is_same_v<TC, float>) p.out = out_panel ? Cz.data() + (m0 + mc + ip * MR) * Cz.row_stride() + n0 + jp * NR : nullptr;
+              // a panel-A atom always computes MR rows: a partial panel stays in the accumulators
+              // (streaming it out wrote MR - pr rows past its rows, past the end of C on the last slab)
+              const bool out_rows = out_panel && !(panel_a && !direct && pr < MR);
+              if constexpr (std::is_same_v<TC, float>) p.out = out_rows ? Cz.data() + (m0 + mc + ip * MR) * Cz.row_stride() + n0 + jp * NR : nullptr;
               if (direct) {
                 p.a = Az.data() + (m0 + mc + ip * MR) * Az.row_stride() + k0;
                 p.a_rs = Az.row_stride();
@@ -224,6 +227,10 @@ struct gemm_program {
           if constexpr (std::is_same_v<TC, float>) {
             if (atoms_out) {  // the atoms wrote the full-width panels; the narrower last one is left
               const std::size_t done = cols / NR * NR;
+              const bool last_direct = direct_a && (K - (nk - 1) * KC) % KP == 0;
+              const std::size_t rf = panel_a && !last_direct ? r / MR * MR : r;  // rows the atoms wrote
+              if (rf < r && done > 0)
+                store_streaming(accm + rf * NB, r - rf, done, c + rf * Cz.row_stride(), Cz.row_stride(), m0 + mc + rf, n0, chain);
               if (done < cols) store_streaming(accm + done, r, cols - done, c + done, Cz.row_stride(), m0 + mc, n0 + done, chain);
               else arch::store_fence();
               continue;
