@@ -18,6 +18,7 @@
 #include <tessel/arch/target.hpp>  // first: parses the intrinsic headers under a GCC 12 false-positive guard
 #include <tessel/arch/copy.hpp>
 #include <tessel/device/device.hpp>
+#include <tessel/device/host_device.hpp>
 #include <tessel/tile.hpp>
 #include <tessel/types/bf16.hpp>
 #include <tessel/types/fp16.hpp>
@@ -660,6 +661,28 @@ std::size_t gemm_k_split(std::size_t M, std::size_t N, std::size_t K) {
   return K >= 2 * s ? s : 0;
 }
 
+// Runs one launch of the GEMM. On the host, a launch that one worker would run anyway (a
+// 1-worker device, a single block) or too small to share runs on the calling thread with a
+// scratch arena of its own: handing it to a pool worker costs a wake-up and a wait (tens of us,
+// far more on a loaded machine), more than a 64^3 product. The same blocks run the same
+// arithmetic, so the bits do not change.
+inline constexpr double gemm_share_min_flops = 4e6;
+template <class Dev, class P>
+void gemm_run(Dev& dev, const grid& g, const P& prog, double flops) {
+  if constexpr (std::is_same_v<Dev, host_device>) {
+    if (g.size() == 1 || flops < gemm_share_min_flops || dev.capabilities().workers <= 1) {
+      thread_local scratch_arena arena;
+      for (std::size_t b = 0; b < g.size(); ++b) {
+        arena.reset();
+        block_ctx ctx(g, b, 0, 1, arena);
+        prog(ctx);
+      }
+      return;
+    }
+  }
+  dev.launch(g, prog);
+}
+
 inline void gemm_check(bool ok, const std::string& msg) {
   if (!ok) throw gemm_error("tessel::gemm: " + msg);
 }
@@ -693,6 +716,7 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
   (void)detail::mul_checked(detail::mul_checked(M, K, "gemm size"), batch, "gemm size");
   const auto chain = epilogue::detail::as_chain<Chain>::make(ep);
   using chain_t = std::remove_cvref_t<decltype(chain)>;
+  const double flops = 2.0 * double(M) * double(N) * double(K) * double(batch);
   auto run = [&]<bool Scaled, bool Skinny>() {
     using cfg = gemm_config<TA, TB, Skinny>;
     // Unscaled blocks hold one (MC,NB) slab of accumulators, so they may be twice as tall: each
@@ -708,7 +732,7 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
     const std::size_t MB = ceil_div(ceil_div(M, mblocks), cfg::MC) * cfg::MC;
     const grid g{ceil_div(M, MB), ceil_div(N, cfg::NB), batch};
     gemm_program<TA, TB, TC, chain_t, Scaled, Skinny> prog{M, N, K, batch, A, B, C, sa, sb, sc, ap, bp, cp, alpha, beta, s, MB, chain};
-    dev.launch(g, prog);
+    gemm_run(dev, g, prog, flops);
   };
   // Split K: the partials go to a workspace from the device's caching pool (no page faults
   // after the first call), then one launch adds them in split order into C.
@@ -729,9 +753,9 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
     gemm_program<TA, TB, float, epilogue::chain<>, false, false> part{M, N, K, 1, A, B, tensor<float, 2>::strided(P, M, N, N, 1), 0, 0, ps,
                                                                       nullptr, nullptr, nullptr, 1.0f, 0.0f, gemm_scales{}, MB, {}};
     part.k_split = ks;
-    dev.launch(grid{ceil_div(M, MB), ceil_div(N, cfg::NB), splits}, part);
+    gemm_run(dev, grid{ceil_div(M, MB), ceil_div(N, cfg::NB), splits}, part, flops);
     using R = gemm_splitk_reduce<TC, chain_t>;
-    dev.launch(grid{ceil_div(M, R::rows_per_block), 1, 1}, R{P, M, N, splits, C, alpha * s.a * s.b, beta, chain});
+    gemm_run(dev, grid{ceil_div(M, R::rows_per_block), 1, 1}, R{P, M, N, splits, C, alpha * s.a * s.b, beta, chain}, double(ps) * double(splits));
     dev.synchronize();  // the workspace goes back to the pool only after both launches ran
   };
   const bool skinny = M <= gemm_config<TA, TB>::skinny_max_m;
@@ -741,14 +765,14 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
       using P = gemm_skinny_program<TC, chain_t>;
       const std::size_t w = P::block_cols(M, N, dev.capabilities().workers);
       P prog{M, N, K, batch, A, B, C, sa, sb, sc, alpha * s.a * s.b, beta, chain, w};
-      dev.launch(grid{ceil_div(N, w), 1, batch}, prog);
+      gemm_run(dev, grid{ceil_div(N, w), 1, batch}, prog, flops);
       return;
     }
   } else if constexpr (std::is_same_v<TA, bf16> && std::is_same_v<TB, bf16> && arch::has_rows_bf16_atom) {
     const bool unit = s.a == 1.0f && s.b == 1.0f;
     if (M <= 3 && !s.a_block && unit && !ap && A.col_stride() == 1 && B.col_stride() == 1 && K > 0) {
       gemm_rows_program<TC, chain_t> prog{M, N, K, batch, A, B, C, sa, sb, sc, alpha, beta, chain};
-      dev.launch(grid{ceil_div(N, 128), 1, batch}, prog);
+      gemm_run(dev, grid{ceil_div(N, 128), 1, batch}, prog, flops);
       return;
     }
   }
