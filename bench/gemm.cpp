@@ -23,6 +23,7 @@
 #include <Eigen/Core>
 
 #include "common/limits.hpp"
+#include "common/paired.hpp"
 #include "../examples/fused_gemm_bias_gelu.hpp"  // example 03's user-written fused kernel
 
 #if defined(TESSEL_HAVE_OPENBLAS)
@@ -286,7 +287,7 @@ void gemm_paired(benchmark::State& st) {
   using T = std::conditional_t<Bf16, bf16, float>;
   const std::size_t M = st.range(0), N = st.range(1), K = st.range(2);
   const unsigned th = static_cast<unsigned>(st.range(3));
-  const auto gap = std::chrono::milliseconds(st.range(4));
+  const auto gap = std::chrono::microseconds(st.range(4) * 1000);
   auto A = random_buffer<T>(M * K, 1), B = random_buffer<T>(K * N, 2);
   tessel_bench::huge_buffer<float> C(M * N, 2);
   std::vector<std::function<void()>> calls;
@@ -314,25 +315,15 @@ void gemm_paired(benchmark::State& st) {
   calls.emplace_back([&] { plain.run(); });
   names.emplace_back("onednn_plain_b");
 #endif
-  const std::size_t n = calls.size();
   for (auto& c : calls) c();  // warm every library once (pools started, pages touched)
-  std::vector<double> total(n, 0.0);
-  std::size_t it = 0;
-  for (auto _ : st) {
-    double mine = 0;
-    for (std::size_t j = 0; j < n; ++j) {
-      const std::size_t who = (it + j) % n;
-      std::this_thread::sleep_for(gap);
-      const auto t0 = std::chrono::steady_clock::now();
-      calls[who]();
-      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      total[who] += dt;
-      if (who == 0) mine = dt;
-    }
-    benchmark::ClobberMemory();
-    st.SetIterationTime(mine);
-    ++it;
-  }
+  const auto r = tessel_bench::run_rotated(
+      calls, gap, [&](std::size_t, const std::vector<double>&, double) { return st.KeepRunning(); },
+      [&](std::size_t, double mine) {
+        benchmark::ClobberMemory();
+        st.SetIterationTime(mine);
+      });
+  const std::size_t n = calls.size(), it = r.iterations;
+  const std::vector<double>& total = r.seconds;
   const double flops = 2.0 * double(M) * double(N) * double(K) * double(it);
   double best_peer = 0;
   for (std::size_t j = 0; j < n; ++j) {

@@ -531,3 +531,102 @@ TEST_CASE("skinny bf16 path: integer inputs bitwise, bf16 output with bias+GELU,
         for (std::size_t j = 0; j < N; ++j) REQUIRE(D[i * ldc + j].bits() == bf16(E[i * ldc + j]).bits());
     }
 }
+
+// Split K: C with few tiles and deep K is computed as partials over fixed K splits (a function of
+// the shape only) added in split order. Every transpose, edge and prime sizes, an epilogue and a
+// bf16 output; 1 and 2 threads must give the same bits.
+TEMPLATE_TEST_CASE("split K: every transpose, gamma_K, integers bitwise, 1 vs 2 threads bitwise", "[ops][gemm][split_k]", float, bf16) {
+  std::mt19937 g(23);
+  const std::size_t deep = std::is_same_v<TestType, float> ? 2053 : 4099;  // primes: a short last split
+  struct dims {
+    std::size_t M, N, K;
+  };
+  for (const dims d : {dims{37, 1, deep}, dims{33, 129, deep}, dims{127, 200, 3 * deep}, dims{64, 64, 2 * deep}})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        INFO("M=" << d.M << " N=" << d.N << " K=" << d.K << " ta=" << ta << " tb=" << tb);
+        REQUIRE(detail::gemm_k_split<TestType, TestType>(d.M, d.N, d.K) > 0);  // the path under test is taken
+        gemm_case<TestType, TestType, float> c(d.M, d.N, d.K, ta, tb, 3);
+        ref::fill_real(c.A, g);
+        ref::fill_real(c.B, g);
+        ref::fill_real(c.C, g);
+        auto c1 = c;
+        auto r = ref::gemm(ta, tb, c.M, c.N, c.K, 1.5, c.A.data(), c.lda, c.B.data(), c.ldb, -0.5, c.C.data(), c.ldc);
+        c.run(dev2(), 1.5f, -0.5f);
+        c1.run(dev1(), 1.5f, -0.5f);
+        REQUIRE(check_bound(c.C, c.ldc, r, c.M, c.N, c.K) == 0);
+        REQUIRE(std::memcmp(c.C.data(), c1.C.data(), c.C.size() * sizeof(float)) == 0);
+
+        gemm_case<TestType, TestType, float> n(d.M, d.N, d.K, ta, tb);
+        ref::fill_int(n.A, g, 2);
+        ref::fill_int(n.B, g, 2);
+        ref::fill_int(n.C, g);
+        auto rn = ref::gemm(ta, tb, n.M, n.N, n.K, 1.0, n.A.data(), n.lda, n.B.data(), n.ldb, 2.0, n.C.data(), n.ldc);
+        n.run(dev2(), 1.0f, 2.0f);
+        REQUIRE(check_exact(n.C, n.ldc, rn, n.M, n.N) == 0);
+      }
+}
+
+TEST_CASE("split K: epilogue and bf16 output after the reduction, 1 vs 2 threads bitwise", "[ops][gemm][split_k]") {
+  std::mt19937 g(24);
+  gemm_case<bf16, bf16, bf16> c(70, 130, 9000, false, true);
+  REQUIRE(detail::gemm_k_split<bf16, bf16>(c.M, c.N, c.K) > 0);
+  ref::fill_real(c.A, g);
+  ref::fill_real(c.B, g);
+  std::vector<float> bias(c.N);
+  ref::fill_real(bias, g);
+  auto c1 = c;
+  const auto ep = epilogue::bias(std::span<const float>(bias)) | epilogue::relu | epilogue::cast<bf16>;
+  c.run(dev2(), 0.5f, 0.0f, ep);
+  c1.run(dev1(), 0.5f, 0.0f, ep);
+  REQUIRE(std::memcmp(c.C.data(), c1.C.data(), c.C.size() * sizeof(bf16)) == 0);
+  auto r = ref::gemm(false, true, c.M, c.N, c.K, 0.5, c.A.data(), c.lda, c.B.data(), c.ldb, 0.0, c.C.data(), c.ldc);
+  const double gk = ref::gamma(c.K + 2, std::ldexp(1.0, -24)), ub = ref::unit_roundoff<bf16>();
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < c.M; ++i)
+    for (std::size_t j = 0; j < c.N; ++j) {
+      const double want = std::max(0.0, r.c[i * c.N + j] + bias[j]);
+      const double tol = gk * (r.mag[i * c.N + j] + std::fabs(bias[j])) + ub * std::fabs(want) + 1e-30;
+      bad += !(std::fabs(ref::to_d(c.C[i * c.ldc + j]) - want) <= tol);
+    }
+  REQUIRE(bad == 0);
+}
+
+TEST_CASE("split K is a function of the shape: never for shallow K or many tiles, splits are whole K chunks", "[ops][gemm][split_k]") {
+  using cfg = detail::gemm_config<float, float>;
+  CHECK(detail::gemm_k_split<float, float>(128, 128, 1000) == 0);     // one split's worth
+  CHECK(detail::gemm_k_split<float, float>(1024, 1024, 8192) == 0);   // enough tiles already
+  CHECK(detail::gemm_k_split<float, float>(128, 128, 0) == 0);
+  for (std::size_t K : {2048, 4096, 5000, 65536}) {
+    const std::size_t s = detail::gemm_k_split<float, float>(128, 128, K);
+    INFO("K=" << K);
+    REQUIRE(s > 0);
+    CHECK(s % cfg::KC == 0);
+    CHECK(ceil_div(K, s) >= 2);
+    CHECK(ceil_div(K, s) <= 8);
+  }
+}
+
+// A transposed f32 A runs MR-row panel atoms; with M leaving a partial panel in the last slab,
+// the atoms stream only whole panels into C and the rest goes through the slab store: nothing is
+// written past C's M rows (streaming stores are invisible to ASan, hence the sentinel rows), and
+// the bits equal those of the cached store (C rows off a 64-byte line).
+TEST_CASE("large f32 results streamed by panel atoms (transposed A): no rows written past C", "[ops][gemm]") {
+  std::mt19937 g(29);
+  const std::size_t N = 1024, K = 16, extra = 8;
+  for (std::size_t M : {std::size_t{2050}, std::size_t{4099}}) {
+    INFO("M=" << M);
+    std::vector<float> A(K * M), B(K * N);
+    ref::fill_real(A, g);
+    ref::fill_real(B, g);
+    std::vector<float> buf((M + extra) * N + 32), cached((M + extra) * N + 32);
+    float* C = buf.data() + (16 - reinterpret_cast<std::uintptr_t>(buf.data()) / 4 % 16) % 16;
+    float* D = cached.data() + (16 - reinterpret_cast<std::uintptr_t>(cached.data()) / 4 % 16) % 16 + 4;
+    REQUIRE(M * N * sizeof(float) >= (std::size_t{8} << 20));
+    std::fill(buf.begin(), buf.end(), -7.0f);
+    gemm(dev2(), transpose::yes, transpose::none, M, N, K, 1.0f, A.data(), M, B.data(), N, 0.0f, C, N);
+    gemm(dev1(), transpose::yes, transpose::none, M, N, K, 1.0f, A.data(), M, B.data(), N, 0.0f, D, N);
+    REQUIRE(std::count(C + M * N, C + (M + extra) * N, -7.0f) == std::ptrdiff_t(extra * N));
+    REQUIRE(std::memcmp(C, D, M * N * sizeof(float)) == 0);
+  }
+}

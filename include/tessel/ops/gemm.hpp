@@ -19,6 +19,7 @@
 #include <tessel/ops/errors.hpp>
 #include <tessel/arch/copy.hpp>
 #include <tessel/device/device.hpp>
+#include <tessel/device/host_device.hpp>
 #include <tessel/tile.hpp>
 #include <tessel/types/bf16.hpp>
 #include <tessel/types/fp16.hpp>
@@ -134,6 +135,9 @@ struct gemm_program {
   gemm_scales scales;
   std::size_t MB;
   Chain ep;
+  // Split K (unscaled, one matrix): block z computes the partial product over K rows
+  // [z*k_split, min(K, (z+1)*k_split)) into C + z*sc; gemm_splitk_reduce adds them in z order.
+  std::size_t k_split = 0;
 
   kernel_cost cost(const grid&) const {
     kernel_cost c;
@@ -199,7 +203,10 @@ struct gemm_program {
             for (std::size_t ip = 0; ip * MR < r; ++ip) {
               const std::size_t pr = std::min(MR, r - ip * MR);
               p.c = accm + ip * MR * NB + jp * NR;
-              if constexpr (std::is_same_v<TC, float>) p.out = out_panel ? Cz.data() + (m0 + mc + ip * MR) * Cz.row_stride() + n0 + jp * NR : nullptr;
+              // a panel-A atom always computes MR rows: a partial panel stays in the accumulators
+              // (streaming it out wrote MR - pr rows past its rows, past the end of C on the last slab)
+              const bool out_rows = out_panel && !(panel_a && !direct && pr < MR);
+              if constexpr (std::is_same_v<TC, float>) p.out = out_rows ? Cz.data() + (m0 + mc + ip * MR) * Cz.row_stride() + n0 + jp * NR : nullptr;
               if (direct) {
                 p.a = Az.data() + (m0 + mc + ip * MR) * Az.row_stride() + k0;
                 p.a_rs = Az.row_stride();
@@ -220,6 +227,10 @@ struct gemm_program {
           if constexpr (std::is_same_v<TC, float>) {
             if (atoms_out) {  // the atoms wrote the full-width panels; the narrower last one is left
               const std::size_t done = cols / NR * NR;
+              const bool last_direct = direct_a && (K - (nk - 1) * KC) % KP == 0;
+              const std::size_t rf = panel_a && !last_direct ? r / MR * MR : r;  // rows the atoms wrote
+              if (rf < r && done > 0)
+                store_streaming(accm + rf * NB, r - rf, done, c + rf * Cz.row_stride(), Cz.row_stride(), m0 + mc + rf, n0, chain);
               if (done < cols) store_streaming(accm + done, r, cols - done, c + done, Cz.row_stride(), m0 + mc, n0 + done, chain);
               else arch::store_fence();
               continue;
@@ -270,7 +281,20 @@ struct gemm_program {
 
   void operator()(block_ctx& ctx) const {
     const auto idx = ctx.block_index3();
-    const std::size_t mb = idx[0], nb = idx[1], z = idx[2];
+    if (k_split == 0) return run_block(ctx, idx[0], idx[1], idx[2]);
+    // this split as a GEMM of its own over K rows [k0, k0 + kz): same blocking, its own chunks
+    const std::size_t z = idx[2], k0 = z * k_split, kz = std::min(k_split, K - k0);
+    gemm_program part = *this;
+    part.K = kz;
+    part.k_split = 0;
+    part.A = tensor<const TA, 2>::strided(A.data() + k0 * A.col_stride(), M, kz, A.row_stride(), A.col_stride());
+    part.B = tensor<const TB, 2>::strided(B.data() + k0 * B.row_stride(), kz, N, B.row_stride(), B.col_stride());
+    part.C = tensor<TC, 2>::strided(C.data() + z * sc, M, N, C.row_stride(), C.col_stride());
+    part.batch = 1;
+    part.run_block(ctx, idx[0], idx[1], 0);
+  }
+
+  void run_block(block_ctx& ctx, std::size_t mb, std::size_t nb, std::size_t z) const {
     const TA* pa = a_ptrs ? a_ptrs[z] : A.data() + z * sa;
     const TB* pb = b_ptrs ? b_ptrs[z] : B.data() + z * sb;
     TC* pc = c_ptrs ? c_ptrs[z] : C.data() + z * sc;
@@ -593,6 +617,68 @@ struct gemm_skinny_program {
   }
 };
 
+// Split K: C = alpha·(P_0 + P_1 + ... + P_{s-1}) + beta·C, then the chain, the partials added in
+// split order (the same bits whatever the worker count); blocks own rows of C.
+template <class TC, class Chain>
+struct gemm_splitk_reduce {
+  static constexpr std::size_t rows_per_block = 8;
+  float* P;  // splits x (M,N), row-major, summed into P_0 in place
+  std::size_t M, N, splits;
+  tensor<TC, 2> C;
+  float alpha, beta;
+  Chain ep;
+  kernel_cost cost(const grid&) const {
+    return {double(M) * N * double(splits), double(M) * N * (double(splits) * 4 + sizeof(TC) * (beta != 0 ? 2 : 1)), math_precision::f32};
+  }
+  void operator()(block_ctx& ctx) const {
+    const std::size_t m0 = ctx.block_index3()[0] * rows_per_block, rows = std::min(rows_per_block, M - m0);
+    const std::size_t ps = M * N;
+    for (std::size_t i = m0; i < m0 + rows; ++i) {
+      float* v = P + i * N;
+      for (std::size_t s = 1; s < splits; ++s) {
+        const float* p = P + s * ps + i * N;
+        for (std::size_t j = 0; j < N; ++j) v[j] += p[j];
+      }
+    }
+    detail::store_rows<TC>(P + m0 * N, N, rows, N, C.data() + m0 * C.row_stride(), C.row_stride(), C.col_stride(), m0, 0,
+                           epilogue::alpha_beta(alpha, beta) | ep);
+  }
+};
+
+// K rows per split, or 0 for no split: a function of the shape only (never of the worker count),
+// so a shape's bits are the same on any device. Splits when C has few (MC,NB) tiles to share out
+// and K is deep enough for two splits of at least 1024 (and whole K chunks); at most 8 splits.
+template <class TA, class TB>
+std::size_t gemm_k_split(std::size_t M, std::size_t N, std::size_t K) {
+  using cfg = gemm_config<TA, TB>;
+  constexpr std::size_t few_tiles = 8, min_split = 1024, max_splits = 8;
+  if (ceil_div(M, cfg::MC) * ceil_div(N, cfg::NB) >= few_tiles) return 0;
+  const std::size_t s = ceil_div(std::max(ceil_div(K, max_splits), min_split), cfg::KC) * cfg::KC;
+  return K >= 2 * s ? s : 0;
+}
+
+// Runs one launch of the GEMM. On the host, a launch that one worker would run anyway (a
+// 1-worker device, a single block) or too small to share runs on the calling thread with a
+// scratch arena of its own: handing it to a pool worker costs a wake-up and a wait (tens of us,
+// far more on a loaded machine), more than a 64^3 product. The same blocks run the same
+// arithmetic, so the bits do not change.
+inline constexpr double gemm_share_min_flops = 4e6;
+template <class Dev, class P>
+void gemm_run(Dev& dev, const grid& g, const P& prog, double flops) {
+  if constexpr (std::is_same_v<Dev, host_device>) {
+    if (g.size() == 1 || flops < gemm_share_min_flops || dev.capabilities().workers <= 1) {
+      thread_local scratch_arena arena;
+      for (std::size_t b = 0; b < g.size(); ++b) {
+        arena.reset();
+        block_ctx ctx(g, b, 0, 1, arena);
+        prog(ctx);
+      }
+      return;
+    }
+  }
+  dev.launch(g, prog);
+}
+
 inline void gemm_check(bool ok, const std::string& msg) {
   if (!ok) throw gemm_error(msg);
 }
@@ -626,6 +712,7 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
   (void)detail::mul_checked(detail::mul_checked(M, K, "gemm size"), batch, "gemm size");
   const auto chain = epilogue::detail::as_chain<Chain>::make(ep);
   using chain_t = std::remove_cvref_t<decltype(chain)>;
+  const double flops = 2.0 * double(M) * double(N) * double(K) * double(batch);
   auto run = [&]<bool Scaled, bool Skinny>() {
     using cfg = gemm_config<TA, TB, Skinny>;
     // Unscaled blocks hold one (MC,NB) slab of accumulators, so they may be twice as tall: each
@@ -641,7 +728,31 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
     const std::size_t MB = ceil_div(ceil_div(M, mblocks), cfg::MC) * cfg::MC;
     const grid g{ceil_div(M, MB), ceil_div(N, cfg::NB), batch};
     gemm_program<TA, TB, TC, chain_t, Scaled, Skinny> prog{M, N, K, batch, A, B, C, sa, sb, sc, ap, bp, cp, alpha, beta, s, MB, chain};
-    dev.launch(g, prog);
+    gemm_run(dev, g, prog, flops);
+  };
+  // Split K: the partials go to a workspace from the device's caching pool (no page faults
+  // after the first call), then one launch adds them in split order into C.
+  auto run_split = [&](std::size_t ks) {
+    using cfg = gemm_config<TA, TB>;
+    const std::size_t splits = ceil_div(K, ks), ps = mul_checked(M, N, "gemm size");
+    float* P = static_cast<float*>(dev.allocate(mul_checked(mul_checked(ps, splits, "gemm split-K workspace"), sizeof(float), "gemm split-K workspace")));
+    struct release {
+      Dev& d;
+      void* p;
+      ~release() { d.deallocate(p); }
+    } guard{dev, P};
+    std::size_t mblocks = ceil_div(M, 2 * cfg::MB_max);
+    const std::size_t w = std::max(1u, dev.capabilities().workers), nblocks = ceil_div(N, cfg::NB) * splits;
+    auto spread = [&](std::size_t mbk) { return double(ceil_div(mbk * nblocks, w) * w) / double(mbk * nblocks); };
+    if (spread(mblocks) > 1.02 && ceil_div(M, 2 * mblocks) >= cfg::MC && spread(2 * mblocks) < spread(mblocks)) mblocks *= 2;
+    const std::size_t MB = ceil_div(ceil_div(M, mblocks), cfg::MC) * cfg::MC;
+    gemm_program<TA, TB, float, epilogue::chain<>, false, false> part{M, N, K, 1, A, B, tensor<float, 2>::strided(P, M, N, N, 1), 0, 0, ps,
+                                                                      nullptr, nullptr, nullptr, 1.0f, 0.0f, gemm_scales{}, MB, {}};
+    part.k_split = ks;
+    gemm_run(dev, grid{ceil_div(M, MB), ceil_div(N, cfg::NB), splits}, part, flops);
+    using R = gemm_splitk_reduce<TC, chain_t>;
+    gemm_run(dev, grid{ceil_div(M, R::rows_per_block), 1, 1}, R{P, M, N, splits, C, alpha * s.a * s.b, beta, chain}, double(ps) * double(splits));
+    dev.synchronize();  // the workspace goes back to the pool only after both launches ran
   };
   const bool skinny = M <= gemm_config<TA, TB>::skinny_max_m;
   if constexpr (std::is_same_v<TA, bf16> && std::is_same_v<TB, bf16> && arch::has_rows_dot_atom) {
@@ -650,18 +761,19 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
       using P = gemm_skinny_program<TC, chain_t>;
       const std::size_t w = P::block_cols(M, N, dev.capabilities().workers);
       P prog{M, N, K, batch, A, B, C, sa, sb, sc, alpha * s.a * s.b, beta, chain, w};
-      dev.launch(grid{ceil_div(N, w), 1, batch}, prog);
+      gemm_run(dev, grid{ceil_div(N, w), 1, batch}, prog, flops);
       return;
     }
   } else if constexpr (std::is_same_v<TA, bf16> && std::is_same_v<TB, bf16> && arch::has_rows_bf16_atom) {
     const bool unit = s.a == 1.0f && s.b == 1.0f;
     if (M <= 3 && !s.a_block && unit && !ap && A.col_stride() == 1 && B.col_stride() == 1 && K > 0) {
       gemm_rows_program<TC, chain_t> prog{M, N, K, batch, A, B, C, sa, sb, sc, alpha, beta, chain};
-      dev.launch(grid{ceil_div(N, 128), 1, batch}, prog);
+      gemm_run(dev, grid{ceil_div(N, 128), 1, batch}, prog, flops);
       return;
     }
   }
   if (s.a_block) run.template operator()<true, false>();
+  else if (const std::size_t ks = batch == 1 && !ap ? gemm_k_split<TA, TB>(M, N, K) : 0; ks > 0 && !skinny) run_split(ks);
   else if (skinny) run.template operator()<false, true>();
   else run.template operator()<false, false>();
 }
