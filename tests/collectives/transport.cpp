@@ -173,7 +173,7 @@ TEMPLATE_TEST_CASE("point to point: non-overtaking per tag, any tag order, consu
   REQUIRE(ordering_and_consumers<TestType>() == 0);
 }
 
-TEMPLATE_TEST_CASE("a peer outside [0, size) is an error on every operation", "[collectives][transport][errors]", threads_model, emulated_model) {
+TEMPLATE_TEST_CASE("a peer outside the ranks 0..size-1 is an error on every operation", "[collectives][transport][errors]", threads_model, emulated_model) {
   std::atomic<int> thrown{0};
   TestType::run(2, [&](auto t) {
     std::vector<std::byte> b(4);
