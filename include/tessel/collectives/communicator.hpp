@@ -19,6 +19,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <tessel/detail/checked.hpp>
@@ -99,10 +100,15 @@ class comm_worker {
       } catch (...) {
         err = std::current_exception();
       }
+      item.first = nullptr;
       {
+        // The state takes the only reference to the error, and wait() takes it from the state,
+        // so the exception is freed on the waiting thread. Freed here instead, it would be
+        // released by libstdc++'s uninstrumented reference count after the waiter read it
+        // (a TSan report, and no ordering a reader of the code can see).
         std::lock_guard lk(item.second->mu);
         item.second->done = true;
-        item.second->err = err;
+        item.second->err = std::move(err);
       }
       item.second->cv.notify_all();
     }
@@ -145,7 +151,7 @@ class request {
     if (!st_) return;
     std::unique_lock lk(st_->mu);
     st_->cv.wait(lk, [&] { return st_->done; });
-    auto e = st_->err;
+    auto e = std::exchange(st_->err, nullptr);
     lk.unlock();
     st_.reset();
     if (e) std::rethrow_exception(e);
