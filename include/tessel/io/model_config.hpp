@@ -78,7 +78,9 @@ struct model_config {
   bool qkv_bias = false;  // q, k and v projections have a bias (Llama's attention_bias, always for Qwen2)
   bool o_bias = false;    // the output projection has a bias (Llama's attention_bias; not Qwen2)
   bool mlp_bias = false;
-  std::optional<std::size_t> sliding_window;  // attention window in tokens (Mistral; Qwen2 when enabled)
+  // Attention window in tokens (Mistral; Qwen2 when enabled): query i attends to keys j with
+  // i - window < j <= i, as transformers' mask code does (tools/torch/README.md).
+  std::optional<std::size_t> sliding_window;
   std::size_t max_window_layers = 0;          // Qwen2: layers below this index attend fully
   std::size_t num_local_experts = 0;          // 0: dense MLP
   std::size_t num_experts_per_tok = 0;
