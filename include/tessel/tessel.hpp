@@ -11,3 +11,4 @@
 #include <tessel/emulator.hpp>
 #include <tessel/collectives.hpp>
 #include <tessel/io.hpp>
+#include <tessel/nn.hpp>

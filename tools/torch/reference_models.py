@@ -88,10 +88,10 @@ CONFIGS = {
     "llama3_rope": _rotary_base(rope_theta=500000.0, max_position_embeddings=512,
                                 rope_scaling={"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                               "original_max_position_embeddings": 64, "rope_type": "llama3"}),
-    # Mistral: a sliding window shorter than the sequence, and head_dim 24 != hidden/heads (as
-    # Mistral-Nemo), so q_proj is (96, 64) and o_proj (64, 96).
+    # Mistral: a sliding window shorter than the sequence, and head_dim 32 != hidden/heads (as
+    # Mistral-Nemo), so q_proj is (128, 64) and o_proj (64, 128); a multiple of 16, as tessel's attention needs.
     "mistral": dict(sorted(_strip(_rotary_base(architectures=["MistralForCausalLM"], model_type="mistral",
-                                               head_dim=24, sliding_window=5),
+                                               head_dim=32, sliding_window=5),
                                   "attention_bias", "mlp_bias", "pretraining_tp", "rope_scaling").items())),
     # Qwen2 (0.5B layout): q/k/v bias, no o bias, tied embeddings, no sliding window.
     "qwen2": dict(sorted(_strip(_rotary_base(architectures=["Qwen2ForCausalLM"], model_type="qwen2",

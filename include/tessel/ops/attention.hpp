@@ -26,6 +26,7 @@
 
 // first: it includes the intrinsic headers with GCC 12's spurious -Wuninitialized silenced
 #include <tessel/ops/errors.hpp>
+#include <tessel/ops/quant.hpp>
 #include <tessel/arch/softmax_atoms.hpp>
 #include <tessel/device/device.hpp>
 #include <tessel/ops/detail/attention_common.hpp>
@@ -363,27 +364,6 @@ void attention_backward_varlen(Dev& dev, const attention_varlen_shape& s, std::s
 
 }  // namespace v0
 
-namespace detail::attn {
-// dst[i] = To(float(src[i]) * scale) over a launch (dequantisation and dtype changes for the e4m3
-// backward); runs on the device that owns the buffers.
-template <class From, class To>
-struct convert_program {
-  const From* src;
-  To* dst;
-  std::size_t n;
-  float scale;
-  static constexpr std::size_t chunk = 1 << 16;
-  void operator()(block_ctx& ctx) const {
-    const std::size_t i0 = ctx.block_linear() * chunk, i1 = std::min(n, i0 + chunk);
-    for (std::size_t i = i0; i < i1; ++i) dst[i] = from_f32<To>(arch::to_f32(src[i]) * scale);
-  }
-};
-template <class To, class From, class Dev>
-void convert_on(Dev& dev, const From* src, To* dst, std::size_t n, float scale) {
-  if (n) dev.launch(grid{ceil_div(n, convert_program<From, To>::chunk)}, convert_program<From, To>{src, dst, n, scale});
-}
-}  // namespace detail::attn
-
 inline namespace v0 {
 
 // Backward attention for e4m3 q, k, v with scales (dense batch): the gradients are those of the
@@ -408,9 +388,9 @@ void attention_backward(Dev& dev, const attention_shape& s, std::span<const e4m3
   float* q32 = p; p += nq;
   float* k32 = p; p += nkv;
   float* v32 = p; p += nkv;
-  convert_on<float>(dev, q.data(), q32, nq, opt.q_scale);
-  convert_on<float>(dev, k.data(), k32, nkv, opt.k_scale);
-  convert_on<float>(dev, v.data(), v32, nkv, opt.v_scale);
+  detail::quant::convert_on<float>(dev, q.data(), q32, nq, opt.q_scale);
+  detail::quant::convert_on<float>(dev, k.data(), k32, nkv, opt.k_scale);
+  detail::quant::convert_on<float>(dev, v.data(), v32, nkv, opt.v_scale);
   attention_options o1 = opt;
   o1.q_scale = o1.k_scale = o1.v_scale = 1.0f;
   if constexpr (same) {
@@ -422,14 +402,14 @@ void attention_backward(Dev& dev, const attention_shape& s, std::span<const e4m3
     float* dq32 = p; p += nq;
     float* dk32 = p; p += nkv;
     float* dv32 = p;
-    convert_on<float>(dev, o.data(), o32, nq, 1.0f);
-    convert_on<float>(dev, dout.data(), do32, nq, 1.0f);
+    detail::quant::convert_on<float>(dev, o.data(), o32, nq, 1.0f);
+    detail::quant::convert_on<float>(dev, dout.data(), do32, nq, 1.0f);
     attention_backward<Dev, float>(dev, s, std::span<const float>(q32, nq), std::span<const float>(k32, nkv), std::span<const float>(v32, nkv),
                                    std::span<const float>(o32, nq), std::span<const float>(do32, nq), lse, std::span<float>(dq32, nq),
                                    std::span<float>(dk32, nkv), std::span<float>(dv32, nkv), o1);
-    convert_on<O>(dev, dq32, dq.data(), nq, 1.0f);
-    convert_on<O>(dev, dk32, dk.data(), nkv, 1.0f);
-    convert_on<O>(dev, dv32, dv.data(), nkv, 1.0f);
+    detail::quant::convert_on<O>(dev, dq32, dq.data(), nq, 1.0f);
+    detail::quant::convert_on<O>(dev, dk32, dk.data(), nkv, 1.0f);
+    detail::quant::convert_on<O>(dev, dv32, dv.data(), nkv, 1.0f);
   }
 }
 

@@ -1,0 +1,460 @@
+// A decoder-only language model built from a Hugging Face config (io::model_config): Llama, Mistral
+// and Qwen2 (pre-norm RMSNorm, rotary, grouped-query attention, SwiGLU) and GPT-2 (LayerNorm,
+// learned positions, fused q|k|v, GELU MLP, Conv1D weights), with a forward pass, the loss and a
+// backward pass for every parameter, and an AdamW step over the registry. Parameters carry Hugging
+// Face's names, so checkpoints load and save by name.
+//
+// Precision: T = float computes in f32; T = bf16 computes GEMMs and attention in bf16 with f32
+// accumulation, keeps the residual stream, the norms, the logits, the loss and every parameter
+// gradient in f32, and updates f32 masters (the bf16 copies are refreshed by the step).
+//
+// Activations: one buffer per tensor, sized for the largest (batch, seq) seen; backward reuses the
+// forward's saved tensors (a module-level tape: the layers in reverse order).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <numbers>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <tessel/device/device.hpp>
+#include <tessel/device/device_buffer.hpp>
+#include <tessel/io/model_config.hpp>
+#include <tessel/io/safetensors.hpp>
+#include <tessel/nn/errors.hpp>
+#include <tessel/nn/layers.hpp>
+#include <tessel/nn/parameters.hpp>
+#include <tessel/ops/activation.hpp>
+#include <tessel/ops/embedding.hpp>
+#include <tessel/ops/loss.hpp>
+#include <tessel/ops/optim.hpp>
+#include <tessel/ops/quant.hpp>
+#include <tessel/ops/rope.hpp>
+
+namespace tessel {
+inline namespace v0 {
+namespace nn {
+
+// Rotary frequencies of a config, with its rope_scaling applied (none, linear, llama3).
+inline std::vector<double> rope_frequencies(const io::model_config& c) {
+  const std::size_t half = c.head_dim / 2;
+  std::vector<double> f(half);
+  for (std::size_t j = 0; j < half; ++j) f[j] = std::pow(c.rope_theta, -2.0 * double(j) / double(c.head_dim));
+  const auto& s = c.rope_scaling;
+  switch (s.type) {
+    case io::rope_scaling_type::none: break;
+    case io::rope_scaling_type::linear:
+      for (double& x : f) x /= s.factor;
+      break;
+    case io::rope_scaling_type::llama3: {
+      // Long wavelengths are slowed by `factor`, short ones kept, the band between interpolated.
+      const double old_len = double(s.original_max_position_embeddings);
+      const double low_wl = old_len / s.low_freq_factor, high_wl = old_len / s.high_freq_factor;
+      for (double& x : f) {
+        const double wl = 2.0 * std::numbers::pi / x;
+        if (wl < high_wl) continue;
+        if (wl > low_wl) {
+          x /= s.factor;
+          continue;
+        }
+        const double smooth = (old_len / wl - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+        x = (1.0 - smooth) * x / s.factor + smooth * x;
+      }
+      break;
+    }
+    case io::rope_scaling_type::dynamic:
+      throw nn_error(errc::unsupported, "rope_scaling 'dynamic' (NTK scaling by sequence length) is not supported");
+  }
+  return f;
+}
+
+struct adamw_config {
+  adamw_params hyper{};
+  float max_grad_norm = 0.0f;  // > 0: clip the global gradient norm first
+};
+
+template <device Dev, compute_type T = float>
+class decoder_lm {
+  static constexpr bool bf16_compute = std::is_same_v<T, bf16>;
+
+ public:
+  // A model with zero parameters shaped by `cfg` (load() or init() fills them).
+  decoder_lm(Dev& dev, io::model_config cfg) : dev_(&dev), cfg_(std::move(cfg)), params_(dev) { build(); }
+  decoder_lm(decoder_lm&&) = delete;  // modules hold pointers into the registry and each other
+
+  // Config and weights from a Hugging Face model directory (config.json + model.safetensors or a
+  // sharded index).
+  static std::unique_ptr<decoder_lm> from_pretrained(Dev& dev, const std::filesystem::path& dir, const load_options& o = {}) {
+    auto m = std::make_unique<decoder_lm>(dev, io::load_model_config(dir / "config.json"));
+    m->load(dir, o);
+    return m;
+  }
+
+  const io::model_config& config() const { return cfg_; }
+  parameters<Dev>& params() { return params_; }
+  const parameters<Dev>& params() const { return params_; }
+  Dev& device() const { return *dev_; }
+
+  void load(const std::filesystem::path& path, const load_options& o = {}) {
+    load_options lo = o;
+    if (cfg_.tie_word_embeddings) lo.ignore_names.push_back("lm_head.weight");
+    params_.load(path, lo);
+  }
+  void init(std::uint64_t seed, double std = 0.02) { params_.init_normal(seed, std); }
+
+  // Logits (batch·seq, vocab), f32, of `ids` (batch·seq token ids, row-major (batch, seq)). The
+  // returned span stays valid until the next call.
+  std::span<const float> forward(std::span<const std::int64_t> ids, std::size_t batch, std::size_t seq) {
+    run_forward(ids, batch, seq, false);
+    return {logits_.data(), n_ * cfg_.vocab_size};
+  }
+
+  // Mean cross-entropy of targets (batch·seq ids; targets[t] is the token expected after position
+  // t, ignore_index rows count for nothing) and, accumulated into every parameter's grad, its
+  // gradient. Returns the loss. Call params().zero_grad() between steps.
+  double forward_backward(std::span<const std::int64_t> ids, std::span<const std::int64_t> targets, std::size_t batch, std::size_t seq,
+                          std::int64_t ignore_index = -100) {
+    if (targets.size() != ids.size())
+      throw nn_error(errc::invalid_argument, "forward_backward: " + std::to_string(targets.size()) + " targets for " + std::to_string(ids.size()) + " tokens");
+    run_forward(ids, batch, seq, true);
+    const std::size_t V = cfg_.vocab_size;
+    cross_entropy_options co;
+    co.ignore_index = ignore_index;
+    const auto r = cross_entropy(*dev_, crows_view<float>(logits_, n_, V), targets, rows_view<T>(dlogits_, n_, V), {}, co);
+    run_backward();
+    return r.loss;
+  }
+
+  // Mean loss without gradients (evaluation).
+  double loss(std::span<const std::int64_t> ids, std::span<const std::int64_t> targets, std::size_t batch, std::size_t seq,
+              std::int64_t ignore_index = -100) {
+    if (targets.size() != ids.size())
+      throw nn_error(errc::invalid_argument, "loss: " + std::to_string(targets.size()) + " targets for " + std::to_string(ids.size()) + " tokens");
+    run_forward(ids, batch, seq, false);
+    cross_entropy_options co;
+    co.ignore_index = ignore_index;
+    return cross_entropy(*dev_, crows_view<float>(logits_, n_, cfg_.vocab_size), targets, mview<float>{}, {}, co).loss;
+  }
+
+  // One AdamW step over every parameter (step counts from 1), as torch.optim.AdamW; bf16 models
+  // update the f32 masters and refresh their bf16 copies in the same pass.
+  step_result adamw(const adamw_config& h, std::uint64_t step) {
+    std::vector<optim_tensor<float, float>> ts;
+    ts.reserve(params_.size());
+    for (auto& p : params_) {
+      if (p.m.empty()) {
+        p.m = device_buffer<float, Dev>::zeros(*dev_, p.numel);
+        p.v = device_buffer<float, Dev>::zeros(*dev_, p.numel);
+      }
+      optim_tensor<float, float> t;
+      if (!p.value_bf16.empty()) {
+        t.param_bf16 = p.value_bf16.span();
+        t.master = p.value.span();
+      } else {
+        t.param = p.value.span();
+      }
+      t.grad = p.grad.cspan();
+      t.m = p.m.span();
+      t.v = p.v.span();
+      ts.push_back(t);
+    }
+    step_options so;
+    so.storage = bf16_compute ? param_storage::bf16_master : param_storage::f32;
+    so.max_grad_norm = h.max_grad_norm;
+    return adamw_step(*dev_, std::span<const optim_tensor<float, float>>(ts), h.hyper, step, so);
+  }
+
+ private:
+  struct block {
+    norm<Dev, T> ln1, ln2;
+    linear<Dev, T> q, k, v, o, up, gate, down;  // gate unused without a gated MLP
+    self_attention<Dev, T> attn;
+    // saved activations
+    device_buffer<float, Dev> s_in, s_mid;  // the residual stream entering the block and after attention
+    device_buffer<T, Dev> y1, qb, kb, vb, ob, y2, gb, ub, hb;
+    device_buffer<float, Dev> lse;
+  };
+
+  bool gpt2() const { return cfg_.naming == io::param_naming::gpt2; }
+  bool gated() const { return !gpt2(); }
+
+  // bf16 models give every parameter a bf16 copy (only the GEMM weights read theirs) so one fused
+  // optimizer launch with one storage mode updates the whole registry.
+  parameter<Dev>* add(const std::string& name, std::vector<std::size_t> shape, bool /*matrix*/) {
+    return &params_.add(name, std::move(shape), bf16_compute);
+  }
+
+  void build() {
+    const auto& c = cfg_;
+    if (c.is_moe()) throw nn_error(errc::unsupported, "mixture-of-experts models (" + std::string(io::model_type_name(c.family)) + ") are not built yet");
+    if (c.hidden_size == 0 || c.num_hidden_layers == 0 || c.vocab_size == 0 || c.num_attention_heads == 0 || c.head_dim == 0)
+      throw nn_error(errc::invalid_argument, "decoder_lm: the config has a zero dimension");
+    if (c.num_attention_heads % c.num_key_value_heads != 0)
+      throw nn_error(errc::invalid_argument, "decoder_lm: heads (" + std::to_string(c.num_attention_heads) + ") not a multiple of kv heads (" +
+                                                 std::to_string(c.num_key_value_heads) + ")");
+    if (gated() && c.act != io::activation::silu) throw nn_error(errc::unsupported, "decoder_lm: gated MLPs use silu (SwiGLU); got '" + c.hidden_act + "'");
+    if (!gated() && c.act != io::activation::gelu_tanh && c.act != io::activation::gelu)
+      throw nn_error(errc::unsupported, "decoder_lm: GPT-2 MLPs use gelu; got '" + c.hidden_act + "'");
+    if (c.positions == io::position_kind::rotary) rope_freq_ = rope_frequencies(c);
+    const std::size_t d = c.hidden_size, I = c.intermediate_size, qd = c.num_attention_heads * c.head_dim, kvd = c.num_key_value_heads * c.head_dim;
+    const bool ln = c.norm == io::norm_kind::layer_norm;
+    const float eps = float(c.norm_eps);
+    auto norm_params = [&](const std::string& n) {
+      parameter<Dev>* w = add(n + ".weight", {d}, false);
+      parameter<Dev>* b = ln ? add(n + ".bias", {d}, false) : nullptr;
+      return norm<Dev, T>(w, b, !ln, eps);
+    };
+    blocks_.resize(c.num_hidden_layers);
+    if (gpt2()) {
+      if (qd != d || kvd != d) throw nn_error(errc::unsupported, "decoder_lm: GPT-2 needs heads * head_dim == hidden size");
+      embed_ = add("transformer.wte.weight", {c.vocab_size, d}, true);
+      pos_ = add("transformer.wpe.weight", {c.max_position_embeddings, d}, false);
+      for (std::size_t l = 0; l < c.num_hidden_layers; ++l) {
+        block& b = blocks_[l];
+        const std::string p = "transformer.h." + std::to_string(l) + ".";
+        b.ln1 = norm_params(p + "ln_1");
+        parameter<Dev>* wa = add(p + "attn.c_attn.weight", {d, 3 * d}, true);
+        parameter<Dev>* ba = add(p + "attn.c_attn.bias", {3 * d}, false);
+        b.q = linear<Dev, T>(wa, ba, d, d, true, 0);
+        b.k = linear<Dev, T>(wa, ba, d, d, true, d);
+        b.v = linear<Dev, T>(wa, ba, d, d, true, 2 * d);
+        b.o = linear<Dev, T>(add(p + "attn.c_proj.weight", {d, d}, true), add(p + "attn.c_proj.bias", {d}, false), d, d, true);
+        b.ln2 = norm_params(p + "ln_2");
+        b.up = linear<Dev, T>(add(p + "mlp.c_fc.weight", {d, I}, true), add(p + "mlp.c_fc.bias", {I}, false), d, I, true);
+        b.down = linear<Dev, T>(add(p + "mlp.c_proj.weight", {I, d}, true), add(p + "mlp.c_proj.bias", {d}, false), I, d, true);
+      }
+      final_norm_ = norm_params("transformer.ln_f");
+      head_ = linear<Dev, T>(embed_, nullptr, d, c.vocab_size);  // GPT-2 always ties
+    } else {
+      embed_ = add("model.embed_tokens.weight", {c.vocab_size, d}, true);
+      for (std::size_t l = 0; l < c.num_hidden_layers; ++l) {
+        block& b = blocks_[l];
+        const std::string p = "model.layers." + std::to_string(l) + ".";
+        b.ln1 = norm_params(p + "input_layernorm");
+        auto proj = [&](const std::string& n, std::size_t in, std::size_t out, bool bias) {
+          parameter<Dev>* w = add(p + n + ".weight", {out, in}, true);
+          parameter<Dev>* bb = bias ? add(p + n + ".bias", {out}, false) : nullptr;
+          return linear<Dev, T>(w, bb, in, out);
+        };
+        b.q = proj("self_attn.q_proj", d, qd, c.qkv_bias);
+        b.k = proj("self_attn.k_proj", d, kvd, c.qkv_bias);
+        b.v = proj("self_attn.v_proj", d, kvd, c.qkv_bias);
+        b.o = proj("self_attn.o_proj", qd, d, c.o_bias);
+        b.ln2 = norm_params(p + "post_attention_layernorm");
+        b.gate = proj("mlp.gate_proj", d, I, c.mlp_bias);
+        b.up = proj("mlp.up_proj", d, I, c.mlp_bias);
+        b.down = proj("mlp.down_proj", I, d, c.mlp_bias);
+      }
+      final_norm_ = norm_params("model.norm");
+      parameter<Dev>* head = c.tie_word_embeddings ? embed_ : add("lm_head.weight", {c.vocab_size, d}, true);
+      head_ = linear<Dev, T>(head, nullptr, d, c.vocab_size);
+    }
+    for (std::size_t l = 0; l < c.num_hidden_layers; ++l) {
+      std::optional<std::size_t> window = c.sliding_window;
+      if (window && c.family == io::model_family::qwen2 && l < c.max_window_layers) window.reset();
+      blocks_[l].attn = self_attention<Dev, T>(c.num_attention_heads, c.num_key_value_heads, c.head_dim, window);
+    }
+  }
+
+  template <class E>
+  void ensure(device_buffer<E, Dev>& b, std::size_t n) {
+    if (b.size() < n) b = device_buffer<E, Dev>(*dev_, n);
+  }
+
+  void check_batch(std::span<const std::int64_t> ids, std::size_t batch, std::size_t seq) {
+    const std::size_t n = detail::mul_checked(batch, seq, "tokens");
+    if (ids.size() != n)
+      throw nn_error(errc::invalid_argument, std::to_string(ids.size()) + " token ids for batch " + std::to_string(batch) + " x seq " + std::to_string(seq));
+    if (n == 0) throw nn_error(errc::invalid_argument, "an empty batch");
+    if (cfg_.positions == io::position_kind::learned && seq > cfg_.max_position_embeddings)
+      throw nn_error(errc::invalid_argument, "sequence of " + std::to_string(seq) + " tokens is longer than the " +
+                                                 std::to_string(cfg_.max_position_embeddings) + " learned positions");
+    for (std::size_t t = 0; t < n; ++t)
+      if (ids[t] < 0 || std::uint64_t(ids[t]) >= cfg_.vocab_size)
+        throw nn_error(errc::invalid_argument, "token id " + std::to_string(ids[t]) + " at position " + std::to_string(t) + " is outside the vocabulary [0, " +
+                                                   std::to_string(cfg_.vocab_size) + ")");
+  }
+
+  void allocate(std::size_t batch, std::size_t seq) {
+    const auto& c = cfg_;
+    const std::size_t n = batch * seq, d = c.hidden_size, I = c.intermediate_size;
+    const std::size_t qd = c.num_attention_heads * c.head_dim, kvd = c.num_key_value_heads * c.head_dim;
+    for (block& b : blocks_) {
+      ensure(b.s_in, n * d);
+      ensure(b.s_mid, n * d);
+      ensure(b.y1, n * d);
+      ensure(b.qb, n * qd);
+      ensure(b.kb, n * kvd);
+      ensure(b.vb, n * kvd);
+      ensure(b.ob, n * qd);
+      ensure(b.y2, n * d);
+      if (gated()) ensure(b.gb, n * I);
+      ensure(b.ub, n * I);
+      ensure(b.hb, n * I);
+      ensure(b.lse, batch * c.num_attention_heads * seq);
+    }
+    ensure(tmp_, n * d);
+    ensure(s_final_, n * d);
+    ensure(yf_, n * d);
+    ensure(logits_, n * c.vocab_size);
+    ensure(dlogits_, n * c.vocab_size);
+    positions_.resize(n);
+    for (std::size_t t = 0; t < n; ++t) positions_[t] = std::int64_t(t % seq);
+  }
+
+  void run_forward(std::span<const std::int64_t> ids, std::size_t batch, std::size_t seq, bool train) {
+    check_batch(ids, batch, seq);
+    allocate(batch, seq);
+    batch_ = batch;
+    seq_ = seq;
+    n_ = batch * seq;
+    ids_.assign(ids.begin(), ids.end());
+    const auto& c = cfg_;
+    const std::size_t n = n_, d = c.hidden_size, I = c.intermediate_size;
+    const std::size_t qd = c.num_attention_heads * c.head_dim, kvd = c.num_key_value_heads * c.head_dim;
+    Dev& dev = *dev_;
+    embedding_forward(dev, std::span<const std::int64_t>(ids_), crows_view<float>(embed_->value, c.vocab_size, d), rows_view<float>(blocks_[0].s_in, n, d));
+    if (pos_)
+      embedding_forward(dev, std::span<const std::int64_t>(positions_), crows_view<float>(pos_->value, c.max_position_embeddings, d),
+                        rows_view<float>(blocks_[0].s_in, n, d), true);
+    rope_options ro;
+    ro.theta = c.rope_theta;
+    ro.inv_freq = rope_freq_;
+    for (std::size_t l = 0; l < blocks_.size(); ++l) {
+      block& b = blocks_[l];
+      // ln1: the block's input stream is s_in (layer 0: the embeddings; later: the previous
+      // block's s_mid + MLP output, added by this norm and written to s_in).
+      if (l == 0) b.ln1.forward(dev, crows_view<float>(b.s_in, n, d), cview<float>{}, mview<float>{}, rows_view<T>(b.y1, n, d), train);
+      else b.ln1.forward(dev, crows_view<float>(tmp_, n, d), crows_view<float>(blocks_[l - 1].s_mid, n, d), rows_view<float>(b.s_in, n, d), rows_view<T>(b.y1, n, d), train);
+      const cview<T> y1 = crows_view<T>(b.y1, n, d);
+      b.q.forward(dev, y1, rows_view<T>(b.qb, n, qd), train);
+      b.k.forward(dev, y1, rows_view<T>(b.kb, n, kvd), train);
+      b.v.forward(dev, y1, rows_view<T>(b.vb, n, kvd), train);
+      if (!rope_freq_.empty()) {
+        rope_forward(dev, rows_view<T>(b.qb, n, qd), c.head_dim, std::span<const std::int64_t>(positions_), ro);
+        rope_forward(dev, rows_view<T>(b.kb, n, kvd), c.head_dim, std::span<const std::int64_t>(positions_), ro);
+      }
+      b.attn.forward(dev, batch, seq, std::span<const T>(b.qb.data(), n * qd), std::span<const T>(b.kb.data(), n * kvd),
+                     std::span<const T>(b.vb.data(), n * kvd), std::span<T>(b.ob.data(), n * qd),
+                     std::span<float>(b.lse.data(), batch * c.num_attention_heads * seq));
+      b.o.forward(dev, crows_view<T>(b.ob, n, qd), rows_view<float>(tmp_, n, d), train);
+      b.ln2.forward(dev, crows_view<float>(tmp_, n, d), crows_view<float>(b.s_in, n, d), rows_view<float>(b.s_mid, n, d), rows_view<T>(b.y2, n, d), train);
+      const cview<T> y2 = crows_view<T>(b.y2, n, d);
+      const std::span<T> h(b.hb.data(), n * I);
+      if (gated()) {
+        b.gate.forward(dev, y2, rows_view<T>(b.gb, n, I), train);
+        b.up.forward(dev, y2, rows_view<T>(b.ub, n, I), train);
+        swiglu_forward(dev, std::span<const T>(b.gb.data(), n * I), std::span<const T>(b.ub.data(), n * I), h);
+      } else {
+        b.up.forward(dev, y2, rows_view<T>(b.ub, n, I), train);
+        gelu_forward(dev, std::span<const T>(b.ub.data(), n * I), h, gelu_kind());
+      }
+      b.down.forward(dev, crows_view<T>(b.hb, n, I), rows_view<float>(tmp_, n, d), train);
+    }
+    final_norm_.forward(dev, crows_view<float>(tmp_, n, d), crows_view<float>(blocks_.back().s_mid, n, d), rows_view<float>(s_final_, n, d),
+                        rows_view<T>(yf_, n, d), train);
+    head_.forward(dev, crows_view<T>(yf_, n, d), rows_view<float>(logits_, n, c.vocab_size), train);
+  }
+
+  gelu_approx gelu_kind() const { return cfg_.act == io::activation::gelu ? gelu_approx::erf : gelu_approx::tanh; }
+
+  // The compute-type view of an f32 gradient (a conversion for bf16 models, the same memory for f32).
+  cview<T> as_compute(const device_buffer<float, Dev>& g, std::size_t rows, std::size_t cols) {
+    if constexpr (bf16_compute) {
+      ensure(gT_, rows * cols);
+      convert(*dev_, std::span<const float>(g.data(), rows * cols), std::span<bf16>(gT_.data(), rows * cols));
+      return crows_view<T>(gT_, rows, cols);
+    } else {
+      return crows_view<float>(g, rows, cols);
+    }
+  }
+
+  void run_backward() {
+    const auto& c = cfg_;
+    const std::size_t n = n_, d = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
+    const std::size_t qd = c.num_attention_heads * c.head_dim, kvd = c.num_key_value_heads * c.head_dim;
+    Dev& dev = *dev_;
+    ensure(dS_, n * d);
+    ensure(dS2_, n * d);
+    ensure(dy_, n * d);
+    ensure(dT_, n * std::max({qd, I}));
+    ensure(dq_, n * qd);
+    ensure(dk_, n * kvd);
+    ensure(dv_, n * kvd);
+    ensure(dg_, n * I);
+    ensure(du_, n * I);
+    // head and final norm: dS = d loss / d s_final
+    head_.backward(dev, crows_view<T>(dlogits_, n, V), rows_view<float>(dy_, n, d), false);
+    final_norm_.backward(dev, crows_view<float>(dy_, n, d), cview<float>{}, rows_view<float>(dS_, n, d));
+    rope_options ro;
+    ro.theta = c.rope_theta;
+    ro.inv_freq = rope_freq_;
+    for (std::size_t li = blocks_.size(); li-- > 0;) {
+      block& b = blocks_[li];
+      // MLP: its output was added to s_mid, so it receives dS.
+      const cview<T> dm = as_compute(dS_, n, d);
+      b.down.backward(dev, dm, rows_view<T>(dT_, n, I), false);
+      if (gated()) {
+        swiglu_backward(dev, std::span<const T>(dT_.data(), n * I), std::span<const T>(b.gb.data(), n * I), std::span<const T>(b.ub.data(), n * I),
+                        std::span<T>(dg_.data(), n * I), std::span<T>(du_.data(), n * I));
+        b.gate.backward(dev, crows_view<T>(dg_, n, I), rows_view<float>(dy_, n, d), false);
+        b.up.backward(dev, crows_view<T>(du_, n, I), rows_view<float>(dy_, n, d), true);
+      } else {
+        gelu_backward(dev, std::span<const T>(dT_.data(), n * I), std::span<const T>(b.ub.data(), n * I), std::span<T>(du_.data(), n * I), gelu_kind());
+        b.up.backward(dev, crows_view<T>(du_, n, I), rows_view<float>(dy_, n, d), false);
+      }
+      // ln2: dS2 = d loss / d s_mid (from y2 and from the stream after the block)
+      b.ln2.backward(dev, crows_view<float>(dy_, n, d), crows_view<float>(dS_, n, d), rows_view<float>(dS2_, n, d));
+      // attention: its output was added to s_in, so it receives dS2.
+      const cview<T> da = as_compute(dS2_, n, d);
+      b.o.backward(dev, da, rows_view<T>(dT_, n, qd), false);
+      b.attn.backward(dev, batch_, seq_, std::span<const T>(b.qb.data(), n * qd), std::span<const T>(b.kb.data(), n * kvd),
+                      std::span<const T>(b.vb.data(), n * kvd), std::span<const T>(b.ob.data(), n * qd), std::span<const T>(dT_.data(), n * qd),
+                      std::span<const float>(b.lse.data(), batch_ * c.num_attention_heads * seq_), std::span<T>(dq_.data(), n * qd),
+                      std::span<T>(dk_.data(), n * kvd), std::span<T>(dv_.data(), n * kvd));
+      if (!rope_freq_.empty()) {
+        rope_backward(dev, rows_view<T>(dq_, n, qd), c.head_dim, std::span<const std::int64_t>(positions_), ro);
+        rope_backward(dev, rows_view<T>(dk_, n, kvd), c.head_dim, std::span<const std::int64_t>(positions_), ro);
+      }
+      b.q.backward(dev, crows_view<T>(dq_, n, qd), rows_view<float>(dy_, n, d), false);
+      b.k.backward(dev, crows_view<T>(dk_, n, kvd), rows_view<float>(dy_, n, d), true);
+      b.v.backward(dev, crows_view<T>(dv_, n, kvd), rows_view<float>(dy_, n, d), true);
+      // ln1: dS = d loss / d s_in
+      b.ln1.backward(dev, crows_view<float>(dy_, n, d), crows_view<float>(dS2_, n, d), rows_view<float>(dS_, n, d));
+    }
+    embedding_backward(dev, std::span<const std::int64_t>(ids_), crows_view<float>(dS_, n, d), rows_view<float>(embed_->grad, c.vocab_size, d));
+    if (pos_)
+      embedding_backward(dev, std::span<const std::int64_t>(positions_), crows_view<float>(dS_, n, d),
+                         rows_view<float>(pos_->grad, c.max_position_embeddings, d));
+  }
+
+  Dev* dev_;
+  io::model_config cfg_;
+  parameters<Dev> params_;
+  parameter<Dev>* embed_ = nullptr;
+  parameter<Dev>* pos_ = nullptr;
+  std::vector<block> blocks_;
+  norm<Dev, T> final_norm_;
+  linear<Dev, T> head_;
+  std::vector<double> rope_freq_;
+  // activations of the last forward
+  std::size_t batch_ = 0, seq_ = 0, n_ = 0;
+  std::vector<std::int64_t> ids_, positions_;
+  device_buffer<float, Dev> tmp_, s_final_, logits_;
+  device_buffer<T, Dev> yf_, dlogits_;
+  // backward scratch
+  device_buffer<float, Dev> dS_, dS2_, dy_;
+  device_buffer<T, Dev> dT_, dq_, dk_, dv_, dg_, du_, gT_;
+};
+
+}  // namespace nn
+}  // namespace v0
+}  // namespace tessel

@@ -1,0 +1,204 @@
+// The model layer's modules: linear, norm and self-attention core, each with forward and backward,
+// written on ops/ only (DESIGN.md, "Modules"). Activations are row-major (tokens, features) views.
+// T is the compute type (float or bf16): what GEMMs and attention read. The residual stream and
+// every gradient that flows along it stay f32, as under PyTorch's autocast; a module saves in its
+// forward what its backward needs (views of buffers its owner keeps alive until then).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <tessel/device/device.hpp>
+#include <tessel/device/device_buffer.hpp>
+#include <tessel/nn/errors.hpp>
+#include <tessel/nn/parameters.hpp>
+#include <tessel/ops/attention.hpp>
+#include <tessel/ops/gemm.hpp>
+#include <tessel/ops/norm.hpp>
+#include <tessel/tile/epilogue.hpp>
+#include <tessel/tile/tensor.hpp>
+#include <tessel/types/bf16.hpp>
+
+namespace tessel {
+inline namespace v0 {
+namespace nn {
+
+template <class T>
+concept compute_type = std::is_same_v<T, float> || std::is_same_v<T, bf16>;
+
+template <class T>
+using cview = tensor<const T, 2>;
+template <class T>
+using mview = tensor<T, 2>;
+
+// A row-major (rows, cols) view of a buffer (its first rows*cols elements).
+template <class T, class Buf>
+mview<T> rows_view(Buf& b, std::size_t rows, std::size_t cols) {
+  return mview<T>(b.data(), rows, cols, cols);
+}
+template <class T, class Buf>
+cview<T> crows_view(const Buf& b, std::size_t rows, std::size_t cols) {
+  return cview<T>(b.data(), rows, cols, cols);
+}
+
+// The weight of a parameter as a compute-type pointer: the master for f32, its bf16 copy for bf16.
+template <compute_type T, device Dev>
+const T* compute_data(const parameter<Dev>& p) {
+  if constexpr (std::is_same_v<T, float>) return p.value.data();
+  else return p.value_bf16.data();
+}
+
+// y (N, out) = x (N, in) · Wᵀ + b, with W (out, in) stored either as Hugging Face's Linear does,
+// (out, in) row-major, or as GPT-2's Conv1D does, (in, out) row-major, possibly as a column slice
+// [col0, col0 + out) of a wider (in, total) matrix (GPT-2's fused q|k|v).
+template <device Dev, compute_type T>
+class linear {
+ public:
+  linear() = default;
+  linear(parameter<Dev>* w, parameter<Dev>* b, std::size_t in, std::size_t out, bool stored_in_out = false, std::size_t col0 = 0)
+      : w_(w), b_(b), in_(in), out_(out), in_out_(stored_in_out), col0_(col0) {
+    if (!w) throw nn_error(errc::invalid_argument, "linear: null weight");
+    const std::size_t total = in_out_ ? w->shape.at(1) : out;
+    if (w->shape.size() != 2 || (in_out_ ? w->shape[0] != in || col0 + out > total : w->shape[0] != out || w->shape[1] != in))
+      throw nn_error(errc::invalid_argument, "linear: weight '" + w->name + "' of shape " + w->shape_string() + " cannot be a (" +
+                                                 std::to_string(out) + ", " + std::to_string(in) + ") map");
+    if (b && (b->numel < col0 + out)) throw nn_error(errc::invalid_argument, "linear: bias '" + b->name + "' is too short");
+  }
+  std::size_t in_features() const { return in_; }
+  std::size_t out_features() const { return out_; }
+  parameter<Dev>* weight() const { return w_; }
+  parameter<Dev>* bias() const { return b_; }
+
+  // y = x Wᵀ + b (Y: T or f32). Saves x for backward when `save`.
+  template <class Y>
+  void forward(Dev& dev, cview<T> x, mview<Y> y, bool save) {
+    if (save) x_ = x;
+    const auto W = weight_view<const T>(compute_data<T>(*w_));
+    if (b_) gemm(dev, x, W.transposed(), y, 1.0f, 0.0f, epilogue::bias(std::span<const float>(b_->value.data() + col0_, out_)));
+    else gemm(dev, x, W.transposed(), y);
+  }
+  // dx = dy W (accumulate: dx += dy W; DX: T or f32), dW += dyᵀ x, db += column sums of dy.
+  // `dx` may be empty (the first layer's input needs no gradient).
+  template <class DX>
+  void backward(Dev& dev, cview<T> dy, mview<DX> dx, bool accumulate_dx) {
+    if (x_.rows() != dy.rows()) throw nn_error(errc::invalid_argument, "linear: backward without a matching forward");
+    const auto W = weight_view<const T>(compute_data<T>(*w_));
+    if (dx.data()) gemm(dev, dy, W, dx, 1.0f, accumulate_dx ? 1.0f : 0.0f);
+    if (in_out_) {
+      // dW stored (in, total): columns [col0, col0+out) += xᵀ dy
+      mview<float> G = mview<float>::strided(w_->grad.data() + col0_, in_, out_, w_->shape[1], 1);
+      gemm(dev, x_.transposed(), dy, G, 1.0f, 1.0f);
+    } else {
+      mview<float> G = mview<float>::strided(w_->grad.data(), out_, in_, in_, 1);
+      gemm(dev, dy.transposed(), x_, G, 1.0f, 1.0f);
+    }
+    if (b_) {
+      if (ones_.size() < dy.rows()) ones_ = device_buffer<T, Dev>(dev, dy.rows(), T(1.0f));
+      mview<float> db = mview<float>::strided(b_->grad.data() + col0_, out_, 1, 1, 1);
+      gemm(dev, dy.transposed(), cview<T>(ones_.data(), dy.rows(), 1, 1), db, 1.0f, 1.0f);
+    }
+  }
+
+ private:
+  template <class E>
+  tensor<E, 2> weight_view(E* base) const {
+    if (in_out_) return tensor<E, 2>::strided(base + col0_, out_, in_, 1, w_->shape[1]);  // (out, in) view of (in, total)
+    return tensor<E, 2>::strided(base, out_, in_, in_, 1);
+  }
+  parameter<Dev>* w_ = nullptr;
+  parameter<Dev>* b_ = nullptr;
+  std::size_t in_ = 0, out_ = 0;
+  bool in_out_ = false;
+  std::size_t col0_ = 0;
+  cview<T> x_;
+  device_buffer<T, Dev> ones_;
+};
+
+// RMSNorm or LayerNorm over the f32 residual stream, writing the compute type. With a residual,
+// the stream is advanced first (h = x + residual, written to residual_out) and h is normalised.
+template <device Dev, compute_type T>
+class norm {
+ public:
+  norm() = default;
+  norm(parameter<Dev>* w, parameter<Dev>* b, bool rms, float eps) : w_(w), b_(b), rms_(rms), eps_(eps) {
+    if (!w || w->shape.size() != 1) throw nn_error(errc::invalid_argument, "norm: weight must be a vector");
+    if (b && b->shape != w->shape) throw nn_error(errc::invalid_argument, "norm: bias and weight differ in shape");
+  }
+  std::size_t features() const { return w_->numel; }
+
+  void forward(Dev& dev, cview<float> x, cview<float> residual, mview<float> residual_out, mview<T> y, bool save) {
+    const std::size_t rows = x.rows();
+    if (rstd_.size() < rows) {
+      rstd_ = device_buffer<float, Dev>(dev, rows);
+      if (!rms_) mean_ = device_buffer<float, Dev>(dev, rows);
+    }
+    const std::span<float> rstd(rstd_.data(), rows);
+    const norm_options o{.eps = eps_};
+    if (rms_) rmsnorm_forward(dev, x, w_->value.cspan(), y, rstd, o, residual, residual_out);
+    else layernorm_forward(dev, x, w_->value.cspan(), b_ ? b_->value.cspan() : std::span<const float>{}, y, std::span<float>(mean_.data(), rows), rstd, o,
+                           residual, residual_out);
+    if (save) h_ = residual.data() ? cview<float>(residual_out) : x;
+  }
+  // dx = d(loss)/d(h) from dy (the gradient of y) plus `dres` (the gradient arriving on the stream
+  // after this point; may be empty); dweight and dbias accumulate.
+  void backward(Dev& dev, cview<float> dy, cview<float> dres, mview<float> dx) {
+    const std::size_t rows = h_.rows();
+    if (dy.rows() != rows) throw nn_error(errc::invalid_argument, "norm: backward without a matching forward");
+    const norm_options o{.eps = eps_, .accumulate = true};
+    const std::span<const float> rstd(rstd_.data(), rows);
+    if (rms_) rmsnorm_backward(dev, dy, h_, w_->value.cspan(), rstd, dx, w_->grad.span(), o, dres);
+    else layernorm_backward(dev, dy, h_, w_->value.cspan(), std::span<const float>(mean_.data(), rows), rstd, dx, w_->grad.span(),
+                            b_ ? b_->grad.span() : std::span<float>{}, o, dres);
+  }
+
+ private:
+  parameter<Dev>* w_ = nullptr;
+  parameter<Dev>* b_ = nullptr;
+  bool rms_ = true;
+  float eps_ = 1e-6f;
+  cview<float> h_;
+  device_buffer<float, Dev> rstd_, mean_;
+};
+
+// Causal self-attention over a dense batch (batch, seq) of q (tokens, heads_q·d) and k, v
+// (tokens, heads_kv·d) in token order, with grouped-query heads and an optional sliding window
+// (a query attends to the `window` most recent keys, itself included).
+template <device Dev, compute_type T>
+class self_attention {
+ public:
+  self_attention() = default;
+  self_attention(std::size_t heads_q, std::size_t heads_kv, std::size_t head_dim, std::optional<std::size_t> window)
+      : hq_(heads_q), hkv_(heads_kv), d_(head_dim), window_(window) {}
+
+  attention_options options() const {
+    attention_options o;
+    o.causal = true;
+    if (window_) o.window_left = static_cast<std::ptrdiff_t>(*window_) - 1;
+    return o;
+  }
+  attention_shape shape(std::size_t batch, std::size_t seq) const {
+    return attention_shape{.batch = batch, .seq_q = seq, .seq_kv = seq, .heads_q = hq_, .heads_kv = hkv_, .head_dim = d_};
+  }
+  // o = softmax(q kᵀ / sqrt(d) + mask) v; lse (batch·heads_q·seq) is kept for backward.
+  void forward(Dev& dev, std::size_t batch, std::size_t seq, std::span<const T> q, std::span<const T> k, std::span<const T> v, std::span<T> o,
+               std::span<float> lse) {
+    attention_forward(dev, shape(batch, seq), q, k, v, o, lse, options());
+  }
+  void backward(Dev& dev, std::size_t batch, std::size_t seq, std::span<const T> q, std::span<const T> k, std::span<const T> v,
+                std::span<const T> o, std::span<const T> dout, std::span<const float> lse, std::span<T> dq, std::span<T> dk, std::span<T> dv) {
+    attention_backward(dev, shape(batch, seq), q, k, v, o, dout, lse, dq, dk, dv, options());
+  }
+
+ private:
+  std::size_t hq_ = 1, hkv_ = 1, d_ = 0;
+  std::optional<std::size_t> window_;
+};
+
+}  // namespace nn
+}  // namespace v0
+}  // namespace tessel

@@ -1,0 +1,214 @@
+// Decoder models (tessel/nn/decoder.hpp): gradients against central differences of the loss,
+// determinism across thread counts, bf16 against f32, checkpoints round-trip by name, training
+// lowers the loss, and bad input is a typed error. The PyTorch conformance lives in *_torch.cpp.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <tessel/device/host_device.hpp>
+#include <tessel/nn.hpp>
+
+#include "error_match.hpp"
+
+using namespace tessel;
+using tessel_test::is_error;
+
+namespace {
+
+io::model_config llama_config(bool tie = false, bool bias = false, int window = 0) {
+  std::string j = R"({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 37, "hidden_size": 64,
+    "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu")";
+  j += std::string(", \"tie_word_embeddings\": ") + (tie ? "true" : "false");
+  j += std::string(", \"attention_bias\": ") + (bias ? "true" : "false");
+  if (window) {
+    j.replace(j.find("\"llama\""), 7, "\"mistral\"");
+    j.replace(j.find("LlamaForCausalLM"), 16, "MistralForCausalLM");
+    j += ", \"sliding_window\": " + std::to_string(window);
+  }
+  return io::parse_model_config(j + "}");
+}
+
+io::model_config gpt2_config() {
+  return io::parse_model_config(R"({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": 41, "n_embd": 64,
+    "n_layer": 2, "n_head": 4, "n_positions": 32, "layer_norm_epsilon": 1e-5, "activation_function": "gelu_new"})");
+}
+
+struct batch {
+  std::size_t b = 2, s = 7;
+  std::vector<std::int64_t> ids, targets;
+};
+batch make_batch(std::size_t vocab, std::uint64_t seed = 1) {
+  batch x;
+  nn::normal_rng r(seed);
+  for (std::size_t i = 0; i < x.b * x.s; ++i) x.ids.push_back(std::int64_t(std::fabs(r() * 1000.0)) % std::int64_t(vocab));
+  x.targets.resize(x.ids.size());
+  for (std::size_t i = 0; i < x.ids.size(); ++i) x.targets[i] = (i % x.s + 1 < x.s) ? x.ids[i + 1] : -100;
+  x.targets[3] = -100;
+  return x;
+}
+
+// d loss / d p·u against central differences (Richardson-extrapolated) along a random direction u of each
+// parameter, in f32: the two agree to the rounding of the loss.
+template <class Model>
+void check_directional_gradients(Model& m, const batch& x) {
+  auto& ps = m.params();
+  ps.zero_grad();
+  (void)m.forward_backward(x.ids, x.targets, x.b, x.s);
+  nn::normal_rng r(99);
+  for (auto& p : ps) {
+    std::vector<float> u(p.numel), saved(p.value.data(), p.value.data() + p.numel);
+    double gu = 0.0, uu = 0.0;
+    for (std::size_t i = 0; i < p.numel; ++i) {
+      u[i] = float(r());
+      gu += double(p.grad.data()[i]) * u[i];
+      uu += double(u[i]) * u[i];
+    }
+    const double h = 2e-3 / std::sqrt(uu / double(p.numel));
+    auto loss_at = [&](double s) {
+      for (std::size_t i = 0; i < p.numel; ++i) p.value.data()[i] = float(double(saved[i]) + s * h * u[i]);
+      return m.loss(x.ids, x.targets, x.b, x.s);
+    };
+    // Richardson: (4 D(h/2) - D(h)) / 3 cancels the h^2 term of the central difference D.
+    const double d1 = (loss_at(1.0) - loss_at(-1.0)) / (2.0 * h), d2 = (loss_at(0.5) - loss_at(-0.5)) / h;
+    const double fd = (4.0 * d2 - d1) / 3.0;
+    std::copy(saved.begin(), saved.end(), p.value.data());
+    INFO(p.name << ": analytic " << gu << ", central difference " << fd);
+    CHECK(std::fabs(fd - gu) <= 2e-3 * std::max(1.0, std::fabs(gu)) + 2e-3);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("llama-style decoder gradients match central differences of the loss", "[nn][decoder]") {
+  host_device dev(2);
+  for (bool tie : {false, true}) {
+    nn::decoder_lm<host_device> m(dev, llama_config(tie, !tie));
+    m.init(7, 0.2);
+    check_directional_gradients(m, make_batch(37));
+  }
+}
+
+TEST_CASE("mistral sliding-window decoder gradients match central differences", "[nn][decoder]") {
+  host_device dev(2);
+  nn::decoder_lm<host_device> m(dev, llama_config(false, false, 3));
+  m.init(8, 0.2);
+  check_directional_gradients(m, make_batch(37));
+}
+
+TEST_CASE("gpt2 decoder gradients match central differences of the loss", "[nn][decoder]") {
+  host_device dev(2);
+  nn::decoder_lm<host_device> m(dev, gpt2_config());
+  m.init(9, 0.2);
+  check_directional_gradients(m, make_batch(41));
+}
+
+TEST_CASE("decoder loss and gradients are the same bits on 1 and 2 threads", "[nn][decoder]") {
+  host_device d1(1), d2(2);
+  const auto cfg = llama_config();
+  nn::decoder_lm<host_device> a(d1, cfg), b(d2, cfg);
+  a.init(3, 0.1);
+  b.init(3, 0.1);
+  const auto x = make_batch(37, 5);
+  const double la = a.forward_backward(x.ids, x.targets, x.b, x.s), lb = b.forward_backward(x.ids, x.targets, x.b, x.s);
+  CHECK(la == lb);
+  auto pb = b.params().begin();
+  for (auto& p : a.params()) {
+    INFO(p.name);
+    CHECK(std::equal(p.grad.data(), p.grad.data() + p.numel, pb->grad.data()));
+    ++pb;
+  }
+}
+
+TEST_CASE("a bf16 decoder tracks the f32 one", "[nn][decoder][bf16]") {
+  host_device dev(2);
+  for (const auto& cfg : {llama_config(), gpt2_config()}) {
+    nn::decoder_lm<host_device, float> f(dev, cfg);
+    nn::decoder_lm<host_device, bf16> h(dev, cfg);
+    f.init(11, 0.1);
+    h.init(11, 0.1);
+    const auto x = make_batch(cfg.vocab_size, 6);
+    const double lf = f.forward_backward(x.ids, x.targets, x.b, x.s), lh = h.forward_backward(x.ids, x.targets, x.b, x.s);
+    // bf16 rounds each GEMM operand to 8 bits: the loss moves by a few units of 2^-8 relative.
+    CHECK(std::fabs(lf - lh) <= 0.02 * std::fabs(lf));
+    double dot = 0.0, nf = 0.0, nh = 0.0;
+    auto ph = h.params().begin();
+    for (auto& p : f.params()) {
+      for (std::size_t i = 0; i < p.numel; ++i) {
+        dot += double(p.grad.data()[i]) * ph->grad.data()[i];
+        nf += double(p.grad.data()[i]) * p.grad.data()[i];
+        nh += double(ph->grad.data()[i]) * ph->grad.data()[i];
+      }
+      ++ph;
+    }
+    CHECK(dot / std::sqrt(nf * nh) > 0.99);  // the gradients point the same way
+  }
+}
+
+TEST_CASE("a decoder saved by name loads back to the same logits", "[nn][decoder][io]") {
+  host_device dev(2);
+  const auto dir = std::filesystem::temp_directory_path() / "tessel_nn_roundtrip";
+  std::filesystem::create_directories(dir);
+  for (const auto& cfg : {llama_config(true), gpt2_config()}) {
+    nn::decoder_lm<host_device> a(dev, cfg), b(dev, cfg);
+    a.init(21, 0.1);
+    a.params().save(dir / "model.safetensors");
+    b.load(dir / "model.safetensors");
+    const auto x = make_batch(cfg.vocab_size);
+    const auto la = a.forward(x.ids, x.b, x.s);
+    const std::vector<float> va(la.begin(), la.end());
+    const auto lb = b.forward(x.ids, x.b, x.s);
+    CHECK(std::equal(va.begin(), va.end(), lb.begin()));
+  }
+  // a checkpoint with a tensor of the wrong shape names it
+  nn::decoder_lm<host_device> small(dev, llama_config());
+  small.init(1);
+  small.params().save(dir / "model.safetensors");
+  auto cfg = llama_config();
+  cfg.intermediate_size = 40;
+  nn::decoder_lm<host_device> other(dev, cfg);
+  CHECK_THROWS_MATCHES(other.load(dir / "model.safetensors"), nn::nn_error, is_error(errc::format, "nn", "model.layers.0.mlp.gate_proj.weight"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("AdamW steps lower the loss of a decoder on a repeated batch", "[nn][decoder][train]") {
+  host_device dev(2);
+  nn::decoder_lm<host_device, bf16> m(dev, llama_config());
+  m.init(5);
+  const auto x = make_batch(37, 2);
+  nn::adamw_config h;
+  h.hyper.lr = 1e-2f;
+  double first = 0.0, last = 0.0;
+  for (std::uint64_t step = 1; step <= 30; ++step) {
+    m.params().zero_grad();
+    last = m.forward_backward(x.ids, x.targets, x.b, x.s);
+    if (step == 1) first = last;
+    CHECK_FALSE(m.adamw(h, step).skipped);
+  }
+  CHECK(last < 0.5 * first);
+}
+
+TEST_CASE("decoder input errors are typed and name the problem", "[nn][decoder][errors]") {
+  host_device dev(1);
+  nn::decoder_lm<host_device> m(dev, llama_config());
+  std::vector<std::int64_t> ids{1, 2, 3, 40}, targets{2, 3, 4, 5};
+  CHECK_THROWS_MATCHES(m.forward(ids, 1, 4), nn::nn_error, is_error(errc::invalid_argument, "nn", "token id 40"));
+  CHECK_THROWS_MATCHES(m.forward(ids, 1, 3), nn::nn_error, is_error(errc::invalid_argument, "nn", "4 token ids for batch 1 x seq 3"));
+  ids[3] = 4;
+  targets.pop_back();
+  CHECK_THROWS_MATCHES(m.forward_backward(ids, targets, 1, 4), nn::nn_error, is_error(errc::invalid_argument, "nn", "3 targets for 4 tokens"));
+  targets = {2, 3, 4, 99};
+  CHECK_THROWS_AS(m.forward_backward(ids, targets, 1, 4), tessel::error);  // a label outside the vocabulary
+  auto moe = io::parse_model_config(R"({"model_type": "mixtral", "vocab_size": 37, "hidden_size": 64, "intermediate_size": 48,
+    "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2,
+    "max_position_embeddings": 64})");
+  CHECK_THROWS_MATCHES((nn::decoder_lm<host_device>(dev, moe)), nn::nn_error, is_error(errc::unsupported, "nn", "mixture-of-experts"));
+  auto gpt = gpt2_config();
+  nn::decoder_lm<host_device> g(dev, gpt);
+  std::vector<std::int64_t> long_ids(33, 1);
+  CHECK_THROWS_MATCHES(g.forward(long_ids, 1, 33), nn::nn_error, is_error(errc::invalid_argument, "nn", "learned positions"));
+}
