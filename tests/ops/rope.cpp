@@ -44,3 +44,29 @@ TEST_CASE("rope matches an fp64 rotation and backward inverts it", "[ops][rope]"
   CHECK_THROWS_AS(rope_forward(dev, tensor<float, 2>(x.data(), 2, 6), 4, pos), layer_error);
   CHECK_THROWS_AS(rope_forward(dev, tensor<float, 2>(x.data(), 3, 4), 4, pos), layer_error);
 }
+
+TEST_CASE("rope takes given frequencies in place of theta's", "[ops][rope]") {
+  host_device dev(2);
+  const std::size_t T = 5, D = 16;
+  auto x = train_ref::randn(T * D, 3);
+  std::vector<std::int64_t> pos{0, 1, 7, 100, 4096};
+  std::vector<double> freq(D / 2);
+  for (std::size_t j = 0; j < freq.size(); ++j) freq[j] = std::pow(500000.0, -2.0 * double(j) / double(D));
+  auto a = x, b = x;
+  rope_options by_theta;
+  by_theta.theta = 500000.0;
+  rope_options by_freq;
+  by_freq.inv_freq = freq;
+  rope_forward(dev, tensor<float, 2>(a.data(), T, D), D, pos, by_theta);
+  rope_forward(dev, tensor<float, 2>(b.data(), T, D), D, pos, by_freq);
+  CHECK(a == b);  // the same doubles give the same bits
+  for (double& f : freq) f /= 8.0;  // linear scaling: position p behaves as p / 8
+  auto c = x, d = x;
+  by_freq.inv_freq = freq;
+  rope_forward(dev, tensor<float, 2>(c.data(), T, D), D, std::vector<std::int64_t>{0, 8, 56, 800, 8 * 4096}, by_freq);
+  rope_forward(dev, tensor<float, 2>(d.data(), T, D), D, pos, by_theta);
+  for (std::size_t i = 0; i < c.size(); ++i) CHECK(std::fabs(c[i] - d[i]) < 1e-5);
+  freq.pop_back();
+  by_freq.inv_freq = freq;
+  CHECK_THROWS_AS(rope_forward(dev, tensor<float, 2>(a.data(), T, D), D, pos, by_freq), layer_error);
+}

@@ -1,7 +1,8 @@
 // Bulk dtype conversion as a streaming tile program: dst[i] = To(float(src[i]) * scale), rounded to
 // nearest even (the numeric policy), for any pair of tessel's element types. The model layer uses it
 // where an f32 stream meets a bf16 GEMM operand; the e4m3 attention backward uses it to dequantise.
-// f32 <-> bf16 without a scale runs on the vector path; every other pair converts element by element.
+// Unscaled float <-> narrow conversions run the numbers layer's vectorised bulk convert on each
+// chunk; every other case converts element by element (the same bits either way).
 #pragma once
 
 #include <algorithm>
@@ -11,11 +12,11 @@
 #include <type_traits>
 
 #include <tessel/arch/unpack.hpp>
-#include <tessel/ops/detail/norm_rows.hpp>
 #include <tessel/ops/errors.hpp>
 #include <tessel/tile/block_ctx.hpp>
 #include <tessel/types/bf16.hpp>
 #include <tessel/types/fp16.hpp>
+#include <tessel/types/convert.hpp>
 #include <tessel/types/fp8.hpp>
 
 namespace tessel {
@@ -35,14 +36,14 @@ struct convert_program {
   float scale;
   static constexpr std::size_t chunk = std::size_t{1} << 16;
   void operator()(block_ctx& ctx) const {
-    using namespace tessel::detail::rows;
     const std::size_t i0 = ctx.block_linear() * chunk, i1 = std::min(n, i0 + chunk);
-    if constexpr (row_io_type<From> && row_io_type<To>) {
-      if (scale == 1.0f) {
-        for_lanes(i1 - i0, [&](std::size_t j, auto v) {
-          using V = decltype(v);
-          typed_store<To, V>(dst + i0, j, typed_load<From, V>(src + i0, j));
-        });
+    if (scale == 1.0f) {
+      // The numbers layer's bulk conversions (Highway; bit-identical to the scalar ones) per chunk.
+      if constexpr (std::is_same_v<From, float> && narrow_float<To>) {
+        tessel::convert(std::span<const float>(src + i0, i1 - i0), std::span<To>(dst + i0, i1 - i0));
+        return;
+      } else if constexpr (narrow_float<From> && std::is_same_v<To, float>) {
+        tessel::convert(std::span<const From>(src + i0, i1 - i0), std::span<float>(dst + i0, i1 - i0));
         return;
       }
     }
