@@ -3,5 +3,6 @@
 
 #include <tessel/nn/decoder.hpp>
 #include <tessel/nn/errors.hpp>
+#include <tessel/nn/generate.hpp>
 #include <tessel/nn/layers.hpp>
 #include <tessel/nn/parameters.hpp>

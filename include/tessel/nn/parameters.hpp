@@ -182,6 +182,48 @@ class parameters {
     w.write(file);
   }
 
+  // A training checkpoint: the masters plus the AdamW moments ("adamw.m.<name>", "adamw.v.<name>")
+  // and the step count (metadata "step"), so training resumes with the same bits.
+  void save_training_state(const std::filesystem::path& file, std::uint64_t step) const {
+    io::safetensors_writer w;
+    w.add_metadata("step", std::to_string(step));
+    for (const auto& p : list_) w.add<float>(p.name, p.shape, p.value.cspan());
+    for (const auto& p : list_) {
+      if (p.m.empty()) continue;
+      w.add<float>("adamw.m." + p.name, p.shape, p.m.cspan());
+      w.add<float>("adamw.v." + p.name, p.shape, p.v.cspan());
+    }
+    w.write(file);
+  }
+  // Loads what save_training_state wrote; returns the step count.
+  std::uint64_t load_training_state(const std::filesystem::path& file) {
+    const auto ck = io::safetensors_checkpoint::open(file);
+    load_options o;
+    o.allow_unexpected = true;  // the moments
+    load(ck, o);
+    for (auto& p : list_) {
+      if (!ck.contains("adamw.m." + p.name)) continue;
+      if (p.m.empty()) {
+        p.m = device_buffer<float, Dev>(*dev_, p.numel);
+        p.v = device_buffer<float, Dev>(*dev_, p.numel);
+      }
+      for (auto [key, buf] : {std::pair{"adamw.m.", &p.m}, std::pair{"adamw.v.", &p.v}}) {
+        const auto t = ck.tensor(key + p.name);
+        if (t.dtype() != io::st_dtype::f32 || t.numel() != p.numel)
+          throw nn_error(errc::format, t.file() + ": tensor '" + t.name() + "' does not match parameter '" + p.name + "'");
+        buf->copy_from(t.template data<float>().span());
+      }
+    }
+    const auto& meta = ck.shards().front().metadata();
+    const auto it = meta.find("step");
+    if (it == meta.end()) throw nn_error(errc::format, ck.file() + ": no 'step' in the metadata of a training checkpoint");
+    try {
+      return std::stoull(it->second);
+    } catch (const std::exception&) {
+      throw nn_error(errc::format, ck.file() + ": metadata 'step' is '" + it->second + "', not a count");
+    }
+  }
+
   // Normal(0, std) for matrices and embeddings, 1 for norm weights, 0 for biases (names ending in
   // "bias" or holding "norm"/"ln_" with one dimension), from one seed in registration order.
   void init_normal(std::uint64_t seed, double std = 0.02) {

@@ -1,0 +1,93 @@
+// Sampling the next token from a row of logits (greedy, temperature, top-k, top-p, seeded) and a
+// plain generation loop over any model with forward(ids, batch, seq) -> logits.
+//
+// This loop re-runs the whole context for every new token (cost quadratic in the length): it is
+// the reference the KV-cache decoder will be checked against, and enough for short samples.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <numeric>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <tessel/nn/errors.hpp>
+
+namespace tessel {
+inline namespace v0 {
+namespace nn {
+
+struct sampling {
+  float temperature = 1.0f;  // 0: greedy (the first largest logit)
+  std::size_t top_k = 0;     // > 0: only the k largest logits
+  float top_p = 1.0f;        // < 1: the smallest set of most likely tokens holding this probability
+  std::uint64_t seed = 0;
+};
+
+// Counter-based uniform numbers in [0, 1): draw i of a seed is the same on every machine.
+inline double uniform01(std::uint64_t seed, std::uint64_t i) {
+  std::uint64_t z = seed + 0x9e3779b97f4a7c15ull * (i + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return double(z >> 11) * 0x1.0p-53;
+}
+
+// The token drawn from `logits` with the `draw`-th random number of s.seed.
+inline std::int64_t sample_token(std::span<const float> logits, const sampling& s, std::uint64_t draw) {
+  if (logits.empty()) throw nn_error(errc::invalid_argument, "sample_token: no logits");
+  if (!(s.temperature >= 0.0f) || !std::isfinite(s.temperature)) throw nn_error(errc::invalid_argument, "sample_token: temperature must be finite and >= 0");
+  if (!(s.top_p > 0.0f && s.top_p <= 1.0f)) throw nn_error(errc::invalid_argument, "sample_token: top_p must be in (0, 1]");
+  for (float x : logits)
+    if (std::isnan(x)) throw nn_error(errc::invalid_argument, "sample_token: NaN logit");
+  if (s.temperature == 0.0f) return std::int64_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  std::vector<std::size_t> order(logits.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return logits[a] > logits[b]; });
+  std::size_t keep = s.top_k > 0 ? std::min(s.top_k, order.size()) : order.size();
+  const double top = double(logits[order[0]]) / s.temperature;
+  std::vector<double> p(keep);
+  double sum = 0.0;
+  for (std::size_t i = 0; i < keep; ++i) sum += p[i] = std::exp(double(logits[order[i]]) / s.temperature - top);
+  if (s.top_p < 1.0f) {
+    double acc = 0.0;
+    std::size_t i = 0;
+    while (i < keep && acc < double(s.top_p) * sum) acc += p[i++];
+    keep = std::max<std::size_t>(i, 1);
+    sum = std::accumulate(p.begin(), p.begin() + std::ptrdiff_t(keep), 0.0);
+  }
+  const double u = uniform01(s.seed, draw) * sum;
+  double acc = 0.0;
+  for (std::size_t i = 0; i < keep; ++i) {
+    acc += p[i];
+    if (u < acc) return std::int64_t(order[i]);
+  }
+  return std::int64_t(order[keep - 1]);
+}
+
+// prompt + up to max_new sampled tokens (stops after `stop` when it is >= 0). The context given to
+// the model is the last `window` tokens (the model's maximum sequence).
+template <class Model>
+std::vector<std::int64_t> generate(Model& m, std::span<const std::int64_t> prompt, std::size_t max_new, const sampling& s, std::size_t window,
+                                   std::int64_t stop = -1) {
+  if (prompt.empty()) throw nn_error(errc::invalid_argument, "generate: an empty prompt");
+  if (window == 0) throw nn_error(errc::invalid_argument, "generate: a zero context window");
+  std::vector<std::int64_t> out(prompt.begin(), prompt.end());
+  for (std::size_t i = 0; i < max_new; ++i) {
+    const std::size_t n = std::min(out.size(), window);
+    const std::span<const std::int64_t> ctx(out.data() + out.size() - n, n);
+    const auto logits = m.forward(ctx, 1, n);
+    const std::size_t V = logits.size() / n;
+    const std::int64_t t = sample_token(logits.subspan((n - 1) * V, V), s, i);
+    out.push_back(t);
+    if (t == stop) break;
+  }
+  return out;
+}
+
+}  // namespace nn
+}  // namespace v0
+}  // namespace tessel
