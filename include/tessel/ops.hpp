@@ -4,9 +4,11 @@
 
 #include <tessel/ops/activation.hpp>
 #include <tessel/ops/attention.hpp>
+#include <tessel/ops/embedding.hpp>
 #include <tessel/ops/gemm.hpp>
 #include <tessel/ops/loss.hpp>
 #include <tessel/ops/norm.hpp>
 #include <tessel/ops/optim.hpp>
+#include <tessel/ops/quant.hpp>
 #include <tessel/ops/rope.hpp>
 #include <tessel/ops/softmax.hpp>
