@@ -1,8 +1,10 @@
-// The model layer: parameters, modules with forward and backward, decoder models from a config.
+// The model layer: parameters, modules with forward and backward (mixture of experts too), decoder
+// models from a config.
 #pragma once
 
 #include <tessel/nn/decoder.hpp>
 #include <tessel/nn/errors.hpp>
 #include <tessel/nn/generate.hpp>
 #include <tessel/nn/layers.hpp>
+#include <tessel/nn/moe.hpp>
 #include <tessel/nn/parameters.hpp>

@@ -1,6 +1,7 @@
-// Decoder models against PyTorch (tools/torch/reference_models.py, label torch): every dense model
-// of the fixtures loads by Hugging Face's names and gives the fp64 reference's logits, loss and
-// every parameter's gradient, in f32 and in bf16, and 20 AdamW steps follow torch's trajectory.
+// Decoder models against PyTorch (tools/torch/reference_models.py, label torch): every model of
+// the fixtures loads by Hugging Face's names and gives the fp64 reference's logits, loss and every
+// parameter's gradient, in f32 and in bf16, and 20 AdamW steps follow torch's trajectory. Mixtral
+// also gives the router logits and the aux loss, and its gradients include coef · d aux.
 //
 // Bounds. f32: each logit is the end of about 2 layers x 4 dependent GEMMs with K <= 256 and
 // norms/softmaxes; first-order error analysis gives a relative error of a few γ_K = K·u (u = 2^-24,
@@ -21,6 +22,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -70,7 +72,7 @@ double dist2(const float* a, const float* b, std::size_t n) {
   return std::sqrt(s);
 }
 
-const char* dense_models[] = {"llama", "llama_bias", "llama3_rope", "mistral", "qwen2", "gpt2"};
+const char* models[] = {"llama", "llama_bias", "llama3_rope", "mistral", "qwen2", "mixtral", "gpt2"};
 
 template <class T>
 void check_model(const std::string& name, double logit_tol, double grad_tol) {
@@ -95,12 +97,33 @@ void check_model(const std::string& name, double logit_tol, double grad_tol) {
   const double want_loss = r.get("loss")[0];
   INFO("loss " << loss << " vs " << want_loss);
   CHECK(std::fabs(loss - want_loss) <= logit_tol * (1.0 + std::fabs(want_loss)));
+  // Mixtral: the gradient holds coef · d aux as well (the config's router_aux_loss_coef is 0.02).
+  const bool moe = m->config().is_moe();
+  const std::string grad = moe && m->config().router_aux_loss_coef > 0.0 ? "grad_total." : "grad.";
+  if (moe) {
+    const double want_aux = r.get("aux_loss")[0];
+    INFO("aux loss " << m->last_aux_loss() << " vs " << want_aux);
+    if (std::getenv("TESSEL_REPORT")) std::printf("| %s | %s | aux loss error %.2e |\n", name.c_str(), std::is_same_v<T, float> ? "f32" : "bf16", std::fabs(m->last_aux_loss() - want_aux));
+    CHECK(std::fabs(m->last_aux_loss() - want_aux) <= logit_tol * (1.0 + want_aux));
+    for (std::size_t l = 0; l < m->config().num_hidden_layers; ++l) {
+      const auto want_r = r.get("router_logits." + std::to_string(l));
+      const auto got_r = m->router_logits(l);
+      REQUIRE(got_r.size() == want_r.size());
+      double rmax = 0.0, rerr = 0.0;
+      for (std::size_t i = 0; i < want_r.size(); ++i) {
+        rmax = std::max(rmax, std::fabs(double(want_r[i])));
+        rerr = std::max(rerr, std::fabs(double(got_r[i]) - want_r[i]));
+      }
+      INFO("router logits of layer " << l << ": max error " << rerr << ", max |logit| " << rmax);
+      CHECK(rerr <= logit_tol * (1.0 + rmax));
+    }
+  }
   double max_norm = 0.0;
-  for (auto& p : m->params()) max_norm = std::max(max_norm, norm2(r.get("grad." + p.name).data(), p.numel));
+  for (auto& p : m->params()) max_norm = std::max(max_norm, norm2(r.get(grad + p.name).data(), p.numel));
   double worst = 0.0;
   std::string worst_name;
   for (auto& p : m->params()) {
-    const auto g = r.get("grad." + p.name);
+    const auto g = r.get(grad + p.name);
     REQUIRE(g.size() == p.numel);
     const double e = dist2(p.grad.data(), g.data(), p.numel) / std::max(norm2(g.data(), p.numel), 1e-4 * max_norm);
     if (e > worst) worst = e, worst_name = p.name;
@@ -115,19 +138,23 @@ void check_model(const std::string& name, double logit_tol, double grad_tol) {
 }  // namespace
 
 TEST_CASE("f32 decoders give PyTorch's fp64 logits, loss and gradients", "[nn][torch]") {
-  for (const char* name : dense_models) check_model<float>(name, 1.5e-5, 1.5e-5);
+  for (const char* name : models) check_model<float>(name, 1.5e-5, 1.5e-5);
 }
 
 TEST_CASE("bf16 decoders stay within bf16 bounds of PyTorch's fp64 logits and gradients", "[nn][torch][bf16]") {
-  for (const char* name : dense_models) check_model<bf16>(name, 2e-2, 6e-2);
+  for (const char* name : models) check_model<bf16>(name, 2e-2, 6e-2);
 }
 
 TEST_CASE("20 AdamW steps follow PyTorch's trajectory", "[nn][torch][train]") {
   host_device dev(2);
-  for (const char* name : dense_models) {
+  for (const char* name : models) {
     INFO("model " << name);
     const fs::path dir = fixtures() / name;
-    auto m = nn::decoder_lm<host_device>::from_pretrained(dev, dir);
+    // torch's trajectory is cross-entropy only (Mixtral without the aux term): coefficient 0
+    auto cfg = io::load_model_config(dir / "config.json");
+    cfg.router_aux_loss_coef = 0.0;
+    auto m = std::make_unique<nn::decoder_lm<host_device>>(dev, cfg);
+    m->load(dir);
     reference r(dir);
     nn::adamw_config h;
     h.hyper = adamw_params{.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.01f};
@@ -159,8 +186,20 @@ TEST_CASE("a sharded Hugging Face checkpoint loads to the same logits", "[nn][to
   CHECK(std::equal(va.begin(), va.end(), lb.begin()));
 }
 
-TEST_CASE("the Mixtral fixture is refused with a typed error until MoE layers exist", "[nn][torch]") {
-  host_device dev(1);
-  CHECK_THROWS_MATCHES(nn::decoder_lm<host_device>::from_pretrained(dev, fixtures() / "mixtral"), nn::nn_error,
-                       tessel_test::is_error(errc::unsupported, "nn", "mixture-of-experts"));
+TEST_CASE("Mixtral's loss without the aux coefficient has the cross-entropy gradient", "[nn][torch][moe]") {
+  host_device dev(2);
+  const fs::path dir = fixtures() / "mixtral";
+  auto cfg = io::load_model_config(dir / "config.json");
+  REQUIRE(cfg.router_aux_loss_coef == 0.02);
+  cfg.router_aux_loss_coef = 0.0;
+  nn::decoder_lm<host_device> m(dev, cfg);
+  m.load(dir);
+  reference r(dir);
+  m.params().zero_grad();
+  (void)m.forward_backward(r.ids, r.targets, r.b, r.s);
+  for (auto& p : m.params()) {
+    const auto g = r.get("grad." + p.name);
+    INFO(p.name);
+    CHECK(dist2(p.grad.data(), g.data(), p.numel) <= 1.5e-5 * std::max(norm2(g.data(), p.numel), 1e-6));
+  }
 }

@@ -1,5 +1,6 @@
 // A decoder-only language model built from a Hugging Face config (io::model_config): Llama, Mistral
-// and Qwen2 (pre-norm RMSNorm, rotary, grouped-query attention, SwiGLU) and GPT-2 (LayerNorm,
+// and Qwen2 (pre-norm RMSNorm, rotary, grouped-query attention, SwiGLU), Mixtral (the same with
+// a sparse mixture of SwiGLU experts, nn/moe.hpp, and HF's load-balancing loss) and GPT-2 (LayerNorm,
 // learned positions, fused q|k|v, GELU MLP, Conv1D weights), with a forward pass, the loss and a
 // backward pass for every parameter, and an AdamW step over the registry. Parameters carry Hugging
 // Face's names, so checkpoints load and save by name.
@@ -13,6 +14,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -31,6 +33,7 @@
 #include <tessel/io/safetensors.hpp>
 #include <tessel/nn/errors.hpp>
 #include <tessel/nn/layers.hpp>
+#include <tessel/nn/moe.hpp>
 #include <tessel/nn/parameters.hpp>
 #include <tessel/ops/activation.hpp>
 #include <tessel/ops/embedding.hpp>
@@ -119,7 +122,9 @@ class decoder_lm {
 
   // Mean cross-entropy of targets (batch·seq ids; targets[t] is the token expected after position
   // t, ignore_index rows count for nothing) and, accumulated into every parameter's grad, its
-  // gradient. Returns the loss. Call params().zero_grad() between steps.
+  // gradient. Returns the loss. Call params().zero_grad() between steps. Mixture-of-experts models:
+  // the gradient also holds router_aux_loss_coef · d aux (when the config's coefficient is > 0), the
+  // returned loss is the cross-entropy alone (the aux loss is last_aux_loss()).
   double forward_backward(std::span<const std::int64_t> ids, std::span<const std::int64_t> targets, std::size_t batch, std::size_t seq,
                           std::int64_t ignore_index = -100) {
     if (targets.size() != ids.size())
@@ -131,6 +136,15 @@ class decoder_lm {
     const auto r = cross_entropy(*dev_, crows_view<float>(logits_, n_, V), targets, rows_view<T>(dlogits_, n_, V), {}, co);
     run_backward();
     return r.loss;
+  }
+
+  // Mixture-of-experts models: the load-balancing loss of the last forward (HF's
+  // load_balancing_loss_func, without its coefficient; 0 for dense models), and layer l's router
+  // logits (batch·seq, experts).
+  double last_aux_loss() const { return aux_; }
+  std::span<const float> router_logits(std::size_t layer) const {
+    if (!moe() || layer >= blocks_.size()) throw nn_error(errc::invalid_argument, "router_logits: no MoE layer " + std::to_string(layer));
+    return blocks_[layer].moe.router_logits();
   }
 
   // Mean loss without gradients (evaluation).
@@ -177,6 +191,7 @@ class decoder_lm {
     norm<Dev, T> ln1, ln2;
     linear<Dev, T> q, k, v, o, up, gate, down;  // gate unused without a gated MLP
     self_attention<Dev, T> attn;
+    sparse_moe<Dev, T> moe;  // Mixtral: instead of gate, up, down
     // saved activations
     device_buffer<float, Dev> s_in, s_mid;  // the residual stream entering the block and after attention
     device_buffer<T, Dev> y1, qb, kb, vb, ob, y2, gb, ub, hb;
@@ -185,6 +200,7 @@ class decoder_lm {
 
   bool gpt2() const { return cfg_.naming == io::param_naming::gpt2; }
   bool gated() const { return !gpt2(); }
+  bool moe() const { return cfg_.is_moe(); }
 
   // bf16 models give every parameter a bf16 copy (only the GEMM weights read theirs) so one fused
   // optimizer launch with one storage mode updates the whole registry.
@@ -194,7 +210,6 @@ class decoder_lm {
 
   void build() {
     const auto& c = cfg_;
-    if (c.is_moe()) throw nn_error(errc::unsupported, "mixture-of-experts models (" + std::string(io::model_type_name(c.family)) + ") are not built yet");
     if (c.hidden_size == 0 || c.num_hidden_layers == 0 || c.vocab_size == 0 || c.num_attention_heads == 0 || c.head_dim == 0)
       throw nn_error(errc::invalid_argument, "decoder_lm: the config has a zero dimension");
     if (c.num_attention_heads % c.num_key_value_heads != 0)
@@ -249,9 +264,20 @@ class decoder_lm {
         b.v = proj("self_attn.v_proj", d, kvd, c.qkv_bias);
         b.o = proj("self_attn.o_proj", qd, d, c.o_bias);
         b.ln2 = norm_params(p + "post_attention_layernorm");
-        b.gate = proj("mlp.gate_proj", d, I, c.mlp_bias);
-        b.up = proj("mlp.up_proj", d, I, c.mlp_bias);
-        b.down = proj("mlp.down_proj", I, d, c.mlp_bias);
+        if (c.is_moe()) {
+          const std::string m = p + "block_sparse_moe.";
+          parameter<Dev>* router = add(m + "gate.weight", {c.num_local_experts, d}, true);
+          std::vector<std::array<parameter<Dev>*, 3>> ex;
+          for (std::size_t j = 0; j < c.num_local_experts; ++j) {
+            const std::string e = m + "experts." + std::to_string(j) + ".";
+            ex.push_back({add(e + "w1.weight", {I, d}, true), add(e + "w3.weight", {I, d}, true), add(e + "w2.weight", {d, I}, true)});
+          }
+          b.moe = sparse_moe<Dev, T>(router, std::move(ex), d, I, c.num_experts_per_tok);
+        } else {
+          b.gate = proj("mlp.gate_proj", d, I, c.mlp_bias);
+          b.up = proj("mlp.up_proj", d, I, c.mlp_bias);
+          b.down = proj("mlp.down_proj", I, d, c.mlp_bias);
+        }
       }
       final_norm_ = norm_params("model.norm");
       parameter<Dev>* head = c.tie_word_embeddings ? embed_ : add("lm_head.weight", {c.vocab_size, d}, true);
@@ -296,9 +322,11 @@ class decoder_lm {
       ensure(b.vb, n * kvd);
       ensure(b.ob, n * qd);
       ensure(b.y2, n * d);
-      if (gated()) ensure(b.gb, n * I);
-      ensure(b.ub, n * I);
-      ensure(b.hb, n * I);
+      if (!moe()) {
+        if (gated()) ensure(b.gb, n * I);
+        ensure(b.ub, n * I);
+        ensure(b.hb, n * I);
+      }
       ensure(b.lse, batch * c.num_attention_heads * seq);
     }
     ensure(tmp_, n * d);
@@ -348,6 +376,10 @@ class decoder_lm {
       b.o.forward(dev, crows_view<T>(b.ob, n, qd), rows_view<float>(tmp_, n, d), train);
       b.ln2.forward(dev, crows_view<float>(tmp_, n, d), crows_view<float>(b.s_in, n, d), rows_view<float>(b.s_mid, n, d), rows_view<T>(b.y2, n, d), train);
       const cview<T> y2 = crows_view<T>(b.y2, n, d);
+      if (moe()) {
+        b.moe.forward(dev, y2, rows_view<float>(tmp_, n, d), train);
+        continue;
+      }
       const std::span<T> h(b.hb.data(), n * I);
       if (gated()) {
         b.gate.forward(dev, y2, rows_view<T>(b.gb, n, I), train);
@@ -359,9 +391,29 @@ class decoder_lm {
       }
       b.down.forward(dev, crows_view<T>(b.hb, n, I), rows_view<float>(tmp_, n, d), train);
     }
+    if (moe()) aux_from_routing();
     final_norm_.forward(dev, crows_view<float>(tmp_, n, d), crows_view<float>(blocks_.back().s_mid, n, d), rows_view<float>(s_final_, n, d),
                         rows_view<T>(yf_, n, d), train);
     head_.forward(dev, crows_view<T>(yf_, n, d), rows_view<float>(logits_, n, c.vocab_size), train);
+  }
+
+  // HF's load_balancing_loss_func over the rows of every layer: aux = E · Σ_e f_e · P_e, and its
+  // gradient with respect to each row's probabilities, coef · E · f_e / N (top-k carries none).
+  void aux_from_routing() {
+    const std::size_t E = cfg_.num_local_experts;
+    const double N = double(n_ * blocks_.size());
+    std::vector<double> cnt(E, 0.0), ps(E, 0.0);
+    for (const block& b : blocks_)
+      for (std::size_t e = 0; e < E; ++e) {
+        cnt[e] += double(b.moe.expert_counts()[e]);
+        ps[e] += b.moe.prob_sums()[e];
+      }
+    aux_ = 0.0;
+    aux_dprob_.assign(E, 0.0);
+    for (std::size_t e = 0; e < E; ++e) {
+      aux_ += double(E) * (cnt[e] / N) * (ps[e] / N);
+      if (cfg_.router_aux_loss_coef > 0.0) aux_dprob_[e] = cfg_.router_aux_loss_coef * double(E) * (cnt[e] / N) / N;
+    }
   }
 
   gelu_approx gelu_kind() const { return cfg_.act == io::activation::gelu ? gelu_approx::erf : gelu_approx::tanh; }
@@ -400,16 +452,20 @@ class decoder_lm {
     for (std::size_t li = blocks_.size(); li-- > 0;) {
       block& b = blocks_[li];
       // MLP: its output was added to s_mid, so it receives dS.
-      const cview<T> dm = as_compute(dS_, n, d);
-      b.down.backward(dev, dm, rows_view<T>(dT_, n, I), false);
-      if (gated()) {
-        swiglu_backward(dev, std::span<const T>(dT_.data(), n * I), std::span<const T>(b.gb.data(), n * I), std::span<const T>(b.ub.data(), n * I),
-                        std::span<T>(dg_.data(), n * I), std::span<T>(du_.data(), n * I));
-        b.gate.backward(dev, crows_view<T>(dg_, n, I), rows_view<float>(dy_, n, d), false);
-        b.up.backward(dev, crows_view<T>(du_, n, I), rows_view<float>(dy_, n, d), true);
+      if (moe()) {
+        b.moe.backward(dev, crows_view<float>(dS_, n, d), rows_view<float>(dy_, n, d), std::span<const double>(aux_dprob_));
       } else {
-        gelu_backward(dev, std::span<const T>(dT_.data(), n * I), std::span<const T>(b.ub.data(), n * I), std::span<T>(du_.data(), n * I), gelu_kind());
-        b.up.backward(dev, crows_view<T>(du_, n, I), rows_view<float>(dy_, n, d), false);
+        const cview<T> dm = as_compute(dS_, n, d);
+        b.down.backward(dev, dm, rows_view<T>(dT_, n, I), false);
+        if (gated()) {
+          swiglu_backward(dev, std::span<const T>(dT_.data(), n * I), std::span<const T>(b.gb.data(), n * I), std::span<const T>(b.ub.data(), n * I),
+                          std::span<T>(dg_.data(), n * I), std::span<T>(du_.data(), n * I));
+          b.gate.backward(dev, crows_view<T>(dg_, n, I), rows_view<float>(dy_, n, d), false);
+          b.up.backward(dev, crows_view<T>(du_, n, I), rows_view<float>(dy_, n, d), true);
+        } else {
+          gelu_backward(dev, std::span<const T>(dT_.data(), n * I), std::span<const T>(b.ub.data(), n * I), std::span<T>(du_.data(), n * I), gelu_kind());
+          b.up.backward(dev, crows_view<T>(du_, n, I), rows_view<float>(dy_, n, d), false);
+        }
       }
       // ln2: dS2 = d loss / d s_mid (from y2 and from the stream after the block)
       b.ln2.backward(dev, crows_view<float>(dy_, n, d), crows_view<float>(dS_, n, d), rows_view<float>(dS2_, n, d));
@@ -448,6 +504,8 @@ class decoder_lm {
   // activations of the last forward
   std::size_t batch_ = 0, seq_ = 0, n_ = 0;
   std::vector<std::int64_t> ids_, positions_;
+  double aux_ = 0.0;               // MoE: the last forward's load-balancing loss
+  std::vector<double> aux_dprob_;  // and coef · its gradient per expert probability
   device_buffer<float, Dev> tmp_, s_final_, logits_;
   device_buffer<T, Dev> yf_, dlogits_;
   // backward scratch
