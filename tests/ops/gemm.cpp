@@ -9,6 +9,7 @@
 #include <limits>
 #include <random>
 #include <span>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -628,5 +629,36 @@ TEST_CASE("large f32 results streamed by panel atoms (transposed A): no rows wri
     gemm(dev1(), transpose::yes, transpose::none, M, N, K, 1.0f, A.data(), M, B.data(), N, 0.0f, D, N);
     REQUIRE(std::count(C + M * N, C + (M + extra) * N, -7.0f) == std::ptrdiff_t(extra * N));
     REQUIRE(std::memcmp(C, D, M * N * sizeof(float)) == 0);
+  }
+}
+
+// Packed tiles are written only as deep and as wide as the atoms read (load with a used extent):
+// whatever an earlier, larger product left in a worker's scratch must never reach a result. The
+// scratch is first filled with NaN through a big product of NaN operands, then shallow, narrow and
+// one-row-past-a-chunk products (every transpose, both paths: plain and skinny) must be exact.
+TEMPLATE_TEST_CASE("packed tiles: stale scratch from an earlier product never reaches a result", "[ops][gemm]", float, bf16) {
+  std::mt19937 g(41);
+  const std::size_t chunk = tessel::detail::gemm_config<TestType, TestType>::KC;
+  for (auto* d : {&dev1(), &dev2()}) {
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        for (auto [M, N, K] : {std::tuple<std::size_t, std::size_t, std::size_t>{200, 520, chunk + 100}, {5, 1100, 200}}) {
+          gemm_case<TestType, TestType, float> big(M, N, K, ta, tb);
+          for (auto& x : big.A) x = TestType(std::numeric_limits<float>::quiet_NaN());
+          for (auto& x : big.B) x = TestType(std::numeric_limits<float>::quiet_NaN());
+          big.run(*d, 1.0f, 0.0f);
+        }
+        for (auto [M, N, K] : {std::tuple<std::size_t, std::size_t, std::size_t>{200, 300, 1}, {200, 300, 3}, {150, 37, 9}, {130, 300, chunk + 1},
+                               {5, 1100, 9}, {5, 1100, 73}, {100, 520, 2}}) {
+          gemm_case<TestType, TestType, float> c(M, N, K, ta, tb);
+          ref::fill_int(c.A, g);
+          ref::fill_int(c.B, g);
+          ref::fill_int(c.C, g);
+          auto r = ref::gemm(ta, tb, M, N, K, 1.0, c.A.data(), c.lda, c.B.data(), c.ldb, -1.0, c.C.data(), c.ldc);
+          c.run(*d, 1.0f, -1.0f);
+          INFO("M=" << M << " N=" << N << " K=" << K << " ta=" << ta << " tb=" << tb << " threads " << d->capabilities().workers);
+          REQUIRE(check_exact(c.C, c.ldc, r, M, N) == 0);
+        }
+      }
   }
 }

@@ -4,8 +4,10 @@
 // strided sources; tensors of 1, primes, exact tile multiples and ragged edges, every tile of each;
 // scale 1 and not. Inside the tensor dst(r, c) == convert(src(r, c)) * scale (bitwise; NaN as NaN),
 // everything else (edge rows/columns, layout padding) is zero.
+// With a used extent, load writes that part (rounded to the layout's packing granule) and nothing else.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -75,6 +77,8 @@ tensor<const S, 2> make_source(const source_shape& sh, std::vector<S>& store, st
   return tensor<const S, 2>::strided(store.data(), sh.rows, sh.cols, rs, cs);
 }
 
+template <class... L> struct layouts {};
+
 template <class D>
 D sentinel() {
   if constexpr (std::is_same_v<D, float>) return 12345.0f;
@@ -116,6 +120,69 @@ std::size_t check_layout(const tensor<const S, 2>& src, float scale, std::string
   return bad;
 }
 
+// Layout granules of tile_extent: (rows, cols) a used extent is rounded up to, and the padded
+// (rows, cols) of the storage.
+template <class L> struct granule {
+  static constexpr std::size_t rows = 1, cols = 1;
+  static constexpr std::size_t padded_rows(std::size_t r) { return r; }
+  static constexpr std::size_t padded_cols(std::size_t c) { return c; }
+};
+template <std::size_t MR, std::size_t KP> struct granule<layout::panel<MR, KP>> : layout::panel<MR, KP> {
+  static constexpr std::size_t rows = MR, cols = KP;
+};
+template <std::size_t NR, std::size_t KP> struct granule<layout::col_panel<NR, KP>> : layout::col_panel<NR, KP> {
+  static constexpr std::size_t rows = KP, cols = NR;
+};
+
+// load(tile, dst, tile_extent{ur, uc}): inside the used part (rounded up to the layout's granule,
+// padding included) dst holds the source or zero; every other storage element keeps its sentinel.
+template <class S, class D, std::size_t R, std::size_t C, class L>
+std::size_t check_extent(const tensor<const S, 2>& src, std::size_t ur, std::size_t uc, std::string& where) {
+  using Dst = staged<D, R, C, L>;
+  using G = granule<L>;
+  constexpr std::size_t PR = G::padded_rows(R), PC = G::padded_cols(C);
+  const std::size_t wr = std::min(PR, (ur + G::rows - 1) / G::rows * G::rows), wc = std::min(PC, (uc + G::cols - 1) / G::cols * G::cols);
+  std::vector<D> mem(Dst::elements);
+  Dst dst(mem.data());
+  std::size_t bad = 0;
+  auto check_tile = [&](const tensor_tile<const S, R, C>& t) {
+    std::fill(mem.begin(), mem.end(), sentinel<D>());
+    load(t, dst, tile_extent{ur, uc});
+    for (std::size_t r = 0; r < PR; ++r)
+      for (std::size_t c = 0; c < PC; ++c) {
+        const D got = mem[L::offset(r, c, R, C)];
+        const bool written = r < wr && c < wc, inside = r < t.rows && c < t.cols && r < R && c < C;
+        const D want = !written ? sentinel<D>() : (inside ? expected<D>(t(r, c), 1.0f) : D(0.0f));
+        if (!same_value(got, want) && bad++ == 0) {
+          std::ostringstream os;
+          os << "tile at (" << t.row0 << "," << t.col0 << ") extent (" << ur << "," << uc << ") element (" << r << "," << c << "): got "
+             << float(got) << " want " << float(want);
+          where = os.str();
+        }
+      }
+  };
+  for (std::size_t i = 0; i * R < src.rows(); ++i)
+    for (std::size_t j = 0; j * C < src.cols(); ++j) check_tile(src.template tile<R, C>(i, j));
+  return bad;
+}
+
+template <class S, class D, std::size_t R, std::size_t C, class... L>
+void check_all_extents(layouts<L...>, std::mt19937& g) {
+  const std::size_t extents[][2] = {{0, 0}, {1, 1}, {R / 2 + 1, C / 2 + 1}, {R - 1, C}, {R, 1}, {1, C - 1}, {R, C}, {R + 7, C + 9}};
+  for (std::size_t m : {std::size_t{1}, R / 2 + 1, R, 2 * R + 3})
+    for (std::size_t n : {std::size_t{1}, C - 1, C + 1})
+      for (int kind = 0; kind < 3; ++kind) {
+        std::vector<S> store;
+        const auto src = make_source<S>({m, n, kind}, store, g);
+        for (const auto& e : extents) {
+          std::string where;
+          const std::size_t bad = (check_extent<S, D, R, C, L>(src, e[0], e[1], where) + ...);
+          INFO("tensor (" << m << "," << n << ") kind " << kind << ": " << where);
+          REQUIRE(bad == 0);
+        }
+      }
+}
+
 template <class S, class D, std::size_t R, std::size_t C>
 std::size_t check_fragment(const tensor<const S, 2>& src, float scale, std::string& where) {
   fragment<D, R, C> f;
@@ -134,7 +201,6 @@ std::size_t check_fragment(const tensor<const S, 2>& src, float scale, std::stri
   return bad;
 }
 
-template <class... L> struct layouts {};
 using mma_f32 = mma_traits<float>;
 using mma_bf16 = mma_traits<bf16>;
 
@@ -170,6 +236,15 @@ TEMPLATE_TEST_CASE("load equals convert-and-scale inside the tensor and zero els
   SECTION("to bf16, 16x32 tiles") { check_all_layouts<TestType, bf16, 16, 32>(all_layouts{}, g); }
   SECTION("to f32, 7x13 tiles (every panel ragged)") { check_all_layouts<TestType, float, 7, 13>(all_layouts{}, g); }
   SECTION("to bf16, 7x13 tiles") { check_all_layouts<TestType, bf16, 7, 13>(all_layouts{}, g); }
+}
+
+TEMPLATE_TEST_CASE("load with a used extent writes that part (rounded to the layout's granule) and nothing else", "[tile][load]", float,
+                   bf16, fp16, e4m3) {
+  std::mt19937 g(37);
+  SECTION("to f32, 16x32 tiles") { check_all_extents<TestType, float, 16, 32>(all_layouts{}, g); }
+  SECTION("to bf16, 16x32 tiles") { check_all_extents<TestType, bf16, 16, 32>(all_layouts{}, g); }
+  SECTION("to f32, 7x13 tiles") { check_all_extents<TestType, float, 7, 13>(all_layouts{}, g); }
+  SECTION("to bf16, 7x13 tiles") { check_all_extents<TestType, bf16, 7, 13>(all_layouts{}, g); }
 }
 
 TEST_CASE("prefetch of any tile is harmless (edge tiles, both orders)", "[tile][load]") {

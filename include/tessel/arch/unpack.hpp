@@ -82,7 +82,10 @@ inline __m512i f8x32_to_bf16(__m512i w) {
 #endif
 
 // Widens a run of n elements: S -> D for the stage types (D = float or bf16), exactly when the
-// value fits (bf16/FP8 -> bf16, anything -> float); vectorized for the common pairs.
+// value fits (bf16/FP8 -> bf16, anything -> float); vectorized for the common pairs. The vector
+// loops end at n rounded down to their width, so the scalar tail provably starts at or below n:
+// written as `j + 8 <= n`, GCC 12 kept a path with j past a small known n (a caller that bounds n
+// by its tile) and raised -Werror=aggressive-loop-optimizations on the tail ("iteration 2^63-1").
 template <class S, class D>
 inline void widen(const S* src, D* dst, std::size_t n) {
   std::size_t j = 0;
@@ -92,13 +95,13 @@ inline void widen(const S* src, D* dst, std::size_t n) {
   }
 #if defined(__AVX512BW__)
   if constexpr ((std::is_same_v<S, e4m3> || std::is_same_v<S, e5m2>) && std::is_same_v<D, bf16>) {
-    for (; j + 32 <= n; j += 32) {
+    for (; j < n / 32 * 32; j += 32) {
       const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + j)));
       _mm512_storeu_si512(dst + j, detail::f8x32_to_bf16<S>(w));
     }
   }
   if constexpr ((std::is_same_v<S, e4m3> || std::is_same_v<S, e5m2>) && std::is_same_v<D, float>) {
-    for (; j + 32 <= n; j += 32) {
+    for (; j < n / 32 * 32; j += 32) {
       const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + j)));
       const __m512i b = detail::f8x32_to_bf16<S>(w);
       _mm512_storeu_si512(dst + j, _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(b)), 16));
@@ -106,7 +109,7 @@ inline void widen(const S* src, D* dst, std::size_t n) {
     }
   }
   if constexpr (std::is_same_v<S, bf16> && std::is_same_v<D, float>) {
-    for (; j + 16 <= n; j += 16) {
+    for (; j < n / 16 * 16; j += 16) {
       const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + j));
       _mm512_storeu_si512(dst + j, _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
     }
@@ -114,7 +117,7 @@ inline void widen(const S* src, D* dst, std::size_t n) {
 #endif
 #if defined(__F16C__) && defined(__AVX__)
   if constexpr (std::is_same_v<S, fp16> && std::is_same_v<D, float>) {
-    for (; j + 8 <= n; j += 8)
+    for (; j < n / 8 * 8; j += 8)
       _mm256_storeu_ps(dst + j, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + j))));
   }
 #endif

@@ -177,7 +177,9 @@ struct gemm_program {
       const std::size_t kn = std::min(chunks, nk - kq);
       for (std::size_t k = 0; k < kn; ++k) {
         b_stage bk(strip + k * b_stage::elements);
-        load(Bz.template tile_at<KC, NB>((kq + k) * KC, n0), bk);
+        // only the K rows and panels the atoms read: a shallow or narrow product does not zero a whole (KC,NB) tile
+        const std::size_t kv = std::min(KC, K - (kq + k) * KC);
+        load(Bz.template tile_at<KC, NB>((kq + k) * KC, n0), bk, tile_extent{kv, cols});
       }
       const bool last_piece = kq + kn == nk;
       for (std::size_t mc = 0; mc < rows; mc += MC) {
@@ -186,9 +188,9 @@ struct gemm_program {
         for (std::size_t k = 0; k < kn; ++k) {
           const std::size_t k0 = (kq + k) * KC, kv = std::min(KC, K - k0);
           const bool direct = direct_a && kv % KP == 0;
-          if (!direct) {
-            if (panel_a) load(Az.template tile_at<MC, KC>(m0 + mc, k0), ap);
-            else load(Az.template tile_at<MC, KC>(m0 + mc, k0), a);
+          if (!direct) {  // the rows and K columns (whole pairs) the atoms read
+            if (panel_a) load(Az.template tile_at<MC, KC>(m0 + mc, k0), ap, tile_extent{r, kv});
+            else load(Az.template tile_at<MC, KC>(m0 + mc, k0), a, tile_extent{r, ceil_div(kv, KP) * KP});
           }
           const S* bkp = strip + k * b_stage::elements;
           arch::ukernel_args p;
@@ -331,7 +333,7 @@ struct gemm_program {
     const std::size_t calls_per_mc = ceil_div(cols, NR) * (MC / MR);
     for (auto k : pipelined(nk)) {
       const std::size_t k0 = k * KC, kv = std::min(KC, K - k0);
-      load(Bz.template tile_at<KC, NB>(k0, n0), b);
+      load(Bz.template tile_at<KC, NB>(k0, n0), b, tile_extent{kv, cols});  // only what the atoms read
       if (pf_b && k.has_next()) {
         const std::size_t k1 = k0 + KC;
         next_b.start(Bz.data() + k1 * Bz.row_stride() + n0, std::min(KC, K - k1), cols * sizeof(TB), Bz.row_stride() * sizeof(TB));
@@ -355,8 +357,8 @@ struct gemm_program {
         }
         const bool direct = direct_a && kv % KP == 0;
         if (!direct) {
-          if (panel_a) load(Az.template tile_at<MC, KC>(m0 + mc, k0), ap);
-          else load(Az.template tile_at<MC, KC>(m0 + mc, k0), a);
+          if (panel_a) load(Az.template tile_at<MC, KC>(m0 + mc, k0), ap, tile_extent{r, kv});
+          else load(Az.template tile_at<MC, KC>(m0 + mc, k0), a, tile_extent{r, ceil_div(kv, KP) * KP});
         }
         if (pf_a) {  // the A tile of the next mc step (or of the next K chunk's first)
           const std::size_t mn = mc + MC < rows ? mc + MC : 0, kn = mc + MC < rows ? k0 : k0 + KC;

@@ -49,9 +49,19 @@ concept loadable_element = detail::loadable_v<std::remove_const_t<S>>;
 template <class D>
 concept stage_element = detail::stage_type_v<D>;
 
-// Global tile -> staged tile of the same (R, C), in any layout.
+// The part of a staged (R, C) tile that a load writes: rows [0, rows) x columns [0, cols), rounded
+// up to the layout's packing granule (col_panel: K pairs and whole NR-column panels; panel: whole
+// MR-row panels and K groups) and capped at the tile. Inside it the tile holds the source where
+// the tensor has it and zeros elsewhere; outside it the tile keeps what it held. A consumer that
+// reads only this part (an mma of depth `rows` over `cols` columns) does not pay for zeroing a
+// whole (KC, NB) tile when the tensor is small or shallow.
+struct tile_extent {
+  std::size_t rows = 0, cols = 0;
+};
+
+// Global tile -> the `used` part of a staged tile of the same (R, C), in any layout.
 template <loadable_element S, std::size_t R, std::size_t C, stage_element D, class L>
-void load(const tensor_tile<S, R, C>& src, staged<D, R, C, L>& dst, float scale = 1.0f) {
+void load(const tensor_tile<S, R, C>& src, staged<D, R, C, L>& dst, tile_extent used, float scale = 1.0f) {
   using SV = std::remove_const_t<S>;
   const bool scaled = scale != 1.0f;
   const std::size_t vr = src.rows, vc = src.cols;
@@ -60,12 +70,15 @@ void load(const tensor_tile<S, R, C>& src, staged<D, R, C, L>& dst, float scale 
   if constexpr (layout::is_col_panel<L>) {
     constexpr std::size_t NR = L::nr, KP = L::kp;
     constexpr std::size_t PR = L::padded_rows(R);
+    // rows written (whole K groups) and panels written
+    const std::size_t UR = used.rows < R ? L::padded_rows(used.rows) : PR;
+    const std::size_t UP = (used.cols < C ? L::padded_cols(used.cols) : L::padded_cols(C)) / NR;
     if constexpr (KP == 1 && std::is_same_v<SV, D>) {
       // whole tile inside the tensor, unit column stride: fixed-size row copies (a variable-size
       // memcpy call per NR-wide piece cost more than the memory traffic), the source row a few
       // rows ahead requested meanwhile (rows are strided, so the prefetchers start late)
       constexpr std::size_t NP = L::padded_cols(C) / NR, ahead = 4;
-      if (!scaled && src.col_stride == 1 && vr == R && vc == NP * NR) {
+      if (!scaled && src.col_stride == 1 && vr == R && vc == NP * NR && UR == PR && UP == NP) {
         for (std::size_t k = 0; k < R; ++k) {
           const SV* s = src.data + k * src.row_stride;
           if (k + ahead < R)
@@ -81,7 +94,7 @@ void load(const tensor_tile<S, R, C>& src, staged<D, R, C, L>& dst, float scale 
       // the same for bf16 K-pairs: two whole rows per step, interleaved per NR-wide piece
       constexpr std::size_t NP = L::padded_cols(C) / NR;
       constexpr std::size_t ahead = 8;
-      if (!scaled && src.col_stride == 1 && vr == R && R % 2 == 0 && vc == NP * NR) {
+      if (!scaled && src.col_stride == 1 && vr == R && R % 2 == 0 && vc == NP * NR && UR == PR && UP == NP) {
         for (std::size_t k = 0; k < R; k += 2) {
           const SV* s = src.data + k * src.row_stride;
           if (k + ahead + 1 < R)
@@ -104,13 +117,13 @@ void load(const tensor_tile<S, R, C>& src, staged<D, R, C, L>& dst, float scale 
       // spent ~20x the product's time packing B.
       if (!scaled && src.row_stride == 1 && src.col_stride != 1) {
         constexpr std::size_t KB = 16 * KP;
-        for (std::size_t p = 0; p < L::padded_cols(C) / NR; ++p) {
+        for (std::size_t p = 0; p < UP; ++p) {
           D* panel = out + p * NR * PR;
           const std::size_t c0 = p * NR;
           const std::size_t nc = c0 < vc ? (vc - c0 < NR ? vc - c0 : NR) : 0;
-          for (std::size_t k0 = 0; k0 < PR; k0 += KB) {
-            const std::size_t kn = k0 < vr ? (vr - k0 < KB ? vr - k0 : KB) : 0;  // valid K rows here
-            const std::size_t kb = PR - k0 < KB ? PR - k0 : KB;
+          for (std::size_t k0 = 0; k0 < UR; k0 += KB) {
+            const std::size_t kb = UR - k0 < KB ? UR - k0 : KB;
+            const std::size_t kn = k0 < vr ? (vr - k0 < kb ? vr - k0 : kb) : 0;  // valid K rows here
             for (std::size_t j = 0; j < NR; ++j) {
               D* o = panel + k0 * NR + j * KP;
               std::size_t kk = 0;
@@ -127,8 +140,8 @@ void load(const tensor_tile<S, R, C>& src, staged<D, R, C, L>& dst, float scale 
     }
     // rows outer, panels inner: the source is read row by row (long sequential bursts that the
     // prefetchers follow) while the writes land in the L1/L2-resident staged tile
-    for (std::size_t k = 0; k < PR; k += KP) {
-      for (std::size_t p = 0; p < L::padded_cols(C) / NR; ++p) {
+    for (std::size_t k = 0; k < UR; k += KP) {
+      for (std::size_t p = 0; p < UP; ++p) {
         D* panel = out + p * NR * PR;
         const std::size_t c0 = p * NR;
         const std::size_t nc = c0 < vc ? (vc - c0 < NR ? vc - c0 : NR) : 0;
@@ -182,13 +195,15 @@ void load(const tensor_tile<S, R, C>& src, staged<D, R, C, L>& dst, float scale 
   } else if constexpr (layout::is_panel<L>) {
     constexpr std::size_t MR = L::mr, KP = L::kp;
     constexpr std::size_t PC = L::padded_cols(C);
-    for (std::size_t p = 0; p < L::padded_rows(R) / MR; ++p) {
+    const std::size_t UC = used.cols < C ? L::padded_cols(used.cols) : PC;  // K columns written
+    const std::size_t UP = (used.rows < R ? L::padded_rows(used.rows) : L::padded_rows(R)) / MR;  // panels written
+    for (std::size_t p = 0; p < UP; ++p) {
       D* panel = out + p * MR * PC;
       const std::size_t r0 = p * MR;
       const std::size_t nr = r0 < vr ? (vr - r0 < MR ? vr - r0 : MR) : 0;
       if (src.row_stride == 1 && KP == 1) {
         // column-major source: MR consecutive rows per K step
-        for (std::size_t k = 0; k < PC; ++k) {
+        for (std::size_t k = 0; k < UC; ++k) {
           D* o = panel + k * MR;
           if (k < vc && nr) {
             const SV* s = src.data + r0 + k * src.col_stride;
@@ -202,7 +217,7 @@ void load(const tensor_tile<S, R, C>& src, staged<D, R, C, L>& dst, float scale 
         for (std::size_t i = 0; i < MR; ++i) {
           const std::size_t r = r0 + i;
           const SV* s = i < nr ? src.data + r * src.row_stride : nullptr;
-          for (std::size_t k = 0; k < PC; ++k) {
+          for (std::size_t k = 0; k < UC; ++k) {
             D* o = panel + (k / KP) * MR * KP + i * KP + k % KP;
             *o = (s && k < vc) ? detail::convert_elem<D>(s[k * src.col_stride], scale, scaled) : zero;
           }
@@ -210,39 +225,48 @@ void load(const tensor_tile<S, R, C>& src, staged<D, R, C, L>& dst, float scale 
       }
     }
   } else if constexpr (std::is_same_v<L, layout::row>) {
+    const std::size_t UR = used.rows < R ? used.rows : R, UC = used.cols < C ? used.cols : C;
+    const std::size_t wr = vr < UR ? vr : UR, wc = vc < UC ? vc : UC;  // source rows/columns written
     if (src.row_stride == 1 && vc > 1) {
       // column-major source (a transposed operand): blocks of 16 rows, read down columns
       // (contiguous) and written across rows of the tile
-      for (std::size_t r0 = 0; r0 < vr; r0 += 16) {
-        const std::size_t nr = vr - r0 < 16 ? vr - r0 : 16;
-        for (std::size_t c = 0; c < vc; ++c) {
+      for (std::size_t r0 = 0; r0 < wr; r0 += 16) {
+        const std::size_t nr = wr - r0 < 16 ? wr - r0 : 16;
+        for (std::size_t c = 0; c < wc; ++c) {
           const SV* s = src.data + c * src.col_stride + r0;
           for (std::size_t i = 0; i < nr; ++i) out[(r0 + i) * C + c] = detail::convert_elem<D>(s[i], scale, scaled);
         }
       }
-      for (std::size_t r = 0; r < R; ++r)
-        for (std::size_t c = (r < vr ? vc : 0); c < C; ++c) out[r * C + c] = zero;
+      for (std::size_t r = 0; r < UR; ++r)
+        for (std::size_t c = (r < wr ? wc : 0); c < UC; ++c) out[r * C + c] = zero;
       return;
     }
-    for (std::size_t r = 0; r < R; ++r) {
+    for (std::size_t r = 0; r < UR; ++r) {
       D* o = out + r * C;
       std::size_t c = 0;
-      if (r < vr) {
+      if (r < wr) {
         const SV* s = src.data + r * src.row_stride;
         if (src.col_stride == 1 && !scaled) {
-          arch::widen(s, o, vc);
-          c = vc;
+          arch::widen(s, o, wc);
+          c = wc;
         } else {
-          for (; c < vc; ++c) o[c] = detail::convert_elem<D>(s[c * src.col_stride], scale, scaled);
+          for (; c < wc; ++c) o[c] = detail::convert_elem<D>(s[c * src.col_stride], scale, scaled);
         }
       }
-      for (; c < C; ++c) o[c] = zero;
+      for (; c < UC; ++c) o[c] = zero;
     }
   } else {
-    for (std::size_t r = 0; r < R; ++r)
-      for (std::size_t c = 0; c < C; ++c)
+    const std::size_t UR = used.rows < R ? used.rows : R, UC = used.cols < C ? used.cols : C;
+    for (std::size_t r = 0; r < UR; ++r)
+      for (std::size_t c = 0; c < UC; ++c)
         out[L::offset(r, c, R, C)] = (r < vr && c < vc) ? detail::convert_elem<D>(src(r, c), scale, scaled) : zero;
   }
+}
+
+// Global tile -> staged tile of the same (R, C), in any layout: the whole tile is written.
+template <loadable_element S, std::size_t R, std::size_t C, stage_element D, class L>
+void load(const tensor_tile<S, R, C>& src, staged<D, R, C, L>& dst, float scale = 1.0f) {
+  load(src, dst, tile_extent{R, C}, scale);
 }
 
 // Global tile -> fragment (row-major).
