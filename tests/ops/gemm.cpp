@@ -662,3 +662,130 @@ TEMPLATE_TEST_CASE("packed tiles: stale scratch from an earlier product never re
       }
   }
 }
+
+namespace {
+// Sets the direct path's thresholds for one scope (0: every product packed; 1e300: every product
+// the direct path takes).
+struct direct_threshold {
+  tessel::detail::gemm_tuning saved = tessel::detail::gemm_tune();
+  explicit direct_threshold(double t) { tessel::detail::gemm_tune().direct_max_macs = tessel::detail::gemm_tune().direct_max_macs_pair = t; }
+  ~direct_threshold() { tessel::detail::gemm_tune() = saved; }
+};
+}  // namespace
+
+// Tiny products run the direct path (no packing, calling thread): every transpose and input type,
+// odd sizes and sizes of 1, padded leading dimensions, against the reference.
+TEMPLATE_TEST_CASE("direct path (tiny products): every transpose, gamma_K, integers bitwise, 1 vs 2 threads bitwise", "[ops][gemm][direct]", float,
+                   bf16, fp16, e4m3) {
+  std::mt19937 g(61);
+  direct_threshold all(1e300);  // bf16/FP8 products this size take the direct path only below 2^15
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (std::size_t M : {1, 2, 5, 13, 31})
+        for (std::size_t N : {1, 3, 17, 64, 65})
+          for (std::size_t K : {1, 2, 9, 31, 32, 33, 100}) {
+            INFO("M=" << M << " N=" << N << " K=" << K << " ta=" << ta << " tb=" << tb);
+            gemm_case<TestType, TestType, float> c(M, N, K, ta, tb, (M + K) % 3);
+            ref::fill_real(c.A, g, 0.5f, 2.0f);
+            ref::fill_real(c.B, g, -2.0f, -0.5f);
+            ref::fill_real(c.C, g);
+            auto c1 = c;
+            auto r = ref::gemm(ta, tb, M, N, K, 1.5, c.A.data(), c.lda, c.B.data(), c.ldb, 0.5, c.C.data(), c.ldc);
+            c.run(dev2(), 1.5f, 0.5f);
+            c1.run(dev1(), 1.5f, 0.5f);
+            REQUIRE(check_bound(c.C, c.ldc, r, M, N, K) == 0);
+            REQUIRE(std::memcmp(c.C.data(), c1.C.data(), c.C.size() * sizeof(float)) == 0);
+            gemm_case<TestType, TestType, float> n(M, N, K, ta, tb, 1);
+            ref::fill_int(n.A, g);
+            ref::fill_int(n.B, g);
+            ref::fill_int(n.C, g);
+            auto rn = ref::gemm(ta, tb, M, N, K, 1.0, n.A.data(), n.lda, n.B.data(), n.ldb, -2.0, n.C.data(), n.ldc);
+            n.run(dev2(), 1.0f, -2.0f);
+            REQUIRE(check_exact(n.C, n.ldc, rn, M, N) == 0);
+          }
+}
+
+// An f32 product read by rows (B not transposed, or any B with a transposed A) is one fused
+// multiply-add per k in k order from zero, as the packed atoms compute a one-chunk product: the
+// direct path must give the packed path's bits there (so moving the threshold changes no result).
+TEST_CASE("direct path: f32 products read by rows have the packed path's bits", "[ops][gemm][direct]") {
+  std::mt19937 g(62);
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (auto [M, N, K] : {std::tuple<std::size_t, std::size_t, std::size_t>{1, 1, 1}, {3, 70, 9}, {7, 5, 31}, {33, 40, 20}, {8, 64, 60}}) {
+        if (!ta && K >= tessel::detail::gemm_tune().direct_dot_min_k && (K >= 8 * M || N < 16)) continue;  // read by dot products: another order
+        gemm_case<float, float, float> c(M, N, K, ta, tb, 2);
+        ref::fill_real(c.A, g);
+        ref::fill_real(c.B, g);
+        ref::fill_real(c.C, g);
+        auto p = c;
+        c.run(dev2(), 0.75f, 0.25f, epilogue::relu);
+        {
+          direct_threshold packed(0);
+          p.run(dev2(), 0.75f, 0.25f, epilogue::relu);
+        }
+        INFO("M=" << M << " N=" << N << " K=" << K << " ta=" << ta << " tb=" << tb);
+        REQUIRE(std::memcmp(c.C.data(), p.C.data(), c.C.size() * sizeof(float)) == 0);
+      }
+}
+
+TEST_CASE("direct path: epilogues, bf16 output, per-tensor scales, strided and pointer batches", "[ops][gemm][direct]") {
+  std::mt19937 g(63);
+  const std::size_t M = 6, N = 20, K = 40, batch = 5;
+  std::vector<bf16> A(batch * M * K), B(batch * N * K);
+  std::vector<float> bias(N);
+  ref::fill_int(A, g, 2);
+  ref::fill_int(B, g, 2);
+  ref::fill_int(bias, g, 4);
+  // C = relu(2·(A·Bᵀ) + bias) as bf16, batch by batch, against the reference
+  std::vector<bf16> C(batch * M * N), C2(batch * M * N);
+  gemm_strided_batched(dev2(), transpose::none, transpose::yes, M, N, K, 2.0f, A.data(), K, M * K, B.data(), K, N * K, 0.0f, C.data(), N, M * N,
+                       batch, epilogue::bias(bias) | epilogue::relu | epilogue::cast<bf16>);
+  std::vector<const bf16*> ap, bp;
+  std::vector<bf16*> cp;
+  for (std::size_t b = 0; b < batch; ++b) {
+    ap.push_back(A.data() + b * M * K);
+    bp.push_back(B.data() + b * N * K);
+    cp.push_back(C2.data() + b * M * N);
+  }
+  gemm_batched(dev1(), transpose::none, transpose::yes, M, N, K, 2.0f, ap.data(), K, bp.data(), K, 0.0f, cp.data(), N, batch,
+               epilogue::bias(bias) | epilogue::relu | epilogue::cast<bf16>);
+  for (std::size_t b = 0; b < batch; ++b) {
+    auto r = ref::gemm(false, true, M, N, K, 2.0, A.data() + b * M * K, K, B.data() + b * N * K, K, 0.0, C.data(), N);
+    for (std::size_t i = 0; i < M; ++i)
+      for (std::size_t j = 0; j < N; ++j) {
+        const float want = float(bf16(float(std::max(0.0, r.c[i * N + j] + bias[j]))));
+        REQUIRE(float(C[b * M * N + i * N + j]) == want);
+        REQUIRE(float(C2[b * M * N + i * N + j]) == want);
+      }
+  }
+  // per-tensor scales multiply alpha
+  std::vector<e4m3> A8(M * K), B8(K * N);
+  ref::fill_int(A8, g, 2);
+  ref::fill_int(B8, g, 2);
+  std::vector<float> C8(M * N);
+  gemm_scales s;
+  s.a = 0.5f;
+  s.b = 4.0f;
+  gemm(dev2(), transpose::none, transpose::none, M, N, K, 1.0f, A8.data(), K, B8.data(), N, 0.0f, C8.data(), N, epilogue::chain<>{}, s);
+  auto r8 = ref::gemm(false, false, M, N, K, 2.0, A8.data(), K, B8.data(), N, 0.0, C8.data(), N);
+  for (std::size_t i = 0; i < M * N; ++i) REQUIRE(C8[i] == r8.c[i]);
+}
+
+TEST_CASE("direct path: taken by the product's size only", "[ops][gemm][direct]") {
+  // the same tiny shape gives the same bits whatever the device's worker count, and a 1-row
+  // product of many columns at the threshold and one past it both match the reference
+  std::mt19937 g(64);
+  const auto limit = static_cast<std::size_t>(tessel::detail::gemm_tune().direct_max_macs);
+  for (std::size_t K : {std::size_t{1}, limit / 512}) {
+    for (std::size_t N : {limit / K, limit / K + 1}) {
+      gemm_case<float, float, float> c(1, N, K, false, false);
+      ref::fill_int(c.A, g);
+      ref::fill_int(c.B, g);
+      auto r = ref::gemm(false, false, 1, N, K, 1.0, c.A.data(), c.lda, c.B.data(), c.ldb, 0.0, c.C.data(), c.ldc);
+      c.run(dev2(), 1.0f, 0.0f);
+      INFO("N=" << N << " K=" << K);
+      REQUIRE(check_exact(c.C, c.ldc, r, 1, N) == 0);
+    }
+  }
+}

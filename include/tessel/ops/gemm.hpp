@@ -18,6 +18,7 @@
 #include <tessel/arch/target.hpp>  // first: parses the intrinsic headers under a GCC 12 false-positive guard
 #include <tessel/ops/errors.hpp>
 #include <tessel/arch/copy.hpp>
+#include <tessel/arch/direct_atoms.hpp>
 #include <tessel/device/device.hpp>
 #include <tessel/device/host_device.hpp>
 #include <tessel/tile.hpp>
@@ -681,19 +682,180 @@ void gemm_run(Dev& dev, const grid& g, const P& prog, double flops) {
   dev.launch(g, prog);
 }
 
-inline void gemm_check(bool ok, const std::string& msg) {
-  if (!ok) throw gemm_error(msg);
+// Tiny products: below direct_max_macs multiply-adds (M·N·K per matrix) a product costs less
+// than packing its operands into (KC,NB) tiles and setting up their blocks, so it is computed from
+// the operands where they lie with the direct atoms: a B with unit column stride is read by rows
+// (A broadcast, any strides), a transposed B against a row-major A by dot products (when K fills
+// vectors), and any other B is first copied into a row-major f32 buffer. Operands that are not f32
+// are widened (exactly) into f32 buffers in their stored order. Each block computes whole matrices
+// of a batch; the launch of a small total runs on the calling thread (gemm_run). The path and its
+// arithmetic depend on the shape and strides only, so the bits never depend on the thread count.
+// The thresholds are measured by bench_gemm's gemm_direct cases (direct against packed in one
+// loop, 1 thread, 3 runs): f32 direct was 1.2-4x the packed path's speed from 4^3 to 96^3 (every
+// transpose; the f32 atoms' peak is the same, the direct path only skips packing), and 2^20 keeps
+// every direct product under the 4 MFLOP below which a launch runs on the calling thread anyway.
+// bf16 direct (widened to f32) lost to the pair atoms from 40^3 on (NN 0.95, 96^3 0.7) and, for M
+// <= 8 with a row-major B, to the skinny rows path (0.2-0.7), which keeps those.
+struct gemm_tuning {
+  double direct_max_macs = 1 << 20;       // f32 and fp16 inputs (f32 atoms)
+  double direct_max_macs_pair = 1 << 15;  // bf16 and FP8 inputs (pair atoms)
+  std::size_t direct_dot_min_k = 32;      // a transposed B is read by dot products from this depth
+};
+inline gemm_tuning& gemm_tune() {
+  static gemm_tuning t;
+  return t;
+}
+
+template <class TA, class TB, class TC, class Chain>
+struct gemm_direct_program {
+  std::size_t M, N, K, batch;
+  tensor<const TA, 2> A;  // (M,K) view of batch 0
+  tensor<const TB, 2> B;  // (K,N)
+  tensor<TC, 2> C;        // (M,N)
+  std::size_t sa, sb, sc;
+  const TA* const* a_ptrs;
+  const TB* const* b_ptrs;
+  TC* const* c_ptrs;
+  Chain chain;            // alpha, beta and the epilogue
+  std::size_t per_block;  // matrices per block
+  std::size_t dot_min_k;
+  bool plain;             // f32 C, alpha 1, beta 0, no epilogue: the atoms write C
+
+  kernel_cost cost(const grid&) const {
+    kernel_cost c;
+    c.flops = 2.0 * double(M) * double(N) * double(K) * double(batch);
+    c.bytes = (double(M) * K * sizeof(TA) + double(K) * N * sizeof(TB) + double(M) * N * sizeof(TC) * 2) * double(batch);
+    c.precision = std::is_same_v<TA, float> ? math_precision::f32
+                  : (std::is_same_v<TA, bf16> ? math_precision::bf16 : (std::is_same_v<TA, fp16> ? math_precision::fp16 : math_precision::fp8));
+    return c;
+  }
+
+  void operator()(block_ctx& ctx) const {
+    const std::size_t z0 = ctx.block_index3()[0] * per_block;
+    for (std::size_t z = z0; z < std::min(batch, z0 + per_block); ++z) {
+      const auto m = ctx.scratch().mark();
+      one(ctx.scratch(), a_ptrs ? a_ptrs[z] : A.data() + z * sa, b_ptrs ? b_ptrs[z] : B.data() + z * sb, c_ptrs ? c_ptrs[z] : C.data() + z * sc);
+      ctx.scratch().rewind(m);
+    }
+  }
+
+  // An f32 operand: element (r, c) at p[r*rs + c*cs].
+  struct f32_view {
+    const float* p;
+    std::size_t rs, cs;
+  };
+  // f32 view of an operand (rows, cols) with X's strides at p: in place when it is f32, else
+  // widened into scratch in the order it is stored
+  template <class T>
+  static f32_view as_f32(scratch_arena& arena, const T* p, const tensor<const T, 2>& X, std::size_t rows, std::size_t cols) {
+    if constexpr (std::is_same_v<T, float>) {
+      return {p, X.row_stride(), X.col_stride()};
+    } else {
+      float* buf = arena.allocate_array<float>(rows * cols);
+      if (X.row_stride() == 1 && X.col_stride() != 1) {  // column-major
+        for (std::size_t c = 0; c < cols; ++c) arch::widen(p + c * X.col_stride(), buf + c * rows, rows);
+        return {buf, 1, rows};
+      }
+      for (std::size_t r = 0; r < rows; ++r) {
+        if (X.col_stride() == 1) arch::widen(p + r * X.row_stride(), buf + r * cols, cols);
+        else
+          for (std::size_t c = 0; c < cols; ++c) buf[r * cols + c] = arch::to_f32(p[r * X.row_stride() + c * X.col_stride()]);
+      }
+      return {buf, cols, 1};
+    }
+  }
+
+  void one(scratch_arena& arena, const TA* pa, const TB* pb, TC* pc) const {
+    using rows_atom = arch::best_direct_rows_atom;
+    using dot_atom = arch::best_direct_dot_atom;
+    const f32_view a = as_f32(arena, pa, A, M, K);
+    f32_view b = as_f32(arena, pb, B, K, N);
+    // (M,N) accumulators, or C itself when nothing is left to apply (f32, alpha 1, beta 0, no epilogue)
+    float* acc = nullptr;
+    std::size_t ldc = N;
+    if constexpr (std::is_same_v<TC, float>) {
+      if (plain) acc = pc, ldc = C.row_stride();
+    }
+    if (!acc) acc = arena.allocate_array<float>(M * N);
+    // Dot products (A row-major) cost a reduction per element of C (~8 cycles); reading B by rows
+    // costs a broadcast of every element of A per 16 columns of C and, for a transposed B, a copy
+    // of B (~1 cycle per element). Dots win when K is several times M, or C is narrower than a
+    // vector (a GEMV-like N = 1 broadcast A element by element); a B that is not stored as Bᵀ rows
+    // is then copied into them.
+    if (a.cs == 1 && K >= dot_min_k && (K >= 8 * M || N < 16)) {
+      if (b.rs != 1) {  // Bᵀ rows, read along B's stored rows
+        float* buf = arena.allocate_array<float>(N * K);
+        for (std::size_t k = 0; k < K; ++k)
+          for (std::size_t j = 0; j < N; ++j) buf[j * K + k] = b.p[k * b.rs + j * b.cs];
+        b = {buf, 1, K};
+      }
+      arch::direct_dot_args p;
+      p.lda = a.rs;
+      p.ldb = b.cs;
+      p.k = K;
+      p.ldc = ldc;
+      auto dots = [&]<class Atom>() {
+        for (std::size_t j = 0; j < N; j += Atom::nr) {
+          p.n = static_cast<int>(std::min<std::size_t>(Atom::nr, N - j));
+          p.b = b.p + j * b.cs;
+          for (std::size_t i = 0; i < M; i += Atom::mr) {
+            p.a = a.p + i * a.rs;
+            p.c = acc + i * ldc + j;
+            arch::run_rows_of<Atom>(static_cast<int>(std::min<std::size_t>(Atom::mr, M - i)), p);
+          }
+        }
+      };
+      if (M <= 2 && N > 4) dots.template operator()<arch::best_direct_dot_atom_few_rows>();  // (4 columns fit the 4x4 tile)
+      else dots.template operator()<dot_atom>();
+    } else {
+      if (b.cs != 1) {  // B into row-major rows, read down its stored columns
+        float* buf = arena.allocate_array<float>(K * N);
+        for (std::size_t j = 0; j < N; ++j)
+          for (std::size_t k = 0; k < K; ++k) buf[k * N + j] = b.p[k * b.rs + j * b.cs];
+        b = {buf, N, 1};
+      }
+      arch::direct_rows_args p;
+      p.a_rs = a.rs;
+      p.a_cs = a.cs;
+      p.ldb = b.rs;
+      p.k = K;
+      p.ldc = ldc;
+      for (std::size_t j = 0; j < N; j += rows_atom::nc) {
+        p.n = static_cast<int>(std::min<std::size_t>(rows_atom::nc, N - j));
+        p.b = b.p + j;
+        for (std::size_t i = 0; i < M; i += rows_atom::mr) {
+          p.a = a.p + i * a.rs;
+          p.c = acc + i * ldc + j;
+          const int r = static_cast<int>(std::min<std::size_t>(rows_atom::mr, M - i));
+          // a narrow last strip runs an atom as wide as it needs (an 8-column product does not load 64)
+          if (p.n <= rows_atom::nc / 4) arch::run_rows_of<typename rows_atom::template with_cols<rows_atom::nc / 4>>(r, p);
+          else if (p.n <= rows_atom::nc / 2) arch::run_rows_of<typename rows_atom::template with_cols<rows_atom::nc / 2>>(r, p);
+          else arch::run_rows_of<rows_atom>(r, p);
+        }
+      }
+    }
+    if (acc != static_cast<void*>(pc)) detail::store_rows<TC>(acc, N, M, N, pc, C.row_stride(), C.col_stride(), 0, 0, chain);
+  }
+};
+
+// Throws gemm_error(message()) unless ok. The message is built only on failure: formatting the
+// shape into strings on every call cost ~0.5 us, more than a whole 8x8x8 product.
+template <class Message>
+void gemm_check(bool ok, const Message& message) {
+  if (!ok) [[unlikely]] throw gemm_error(message());
 }
 
 // Validates one operand: (rows, cols) of op(X) stored with leading dimension ld.
-inline void gemm_check_operand(const char* name, const void* p, transpose t, std::size_t rows, std::size_t cols, std::size_t ld,
-                               const std::string& shape) {
+template <class Shape>
+void gemm_check_operand(const char* name, const void* p, transpose t, std::size_t rows, std::size_t cols, std::size_t ld, const Shape& shape) {
   const std::size_t stored_cols = t == transpose::none ? cols : rows;
   const std::size_t stored_rows = t == transpose::none ? rows : cols;
-  gemm_check(ld >= std::max<std::size_t>(stored_cols, 1),
-             std::string("leading dimension of ") + name + " is " + std::to_string(ld) + ", needs >= " + std::to_string(std::max<std::size_t>(stored_cols, 1)) +
-                 " for a stored (" + std::to_string(stored_rows) + "," + std::to_string(stored_cols) + ") " + name + ", " + shape);
-  gemm_check(p != nullptr || rows == 0 || cols == 0, std::string("null ") + name + " with non-zero size, " + shape);
+  gemm_check(ld >= std::max<std::size_t>(stored_cols, 1), [&] {
+    return std::string("leading dimension of ") + name + " is " + std::to_string(ld) + ", needs >= " +
+           std::to_string(std::max<std::size_t>(stored_cols, 1)) + " for a stored (" + std::to_string(stored_rows) + "," +
+           std::to_string(stored_cols) + ") " + name + ", " + shape();
+  });
+  gemm_check(p != nullptr || rows == 0 || cols == 0, [&] { return std::string("null ") + name + " with non-zero size, " + shape(); });
   (void)detail::span_of(stored_rows, stored_cols, ld, 1);  // overflow check
 }
 
@@ -707,8 +869,7 @@ template <class TA, class TB, class TC, class Chain, class Dev>
 void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::size_t batch, tensor<const TA, 2> A, tensor<const TB, 2> B,
                  tensor<TC, 2> C, std::size_t sa, std::size_t sb, std::size_t sc, const TA* const* ap, const TB* const* bp, TC* const* cp,
                  float alpha, float beta, const gemm_scales& s, const Chain& ep) {
-  const std::string shape = gemm_shape(M, N, K);
-  gemm_check(!(s.a_block == nullptr) == !(s.b_block == nullptr), "block scales need both a_block and b_block, " + shape);
+  gemm_check(!(s.a_block == nullptr) == !(s.b_block == nullptr), [&] { return "block scales need both a_block and b_block, " + gemm_shape(M, N, K); });
   if (M == 0 || N == 0 || batch == 0) return;
   (void)detail::mul_checked(detail::mul_checked(M, N, "gemm size"), batch, "gemm size");
   (void)detail::mul_checked(detail::mul_checked(M, K, "gemm size"), batch, "gemm size");
@@ -756,6 +917,22 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
     gemm_run(dev, grid{ceil_div(M, R::rows_per_block), 1, 1}, R{P, M, N, splits, C, alpha * s.a * s.b, beta, chain}, double(ps) * double(splits));
     dev.synchronize();  // the workspace goes back to the pool only after both launches ran
   };
+  constexpr bool pair_inputs = gemm_config<TA, TB>::traits::pair;
+  const double macs = double(M) * double(N) * double(K);
+  const double direct_max = pair_inputs ? gemm_tune().direct_max_macs_pair : gemm_tune().direct_max_macs;
+  bool direct = !s.a_block && K > 0 && macs <= direct_max;
+  if constexpr (std::is_same_v<TA, bf16> && std::is_same_v<TB, bf16> && arch::has_rows_dot_atom)
+    if (M <= 8 && B.col_stride() == 1 && C.col_stride() == 1 && !ap) direct = false;  // the skinny path streams B faster
+  if (direct) {
+    const auto dchain = epilogue::alpha_beta(alpha * s.a * s.b, beta) | chain;
+    // matrices per block: about direct_max_macs of work each (a function of the shape only)
+    const std::size_t per = std::max<std::size_t>(1, static_cast<std::size_t>(direct_max / macs));
+    const bool plain = chain_t::empty && alpha * s.a * s.b == 1.0f && beta == 0.0f && C.col_stride() == 1;
+    gemm_direct_program<TA, TB, TC, std::remove_cvref_t<decltype(dchain)>> prog{
+        M, N, K, batch, A, B, C, sa, sb, sc, ap, bp, cp, dchain, per, gemm_tune().direct_dot_min_k, plain};
+    gemm_run(dev, grid{ceil_div(batch, per)}, prog, flops);
+    return;
+  }
   const bool skinny = M <= gemm_config<TA, TB>::skinny_max_m;
   if constexpr (std::is_same_v<TA, bf16> && std::is_same_v<TB, bf16> && arch::has_rows_dot_atom) {
     // skinny: B streamed once in place by the rows atom (any A layout; B row-major)
@@ -789,7 +966,7 @@ inline namespace v0 {
 template <class Dev, gemm_input TA, gemm_input TB, gemm_output TC, class Chain = epilogue::chain<>>
 void gemm(Dev& dev, transpose ta, transpose tb, std::size_t M, std::size_t N, std::size_t K, float alpha, const TA* A, std::size_t lda,
           const TB* B, std::size_t ldb, float beta, TC* C, std::size_t ldc, const Chain& ep = {}, const gemm_scales& s = {}) {
-  const std::string shape = detail::gemm_shape(M, N, K);
+  const auto shape = [&] { return detail::gemm_shape(M, N, K); };
   detail::gemm_check_operand("A", A, ta, M, K, lda, shape);
   detail::gemm_check_operand("B", B, tb, K, N, ldb, shape);
   detail::gemm_check_operand("C", C, transpose::none, M, N, ldc, shape);
@@ -801,11 +978,12 @@ void gemm(Dev& dev, transpose ta, transpose tb, std::size_t M, std::size_t N, st
 template <class Dev, gemm_input TA, gemm_input TB, gemm_output TC, class Chain = epilogue::chain<>>
 void gemm(Dev& dev, tensor<const TA, 2> A, tensor<const TB, 2> B, tensor<TC, 2> C, float alpha = 1.0f, float beta = 0.0f,
           const Chain& ep = {}, const gemm_scales& s = {}) {
-  const std::string shape = detail::gemm_shape(C.rows(), C.cols(), A.cols()) + " with A (" + std::to_string(A.rows()) + "," +
-                            std::to_string(A.cols()) + "), B (" + std::to_string(B.rows()) + "," + std::to_string(B.cols()) + "), C (" +
-                            std::to_string(C.rows()) + "," + std::to_string(C.cols()) + ")";
-  detail::gemm_check(A.rows() == C.rows() && B.cols() == C.cols() && A.cols() == B.rows(), "mismatched shapes " + shape);
-  detail::gemm_check(C.col_stride() == 1, "C must be row-major (column stride 1), " + shape);
+  const auto shape = [&] {
+    return detail::gemm_shape(C.rows(), C.cols(), A.cols()) + " with A (" + std::to_string(A.rows()) + "," + std::to_string(A.cols()) + "), B (" +
+           std::to_string(B.rows()) + "," + std::to_string(B.cols()) + "), C (" + std::to_string(C.rows()) + "," + std::to_string(C.cols()) + ")";
+  };
+  detail::gemm_check(A.rows() == C.rows() && B.cols() == C.cols() && A.cols() == B.rows(), [&] { return "mismatched shapes " + shape(); });
+  detail::gemm_check(C.col_stride() == 1, [&] { return "C must be row-major (column stride 1), " + shape(); });
   detail::gemm_launch<TA, TB, TC>(dev, C.rows(), C.cols(), A.cols(), 1, A, B, C, 0, 0, 0, nullptr, nullptr, nullptr, alpha, beta, s, ep);
 }
 
@@ -814,16 +992,16 @@ template <class Dev, gemm_input TA, gemm_input TB, gemm_output TC, class Chain =
 void gemm_strided_batched(Dev& dev, transpose ta, transpose tb, std::size_t M, std::size_t N, std::size_t K, float alpha, const TA* A,
                           std::size_t lda, std::size_t stride_a, const TB* B, std::size_t ldb, std::size_t stride_b, float beta, TC* C,
                           std::size_t ldc, std::size_t stride_c, std::size_t batch, const Chain& ep = {}, const gemm_scales& s = {}) {
-  const std::string shape = detail::gemm_shape(M, N, K) + " x batch " + std::to_string(batch);
+  const auto shape = [&] { return detail::gemm_shape(M, N, K) + " x batch " + std::to_string(batch); };
   detail::gemm_check_operand("A", A, ta, M, K, lda, shape);
   detail::gemm_check_operand("B", B, tb, K, N, ldb, shape);
   detail::gemm_check_operand("C", C, transpose::none, M, N, ldc, shape);
 
   if (batch > 1) {
     (void)detail::mul_checked(batch - 1, std::max({stride_a, stride_b, stride_c}), "batch stride");
-    detail::gemm_check(stride_c >= (M ? (M - 1) * ldc + N : 0) || M == 0 || N == 0, "C batch stride " + std::to_string(stride_c) + " makes batches overlap, " + shape);
+    detail::gemm_check(stride_c >= (M ? (M - 1) * ldc + N : 0) || M == 0 || N == 0, [&] { return "C batch stride " + std::to_string(stride_c) + " makes batches overlap, " + shape(); });
   }
-  if (s.a_block) detail::gemm_check(batch <= 1, "block scales are per matrix; use batch 1, " + shape);
+  if (s.a_block) detail::gemm_check(batch <= 1, [&] { return "block scales are per matrix; use batch 1, " + shape(); });
   detail::gemm_launch<TA, TB, TC>(dev, M, N, K, batch, detail::op_view(A, ta, M, K, lda), detail::op_view(B, tb, K, N, ldb),
                                   tensor<TC, 2>::strided(C, M, N, ldc, 1), stride_a, stride_b, stride_c, nullptr, nullptr, nullptr, alpha, beta, s, ep);
 }
@@ -833,9 +1011,9 @@ template <class Dev, gemm_input TA, gemm_input TB, gemm_output TC, class Chain =
 void gemm_batched(Dev& dev, transpose ta, transpose tb, std::size_t M, std::size_t N, std::size_t K, float alpha, const TA* const* A,
                   std::size_t lda, const TB* const* B, std::size_t ldb, float beta, TC* const* C, std::size_t ldc, std::size_t batch,
                   const Chain& ep = {}) {
-  const std::string shape = detail::gemm_shape(M, N, K) + " x batch " + std::to_string(batch);
+  const auto shape = [&] { return detail::gemm_shape(M, N, K) + " x batch " + std::to_string(batch); };
   if (batch == 0) return;
-  detail::gemm_check(A && B && C, "null pointer array, " + shape);
+  detail::gemm_check(A && B && C, [&] { return "null pointer array, " + shape(); });
   for (std::size_t i = 0; i < batch; ++i) {
     detail::gemm_check_operand("A", A[i], ta, M, K, lda, shape);
     detail::gemm_check_operand("B", B[i], tb, K, N, ldb, shape);
