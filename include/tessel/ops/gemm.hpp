@@ -139,6 +139,10 @@ struct gemm_program {
   // Split K (unscaled, one matrix): block z computes the partial product over K rows
   // [z*k_split, min(K, (z+1)*k_split)) into C + z*sc; gemm_splitk_reduce adds them in z order.
   std::size_t k_split = 0;
+  // A transposed A packed once for every block column (gemm_pack_a_program): the (MC,KC) panel
+  // tile of row slab s and K chunk c at a_packed + (s * a_chunks + c) * MC * KC.
+  const S* a_packed = nullptr;
+  std::size_t a_chunks = 0;
 
   kernel_cost cost(const grid&) const {
     kernel_cost c;
@@ -163,8 +167,11 @@ struct gemm_program {
     const std::size_t rows_pad = ceil_div(rows, MC) * MC;
     float* acc = ctx.scratch().allocate_array<float>((nk > chunks ? rows_pad : MC) * NB);  // (MB,NB) or one (MC,NB) slab
     staged<S, MC, KC, layout::row> a{ctx};                                      // (MC,KC) converted A
-    staged<S, MC, KC, typename cfg::a_layout> ap{ctx};               // (MC,KC) transposed A as MR-row panels
-    const bool panel_a = KP == 1 && Az.row_stride() == 1 && K > 1;
+    staged<S, MC, KC, typename cfg::a_layout> ap{ctx};               // (MC,KC) transposed A as MR-row panels (K pairs for bf16)
+    // a column-major (transposed) A packs fastest into the atom's panels: MR consecutive rows per
+    // K step (f32), or the K pair (k, k+1) of MR rows from two contiguous runs (bf16, FP8); into the
+    // row layout a bf16 A was gathered element by element, a column stride apart, per slab
+    const bool panel_a = Az.row_stride() == 1 && Az.col_stride() != 1 && K > 1;
     const bool direct_a = std::is_same_v<TA, S> && Az.col_stride() == 1;
     const auto chain = epilogue::alpha_beta(alpha * scales.a * scales.b, beta) | ep;
     const std::size_t jps = ceil_div(cols, NR);
@@ -189,7 +196,9 @@ struct gemm_program {
         for (std::size_t k = 0; k < kn; ++k) {
           const std::size_t k0 = (kq + k) * KC, kv = std::min(KC, K - k0);
           const bool direct = direct_a && kv % KP == 0;
-          if (!direct) {  // the rows and K columns (whole pairs) the atoms read
+          const S* apd = ap.data();
+          if (a_packed) apd = a_packed + ((m0 + mc) / MC * a_chunks + kq + k) * MC * KC;
+          else if (!direct) {  // the rows and K columns (whole pairs) the atoms read
             if (panel_a) load(Az.template tile_at<MC, KC>(m0 + mc, k0), ap, tile_extent{r, kv});
             else load(Az.template tile_at<MC, KC>(m0 + mc, k0), a, tile_extent{r, ceil_div(kv, KP) * KP});
           }
@@ -215,7 +224,7 @@ struct gemm_program {
                 p.a_rs = Az.row_stride();
                 arch::run_rows<atom>(static_cast<int>(pr), p);
               } else if (panel_a) {
-                p.a = ap.data() + ip * MR * KC;
+                p.a = apd + ip * MR * KC;
                 atom::run(p);
               } else {
                 p.a = a.data() + ip * MR * KC;
@@ -414,6 +423,26 @@ struct gemm_program {
     if (nk == 0)
       detail::store_rows<TC>(acc, NB, rows, cols, Cz.data() + m0 * Cz.row_stride() + n0 * Cz.col_stride(), Cz.row_stride(), Cz.col_stride(),
                              m0, n0, chain);
+  }
+};
+
+// Packs a transposed A once into the (MC,KC) panel tiles gemm_program's blocks read
+// (gemm_program::a_packed), so the blocks of every column of C share one packing instead of each
+// repacking its rows: block (s, c) packs row slab s, K chunk c. A pure copy: the bits of C are
+// those of the per-block packing.
+template <class TA, class Cfg>
+struct gemm_pack_a_program {
+  using S = typename Cfg::stage;
+  static constexpr std::size_t MC = Cfg::MC, KC = Cfg::KC;
+  tensor<const TA, 2> A;  // (M,K)
+  S* out;
+  std::size_t chunks;
+  kernel_cost cost(const grid&) const { return {0.0, double(A.rows()) * double(A.cols()) * double(sizeof(TA) + sizeof(S)), math_precision::f32}; }
+  void operator()(block_ctx& ctx) const {
+    const auto idx = ctx.block_index3();
+    const std::size_t m0 = idx[0] * MC, k0 = idx[1] * KC;
+    staged<S, MC, KC, typename Cfg::a_layout> t(out + (idx[0] * chunks + idx[1]) * MC * KC);
+    load(A.template tile_at<MC, KC>(m0, k0), t, tile_extent{std::min(MC, A.rows() - m0), std::min(KC, A.cols() - k0)});
   }
 };
 
@@ -891,6 +920,30 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
     const std::size_t MB = ceil_div(ceil_div(M, mblocks), cfg::MC) * cfg::MC;
     const grid g{ceil_div(M, MB), ceil_div(N, cfg::NB), batch};
     gemm_program<TA, TB, TC, chain_t, Scaled, Skinny> prog{M, N, K, batch, A, B, C, sa, sb, sc, ap, bp, cp, alpha, beta, s, MB, chain};
+    if constexpr (!Scaled && !Skinny && cfg::KP == 2) {
+      // A transposed bf16/FP8 A is packed once for all column blocks rather than by each of them
+      // (bf16 TN 1024^3 on 1 thread: 4 column blocks each repacked all of A). Only when there are
+      // several column blocks and the packed tiles (whole (MC,KC) tiles, the last chunk padded)
+      // take at most twice A's size plus 4 MiB.
+      const std::size_t slabs = ceil_div(M, cfg::MC), chunks = ceil_div(K, cfg::KC);
+      const double ws = double(slabs) * double(chunks) * double(cfg::MC * cfg::KC * sizeof(typename cfg::stage));
+      if (batch == 1 && !ap && A.row_stride() == 1 && A.col_stride() != 1 && K > 1 && N > cfg::NB &&
+          ws <= 2.0 * double(M) * double(K) * sizeof(TA) + double(4 << 20)) {
+        using S = typename cfg::stage;
+        S* W = static_cast<S*>(dev.allocate(static_cast<std::size_t>(ws)));
+        struct release {
+          Dev& d;
+          void* p;
+          ~release() { d.deallocate(p); }
+        } guard{dev, W};
+        gemm_run(dev, grid{slabs, chunks}, gemm_pack_a_program<TA, cfg>{A, W, chunks}, double(M) * double(K));
+        prog.a_packed = W;
+        prog.a_chunks = chunks;
+        gemm_run(dev, g, prog, flops);
+        dev.synchronize();  // the workspace goes back to the pool only after both launches ran
+        return;
+      }
+    }
     gemm_run(dev, g, prog, flops);
   };
   // Split K: the partials go to a workspace from the device's caching pool (no page faults
