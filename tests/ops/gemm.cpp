@@ -822,3 +822,36 @@ TEMPLATE_TEST_CASE("transposed pair-type A packed once for all column blocks: sa
       REQUIRE(check_exact(n.C, n.ldc, rn, M, N) == 0);
     }
 }
+
+// A shallow product (K <= 16) of any size takes the direct path, its rows shared out over blocks:
+// row-indexed epilogues see their own rows, every transpose, integers bitwise, 1 vs 2 threads bitwise.
+TEMPLATE_TEST_CASE("direct path: shallow products of any size, rows shared out over blocks", "[ops][gemm][direct]", float, bf16) {
+  std::mt19937 g(81);
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (auto [M, N, K] : {std::tuple<std::size_t, std::size_t, std::size_t>{300, 3001, 1}, {1000, 777, 5}, {37, 4100, 16}}) {
+        INFO("M=" << M << " N=" << N << " K=" << K << " ta=" << ta << " tb=" << tb);
+        gemm_case<TestType, TestType, float> c(M, N, K, ta, tb, 1);
+        ref::fill_int(c.A, g, 2);
+        ref::fill_int(c.B, g, 2);
+        ref::fill_int(c.C, g, 2);
+        std::vector<float> rbias(M);
+        ref::fill_int(rbias, g, 4);
+        auto c1 = c;
+        auto r = ref::gemm(ta, tb, M, N, K, 1.0, c.A.data(), c.lda, c.B.data(), c.ldb, 1.0, c.C.data(), c.ldc);
+        c.run(dev2(), 1.0f, 1.0f, epilogue::bias_row(rbias));
+        c1.run(dev1(), 1.0f, 1.0f, epilogue::bias_row(rbias));
+        REQUIRE(std::memcmp(c.C.data(), c1.C.data(), c.C.size() * sizeof(float)) == 0);
+        std::size_t bad = 0;
+        for (std::size_t i = 0; i < M; ++i)
+          for (std::size_t j = 0; j < N; ++j) bad += c.C[i * c.ldc + j] != float(r.c[i * N + j] + rbias[i]);
+        REQUIRE(bad == 0);
+        // plain (alpha 1, beta 0, no epilogue): the atoms write C
+        gemm_case<TestType, TestType, float> p(M, N, K, ta, tb);
+        ref::fill_int(p.A, g, 2);
+        ref::fill_int(p.B, g, 2);
+        auto rp = ref::gemm(ta, tb, M, N, K, 1.0, p.A.data(), p.lda, p.B.data(), p.ldb, 0.0, p.C.data(), p.ldc);
+        p.run(dev2(), 1.0f, 0.0f);
+        REQUIRE(check_exact(p.C, p.ldc, rp, M, N) == 0);
+      }
+}

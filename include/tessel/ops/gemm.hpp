@@ -728,6 +728,7 @@ void gemm_run(Dev& dev, const grid& g, const P& prog, double flops) {
 struct gemm_tuning {
   double direct_max_macs = 1 << 20;       // f32 and fp16 inputs (f32 atoms)
   double direct_max_macs_pair = 1 << 15;  // bf16 and FP8 inputs (pair atoms)
+  std::size_t direct_max_k = 16;          // any size this shallow
   std::size_t direct_dot_min_k = 32;      // a transposed B is read by dot products from this depth
 };
 inline gemm_tuning& gemm_tune() {
@@ -749,6 +750,7 @@ struct gemm_direct_program {
   std::size_t per_block;  // matrices per block
   std::size_t dot_min_k;
   bool plain;             // f32 C, alpha 1, beta 0, no epilogue: the atoms write C
+  std::size_t rows_per_block = 0;  // one matrix (batch 1) split by rows of C, or 0: whole matrices
 
   kernel_cost cost(const grid&) const {
     kernel_cost c;
@@ -760,10 +762,17 @@ struct gemm_direct_program {
   }
 
   void operator()(block_ctx& ctx) const {
-    const std::size_t z0 = ctx.block_index3()[0] * per_block;
+    const std::size_t b = ctx.block_index3()[0];
+    if (rows_per_block > 0) {  // one matrix, its rows shared out
+      const std::size_t i0 = b * rows_per_block, rows = std::min(rows_per_block, M - i0);
+      const TA* pa = a_ptrs ? a_ptrs[0] : A.data();
+      TC* pc = c_ptrs ? c_ptrs[0] : C.data();
+      return one(ctx.scratch(), pa + i0 * A.row_stride(), b_ptrs ? b_ptrs[0] : B.data(), pc + i0 * C.row_stride(), rows, i0);
+    }
+    const std::size_t z0 = b * per_block;
     for (std::size_t z = z0; z < std::min(batch, z0 + per_block); ++z) {
       const auto m = ctx.scratch().mark();
-      one(ctx.scratch(), a_ptrs ? a_ptrs[z] : A.data() + z * sa, b_ptrs ? b_ptrs[z] : B.data() + z * sb, c_ptrs ? c_ptrs[z] : C.data() + z * sc);
+      one(ctx.scratch(), a_ptrs ? a_ptrs[z] : A.data() + z * sa, b_ptrs ? b_ptrs[z] : B.data() + z * sb, c_ptrs ? c_ptrs[z] : C.data() + z * sc, M, 0);
       ctx.scratch().rewind(m);
     }
   }
@@ -794,7 +803,8 @@ struct gemm_direct_program {
     }
   }
 
-  void one(scratch_arena& arena, const TA* pa, const TB* pb, TC* pc) const {
+  // rows [row0, row0 + M) of one matrix (pa, pc at row row0 of A and C)
+  void one(scratch_arena& arena, const TA* pa, const TB* pb, TC* pc, std::size_t M, std::size_t row0) const {
     using rows_atom = arch::best_direct_rows_atom;
     using dot_atom = arch::best_direct_dot_atom;
     const f32_view a = as_f32(arena, pa, A, M, K);
@@ -863,7 +873,7 @@ struct gemm_direct_program {
         }
       }
     }
-    if (acc != static_cast<void*>(pc)) detail::store_rows<TC>(acc, N, M, N, pc, C.row_stride(), C.col_stride(), 0, 0, chain);
+    if (acc != static_cast<void*>(pc)) detail::store_rows<TC>(acc, N, M, N, pc, C.row_stride(), C.col_stride(), row0, 0, chain);
   }
 };
 
@@ -973,17 +983,22 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
   constexpr bool pair_inputs = gemm_config<TA, TB>::traits::pair;
   const double macs = double(M) * double(N) * double(K);
   const double direct_max = pair_inputs ? gemm_tune().direct_max_macs_pair : gemm_tune().direct_max_macs;
-  bool direct = !s.a_block && K > 0 && macs <= direct_max;
+  // ... and a shallow matrix of any size (K <= direct_max_k): an outer product or little more is
+  // bound by writing C, which the direct atoms do once (the packed path also packs B, sweeps its
+  // accumulators and copies them out); its rows are then shared out over blocks
+  bool direct = !s.a_block && K > 0 && (macs <= direct_max || (batch == 1 && K <= gemm_tune().direct_max_k));
   if constexpr (std::is_same_v<TA, bf16> && std::is_same_v<TB, bf16> && arch::has_rows_dot_atom)
     if (M <= 8 && B.col_stride() == 1 && C.col_stride() == 1 && !ap) direct = false;  // the skinny path streams B faster
   if (direct) {
     const auto dchain = epilogue::alpha_beta(alpha * s.a * s.b, beta) | chain;
     // matrices per block: about direct_max_macs of work each (a function of the shape only)
     const std::size_t per = std::max<std::size_t>(1, static_cast<std::size_t>(direct_max / macs));
+    // batch 1 above the threshold: blocks of about 2^20 multiply-adds of rows (a function of the shape)
+    const std::size_t rows_pb = batch == 1 && macs > direct_max ? ceil_div(std::max<std::size_t>(1, (std::size_t{1} << 20) / (N * K)), 8) * 8 : 0;
     const bool plain = chain_t::empty && alpha * s.a * s.b == 1.0f && beta == 0.0f && C.col_stride() == 1;
     gemm_direct_program<TA, TB, TC, std::remove_cvref_t<decltype(dchain)>> prog{
-        M, N, K, batch, A, B, C, sa, sb, sc, ap, bp, cp, dchain, per, gemm_tune().direct_dot_min_k, plain};
-    gemm_run(dev, grid{ceil_div(batch, per)}, prog, flops);
+        M, N, K, batch, A, B, C, sa, sb, sc, ap, bp, cp, dchain, per, gemm_tune().direct_dot_min_k, plain, rows_pb};
+    gemm_run(dev, grid{rows_pb ? ceil_div(M, rows_pb) : ceil_div(batch, per)}, prog, flops);
     return;
   }
   const bool skinny = M <= gemm_config<TA, TB>::skinny_max_m;
