@@ -855,3 +855,58 @@ TEMPLATE_TEST_CASE("direct path: shallow products of any size, rows shared out o
         REQUIRE(check_exact(p.C, p.ldc, rp, M, N) == 0);
       }
 }
+
+// A skinny bf16 product with a transposed B (M <= 16, any size) runs vdpbf16ps dots on the
+// operands in place, C's columns shared out over blocks: column-indexed epilogues see their own
+// columns, integers are bitwise, real values within gamma_K, 1 vs 2 threads bitwise; and the f32
+// direct path reads a row-major B by rows (M = 1, NN: a GEMV).
+TEST_CASE("direct path: skinny bf16 dots over a transposed B, columns shared out over blocks", "[ops][gemm][direct]") {
+  std::mt19937 g(83);
+  for (auto [M, N, K] : {std::tuple<std::size_t, std::size_t, std::size_t>{1, 1000, 512}, {2, 2816, 100}, {3, 17, 33}, {5, 513, 1408},
+                         {8, 300, 4096}, {16, 700, 255}, {1, 1, 8192}}) {
+    INFO("M=" << M << " N=" << N << " K=" << K);
+    gemm_case<bf16, bf16, float> c(M, N, K, false, true, 3);
+    ref::fill_int(c.A, g, 2);
+    ref::fill_int(c.B, g, 2);
+    ref::fill_int(c.C, g, 2);
+    std::vector<float> cbias(N);
+    ref::fill_int(cbias, g, 4);
+    auto c1 = c;
+    auto r = ref::gemm(false, true, M, N, K, 1.0, c.A.data(), c.lda, c.B.data(), c.ldb, 1.0, c.C.data(), c.ldc);
+    c.run(dev2(), 1.0f, 1.0f, epilogue::bias_col(cbias));
+    c1.run(dev1(), 1.0f, 1.0f, epilogue::bias_col(cbias));
+    REQUIRE(std::memcmp(c.C.data(), c1.C.data(), c.C.size() * sizeof(float)) == 0);
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < M; ++i)
+      for (std::size_t j = 0; j < N; ++j) bad += c.C[i * c.ldc + j] != float(r.c[i * N + j] + cbias[j]);
+    REQUIRE(bad == 0);
+    // real values, plain (the atoms write C), bf16 output too
+    gemm_case<bf16, bf16, float> p(M, N, K, false, true);
+    ref::fill_real(p.A, g);
+    ref::fill_real(p.B, g);
+    auto p1 = p;
+    auto rp = ref::gemm(false, true, M, N, K, 1.0, p.A.data(), p.lda, p.B.data(), p.ldb, 0.0, p.C.data(), p.ldc);
+    p.run(dev2(), 1.0f, 0.0f);
+    p1.run(dev1(), 1.0f, 0.0f);
+    REQUIRE(std::memcmp(p.C.data(), p1.C.data(), p.C.size() * sizeof(float)) == 0);
+    REQUIRE(check_bound(p.C, p.ldc, rp, M, N, K) == 0);
+    gemm_case<bf16, bf16, bf16> h(M, N, K, false, true);
+    h.A = p.A;
+    h.B = p.B;
+    h.run(dev2(), 1.0f, 0.0f);
+    REQUIRE(check_bound(h.C, h.ldc, rp, M, N, K) == 0);
+  }
+  // f32 GEMV-like NN products: the row-major B is read where it lies
+  for (auto [M, N, K] : {std::tuple<std::size_t, std::size_t, std::size_t>{1, 1536, 512}, {2, 64, 700}, {1, 15, 100}}) {
+    INFO("f32 M=" << M << " N=" << N << " K=" << K);
+    gemm_case<float, float, float> c(M, N, K, false, false, 1);
+    ref::fill_int(c.A, g, 2);
+    ref::fill_int(c.B, g, 2);
+    auto c1 = c;
+    auto r = ref::gemm(false, false, M, N, K, 1.0, c.A.data(), c.lda, c.B.data(), c.ldb, 0.0, c.C.data(), c.ldc);
+    c.run(dev2(), 1.0f, 0.0f);
+    c1.run(dev1(), 1.0f, 0.0f);
+    REQUIRE(std::memcmp(c.C.data(), c1.C.data(), c.C.size() * sizeof(float)) == 0);
+    REQUIRE(check_exact(c.C, c.ldc, r, M, N) == 0);
+  }
+}

@@ -48,6 +48,22 @@ struct direct_dot_args {
   std::size_t ldc = 0;
 };
 
+// The bf16 dot: c(i, j) = A(i,:)·Bt(j,:) with both operands bf16 (bit patterns), read in place,
+// contiguous over k. Order: vdpbf16ps's. 16 partial sums, lane l taking the K-pairs q = l, l+16, ...
+// (elements 2q and 2q+1; an odd K's last pair has a zero second element): per pair, the exact
+// product of elements 2q+1 then the exact product of elements 2q are added, each add rounded to
+// nearest even with subnormal inputs and results flushed to zero; then the same halving tree.
+struct direct_dot_bf16_args {
+  const std::uint16_t* a = nullptr;
+  std::size_t lda = 0;
+  const std::uint16_t* b = nullptr;
+  std::size_t ldb = 0;
+  std::size_t k = 0;
+  int n = 0;
+  float* c = nullptr;
+  std::size_t ldc = 0;
+};
+
 namespace detail {
 inline float halving_sum16(const float (&s)[16]) {
   float r8[8], r4[4];
@@ -82,6 +98,30 @@ struct scalar_direct_dot_f32 {
       for (int j = 0; j < p.n && j < NR; ++j) {
         float s[16] = {};
         for (std::size_t k = 0; k < p.k; ++k) s[k % 16] = std::fma(p.a[i * p.lda + k], p.b[j * p.ldb + k], s[k % 16]);
+        p.c[static_cast<std::size_t>(i) * p.ldc + j] = detail::halving_sum16(s);
+      }
+  }
+};
+
+template <int MR, int NR>
+struct scalar_direct_dot_bf16 {
+  static constexpr int mr = MR, nr = NR;
+  template <int R> using with_rows = scalar_direct_dot_bf16<R, NR>;
+  static void run(const direct_dot_bf16_args& p) {
+    using detail::bf16_bits_to_f32;
+    using detail::flush_subnormal;
+    const std::size_t pairs = (p.k + 1) / 2, padded = (pairs + 15) / 16 * 16;  // whole 32-element steps
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < p.n && j < NR; ++j) {
+        float s[16] = {};
+        auto at = [&](const std::uint16_t* row, std::size_t k) { return k < p.k ? flush_subnormal(bf16_bits_to_f32(row[k])) : 0.0f; };
+        const std::uint16_t* ar = p.a + i * p.lda;
+        const std::uint16_t* br = p.b + j * p.ldb;
+        for (std::size_t q = 0; q < padded; ++q) {
+          float& t = s[q % 16];
+          t = flush_subnormal(t + at(ar, 2 * q + 1) * at(br, 2 * q + 1));
+          t = flush_subnormal(t + at(ar, 2 * q) * at(br, 2 * q));
+        }
         p.c[static_cast<std::size_t>(i) * p.ldc + j] = detail::halving_sum16(s);
       }
   }
@@ -166,6 +206,55 @@ struct avx512_direct_dot_f32 {
       }
   }
 };
+#endif
+
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+// (MR, NR) dots of bf16 rows by vdpbf16ps, 32 elements (16 K-pairs) per step; a skinny product
+// with a transposed B (a layer's input gradient for a few tokens) streams Bᵀ once, in place.
+template <int MR, int NR>
+struct avx512bf16_direct_dot_bf16 {
+  static constexpr int mr = MR, nr = NR;
+  template <int R> using with_rows = avx512bf16_direct_dot_bf16<R, NR>;
+  static void run(const direct_dot_bf16_args& p) {
+    const std::uint16_t* b[NR];
+    for (int j = 0; j < NR; ++j) b[j] = p.b + static_cast<std::size_t>(j < p.n ? j : 0) * p.ldb;  // spare columns repeat column 0
+    __m512 s[MR][NR];
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) s[i][j] = _mm512_setzero_ps();
+    auto step = [&](std::size_t k0, __mmask32 m) {
+      __m512bh bv[NR];
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) bv[j] = (__m512bh)_mm512_maskz_loadu_epi16(m, b[j] + k0);
+#pragma GCC unroll 8
+      for (int i = 0; i < MR; ++i) {
+        const __m512bh av = (__m512bh)_mm512_maskz_loadu_epi16(m, p.a + i * p.lda + k0);
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; ++j) s[i][j] = _mm512_dpbf16_ps(s[i][j], av, bv[j]);
+      }
+    };
+    std::size_t k = 0;
+    for (; k + 32 <= p.k; k += 32) step(k, ~__mmask32(0));
+    // masked elements are zeros: pairs past K add +0, as the reference's padded pairs do
+    if (k < p.k) step(k, __mmask32((1u << (p.k - k)) - 1));
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < NR && j < p.n; ++j) {
+        const __m256 r8 = _mm256_add_ps(_mm512_castps512_ps256(s[i][j]), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s[i][j]), 1)));
+        const __m128 r4 = _mm_add_ps(_mm256_castps256_ps128(r8), _mm256_extractf128_ps(r8, 1));
+        const __m128 r2 = _mm_add_ps(r4, _mm_movehl_ps(r4, r4));
+        const __m128 r1 = _mm_add_ss(r2, _mm_shuffle_ps(r2, r2, 1));
+        p.c[static_cast<std::size_t>(i) * p.ldc + j] = _mm_cvtss_f32(r1);
+      }
+  }
+};
+inline constexpr bool has_direct_dot_bf16_atom = true;
+using best_direct_dot_bf16_atom = avx512bf16_direct_dot_bf16<4, 4>;
+using best_direct_dot_bf16_atom_few_rows = avx512bf16_direct_dot_bf16<1, 8>;
+#else
+inline constexpr bool has_direct_dot_bf16_atom = false;
+using best_direct_dot_bf16_atom = scalar_direct_dot_bf16<4, 4>;  // (unused: the bf16 dot path needs the instruction)
+using best_direct_dot_bf16_atom_few_rows = best_direct_dot_bf16_atom;
 #endif
 
 // ---- AVX2 -------------------------------------------------------------------------------------

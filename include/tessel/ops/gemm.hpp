@@ -730,6 +730,8 @@ struct gemm_tuning {
   double direct_max_macs_pair = 1 << 15;  // bf16 and FP8 inputs (pair atoms)
   std::size_t direct_max_k = 16;          // any size this shallow
   std::size_t direct_dot_min_k = 32;      // a transposed B is read by dot products from this depth
+  std::size_t direct_dot_max_m = 16;      // bf16 with a transposed B: dot products in place up to this many rows
+  std::size_t direct_gemv_max_m = 2;      // f32 with a row-major B: read by rows in place up to this many rows
 };
 inline gemm_tuning& gemm_tune() {
   static gemm_tuning t;
@@ -751,6 +753,7 @@ struct gemm_direct_program {
   std::size_t dot_min_k;
   bool plain;             // f32 C, alpha 1, beta 0, no epilogue: the atoms write C
   std::size_t rows_per_block = 0;  // one matrix (batch 1) split by rows of C, or 0: whole matrices
+  std::size_t cols_per_block = 0;  // one matrix (batch 1) split by columns of C (when rows_per_block is 0)
 
   kernel_cost cost(const grid&) const {
     kernel_cost c;
@@ -767,12 +770,18 @@ struct gemm_direct_program {
       const std::size_t i0 = b * rows_per_block, rows = std::min(rows_per_block, M - i0);
       const TA* pa = a_ptrs ? a_ptrs[0] : A.data();
       TC* pc = c_ptrs ? c_ptrs[0] : C.data();
-      return one(ctx.scratch(), pa + i0 * A.row_stride(), b_ptrs ? b_ptrs[0] : B.data(), pc + i0 * C.row_stride(), rows, i0);
+      return one(ctx.scratch(), pa + i0 * A.row_stride(), b_ptrs ? b_ptrs[0] : B.data(), pc + i0 * C.row_stride(), rows, i0, N, 0);
+    }
+    if (cols_per_block > 0) {  // one matrix, its columns shared out
+      const std::size_t j0 = b * cols_per_block, cols = std::min(cols_per_block, N - j0);
+      const TB* pb = b_ptrs ? b_ptrs[0] : B.data();
+      TC* pc = c_ptrs ? c_ptrs[0] : C.data();
+      return one(ctx.scratch(), a_ptrs ? a_ptrs[0] : A.data(), pb + j0 * B.col_stride(), pc + j0 * C.col_stride(), M, 0, cols, j0);
     }
     const std::size_t z0 = b * per_block;
     for (std::size_t z = z0; z < std::min(batch, z0 + per_block); ++z) {
       const auto m = ctx.scratch().mark();
-      one(ctx.scratch(), a_ptrs ? a_ptrs[z] : A.data() + z * sa, b_ptrs ? b_ptrs[z] : B.data() + z * sb, c_ptrs ? c_ptrs[z] : C.data() + z * sc, M, 0);
+      one(ctx.scratch(), a_ptrs ? a_ptrs[z] : A.data() + z * sa, b_ptrs ? b_ptrs[z] : B.data() + z * sb, c_ptrs ? c_ptrs[z] : C.data() + z * sc, M, 0, N, 0);
       ctx.scratch().rewind(m);
     }
   }
@@ -803,12 +812,20 @@ struct gemm_direct_program {
     }
   }
 
-  // rows [row0, row0 + M) of one matrix (pa, pc at row row0 of A and C)
-  void one(scratch_arena& arena, const TA* pa, const TB* pb, TC* pc, std::size_t M, std::size_t row0) const {
+  // Both bf16, A row-major and B stored as Bᵀ rows: dot products on the bf16 elements in place
+  // (vdpbf16ps), no widened copies. A function of the strides and K, never of the split.
+  bool bf16_dots() const {
+    if constexpr (std::is_same_v<TA, bf16> && std::is_same_v<TB, bf16> && arch::has_direct_dot_bf16_atom)
+      return A.col_stride() == 1 && B.row_stride() == 1 && K >= dot_min_k;
+    else
+      return false;
+  }
+
+  // rows [row0, row0 + M) and columns [col0, col0 + N) of one matrix (pa, pb, pc at that row of A
+  // and C and that column of B and C)
+  void one(scratch_arena& arena, const TA* pa, const TB* pb, TC* pc, std::size_t M, std::size_t row0, std::size_t N, std::size_t col0) const {
     using rows_atom = arch::best_direct_rows_atom;
     using dot_atom = arch::best_direct_dot_atom;
-    const f32_view a = as_f32(arena, pa, A, M, K);
-    f32_view b = as_f32(arena, pb, B, K, N);
     // (M,N) accumulators, or C itself when nothing is left to apply (f32, alpha 1, beta 0, no epilogue)
     float* acc = nullptr;
     std::size_t ldc = N;
@@ -816,12 +833,38 @@ struct gemm_direct_program {
       if (plain) acc = pc, ldc = C.row_stride();
     }
     if (!acc) acc = arena.allocate_array<float>(M * N);
+    if (bf16_dots()) {
+      arch::direct_dot_bf16_args p;
+      p.lda = A.row_stride();
+      p.ldb = B.col_stride();
+      p.k = K;
+      p.ldc = ldc;
+      auto dots = [&]<class Atom>() {
+        for (std::size_t j = 0; j < N; j += Atom::nr) {
+          p.n = static_cast<int>(std::min<std::size_t>(Atom::nr, N - j));
+          p.b = reinterpret_cast<const std::uint16_t*>(pb + j * B.col_stride());
+          for (std::size_t i = 0; i < M; i += Atom::mr) {
+            p.a = reinterpret_cast<const std::uint16_t*>(pa + i * A.row_stride());
+            p.c = acc + i * ldc + j;
+            arch::run_rows_of<Atom>(static_cast<int>(std::min<std::size_t>(Atom::mr, M - i)), p);
+          }
+        }
+      };
+      if (M <= 2) dots.template operator()<arch::best_direct_dot_bf16_atom_few_rows>();
+      else dots.template operator()<arch::best_direct_dot_bf16_atom>();
+      if (acc != static_cast<void*>(pc)) detail::store_rows<TC>(acc, N, M, N, pc, C.row_stride(), C.col_stride(), row0, col0, chain);
+      return;
+    }
+    const f32_view a = as_f32(arena, pa, A, M, K);
+    f32_view b = as_f32(arena, pb, B, K, N);
     // Dot products (A row-major) cost a reduction per element of C (~8 cycles); reading B by rows
     // costs a broadcast of every element of A per 16 columns of C and, for a transposed B, a copy
     // of B (~1 cycle per element). Dots win when K is several times M, or C is narrower than a
     // vector (a GEMV-like N = 1 broadcast A element by element); a B that is not stored as Bᵀ rows
     // is then copied into them.
-    if (a.cs == 1 && K >= dot_min_k && (K >= 8 * M || N < 16)) {
+    // (Copying a row-major B into Bᵀ rows costs more than the product it serves unless C is narrow:
+    // a row-major B is read by rows from 16 columns on.)
+    if (a.cs == 1 && K >= dot_min_k && (K >= 8 * M || N < 16) && (b.rs == 1 || N < 16)) {
       if (b.rs != 1) {  // Bᵀ rows, read along B's stored rows
         float* buf = arena.allocate_array<float>(N * K);
         for (std::size_t k = 0; k < K; ++k)
@@ -859,21 +902,25 @@ struct gemm_direct_program {
       p.ldb = b.rs;
       p.k = K;
       p.ldc = ldc;
-      for (std::size_t j = 0; j < N; j += rows_atom::nc) {
-        p.n = static_cast<int>(std::min<std::size_t>(rows_atom::nc, N - j));
-        p.b = b.p + j;
-        for (std::size_t i = 0; i < M; i += rows_atom::mr) {
-          p.a = a.p + i * a.rs;
-          p.c = acc + i * ldc + j;
-          const int r = static_cast<int>(std::min<std::size_t>(rows_atom::mr, M - i));
-          // a narrow last strip runs an atom as wide as it needs (an 8-column product does not load 64)
-          if (p.n <= rows_atom::nc / 4) arch::run_rows_of<typename rows_atom::template with_cols<rows_atom::nc / 4>>(r, p);
-          else if (p.n <= rows_atom::nc / 2) arch::run_rows_of<typename rows_atom::template with_cols<rows_atom::nc / 2>>(r, p);
-          else arch::run_rows_of<rows_atom>(r, p);
+      // (each element is one FMA chain in k order whatever the atom's width: the same bits)
+      auto sweep = [&]<class Atom>() {
+        for (std::size_t j = 0; j < N; j += Atom::nc) {
+          p.n = static_cast<int>(std::min<std::size_t>(Atom::nc, N - j));
+          p.b = b.p + j;
+          for (std::size_t i = 0; i < M; i += Atom::mr) {
+            p.a = a.p + i * a.rs;
+            p.c = acc + i * ldc + j;
+            const int r = static_cast<int>(std::min<std::size_t>(Atom::mr, M - i));
+            // a narrow last strip runs an atom as wide as it needs (an 8-column product does not load 64)
+            if (p.n <= Atom::nc / 4) arch::run_rows_of<typename Atom::template with_cols<Atom::nc / 4>>(r, p);
+            else if (p.n <= Atom::nc / 2) arch::run_rows_of<typename Atom::template with_cols<Atom::nc / 2>>(r, p);
+            else arch::run_rows_of<Atom>(r, p);
+          }
         }
-      }
+      };
+      sweep.template operator()<rows_atom>();
     }
-    if (acc != static_cast<void*>(pc)) detail::store_rows<TC>(acc, N, M, N, pc, C.row_stride(), C.col_stride(), row0, 0, chain);
+    if (acc != static_cast<void*>(pc)) detail::store_rows<TC>(acc, N, M, N, pc, C.row_stride(), C.col_stride(), row0, col0, chain);
   }
 };
 
@@ -989,16 +1036,30 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
   bool direct = !s.a_block && K > 0 && (macs <= direct_max || (batch == 1 && K <= gemm_tune().direct_max_k));
   if constexpr (std::is_same_v<TA, bf16> && std::is_same_v<TB, bf16> && arch::has_rows_dot_atom)
     if (M <= 8 && B.col_stride() == 1 && C.col_stride() == 1 && !ap) direct = false;  // the skinny path streams B faster
+  // a skinny bf16 product with a transposed B (dX = dY·W for a few tokens): vdpbf16ps dots read A's
+  // rows and Bᵀ's rows in place, C's columns shared out over blocks (each element is one dot, so
+  // the bits do not depend on the split)
+  bool skinny_dots = false;
+  if constexpr (std::is_same_v<TA, bf16> && std::is_same_v<TB, bf16> && arch::has_direct_dot_bf16_atom)
+    skinny_dots = !direct && !s.a_block && batch == 1 && !ap && K >= gemm_tune().direct_dot_min_k && M <= gemm_tune().direct_dot_max_m &&
+                  A.col_stride() == 1 && B.row_stride() == 1;
+  // an f32 GEMV-like product with a row-major B (a layer's forward for a token or two): the rows
+  // atom streams B's rows once, C's columns shared out the same way
+  if constexpr (std::is_same_v<TA, float> && std::is_same_v<TB, float>)
+    skinny_dots = !direct && !s.a_block && batch == 1 && !ap && M <= gemm_tune().direct_gemv_max_m && B.col_stride() == 1;
+  direct = direct || skinny_dots;
   if (direct) {
     const auto dchain = epilogue::alpha_beta(alpha * s.a * s.b, beta) | chain;
     // matrices per block: about direct_max_macs of work each (a function of the shape only)
     const std::size_t per = std::max<std::size_t>(1, static_cast<std::size_t>(direct_max / macs));
     // batch 1 above the threshold: blocks of about 2^20 multiply-adds of rows (a function of the shape)
-    const std::size_t rows_pb = batch == 1 && macs > direct_max ? ceil_div(std::max<std::size_t>(1, (std::size_t{1} << 20) / (N * K)), 8) * 8 : 0;
+    const std::size_t rows_pb = !skinny_dots && batch == 1 && macs > direct_max ? ceil_div(std::max<std::size_t>(1, (std::size_t{1} << 20) / (N * K)), 8) * 8 : 0;
+    // skinny dots: about two blocks per worker, whole 16-column strips
+    const std::size_t cols_pb = skinny_dots ? std::max<std::size_t>(16, ceil_div(ceil_div(N, 2 * std::max(1u, dev.capabilities().workers)), 16) * 16) : 0;
     const bool plain = chain_t::empty && alpha * s.a * s.b == 1.0f && beta == 0.0f && C.col_stride() == 1;
     gemm_direct_program<TA, TB, TC, std::remove_cvref_t<decltype(dchain)>> prog{
-        M, N, K, batch, A, B, C, sa, sb, sc, ap, bp, cp, dchain, per, gemm_tune().direct_dot_min_k, plain, rows_pb};
-    gemm_run(dev, grid{rows_pb ? ceil_div(M, rows_pb) : ceil_div(batch, per)}, prog, flops);
+        M, N, K, batch, A, B, C, sa, sb, sc, ap, bp, cp, dchain, per, gemm_tune().direct_dot_min_k, plain, rows_pb, cols_pb};
+    gemm_run(dev, grid{rows_pb ? ceil_div(M, rows_pb) : (cols_pb ? ceil_div(N, cols_pb) : ceil_div(batch, per))}, prog, flops);
     return;
   }
   const bool skinny = M <= gemm_config<TA, TB>::skinny_max_m;
