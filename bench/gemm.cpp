@@ -6,6 +6,8 @@
 // OPENBLAS_CORETYPE=SkylakeX and compare against the faster.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+#include <array>
 #include <chrono>
 #include <ctime>
 #include <functional>
@@ -430,6 +432,68 @@ void gemm_fused_vs_plain(benchmark::State& st) {
   st.counters["epilogue_cost"] = r.mine / r.other - 1.0;
 }
 
+// The direct path for tiny products against the packed path on the same shape, alternated in one
+// loop (1 thread, the calling thread), with OpenBLAS beside them for f32: the measurement behind
+// detail::gemm_tune().direct_max_macs{,_pair}. vs_packed = packed time / direct time (above 1, direct is
+// faster); vs_openblas likewise. Each timed call repeats the product to about 10^5 multiply-adds so
+// the clock's own cost stays out of the ratio. Args: M, N, K, transposes (0 NN, 1 NT, 2 TN, 3 TT), bf16.
+void gemm_direct_vs_packed(benchmark::State& st) {
+  const std::size_t M = st.range(0), N = st.range(1), K = st.range(2);
+  const bool ta = st.range(3) >= 2, tb = st.range(3) % 2 == 1, is_bf16 = st.range(4) != 0;
+  const std::size_t reps = std::max<std::size_t>(1, std::size_t(1e5 / double(M * N * K)));
+  const std::size_t lda = ta ? M : K, ldb = tb ? K : N;
+  const transpose oa = ta ? transpose::yes : transpose::none, ob = tb ? transpose::yes : transpose::none;
+  auto Af = random_buffer<float>(M * K, 1), Bf = random_buffer<float>(K * N, 2);
+  auto Ah = random_buffer<bf16>(M * K, 1), Bh = random_buffer<bf16>(K * N, 2);
+  tessel_bench::huge_buffer<float> C(M * N, 2);
+  auto& tune = tessel::detail::gemm_tune();
+  const auto saved = tune;
+  auto with = [&](double threshold) {
+    return [&, threshold] {
+      tune.direct_max_macs = tune.direct_max_macs_pair = threshold;
+      for (std::size_t r = 0; r < reps; ++r) {
+        if (is_bf16) gemm(dev(1), oa, ob, M, N, K, 1.0f, Ah.data(), lda, Bh.data(), ldb, 0.0f, C.data(), N);
+        else gemm(dev(1), oa, ob, M, N, K, 1.0f, Af.data(), lda, Bf.data(), ldb, 0.0f, C.data(), N);
+      }
+      tune = saved;
+    };
+  };
+  std::vector<std::function<void()>> calls{with(1e300), with(0)};
+  std::vector<std::string> names{"direct", "packed"};
+#if defined(TESSEL_HAVE_OPENBLAS)
+  if (!is_bf16) {
+    openblas_set_num_threads(1);
+    calls.emplace_back([&] {
+      for (std::size_t r = 0; r < reps; ++r)
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(M), int(N), int(K), 1.0f, Af.data(), int(lda),
+                    Bf.data(), int(ldb), 0.0f, C.data(), int(N));
+    });
+    names.emplace_back("openblas");
+  }
+#endif
+  for (auto& c : calls) c();
+  const auto r = tessel_bench::run_rotated(
+      calls, std::chrono::microseconds(0), [&](std::size_t, const std::vector<double>&, double) { return st.KeepRunning(); },
+      [&](std::size_t, double mine) { st.SetIterationTime(mine); });
+  const double flops = 2.0 * double(M * N * K) * double(reps) * double(r.iterations);
+  for (std::size_t j = 0; j < calls.size(); ++j) {
+    st.counters[names[j] + "_gflops"] = flops / r.seconds[j] / 1e9;
+    if (j > 0) st.counters["vs_" + names[j]] = r.seconds[j] / r.seconds[0];
+    if (j > 0) st.counters["vs_" + names[j] + "_fastest"] = r.fastest[j] / r.fastest[0];
+  }
+  st.counters["macs"] = double(M * N * K);
+}
+void direct_shapes(benchmark::internal::Benchmark* b) {
+  for (long bf : {0, 1}) {
+    for (long n : {4, 8, 16, 24, 32, 40, 48, 64, 96})
+      for (long t : {0, 1, 2, 3}) b->Args({n, n, n, t, bf});
+    for (auto [m, n, k] : std::vector<std::array<long, 3>>{{1, 64, 64}, {1, 256, 128}, {1, 1024, 64}, {4, 512, 32}, {16, 64, 32}, {64, 16, 32},
+                                                            {128, 8, 32}, {2, 16, 1024}, {8, 128, 64}, {32, 256, 8}, {256, 256, 1}})
+      for (long t : {0, 1}) b->Args({m, n, k, t, bf});
+  }
+  b->ArgNames({"M", "N", "K", "trans", "bf16"})->Unit(benchmark::kMicrosecond)->UseManualTime()->MinTime(0.05);
+}
+
 void big_shapes(benchmark::internal::Benchmark* b) {
   for (long th : {1, 2}) {
     b->Args({2048, 2048, 2048, th});
@@ -475,6 +539,7 @@ BENCHMARK(gemm_bf16_tessel)->Name("gemm_bf16/tessel")->Apply(bf16_shapes);
 #if defined(TESSEL_HAVE_ONEDNN)
 BENCHMARK(gemm_onednn<dnnl::memory::data_type::bf16, bf16>)->Name("gemm_bf16/onednn")->Apply(bf16_shapes);
 #endif
+BENCHMARK(gemm_direct_vs_packed)->Name("gemm_direct")->Apply(direct_shapes);
 BENCHMARK(gemm_paired<false>)->Name("gemm_f32_paired")->Apply(paired_shapes);
 BENCHMARK(gemm_paired<true>)->Name("gemm_bf16_paired")->Apply(paired_bf16_shapes);
 BENCHMARK(gemm_fp8_block_tessel)->Name("gemm_fp8_block/tessel")->Apply(bf16_shapes);

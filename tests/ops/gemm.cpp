@@ -662,3 +662,251 @@ TEMPLATE_TEST_CASE("packed tiles: stale scratch from an earlier product never re
       }
   }
 }
+
+namespace {
+// Sets the direct path's thresholds for one scope (0: every product packed; 1e300: every product
+// the direct path takes).
+struct direct_threshold {
+  tessel::detail::gemm_tuning saved = tessel::detail::gemm_tune();
+  explicit direct_threshold(double t) { tessel::detail::gemm_tune().direct_max_macs = tessel::detail::gemm_tune().direct_max_macs_pair = t; }
+  ~direct_threshold() { tessel::detail::gemm_tune() = saved; }
+};
+}  // namespace
+
+// Tiny products run the direct path (no packing, calling thread): every transpose and input type,
+// odd sizes and sizes of 1, padded leading dimensions, against the reference.
+TEMPLATE_TEST_CASE("direct path (tiny products): every transpose, gamma_K, integers bitwise, 1 vs 2 threads bitwise", "[ops][gemm][direct]", float,
+                   bf16, fp16, e4m3) {
+  std::mt19937 g(61);
+  direct_threshold all(1e300);  // bf16/FP8 products this size take the direct path only below 2^15
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (std::size_t M : {1, 2, 5, 13, 31})
+        for (std::size_t N : {1, 3, 17, 64, 65})
+          for (std::size_t K : {1, 2, 9, 31, 32, 33, 100}) {
+            INFO("M=" << M << " N=" << N << " K=" << K << " ta=" << ta << " tb=" << tb);
+            gemm_case<TestType, TestType, float> c(M, N, K, ta, tb, (M + K) % 3);
+            ref::fill_real(c.A, g, 0.5f, 2.0f);
+            ref::fill_real(c.B, g, -2.0f, -0.5f);
+            ref::fill_real(c.C, g);
+            auto c1 = c;
+            auto r = ref::gemm(ta, tb, M, N, K, 1.5, c.A.data(), c.lda, c.B.data(), c.ldb, 0.5, c.C.data(), c.ldc);
+            c.run(dev2(), 1.5f, 0.5f);
+            c1.run(dev1(), 1.5f, 0.5f);
+            REQUIRE(check_bound(c.C, c.ldc, r, M, N, K) == 0);
+            REQUIRE(std::memcmp(c.C.data(), c1.C.data(), c.C.size() * sizeof(float)) == 0);
+            gemm_case<TestType, TestType, float> n(M, N, K, ta, tb, 1);
+            ref::fill_int(n.A, g);
+            ref::fill_int(n.B, g);
+            ref::fill_int(n.C, g);
+            auto rn = ref::gemm(ta, tb, M, N, K, 1.0, n.A.data(), n.lda, n.B.data(), n.ldb, -2.0, n.C.data(), n.ldc);
+            n.run(dev2(), 1.0f, -2.0f);
+            REQUIRE(check_exact(n.C, n.ldc, rn, M, N) == 0);
+          }
+}
+
+// An f32 product read by rows (B not transposed, or any B with a transposed A) is one fused
+// multiply-add per k in k order from zero, as the packed atoms compute a one-chunk product: the
+// direct path must give the packed path's bits there (so moving the threshold changes no result).
+TEST_CASE("direct path: f32 products read by rows have the packed path's bits", "[ops][gemm][direct]") {
+  std::mt19937 g(62);
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (auto [M, N, K] : {std::tuple<std::size_t, std::size_t, std::size_t>{1, 1, 1}, {3, 70, 9}, {7, 5, 31}, {33, 40, 20}, {8, 64, 60}}) {
+        if (!ta && K >= tessel::detail::gemm_tune().direct_dot_min_k && (K >= 8 * M || N < 16)) continue;  // read by dot products: another order
+        gemm_case<float, float, float> c(M, N, K, ta, tb, 2);
+        ref::fill_real(c.A, g);
+        ref::fill_real(c.B, g);
+        ref::fill_real(c.C, g);
+        auto p = c;
+        c.run(dev2(), 0.75f, 0.25f, epilogue::relu);
+        {
+          direct_threshold packed(0);
+          p.run(dev2(), 0.75f, 0.25f, epilogue::relu);
+        }
+        INFO("M=" << M << " N=" << N << " K=" << K << " ta=" << ta << " tb=" << tb);
+        REQUIRE(std::memcmp(c.C.data(), p.C.data(), c.C.size() * sizeof(float)) == 0);
+      }
+}
+
+TEST_CASE("direct path: epilogues, bf16 output, per-tensor scales, strided and pointer batches", "[ops][gemm][direct]") {
+  std::mt19937 g(63);
+  const std::size_t M = 6, N = 20, K = 40, batch = 5;
+  std::vector<bf16> A(batch * M * K), B(batch * N * K);
+  std::vector<float> bias(N);
+  ref::fill_int(A, g, 2);
+  ref::fill_int(B, g, 2);
+  ref::fill_int(bias, g, 4);
+  // C = relu(2·(A·Bᵀ) + bias) as bf16, batch by batch, against the reference
+  std::vector<bf16> C(batch * M * N), C2(batch * M * N);
+  gemm_strided_batched(dev2(), transpose::none, transpose::yes, M, N, K, 2.0f, A.data(), K, M * K, B.data(), K, N * K, 0.0f, C.data(), N, M * N,
+                       batch, epilogue::bias(bias) | epilogue::relu | epilogue::cast<bf16>);
+  std::vector<const bf16*> ap, bp;
+  std::vector<bf16*> cp;
+  for (std::size_t b = 0; b < batch; ++b) {
+    ap.push_back(A.data() + b * M * K);
+    bp.push_back(B.data() + b * N * K);
+    cp.push_back(C2.data() + b * M * N);
+  }
+  gemm_batched(dev1(), transpose::none, transpose::yes, M, N, K, 2.0f, ap.data(), K, bp.data(), K, 0.0f, cp.data(), N, batch,
+               epilogue::bias(bias) | epilogue::relu | epilogue::cast<bf16>);
+  for (std::size_t b = 0; b < batch; ++b) {
+    auto r = ref::gemm(false, true, M, N, K, 2.0, A.data() + b * M * K, K, B.data() + b * N * K, K, 0.0, C.data(), N);
+    for (std::size_t i = 0; i < M; ++i)
+      for (std::size_t j = 0; j < N; ++j) {
+        const float want = float(bf16(float(std::max(0.0, r.c[i * N + j] + bias[j]))));
+        REQUIRE(float(C[b * M * N + i * N + j]) == want);
+        REQUIRE(float(C2[b * M * N + i * N + j]) == want);
+      }
+  }
+  // per-tensor scales multiply alpha
+  std::vector<e4m3> A8(M * K), B8(K * N);
+  ref::fill_int(A8, g, 2);
+  ref::fill_int(B8, g, 2);
+  std::vector<float> C8(M * N);
+  gemm_scales s;
+  s.a = 0.5f;
+  s.b = 4.0f;
+  gemm(dev2(), transpose::none, transpose::none, M, N, K, 1.0f, A8.data(), K, B8.data(), N, 0.0f, C8.data(), N, epilogue::chain<>{}, s);
+  auto r8 = ref::gemm(false, false, M, N, K, 2.0, A8.data(), K, B8.data(), N, 0.0, C8.data(), N);
+  for (std::size_t i = 0; i < M * N; ++i) REQUIRE(C8[i] == r8.c[i]);
+}
+
+TEST_CASE("direct path: taken by the product's size only", "[ops][gemm][direct]") {
+  // the same tiny shape gives the same bits whatever the device's worker count, and a 1-row
+  // product of many columns at the threshold and one past it both match the reference
+  std::mt19937 g(64);
+  const auto limit = static_cast<std::size_t>(tessel::detail::gemm_tune().direct_max_macs);
+  for (std::size_t K : {std::size_t{1}, limit / 512}) {
+    for (std::size_t N : {limit / K, limit / K + 1}) {
+      gemm_case<float, float, float> c(1, N, K, false, false);
+      ref::fill_int(c.A, g);
+      ref::fill_int(c.B, g);
+      auto r = ref::gemm(false, false, 1, N, K, 1.0, c.A.data(), c.lda, c.B.data(), c.ldb, 0.0, c.C.data(), c.ldc);
+      c.run(dev2(), 1.0f, 0.0f);
+      INFO("N=" << N << " K=" << K);
+      REQUIRE(check_exact(c.C, c.ldc, r, 1, N) == 0);
+    }
+  }
+}
+
+// A transposed bf16/FP8 A is packed once for all column blocks when C has several (N > NB): the
+// result must be what each block packing its own rows gives (a narrower C, one column block, takes
+// that path), bitwise, and within gamma_K, integers exact, 1 vs 2 threads bitwise.
+TEMPLATE_TEST_CASE("transposed pair-type A packed once for all column blocks: same bits as per-block packing", "[ops][gemm]", bf16, e4m3) {
+  std::mt19937 g(71);
+  using cfg = tessel::detail::gemm_config<TestType, TestType>;
+  for (bool tb : {false, true})
+    for (auto [M, K] : {std::pair<std::size_t, std::size_t>{150, cfg::KC + 37}, {73, 301}, {1, 64}}) {
+      const std::size_t N = cfg::NB + 44;
+      INFO("M=" << M << " K=" << K << " tb=" << tb);
+      gemm_case<TestType, TestType, float> c(M, N, K, true, tb);
+      ref::fill_real(c.A, g, 0.5f, 2.0f);
+      ref::fill_real(c.B, g, -2.0f, -0.5f);
+      auto c1 = c;
+      c.run(dev2(), 1.0f, 0.0f);
+      c1.run(dev1(), 1.0f, 0.0f);
+      REQUIRE(std::memcmp(c.C.data(), c1.C.data(), c.C.size() * sizeof(float)) == 0);
+      auto r = ref::gemm(true, tb, M, N, K, 1.0, c.A.data(), c.lda, c.B.data(), c.ldb, 0.0, c.C.data(), c.ldc);
+      REQUIRE(check_bound(c.C, c.ldc, r, M, N, K) == 0);
+      // the first column block alone (N = NB): per-block packing
+      std::vector<float> one(M * cfg::NB);
+      gemm(dev2(), transpose::yes, tb ? transpose::yes : transpose::none, M, cfg::NB, K, 1.0f, c.A.data(), c.lda, c.B.data(), c.ldb, 0.0f,
+           one.data(), cfg::NB);
+      for (std::size_t i = 0; i < M; ++i) REQUIRE(std::memcmp(one.data() + i * cfg::NB, c.C.data() + i * c.ldc, cfg::NB * sizeof(float)) == 0);
+      gemm_case<TestType, TestType, float> n(M, N, K, true, tb);
+      ref::fill_int(n.A, g, 2);
+      ref::fill_int(n.B, g, 2);
+      auto rn = ref::gemm(true, tb, M, N, K, 1.0, n.A.data(), n.lda, n.B.data(), n.ldb, 0.0, n.C.data(), n.ldc);
+      n.run(dev2(), 1.0f, 0.0f);
+      REQUIRE(check_exact(n.C, n.ldc, rn, M, N) == 0);
+    }
+}
+
+// A shallow product (K <= 16) of any size takes the direct path, its rows shared out over blocks:
+// row-indexed epilogues see their own rows, every transpose, integers bitwise, 1 vs 2 threads bitwise.
+TEMPLATE_TEST_CASE("direct path: shallow products of any size, rows shared out over blocks", "[ops][gemm][direct]", float, bf16) {
+  std::mt19937 g(81);
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (auto [M, N, K] : {std::tuple<std::size_t, std::size_t, std::size_t>{300, 3001, 1}, {1000, 777, 5}, {37, 4100, 16}}) {
+        INFO("M=" << M << " N=" << N << " K=" << K << " ta=" << ta << " tb=" << tb);
+        gemm_case<TestType, TestType, float> c(M, N, K, ta, tb, 1);
+        ref::fill_int(c.A, g, 2);
+        ref::fill_int(c.B, g, 2);
+        ref::fill_int(c.C, g, 2);
+        std::vector<float> rbias(M);
+        ref::fill_int(rbias, g, 4);
+        auto c1 = c;
+        auto r = ref::gemm(ta, tb, M, N, K, 1.0, c.A.data(), c.lda, c.B.data(), c.ldb, 1.0, c.C.data(), c.ldc);
+        c.run(dev2(), 1.0f, 1.0f, epilogue::bias_row(rbias));
+        c1.run(dev1(), 1.0f, 1.0f, epilogue::bias_row(rbias));
+        REQUIRE(std::memcmp(c.C.data(), c1.C.data(), c.C.size() * sizeof(float)) == 0);
+        std::size_t bad = 0;
+        for (std::size_t i = 0; i < M; ++i)
+          for (std::size_t j = 0; j < N; ++j) bad += c.C[i * c.ldc + j] != float(r.c[i * N + j] + rbias[i]);
+        REQUIRE(bad == 0);
+        // plain (alpha 1, beta 0, no epilogue): the atoms write C
+        gemm_case<TestType, TestType, float> p(M, N, K, ta, tb);
+        ref::fill_int(p.A, g, 2);
+        ref::fill_int(p.B, g, 2);
+        auto rp = ref::gemm(ta, tb, M, N, K, 1.0, p.A.data(), p.lda, p.B.data(), p.ldb, 0.0, p.C.data(), p.ldc);
+        p.run(dev2(), 1.0f, 0.0f);
+        REQUIRE(check_exact(p.C, p.ldc, rp, M, N) == 0);
+      }
+}
+
+// A skinny bf16 product with a transposed B (M <= 16, any size) runs vdpbf16ps dots on the
+// operands in place, C's columns shared out over blocks: column-indexed epilogues see their own
+// columns, integers are bitwise, real values within gamma_K, 1 vs 2 threads bitwise; and the f32
+// direct path reads a row-major B by rows (M = 1, NN: a GEMV).
+TEST_CASE("direct path: skinny bf16 dots over a transposed B, columns shared out over blocks", "[ops][gemm][direct]") {
+  std::mt19937 g(83);
+  for (auto [M, N, K] : {std::tuple<std::size_t, std::size_t, std::size_t>{1, 1000, 512}, {2, 2816, 100}, {3, 17, 33}, {5, 513, 1408},
+                         {8, 300, 4096}, {16, 700, 255}, {1, 1, 8192}}) {
+    INFO("M=" << M << " N=" << N << " K=" << K);
+    gemm_case<bf16, bf16, float> c(M, N, K, false, true, 3);
+    ref::fill_int(c.A, g, 2);
+    ref::fill_int(c.B, g, 2);
+    ref::fill_int(c.C, g, 2);
+    std::vector<float> cbias(N);
+    ref::fill_int(cbias, g, 4);
+    auto c1 = c;
+    auto r = ref::gemm(false, true, M, N, K, 1.0, c.A.data(), c.lda, c.B.data(), c.ldb, 1.0, c.C.data(), c.ldc);
+    c.run(dev2(), 1.0f, 1.0f, epilogue::bias_col(cbias));
+    c1.run(dev1(), 1.0f, 1.0f, epilogue::bias_col(cbias));
+    REQUIRE(std::memcmp(c.C.data(), c1.C.data(), c.C.size() * sizeof(float)) == 0);
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < M; ++i)
+      for (std::size_t j = 0; j < N; ++j) bad += c.C[i * c.ldc + j] != float(r.c[i * N + j] + cbias[j]);
+    REQUIRE(bad == 0);
+    // real values, plain (the atoms write C), bf16 output too
+    gemm_case<bf16, bf16, float> p(M, N, K, false, true);
+    ref::fill_real(p.A, g);
+    ref::fill_real(p.B, g);
+    auto p1 = p;
+    auto rp = ref::gemm(false, true, M, N, K, 1.0, p.A.data(), p.lda, p.B.data(), p.ldb, 0.0, p.C.data(), p.ldc);
+    p.run(dev2(), 1.0f, 0.0f);
+    p1.run(dev1(), 1.0f, 0.0f);
+    REQUIRE(std::memcmp(p.C.data(), p1.C.data(), p.C.size() * sizeof(float)) == 0);
+    REQUIRE(check_bound(p.C, p.ldc, rp, M, N, K) == 0);
+    gemm_case<bf16, bf16, bf16> h(M, N, K, false, true);
+    h.A = p.A;
+    h.B = p.B;
+    h.run(dev2(), 1.0f, 0.0f);
+    REQUIRE(check_bound(h.C, h.ldc, rp, M, N, K) == 0);
+  }
+  // f32 GEMV-like NN products: the row-major B is read where it lies
+  for (auto [M, N, K] : {std::tuple<std::size_t, std::size_t, std::size_t>{1, 1536, 512}, {2, 64, 700}, {1, 15, 100}}) {
+    INFO("f32 M=" << M << " N=" << N << " K=" << K);
+    gemm_case<float, float, float> c(M, N, K, false, false, 1);
+    ref::fill_int(c.A, g, 2);
+    ref::fill_int(c.B, g, 2);
+    auto c1 = c;
+    auto r = ref::gemm(false, false, M, N, K, 1.0, c.A.data(), c.lda, c.B.data(), c.ldb, 0.0, c.C.data(), c.ldc);
+    c.run(dev2(), 1.0f, 0.0f);
+    c1.run(dev1(), 1.0f, 0.0f);
+    REQUIRE(std::memcmp(c.C.data(), c1.C.data(), c.C.size() * sizeof(float)) == 0);
+    REQUIRE(check_exact(c.C, c.ldc, r, M, N) == 0);
+  }
+}

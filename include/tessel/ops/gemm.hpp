@@ -18,6 +18,7 @@
 #include <tessel/arch/target.hpp>  // first: parses the intrinsic headers under a GCC 12 false-positive guard
 #include <tessel/ops/errors.hpp>
 #include <tessel/arch/copy.hpp>
+#include <tessel/arch/direct_atoms.hpp>
 #include <tessel/device/device.hpp>
 #include <tessel/device/host_device.hpp>
 #include <tessel/tile.hpp>
@@ -138,6 +139,10 @@ struct gemm_program {
   // Split K (unscaled, one matrix): block z computes the partial product over K rows
   // [z*k_split, min(K, (z+1)*k_split)) into C + z*sc; gemm_splitk_reduce adds them in z order.
   std::size_t k_split = 0;
+  // A transposed A packed once for every block column (gemm_pack_a_program): the (MC,KC) panel
+  // tile of row slab s and K chunk c at a_packed + (s * a_chunks + c) * MC * KC.
+  const S* a_packed = nullptr;
+  std::size_t a_chunks = 0;
 
   kernel_cost cost(const grid&) const {
     kernel_cost c;
@@ -162,8 +167,11 @@ struct gemm_program {
     const std::size_t rows_pad = ceil_div(rows, MC) * MC;
     float* acc = ctx.scratch().allocate_array<float>((nk > chunks ? rows_pad : MC) * NB);  // (MB,NB) or one (MC,NB) slab
     staged<S, MC, KC, layout::row> a{ctx};                                      // (MC,KC) converted A
-    staged<S, MC, KC, typename cfg::a_layout> ap{ctx};               // (MC,KC) transposed A as MR-row panels
-    const bool panel_a = KP == 1 && Az.row_stride() == 1 && K > 1;
+    staged<S, MC, KC, typename cfg::a_layout> ap{ctx};               // (MC,KC) transposed A as MR-row panels (K pairs for bf16)
+    // a column-major (transposed) A packs fastest into the atom's panels: MR consecutive rows per
+    // K step (f32), or the K pair (k, k+1) of MR rows from two contiguous runs (bf16, FP8); into the
+    // row layout a bf16 A was gathered element by element, a column stride apart, per slab
+    const bool panel_a = Az.row_stride() == 1 && Az.col_stride() != 1 && K > 1;
     const bool direct_a = std::is_same_v<TA, S> && Az.col_stride() == 1;
     const auto chain = epilogue::alpha_beta(alpha * scales.a * scales.b, beta) | ep;
     const std::size_t jps = ceil_div(cols, NR);
@@ -188,7 +196,9 @@ struct gemm_program {
         for (std::size_t k = 0; k < kn; ++k) {
           const std::size_t k0 = (kq + k) * KC, kv = std::min(KC, K - k0);
           const bool direct = direct_a && kv % KP == 0;
-          if (!direct) {  // the rows and K columns (whole pairs) the atoms read
+          const S* apd = ap.data();
+          if (a_packed) apd = a_packed + ((m0 + mc) / MC * a_chunks + kq + k) * MC * KC;
+          else if (!direct) {  // the rows and K columns (whole pairs) the atoms read
             if (panel_a) load(Az.template tile_at<MC, KC>(m0 + mc, k0), ap, tile_extent{r, kv});
             else load(Az.template tile_at<MC, KC>(m0 + mc, k0), a, tile_extent{r, ceil_div(kv, KP) * KP});
           }
@@ -214,7 +224,7 @@ struct gemm_program {
                 p.a_rs = Az.row_stride();
                 arch::run_rows<atom>(static_cast<int>(pr), p);
               } else if (panel_a) {
-                p.a = ap.data() + ip * MR * KC;
+                p.a = apd + ip * MR * KC;
                 atom::run(p);
               } else {
                 p.a = a.data() + ip * MR * KC;
@@ -413,6 +423,26 @@ struct gemm_program {
     if (nk == 0)
       detail::store_rows<TC>(acc, NB, rows, cols, Cz.data() + m0 * Cz.row_stride() + n0 * Cz.col_stride(), Cz.row_stride(), Cz.col_stride(),
                              m0, n0, chain);
+  }
+};
+
+// Packs a transposed A once into the (MC,KC) panel tiles gemm_program's blocks read
+// (gemm_program::a_packed), so the blocks of every column of C share one packing instead of each
+// repacking its rows: block (s, c) packs row slab s, K chunk c. A pure copy: the bits of C are
+// those of the per-block packing.
+template <class TA, class Cfg>
+struct gemm_pack_a_program {
+  using S = typename Cfg::stage;
+  static constexpr std::size_t MC = Cfg::MC, KC = Cfg::KC;
+  tensor<const TA, 2> A;  // (M,K)
+  S* out;
+  std::size_t chunks;
+  kernel_cost cost(const grid&) const { return {0.0, double(A.rows()) * double(A.cols()) * double(sizeof(TA) + sizeof(S)), math_precision::f32}; }
+  void operator()(block_ctx& ctx) const {
+    const auto idx = ctx.block_index3();
+    const std::size_t m0 = idx[0] * MC, k0 = idx[1] * KC;
+    staged<S, MC, KC, typename Cfg::a_layout> t(out + (idx[0] * chunks + idx[1]) * MC * KC);
+    load(A.template tile_at<MC, KC>(m0, k0), t, tile_extent{std::min(MC, A.rows() - m0), std::min(KC, A.cols() - k0)});
   }
 };
 
@@ -681,19 +711,237 @@ void gemm_run(Dev& dev, const grid& g, const P& prog, double flops) {
   dev.launch(g, prog);
 }
 
-inline void gemm_check(bool ok, const std::string& msg) {
-  if (!ok) throw gemm_error(msg);
+// Tiny products: below direct_max_macs multiply-adds (M·N·K per matrix) a product costs less
+// than packing its operands into (KC,NB) tiles and setting up their blocks, so it is computed from
+// the operands where they lie with the direct atoms: a B with unit column stride is read by rows
+// (A broadcast, any strides), a transposed B against a row-major A by dot products (when K fills
+// vectors), and any other B is first copied into a row-major f32 buffer. Operands that are not f32
+// are widened (exactly) into f32 buffers in their stored order. Each block computes whole matrices
+// of a batch; the launch of a small total runs on the calling thread (gemm_run). The path and its
+// arithmetic depend on the shape and strides only, so the bits never depend on the thread count.
+// The thresholds are measured by bench_gemm's gemm_direct cases (direct against packed in one
+// loop, 1 thread, 3 runs): f32 direct was 1.2-4x the packed path's speed from 4^3 to 96^3 (every
+// transpose; the f32 atoms' peak is the same, the direct path only skips packing), and 2^20 keeps
+// every direct product under the 4 MFLOP below which a launch runs on the calling thread anyway.
+// bf16 direct (widened to f32) lost to the pair atoms from 40^3 on (NN 0.95, 96^3 0.7) and, for M
+// <= 8 with a row-major B, to the skinny rows path (0.2-0.7), which keeps those.
+struct gemm_tuning {
+  double direct_max_macs = 1 << 20;       // f32 and fp16 inputs (f32 atoms)
+  double direct_max_macs_pair = 1 << 15;  // bf16 and FP8 inputs (pair atoms)
+  std::size_t direct_max_k = 16;          // any size this shallow
+  std::size_t direct_dot_min_k = 32;      // a transposed B is read by dot products from this depth
+  std::size_t direct_dot_max_m = 16;      // bf16 with a transposed B: dot products in place up to this many rows
+  std::size_t direct_gemv_max_m = 2;      // f32 with a row-major B: read by rows in place up to this many rows
+};
+inline gemm_tuning& gemm_tune() {
+  static gemm_tuning t;
+  return t;
+}
+
+template <class TA, class TB, class TC, class Chain>
+struct gemm_direct_program {
+  std::size_t M, N, K, batch;
+  tensor<const TA, 2> A;  // (M,K) view of batch 0
+  tensor<const TB, 2> B;  // (K,N)
+  tensor<TC, 2> C;        // (M,N)
+  std::size_t sa, sb, sc;
+  const TA* const* a_ptrs;
+  const TB* const* b_ptrs;
+  TC* const* c_ptrs;
+  Chain chain;            // alpha, beta and the epilogue
+  std::size_t per_block;  // matrices per block
+  std::size_t dot_min_k;
+  bool plain;             // f32 C, alpha 1, beta 0, no epilogue: the atoms write C
+  std::size_t rows_per_block = 0;  // one matrix (batch 1) split by rows of C, or 0: whole matrices
+  std::size_t cols_per_block = 0;  // one matrix (batch 1) split by columns of C (when rows_per_block is 0)
+
+  kernel_cost cost(const grid&) const {
+    kernel_cost c;
+    c.flops = 2.0 * double(M) * double(N) * double(K) * double(batch);
+    c.bytes = (double(M) * K * sizeof(TA) + double(K) * N * sizeof(TB) + double(M) * N * sizeof(TC) * 2) * double(batch);
+    c.precision = std::is_same_v<TA, float> ? math_precision::f32
+                  : (std::is_same_v<TA, bf16> ? math_precision::bf16 : (std::is_same_v<TA, fp16> ? math_precision::fp16 : math_precision::fp8));
+    return c;
+  }
+
+  void operator()(block_ctx& ctx) const {
+    const std::size_t b = ctx.block_index3()[0];
+    if (rows_per_block > 0) {  // one matrix, its rows shared out
+      const std::size_t i0 = b * rows_per_block, rows = std::min(rows_per_block, M - i0);
+      const TA* pa = a_ptrs ? a_ptrs[0] : A.data();
+      TC* pc = c_ptrs ? c_ptrs[0] : C.data();
+      return one(ctx.scratch(), pa + i0 * A.row_stride(), b_ptrs ? b_ptrs[0] : B.data(), pc + i0 * C.row_stride(), rows, i0, N, 0);
+    }
+    if (cols_per_block > 0) {  // one matrix, its columns shared out
+      const std::size_t j0 = b * cols_per_block, cols = std::min(cols_per_block, N - j0);
+      const TB* pb = b_ptrs ? b_ptrs[0] : B.data();
+      TC* pc = c_ptrs ? c_ptrs[0] : C.data();
+      return one(ctx.scratch(), a_ptrs ? a_ptrs[0] : A.data(), pb + j0 * B.col_stride(), pc + j0 * C.col_stride(), M, 0, cols, j0);
+    }
+    const std::size_t z0 = b * per_block;
+    for (std::size_t z = z0; z < std::min(batch, z0 + per_block); ++z) {
+      const auto m = ctx.scratch().mark();
+      one(ctx.scratch(), a_ptrs ? a_ptrs[z] : A.data() + z * sa, b_ptrs ? b_ptrs[z] : B.data() + z * sb, c_ptrs ? c_ptrs[z] : C.data() + z * sc, M, 0, N, 0);
+      ctx.scratch().rewind(m);
+    }
+  }
+
+  // An f32 operand: element (r, c) at p[r*rs + c*cs].
+  struct f32_view {
+    const float* p;
+    std::size_t rs, cs;
+  };
+  // f32 view of an operand (rows, cols) with X's strides at p: in place when it is f32, else
+  // widened into scratch in the order it is stored
+  template <class T>
+  static f32_view as_f32(scratch_arena& arena, const T* p, const tensor<const T, 2>& X, std::size_t rows, std::size_t cols) {
+    if constexpr (std::is_same_v<T, float>) {
+      return {p, X.row_stride(), X.col_stride()};
+    } else {
+      float* buf = arena.allocate_array<float>(rows * cols);
+      if (X.row_stride() == 1 && X.col_stride() != 1) {  // column-major
+        for (std::size_t c = 0; c < cols; ++c) arch::widen(p + c * X.col_stride(), buf + c * rows, rows);
+        return {buf, 1, rows};
+      }
+      for (std::size_t r = 0; r < rows; ++r) {
+        if (X.col_stride() == 1) arch::widen(p + r * X.row_stride(), buf + r * cols, cols);
+        else
+          for (std::size_t c = 0; c < cols; ++c) buf[r * cols + c] = arch::to_f32(p[r * X.row_stride() + c * X.col_stride()]);
+      }
+      return {buf, cols, 1};
+    }
+  }
+
+  // Both bf16, A row-major and B stored as Bᵀ rows: dot products on the bf16 elements in place
+  // (vdpbf16ps), no widened copies. A function of the strides and K, never of the split.
+  bool bf16_dots() const {
+    if constexpr (std::is_same_v<TA, bf16> && std::is_same_v<TB, bf16> && arch::has_direct_dot_bf16_atom)
+      return A.col_stride() == 1 && B.row_stride() == 1 && K >= dot_min_k;
+    else
+      return false;
+  }
+
+  // rows [row0, row0 + M) and columns [col0, col0 + N) of one matrix (pa, pb, pc at that row of A
+  // and C and that column of B and C)
+  void one(scratch_arena& arena, const TA* pa, const TB* pb, TC* pc, std::size_t M, std::size_t row0, std::size_t N, std::size_t col0) const {
+    using rows_atom = arch::best_direct_rows_atom;
+    using dot_atom = arch::best_direct_dot_atom;
+    // (M,N) accumulators, or C itself when nothing is left to apply (f32, alpha 1, beta 0, no epilogue)
+    float* acc = nullptr;
+    std::size_t ldc = N;
+    if constexpr (std::is_same_v<TC, float>) {
+      if (plain) acc = pc, ldc = C.row_stride();
+    }
+    if (!acc) acc = arena.allocate_array<float>(M * N);
+    if (bf16_dots()) {
+      arch::direct_dot_bf16_args p;
+      p.lda = A.row_stride();
+      p.ldb = B.col_stride();
+      p.k = K;
+      p.ldc = ldc;
+      auto dots = [&]<class Atom>() {
+        for (std::size_t j = 0; j < N; j += Atom::nr) {
+          p.n = static_cast<int>(std::min<std::size_t>(Atom::nr, N - j));
+          p.b = reinterpret_cast<const std::uint16_t*>(pb + j * B.col_stride());
+          for (std::size_t i = 0; i < M; i += Atom::mr) {
+            p.a = reinterpret_cast<const std::uint16_t*>(pa + i * A.row_stride());
+            p.c = acc + i * ldc + j;
+            arch::run_rows_of<Atom>(static_cast<int>(std::min<std::size_t>(Atom::mr, M - i)), p);
+          }
+        }
+      };
+      if (M <= 2) dots.template operator()<arch::best_direct_dot_bf16_atom_few_rows>();
+      else dots.template operator()<arch::best_direct_dot_bf16_atom>();
+      if (acc != static_cast<void*>(pc)) detail::store_rows<TC>(acc, N, M, N, pc, C.row_stride(), C.col_stride(), row0, col0, chain);
+      return;
+    }
+    const f32_view a = as_f32(arena, pa, A, M, K);
+    f32_view b = as_f32(arena, pb, B, K, N);
+    // Dot products (A row-major) cost a reduction per element of C (~8 cycles); reading B by rows
+    // costs a broadcast of every element of A per 16 columns of C and, for a transposed B, a copy
+    // of B (~1 cycle per element). Dots win when K is several times M, or C is narrower than a
+    // vector (a GEMV-like N = 1 broadcast A element by element); a B that is not stored as Bᵀ rows
+    // is then copied into them.
+    // (Copying a row-major B into Bᵀ rows costs more than the product it serves unless C is narrow:
+    // a row-major B is read by rows from 16 columns on.)
+    if (a.cs == 1 && K >= dot_min_k && (K >= 8 * M || N < 16) && (b.rs == 1 || N < 16)) {
+      if (b.rs != 1) {  // Bᵀ rows, read along B's stored rows
+        float* buf = arena.allocate_array<float>(N * K);
+        for (std::size_t k = 0; k < K; ++k)
+          for (std::size_t j = 0; j < N; ++j) buf[j * K + k] = b.p[k * b.rs + j * b.cs];
+        b = {buf, 1, K};
+      }
+      arch::direct_dot_args p;
+      p.lda = a.rs;
+      p.ldb = b.cs;
+      p.k = K;
+      p.ldc = ldc;
+      auto dots = [&]<class Atom>() {
+        for (std::size_t j = 0; j < N; j += Atom::nr) {
+          p.n = static_cast<int>(std::min<std::size_t>(Atom::nr, N - j));
+          p.b = b.p + j * b.cs;
+          for (std::size_t i = 0; i < M; i += Atom::mr) {
+            p.a = a.p + i * a.rs;
+            p.c = acc + i * ldc + j;
+            arch::run_rows_of<Atom>(static_cast<int>(std::min<std::size_t>(Atom::mr, M - i)), p);
+          }
+        }
+      };
+      if (M <= 2 && N > 4) dots.template operator()<arch::best_direct_dot_atom_few_rows>();  // (4 columns fit the 4x4 tile)
+      else dots.template operator()<dot_atom>();
+    } else {
+      if (b.cs != 1) {  // B into row-major rows, read down its stored columns
+        float* buf = arena.allocate_array<float>(K * N);
+        for (std::size_t j = 0; j < N; ++j)
+          for (std::size_t k = 0; k < K; ++k) buf[k * N + j] = b.p[k * b.rs + j * b.cs];
+        b = {buf, N, 1};
+      }
+      arch::direct_rows_args p;
+      p.a_rs = a.rs;
+      p.a_cs = a.cs;
+      p.ldb = b.rs;
+      p.k = K;
+      p.ldc = ldc;
+      // (each element is one FMA chain in k order whatever the atom's width: the same bits)
+      auto sweep = [&]<class Atom>() {
+        for (std::size_t j = 0; j < N; j += Atom::nc) {
+          p.n = static_cast<int>(std::min<std::size_t>(Atom::nc, N - j));
+          p.b = b.p + j;
+          for (std::size_t i = 0; i < M; i += Atom::mr) {
+            p.a = a.p + i * a.rs;
+            p.c = acc + i * ldc + j;
+            const int r = static_cast<int>(std::min<std::size_t>(Atom::mr, M - i));
+            // a narrow last strip runs an atom as wide as it needs (an 8-column product does not load 64)
+            if (p.n <= Atom::nc / 4) arch::run_rows_of<typename Atom::template with_cols<Atom::nc / 4>>(r, p);
+            else if (p.n <= Atom::nc / 2) arch::run_rows_of<typename Atom::template with_cols<Atom::nc / 2>>(r, p);
+            else arch::run_rows_of<Atom>(r, p);
+          }
+        }
+      };
+      sweep.template operator()<rows_atom>();
+    }
+    if (acc != static_cast<void*>(pc)) detail::store_rows<TC>(acc, N, M, N, pc, C.row_stride(), C.col_stride(), row0, col0, chain);
+  }
+};
+
+// Throws gemm_error(message()) unless ok. The message is built only on failure: formatting the
+// shape into strings on every call cost ~0.5 us, more than a whole 8x8x8 product.
+template <class Message>
+void gemm_check(bool ok, const Message& message) {
+  if (!ok) [[unlikely]] throw gemm_error(message());
 }
 
 // Validates one operand: (rows, cols) of op(X) stored with leading dimension ld.
-inline void gemm_check_operand(const char* name, const void* p, transpose t, std::size_t rows, std::size_t cols, std::size_t ld,
-                               const std::string& shape) {
+template <class Shape>
+void gemm_check_operand(const char* name, const void* p, transpose t, std::size_t rows, std::size_t cols, std::size_t ld, const Shape& shape) {
   const std::size_t stored_cols = t == transpose::none ? cols : rows;
   const std::size_t stored_rows = t == transpose::none ? rows : cols;
-  gemm_check(ld >= std::max<std::size_t>(stored_cols, 1),
-             std::string("leading dimension of ") + name + " is " + std::to_string(ld) + ", needs >= " + std::to_string(std::max<std::size_t>(stored_cols, 1)) +
-                 " for a stored (" + std::to_string(stored_rows) + "," + std::to_string(stored_cols) + ") " + name + ", " + shape);
-  gemm_check(p != nullptr || rows == 0 || cols == 0, std::string("null ") + name + " with non-zero size, " + shape);
+  gemm_check(ld >= std::max<std::size_t>(stored_cols, 1), [&] {
+    return std::string("leading dimension of ") + name + " is " + std::to_string(ld) + ", needs >= " +
+           std::to_string(std::max<std::size_t>(stored_cols, 1)) + " for a stored (" + std::to_string(stored_rows) + "," +
+           std::to_string(stored_cols) + ") " + name + ", " + shape();
+  });
+  gemm_check(p != nullptr || rows == 0 || cols == 0, [&] { return std::string("null ") + name + " with non-zero size, " + shape(); });
   (void)detail::span_of(stored_rows, stored_cols, ld, 1);  // overflow check
 }
 
@@ -707,8 +955,7 @@ template <class TA, class TB, class TC, class Chain, class Dev>
 void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::size_t batch, tensor<const TA, 2> A, tensor<const TB, 2> B,
                  tensor<TC, 2> C, std::size_t sa, std::size_t sb, std::size_t sc, const TA* const* ap, const TB* const* bp, TC* const* cp,
                  float alpha, float beta, const gemm_scales& s, const Chain& ep) {
-  const std::string shape = gemm_shape(M, N, K);
-  gemm_check(!(s.a_block == nullptr) == !(s.b_block == nullptr), "block scales need both a_block and b_block, " + shape);
+  gemm_check(!(s.a_block == nullptr) == !(s.b_block == nullptr), [&] { return "block scales need both a_block and b_block, " + gemm_shape(M, N, K); });
   if (M == 0 || N == 0 || batch == 0) return;
   (void)detail::mul_checked(detail::mul_checked(M, N, "gemm size"), batch, "gemm size");
   (void)detail::mul_checked(detail::mul_checked(M, K, "gemm size"), batch, "gemm size");
@@ -730,6 +977,30 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
     const std::size_t MB = ceil_div(ceil_div(M, mblocks), cfg::MC) * cfg::MC;
     const grid g{ceil_div(M, MB), ceil_div(N, cfg::NB), batch};
     gemm_program<TA, TB, TC, chain_t, Scaled, Skinny> prog{M, N, K, batch, A, B, C, sa, sb, sc, ap, bp, cp, alpha, beta, s, MB, chain};
+    if constexpr (!Scaled && !Skinny && cfg::KP == 2) {
+      // A transposed bf16/FP8 A is packed once for all column blocks rather than by each of them
+      // (bf16 TN 1024^3 on 1 thread: 4 column blocks each repacked all of A). Only when there are
+      // several column blocks and the packed tiles (whole (MC,KC) tiles, the last chunk padded)
+      // take at most twice A's size plus 4 MiB.
+      const std::size_t slabs = ceil_div(M, cfg::MC), chunks = ceil_div(K, cfg::KC);
+      const double ws = double(slabs) * double(chunks) * double(cfg::MC * cfg::KC * sizeof(typename cfg::stage));
+      if (batch == 1 && !ap && A.row_stride() == 1 && A.col_stride() != 1 && K > 1 && N > cfg::NB &&
+          ws <= 2.0 * double(M) * double(K) * sizeof(TA) + double(4 << 20)) {
+        using S = typename cfg::stage;
+        S* W = static_cast<S*>(dev.allocate(static_cast<std::size_t>(ws)));
+        struct release {
+          Dev& d;
+          void* p;
+          ~release() { d.deallocate(p); }
+        } guard{dev, W};
+        gemm_run(dev, grid{slabs, chunks}, gemm_pack_a_program<TA, cfg>{A, W, chunks}, double(M) * double(K));
+        prog.a_packed = W;
+        prog.a_chunks = chunks;
+        gemm_run(dev, g, prog, flops);
+        dev.synchronize();  // the workspace goes back to the pool only after both launches ran
+        return;
+      }
+    }
     gemm_run(dev, g, prog, flops);
   };
   // Split K: the partials go to a workspace from the device's caching pool (no page faults
@@ -756,6 +1027,41 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
     gemm_run(dev, grid{ceil_div(M, R::rows_per_block), 1, 1}, R{P, M, N, splits, C, alpha * s.a * s.b, beta, chain}, double(ps) * double(splits));
     dev.synchronize();  // the workspace goes back to the pool only after both launches ran
   };
+  constexpr bool pair_inputs = gemm_config<TA, TB>::traits::pair;
+  const double macs = double(M) * double(N) * double(K);
+  const double direct_max = pair_inputs ? gemm_tune().direct_max_macs_pair : gemm_tune().direct_max_macs;
+  // ... and a shallow matrix of any size (K <= direct_max_k): an outer product or little more is
+  // bound by writing C, which the direct atoms do once (the packed path also packs B, sweeps its
+  // accumulators and copies them out); its rows are then shared out over blocks
+  bool direct = !s.a_block && K > 0 && (macs <= direct_max || (batch == 1 && K <= gemm_tune().direct_max_k));
+  if constexpr (std::is_same_v<TA, bf16> && std::is_same_v<TB, bf16> && arch::has_rows_dot_atom)
+    if (M <= 8 && B.col_stride() == 1 && C.col_stride() == 1 && !ap) direct = false;  // the skinny path streams B faster
+  // a skinny bf16 product with a transposed B (dX = dY·W for a few tokens): vdpbf16ps dots read A's
+  // rows and Bᵀ's rows in place, C's columns shared out over blocks (each element is one dot, so
+  // the bits do not depend on the split)
+  bool skinny_dots = false;
+  if constexpr (std::is_same_v<TA, bf16> && std::is_same_v<TB, bf16> && arch::has_direct_dot_bf16_atom)
+    skinny_dots = !direct && !s.a_block && batch == 1 && !ap && K >= gemm_tune().direct_dot_min_k && M <= gemm_tune().direct_dot_max_m &&
+                  A.col_stride() == 1 && B.row_stride() == 1;
+  // an f32 GEMV-like product with a row-major B (a layer's forward for a token or two): the rows
+  // atom streams B's rows once, C's columns shared out the same way
+  if constexpr (std::is_same_v<TA, float> && std::is_same_v<TB, float>)
+    skinny_dots = !direct && !s.a_block && batch == 1 && !ap && M <= gemm_tune().direct_gemv_max_m && B.col_stride() == 1;
+  direct = direct || skinny_dots;
+  if (direct) {
+    const auto dchain = epilogue::alpha_beta(alpha * s.a * s.b, beta) | chain;
+    // matrices per block: about direct_max_macs of work each (a function of the shape only)
+    const std::size_t per = std::max<std::size_t>(1, static_cast<std::size_t>(direct_max / macs));
+    // batch 1 above the threshold: blocks of about 2^20 multiply-adds of rows (a function of the shape)
+    const std::size_t rows_pb = !skinny_dots && batch == 1 && macs > direct_max ? ceil_div(std::max<std::size_t>(1, (std::size_t{1} << 20) / (N * K)), 8) * 8 : 0;
+    // skinny dots: about two blocks per worker, whole 16-column strips
+    const std::size_t cols_pb = skinny_dots ? std::max<std::size_t>(16, ceil_div(ceil_div(N, 2 * std::max(1u, dev.capabilities().workers)), 16) * 16) : 0;
+    const bool plain = chain_t::empty && alpha * s.a * s.b == 1.0f && beta == 0.0f && C.col_stride() == 1;
+    gemm_direct_program<TA, TB, TC, std::remove_cvref_t<decltype(dchain)>> prog{
+        M, N, K, batch, A, B, C, sa, sb, sc, ap, bp, cp, dchain, per, gemm_tune().direct_dot_min_k, plain, rows_pb, cols_pb};
+    gemm_run(dev, grid{rows_pb ? ceil_div(M, rows_pb) : (cols_pb ? ceil_div(N, cols_pb) : ceil_div(batch, per))}, prog, flops);
+    return;
+  }
   const bool skinny = M <= gemm_config<TA, TB>::skinny_max_m;
   if constexpr (std::is_same_v<TA, bf16> && std::is_same_v<TB, bf16> && arch::has_rows_dot_atom) {
     // skinny: B streamed once in place by the rows atom (any A layout; B row-major)
@@ -789,7 +1095,7 @@ inline namespace v0 {
 template <class Dev, gemm_input TA, gemm_input TB, gemm_output TC, class Chain = epilogue::chain<>>
 void gemm(Dev& dev, transpose ta, transpose tb, std::size_t M, std::size_t N, std::size_t K, float alpha, const TA* A, std::size_t lda,
           const TB* B, std::size_t ldb, float beta, TC* C, std::size_t ldc, const Chain& ep = {}, const gemm_scales& s = {}) {
-  const std::string shape = detail::gemm_shape(M, N, K);
+  const auto shape = [&] { return detail::gemm_shape(M, N, K); };
   detail::gemm_check_operand("A", A, ta, M, K, lda, shape);
   detail::gemm_check_operand("B", B, tb, K, N, ldb, shape);
   detail::gemm_check_operand("C", C, transpose::none, M, N, ldc, shape);
@@ -801,11 +1107,12 @@ void gemm(Dev& dev, transpose ta, transpose tb, std::size_t M, std::size_t N, st
 template <class Dev, gemm_input TA, gemm_input TB, gemm_output TC, class Chain = epilogue::chain<>>
 void gemm(Dev& dev, tensor<const TA, 2> A, tensor<const TB, 2> B, tensor<TC, 2> C, float alpha = 1.0f, float beta = 0.0f,
           const Chain& ep = {}, const gemm_scales& s = {}) {
-  const std::string shape = detail::gemm_shape(C.rows(), C.cols(), A.cols()) + " with A (" + std::to_string(A.rows()) + "," +
-                            std::to_string(A.cols()) + "), B (" + std::to_string(B.rows()) + "," + std::to_string(B.cols()) + "), C (" +
-                            std::to_string(C.rows()) + "," + std::to_string(C.cols()) + ")";
-  detail::gemm_check(A.rows() == C.rows() && B.cols() == C.cols() && A.cols() == B.rows(), "mismatched shapes " + shape);
-  detail::gemm_check(C.col_stride() == 1, "C must be row-major (column stride 1), " + shape);
+  const auto shape = [&] {
+    return detail::gemm_shape(C.rows(), C.cols(), A.cols()) + " with A (" + std::to_string(A.rows()) + "," + std::to_string(A.cols()) + "), B (" +
+           std::to_string(B.rows()) + "," + std::to_string(B.cols()) + "), C (" + std::to_string(C.rows()) + "," + std::to_string(C.cols()) + ")";
+  };
+  detail::gemm_check(A.rows() == C.rows() && B.cols() == C.cols() && A.cols() == B.rows(), [&] { return "mismatched shapes " + shape(); });
+  detail::gemm_check(C.col_stride() == 1, [&] { return "C must be row-major (column stride 1), " + shape(); });
   detail::gemm_launch<TA, TB, TC>(dev, C.rows(), C.cols(), A.cols(), 1, A, B, C, 0, 0, 0, nullptr, nullptr, nullptr, alpha, beta, s, ep);
 }
 
@@ -814,16 +1121,16 @@ template <class Dev, gemm_input TA, gemm_input TB, gemm_output TC, class Chain =
 void gemm_strided_batched(Dev& dev, transpose ta, transpose tb, std::size_t M, std::size_t N, std::size_t K, float alpha, const TA* A,
                           std::size_t lda, std::size_t stride_a, const TB* B, std::size_t ldb, std::size_t stride_b, float beta, TC* C,
                           std::size_t ldc, std::size_t stride_c, std::size_t batch, const Chain& ep = {}, const gemm_scales& s = {}) {
-  const std::string shape = detail::gemm_shape(M, N, K) + " x batch " + std::to_string(batch);
+  const auto shape = [&] { return detail::gemm_shape(M, N, K) + " x batch " + std::to_string(batch); };
   detail::gemm_check_operand("A", A, ta, M, K, lda, shape);
   detail::gemm_check_operand("B", B, tb, K, N, ldb, shape);
   detail::gemm_check_operand("C", C, transpose::none, M, N, ldc, shape);
 
   if (batch > 1) {
     (void)detail::mul_checked(batch - 1, std::max({stride_a, stride_b, stride_c}), "batch stride");
-    detail::gemm_check(stride_c >= (M ? (M - 1) * ldc + N : 0) || M == 0 || N == 0, "C batch stride " + std::to_string(stride_c) + " makes batches overlap, " + shape);
+    detail::gemm_check(stride_c >= (M ? (M - 1) * ldc + N : 0) || M == 0 || N == 0, [&] { return "C batch stride " + std::to_string(stride_c) + " makes batches overlap, " + shape(); });
   }
-  if (s.a_block) detail::gemm_check(batch <= 1, "block scales are per matrix; use batch 1, " + shape);
+  if (s.a_block) detail::gemm_check(batch <= 1, [&] { return "block scales are per matrix; use batch 1, " + shape(); });
   detail::gemm_launch<TA, TB, TC>(dev, M, N, K, batch, detail::op_view(A, ta, M, K, lda), detail::op_view(B, tb, K, N, ldb),
                                   tensor<TC, 2>::strided(C, M, N, ldc, 1), stride_a, stride_b, stride_c, nullptr, nullptr, nullptr, alpha, beta, s, ep);
 }
@@ -833,9 +1140,9 @@ template <class Dev, gemm_input TA, gemm_input TB, gemm_output TC, class Chain =
 void gemm_batched(Dev& dev, transpose ta, transpose tb, std::size_t M, std::size_t N, std::size_t K, float alpha, const TA* const* A,
                   std::size_t lda, const TB* const* B, std::size_t ldb, float beta, TC* const* C, std::size_t ldc, std::size_t batch,
                   const Chain& ep = {}) {
-  const std::string shape = detail::gemm_shape(M, N, K) + " x batch " + std::to_string(batch);
+  const auto shape = [&] { return detail::gemm_shape(M, N, K) + " x batch " + std::to_string(batch); };
   if (batch == 0) return;
-  detail::gemm_check(A && B && C, "null pointer array, " + shape);
+  detail::gemm_check(A && B && C, [&] { return "null pointer array, " + shape(); });
   for (std::size_t i = 0; i < batch; ++i) {
     detail::gemm_check_operand("A", A[i], ta, M, K, lda, shape);
     detail::gemm_check_operand("B", B[i], tb, K, N, ldb, shape);

@@ -22,17 +22,20 @@ inline namespace v0 {
 // the first index varies fastest, so neighbouring blocks along the first axis (e.g. row blocks of
 // C sharing one column panel of B) run close together in time.
 struct grid {
+  [[noreturn, gnu::cold, gnu::noinline]] static void throw_too_many(std::size_t x, std::size_t y, std::size_t z) {
+    throw tile_error(errc::overflow, "grid " + std::to_string(x) + "x" + std::to_string(y) + "x" + std::to_string(z) + " has too many blocks");
+  }
   std::size_t x = 1, y = 1, z = 1;
   constexpr grid() = default;
   constexpr explicit grid(std::size_t x_) : x(x_) {}
   constexpr grid(std::size_t x_, std::size_t y_) : x(x_), y(y_) {}
   constexpr grid(std::size_t x_, std::size_t y_, std::size_t z_) : x(x_), y(y_), z(z_) {}
 
-  // Total block count; throws std::overflow_error if it does not fit in size_t.
+  // Total block count; throws tile_error(errc::overflow) if it does not fit in size_t (out of
+  // line, so the check inlines into a launch).
   constexpr std::size_t size() const {
     std::size_t xy = 0, xyz = 0;
-    if (__builtin_mul_overflow(x, y, &xy) || __builtin_mul_overflow(xy, z, &xyz))
-      throw tile_error(errc::overflow, "grid " + std::to_string(x) + "x" + std::to_string(y) + "x" + std::to_string(z) + " has too many blocks");
+    if (__builtin_mul_overflow(x, y, &xy) || __builtin_mul_overflow(xy, z, &xyz)) [[unlikely]] throw_too_many(x, y, z);
     return xyz;
   }
   constexpr bool empty() const { return x == 0 || y == 0 || z == 0; }

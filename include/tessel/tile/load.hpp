@@ -197,6 +197,37 @@ void load(const tensor_tile<S, R, C>& src, staged<D, R, C, L>& dst, tile_extent 
     constexpr std::size_t PC = L::padded_cols(C);
     const std::size_t UC = used.cols < C ? L::padded_cols(used.cols) : PC;  // K columns written
     const std::size_t UP = (used.rows < R ? L::padded_rows(used.rows) : L::padded_rows(R)) / MR;  // panels written
+    if constexpr (KP == 2 && std::is_same_v<D, bf16>) {
+      // column-major source (a transposed A): the K pair (k, k+1) of consecutive rows is two
+      // contiguous runs of the source, widened (exactly) and interleaved a few panels at a time,
+      // then copied to each panel. Element by element instead, every read was a column stride
+      // away and the per-slab packing of a transposed bf16 A cost as much as its product.
+      if (!scaled && src.row_stride == 1 && src.col_stride != 1) {
+        constexpr std::size_t G = MR >= 64 ? 1 : 64 / MR;  // panels per run
+        alignas(64) std::uint16_t w0[G * MR], w1[G * MR], tmp[2 * G * MR];
+        const std::size_t cs = src.col_stride;
+        for (std::size_t p0 = 0; p0 < UP; p0 += G) {
+          const std::size_t np = UP - p0 < G ? UP - p0 : G, r0 = p0 * MR;
+          const std::size_t nr = r0 < vr ? (vr - r0 < np * MR ? vr - r0 : np * MR) : 0;  // valid rows of the run
+          for (std::size_t k = 0; k < UC; k += 2) {
+            const bool has0 = k < vc && nr > 0, has1 = k + 1 < vc && nr > 0;
+            if (has0) arch::widen(src.data + r0 + k * cs, reinterpret_cast<bf16*>(w0), nr);
+            if (has1) arch::widen(src.data + r0 + (k + 1) * cs, reinterpret_cast<bf16*>(w1), nr);
+            if (has0 && has1) {
+              arch::interleave_u16(w0, w1, tmp, nr, false);
+            } else {
+              for (std::size_t i = 0; i < nr; ++i) {
+                tmp[2 * i] = has0 ? w0[i] : std::uint16_t{0};
+                tmp[2 * i + 1] = has1 ? w1[i] : std::uint16_t{0};
+              }
+            }
+            for (std::size_t i = 2 * nr; i < 2 * np * MR; ++i) tmp[i] = 0;
+            for (std::size_t q = 0; q < np; ++q) std::memcpy(reinterpret_cast<std::uint16_t*>(out + (p0 + q) * MR * PC + k * MR), tmp + q * MR * 2, MR * 2 * sizeof(D));
+          }
+        }
+        return;
+      }
+    }
     for (std::size_t p = 0; p < UP; ++p) {
       D* panel = out + p * MR * PC;
       const std::size_t r0 = p * MR;
