@@ -730,8 +730,8 @@ struct gemm_tuning {
   double direct_max_macs_pair = 1 << 15;  // bf16 and FP8 inputs (pair atoms)
   std::size_t direct_max_k = 16;          // any size this shallow
   std::size_t direct_dot_min_k = 32;      // a transposed B is read by dot products from this depth
-  std::size_t direct_dot_max_m = 16;      // bf16 with a transposed B: dot products in place up to this many rows
-  std::size_t direct_gemv_max_m = 2;      // f32 with a row-major B: read by rows in place up to this many rows
+  std::size_t direct_dot_max_m = 16;      // a transposed B: dot products in place up to this many rows
+  std::size_t direct_gemv_max_m = 2;      // f32: B read in place (by rows, or Bᵀ rows by dots) up to this many rows
 };
 inline gemm_tuning& gemm_tune() {
   static gemm_tuning t;
@@ -1043,10 +1043,13 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
   if constexpr (std::is_same_v<TA, bf16> && std::is_same_v<TB, bf16> && arch::has_direct_dot_bf16_atom)
     skinny_dots = !direct && !s.a_block && batch == 1 && !ap && K >= gemm_tune().direct_dot_min_k && M <= gemm_tune().direct_dot_max_m &&
                   A.col_stride() == 1 && B.row_stride() == 1;
-  // an f32 GEMV-like product with a row-major B (a layer's forward for a token or two): the rows
-  // atom streams B's rows once, C's columns shared out the same way
+  // an f32 GEMV-like product (a layer's forward or input gradient for a token or two): a row-major
+  // B streamed by rows (the rows atom), a transposed one by dot products of A's rows and Bᵀ's rows,
+  // C's columns shared out the same way
   if constexpr (std::is_same_v<TA, float> && std::is_same_v<TB, float>)
-    skinny_dots = !direct && !s.a_block && batch == 1 && !ap && M <= gemm_tune().direct_gemv_max_m && B.col_stride() == 1;
+    skinny_dots = !direct && !s.a_block && batch == 1 && !ap &&
+                  ((M <= gemm_tune().direct_gemv_max_m && B.col_stride() == 1) ||
+                   (M <= gemm_tune().direct_dot_max_m && B.row_stride() == 1 && A.col_stride() == 1 && K >= gemm_tune().direct_dot_min_k));
   direct = direct || skinny_dots;
   if (direct) {
     const auto dchain = epilogue::alpha_beta(alpha * s.a * s.b, beta) | chain;
