@@ -126,6 +126,8 @@ TEST_CASE("direct dot atoms equal their scalar reference bitwise (16 partial sum
   check_dot<arch::best_direct_dot_atom, arch::scalar_direct_dot_f32<arch::best_direct_dot_atom::mr, arch::best_direct_dot_atom::nr>>(g);
   using few = arch::best_direct_dot_atom_few_rows;
   check_dot<few, arch::scalar_direct_dot_f32<few::mr, few::nr>>(g);
+  using one = arch::best_direct_dot_atom_one_col;
+  check_dot<one, arch::scalar_direct_dot_f32<one::mr, one::nr>>(g);
 }
 
 namespace {

@@ -7,6 +7,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <type_traits>
 #include <vector>
@@ -132,6 +133,25 @@ TEST_CASE("interleave_u16 makes K-pairs at every length and writes nothing past 
       for (std::size_t j = 0; j < n; ++j) bad += out[2 * j] != r0[j] || out[2 * j + 1] != r1[j];
       for (std::size_t j = 2 * n; j < out.size(); ++j) bad += out[j] != 0xBEEF;
       INFO("n " << n << " prefetch " << prefetch);
+      REQUIRE(bad == 0);
+    }
+}
+
+TEST_CASE("transpose16_b32 moves every 32-bit word to its transposed place and nothing else", "[arch][unpack]") {
+  std::mt19937 g(84);
+  // source rows src_ld bytes apart at an odd byte offset; destination rows dst_ld bytes apart
+  for (std::size_t src_ld : {64u, 68u, 130u, 4096u})
+    for (std::size_t dst_ld : {64u, 128u, 200u}) {
+      std::vector<unsigned char> src(16 * src_ld + 64 + 3), dst(16 * dst_ld + 64, 0xA5);
+      for (auto& x : src) x = static_cast<unsigned char>(g());
+      const unsigned char* s = src.data() + 3;
+      arch::transpose16_b32(s, src_ld, dst.data(), dst_ld);
+      std::size_t bad = 0;
+      for (std::size_t c = 0; c < 16; ++c)
+        for (std::size_t r = 0; r < 16; ++r) bad += std::memcmp(dst.data() + c * dst_ld + r * 4, s + r * src_ld + c * 4, 4) != 0;
+      for (std::size_t c = 0; c < 16; ++c)  // the bytes between destination rows are untouched
+        for (std::size_t b = c * dst_ld + 64; b < (c + 1) * dst_ld && b < dst.size(); ++b) bad += dst[b] != 0xA5;
+      INFO("src_ld " << src_ld << " dst_ld " << dst_ld);
       REQUIRE(bad == 0);
     }
 }

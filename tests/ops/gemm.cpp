@@ -911,3 +911,39 @@ TEST_CASE("direct path: skinny bf16 dots over a transposed B, columns shared out
     REQUIRE(check_exact(c.C, c.ldc, r, M, N) == 0);
   }
 }
+
+// A narrow C (N <= 4) of any size takes the direct path, its rows shared out over blocks; a
+// column-major A is read as Aᵀ's rows (Cᵀ = Bᵀ·Aᵀ). Every transpose, f32 and bf16, integers
+// bitwise with a row-indexed epilogue, real values within gamma_K, 1 vs 2 threads bitwise.
+TEMPLATE_TEST_CASE("direct path: narrow C from a matrix times a few vectors, every transpose", "[ops][gemm][direct]", float, bf16) {
+  std::mt19937 g(85);
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (auto [M, N, K] : {std::tuple<std::size_t, std::size_t, std::size_t>{3000, 1, 700}, {1002, 4, 2496}, {63, 1, 2109}, {517, 3, 33}, {20, 2, 5000}}) {
+        INFO("M=" << M << " N=" << N << " K=" << K << " ta=" << ta << " tb=" << tb);
+        gemm_case<TestType, TestType, float> c(M, N, K, ta, tb, 2);
+        ref::fill_int(c.A, g, 2);
+        ref::fill_int(c.B, g, 2);
+        ref::fill_int(c.C, g, 2);
+        std::vector<float> rbias(M);
+        ref::fill_int(rbias, g, 4);
+        auto c1 = c;
+        auto r = ref::gemm(ta, tb, M, N, K, 1.0, c.A.data(), c.lda, c.B.data(), c.ldb, 1.0, c.C.data(), c.ldc);
+        c.run(dev2(), 1.0f, 1.0f, epilogue::bias_row(rbias));
+        c1.run(dev1(), 1.0f, 1.0f, epilogue::bias_row(rbias));
+        REQUIRE(std::memcmp(c.C.data(), c1.C.data(), c.C.size() * sizeof(float)) == 0);
+        std::size_t bad = 0;
+        for (std::size_t i = 0; i < M; ++i)
+          for (std::size_t j = 0; j < N; ++j) bad += c.C[i * c.ldc + j] != float(r.c[i * N + j] + rbias[i]);
+        REQUIRE(bad == 0);
+        gemm_case<TestType, TestType, float> p(M, N, K, ta, tb);
+        ref::fill_real(p.A, g);
+        ref::fill_real(p.B, g);
+        auto p1 = p;
+        auto rp = ref::gemm(ta, tb, M, N, K, 1.0, p.A.data(), p.lda, p.B.data(), p.ldb, 0.0, p.C.data(), p.ldc);
+        p.run(dev2(), 1.0f, 0.0f);
+        p1.run(dev1(), 1.0f, 0.0f);
+        REQUIRE(std::memcmp(p.C.data(), p1.C.data(), p.C.size() * sizeof(float)) == 0);
+        REQUIRE(check_bound(p.C, p.ldc, rp, M, N, K) == 0);
+      }
+}

@@ -340,14 +340,18 @@ using best_direct_dot_atom = avx512_direct_dot_f32<4, 4>;
 // one or two rows: 8 columns, so 8 or 16 sums are in flight (4 chains of one row waited on the FMA
 // latency: 1x13x2449 NT 43-46 -> 50-53 GFLOP/s, 1 thread)
 using best_direct_dot_atom_few_rows = avx512_direct_dot_f32<2, 8>;
+// one column (a matrix-vector product, N = 1): 8 rows, so no spare column repeats the work
+using best_direct_dot_atom_one_col = avx512_direct_dot_f32<8, 1>;
 #elif defined(__AVX2__) && defined(__FMA__)
 using best_direct_rows_atom = avx2_direct_rows_f32<4, 2>;    // 4 x 16: 8 accumulators
 using best_direct_dot_atom = avx2_direct_dot_f32<2, 3>;     // 12 accumulator pairs
 using best_direct_dot_atom_few_rows = best_direct_dot_atom;
+using best_direct_dot_atom_one_col = avx2_direct_dot_f32<4, 1>;
 #else
 using best_direct_rows_atom = scalar_direct_rows_f32<4, 16>;
 using best_direct_dot_atom = scalar_direct_dot_f32<2, 4>;
 using best_direct_dot_atom_few_rows = best_direct_dot_atom;
+using best_direct_dot_atom_one_col = scalar_direct_dot_f32<4, 1>;
 #endif
 
 }  // namespace tessel::arch

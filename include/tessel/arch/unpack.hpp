@@ -154,4 +154,50 @@ inline void interleave_u16(const std::uint16_t* r0, const std::uint16_t* r1, std
   }
 }
 
+// A 16 x 16 block of 32-bit words transposed: word c of source row r (16 words at src + r*src_ld
+// bytes) goes to word r of destination row c (at dst + c*dst_ld bytes); any alignment. Packing a
+// column-major GEMM operand into panels is this, 16 columns by 16 K units at a time (f32 values,
+// or bf16 K-pairs): the element-by-element copy cost one store per element.
+inline void transpose16_b32(const void* src, std::size_t src_ld, void* dst, std::size_t dst_ld) {
+  const auto* s = static_cast<const unsigned char*>(src);
+  auto* d = static_cast<unsigned char*>(dst);
+#if defined(__AVX512F__)
+  __m512i r[16], t[16];
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(s + static_cast<std::size_t>(i) * src_ld);
+  // 32-bit, then 64-bit interleaves within 128-bit lanes, then 128-bit lane shuffles in two rounds
+#pragma GCC unroll 8
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  // r[4g + q] lane L (128-bit) holds rows 4g..4g+3 of column 4L + q (q: 0 1 2 3 after the order above)
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);        // lanes 0,2 of r[i], lanes 0,2 of r[i+4]
+    t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xDD);    // lanes 1,3
+    t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
+    t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xDD);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    // column i (lane 0 of the first round), 8 + i (lane 2), 4 + i (lane 1), 12 + i (lane 3)
+    _mm512_storeu_si512(d + static_cast<std::size_t>(i) * dst_ld, _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88));
+    _mm512_storeu_si512(d + static_cast<std::size_t>(8 + i) * dst_ld, _mm512_shuffle_i32x4(t[i], t[i + 8], 0xDD));
+    _mm512_storeu_si512(d + static_cast<std::size_t>(4 + i) * dst_ld, _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88));
+    _mm512_storeu_si512(d + static_cast<std::size_t>(12 + i) * dst_ld, _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xDD));
+  }
+#else
+  for (std::size_t r = 0; r < 16; ++r)
+    for (std::size_t c = 0; c < 16; ++c) std::memcpy(d + c * dst_ld + r * 4, s + r * src_ld + c * 4, 4);
+#endif
+}
+
 }  // namespace tessel::arch

@@ -731,6 +731,7 @@ struct gemm_tuning {
   std::size_t direct_max_k = 16;          // any size this shallow
   std::size_t direct_dot_min_k = 32;      // a transposed B is read by dot products from this depth
   std::size_t direct_dot_max_m = 16;      // a transposed B: dot products in place up to this many rows
+  std::size_t direct_narrow_max_n = 4;    // C this narrow (matrix-vector-like) takes the direct path at any size
   std::size_t direct_gemv_max_m = 2;      // f32: B read in place (by rows, or Bᵀ rows by dots) up to this many rows
 };
 inline gemm_tuning& gemm_tune() {
@@ -888,7 +889,31 @@ struct gemm_direct_program {
         }
       };
       if (M <= 2 && N > 4) dots.template operator()<arch::best_direct_dot_atom_few_rows>();  // (4 columns fit the 4x4 tile)
+      else if (N == 1) dots.template operator()<arch::best_direct_dot_atom_one_col>();
       else dots.template operator()<dot_atom>();
+    } else if (a.rs == 1 && a.cs != 1 && N <= 4 && this->M >= 16) {  // (the whole matrix's M: a function of the shape, not of the split)
+      // a narrow C from a column-major A (Aᵀ·b-like): Cᵀ = Bᵀ·Aᵀ by the rows atom, Aᵀ's rows being
+      // A's stored columns, vectorized along M instead of along C's few columns (fma(a, b, c) =
+      // fma(b, a, c): each element is the same chain, the same bits)
+      float* t = arena.allocate_array<float>(N * M);  // Cᵀ, (N, M)
+      arch::direct_rows_args p;
+      p.a = b.p;
+      p.a_rs = b.cs;
+      p.a_cs = b.rs;
+      p.ldb = a.cs;
+      p.k = K;
+      p.ldc = M;
+      const int r = static_cast<int>(N);
+      for (std::size_t j = 0; j < M; j += rows_atom::nc) {
+        p.n = static_cast<int>(std::min<std::size_t>(rows_atom::nc, M - j));
+        p.b = a.p + j;
+        p.c = t + j;
+        if (p.n <= rows_atom::nc / 4) arch::run_rows_of<typename rows_atom::template with_cols<rows_atom::nc / 4>>(r, p);
+        else if (p.n <= rows_atom::nc / 2) arch::run_rows_of<typename rows_atom::template with_cols<rows_atom::nc / 2>>(r, p);
+        else arch::run_rows_of<rows_atom>(r, p);
+      }
+      for (std::size_t i = 0; i < M; ++i)
+        for (std::size_t j = 0; j < N; ++j) acc[i * ldc + j] = t[j * M + i];
     } else {
       if (b.cs != 1) {  // B into row-major rows, read down its stored columns
         float* buf = arena.allocate_array<float>(K * N);
@@ -1051,6 +1076,10 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
                   ((M <= gemm_tune().direct_gemv_max_m && B.col_stride() == 1) ||
                    (M <= gemm_tune().direct_dot_max_m && B.row_stride() == 1 && A.col_stride() == 1 && K >= gemm_tune().direct_dot_min_k));
   direct = direct || skinny_dots;
+  // a narrow C (N <= 4: a matrix times a vector or a few): bound by reading A once, which the
+  // direct atoms do in place (f32) or after one widening pass; its rows shared out over blocks
+  const bool narrow = !direct && !s.a_block && batch == 1 && !ap && K > 0 && N > 0 && N <= gemm_tune().direct_narrow_max_n;
+  direct = direct || narrow;
   if (direct) {
     const auto dchain = epilogue::alpha_beta(alpha * s.a * s.b, beta) | chain;
     // matrices per block: about direct_max_macs of work each (a function of the shape only)

@@ -124,7 +124,15 @@ void load(const tensor_tile<S, R, C>& src, staged<D, R, C, L>& dst, tile_extent 
           for (std::size_t k0 = 0; k0 < UR; k0 += KB) {
             const std::size_t kb = UR - k0 < KB ? UR - k0 : KB;
             const std::size_t kn = k0 < vr ? (vr - k0 < kb ? vr - k0 : kb) : 0;  // valid K rows here
-            for (std::size_t j = 0; j < NR; ++j) {
+            std::size_t j0 = 0;
+            if constexpr (sizeof(D) * KP == 4 && NR % 16 == 0) {
+              // 16 whole columns of 16 K units (f32 values or bf16 K-pairs): one 32-bit transpose
+              if (kn == KB)
+                for (; j0 + 16 <= nc; j0 += 16)
+                  arch::transpose16_b32(src.data + k0 + (c0 + j0) * src.col_stride, src.col_stride * sizeof(SV), panel + k0 * NR + j0 * KP,
+                                        NR * KP * sizeof(D));
+            }
+            for (std::size_t j = j0; j < NR; ++j) {
               D* o = panel + k0 * NR + j * KP;
               std::size_t kk = 0;
               if (j < nc && kn > 0) {
