@@ -316,8 +316,15 @@ TEST_CASE("batched requests of different lengths give each request's tokens alon
     nn::generation_stats st;
     const auto batched = nn::generate(m, cache, prompts, 20, s, 5, &st);
     CHECK(st.prefill_tokens == 19);
+    // one seed per request
+    std::vector<nn::sampling> each;
+    for (std::uint64_t r = 0; r < prompts.size(); ++r) each.push_back(nn::sampling{.temperature = 1.0f, .top_k = 20, .seed = 7 + r});
+    const auto batched_each = nn::generate(m, cache, prompts, 16, each);
+    CHECK_THROWS_MATCHES(nn::generate(m, cache, prompts, 16, std::vector<nn::sampling>(3)), nn::nn_error,
+                         is_error(errc::invalid_argument, "nn", "3 samplings for 4 prompts"));
     for (std::size_t r = 0; r < prompts.size(); ++r) {
       INFO("request " << r);
+      CHECK(batched_each[r] == nn::generate(m, cache, {prompts[r]}, 16, each[r])[0]);
       const auto alone = nn::generate(m, cache, {prompts[r]}, 20, s, 5);
       CHECK(batched[r] == alone[0]);
       CHECK(batched[r].size() <= prompts[r].size() + 20);

@@ -99,7 +99,8 @@ struct generation_stats {
 // Batched generation with a KV cache: each prompt + up to max_new sampled tokens (a request stops
 // after `stop` when it is >= 0). All prompts are prefilled as one batch, then every unfinished
 // request decodes one token per step. Request r draws its i-th token with the i-th random number
-// of s.seed, as the plain loop does, so a request gives the same tokens alone as in a batch.
+// of its sampling's seed, as the plain loop does, so a request gives the same tokens alone as in
+// a batch. `per_request` holds one sampling per prompt (the overload below shares one).
 // The requests take sequences of `cache` for the call and give them back (also on an error);
 // prompt + max_new - 1 tokens of each must fit m.max_length(cache) (checked before any work).
 template <class Model, class Cache>
@@ -109,11 +110,13 @@ template <class Model, class Cache>
     m.decode_step(c, std::span<const std::size_t>{}, std::span<const std::int64_t>{});
   }
 std::vector<std::vector<std::int64_t>> generate(Model& m, Cache& cache, const std::vector<std::vector<std::int64_t>>& prompts, std::size_t max_new,
-                                                const sampling& s, std::int64_t stop = -1, generation_stats* stats = nullptr) {
+                                                const std::vector<sampling>& per_request, std::int64_t stop = -1, generation_stats* stats = nullptr) {
   using clock = std::chrono::steady_clock;
   const std::size_t R = prompts.size();
   std::vector<std::vector<std::int64_t>> out(prompts.begin(), prompts.end());
   if (R == 0) throw nn_error(errc::invalid_argument, "generate: no prompts");
+  if (per_request.size() != R)
+    throw nn_error(errc::invalid_argument, "generate: " + std::to_string(per_request.size()) + " samplings for " + std::to_string(R) + " prompts");
   for (std::size_t r = 0; r < R; ++r) {
     if (prompts[r].empty()) throw nn_error(errc::invalid_argument, "generate: prompt " + std::to_string(r) + " is empty");
     if (max_new > 0 && prompts[r].size() + max_new - 1 > m.max_length(cache))
@@ -152,7 +155,7 @@ std::vector<std::vector<std::int64_t>> generate(Model& m, Cache& cache, const st
     ids.clear();
     for (std::size_t j = 0; j < live.size(); ++j) {
       const std::size_t r = live[j];
-      const std::int64_t t = sample_token(logits.subspan(j * V, V), s, i);
+      const std::int64_t t = sample_token(logits.subspan(j * V, V), per_request[r], i);
       out[r].push_back(t);
       if (t == stop || i + 1 == max_new) continue;
       still.push_back(r);
@@ -169,6 +172,17 @@ std::vector<std::vector<std::int64_t>> generate(Model& m, Cache& cache, const st
   }
   if (stats) *stats = st;
   return out;
+}
+// The same with one sampling for every request.
+template <class Model, class Cache>
+  requires requires(Model& m, Cache& c, std::size_t id) {
+    c.add_sequence();
+    c.release(id);
+    m.decode_step(c, std::span<const std::size_t>{}, std::span<const std::int64_t>{});
+  }
+std::vector<std::vector<std::int64_t>> generate(Model& m, Cache& cache, const std::vector<std::vector<std::int64_t>>& prompts, std::size_t max_new,
+                                                const sampling& s, std::int64_t stop = -1, generation_stats* stats = nullptr) {
+  return generate(m, cache, prompts, max_new, std::vector<sampling>(prompts.size(), s), stop, stats);
 }
 
 }  // namespace nn
