@@ -439,7 +439,7 @@ TEST_CASE("attention rejects bad arguments with typed errors", "[ops][attention]
 namespace {
 // Decode against a contiguous cache; each sequence checked against fp64 and the naive rule.
 template <class T>
-void check_decode(std::size_t D, std::size_t sq, bool causal, std::size_t H = 8, std::size_t HK = 2, std::size_t max_kv = 1500) {
+void check_decode(std::size_t D, std::size_t sq, bool causal, std::size_t H = 8, std::size_t HK = 2, std::size_t max_kv = 1500, long wl = -1) {
   const std::size_t B = 4;
   const std::vector<std::int32_t> lens{0, 1, std::int32_t(max_kv / 2 - 17), std::int32_t(max_kv)};
   std::mt19937 rng(71 + unsigned(D) + unsigned(sq));
@@ -453,6 +453,7 @@ void check_decode(std::size_t D, std::size_t sq, bool causal, std::size_t H = 8,
   attention_options opt;
   opt.causal = causal;
   opt.align = mask_align::bottom_right;
+  opt.window_left = wl;
   host_device dev(2);
   std::vector<T> o(q.size());
   std::vector<float> lse(B * H * sq);
@@ -469,7 +470,8 @@ void check_decode(std::size_t D, std::size_t sq, bool causal, std::size_t H = 8,
     ref::problem p{1, sq, std::size_t(lens[b]), H, HK, D};
     p.causal = causal;
     p.bottom_right = true;
-    CAPTURE(b, D, sq, causal);
+    p.wl = wl;
+    CAPTURE(b, D, sq, causal, wl);
     std::vector<double> qd(sq * H * D), kd(p.kv_elems()), vd(p.kv_elems()), ob(qd.size());
     for (std::size_t i = 0; i < qd.size(); ++i) { qd[i] = double(float(q[b * sq * H * D + i])); ob[i] = double(float(o[b * sq * H * D + i])); }
     for (std::size_t i = 0; i < kd.size(); ++i) { kd[i] = double(float(k[b * max_kv * HK * D + i])); vd[i] = double(float(v[b * max_kv * HK * D + i])); }
@@ -506,6 +508,16 @@ TEST_CASE("attention decode, token-order path (bf16, 4 query rows per kv head)",
   check_decode<bf16>(64, 1, false, 12, 3, 800);
   check_decode<bf16>(96, 2, true, 16, 8, 900);
   check_decode<bf16>(64, 4, true, 4, 4, 700);
+}
+
+TEST_CASE("attention decode with a sliding window sees only the last window_left + 1 keys", "[ops][attention][decode]") {
+  // a window inside one chunk, one that starts in a later chunk (chunks before it are skipped
+  // whole), a window of 1 key (the row itself), and several new rows whose windows differ
+  check_decode<float>(64, 1, true, 8, 2, 1500, 100);
+  check_decode<bf16>(128, 1, true, 8, 2, 1500, 700);
+  check_decode<bf16>(64, 1, true, 32, 8, 1500, 0);
+  check_decode<float>(32, 3, true, 8, 2, 600, 33);
+  check_decode<bf16>(128, 4, true, 16, 4, 1100, 520);  // the token-order path with window edges in a group
 }
 
 TEST_CASE("attention decode with more than 64 query rows per kv head", "[ops][attention][decode]") {

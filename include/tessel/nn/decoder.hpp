@@ -11,6 +11,11 @@
 //
 // Activations: one buffer per tensor, sized for the largest (batch, seq) seen; backward reuses the
 // forward's saved tensors (a module-level tape: the layers in reverse order).
+//
+// Incremental decoding (nn/kv_cache.hpp): prefill runs prompts of different lengths as one varlen
+// batch through the flash kernel and writes every layer's post-RoPE K and V into a paged cache;
+// decode_step runs one new token per sequence against the cache with the split-KV decode kernel.
+// Both reuse the modules of forward(), so they invalidate a pending backward (as forward() does).
 #pragma once
 
 #include <algorithm>
@@ -19,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <numbers>
 #include <optional>
@@ -32,6 +38,7 @@
 #include <tessel/io/model_config.hpp>
 #include <tessel/io/safetensors.hpp>
 #include <tessel/nn/errors.hpp>
+#include <tessel/nn/kv_cache.hpp>
 #include <tessel/nn/layers.hpp>
 #include <tessel/nn/moe.hpp>
 #include <tessel/nn/parameters.hpp>
@@ -145,6 +152,118 @@ class decoder_lm {
   std::span<const float> router_logits(std::size_t layer) const {
     if (!moe() || layer >= blocks_.size()) throw nn_error(errc::invalid_argument, "router_logits: no MoE layer " + std::to_string(layer));
     return blocks_[layer].moe.router_logits();
+  }
+
+  // A paged KV cache shaped for this model: `max_sequences` live sequences of up to `max_length`
+  // tokens (0: the config's max_position_embeddings), sharing `num_pages` pages of `page_size` tokens.
+  kv_cache<Dev, T> make_cache(std::size_t max_sequences, std::size_t num_pages, std::size_t page_size = 16, std::size_t max_length = 0) const {
+    kv_cache_shape s;
+    s.layers = cfg_.num_hidden_layers;
+    s.heads_kv = cfg_.num_key_value_heads;
+    s.head_dim = cfg_.head_dim;
+    s.page_size = page_size;
+    s.num_pages = num_pages;
+    s.max_sequences = max_sequences;
+    s.max_length = max_length ? max_length : cfg_.max_position_embeddings;
+    return kv_cache<Dev, T>(*dev_, s);
+  }
+  // The longest sequence `cache` can decode with this model: its max_length, and for learned
+  // positions (GPT-2) at most max_position_embeddings.
+  std::size_t max_length(const kv_cache<Dev, T>& cache) const {
+    const std::size_t n = cache.shape().max_length;
+    return pos_ ? std::min(n, cfg_.max_position_embeddings) : n;
+  }
+
+  // Runs the prompts of empty sequences seqs[i] of `cache` (distinct; prompt i is the next
+  // lengths[i] > 0 ids of `tokens`) as one batch, writes every layer's K and V rows of them into
+  // the cache, and returns the logits (batch, vocab) f32 of each prompt's last token (valid until
+  // the next call). Positions count from 0. Nothing is written when an argument is wrong.
+  std::span<const float> prefill(kv_cache<Dev, T>& cache, std::span<const std::size_t> seqs, std::span<const std::int64_t> tokens,
+                                 std::span<const std::size_t> lengths) {
+    check_cache(cache);
+    const std::size_t B = seqs.size();
+    if (B == 0 || lengths.size() != B)
+      throw nn_error(errc::invalid_argument, "prefill: " + std::to_string(B) + " sequences with " + std::to_string(lengths.size()) + " prompt lengths");
+    cache.check_distinct(seqs, "prefill");
+    std::size_t n = 0;
+    for (std::size_t i = 0; i < B; ++i) {
+      if (lengths[i] == 0) throw nn_error(errc::invalid_argument, "prefill: the prompt of sequence " + std::to_string(seqs[i]) + " is empty");
+      if (cache.length(seqs[i]) != 0)
+        throw nn_error(errc::invalid_argument, "prefill: sequence " + std::to_string(seqs[i]) + " already holds " + std::to_string(cache.length(seqs[i])) +
+                                                   " tokens (prefill starts a sequence; continue it with decode_step)");
+      if (lengths[i] > max_length(cache))
+        throw nn_error(errc::out_of_range, "prefill: a prompt of " + std::to_string(lengths[i]) + " tokens exceeds the " + std::to_string(max_length(cache)) +
+                                               " positions this model and cache hold");
+      n = detail::add_checked(n, lengths[i], "prefill tokens");
+    }
+    if (tokens.size() != n)
+      throw nn_error(errc::invalid_argument, "prefill: " + std::to_string(tokens.size()) + " token ids for prompts of " + std::to_string(n) + " in total");
+    if (n > std::size_t(std::numeric_limits<std::int32_t>::max())) throw nn_error(errc::overflow, "prefill: " + std::to_string(n) + " tokens in one batch");
+    check_ids(tokens);
+    cache.reserve(seqs, lengths);  // all pages or none
+    cu_.assign(B + 1, 0);
+    positions_inf_.resize(n);
+    for (std::size_t i = 0; i < B; ++i) {
+      cu_[i + 1] = cu_[i] + std::int32_t(lengths[i]);
+      for (std::size_t t = 0; t < lengths[i]; ++t) positions_inf_[std::size_t(cu_[i]) + t] = std::int64_t(t);
+    }
+    last_rows_.resize(B);
+    for (std::size_t i = 0; i < B; ++i) last_rows_[i] = std::size_t(cu_[i + 1]) - 1;
+    const std::size_t kvd = cfg_.num_key_value_heads * cfg_.head_dim;
+    const attention_varlen_shape vs{cu_, cu_, cfg_.num_attention_heads, cfg_.num_key_value_heads, cfg_.head_dim};
+    run_inference(tokens, [&](std::size_t l, std::size_t rows, const T* q, const T* k, const T* v, T* o) {
+      attention_forward_varlen(*dev_, vs, std::span<const T>(q, rows * cfg_.num_attention_heads * cfg_.head_dim), std::span<const T>(k, rows * kvd),
+                               std::span<const T>(v, rows * kvd), std::span<T>(o, rows * cfg_.num_attention_heads * cfg_.head_dim), std::span<float>{},
+                               blocks_[l].attn.options());
+      for (std::size_t i = 0; i < B; ++i)
+        cache.write(l, seqs[i], 0, k + std::size_t(cu_[i]) * kvd, v + std::size_t(cu_[i]) * kvd, lengths[i], kvd);
+    });
+    for (std::size_t i = 0; i < B; ++i) cache.commit(seqs[i], lengths[i]);
+    return {inf_.logits.data(), B * cfg_.vocab_size};
+  }
+  std::span<const float> prefill(kv_cache<Dev, T>& cache, std::size_t seq, std::span<const std::int64_t> prompt) {
+    const std::size_t len = prompt.size();
+    return prefill(cache, std::span<const std::size_t>(&seq, 1), prompt, std::span<const std::size_t>(&len, 1));
+  }
+
+  // One new token per sequence: tokens[i] is appended to seqs[i] (distinct, each already holding
+  // at least one token; the batch may mix lengths) at position length(seqs[i]); its K and V rows
+  // go into the cache, and its attention reads the cache (with the model's sliding window, if
+  // any). Returns the logits (batch, vocab) f32 of the new tokens (valid until the next call).
+  std::span<const float> decode_step(kv_cache<Dev, T>& cache, std::span<const std::size_t> seqs, std::span<const std::int64_t> tokens) {
+    check_cache(cache);
+    const std::size_t B = seqs.size();
+    if (B == 0 || tokens.size() != B)
+      throw nn_error(errc::invalid_argument, "decode_step: " + std::to_string(B) + " sequences with " + std::to_string(tokens.size()) + " tokens");
+    cache.check_distinct(seqs, "decode_step");
+    positions_inf_.resize(B);
+    seqlens_.resize(B);
+    for (std::size_t i = 0; i < B; ++i) {
+      const std::size_t len = cache.length(seqs[i]);
+      if (len == 0) throw nn_error(errc::invalid_argument, "decode_step: sequence " + std::to_string(seqs[i]) + " is empty (start it with prefill)");
+      if (len >= max_length(cache))
+        throw nn_error(errc::out_of_range, "decode_step: sequence " + std::to_string(seqs[i]) + " holds " + std::to_string(len) + " tokens, position " +
+                                               std::to_string(len) + " exceeds the " + std::to_string(max_length(cache)) + " positions this model and cache hold");
+      positions_inf_[i] = std::int64_t(len);
+      seqlens_[i] = std::int32_t(len + 1);
+    }
+    check_ids(tokens);
+    ones_.assign(B, 1);
+    cache.reserve(seqs, ones_);
+    cache.gather_tables(seqs, tables_);
+    last_rows_.resize(B);
+    for (std::size_t i = 0; i < B; ++i) last_rows_[i] = i;
+    const std::size_t kvd = cfg_.num_key_value_heads * cfg_.head_dim, qd = cfg_.num_attention_heads * cfg_.head_dim;
+    const attention_decode_shape ds = cache.decode_shape(B, cfg_.num_attention_heads);
+    run_inference(tokens, [&](std::size_t l, std::size_t rows, const T* q, const T* k, const T* v, T* o) {
+      for (std::size_t i = 0; i < B; ++i) cache.write(l, seqs[i], std::size_t(positions_inf_[i]), k + i * kvd, v + i * kvd, 1, kvd);
+      attention_options ao = blocks_[l].attn.options();
+      ao.align = mask_align::bottom_right;  // the new token is the last of its sequence
+      attention_decode(*dev_, ds, std::span<const T>(q, rows * qd), cache.k(l), cache.v(l), std::span<const std::int32_t>(seqlens_),
+                       std::span<const std::int32_t>(tables_), std::span<T>(o, rows * qd), std::span<float>{}, ao);
+    });
+    for (std::size_t i = 0; i < B; ++i) cache.commit(seqs[i], 1);
+    return {inf_.logits.data(), B * cfg_.vocab_size};
   }
 
   // Mean loss without gradients (evaluation).
@@ -303,10 +422,102 @@ class decoder_lm {
     if (cfg_.positions == io::position_kind::learned && seq > cfg_.max_position_embeddings)
       throw nn_error(errc::invalid_argument, "sequence of " + std::to_string(seq) + " tokens is longer than the " +
                                                  std::to_string(cfg_.max_position_embeddings) + " learned positions");
-    for (std::size_t t = 0; t < n; ++t)
+    check_ids(ids);
+  }
+
+  void check_ids(std::span<const std::int64_t> ids) const {
+    for (std::size_t t = 0; t < ids.size(); ++t)
       if (ids[t] < 0 || std::uint64_t(ids[t]) >= cfg_.vocab_size)
         throw nn_error(errc::invalid_argument, "token id " + std::to_string(ids[t]) + " at position " + std::to_string(t) + " is outside the vocabulary [0, " +
                                                    std::to_string(cfg_.vocab_size) + ")");
+  }
+
+  void check_cache(const kv_cache<Dev, T>& c) const {
+    const auto& s = c.shape();
+    if (&c.device() != dev_ || s.layers != cfg_.num_hidden_layers || s.heads_kv != cfg_.num_key_value_heads || s.head_dim != cfg_.head_dim)
+      throw nn_error(errc::invalid_argument, "kv_cache of " + std::to_string(s.layers) + " layers x " + std::to_string(s.heads_kv) + " kv heads x " +
+                                                 std::to_string(s.head_dim) + " (or on another device) does not fit this model (" +
+                                                 std::to_string(cfg_.num_hidden_layers) + " x " + std::to_string(cfg_.num_key_value_heads) + " x " +
+                                                 std::to_string(cfg_.head_dim) + ")");
+  }
+
+  // The layer stack of forward() without saving anything, on n = ids.size() tokens at
+  // positions_inf_; attend(layer, n, q, k, v, o) is the attention core (after RoPE). Leaves the
+  // logits (rows last_rows_, vocab) in inf_.logits: only those rows go through the final norm and
+  // the head.
+  template <class Attend>
+  void run_inference(std::span<const std::int64_t> ids, Attend&& attend) {
+    const auto& c = cfg_;
+    const std::size_t n = ids.size(), d = c.hidden_size, I = c.intermediate_size, B = last_rows_.size();
+    const std::size_t qd = c.num_attention_heads * c.head_dim, kvd = c.num_key_value_heads * c.head_dim;
+    Dev& dev = *dev_;
+    infer_buffers& f = inf_;
+    ensure(f.sa, n * d);
+    ensure(f.sb, n * d);
+    ensure(f.tmp, n * d);
+    ensure(f.y, n * d);
+    ensure(f.q, n * qd);
+    ensure(f.k, n * kvd);
+    ensure(f.v, n * kvd);
+    ensure(f.o, n * qd);
+    if (!moe()) {
+      ensure(f.g, n * I);
+      ensure(f.u, n * I);
+      ensure(f.h, n * I);
+    }
+    ensure(f.last_x, B * d);
+    ensure(f.last_r, B * d);
+    ensure(f.last_s, B * d);
+    ensure(f.last_y, B * d);
+    ensure(f.logits, B * c.vocab_size);
+    embedding_forward(dev, ids, crows_view<float>(embed_->value, c.vocab_size, d), rows_view<float>(f.sa, n, d));
+    if (pos_)
+      embedding_forward(dev, std::span<const std::int64_t>(positions_inf_), crows_view<float>(pos_->value, c.max_position_embeddings, d),
+                        rows_view<float>(f.sa, n, d), true);
+    rope_options ro;
+    ro.theta = c.rope_theta;
+    ro.inv_freq = rope_freq_;
+    // the stream: sa entering a block, sb after its attention (as s_in and s_mid of forward())
+    for (std::size_t l = 0; l < blocks_.size(); ++l) {
+      block& b = blocks_[l];
+      if (l == 0) b.ln1.forward(dev, crows_view<float>(f.sa, n, d), cview<float>{}, mview<float>{}, rows_view<T>(f.y, n, d), false);
+      else b.ln1.forward(dev, crows_view<float>(f.tmp, n, d), crows_view<float>(f.sb, n, d), rows_view<float>(f.sa, n, d), rows_view<T>(f.y, n, d), false);
+      const cview<T> y1 = crows_view<T>(f.y, n, d);
+      b.q.forward(dev, y1, rows_view<T>(f.q, n, qd), false);
+      b.k.forward(dev, y1, rows_view<T>(f.k, n, kvd), false);
+      b.v.forward(dev, y1, rows_view<T>(f.v, n, kvd), false);
+      if (!rope_freq_.empty()) {
+        rope_forward(dev, rows_view<T>(f.q, n, qd), c.head_dim, std::span<const std::int64_t>(positions_inf_), ro);
+        rope_forward(dev, rows_view<T>(f.k, n, kvd), c.head_dim, std::span<const std::int64_t>(positions_inf_), ro);
+      }
+      attend(l, n, f.q.data(), f.k.data(), f.v.data(), f.o.data());
+      b.o.forward(dev, crows_view<T>(f.o, n, qd), rows_view<float>(f.tmp, n, d), false);
+      b.ln2.forward(dev, crows_view<float>(f.tmp, n, d), crows_view<float>(f.sa, n, d), rows_view<float>(f.sb, n, d), rows_view<T>(f.y, n, d), false);
+      const cview<T> y2 = crows_view<T>(f.y, n, d);
+      if (moe()) {
+        b.moe.forward(dev, y2, rows_view<float>(f.tmp, n, d), false);
+        continue;
+      }
+      const std::span<T> h(f.h.data(), n * I);
+      if (gated()) {
+        b.gate.forward(dev, y2, rows_view<T>(f.g, n, I), false);
+        b.up.forward(dev, y2, rows_view<T>(f.u, n, I), false);
+        swiglu_forward(dev, std::span<const T>(f.g.data(), n * I), std::span<const T>(f.u.data(), n * I), h);
+      } else {
+        b.up.forward(dev, y2, rows_view<T>(f.u, n, I), false);
+        gelu_forward(dev, std::span<const T>(f.u.data(), n * I), h, gelu_kind());
+      }
+      b.down.forward(dev, crows_view<T>(f.h, n, I), rows_view<float>(f.tmp, n, d), false);
+    }
+    // the final norm and the head on the rows whose logits are wanted
+    for (std::size_t i = 0; i < B; ++i) {
+      const std::size_t r = last_rows_[i];
+      std::copy(f.tmp.data() + r * d, f.tmp.data() + (r + 1) * d, f.last_x.data() + i * d);
+      std::copy(f.sb.data() + r * d, f.sb.data() + (r + 1) * d, f.last_r.data() + i * d);
+    }
+    final_norm_.forward(dev, crows_view<float>(f.last_x, B, d), crows_view<float>(f.last_r, B, d), rows_view<float>(f.last_s, B, d),
+                        rows_view<T>(f.last_y, B, d), false);
+    head_.forward(dev, crows_view<T>(f.last_y, B, d), rows_view<float>(f.logits, B, c.vocab_size), false);
   }
 
   void allocate(std::size_t batch, std::size_t seq) {
@@ -508,6 +719,14 @@ class decoder_lm {
   std::vector<double> aux_dprob_;  // and coef · its gradient per expert probability
   device_buffer<float, Dev> tmp_, s_final_, logits_;
   device_buffer<T, Dev> yf_, dlogits_;
+  // inference (prefill, decode_step): one set of buffers for every layer
+  struct infer_buffers {
+    device_buffer<float, Dev> sa, sb, tmp, last_x, last_r, last_s, logits;
+    device_buffer<T, Dev> y, q, k, v, o, g, u, h, last_y;
+  } inf_;
+  std::vector<std::int64_t> positions_inf_;
+  std::vector<std::int32_t> cu_, seqlens_, tables_;
+  std::vector<std::size_t> last_rows_, ones_;
   // backward scratch
   device_buffer<float, Dev> dS_, dS2_, dy_;
   device_buffer<T, Dev> dT_, dq_, dk_, dv_, dg_, du_, gT_;

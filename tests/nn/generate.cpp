@@ -1,0 +1,459 @@
+// Generation (tessel/nn/generate.hpp) with the paged KV cache (tessel/nn/kv_cache.hpp) and the
+// decoder's prefill / decode_step: the cache's pages, tables and errors; cached logits against the
+// full recompute's last-position logits for every architecture (sliding windows passed, Qwen2's
+// mixed layers, GPT-2's learned positions, Mixtral's experts on single rows); greedy generation
+// against the recompute loop; batched requests of different lengths against each alone; 1 vs 2
+// threads; bf16 models; typed errors.
+//
+// Bound (f32). The cached path computes the same operations as forward() in a different order in
+// two places only: the attention of a new token (split-KV decode: chunked online softmax, merged
+// in chunk order, vs the flash kernel's blocks) and GEMMs whose row count differs (the blocking
+// over K may change with M). Each is a reordering of an f32 sum of at most K terms, so each
+// intermediate differs by at most 2·γ_K·Σ|terms| (γ_K = K·u/(1-K·u), u = 2^-24). With K <= 96
+// here (hidden 64, intermediate 96, <= 40 keys) and ~4 such sums in series per layer, 2 layers
+// and the head, first-order propagation through unit-scale weights gives a few dozen γ_96 ≈ 6e-6
+// relative to the logits' scale; we allow γ_256·(1 + max|logit|) = 1.5e-5·(1 + max|logit|), the
+// bound of the PyTorch conformance test (tests/nn/decoder_torch.cpp).
+// bf16: both paths round the GEMM operands and the cached K, V to bf16 identically, but the
+// attention kernels round their probabilities to bf16 relative to different running maxima, so an
+// attention output may land on a neighbouring bf16 value (u = 2^-9), and that travels through the
+// remaining layers. With ~10 roundings of u in series (the torch test's bf16 analysis) and these
+// models' weights (std 0.2, a layer gain of about 2), each bf16 path is within 20u·(1 + max|logit|)
+// = 4e-2·(1 + max|logit|) of the exact logits; we allow that between the cached and the recompute
+// bf16 paths (measured <= 1.9e-2) and between the cached bf16 path and the f32 recompute (measured
+// <= 2.7e-2). Mixtral is left out of the latter: a bf16 rounding of a router input can change a
+// token's top-2 experts, a jump no rounding bound covers (measured 0.4 at this seed).
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <tessel/device/host_device.hpp>
+#include <tessel/nn.hpp>
+
+#include "error_match.hpp"
+
+using namespace tessel;
+using tessel_test::is_error;
+
+// The measured numbers of the notes, printed when TESSEL_REPORT is set (as decoder_torch.cpp does).
+#define REPORT(msg)                             \
+  do {                                          \
+    if (std::getenv("TESSEL_REPORT")) WARN(msg); \
+  } while (false)
+
+namespace {
+
+io::model_config parse(const std::string& j) { return io::parse_model_config(j); }
+
+// The five families, tiny: 2 layers, d = 64, 4 query heads on 2 kv heads (GPT-2: 4 on 4), head_dim 16.
+const std::string rotary_dims = R"("vocab_size": 37, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+  "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+  "hidden_act": "silu", "tie_word_embeddings": false)";
+
+io::model_config llama_config() { return parse(R"({"model_type": "llama", "architectures": ["LlamaForCausalLM"], )" + rotary_dims + "}"); }
+// window 5: the sequences below grow to 5x that
+io::model_config mistral_config(std::size_t window = 5) {
+  return parse(R"({"model_type": "mistral", "architectures": ["MistralForCausalLM"], "sliding_window": )" + std::to_string(window) + ", " +
+               rotary_dims + "}");
+}
+// layer 0 attends fully, layer 1 through a window of 4
+io::model_config qwen2_config() {
+  return parse(R"({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "use_sliding_window": true, "sliding_window": 4,
+    "max_window_layers": 1, )" + rotary_dims + "}");
+}
+io::model_config gpt2_config() {
+  return parse(R"({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": 41, "n_embd": 64,
+    "n_layer": 2, "n_head": 4, "n_positions": 40, "layer_norm_epsilon": 1e-5, "activation_function": "gelu_new"})");
+}
+io::model_config mixtral_config() {
+  return parse(R"({"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "vocab_size": 37, "hidden_size": 64,
+    "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 4,
+    "num_experts_per_tok": 2, "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu",
+    "tie_word_embeddings": false})");
+}
+
+struct named_config {
+  const char* name;
+  io::model_config cfg;
+};
+std::vector<named_config> all_configs() {
+  return {{"llama", llama_config()}, {"mistral", mistral_config()}, {"qwen2", qwen2_config()}, {"gpt2", gpt2_config()}, {"mixtral", mixtral_config()}};
+}
+
+std::vector<std::int64_t> random_ids(std::size_t n, std::size_t vocab, std::uint64_t seed) {
+  std::vector<std::int64_t> ids(n);
+  for (std::size_t i = 0; i < n; ++i) ids[i] = std::int64_t(nn::uniform01(seed, i) * double(vocab));
+  return ids;
+}
+
+// max |a - b| / (1 + max |b|) over a row
+double row_error(std::span<const float> a, std::span<const float> b, double& scale) {
+  double e = 0.0, m = 0.0;
+  for (std::size_t i = 0; i < b.size(); ++i) {
+    e = std::max(e, std::fabs(double(a[i]) - double(b[i])));
+    m = std::max(m, std::fabs(double(b[i])));
+  }
+  scale = std::max(scale, m);
+  return e / (1.0 + m);
+}
+
+// Three requests of different prompt lengths, prefilled together, then `steps` decode steps in
+// which the requests join and leave (request 2 stops early); every cached logit row against the
+// last row of forward() on the whole sequence. Returns the worst relative error.
+// R: the compute type of the recompute (the reference).
+template <class T, class R = T>
+double cached_vs_recompute(const io::model_config& cfg, std::size_t steps, std::uint64_t seed, double tol, double* scale_out = nullptr) {
+  host_device dev(2);
+  nn::decoder_lm<host_device, T> m(dev, cfg);
+  nn::decoder_lm<host_device, R> ref(dev, cfg);
+  m.init(seed, 0.2);
+  ref.init(seed, 0.2);
+  const std::size_t V = cfg.vocab_size;
+  auto cache = m.make_cache(4, 64, 4);
+  const std::vector<std::size_t> lens{3, 9, 1};
+  std::vector<std::vector<std::int64_t>> seqs;
+  std::vector<std::int64_t> packed;
+  std::vector<std::size_t> ids;
+  for (std::size_t r = 0; r < lens.size(); ++r) {
+    seqs.push_back(random_ids(lens[r], V, seed * 10 + r));
+    packed.insert(packed.end(), seqs[r].begin(), seqs[r].end());
+    ids.push_back(cache.add_sequence());
+  }
+  double worst = 0.0, scale = 0.0;
+  auto compare = [&](std::span<const float> cached, const std::vector<std::size_t>& reqs) {
+    const std::vector<float> got(cached.begin(), cached.end());
+    for (std::size_t j = 0; j < reqs.size(); ++j) {
+      const auto& s = seqs[reqs[j]];
+      const auto full = ref.forward(s, 1, s.size());
+      const double e = row_error(std::span<const float>(got).subspan(j * V, V), full.subspan((s.size() - 1) * V, V), scale);
+      INFO("request " << reqs[j] << " at length " << s.size() << ": error " << e);
+      CHECK(e <= tol);
+      worst = std::max(worst, e);
+    }
+  };
+  const auto pre = m.prefill(cache, ids, packed, lens);
+  compare(pre, {0, 1, 2});
+  for (std::size_t step = 0; step < steps; ++step) {
+    std::vector<std::size_t> reqs{0, 1};
+    if (step < 4 || step >= 8) reqs.push_back(2);  // request 2 pauses for a few steps
+    std::vector<std::size_t> sid;
+    std::vector<std::int64_t> tok;
+    for (std::size_t r : reqs) {
+      const std::int64_t t = std::int64_t(nn::uniform01(seed + 77, step * 8 + r) * double(V));
+      seqs[r].push_back(t);
+      sid.push_back(ids[r]);
+      tok.push_back(t);
+    }
+    compare(m.decode_step(cache, sid, tok), reqs);
+  }
+  for (std::size_t r = 0; r < lens.size(); ++r) CHECK(cache.length(ids[r]) == seqs[r].size());
+  if (scale_out) *scale_out = scale;
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE("kv_cache hands out pages from a free list, and gives them back", "[nn][kv_cache]") {
+  host_device dev(1);
+  nn::kv_cache_shape s;
+  s.layers = 2;
+  s.heads_kv = 1;
+  s.head_dim = 16;
+  s.page_size = 4;
+  s.num_pages = 5;
+  s.max_sequences = 2;
+  s.max_length = 12;
+  nn::kv_cache<host_device, float> c(dev, s);
+  CHECK(c.pages_per_seq() == 3);
+  const auto a = c.add_sequence(), b = c.add_sequence();
+  CHECK(a != b);
+  CHECK_THROWS_MATCHES(c.add_sequence(), nn::nn_error, is_error(errc::out_of_range, "nn", "sequence slots"));
+  // 6 tokens of a: rows hold (layer, token) so they can be found again
+  auto rows = [&](std::size_t n, float base) {
+    std::vector<float> k(2 * n * 16), v(k.size());
+    for (std::size_t l = 0; l < 2; ++l)
+      for (std::size_t t = 0; t < n; ++t)
+        for (std::size_t e = 0; e < 16; ++e) {
+          k[(l * n + t) * 16 + e] = base + float(l * 1000 + t * 16 + e);
+          v[(l * n + t) * 16 + e] = -(base + float(l * 1000 + t * 16 + e));
+        }
+    return std::pair{k, v};
+  };
+  auto [k6, v6] = rows(6, 0.0f);
+  c.append(a, k6, v6);
+  CHECK(c.length(a) == 6);
+  CHECK(c.free_pages() == 3);
+  auto [k3, v3] = rows(3, 0.5f);
+  c.append(b, k3, v3);
+  CHECK(c.free_pages() == 2);
+  auto [k2, v2] = rows(2, 100.0f);
+  c.append(a, k2, v2);  // tokens 6, 7 fill a's second page
+  CHECK(c.free_pages() == 2);
+  for (std::size_t l = 0; l < 2; ++l)
+    for (std::size_t t = 0; t < 8; ++t) {
+      const float want = t < 6 ? float(l * 1000 + t * 16) : 100.0f + float(l * 1000 + (t - 6) * 16);
+      CHECK(c.k_row(l, a, t)[0] == want);
+      CHECK(c.v_row(l, a, t)[0] == -want);
+    }
+  // a's pages are distinct from b's, and unused table entries are -1
+  const auto ta = c.block_table(a), tb = c.block_table(b);
+  CHECK(ta[2] == -1);
+  CHECK(tb[1] == -1);
+  CHECK(std::find(ta.begin(), ta.begin() + 2, tb[0]) == ta.begin() + 2);
+  // all or nothing: 3 more tokens for both needs 1 + 1 pages (ok); then a refused reserve takes none
+  const std::vector<std::size_t> both{a, b};
+  c.reserve(both, std::vector<std::size_t>{3, 3});
+  CHECK(c.free_pages() == 0);
+  CHECK(c.length(a) == 8);
+  CHECK(c.reserved(b) == 8);
+  CHECK_THROWS_MATCHES(c.reserve(b, 6), nn::nn_error, is_error(errc::out_of_range, "nn", "out of pages: 1 needed, 0 of 5 free"));
+  CHECK_THROWS_MATCHES(c.reserve(a, 5), nn::nn_error, is_error(errc::out_of_range, "nn", "max_length 12"));
+  CHECK_THROWS_MATCHES(c.commit(b, 6), nn::nn_error, is_error(errc::out_of_range, "nn", "commit of 6"));
+  CHECK_THROWS_MATCHES(c.reserve(both, std::vector<std::size_t>{1}), nn::nn_error, is_error(errc::invalid_argument, "nn", "2 sequences with 1 counts"));
+  CHECK_THROWS_MATCHES(c.reserve(std::vector<std::size_t>{a, a}, std::vector<std::size_t>{1, 1}), nn::nn_error,
+                       is_error(errc::invalid_argument, "nn", "appears twice"));
+  // release gives every page back; the slot is free again
+  c.release(a);
+  CHECK(c.free_pages() == 3);
+  CHECK_FALSE(c.contains(a));
+  CHECK_THROWS_MATCHES(c.length(a), nn::nn_error, is_error(errc::invalid_argument, "nn", "sequence 0 is not a live sequence"));
+  CHECK_THROWS_MATCHES(c.release(7), nn::nn_error, is_error(errc::invalid_argument, "nn", "sequence 7"));
+  CHECK(c.add_sequence() == a);
+  CHECK(c.length(a) == 0);
+  // sizes: a zero dimension, int32 indices, and arithmetic that overflows
+  s.num_pages = 0;
+  CHECK_THROWS_MATCHES((nn::kv_cache<host_device, float>(dev, s)), nn::nn_error, is_error(errc::invalid_argument, "nn", "zero dimension"));
+  s.num_pages = std::size_t{1} << 40;
+  CHECK_THROWS_MATCHES((nn::kv_cache<host_device, float>(dev, s)), nn::nn_error, is_error(errc::overflow, "nn", "int32"));
+  s.num_pages = 5;
+  s.heads_kv = std::size_t{1} << 61;
+  CHECK_THROWS_MATCHES((nn::kv_cache<host_device, float>(dev, s)), tessel::overflow_error, is_error(errc::overflow, "size", "kv_cache size"));
+}
+
+TEST_CASE("cached decode logits match the full recompute for every architecture", "[nn][generate]") {
+  // 20 steps: the mistral (window 5) and qwen2 (window 4 in layer 1) sequences grow to 29 tokens,
+  // GPT-2's positions to 28 of its 40, Mixtral routes single rows
+  for (const auto& [name, cfg] : all_configs()) {
+    INFO("model " << name);
+    double scale = 0.0;
+    const double e = cached_vs_recompute<float>(cfg, 20, 3, 1.5e-5, &scale);
+    REPORT(name << " f32: cached vs recompute logits, worst error " << e << " x (1 + max|logit|), max|logit| " << scale);
+  }
+}
+
+TEST_CASE("cached decode of a bf16 model stays within bf16 bounds of its recompute", "[nn][generate][bf16]") {
+  for (const auto& [name, cfg] : all_configs()) {
+    INFO("model " << name);
+    double scale = 0.0;
+    const double e = cached_vs_recompute<bf16>(cfg, 12, 4, 4e-2, &scale);
+    const double e32 = cfg.is_moe() ? 0.0 : cached_vs_recompute<bf16, float>(cfg, 12, 4, 4e-2);
+    REPORT(name << " bf16: cached vs bf16 recompute logits, worst error " << e << " x (1 + max|logit|), max|logit| " << scale
+              << "; vs the f32 recompute " << e32);
+  }
+}
+
+TEST_CASE("a window of 1 and a window longer than the sequence decode like the recompute", "[nn][generate]") {
+  cached_vs_recompute<float>(mistral_config(1), 6, 5, 1.5e-5);
+  cached_vs_recompute<float>(mistral_config(100), 6, 5, 1.5e-5);
+}
+
+TEST_CASE("prefill gives the recompute's last-position logits bitwise", "[nn][generate]") {
+  // the same kernels on the same rows: the varlen flash forward and GEMMs over all prompt tokens
+  host_device dev(2);
+  for (const auto& [name, cfg] : all_configs()) {
+    INFO("model " << name);
+    nn::decoder_lm<host_device> m(dev, cfg);
+    m.init(6, 0.2);
+    auto cache = m.make_cache(1, 16, 8);
+    const auto ids = random_ids(11, cfg.vocab_size, 8);
+    const auto seq = cache.add_sequence();
+    const auto p = m.prefill(cache, seq, ids);
+    const std::vector<float> got(p.begin(), p.end());
+    const auto full = m.forward(ids, 1, ids.size());
+    CHECK(std::memcmp(got.data(), full.data() + (ids.size() - 1) * cfg.vocab_size, got.size() * sizeof(float)) == 0);
+  }
+}
+
+TEST_CASE("greedy cached generation gives the recompute loop's tokens", "[nn][generate]") {
+  host_device dev(2);
+  for (const auto& [name, cfg] : all_configs()) {
+    INFO("model " << name);
+    nn::decoder_lm<host_device> m(dev, cfg);
+    m.init(9, 0.3);
+    auto cache = m.make_cache(3, 40, 4);
+    const std::vector<std::vector<std::int64_t>> prompts{random_ids(2, cfg.vocab_size, 1), random_ids(7, cfg.vocab_size, 2),
+                                                         random_ids(4, cfg.vocab_size, 3)};
+    const nn::sampling greedy{.temperature = 0.0f};
+    const auto got = nn::generate(m, cache, prompts, 24, greedy);
+    CHECK(cache.live_sequences() == 0);
+    CHECK(cache.free_pages() == 40);
+    for (std::size_t r = 0; r < prompts.size(); ++r) {
+      const auto want = nn::generate(m, prompts[r], 24, greedy, 64);
+      INFO("request " << r);
+      CHECK(got[r] == want);
+    }
+  }
+}
+
+TEST_CASE("batched requests of different lengths give each request's tokens alone", "[nn][generate]") {
+  host_device dev(2);
+  for (const auto& [name, cfg] : {all_configs()[1], all_configs()[3], all_configs()[4]}) {
+    INFO("model " << name);
+    nn::decoder_lm<host_device> m(dev, cfg);
+    m.init(10, 0.3);
+    auto cache = m.make_cache(4, 64, 4);
+    const std::vector<std::vector<std::int64_t>> prompts{random_ids(1, cfg.vocab_size, 4), random_ids(9, cfg.vocab_size, 5),
+                                                         random_ids(3, cfg.vocab_size, 6), random_ids(6, cfg.vocab_size, 7)};
+    // sampled (temperature, top-k, top-p), with a stop token that ends some requests early
+    const nn::sampling s{.temperature = 0.9f, .top_k = 12, .top_p = 0.95f, .seed = 42};
+    nn::generation_stats st;
+    const auto batched = nn::generate(m, cache, prompts, 20, s, 5, &st);
+    CHECK(st.prefill_tokens == 19);
+    // one seed per request
+    std::vector<nn::sampling> each;
+    for (std::uint64_t r = 0; r < prompts.size(); ++r) each.push_back(nn::sampling{.temperature = 1.0f, .top_k = 20, .seed = 7 + r});
+    const auto batched_each = nn::generate(m, cache, prompts, 16, each);
+    CHECK_THROWS_MATCHES(nn::generate(m, cache, prompts, 16, std::vector<nn::sampling>(3)), nn::nn_error,
+                         is_error(errc::invalid_argument, "nn", "3 samplings for 4 prompts"));
+    for (std::size_t r = 0; r < prompts.size(); ++r) {
+      INFO("request " << r);
+      CHECK(batched_each[r] == nn::generate(m, cache, {prompts[r]}, 16, each[r])[0]);
+      const auto alone = nn::generate(m, cache, {prompts[r]}, 20, s, 5);
+      CHECK(batched[r] == alone[0]);
+      CHECK(batched[r].size() <= prompts[r].size() + 20);
+      if (batched[r].size() < prompts[r].size() + 20) CHECK(batched[r].back() == 5);
+    }
+  }
+}
+
+namespace {
+// Three requests decoded together on 1 and on 2 threads (the same bits), and request 2 alone.
+// Returns whether alone gave the batch's bits; checks the f32 bound either way.
+template <class T>
+bool batch_and_threads(const char* name, const io::model_config& cfg, double tol) {
+  host_device d1(1), d2(2);
+  nn::decoder_lm<host_device, T> a(d1, cfg), b(d2, cfg);
+  a.init(12, 0.2);
+  b.init(12, 0.2);
+  auto ca = a.make_cache(3, 48, 4), cb = b.make_cache(3, 48, 4), solo = b.make_cache(1, 16, 4);
+  const std::vector<std::size_t> lens{5, 1, 8};
+  const auto packed = random_ids(14, cfg.vocab_size, 13);
+  std::vector<std::size_t> ia, ib;
+  for (int r = 0; r < 3; ++r) {
+    ia.push_back(ca.add_sequence());
+    ib.push_back(cb.add_sequence());
+  }
+  const auto pa = a.prefill(ca, ia, packed, lens);
+  const std::vector<float> va(pa.begin(), pa.end());
+  const auto pb = b.prefill(cb, ib, packed, lens);
+  CHECK(std::memcmp(va.data(), pb.data(), va.size() * sizeof(float)) == 0);
+  std::vector<std::vector<float>> rows(3);
+  for (std::size_t step = 0; step < 8; ++step) {
+    const auto tok = random_ids(3, cfg.vocab_size, 100 + step);
+    const auto la = a.decode_step(ca, ia, tok);
+    const std::vector<float> x(la.begin(), la.end());
+    const auto lb = b.decode_step(cb, ib, tok);
+    CHECK(std::memcmp(x.data(), lb.data(), x.size() * sizeof(float)) == 0);
+    for (std::size_t r = 0; r < 3; ++r)
+      rows[r].insert(rows[r].end(), x.begin() + std::ptrdiff_t(r * cfg.vocab_size), x.begin() + std::ptrdiff_t((r + 1) * cfg.vocab_size));
+  }
+  const auto s = solo.add_sequence();
+  const std::vector<std::int64_t> p2(packed.begin() + 6, packed.end());
+  (void)b.prefill(solo, s, p2);
+  double worst = 0.0, scale = 0.0;
+  bool same = true;
+  for (std::size_t step = 0; step < 8; ++step) {
+    const auto tok = random_ids(3, cfg.vocab_size, 100 + step);
+    const auto l = b.decode_step(solo, std::vector<std::size_t>{s}, std::vector<std::int64_t>{tok[2]});
+    const std::span<const float> want(rows[2].data() + step * cfg.vocab_size, cfg.vocab_size);
+    same = same && std::memcmp(l.data(), want.data(), want.size() * sizeof(float)) == 0;
+    worst = std::max(worst, row_error(l, want, scale));
+  }
+  REPORT(name << (std::is_same_v<T, float> ? " f32" : " bf16") << ": a request in a batch of 3 vs alone: " << (same ? "bitwise equal" : "differs")
+              << ", worst error " << worst);
+  CHECK(worst <= tol);
+  return same;
+}
+}  // namespace
+
+TEST_CASE("cached decode logits: a batch and each request alone, and 1 and 2 threads", "[nn][generate]") {
+  // Bitwise across thread counts. Across batch sizes: the decode kernel and the norms work per
+  // sequence or row, and at these sizes the GEMMs' blocking over K does not depend on the row
+  // count, so a request alone gives its bits in the batch (f32 and bf16). Larger batches may take
+  // another GEMM path (more than 32 rows: not the skinny kernel); the bounds above then hold.
+  for (const auto& [name, cfg] : all_configs()) {
+    INFO("model " << name);
+    CHECK(batch_and_threads<float>(name, cfg, 1.5e-5));
+    CHECK(batch_and_threads<bf16>(name, cfg, 4e-2));
+  }
+}
+
+TEST_CASE("cached decoding errors are typed and name the problem", "[nn][generate][errors]") {
+  host_device dev(1);
+  nn::decoder_lm<host_device> m(dev, llama_config());
+  m.init(1);
+  auto cache = m.make_cache(2, 3, 4, 16);  // 3 pages of 4 tokens, sequences up to 16 tokens
+  const auto s = cache.add_sequence();
+  const std::vector<std::int64_t> p{1, 2, 3, 4, 5};
+  // token ids, unknown and duplicate sequences, sequences in the wrong state
+  CHECK_THROWS_MATCHES(m.prefill(cache, s, std::vector<std::int64_t>{1, 37}), nn::nn_error, is_error(errc::invalid_argument, "nn", "token id 37"));
+  CHECK(cache.length(s) == 0);
+  CHECK(cache.free_pages() == 3);  // nothing taken by a refused call
+  CHECK_THROWS_MATCHES(m.prefill(cache, 1, p), nn::nn_error, is_error(errc::invalid_argument, "nn", "sequence 1 is not a live sequence"));
+  CHECK_THROWS_MATCHES(m.decode_step(cache, std::vector<std::size_t>{s}, std::vector<std::int64_t>{1}), nn::nn_error,
+                       is_error(errc::invalid_argument, "nn", "is empty (start it with prefill)"));
+  (void)m.prefill(cache, s, p);
+  CHECK(cache.free_pages() == 1);
+  CHECK_THROWS_MATCHES(m.prefill(cache, s, p), nn::nn_error, is_error(errc::invalid_argument, "nn", "already holds 5 tokens"));
+  CHECK_THROWS_MATCHES(m.decode_step(cache, std::vector<std::size_t>{s}, std::vector<std::int64_t>{-1}), nn::nn_error,
+                       is_error(errc::invalid_argument, "nn", "token id -1"));
+  CHECK_THROWS_MATCHES(m.decode_step(cache, std::vector<std::size_t>{s, s}, std::vector<std::int64_t>{1, 2}), nn::nn_error,
+                       is_error(errc::invalid_argument, "nn", "appears twice"));
+  CHECK_THROWS_MATCHES(m.decode_step(cache, std::vector<std::size_t>{s, 9}, std::vector<std::int64_t>{1, 2}), nn::nn_error,
+                       is_error(errc::invalid_argument, "nn", "sequence 9"));
+  CHECK_THROWS_MATCHES(m.decode_step(cache, std::vector<std::size_t>{s}, std::vector<std::int64_t>{1, 2}), nn::nn_error,
+                       is_error(errc::invalid_argument, "nn", "1 sequences with 2 tokens"));
+  // out of pages: a second sequence of 5 tokens needs 2 pages, 1 is free
+  const auto t = cache.add_sequence();
+  CHECK_THROWS_MATCHES(m.prefill(cache, t, p), nn::nn_error, is_error(errc::out_of_range, "nn", "out of pages: 2 needed, 1 of 3 free"));
+  CHECK(cache.length(t) == 0);
+  // decode to the end of the page, then past the free pages
+  for (std::int64_t i = 0; i < 7; ++i) (void)m.decode_step(cache, std::vector<std::size_t>{s}, std::vector<std::int64_t>{i});
+  CHECK(cache.length(s) == 12);
+  CHECK_THROWS_MATCHES(m.decode_step(cache, std::vector<std::size_t>{s}, std::vector<std::int64_t>{1}), nn::nn_error,
+                       is_error(errc::out_of_range, "nn", "out of pages"));
+  CHECK(cache.length(s) == 12);
+  // exceeding the positions: the cache's max_length (rotary), GPT-2's learned positions
+  cache.release(s);
+  const auto u = cache.add_sequence();
+  CHECK_THROWS_MATCHES(m.prefill(cache, u, std::vector<std::int64_t>(17, 1)), nn::nn_error, is_error(errc::out_of_range, "nn", "exceeds the 16 positions"));
+  auto big = m.make_cache(1, 8, 4, 16);
+  const auto w = big.add_sequence();
+  (void)m.prefill(big, w, std::vector<std::int64_t>(15, 1));
+  (void)m.decode_step(big, std::vector<std::size_t>{w}, std::vector<std::int64_t>{1});
+  CHECK_THROWS_MATCHES(m.decode_step(big, std::vector<std::size_t>{w}, std::vector<std::int64_t>{1}), nn::nn_error,
+                       is_error(errc::out_of_range, "nn", "position 16 exceeds the 16 positions"));
+  nn::decoder_lm<host_device> g(dev, gpt2_config());  // 40 learned positions
+  auto gc = g.make_cache(1, 32, 4, 100);
+  CHECK(g.max_length(gc) == 40);
+  const auto gs = gc.add_sequence();
+  (void)g.prefill(gc, gs, std::vector<std::int64_t>(40, 1));
+  CHECK_THROWS_MATCHES(g.decode_step(gc, std::vector<std::size_t>{gs}, std::vector<std::int64_t>{1}), nn::nn_error,
+                       is_error(errc::out_of_range, "nn", "exceeds the 40 positions"));
+  CHECK_THROWS_MATCHES(nn::generate(g, gc, {std::vector<std::int64_t>(30, 1)}, 12, nn::sampling{}), nn::nn_error,
+                       is_error(errc::out_of_range, "nn", "prompt 0 of 30 tokens + 12 new ones exceeds the 40 positions"));
+  // a cache shaped for another model
+  CHECK_THROWS_MATCHES(g.prefill(big, w, p), nn::nn_error, is_error(errc::invalid_argument, "nn", "does not fit this model"));
+  // generate gives its sequences back when it fails (here: out of pages)
+  auto small = m.make_cache(2, 2, 4, 16);
+  CHECK_THROWS_MATCHES(nn::generate(m, small, {p, p}, 4, nn::sampling{}), nn::nn_error, is_error(errc::out_of_range, "nn", "out of pages"));
+  CHECK(small.live_sequences() == 0);
+  CHECK(small.free_pages() == 2);
+}
