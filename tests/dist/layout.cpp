@@ -11,6 +11,7 @@
 #include <tessel/dist.hpp>
 
 #include "error_match.hpp"
+#include "dist/thread_check.hpp"
 
 using namespace tessel;
 using tessel_test::is_error;
@@ -72,11 +73,11 @@ TEST_CASE("dist groups: tp and dp groups of a 2x3 layout reduce over their membe
   threads_world::run(6, [&](threads_transport t) {
     const int r = t.rank();
     dist::process_groups g(t, l);
-    CHECK(g.coords() == l.coords(r));
-    CHECK(g.tp().size() == 3);
-    CHECK(g.dp().size() == 2);
-    CHECK(g.tp().rank() == g.coords().tp);
-    CHECK(g.dp().rank() == g.coords().dp);
+    TS_CHECK(g.coords() == l.coords(r));
+    TS_CHECK(g.tp().size() == 3);
+    TS_CHECK(g.dp().size() == 2);
+    TS_CHECK(g.tp().rank() == g.coords().tp);
+    TS_CHECK(g.dp().rank() == g.coords().dp);
     // tp, dp and world collectives interleaved, several times: separate tag spaces keep them apart.
     std::vector<double> out;
     for (int rep = 0; rep < 3; ++rep) {

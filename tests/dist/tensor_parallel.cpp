@@ -23,6 +23,8 @@
 #include <tessel/nn.hpp>
 #include <tessel/ops/activation.hpp>
 
+#include "dist/thread_check.hpp"
+
 using namespace tessel;
 using nn::cview;
 using nn::mview;
@@ -77,7 +79,7 @@ struct compare {
   std::mutex mu;
   double worst = 0;  // largest |diff| / bound seen
   void check(const char* what, const float* got, const float* want, std::size_t n, const std::vector<double>& scale, std::size_t k, bool integers) {
-    std::lock_guard lk(mu);
+    std::lock_guard lk(tessel_test::catch_mutex());
     INFO(what);
     std::size_t bad = 0;
     for (std::size_t i = 0; i < n; ++i) {
@@ -149,11 +151,11 @@ TEST_CASE("column- and row-parallel linear on tp=2 equal one device (bitwise on 
       pr.load(path);
       const std::size_t oc = out / TP, ic = out / TP, k = std::size_t(g.tp().rank());
       // shard info as DESIGN.md's registry describes it
-      CHECK(pr.at("c.weight").shard.dim == 0);
-      CHECK(pr.at("c.weight").shard.offset == k * oc);
-      CHECK(pr.at("r.weight").shard.dim == 1);
-      CHECK(pr.at("r.weight").shard.length == ic);
-      CHECK(!pr.at("r.bias").shard.sharded());
+      TS_CHECK(pr.at("c.weight").shard.dim == 0);
+      TS_CHECK(pr.at("c.weight").shard.offset == k * oc);
+      TS_CHECK(pr.at("r.weight").shard.dim == 1);
+      TS_CHECK(pr.at("r.weight").shard.length == ic);
+      TS_CHECK(!pr.at("r.bias").shard.sharded());
       // column-parallel: y_k = columns of y; dx all-reduced
       std::vector<float> y(N * oc), dx(N * in, 1.0f);
       const auto dy = cols_of(dyc.data(), N, out, k * oc, oc);
@@ -174,7 +176,7 @@ TEST_CASE("column- and row-parallel linear on tp=2 equal one device (bitwise on 
       c.backward(d, cview<float>(dy.data(), N, oc), mview<float>(dx2.data(), N, in), true);
       std::size_t not_doubled = 0;
       for (std::size_t i = 0; i < dx.size(); ++i) not_doubled += dx2[i] != 2.0f * dx[i];
-      CHECK(not_doubled == 0);
+      TS_CHECK(not_doubled == 0);
 
       // row-parallel: x_k = columns of x; y all-reduced + bias; dx_k local
       std::vector<float> yk(N * in), dxk(N * ic);
@@ -193,4 +195,64 @@ TEST_CASE("column- and row-parallel linear on tp=2 equal one device (bitwise on 
     std::filesystem::remove(path);
     if (!integers) WARN("linear layers: worst |tp - one device| / bound = " << cmp.worst);
   }
+}
+
+// The MLP: gate and up are the same dot products (K = hidden) on both sides and silu·up is
+// elementwise, so h must be the same bits (checked); down's output then differs only by the split
+// of its K = I sum, and dx (gate's and up's partials, K = 2I) only by its split over tp.
+TEST_CASE("the tp=2 SwiGLU MLP equals one device: h bitwise, the rest within the K-split bound", "[dist][tensor_parallel][mlp]") {
+  const std::size_t N = 6, d = 16, I = 32;
+  host_device dev(1);
+  nn::parameters<host_device> reg(dev);
+  auto& wg = reg.add("mlp.gate_proj.weight", {I, d});
+  auto& wu = reg.add("mlp.up_proj.weight", {I, d});
+  auto& wd = reg.add("mlp.down_proj.weight", {d, I});
+  reg.init_normal(5, 0.3);
+  const auto path = tmp_file("mlp");
+  reg.save(path);
+  nn::linear<host_device, float> lg(&wg, nullptr, d, I), lu(&wu, nullptr, d, I), ld(&wd, nullptr, I, d);
+  const auto x = values(N * d, 41, false), dy = values(N * d, 42, false);
+  std::vector<float> g(N * I), u(N * I), h(N * I), y(N * d), dh(N * I), dg(N * I), du(N * I), dx(N * d);
+  lg.forward(dev, cview<float>(x.data(), N, d), mview<float>(g.data(), N, I), true);
+  lu.forward(dev, cview<float>(x.data(), N, d), mview<float>(u.data(), N, I), true);
+  swiglu_forward(dev, std::span<const float>(g), std::span<const float>(u), std::span<float>(h));
+  ld.forward(dev, cview<float>(h.data(), N, I), mview<float>(y.data(), N, d), true);
+  ld.backward(dev, cview<float>(dy.data(), N, d), mview<float>(dh.data(), N, I), false);
+  swiglu_backward(dev, std::span<const float>(dh), std::span<const float>(g), std::span<const float>(u), std::span<float>(dg), std::span<float>(du));
+  lg.backward(dev, cview<float>(dg.data(), N, I), mview<float>(dx.data(), N, d), false);
+  lu.backward(dev, cview<float>(du.data(), N, I), mview<float>(dx.data(), N, d), true);
+  const std::vector<float> Wg(wg.value.data(), wg.value.data() + wg.numel), Wu(wu.value.data(), wu.value.data() + wu.numel),
+      Wd(wd.value.data(), wd.value.data() + wd.numel);
+  const auto s_y = abs_mm_t(h, Wd, N, d, I);
+  auto s_dx = abs_mm_t(dg, tr(Wg, I, d), N, d, I);
+  const auto s_dx2 = abs_mm_t(du, tr(Wu, I, d), N, d, I);
+  for (std::size_t i = 0; i < s_dx.size(); ++i) s_dx[i] += s_dx2[i];
+  const auto s_dwd = abs_mm_t(tr(dy, N, d), tr(h, N, I), d, I, N);
+  const auto s_dwg = abs_mm_t(tr(dg, N, I), tr(x, N, d), I, d, N);
+  const auto s_dwu = abs_mm_t(tr(du, N, I), tr(x, N, d), I, d, N);
+  compare cmp;
+  threads_world::run(TP, [&](threads_transport t) {
+    dist::process_groups grp(t, {.tp = TP});
+    host_device dv(1);
+    nn::parameters<host_device> pr(dv);
+    dist::tp_swiglu_mlp<host_device, float> mlp(pr, "mlp", d, I, false, grp.tp());
+    pr.load(path);
+    const std::size_t il = I / TP, k = std::size_t(grp.tp().rank());
+    std::vector<float> yk(N * d), dxk(N * d, 0.0f);
+    mlp.forward(dv, cview<float>(x.data(), N, d), mview<float>(yk.data(), N, d), true);
+    const auto hk = mlp.hidden(N);
+    const auto h_want = cols_of(h.data(), N, I, k * il, il);
+    TS_CHECK(std::equal(hk.begin(), hk.end(), h_want.begin()));
+    mlp.backward(dv, cview<float>(dy.data(), N, d), mview<float>(dxk.data(), N, d), true);  // the accumulating path, onto 0
+    cmp.check("mlp y", yk.data(), y.data(), y.size(), s_y, I, false);
+    cmp.check("mlp dx", dxk.data(), dx.data(), dx.size(), s_dx, 2 * I, false);
+    cmp.check("mlp dW down", pr.at("mlp.down_proj.weight").grad.data(), cols_of(wd.grad.data(), d, I, k * il, il).data(), d * il,
+              cols_of_d(s_dwd, d, I, k * il, il), N, false);
+    cmp.check("mlp dW gate", pr.at("mlp.gate_proj.weight").grad.data(), wg.grad.data() + k * il * d, il * d,
+              std::vector<double>(s_dwg.begin() + std::ptrdiff_t(k * il * d), s_dwg.begin() + std::ptrdiff_t((k + 1) * il * d)), N, false);
+    cmp.check("mlp dW up", pr.at("mlp.up_proj.weight").grad.data(), wu.grad.data() + k * il * d, il * d,
+              std::vector<double>(s_dwu.begin() + std::ptrdiff_t(k * il * d), s_dwu.begin() + std::ptrdiff_t((k + 1) * il * d)), N, false);
+  });
+  std::filesystem::remove(path);
+  WARN("tp MLP: worst |tp - one device| / bound = " << cmp.worst);
 }
