@@ -12,3 +12,4 @@
 #include <tessel/collectives.hpp>
 #include <tessel/io.hpp>
 #include <tessel/nn.hpp>
+#include <tessel/dist.hpp>

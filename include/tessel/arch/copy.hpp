@@ -9,8 +9,19 @@
 #include <cstring>
 #include <type_traits>
 
+// The same guard as target.hpp's: when this header is the first to include the intrinsics (a TU
+// that includes collectives before ops), the pragma state here is what GCC 12 uses for the
+// AVX-512 headers' `__Y = __Y` idiom in every later inlined GEMM atom.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#endif
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
 #endif
 
 namespace tessel::arch {

@@ -30,10 +30,20 @@ namespace tessel {
 inline namespace v0 {
 namespace nn {
 
+// The slice of a larger tensor a parameter holds (DESIGN.md, "Parameters"): along dimension `dim`,
+// indices [offset, offset + length) of `global_shape`, every other dimension whole. dist/ fills it
+// for tensor-parallel shards; on one device it is empty and the parameter is the whole tensor.
+struct shard_spec {
+  std::size_t dim = 0, offset = 0, length = 0;
+  std::vector<std::size_t> global_shape;  // empty: not sharded
+  bool sharded() const noexcept { return !global_shape.empty(); }
+};
+
 template <device Dev>
 struct parameter {
   std::string name;
-  std::vector<std::size_t> shape;
+  std::vector<std::size_t> shape;  // what this rank holds (the shard's shape when sharded)
+  shard_spec shard;
   std::size_t numel = 0;
   device_buffer<float, Dev> value;      // the f32 master
   device_buffer<float, Dev> grad;       // d loss / d value, accumulated by backward passes
@@ -106,6 +116,20 @@ class parameters {
     return p;
   }
 
+  // A shard of the tensor `name` of shape `global_shape`: indices [offset, offset + length) along
+  // `dim`. load() slices it out of a full checkpoint.
+  parameter<Dev>& add_shard(std::string name, std::vector<std::size_t> global_shape, std::size_t dim, std::size_t offset, std::size_t length,
+                            bool with_bf16 = false) {
+    if (dim >= global_shape.size() || offset > global_shape[dim] || length > global_shape[dim] - offset || length == 0)
+      throw nn_error(errc::invalid_argument, "parameters: shard [" + std::to_string(offset) + ", " + std::to_string(offset + length) + ") along dim " +
+                                                 std::to_string(dim) + " does not fit '" + name + "' of shape " + io::detail::shape_string(global_shape));
+    std::vector<std::size_t> local = global_shape;
+    local[dim] = length;
+    parameter<Dev>& p = add(std::move(name), std::move(local), with_bf16);
+    p.shard = shard_spec{dim, offset, length, std::move(global_shape)};
+    return p;
+  }
+
   std::size_t size() const noexcept { return list_.size(); }
   std::size_t numel() const noexcept { return total_; }
   parameter<Dev>* find(std::string_view name) {
@@ -146,9 +170,14 @@ class parameters {
     for (auto& p : list_) {
       const io::tensor_view t = ck.tensor(p.name);
       const std::vector<std::size_t> shape(t.shape().begin(), t.shape().end());
-      if (shape != p.shape)
+      const std::vector<std::size_t>& want = p.shard.sharded() ? p.shard.global_shape : p.shape;
+      if (shape != want)
         throw nn_error(errc::format, t.file() + ": tensor '" + p.name + "' has shape " + io::detail::shape_string(shape) + ", the model needs " +
-                                         p.shape_string());
+                                         io::detail::shape_string(want));
+      if (p.shard.sharded()) {
+        load_slice(t, p);
+        continue;
+      }
       switch (t.dtype()) {
         case io::st_dtype::f32: {
           const auto d = t.data<float>();
@@ -241,6 +270,27 @@ class parameters {
   }
 
  private:
+  // p's shard of the full tensor t (widened to f32 exactly, element by element).
+  static void load_slice(const io::tensor_view& t, parameter<Dev>& p) {
+    const shard_spec& sh = p.shard;
+    std::size_t outer = 1, inner = 1;
+    for (std::size_t i = 0; i < sh.dim; ++i) outer *= sh.global_shape[i];
+    for (std::size_t i = sh.dim + 1; i < sh.global_shape.size(); ++i) inner *= sh.global_shape[i];
+    const std::size_t full = sh.global_shape[sh.dim] * inner, run = sh.length * inner;
+    float* dst = p.value.data();
+    auto copy = [&](const auto* src) {
+      for (std::size_t o = 0; o < outer; ++o)
+        for (std::size_t i = 0; i < run; ++i) dst[o * run + i] = static_cast<float>(src[o * full + sh.offset * inner + i]);
+    };
+    switch (t.dtype()) {
+      case io::st_dtype::f32: copy(t.data<float>().span().data()); break;
+      case io::st_dtype::bf16: copy(t.data<bf16>().span().data()); break;
+      case io::st_dtype::f16: copy(t.data<fp16>().span().data()); break;
+      default:
+        throw nn_error(errc::format, t.file() + ": tensor '" + p.name + "' holds " + std::string(io::st_dtype_name(t.dtype())) +
+                                         "; parameters load from F32, BF16 or F16");
+    }
+  }
   static std::string list_names(const std::vector<std::string>& names) {
     std::string s = std::to_string(names.size()) + (names.size() == 1 ? " tensor: " : " tensors: ");
     for (std::size_t i = 0; i < names.size() && i < 8; ++i) s += (i ? ", '" : "'") + names[i] + "'";

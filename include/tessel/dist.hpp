@@ -1,0 +1,9 @@
+// The distributed layer: parallel layouts and their process groups, tensor-parallel layers and
+// data-parallel training over the communicator.
+#pragma once
+
+#include <tessel/dist/data_parallel.hpp>
+#include <tessel/dist/errors.hpp>
+#include <tessel/dist/groups.hpp>
+#include <tessel/dist/layout.hpp>
+#include <tessel/dist/tensor_parallel.hpp>

@@ -1,0 +1,99 @@
+// A parallel layout: how a world of ranks is cut into data-parallel replicas and tensor-parallel
+// groups (pipeline stages, expert groups and the ZeRO stage have their fields, checked to be 1 and 0
+// until their layers exist). The rank order is tp fastest, then dp, then pp, as Megatron-Core's, so
+// a tp group is a run of adjacent ranks (on UBL128: the ranks of one super-node first). Every check
+// runs before any work and names the numbers.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include <tessel/detail/checked.hpp>
+#include <tessel/dist/errors.hpp>
+#include <tessel/io/model_config.hpp>
+
+namespace tessel {
+inline namespace v0 {
+namespace dist {
+
+// Where one rank sits in a layout.
+struct rank_coords {
+  int dp = 0, tp = 0, pp = 0;
+  bool operator==(const rank_coords&) const = default;
+};
+
+struct parallel_layout {
+  int dp = 1;          // data-parallel replicas
+  int tp = 1;          // tensor-parallel ranks per replica
+  int pp = 1;          // pipeline stages (only 1 for now)
+  int ep = 1;          // expert-parallel ranks (only 1 for now)
+  int zero_stage = 0;  // 0: plain DP (ZeRO 1-3 later)
+
+  // dp·tp·pp; a product that overflows int is a dist_error(errc::overflow).
+  int world_size() const {
+    check_positive();
+    const std::size_t n = detail::mul_checked(detail::mul_checked(std::size_t(dp), std::size_t(tp), "layout size"), std::size_t(pp), "layout size");
+    if (n > std::size_t(0x7fffffff)) throw dist_error(errc::overflow, "layout " + to_string() + " has more than 2^31 - 1 ranks");
+    return int(n);
+  }
+
+  // The layout itself is well formed and fits a world of `world` ranks.
+  void validate(int world) const {
+    check_positive();
+    if (pp != 1) throw dist_error(errc::unsupported, "layout " + to_string() + ": pipeline parallelism (pp = " + std::to_string(pp) + ") is not built yet");
+    if (ep != 1) throw dist_error(errc::unsupported, "layout " + to_string() + ": expert parallelism (ep = " + std::to_string(ep) + ") is not built yet");
+    if (zero_stage != 0)
+      throw dist_error(errc::unsupported, "layout " + to_string() + ": ZeRO stage " + std::to_string(zero_stage) + " is not built yet (only 0)");
+    if (world_size() != world)
+      throw dist_error(errc::config, "layout " + to_string() + " needs dp·tp·pp = " + std::to_string(world_size()) + " ranks, the world has " +
+                                         std::to_string(world));
+  }
+
+  // The layout can split this model: tp divides the attention heads, the kv heads and the MLP's
+  // intermediate size (each tp rank holds whole heads and an equal slice of the MLP).
+  void validate(const io::model_config& c) const {
+    check_positive();
+    const std::size_t t = std::size_t(tp);
+    if (c.num_attention_heads % t != 0)
+      throw dist_error(errc::config, "tp = " + std::to_string(tp) + " does not divide the " + std::to_string(c.num_attention_heads) + " attention heads");
+    if (c.num_key_value_heads < t)
+      throw dist_error(errc::unsupported, "tp = " + std::to_string(tp) + " is above the " + std::to_string(c.num_key_value_heads) +
+                                              " kv heads (replicating kv heads over tp is not built yet)");
+    if (c.num_key_value_heads % t != 0)
+      throw dist_error(errc::config, "tp = " + std::to_string(tp) + " does not divide the " + std::to_string(c.num_key_value_heads) + " kv heads");
+    if (c.intermediate_size % t != 0)
+      throw dist_error(errc::config, "tp = " + std::to_string(tp) + " does not divide the intermediate size " + std::to_string(c.intermediate_size));
+  }
+
+  rank_coords coords(int rank) const {
+    const int n = world_size();
+    if (rank < 0 || rank >= n) throw dist_error(errc::out_of_range, "rank " + std::to_string(rank) + " outside the layout's [0, " + std::to_string(n) + ")");
+    return rank_coords{.dp = (rank / tp) % dp, .tp = rank % tp, .pp = rank / (tp * dp)};
+  }
+  int rank_of(rank_coords c) const {
+    if (c.dp < 0 || c.dp >= dp || c.tp < 0 || c.tp >= tp || c.pp < 0 || c.pp >= pp)
+      throw dist_error(errc::out_of_range, "coordinates (dp " + std::to_string(c.dp) + ", tp " + std::to_string(c.tp) + ", pp " + std::to_string(c.pp) +
+                                               ") outside layout " + to_string());
+    return (c.pp * dp + c.dp) * tp + c.tp;
+  }
+
+  std::string to_string() const {
+    std::string s = "{dp " + std::to_string(dp) + ", tp " + std::to_string(tp);
+    if (pp != 1) s += ", pp " + std::to_string(pp);
+    if (ep != 1) s += ", ep " + std::to_string(ep);
+    if (zero_stage != 0) s += ", zero " + std::to_string(zero_stage);
+    return s + "}";
+  }
+
+ private:
+  void check_positive() const {
+    if (dp <= 0 || tp <= 0 || pp <= 0 || ep <= 0)
+      throw dist_error(errc::config, "layout {dp " + std::to_string(dp) + ", tp " + std::to_string(tp) + ", pp " + std::to_string(pp) + ", ep " +
+                                         std::to_string(ep) + "}: every degree must be at least 1");
+    if (zero_stage < 0 || zero_stage > 3) throw dist_error(errc::config, "ZeRO stage " + std::to_string(zero_stage) + " is not one of 0, 1, 2, 3");
+  }
+};
+
+}  // namespace dist
+}  // namespace v0
+}  // namespace tessel
