@@ -167,6 +167,12 @@ TEST_CASE("20 AdamW steps follow PyTorch's trajectory", "[nn][torch][train]") {
       REQUIRE_FALSE(m->adamw(h, step).skipped);
     }
     for (auto& p : m->params()) {
+      // A key bias's exact gradient is zero (it adds q·b_k to every score of a query row, which
+      // the softmax cancels), so its gradient is rounding noise in every precision and AdamW's
+      // normalised step turns that noise into ±lr moves: its trajectory is a random walk in f64
+      // too, and no distance to it measures anything. (Its gradient is checked against fp64 in
+      // the gradient test above.)
+      if (p.name.ends_with("k_proj.bias")) continue;
       const auto t32 = r.get("adamw20." + p.name), t64 = r.get("adamw20_f64." + p.name);
       const double ours = dist2(p.value.data(), t64.data(), p.numel), torch = dist2(t32.data(), t64.data(), p.numel);
       INFO(p.name << ": distance to the f64 trajectory " << ours << ", torch f32's " << torch);
