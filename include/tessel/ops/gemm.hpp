@@ -1083,7 +1083,9 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
   if (direct) {
     const auto dchain = epilogue::alpha_beta(alpha * s.a * s.b, beta) | chain;
     // matrices per block: about direct_max_macs of work each (a function of the shape only)
-    const std::size_t per = std::max<std::size_t>(1, static_cast<std::size_t>(direct_max / macs));
+    // (an empty product, M or N = 0, has macs = 0: one block of all its matrices, no division)
+    const std::size_t per = macs > 0.0 ? std::max<std::size_t>(1, static_cast<std::size_t>(std::min(direct_max / macs, double(std::max<std::size_t>(batch, 1)))))
+                                       : std::max<std::size_t>(batch, 1);
     // batch 1 above the threshold: blocks of about 2^20 multiply-adds of rows (a function of the shape)
     const std::size_t rows_pb = !skinny_dots && batch == 1 && macs > direct_max ? ceil_div(std::max<std::size_t>(1, (std::size_t{1} << 20) / (N * K)), 8) * 8 : 0;
     // skinny dots: about two blocks per worker, whole 16-column strips
