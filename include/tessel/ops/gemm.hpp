@@ -765,24 +765,28 @@ struct gemm_direct_program {
     return c;
   }
 
+  // p + off, where an empty operand (K = 0 leaves A and B with no elements) may be null
+  template <class T>
+  static T* at(T* p, std::size_t off) { return p ? p + off : p; }
+
   void operator()(block_ctx& ctx) const {
     const std::size_t b = ctx.block_index3()[0];
     if (rows_per_block > 0) {  // one matrix, its rows shared out
       const std::size_t i0 = b * rows_per_block, rows = std::min(rows_per_block, M - i0);
       const TA* pa = a_ptrs ? a_ptrs[0] : A.data();
       TC* pc = c_ptrs ? c_ptrs[0] : C.data();
-      return one(ctx.scratch(), pa + i0 * A.row_stride(), b_ptrs ? b_ptrs[0] : B.data(), pc + i0 * C.row_stride(), rows, i0, N, 0);
+      return one(ctx.scratch(), at(pa, i0 * A.row_stride()), b_ptrs ? b_ptrs[0] : B.data(), at(pc, i0 * C.row_stride()), rows, i0, N, 0);
     }
     if (cols_per_block > 0) {  // one matrix, its columns shared out
       const std::size_t j0 = b * cols_per_block, cols = std::min(cols_per_block, N - j0);
       const TB* pb = b_ptrs ? b_ptrs[0] : B.data();
       TC* pc = c_ptrs ? c_ptrs[0] : C.data();
-      return one(ctx.scratch(), a_ptrs ? a_ptrs[0] : A.data(), pb + j0 * B.col_stride(), pc + j0 * C.col_stride(), M, 0, cols, j0);
+      return one(ctx.scratch(), a_ptrs ? a_ptrs[0] : A.data(), at(pb, j0 * B.col_stride()), at(pc, j0 * C.col_stride()), M, 0, cols, j0);
     }
     const std::size_t z0 = b * per_block;
     for (std::size_t z = z0; z < std::min(batch, z0 + per_block); ++z) {
       const auto m = ctx.scratch().mark();
-      one(ctx.scratch(), a_ptrs ? a_ptrs[z] : A.data() + z * sa, b_ptrs ? b_ptrs[z] : B.data() + z * sb, c_ptrs ? c_ptrs[z] : C.data() + z * sc, M, 0, N, 0);
+      one(ctx.scratch(), a_ptrs ? a_ptrs[z] : at(A.data(), z * sa), b_ptrs ? b_ptrs[z] : at(B.data(), z * sb), c_ptrs ? c_ptrs[z] : at(C.data(), z * sc), M, 0, N, 0);
       ctx.scratch().rewind(m);
     }
   }
