@@ -256,3 +256,256 @@ TEST_CASE("the tp=2 SwiGLU MLP equals one device: h bitwise, the rest within the
   std::filesystem::remove(path);
   WARN("tp MLP: worst |tp - one device| / bound = " << cmp.worst);
 }
+
+namespace {
+
+// The attention layer on one device, built from nn's modules as the decoder composes them; the
+// reference for tp_attention. Row-major (tokens, features) buffers.
+struct one_device_attention {
+  std::size_t batch, seq, hidden, hq, hkv, d;
+  const std::vector<double>& inv_freq;
+  nn::linear<host_device, float> q, k, v, o;
+  std::vector<std::int64_t> pos;
+  std::vector<float> qb, kb, vb, ob, lse, y, dO, dq, dk, dv, dx;
+
+  one_device_attention(nn::parameters<host_device>& reg, std::size_t b, std::size_t s, std::size_t h, std::size_t nq, std::size_t nkv, std::size_t hd,
+                       const std::vector<double>& f)
+      : batch(b), seq(s), hidden(h), hq(nq), hkv(nkv), d(hd), inv_freq(f),
+        q(&reg.at("a.q_proj.weight"), &reg.at("a.q_proj.bias"), h, nq * hd),
+        k(&reg.at("a.k_proj.weight"), &reg.at("a.k_proj.bias"), h, nkv * hd),
+        v(&reg.at("a.v_proj.weight"), &reg.at("a.v_proj.bias"), h, nkv * hd),
+        o(&reg.at("a.o_proj.weight"), &reg.at("a.o_proj.bias"), nq * hd, h) {
+    for (std::size_t i = 0; i < b; ++i)
+      for (std::size_t j = 0; j < s; ++j) pos.push_back(std::int64_t(j));
+  }
+  rope_options rope() const {
+    rope_options r;
+    r.inv_freq = inv_freq;
+    return r;
+  }
+  void forward(host_device& dev, const std::vector<float>& x) {
+    const std::size_t n = batch * seq, qd = hq * d, kvd = hkv * d;
+    qb.assign(n * qd, 0), kb.assign(n * kvd, 0), vb.assign(n * kvd, 0), ob.assign(n * qd, 0), lse.assign(batch * hq * seq, 0), y.assign(n * hidden, 0);
+    q.forward(dev, cview<float>(x.data(), n, hidden), mview<float>(qb.data(), n, qd), true);
+    k.forward(dev, cview<float>(x.data(), n, hidden), mview<float>(kb.data(), n, kvd), true);
+    v.forward(dev, cview<float>(x.data(), n, hidden), mview<float>(vb.data(), n, kvd), true);
+    rope_forward(dev, mview<float>(qb.data(), n, qd), d, std::span<const std::int64_t>(pos), rope());
+    rope_forward(dev, mview<float>(kb.data(), n, kvd), d, std::span<const std::int64_t>(pos), rope());
+    nn::self_attention<host_device, float>(hq, hkv, d, std::nullopt)
+        .forward(dev, batch, seq, std::span<const float>(qb), std::span<const float>(kb), std::span<const float>(vb), std::span<float>(ob), std::span<float>(lse));
+    o.forward(dev, cview<float>(ob.data(), n, qd), mview<float>(y.data(), n, hidden), true);
+  }
+  // Backward for dy; with head >= 0, dO is kept for that query head only (its part of dk and dv).
+  void backward(host_device& dev, const std::vector<float>& dy, int head = -1) {
+    const std::size_t n = batch * seq, qd = hq * d, kvd = hkv * d;
+    dO.assign(n * qd, 0), dq.assign(n * qd, 0), dk.assign(n * kvd, 0), dv.assign(n * kvd, 0), dx.assign(n * hidden, 0);
+    o.backward(dev, cview<float>(dy.data(), n, hidden), mview<float>(dO.data(), n, qd), false);
+    if (head >= 0)
+      for (std::size_t t = 0; t < n; ++t)
+        for (std::size_t c = 0; c < qd; ++c)
+          if (c / d != std::size_t(head)) dO[t * qd + c] = 0.0f;
+    nn::self_attention<host_device, float>(hq, hkv, d, std::nullopt)
+        .backward(dev, batch, seq, std::span<const float>(qb), std::span<const float>(kb), std::span<const float>(vb), std::span<const float>(ob),
+                  std::span<const float>(dO), std::span<const float>(lse), std::span<float>(dq), std::span<float>(dk), std::span<float>(dv));
+    rope_backward(dev, mview<float>(dq.data(), n, qd), d, std::span<const std::int64_t>(pos), rope());
+    rope_backward(dev, mview<float>(dk.data(), n, kvd), d, std::span<const std::int64_t>(pos), rope());
+    q.backward(dev, cview<float>(dq.data(), n, qd), mview<float>(dx.data(), n, hidden), false);
+    k.backward(dev, cview<float>(dk.data(), n, kvd), mview<float>(dx.data(), n, hidden), true);
+    v.backward(dev, cview<float>(dv.data(), n, kvd), mview<float>(dx.data(), n, hidden), true);
+  }
+};
+
+}  // namespace
+
+// tp_attention against the same layer on one device. Each rank runs whole heads, so q, k, v (dot
+// products of the same length) and each head's attention are the same computation on both sides:
+// the attention output must be the same bits (checked). o_proj's output and the gradients then
+// differ only by how their sums are grouped:
+//   y, dW_o, dW_q            a K-split of the same products: 2·γ_K·Σ|products|;
+//   dk, dv of a kv head      on one device the attention kernel sums the group's query heads; with
+//                            kv heads replicated (heads_kv < tp) each replica sums its own heads and
+//                            the parts are added after. Let P_h be head h's part (one device, dO kept
+//                            for head h only: the same bits as the rank that runs h). Then
+//                            |tp − one device| <= |Σ_h P_h − P| · |X| + 2·γ_K·Σ_h |P_h|·|X|,
+//                            with both terms computed here, K the summed length.
+TEST_CASE("tp_attention equals one device: heads bitwise, o_proj and gradients within the sum-grouping bound", "[dist][tensor_parallel][attention]") {
+  const std::size_t B = 2, S = 5, H = 32, D = 16, HQ = 4, HKV = 2, n = B * S;
+  std::vector<double> inv_freq(D / 2);
+  for (std::size_t j = 0; j < D / 2; ++j) inv_freq[j] = std::pow(10000.0, -2.0 * double(j) / double(D));
+  host_device dev(1);
+  nn::parameters<host_device> reg(dev);
+  reg.add("a.q_proj.weight", {HQ * D, H});
+  reg.add("a.q_proj.bias", {HQ * D});
+  reg.add("a.k_proj.weight", {HKV * D, H});
+  reg.add("a.k_proj.bias", {HKV * D});
+  reg.add("a.v_proj.weight", {HKV * D, H});
+  reg.add("a.v_proj.bias", {HKV * D});
+  reg.add("a.o_proj.weight", {H, HQ * D});
+  reg.add("a.o_proj.bias", {H});
+  reg.init_normal(7, 0.3);
+  const auto path = tmp_file("attn");
+  reg.save(path);
+  const auto x = values(n * H, 51, false), dy = values(n * H, 52, false);
+  one_device_attention one(reg, B, S, H, HQ, HKV, D, inv_freq);
+  one.forward(dev, x);
+  one.backward(dev, dy);
+  const std::size_t qd = HQ * D, kvd = HKV * D, G = HQ / HKV;
+  auto W = [&](const char* name) {
+    const auto& p = reg.at(name);
+    return std::vector<float>(p.value.data(), p.value.data() + p.numel);
+  };
+  auto G_ = [&](const char* name) {
+    const auto& p = reg.at(name);
+    return std::vector<float>(p.grad.data(), p.grad.data() + p.numel);
+  };
+  const auto Wq = W("a.q_proj.weight"), Wk = W("a.k_proj.weight"), Wv = W("a.v_proj.weight"), Wo = W("a.o_proj.weight"), bo = W("a.o_proj.bias");
+  const auto gq = G_("a.q_proj.weight"), gk = G_("a.k_proj.weight"), gv = G_("a.v_proj.weight"), go = G_("a.o_proj.weight");
+  const auto gbk = G_("a.k_proj.bias");
+  const auto O = one.ob, dq = one.dq, dk = one.dk, dv = one.dv, dx = one.dx, y = one.y;
+  // each query head's part of dk and dv (the rest of the registry's gradients are not read again)
+  std::vector<std::vector<float>> dk_h(HQ), dv_h(HQ);
+  for (std::size_t h = 0; h < HQ; ++h) {
+    one.backward(dev, dy, int(h));
+    dk_h[h] = one.dk, dv_h[h] = one.dv;
+  }
+  // Σ_h |P_h| and |Σ_h P_h − P| for dk and dv (fp64)
+  std::vector<double> adk(n * kvd, 0), adv(n * kvd, 0), edk(n * kvd, 0), edv(n * kvd, 0);
+  for (std::size_t i = 0; i < n * kvd; ++i) {
+    double sk = 0, sv = 0;
+    for (std::size_t h = 0; h < HQ; ++h) {
+      adk[i] += std::fabs(dk_h[h][i]), adv[i] += std::fabs(dv_h[h][i]);
+      sk += dk_h[h][i], sv += dv_h[h][i];
+    }
+    edk[i] = std::fabs(sk - dk[i]), edv[i] = std::fabs(sv - dv[i]);
+  }
+  // (|A|ᵀ|B|) for A (n, a), B (n, b): a weight gradient's scale
+  auto atb = [&](const std::vector<double>& A, std::size_t a, const std::vector<double>& Bm, std::size_t b) {
+    std::vector<double> c(a * b, 0.0);
+    for (std::size_t t = 0; t < n; ++t)
+      for (std::size_t i = 0; i < a; ++i)
+        for (std::size_t j = 0; j < b; ++j) c[i * b + j] += A[t * a + i] * Bm[t * b + j];
+    return c;
+  };
+  auto absd = [](const std::vector<float>& v) {
+    std::vector<double> r(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) r[i] = std::fabs(double(v[i]));
+    return r;
+  };
+  // |A|·|W| for A (n, a), W (a, H) stored (a rows of H): dx's scale from one projection
+  auto aw = [&](const std::vector<double>& A, std::size_t a, const std::vector<float>& Wm) {
+    std::vector<double> c(n * H, 0.0);
+    for (std::size_t t = 0; t < n; ++t)
+      for (std::size_t i = 0; i < a; ++i)
+        for (std::size_t j = 0; j < H; ++j) c[t * H + j] += A[t * a + i] * std::fabs(double(Wm[i * H + j]));
+    return c;
+  };
+  const auto ax = absd(x);
+
+  for (int tp : {2, 4}) {  // tp = 2: kv heads split; tp = 4: each kv head on two ranks
+    INFO("tp = " << tp);
+    compare cmp;
+    threads_world::run(tp, [&](threads_transport t) {
+      dist::process_groups grp(t, {.tp = tp});
+      host_device dv1(1);
+      nn::parameters<host_device> pr(dv1);
+      rope_options ro;
+      ro.inv_freq = inv_freq;
+      dist::tp_attention<host_device, float> at(pr, "a", {.hidden = H, .heads_q = HQ, .heads_kv = HKV, .head_dim = D, .qkv_bias = true, .o_bias = true, .window = std::nullopt, .rope = ro},
+                                               grp.tp());
+      pr.load(path);
+      const std::size_t r = std::size_t(grp.tp().rank()), hq = HQ / std::size_t(tp), rep = at.kv_replicas();
+      TS_CHECK(rep == (tp == 4 ? 2u : 1u));
+      const std::size_t kv0 = (rep > 1 ? r / rep : r * at.local_heads_kv()) * D, kvl = at.local_heads_kv() * D;
+      std::vector<float> yk(n * H), dxk(n * H, 0.0f);
+      const std::vector<std::int64_t> pos = one.pos;
+      at.forward(dv1, B, S, cview<float>(x.data(), n, H), std::span<const std::int64_t>(pos), mview<float>(yk.data(), n, H), true);
+      const auto Ok = at.attention_output();
+      const auto O_want = cols_of(O.data(), n, qd, r * hq * D, hq * D);
+      TS_CHECK(std::equal(Ok.begin(), Ok.end(), O_want.begin()));
+      at.backward(dv1, cview<float>(dy.data(), n, H), mview<float>(dxk.data(), n, H), true);  // accumulating, onto 0
+      // y: K = qd products + the bias
+      auto s_y = abs_mm_t(O, Wo, n, H, qd);
+      for (std::size_t i = 0; i < s_y.size(); ++i) s_y[i] += std::fabs(bo[i % H]);
+      cmp.check("y", yk.data(), y.data(), y.size(), s_y, qd + 1, false);
+      // dW_o (H, qd) columns of this rank; dW_q rows of this rank
+      cmp.check("dW o", pr.at("a.o_proj.weight").grad.data(), cols_of(go.data(), H, qd, r * hq * D, hq * D).data(), H * hq * D,
+                cols_of_d(abs_mm_t(tr(dy, n, H), tr(O, n, qd), H, qd, n), H, qd, r * hq * D, hq * D), n, false);
+      {
+        const auto s = atb(absd(dq), qd, ax, H);
+        cmp.check("dW q", pr.at("a.q_proj.weight").grad.data(), gq.data() + r * hq * D * H, hq * D * H,
+                  std::vector<double>(s.begin() + std::ptrdiff_t(r * hq * D * H), s.begin() + std::ptrdiff_t((r + 1) * hq * D * H)), n, false);
+      }
+      // dW_k, dW_v rows [kv0, kv0 + kvl): the kernel's grouping term plus the split of G·n terms
+      for (int which = 0; which < 2; ++which) {
+        const auto& e = which ? edv : edk;
+        const auto& a = which ? adv : adk;
+        const auto se = atb(e, kvd, ax, H), sa = atb(a, kvd, ax, H);
+        const float* got = pr.at(which ? "a.v_proj.weight" : "a.k_proj.weight").grad.data();
+        const float* want = (which ? gv : gk).data() + kv0 * H;
+        const double gk_ = gamma_k(G * n);
+        std::size_t bad = 0;
+        for (std::size_t i = 0; i < kvl * H; ++i) {
+          const double bound = se[kv0 * H + i] + 2.0 * gk_ * sa[kv0 * H + i] + 1e-30;
+          bad += std::fabs(double(got[i]) - double(want[i])) > bound;
+        }
+        TS_CHECK(bad == 0);
+      }
+      // dx: q's qd products, and k's and v's G·kvd (each kv head's parts), grouped differently
+      {
+        auto s = aw(absd(dq), qd, Wq);
+        const auto sk = aw(adk, kvd, Wk), sv = aw(adv, kvd, Wv), ek = aw(edk, kvd, Wk), ev = aw(edv, kvd, Wv);
+        const double g = gamma_k(qd + 2 * G * kvd + 3);
+        std::size_t bad = 0;
+        for (std::size_t i = 0; i < n * H; ++i) {
+          const double bound = ek[i] + ev[i] + 2.0 * g * (s[i] + sk[i] + sv[i]) + 1e-30;
+          bad += std::fabs(double(dxk[i]) - double(dx[i])) > bound;
+        }
+        TS_CHECK(bad == 0);
+      }
+      // replicas of a kv head end with the same gradient bits: gather rank 0's and compare
+      if (rep > 1) {
+        std::vector<float> gkr(pr.at("a.k_proj.bias").grad.data(), pr.at("a.k_proj.bias").grad.data() + kvl), all(kvl * std::size_t(tp));
+        grp.tp().all_gather(std::span<const float>(gkr), std::span<float>(all));
+        const std::size_t first = (r / rep) * rep;
+        TS_CHECK(std::equal(gkr.begin(), gkr.end(), all.begin() + std::ptrdiff_t(first * kvl)));
+        // and their sum is one device's within the grouping bound
+        for (std::size_t i = 0; i < kvl; ++i) {
+          double sab = 0, err = 0;
+          for (std::size_t t2 = 0; t2 < n; ++t2) sab += adk[t2 * kvd + kv0 + i], err += edk[t2 * kvd + kv0 + i];
+          TS_CHECK(std::fabs(double(gkr[i]) - double(gbk[kv0 + i])) <= err + 2.0 * gamma_k(G * n) * sab + 1e-30);
+        }
+      }
+    });
+    WARN("tp_attention tp=" << tp << ": worst |tp - one device| / bound = " << cmp.worst);
+  }
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("tp_attention rejects head counts tp cannot split, naming the numbers", "[dist][tensor_parallel][attention]") {
+  threads_world::run(4, [&](threads_transport t) {
+    dist::process_groups grp(t, {.tp = 4});
+    host_device d(1);
+    nn::parameters<host_device> pr(d);
+    using A = dist::tp_attention<host_device, float>;
+    auto make = [&](std::size_t hq, std::size_t hkv) { A a(pr, "x" + std::to_string(hq) + "_" + std::to_string(hkv), {.hidden = 8, .heads_q = hq, .heads_kv = hkv, .head_dim = 2, .qkv_bias = false, .o_bias = false, .window = std::nullopt, .rope = std::nullopt}, grp.tp()); };
+    bool q = false, kv = false, g = false;
+    try {
+      make(6, 6);
+    } catch (const dist::dist_error& e) {
+      q = std::string(e.what()).find("tp = 4 does not divide the 6 query heads") != std::string::npos;
+    }
+    try {
+      make(12, 6);
+    } catch (const dist::dist_error& e) {
+      kv = std::string(e.what()).find("tp = 4 and 6 kv heads") != std::string::npos;
+    }
+    try {
+      make(8, 3);
+    } catch (const dist::dist_error& e) {
+      g = std::string(e.what()).find("8 query heads are not a multiple of 3 kv heads") != std::string::npos;
+    }
+    TS_CHECK(q);
+    TS_CHECK(kv);
+    TS_CHECK(g);
+  });
+}

@@ -7,15 +7,21 @@
 //                           forward: y = Σ_r x_r W_rᵀ all-reduced over tp, then + b; backward: local.
 //   tp_swiglu_mlp           gate and up column-parallel, down row-parallel: one all-reduce forward
 //                           (down's output) and one backward (dx).
+//   tp_attention            q, k, v column-parallel by heads, o row-parallel (grouped-query heads,
+//                           kv heads split over tp or, when fewer than tp, replicated).
 // Reductions are f32 sums in tp-rank order (the communicator's fixed order): every tp rank gets the
 // same bits, whatever the thread timing. Against one device, the only difference is where the
 // K-dimension sum is split: each output is a sum of the same products, grouped differently.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include <tessel/collectives/communicator.hpp>
 #include <tessel/device/device.hpp>
@@ -25,6 +31,7 @@
 #include <tessel/nn/parameters.hpp>
 #include <tessel/ops/activation.hpp>
 #include <tessel/ops/gemm.hpp>
+#include <tessel/ops/rope.hpp>
 
 namespace tessel {
 inline namespace v0 {
@@ -61,12 +68,18 @@ class column_parallel_linear {
  public:
   column_parallel_linear() = default;
   column_parallel_linear(nn::parameters<Dev>& reg, const std::string& name, std::size_t in, std::size_t out, bool bias, communicator& tp)
+      : column_parallel_linear(reg, name, in, out, bias, tp, even_rows(out, tp)) {}
+  // Rows [rows.offset, rows.offset + rows.length) of W on this rank, which other ranks may hold too
+  // (grouped-query attention with fewer kv heads than tp ranks replicates a kv head's rows).
+  struct row_range {
+    std::size_t offset, length;
+  };
+  column_parallel_linear(nn::parameters<Dev>& reg, const std::string& name, std::size_t in, std::size_t out, bool bias, communicator& tp, row_range rows)
       : tp_(&tp), in_(in), out_(out) {
-    const std::size_t local = detail::shard_of(out, tp, "output features"), off = local * std::size_t(tp.rank());
     constexpr bool b16 = std::is_same_v<T, bf16>;
-    nn::parameter<Dev>* w = &reg.add_shard(name + ".weight", {out, in}, 0, off, local, b16);
-    nn::parameter<Dev>* b = bias ? &reg.add_shard(name + ".bias", {out}, 0, off, local, b16) : nullptr;
-    lin_ = nn::linear<Dev, T>(w, b, in, local);
+    nn::parameter<Dev>* w = &reg.add_shard(name + ".weight", {out, in}, 0, rows.offset, rows.length, b16);
+    nn::parameter<Dev>* b = bias ? &reg.add_shard(name + ".bias", {out}, 0, rows.offset, rows.length, b16) : nullptr;
+    lin_ = nn::linear<Dev, T>(w, b, in, rows.length);
   }
   std::size_t in_features() const { return in_; }
   std::size_t out_features() const { return out_; }  // the full layer's
@@ -99,6 +112,10 @@ class column_parallel_linear {
   }
 
  private:
+  static row_range even_rows(std::size_t out, const communicator& tp) {
+    const std::size_t local = detail::shard_of(out, tp, "output features");
+    return {local * std::size_t(tp.rank()), local};
+  }
   communicator* tp_ = nullptr;
   std::size_t in_ = 0, out_ = 0;
   nn::linear<Dev, T> lin_;
@@ -214,6 +231,231 @@ class tp_swiglu_mlp {
   std::size_t d_ = 0, i_ = 0;
   device_buffer<T, Dev> g_, u_, h_, dh_, dg_, du_;
   device_buffer<float, Dev> dx_;
+};
+
+// Llama's self-attention over tp (Megatron's parallel attention): q_proj, k_proj and v_proj are
+// column-parallel by heads, o_proj row-parallel; rotary positions and the causal (optionally
+// sliding-window) attention run on this rank's heads only. Rank r runs the query heads
+// [r·hq/tp, (r+1)·hq/tp) and the kv heads they read:
+//   heads_kv % tp == 0  each rank holds heads_kv/tp kv heads (a plain split of k_proj and v_proj);
+//   tp % heads_kv == 0  (fewer kv heads than ranks) kv head r·heads_kv/tp is replicated on the
+//                       tp/heads_kv ranks whose query heads read it. Each of them holds part of its
+//                       gradient (its own query heads' part); backward adds the parts in rank order
+//                       so the replicas keep the same weights.
+// Other (heads_q, heads_kv, tp) are dist_errors naming the numbers, raised by the constructor.
+// Communication: one all-reduce forward (o_proj), one backward (dx over q, k and v together), and
+// with replicated kv heads one more for their weight gradients.
+template <device Dev, compute_type T>
+class tp_attention {
+ public:
+  struct config {  // the full layer's sizes
+    std::size_t hidden = 0, heads_q = 0, heads_kv = 0, head_dim = 0;
+    bool qkv_bias = false, o_bias = false;
+    std::optional<std::size_t> window;  // sliding window: keys a query sees, itself included
+    std::optional<rope_options> rope;   // rotary positions (none: the caller adds positions)
+  };
+
+  tp_attention() = default;
+  // Parameters "<prefix>.q_proj", ".k_proj", ".v_proj", ".o_proj" (+ .weight, .bias), HF's names.
+  tp_attention(nn::parameters<Dev>& reg, const std::string& prefix, const config& c, communicator& tp)
+      : tp_(&tp), c_(checked(c, tp)) {
+    const std::size_t t = std::size_t(tp.size()), r = std::size_t(tp.rank()), d = c_.head_dim;
+    hq_ = c_.heads_q / t;
+    if (c_.heads_kv % t == 0) {
+      hkv_ = c_.heads_kv / t;
+      replicas_ = 1;
+      kv_slot_ = r;
+    } else {
+      hkv_ = 1;
+      replicas_ = t / c_.heads_kv;
+      kv_slot_ = r / replicas_;
+    }
+    using col = column_parallel_linear<Dev, T>;
+    const typename col::row_range kv_rows{kv_slot_ * hkv_ * d, hkv_ * d};
+    q_ = col(reg, prefix + ".q_proj", c_.hidden, c_.heads_q * d, c_.qkv_bias, tp);
+    k_ = col(reg, prefix + ".k_proj", c_.hidden, c_.heads_kv * d, c_.qkv_bias, tp, kv_rows);
+    v_ = col(reg, prefix + ".v_proj", c_.hidden, c_.heads_kv * d, c_.qkv_bias, tp, kv_rows);
+    o_ = row_parallel_linear<Dev, T>(reg, prefix + ".o_proj", c_.heads_q * d, c_.hidden, c_.o_bias, tp);
+    attn_ = nn::self_attention<Dev, T>(hq_, hkv_, d, c_.window);
+    if (c_.rope) {
+      inv_freq_.assign(c_.rope->inv_freq.begin(), c_.rope->inv_freq.end());
+      c_.rope->inv_freq = inv_freq_;
+    }
+  }
+  tp_attention(const tp_attention&) = delete;  // c_.rope points into inv_freq_
+  tp_attention& operator=(const tp_attention&) = delete;
+  tp_attention(tp_attention&& o) noexcept { *this = std::move(o); }
+  tp_attention& operator=(tp_attention&& o) noexcept {
+    tp_ = o.tp_;
+    c_ = o.c_;
+    hq_ = o.hq_, hkv_ = o.hkv_, replicas_ = o.replicas_, kv_slot_ = o.kv_slot_;
+    q_ = std::move(o.q_), k_ = std::move(o.k_), v_ = std::move(o.v_);
+    o_ = std::move(o.o_);
+    attn_ = o.attn_;
+    inv_freq_ = std::move(o.inv_freq_);
+    if (c_.rope) c_.rope->inv_freq = inv_freq_;
+    qb_ = std::move(o.qb_), kb_ = std::move(o.kb_), vb_ = std::move(o.vb_), ob_ = std::move(o.ob_);
+    dq_ = std::move(o.dq_), dk_ = std::move(o.dk_), dv_ = std::move(o.dv_), do_ = std::move(o.do_);
+    lse_ = std::move(o.lse_), dx_ = std::move(o.dx_), kv_saved_ = std::move(o.kv_saved_), kv_sum_ = std::move(o.kv_sum_);
+    batch_ = o.batch_, seq_ = o.seq_;
+    positions_ = std::move(o.positions_);
+    return *this;
+  }
+
+  std::size_t local_heads_q() const { return hq_; }
+  std::size_t local_heads_kv() const { return hkv_; }
+  // how many ranks hold this rank's kv heads (1 unless heads_kv < tp)
+  std::size_t kv_replicas() const { return replicas_; }
+
+  // y (batch·seq, hidden) f32 = attention of x (batch·seq, hidden) in token order, the same bits on
+  // every tp rank; positions (batch·seq) are the rotary positions (ignored without rope).
+  void forward(Dev& dev, std::size_t batch, std::size_t seq, cview<T> x, std::span<const std::int64_t> positions, mview<float> y, bool save) {
+    const std::size_t n = checked_mul(batch, seq), d = c_.head_dim, qd = hq_ * d, kvd = hkv_ * d;
+    if (x.rows() != n || x.cols() != c_.hidden || y.rows() != n || y.cols() != c_.hidden)
+      throw dist_error(errc::invalid_argument, "tp_attention: x and y must be (batch·seq = " + std::to_string(n) + ", hidden = " + std::to_string(c_.hidden) +
+                                                 "), got x (" + std::to_string(x.rows()) + ", " + std::to_string(x.cols()) + ") and y (" +
+                                                 std::to_string(y.rows()) + ", " + std::to_string(y.cols()) + ")");
+    if (c_.rope && positions.size() != n)
+      throw dist_error(errc::invalid_argument, "tp_attention: " + std::to_string(positions.size()) + " positions for " + std::to_string(n) + " tokens");
+    ensure(dev, qb_, n * qd);
+    ensure(dev, kb_, n * kvd);
+    ensure(dev, vb_, n * kvd);
+    ensure(dev, ob_, n * qd);
+    ensure(dev, lse_, batch * hq_ * seq);
+    q_.forward(dev, x, nn::rows_view<T>(qb_, n, qd), save);
+    k_.forward(dev, x, nn::rows_view<T>(kb_, n, kvd), save);
+    v_.forward(dev, x, nn::rows_view<T>(vb_, n, kvd), save);
+    if (c_.rope) {
+      rope_forward(dev, nn::rows_view<T>(qb_, n, qd), d, positions, *c_.rope);
+      rope_forward(dev, nn::rows_view<T>(kb_, n, kvd), d, positions, *c_.rope);
+      positions_.assign(positions.begin(), positions.end());
+    }
+    attn_.forward(dev, batch, seq, std::span<const T>(qb_.data(), n * qd), std::span<const T>(kb_.data(), n * kvd), std::span<const T>(vb_.data(), n * kvd),
+                  std::span<T>(ob_.data(), n * qd), std::span<float>(lse_.data(), batch * hq_ * seq));
+    o_.forward(dev, nn::crows_view<T>(ob_, n, qd), y, save);
+    batch_ = batch;
+    seq_ = seq;
+  }
+
+  // dx (batch·seq, hidden) f32 = the gradient of x for dy (dx += when `accumulate`), summed over tp
+  // in one all-reduce; the weights' gradients accumulate (replicated kv heads' parts summed).
+  void backward(Dev& dev, cview<T> dy, mview<float> dx, bool accumulate) {
+    const std::size_t n = batch_ * seq_, d = c_.head_dim, qd = hq_ * d, kvd = hkv_ * d;
+    if (n == 0 || dy.rows() != n || dy.cols() != c_.hidden || dx.rows() != n || dx.cols() != c_.hidden)
+      throw dist_error(errc::invalid_argument, "tp_attention: backward needs dy and dx of the last forward's (" + std::to_string(n) + ", " +
+                                                 std::to_string(c_.hidden) + ")");
+    ensure(dev, do_, n * qd);
+    ensure(dev, dq_, n * qd);
+    ensure(dev, dk_, n * kvd);
+    ensure(dev, dv_, n * kvd);
+    o_.backward(dev, dy, nn::rows_view<T>(do_, n, qd), false);
+    attn_.backward(dev, batch_, seq_, std::span<const T>(qb_.data(), n * qd), std::span<const T>(kb_.data(), n * kvd), std::span<const T>(vb_.data(), n * kvd),
+                   std::span<const T>(ob_.data(), n * qd), std::span<const T>(do_.data(), n * qd), std::span<const float>(lse_.data(), batch_ * hq_ * seq_),
+                   std::span<T>(dq_.data(), n * qd), std::span<T>(dk_.data(), n * kvd), std::span<T>(dv_.data(), n * kvd));
+    if (c_.rope) {
+      rope_backward(dev, nn::rows_view<T>(dq_, n, qd), d, std::span<const std::int64_t>(positions_), *c_.rope);
+      rope_backward(dev, nn::rows_view<T>(dk_, n, kvd), d, std::span<const std::int64_t>(positions_), *c_.rope);
+    }
+    if (replicas_ > 1) stash_kv_grads(dev);
+    mview<float> target = dx;
+    if (accumulate) {
+      ensure(dev, dx_, n * c_.hidden);
+      target = nn::rows_view<float>(dx_, n, c_.hidden);
+    }
+    q_.backward(dev, nn::crows_view<T>(dq_, n, qd), target, false, false);
+    k_.backward(dev, nn::crows_view<T>(dk_, n, kvd), target, true, false);
+    v_.backward(dev, nn::crows_view<T>(dv_, n, kvd), target, true, false);
+    tp_->all_reduce(detail::contiguous(target, "tp_attention"), reduce_op::sum);
+    if (accumulate)
+      for (std::size_t r = 0; r < n; ++r)
+        for (std::size_t c = 0; c < c_.hidden; ++c) dx(r, c) += target(r, c);
+    if (replicas_ > 1) sum_kv_replicas();
+  }
+
+  // This rank's attention output of the last forward (batch·seq, local_heads_q·head_dim), before o_proj.
+  std::span<const T> attention_output() const { return {ob_.data(), batch_ * seq_ * hq_ * c_.head_dim}; }
+  column_parallel_linear<Dev, T>& q() { return q_; }
+  column_parallel_linear<Dev, T>& k() { return k_; }
+  column_parallel_linear<Dev, T>& v() { return v_; }
+  row_parallel_linear<Dev, T>& o() { return o_; }
+
+ private:
+  static config checked(const config& c, const communicator& tp) {
+    const std::size_t t = std::size_t(tp.size());
+    if (c.hidden == 0 || c.heads_q == 0 || c.heads_kv == 0 || c.head_dim == 0)
+      throw dist_error(errc::invalid_argument, "tp_attention: hidden, heads_q, heads_kv and head_dim must be positive");
+    if (c.heads_q % c.heads_kv != 0)
+      throw dist_error(errc::config, "tp_attention: " + std::to_string(c.heads_q) + " query heads are not a multiple of " + std::to_string(c.heads_kv) + " kv heads");
+    if (c.heads_q % t != 0)
+      throw dist_error(errc::config, "tp_attention: tp = " + std::to_string(t) + " does not divide the " + std::to_string(c.heads_q) + " query heads");
+    if (c.heads_kv % t != 0 && t % c.heads_kv != 0)
+      throw dist_error(errc::config, "tp_attention: tp = " + std::to_string(t) + " and " + std::to_string(c.heads_kv) +
+                                         " kv heads: one must divide the other (kv heads are split over tp or replicated)");
+    if (c.rope && !c.rope->inv_freq.empty() && c.rope->inv_freq.size() != c.head_dim / 2)
+      throw dist_error(errc::invalid_argument, "tp_attention: " + std::to_string(c.rope->inv_freq.size()) + " rotary frequencies for head_dim " +
+                                                   std::to_string(c.head_dim));
+    return c;
+  }
+  static std::size_t checked_mul(std::size_t a, std::size_t b) {
+    if (a != 0 && b > SIZE_MAX / a) throw dist_error(errc::overflow, "tp_attention: batch·seq overflows");
+    return a * b;
+  }
+  template <class E>
+  static void ensure(Dev& dev, device_buffer<E, Dev>& b, std::size_t n) {
+    if (b.size() < n) b = device_buffer<E, Dev>(dev, n);
+  }
+  // The replicated kv parameters, in a fixed order.
+  std::vector<nn::parameter<Dev>*> kv_params() {
+    std::vector<nn::parameter<Dev>*> ps{k_.local().weight(), v_.local().weight()};
+    if (k_.local().bias()) ps.push_back(k_.local().bias());
+    if (v_.local().bias()) ps.push_back(v_.local().bias());
+    return ps;
+  }
+  // Keep the kv gradients accumulated so far and zero them, so backward leaves this call's part.
+  void stash_kv_grads(Dev& dev) {
+    std::size_t per = 0;
+    for (auto* p : kv_params()) per += p->numel;
+    ensure(dev, kv_saved_, per);
+    ensure(dev, kv_sum_, per * c_.heads_kv);
+    std::size_t off = 0;
+    for (auto* p : kv_params()) {
+      std::copy_n(p->grad.data(), p->numel, kv_saved_.data() + off);
+      std::fill_n(p->grad.data(), p->numel, 0.0f);
+      off += p->numel;
+    }
+  }
+  // Each kv head's gradient part from every rank that holds it, added in rank order (an all-reduce
+  // of one slot per kv head; a rank's slot is its kv head's), then added to what was kept.
+  void sum_kv_replicas() {
+    std::size_t per = 0;
+    for (auto* p : kv_params()) per += p->numel;
+    float* sum = kv_sum_.data();
+    std::fill_n(sum, per * c_.heads_kv, 0.0f);
+    std::size_t off = kv_slot_ * per;
+    for (auto* p : kv_params()) {
+      std::copy_n(p->grad.data(), p->numel, sum + off);
+      off += p->numel;
+    }
+    tp_->all_reduce(std::span<float>(sum, per * c_.heads_kv), reduce_op::sum);
+    off = 0;
+    for (auto* p : kv_params()) {
+      float* g = p->grad.data();
+      for (std::size_t i = 0; i < p->numel; ++i) g[i] = kv_saved_.data()[off + i] + sum[kv_slot_ * per + off + i];
+      off += p->numel;
+    }
+  }
+
+  communicator* tp_ = nullptr;
+  config c_;
+  std::size_t hq_ = 0, hkv_ = 0, replicas_ = 1, kv_slot_ = 0;
+  column_parallel_linear<Dev, T> q_, k_, v_;
+  row_parallel_linear<Dev, T> o_;
+  nn::self_attention<Dev, T> attn_;
+  std::vector<double> inv_freq_;
+  device_buffer<T, Dev> qb_, kb_, vb_, ob_, dq_, dk_, dv_, do_;
+  device_buffer<float, Dev> lse_, dx_, kv_saved_, kv_sum_;
+  std::size_t batch_ = 0, seq_ = 0;
+  std::vector<std::int64_t> positions_;
 };
 
 }  // namespace dist
