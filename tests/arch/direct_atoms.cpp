@@ -57,6 +57,35 @@ void check_rows(std::mt19937& g) {
           }
 }
 
+// Runs Atom and Ref on the same dot arguments (C's rows NR + 2 apart, prefilled with -9) and counts
+// the elements whose bits differ, the ones outside (rows, n) that changed, and, when `exact`, the
+// ones unequal to the fp64 dot (small integers give it in any order). to_f reads an operand element.
+template <class Atom, class Ref, class E, class ToF>
+std::size_t dot_mismatches(const std::vector<E>& a, const std::vector<E>& b, std::size_t lda, std::size_t ldb, std::size_t k, int rows, int n, bool exact,
+                           ToF to_f) {
+  constexpr int MR = Atom::mr;
+  const std::size_t ldc = Atom::nr + 2;
+  std::vector<float> c1(MR * ldc, -9.0f), c2 = c1;
+  arch::dot_args<E> p{.a = a.data(), .lda = lda, .b = b.data(), .ldb = ldb, .k = k, .n = n, .c = c1.data(), .ldc = ldc};
+  arch::run_rows_of<Atom>(rows, p);
+  p.c = c2.data();
+  arch::run_rows_of<Ref>(rows, p);
+  std::size_t bad = 0;
+  for (int i = 0; i < MR; ++i)
+    for (std::size_t j = 0; j < ldc; ++j) {
+      const float got = c1[i * ldc + j];
+      if (!same_bits(got, c2[i * ldc + j])) ++bad;
+      if (i >= rows || j >= static_cast<std::size_t>(n)) {
+        if (got != -9.0f) ++bad;
+      } else if (exact) {
+        double want = 0;
+        for (std::size_t q = 0; q < k; ++q) want += double(to_f(a[i * lda + q])) * double(to_f(b[j * ldb + q]));
+        if (double(got) != want) ++bad;
+      }
+    }
+  return bad;
+}
+
 template <class Atom, class Ref>
 void check_dot(std::mt19937& g) {
   constexpr int MR = Atom::mr, NR = Atom::nr;
@@ -64,37 +93,12 @@ void check_dot(std::mt19937& g) {
     for (int n = 1; n <= NR; ++n)
       for (std::size_t k : {0, 1, 7, 15, 16, 17, 31, 32, 33, 100})
         for (bool integer : {false, true}) {
-          const std::size_t lda = k + 3, ldb = k + 1, ldc = NR + 2;
-          std::vector<float> a(MR * lda + 1), b(NR * ldb + 1), c1(MR * ldc, -9.0f), c2 = c1;
+          const std::size_t lda = k + 3, ldb = k + 1;
+          std::vector<float> a(MR * lda + 1), b(NR * ldb + 1);
           for (auto& x : a) x = val(g, integer);
           for (auto& x : b) x = val(g, integer);
-          arch::direct_dot_args p;
-          p.a = a.data();
-          p.lda = lda;
-          p.b = b.data();
-          p.ldb = ldb;
-          p.k = k;
-          p.n = n;
-          p.ldc = ldc;
-          p.c = c1.data();
-          arch::run_rows_of<Atom>(rows, p);
-          p.c = c2.data();
-          arch::run_rows_of<Ref>(rows, p);
-          std::size_t bad = 0;
-          for (int i = 0; i < MR; ++i)
-            for (std::size_t j = 0; j < ldc; ++j) {
-              const float got = c1[i * ldc + j];
-              if (!same_bits(got, c2[i * ldc + j])) ++bad;
-              if (i >= rows || j >= static_cast<std::size_t>(n)) {
-                if (got != -9.0f) ++bad;
-              } else if (integer) {  // small integers: every order is exact
-                double want = 0;
-                for (std::size_t q = 0; q < k; ++q) want += double(a[i * lda + q]) * double(b[j * ldb + q]);
-                if (double(got) != want) ++bad;
-              }
-            }
           INFO("rows " << rows << " n " << n << " k " << k);
-          REQUIRE(bad == 0);
+          REQUIRE(dot_mismatches<Atom, Ref>(a, b, lda, ldb, k, rows, n, integer, [](float x) { return x; }) == 0);
         }
 }
 }  // namespace
@@ -153,9 +157,8 @@ void check_dot_bf16(std::mt19937& g) {
     for (int n = 1; n <= NR; ++n)
       for (std::size_t k : {0, 1, 2, 3, 31, 32, 33, 63, 64, 65, 100})
         for (int kind : {0, 1, 2}) {
-          const std::size_t lda = k + 3, ldb = k + 1, ldc = NR + 2;
+          const std::size_t lda = k + 3, ldb = k + 1;
           std::vector<std::uint16_t> a(MR * lda + 1), b(NR * ldb + 1);
-          std::vector<float> c1(MR * ldc, -9.0f), c2 = c1;
           // kind 2 keeps products far from overflow: exponents near 1
           for (auto& x : a) x = kind == 2 ? static_cast<std::uint16_t>((bf16_val(g, 2) & 0x807F) | 0x3F00) : bf16_val(g, kind);
           for (auto& x : b) x = kind == 2 ? static_cast<std::uint16_t>((bf16_val(g, 2) & 0x807F) | 0x3F80) : bf16_val(g, kind);
@@ -163,34 +166,8 @@ void check_dot_bf16(std::mt19937& g) {
             for (auto* v : {&a, &b})
               for (auto& x : *v)
                 if ((x & 0x7F80) != 0) x = static_cast<std::uint16_t>((x & 0x807F) | 0x3F00);
-          arch::direct_dot_bf16_args p;
-          p.a = a.data();
-          p.lda = lda;
-          p.b = b.data();
-          p.ldb = ldb;
-          p.k = k;
-          p.n = n;
-          p.ldc = ldc;
-          p.c = c1.data();
-          arch::run_rows_of<Atom>(rows, p);
-          p.c = c2.data();
-          arch::run_rows_of<Ref>(rows, p);
-          std::size_t bad = 0;
-          for (int i = 0; i < MR; ++i)
-            for (std::size_t j = 0; j < ldc; ++j) {
-              const float got = c1[i * ldc + j];
-              if (!same_bits(got, c2[i * ldc + j])) ++bad;
-              if (i >= rows || j >= static_cast<std::size_t>(n)) {
-                if (got != -9.0f) ++bad;
-              } else if (kind == 0) {  // small integers: every order is exact
-                double want = 0;
-                for (std::size_t q = 0; q < k; ++q)
-                  want += double(arch::detail::bf16_bits_to_f32(a[i * lda + q])) * double(arch::detail::bf16_bits_to_f32(b[j * ldb + q]));
-                if (double(got) != want) ++bad;
-              }
-            }
           INFO("rows " << rows << " n " << n << " k " << k << " kind " << kind);
-          REQUIRE(bad == 0);
+          REQUIRE(dot_mismatches<Atom, Ref>(a, b, lda, ldb, k, rows, n, kind == 0, [](std::uint16_t x) { return arch::detail::bf16_bits_to_f32(x); }) == 0);
         }
 }
 }  // namespace

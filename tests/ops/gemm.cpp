@@ -823,6 +823,49 @@ TEMPLATE_TEST_CASE("transposed pair-type A packed once for all column blocks: sa
     }
 }
 
+// The direct path's two checks, shared by its test cases.
+// Small integers with alpha 1, beta 1 and a bias along C's rows (or columns): every summation order
+// is exact, so the result must equal the fp64 reference bitwise, on 1 and on 2 threads.
+template <class T>
+void check_direct_integers(std::mt19937& g, std::size_t M, std::size_t N, std::size_t K, bool ta, bool tb, bool bias_on_rows, int pad) {
+  gemm_case<T, T, float> c(M, N, K, ta, tb, pad);
+  ref::fill_int(c.A, g, 2);
+  ref::fill_int(c.B, g, 2);
+  ref::fill_int(c.C, g, 2);
+  std::vector<float> bias(bias_on_rows ? M : N);
+  ref::fill_int(bias, g, 4);
+  auto c1 = c;
+  auto r = ref::gemm(ta, tb, M, N, K, 1.0, c.A.data(), c.lda, c.B.data(), c.ldb, 1.0, c.C.data(), c.ldc);
+  if (bias_on_rows) {
+    c.run(dev2(), 1.0f, 1.0f, epilogue::bias_row(bias));
+    c1.run(dev1(), 1.0f, 1.0f, epilogue::bias_row(bias));
+  } else {
+    c.run(dev2(), 1.0f, 1.0f, epilogue::bias_col(bias));
+    c1.run(dev1(), 1.0f, 1.0f, epilogue::bias_col(bias));
+  }
+  REQUIRE(std::memcmp(c.C.data(), c1.C.data(), c.C.size() * sizeof(float)) == 0);
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < M; ++i)
+    for (std::size_t j = 0; j < N; ++j) bad += c.C[i * c.ldc + j] != float(r.c[i * N + j] + bias[bias_on_rows ? i : j]);
+  REQUIRE(bad == 0);
+}
+// Real values, plain (alpha 1, beta 0, no epilogue: the atoms write C): 1 vs 2 threads bitwise and
+// within gamma_K of the fp64 reference. Returns the case for further checks on its operands.
+template <class T>
+gemm_case<T, T, float> check_direct_reals(std::mt19937& g, std::size_t M, std::size_t N, std::size_t K, bool ta, bool tb, ref::gemm_result* reference = nullptr) {
+  gemm_case<T, T, float> p(M, N, K, ta, tb);
+  ref::fill_real(p.A, g);
+  ref::fill_real(p.B, g);
+  auto p1 = p;
+  auto rp = ref::gemm(ta, tb, M, N, K, 1.0, p.A.data(), p.lda, p.B.data(), p.ldb, 0.0, p.C.data(), p.ldc);
+  p.run(dev2(), 1.0f, 0.0f);
+  p1.run(dev1(), 1.0f, 0.0f);
+  REQUIRE(std::memcmp(p.C.data(), p1.C.data(), p.C.size() * sizeof(float)) == 0);
+  REQUIRE(check_bound(p.C, p.ldc, rp, M, N, K) == 0);
+  if (reference) *reference = std::move(rp);
+  return p;
+}
+
 // A shallow product (K <= 16) of any size takes the direct path, its rows shared out over blocks:
 // row-indexed epilogues see their own rows, every transpose, integers bitwise, 1 vs 2 threads bitwise.
 TEMPLATE_TEST_CASE("direct path: shallow products of any size, rows shared out over blocks", "[ops][gemm][direct]", float, bf16) {
@@ -831,21 +874,7 @@ TEMPLATE_TEST_CASE("direct path: shallow products of any size, rows shared out o
     for (bool tb : {false, true})
       for (auto [M, N, K] : {std::tuple<std::size_t, std::size_t, std::size_t>{300, 3001, 1}, {1000, 777, 5}, {37, 4100, 16}}) {
         INFO("M=" << M << " N=" << N << " K=" << K << " ta=" << ta << " tb=" << tb);
-        gemm_case<TestType, TestType, float> c(M, N, K, ta, tb, 1);
-        ref::fill_int(c.A, g, 2);
-        ref::fill_int(c.B, g, 2);
-        ref::fill_int(c.C, g, 2);
-        std::vector<float> rbias(M);
-        ref::fill_int(rbias, g, 4);
-        auto c1 = c;
-        auto r = ref::gemm(ta, tb, M, N, K, 1.0, c.A.data(), c.lda, c.B.data(), c.ldb, 1.0, c.C.data(), c.ldc);
-        c.run(dev2(), 1.0f, 1.0f, epilogue::bias_row(rbias));
-        c1.run(dev1(), 1.0f, 1.0f, epilogue::bias_row(rbias));
-        REQUIRE(std::memcmp(c.C.data(), c1.C.data(), c.C.size() * sizeof(float)) == 0);
-        std::size_t bad = 0;
-        for (std::size_t i = 0; i < M; ++i)
-          for (std::size_t j = 0; j < N; ++j) bad += c.C[i * c.ldc + j] != float(r.c[i * N + j] + rbias[i]);
-        REQUIRE(bad == 0);
+        check_direct_integers<TestType>(g, M, N, K, ta, tb, true, 1);
         // plain (alpha 1, beta 0, no epilogue): the atoms write C
         gemm_case<TestType, TestType, float> p(M, N, K, ta, tb);
         ref::fill_int(p.A, g, 2);
@@ -865,31 +894,10 @@ TEST_CASE("direct path: skinny bf16 dots over a transposed B, columns shared out
   for (auto [M, N, K] : {std::tuple<std::size_t, std::size_t, std::size_t>{1, 1000, 512}, {2, 2816, 100}, {3, 17, 33}, {5, 513, 1408},
                          {8, 300, 4096}, {16, 700, 255}, {1, 1, 8192}}) {
     INFO("M=" << M << " N=" << N << " K=" << K);
-    gemm_case<bf16, bf16, float> c(M, N, K, false, true, 3);
-    ref::fill_int(c.A, g, 2);
-    ref::fill_int(c.B, g, 2);
-    ref::fill_int(c.C, g, 2);
-    std::vector<float> cbias(N);
-    ref::fill_int(cbias, g, 4);
-    auto c1 = c;
-    auto r = ref::gemm(false, true, M, N, K, 1.0, c.A.data(), c.lda, c.B.data(), c.ldb, 1.0, c.C.data(), c.ldc);
-    c.run(dev2(), 1.0f, 1.0f, epilogue::bias_col(cbias));
-    c1.run(dev1(), 1.0f, 1.0f, epilogue::bias_col(cbias));
-    REQUIRE(std::memcmp(c.C.data(), c1.C.data(), c.C.size() * sizeof(float)) == 0);
-    std::size_t bad = 0;
-    for (std::size_t i = 0; i < M; ++i)
-      for (std::size_t j = 0; j < N; ++j) bad += c.C[i * c.ldc + j] != float(r.c[i * N + j] + cbias[j]);
-    REQUIRE(bad == 0);
+    check_direct_integers<bf16>(g, M, N, K, false, true, false, 3);
     // real values, plain (the atoms write C), bf16 output too
-    gemm_case<bf16, bf16, float> p(M, N, K, false, true);
-    ref::fill_real(p.A, g);
-    ref::fill_real(p.B, g);
-    auto p1 = p;
-    auto rp = ref::gemm(false, true, M, N, K, 1.0, p.A.data(), p.lda, p.B.data(), p.ldb, 0.0, p.C.data(), p.ldc);
-    p.run(dev2(), 1.0f, 0.0f);
-    p1.run(dev1(), 1.0f, 0.0f);
-    REQUIRE(std::memcmp(p.C.data(), p1.C.data(), p.C.size() * sizeof(float)) == 0);
-    REQUIRE(check_bound(p.C, p.ldc, rp, M, N, K) == 0);
+    ref::gemm_result rp;
+    const auto p = check_direct_reals<bf16>(g, M, N, K, false, true, &rp);
     gemm_case<bf16, bf16, bf16> h(M, N, K, false, true);
     h.A = p.A;
     h.B = p.B;
@@ -921,29 +929,7 @@ TEMPLATE_TEST_CASE("direct path: narrow C from a matrix times a few vectors, eve
     for (bool tb : {false, true})
       for (auto [M, N, K] : {std::tuple<std::size_t, std::size_t, std::size_t>{3000, 1, 700}, {1002, 4, 2496}, {63, 1, 2109}, {517, 3, 33}, {20, 2, 5000}}) {
         INFO("M=" << M << " N=" << N << " K=" << K << " ta=" << ta << " tb=" << tb);
-        gemm_case<TestType, TestType, float> c(M, N, K, ta, tb, 2);
-        ref::fill_int(c.A, g, 2);
-        ref::fill_int(c.B, g, 2);
-        ref::fill_int(c.C, g, 2);
-        std::vector<float> rbias(M);
-        ref::fill_int(rbias, g, 4);
-        auto c1 = c;
-        auto r = ref::gemm(ta, tb, M, N, K, 1.0, c.A.data(), c.lda, c.B.data(), c.ldb, 1.0, c.C.data(), c.ldc);
-        c.run(dev2(), 1.0f, 1.0f, epilogue::bias_row(rbias));
-        c1.run(dev1(), 1.0f, 1.0f, epilogue::bias_row(rbias));
-        REQUIRE(std::memcmp(c.C.data(), c1.C.data(), c.C.size() * sizeof(float)) == 0);
-        std::size_t bad = 0;
-        for (std::size_t i = 0; i < M; ++i)
-          for (std::size_t j = 0; j < N; ++j) bad += c.C[i * c.ldc + j] != float(r.c[i * N + j] + rbias[i]);
-        REQUIRE(bad == 0);
-        gemm_case<TestType, TestType, float> p(M, N, K, ta, tb);
-        ref::fill_real(p.A, g);
-        ref::fill_real(p.B, g);
-        auto p1 = p;
-        auto rp = ref::gemm(ta, tb, M, N, K, 1.0, p.A.data(), p.lda, p.B.data(), p.ldb, 0.0, p.C.data(), p.ldc);
-        p.run(dev2(), 1.0f, 0.0f);
-        p1.run(dev1(), 1.0f, 0.0f);
-        REQUIRE(std::memcmp(p.C.data(), p1.C.data(), p.C.size() * sizeof(float)) == 0);
-        REQUIRE(check_bound(p.C, p.ldc, rp, M, N, K) == 0);
+        check_direct_integers<TestType>(g, M, N, K, ta, tb, true, 2);
+        check_direct_reals<TestType>(g, M, N, K, ta, tb);
       }
 }

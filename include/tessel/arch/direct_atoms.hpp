@@ -5,6 +5,7 @@
 // transposed B. Each has a scalar reference with the same arithmetic order, which tests compare.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -33,14 +34,14 @@ struct direct_rows_args {
   std::size_t ldc = 0;
 };
 
-// c(i, j) = A(i,:)·Bt(j,:) for i < rows, j < n: A's row i at a + i*lda and Bᵀ's row j (column j of
-// B) at b + j*ldb, both contiguous over k. Order (fixed, whatever the vector width): 16 partial sums,
-// lane l taking k = l, l+16, l+32, ... by fused multiply-adds from zero, then added as a halving
-// tree (l + 8, then l + 4, l + 2, l + 1).
-struct direct_dot_args {
-  const float* a = nullptr;
+// Arguments of a dot atom: c(i, j) = A(i,:)·Bt(j,:) for i < rows, j < n, with A's row i at
+// a + i*lda and Bᵀ's row j (column j of B) at b + j*ldb, both contiguous over k; E is the
+// operands' element (f32, or bf16 bit patterns).
+template <class E>
+struct dot_args {
+  const E* a = nullptr;
   std::size_t lda = 0;
-  const float* b = nullptr;
+  const E* b = nullptr;
   std::size_t ldb = 0;
   std::size_t k = 0;
   int n = 0;
@@ -48,21 +49,34 @@ struct direct_dot_args {
   std::size_t ldc = 0;
 };
 
-// The bf16 dot: c(i, j) = A(i,:)·Bt(j,:) with both operands bf16 (bit patterns), read in place,
-// contiguous over k. Order: vdpbf16ps's. 16 partial sums, lane l taking the K-pairs q = l, l+16, ...
-// (elements 2q and 2q+1; an odd K's last pair has a zero second element): per pair, the exact
-// product of elements 2q+1 then the exact product of elements 2q are added, each add rounded to
-// nearest even with subnormal inputs and results flushed to zero; then the same halving tree.
-struct direct_dot_bf16_args {
-  const std::uint16_t* a = nullptr;
-  std::size_t lda = 0;
-  const std::uint16_t* b = nullptr;
-  std::size_t ldb = 0;
-  std::size_t k = 0;
-  int n = 0;
-  float* c = nullptr;
-  std::size_t ldc = 0;
-};
+// The f32 dot. Order (fixed, whatever the vector width): 16 partial sums, lane l taking k = l,
+// l+16, l+32, ... by fused multiply-adds from zero, then added as a halving tree (l + 8, then
+// l + 4, l + 2, l + 1).
+using direct_dot_args = dot_args<float>;
+
+// The bf16 dot, operands read in place. Order: vdpbf16ps's. 16 partial sums, lane l taking the
+// K-pairs q = l, l+16, ... (elements 2q and 2q+1; an odd K's last pair has a zero second element):
+// per pair, the exact product of elements 2q+1 then the exact product of elements 2q are added,
+// each add rounded to nearest even with subnormal inputs and results flushed to zero; then the
+// same halving tree.
+using direct_dot_bf16_args = dot_args<std::uint16_t>;
+
+// Runs a dot atom over C (M, N) at c (rows ldc apart) in strips of Atom::nr columns and Atom::mr
+// rows; A's rows start at a (p.lda apart), Bᵀ's at b (p.ldb apart); p.k is K. Each element is one
+// dot in the atom's fixed order: how C is cut into strips never changes the bits.
+template <class Atom, class E>
+inline void run_dots(dot_args<E> p, const E* a, const E* b, std::size_t M, std::size_t N, float* c, std::size_t ldc) {
+  p.ldc = ldc;
+  for (std::size_t j = 0; j < N; j += Atom::nr) {
+    p.n = static_cast<int>(std::min<std::size_t>(Atom::nr, N - j));
+    p.b = b + j * p.ldb;
+    for (std::size_t i = 0; i < M; i += Atom::mr) {
+      p.a = a + i * p.lda;
+      p.c = c + i * ldc + j;
+      run_rows_of<Atom>(static_cast<int>(std::min<std::size_t>(Atom::mr, M - i)), p);
+    }
+  }
+}
 
 namespace detail {
 inline float halving_sum16(const float (&s)[16]) {

@@ -215,6 +215,16 @@ inline void run_rows_of(int rows, const Args& p) {
   }
 }
 
+// Runs a rows atom over p.n columns with the narrowest of its widths nc/4, nc/2, nc that holds
+// them (a narrow last strip does not load a whole 64-column B row). Every width computes each
+// element by the same FMA chain: the choice never changes the bits.
+template <class Atom, class Args>
+inline void run_rows_narrow(int rows, const Args& p) {
+  if (p.n <= Atom::nc / 4) run_rows_of<typename Atom::template with_cols<Atom::nc / 4>>(rows, p);
+  else if (p.n <= Atom::nc / 2) run_rows_of<typename Atom::template with_cols<Atom::nc / 2>>(rows, p);
+  else run_rows_of<Atom>(rows, p);
+}
+
 // ---- AVX-512 --------------------------------------------------------------------------------
 #if defined(__AVX512F__)
 namespace detail {

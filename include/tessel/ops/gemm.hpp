@@ -843,20 +843,10 @@ struct gemm_direct_program {
       p.lda = A.row_stride();
       p.ldb = B.col_stride();
       p.k = K;
-      p.ldc = ldc;
-      auto dots = [&]<class Atom>() {
-        for (std::size_t j = 0; j < N; j += Atom::nr) {
-          p.n = static_cast<int>(std::min<std::size_t>(Atom::nr, N - j));
-          p.b = reinterpret_cast<const std::uint16_t*>(pb + j * B.col_stride());
-          for (std::size_t i = 0; i < M; i += Atom::mr) {
-            p.a = reinterpret_cast<const std::uint16_t*>(pa + i * A.row_stride());
-            p.c = acc + i * ldc + j;
-            arch::run_rows_of<Atom>(static_cast<int>(std::min<std::size_t>(Atom::mr, M - i)), p);
-          }
-        }
-      };
-      if (M <= 2) dots.template operator()<arch::best_direct_dot_bf16_atom_few_rows>();
-      else dots.template operator()<arch::best_direct_dot_bf16_atom>();
+      const auto* a16 = reinterpret_cast<const std::uint16_t*>(pa);
+      const auto* b16 = reinterpret_cast<const std::uint16_t*>(pb);
+      if (M <= 2) arch::run_dots<arch::best_direct_dot_bf16_atom_few_rows>(p, a16, b16, M, N, acc, ldc);
+      else arch::run_dots<arch::best_direct_dot_bf16_atom>(p, a16, b16, M, N, acc, ldc);
       if (acc != static_cast<void*>(pc)) detail::store_rows<TC>(acc, N, M, N, pc, C.row_stride(), C.col_stride(), row0, col0, chain);
       return;
     }
@@ -880,21 +870,9 @@ struct gemm_direct_program {
       p.lda = a.rs;
       p.ldb = b.cs;
       p.k = K;
-      p.ldc = ldc;
-      auto dots = [&]<class Atom>() {
-        for (std::size_t j = 0; j < N; j += Atom::nr) {
-          p.n = static_cast<int>(std::min<std::size_t>(Atom::nr, N - j));
-          p.b = b.p + j * b.cs;
-          for (std::size_t i = 0; i < M; i += Atom::mr) {
-            p.a = a.p + i * a.rs;
-            p.c = acc + i * ldc + j;
-            arch::run_rows_of<Atom>(static_cast<int>(std::min<std::size_t>(Atom::mr, M - i)), p);
-          }
-        }
-      };
-      if (M <= 2 && N > 4) dots.template operator()<arch::best_direct_dot_atom_few_rows>();  // (4 columns fit the 4x4 tile)
-      else if (N == 1) dots.template operator()<arch::best_direct_dot_atom_one_col>();
-      else dots.template operator()<dot_atom>();
+      if (M <= 2 && N > 4) arch::run_dots<arch::best_direct_dot_atom_few_rows>(p, a.p, b.p, M, N, acc, ldc);  // (4 columns fit the 4x4 tile)
+      else if (N == 1) arch::run_dots<arch::best_direct_dot_atom_one_col>(p, a.p, b.p, M, N, acc, ldc);
+      else arch::run_dots<dot_atom>(p, a.p, b.p, M, N, acc, ldc);
     } else if (a.rs == 1 && a.cs != 1 && N <= 4 && this->M >= 16) {  // (the whole matrix's M: a function of the shape, not of the split)
       // a narrow C from a column-major A (Aᵀ·b-like): Cᵀ = Bᵀ·Aᵀ by the rows atom, Aᵀ's rows being
       // A's stored columns, vectorized along M instead of along C's few columns (fma(a, b, c) =
@@ -912,9 +890,7 @@ struct gemm_direct_program {
         p.n = static_cast<int>(std::min<std::size_t>(rows_atom::nc, M - j));
         p.b = a.p + j;
         p.c = t + j;
-        if (p.n <= rows_atom::nc / 4) arch::run_rows_of<typename rows_atom::template with_cols<rows_atom::nc / 4>>(r, p);
-        else if (p.n <= rows_atom::nc / 2) arch::run_rows_of<typename rows_atom::template with_cols<rows_atom::nc / 2>>(r, p);
-        else arch::run_rows_of<rows_atom>(r, p);
+        arch::run_rows_narrow<rows_atom>(r, p);
       }
       for (std::size_t i = 0; i < M; ++i)
         for (std::size_t j = 0; j < N; ++j) acc[i * ldc + j] = t[j * M + i];
@@ -939,11 +915,7 @@ struct gemm_direct_program {
           for (std::size_t i = 0; i < M; i += Atom::mr) {
             p.a = a.p + i * a.rs;
             p.c = acc + i * ldc + j;
-            const int r = static_cast<int>(std::min<std::size_t>(Atom::mr, M - i));
-            // a narrow last strip runs an atom as wide as it needs (an 8-column product does not load 64)
-            if (p.n <= Atom::nc / 4) arch::run_rows_of<typename Atom::template with_cols<Atom::nc / 4>>(r, p);
-            else if (p.n <= Atom::nc / 2) arch::run_rows_of<typename Atom::template with_cols<Atom::nc / 2>>(r, p);
-            else arch::run_rows_of<Atom>(r, p);
+            arch::run_rows_narrow<Atom>(static_cast<int>(std::min<std::size_t>(Atom::mr, M - i)), p);
           }
         }
       };
