@@ -20,6 +20,9 @@
 //            the label) + r(g)
 //   dx       = Σ_v g_v W_v, K = V split over ranks: Δdx <= Σ Δg·|W| + 2γ_V·Σ|g|·|W|
 //   dW       = Σ_n g_n x_n, K = N: ΔdW <= Σ Δg·|x| + 2γ_N·Σ|g|·|x|
+// bf16 (x, W and the stored dlogits in bf16, f32 accumulation): x and W round the same on both
+// sides, so the only change is the dlogits' store: r(g) with u = 2^-9 (a value a few f32 ulps away
+// may round to the neighbouring bf16).
 // Each bound gets a factor 1.01 for the second-order terms dropped above. The worst |diff|/bound
 // seen is reported with WARN.
 #include <catch2/catch.hpp>
@@ -33,6 +36,7 @@
 #include <limits>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <unistd.h>
@@ -177,9 +181,13 @@ TEST_CASE("vocab_parallel_embedding on tp = 2, 3 with V = 11: forward and owned-
 
 namespace {
 
-// The one-device reference of the LM head + loss and the bounds of the header comment.
+// The one-device reference of the LM head + loss in compute type T (the logits are f32 on both
+// sides; bf16 rounds x, W and the stored dlogits) and the bounds of the header comment.
+template <class T>
 struct lm_reference {
-  std::vector<float> W, x, logits, dlogits, dx, dW;
+  static constexpr double u_store = std::is_same_v<T, bf16> ? 0x1.0p-9 : u;  // the dlogits' rounding
+  std::vector<float> W, xf, logits, dx, dW, g;  // W, x as the GEMMs read them; g: the dlogits
+  std::vector<T> x, dlogits;
   std::vector<std::int64_t> labels;
   cross_entropy_result r;
   double loss_bound = 0;
@@ -187,18 +195,21 @@ struct lm_reference {
 
   lm_reference(nn::parameters<host_device>& reg, host_device& dev, std::vector<std::int64_t> labs, std::uint64_t seed) : labels(std::move(labs)) {
     auto& w = reg.at("lm_head.weight");
-    W.assign(w.value.data(), w.value.data() + V * H);
-    x = normals(N * H, seed);
-    nn::linear<host_device, float> head(&w, nullptr, H, V);
+    const T* wt = nn::compute_data<T>(w);
+    for (std::size_t i = 0; i < V * H; ++i) W.push_back(float(wt[i]));
+    for (float v : normals(N * H, seed)) x.push_back(T(v));
+    for (T v : x) xf.push_back(float(v));
+    nn::linear<host_device, T> head(&w, nullptr, H, V);
     logits.resize(N * V);
     dlogits.resize(N * V);
     dx.resize(N * H);
-    head.forward(dev, cview<float>(x.data(), N, H), mview<float>(logits.data(), N, V), true);
+    head.forward(dev, cview<T>(x.data(), N, H), mview<float>(logits.data(), N, V), true);
     cross_entropy_options co;
     co.ignore_index = -100;
-    r = cross_entropy(dev, cview<float>(logits.data(), N, V), std::span<const std::int64_t>(labels), mview<float>(dlogits.data(), N, V), {}, co);
-    head.backward(dev, cview<float>(dlogits.data(), N, V), mview<float>(dx.data(), N, H), false);
+    r = cross_entropy(dev, cview<float>(logits.data(), N, V), std::span<const std::int64_t>(labels), mview<T>(dlogits.data(), N, V), {}, co);
+    head.backward(dev, cview<T>(dlogits.data(), N, V), mview<float>(dx.data(), N, H), false);
     dW.assign(w.grad.data(), w.grad.data() + V * H);
+    for (T v : dlogits) g.push_back(float(v));
     bounds();
   }
 
@@ -223,7 +234,7 @@ struct lm_reference {
         const double p = std::exp(double(logits[i * V + j]) - lse);
         double b = scale * p * (rho + 2.0 * u);
         if (std::int64_t(j) == labels[i]) b += scale * 2.0 * u * std::fabs(p - 1.0);
-        dg[i * V + j] = 1.01 * (b + 2.0 * u * std::fabs(double(dlogits[i * V + j])));
+        dg[i * V + j] = 1.01 * (b + 2.0 * u_store * std::fabs(double(g[i * V + j])));
       }
     }
     loss_bound = r.counted ? sum_drow / double(r.counted) + 4.0 * double(N) * 0x1.0p-53 * sum_row : 0.0;
@@ -233,7 +244,7 @@ struct lm_reference {
         double a = 0, s = 0;
         for (std::size_t j = 0; j < V; ++j) {
           a += dg[i * V + j] * std::fabs(double(W[j * H + k]));
-          s += std::fabs(double(dlogits[i * V + j]) * double(W[j * H + k]));
+          s += std::fabs(double(g[i * V + j]) * double(W[j * H + k]));
         }
         dx_bound[i * H + k] = 1.01 * (a + 2.0 * gamma_k(V) * s);
       }
@@ -242,8 +253,8 @@ struct lm_reference {
       for (std::size_t k = 0; k < H; ++k) {
         double a = 0, s = 0;
         for (std::size_t i = 0; i < N; ++i) {
-          a += dg[i * V + j] * std::fabs(double(x[i * H + k]));
-          s += std::fabs(double(dlogits[i * V + j]) * double(x[i * H + k]));
+          a += dg[i * V + j] * std::fabs(double(xf[i * H + k]));
+          s += std::fabs(double(g[i * V + j]) * double(xf[i * H + k]));
         }
         dW_bound[j * H + k] = 1.01 * (a + 2.0 * gamma_k(N) * s);
       }
@@ -252,18 +263,22 @@ struct lm_reference {
 
 }  // namespace
 
-TEST_CASE("vocab_parallel_lm_head on tp = 2, 3 with V = 11: loss, dx and dW within the split-sum bound of one device's", "[dist][vocab]") {
+namespace {
+
+template <class T>
+void lm_head_against_one_device(const char* tname) {
   host_device dev(1);
   nn::parameters<host_device> reg(dev);
-  auto& w = reg.add("lm_head.weight", {V, H});
+  auto& w = reg.add("lm_head.weight", {V, H}, std::is_same_v<T, bf16>);
   {
     const auto v = normals(V * H, 7, 2.0);  // logits of a few units: a softmax far from uniform
     std::copy(v.begin(), v.end(), w.value.data());
+    reg.refresh_bf16();
   }
-  const auto path = tmp_file("head");
+  const auto path = tmp_file(std::string("head_") + tname);
   reg.save(path);
   // ignored rows 2 and 5; labels on every rank of either tp (0, 5, 6, 10)
-  const lm_reference ref(reg, dev, {3, 10, -100, 0, 6, -100, 5, 10, 1}, 8);
+  const lm_reference<T> ref(reg, dev, {3, 10, -100, 0, 6, -100, 5, 10, 1}, 8);
   REQUIRE(ref.r.counted == 7);
   worst_ratio loss_w, dx_w, dw_w;
 
@@ -274,14 +289,14 @@ TEST_CASE("vocab_parallel_lm_head on tp = 2, 3 with V = 11: loss, dx and dW with
       dist::process_groups g(t, tp_layout(TP));
       host_device d(1);
       nn::parameters<host_device> pr(d);
-      dist::vocab_parallel_lm_head<host_device, float> head(pr, "lm_head.weight", V, H, g.tp());
+      dist::vocab_parallel_lm_head<host_device, T> head(pr, "lm_head.weight", V, H, g.tp());
       pr.load(path);
       const dist::vocab_range rows = head.rows();
       const std::size_t rk = std::size_t(g.tp().rank());
       TS_CHECK(rows.offset == dist::vocab_rows(V, std::size_t(TP), rk).offset);
       // the local logits are the one device's columns, bit for bit
       std::vector<float> z(N * rows.length);
-      head.local().forward(d, cview<float>(ref.x.data(), N, H), mview<float>(z.data(), N, rows.length), false);
+      head.local().forward(d, cview<T>(ref.x.data(), N, H), mview<float>(z.data(), N, rows.length), false);
       std::size_t logit_diff = 0;
       for (std::size_t i = 0; i < N; ++i)
         for (std::size_t j = 0; j < rows.length; ++j)
@@ -289,7 +304,7 @@ TEST_CASE("vocab_parallel_lm_head on tp = 2, 3 with V = 11: loss, dx and dW with
       TS_CHECK(logit_diff == 0);
 
       std::vector<float> dx(N * H, 7.0f);
-      const cross_entropy_result r = head.loss(d, cview<float>(ref.x.data(), N, H), std::span<const std::int64_t>(ref.labels), mview<float>(dx.data(), N, H));
+      const cross_entropy_result r = head.loss(d, cview<T>(ref.x.data(), N, H), std::span<const std::int64_t>(ref.labels), mview<float>(dx.data(), N, H));
       losses[rk] = r.loss;
       TS_CHECK(r.counted == 7);
       const double lb = ref.loss_bound;
@@ -308,13 +323,13 @@ TEST_CASE("vocab_parallel_lm_head on tp = 2, 3 with V = 11: loss, dx and dW with
 
       // loss only (empty dx): the same loss, no gradient touched
       std::vector<float> before(head.weight()->grad.data(), head.weight()->grad.data() + rows.length * H);
-      const cross_entropy_result e = head.loss(d, cview<float>(ref.x.data(), N, H), std::span<const std::int64_t>(ref.labels), mview<float>{});
+      const cross_entropy_result e = head.loss(d, cview<T>(ref.x.data(), N, H), std::span<const std::int64_t>(ref.labels), mview<float>{});
       TS_CHECK(e.loss == r.loss);
       TS_CHECK(same_bits(before.data(), head.weight()->grad.data(), before.size()));
 
       // every row ignored: loss 0 over 0 rows, dx 0
       const std::vector<std::int64_t> none(N, -7);
-      const cross_entropy_result z0 = head.loss(d, cview<float>(ref.x.data(), N, H), std::span<const std::int64_t>(none), mview<float>(dx.data(), N, H), -7);
+      const cross_entropy_result z0 = head.loss(d, cview<T>(ref.x.data(), N, H), std::span<const std::int64_t>(none), mview<float>(dx.data(), N, H), -7);
       TS_CHECK(z0.counted == 0);
       TS_CHECK(z0.loss == 0.0);
       std::size_t nz = 0;
@@ -323,15 +338,25 @@ TEST_CASE("vocab_parallel_lm_head on tp = 2, 3 with V = 11: loss, dx and dW with
 
       // out-of-range labels: typed errors naming the label and row (before any communication)
       const std::vector<std::int64_t> hi{0, 1, 11, 2, 3, 4, 5, 6, 7}, lo{0, 1, 2, -5, 3, 4, 5, 6, 7};
-      const std::string eh = dist_error_text([&] { head.loss(d, cview<float>(ref.x.data(), N, H), std::span<const std::int64_t>(hi), mview<float>{}); }, errc::out_of_range);
-      const std::string el = dist_error_text([&] { head.loss(d, cview<float>(ref.x.data(), N, H), std::span<const std::int64_t>(lo), mview<float>{}); }, errc::out_of_range);
+      const std::string eh = dist_error_text([&] { head.loss(d, cview<T>(ref.x.data(), N, H), std::span<const std::int64_t>(hi), mview<float>{}); }, errc::out_of_range);
+      const std::string el = dist_error_text([&] { head.loss(d, cview<T>(ref.x.data(), N, H), std::span<const std::int64_t>(lo), mview<float>{}); }, errc::out_of_range);
       TS_CHECK(has(eh, "label 11 of row 2"));
       TS_CHECK(has(el, "label -5 of row 3"));
     });
     for (double l : losses) CHECK(std::bit_cast<std::uint64_t>(l) == std::bit_cast<std::uint64_t>(losses[0]));  // the same bits on every rank
   }
   std::filesystem::remove(path);
-  WARN("vocab-parallel LM head: worst |tp - one device| / bound: loss " << loss_w.worst << ", dx " << dx_w.worst << ", dW " << dw_w.worst);
+  WARN("vocab-parallel LM head (" << tname << "): worst |tp - one device| / bound: loss " << loss_w.worst << ", dx " << dx_w.worst << ", dW " << dw_w.worst);
+}
+
+}  // namespace
+
+TEST_CASE("vocab_parallel_lm_head on tp = 2, 3 with V = 11: loss, dx and dW within the split-sum bound of one device's (f32)", "[dist][vocab]") {
+  lm_head_against_one_device<float>("f32");
+}
+
+TEST_CASE("vocab_parallel_lm_head on tp = 2, 3 with V = 11: loss, dx and dW within the split-sum bound of one device's (bf16)", "[dist][vocab]") {
+  lm_head_against_one_device<bf16>("bf16");
 }
 
 TEST_CASE("vocab_parallel_lm_head tied to the embedding shares its shard and gives the untied head's loss", "[dist][vocab]") {
