@@ -1,5 +1,5 @@
-// The distributed layer: parallel layouts and their process groups, tensor-parallel layers and
-// data-parallel training over the communicator.
+// The distributed layer: parallel layouts and their process groups, tensor- and
+// vocabulary-parallel layers and data-parallel training over the communicator.
 #pragma once
 
 #include <tessel/dist/data_parallel.hpp>
@@ -7,3 +7,4 @@
 #include <tessel/dist/groups.hpp>
 #include <tessel/dist/layout.hpp>
 #include <tessel/dist/tensor_parallel.hpp>
+#include <tessel/dist/vocab_parallel.hpp>
