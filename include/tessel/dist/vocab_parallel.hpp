@@ -23,9 +23,11 @@
 //                               row loss = (M + log S) − z_y
 //                             gradient: dz_r = (softmax − onehot)/count on this rank's columns,
 //                             dW_r += dz_rᵀ x locally, dx = Σ_r dz_r W_r: one all-reduce (sum).
-//                             The per-row arithmetic is ops' cross_entropy's (same exp, same
+//                             The per-row arithmetic is ops' cross_entropy's (same exp_fast, same
 //                             softmax = e^{z−M}·e^{M−lse}): against one device only the grouping of
-//                             S's sum (and of dx's K = V sum) differs.
+//                             S's sum (and of dx's K = V sum) differs while V fits one of its 4096-
+//                             column blocks (beyond, it rescales per block: one more rounding).
+//                             No label smoothing (ops' cross_entropy has it; not carried over yet).
 // Every sum is in tp-rank order (the communicator's fixed order), so every rank gets the same bits.
 // x and labels must be the same on every tp rank (the replicated input of a tensor-parallel layer).
 #pragma once
