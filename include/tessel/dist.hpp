@@ -7,4 +7,5 @@
 #include <tessel/dist/groups.hpp>
 #include <tessel/dist/layout.hpp>
 #include <tessel/dist/tensor_parallel.hpp>
+#include <tessel/dist/tp_decoder.hpp>
 #include <tessel/dist/vocab_parallel.hpp>

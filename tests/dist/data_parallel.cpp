@@ -25,6 +25,7 @@
 #include <tessel/nn.hpp>
 
 #include "dist/thread_check.hpp"
+#include "dist/token_batch.hpp"
 
 using namespace tessel;
 
@@ -38,16 +39,8 @@ io::model_config tiny_llama() {
 
 constexpr std::size_t B = 4, S = 6, STEPS = 3;
 
-struct batch {
-  std::vector<std::int64_t> ids, targets;
-};
-batch make_batch(std::uint64_t seed) {
-  batch x;
-  nn::normal_rng r(seed);
-  for (std::size_t i = 0; i < B * S; ++i) x.ids.push_back(std::int64_t(std::fabs(r() * 1000.0)) % 37);
-  for (std::size_t i = 0; i < B * S; ++i) x.targets.push_back((i % S + 1 < S) ? x.ids[i + 1] : -100);
-  return x;
-}
+using batch = tessel_test::token_batch;
+batch make_batch(std::uint64_t seed) { return tessel_test::make_batch(seed, B, S, 37); }
 
 using grads = std::vector<std::vector<float>>;
 grads grads_of(nn::decoder_lm<host_device>& m) {

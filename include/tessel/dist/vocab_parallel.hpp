@@ -28,6 +28,7 @@
 //                             S's sum (and of dx's K = V sum) differs while V fits one of its 4096-
 //                             column blocks (beyond, it rescales per block: one more rounding).
 //                             No label smoothing (ops' cross_entropy has it; not carried over yet).
+// With tp = 1 the loss is ops' cross_entropy itself (nn::decoder_lm's head, bit for bit).
 // Every sum is in tp-rank order (the communicator's fixed order), so every rank gets the same bits.
 // x and labels must be the same on every tp rank (the replicated input of a tensor-parallel layer).
 #pragma once
@@ -186,6 +187,7 @@ class vocab_parallel_lm_head {
                                                  " is outside [0, V = " + std::to_string(vocab_) + ")");
       ++res.counted;
     }
+    if (tp_->size() == 1) return whole_vocab_loss(dev, x, labels, dx, ignore_index);
     constexpr float ninf = -std::numeric_limits<float>::infinity();
     detail::ensure(dev, z_, n * len);
     detail::ensure(dev, st_, 3 * n);
@@ -242,6 +244,23 @@ class vocab_parallel_lm_head {
   }
 
  private:
+  // One rank holds the whole vocabulary: the loss is ops' fused cross_entropy over the logits (with
+  // dlogits in the compute type), exactly nn::decoder_lm's head, so a tp = 1 model is its bits.
+  cross_entropy_result whole_vocab_loss(Dev& dev, cview<T> x, std::span<const std::int64_t> labels, mview<float> dx, std::int64_t ignore_index) {
+    const std::size_t n = x.rows();
+    const bool grad = dx.data() != nullptr;
+    detail::ensure(dev, z_, n * vocab_);
+    const mview<float> z = nn::rows_view<float>(z_, n, vocab_);
+    lin_.forward(dev, x, z, grad);
+    cross_entropy_options co;
+    co.ignore_index = ignore_index;
+    if (!grad) return cross_entropy(dev, nn::cview<float>(z), labels, mview<float>{}, {}, co);
+    detail::ensure(dev, dz_, n * vocab_);
+    const auto r = cross_entropy(dev, nn::cview<float>(z), labels, nn::rows_view<T>(dz_, n, vocab_), {}, co);
+    lin_.backward(dev, nn::crows_view<T>(dz_, n, vocab_), dx, false);
+    return r;
+  }
+
   communicator* tp_ = nullptr;
   std::size_t vocab_ = 0, hidden_ = 0;
   vocab_range rows_;

@@ -91,6 +91,33 @@ struct adamw_config {
   float max_grad_norm = 0.0f;  // > 0: clip the global gradient norm first
 };
 
+// One AdamW step over every parameter of a registry, in its order (the moments are created, zero,
+// on first use): parameters with a bf16 copy update their f32 master and refresh the copy. The
+// models' adamw() calls this; so does dist's tensor-parallel model, with its own global clipping.
+template <device Dev>
+step_result adamw_update(Dev& dev, parameters<Dev>& params, const adamw_params& hyper, std::uint64_t step, const step_options& so) {
+  std::vector<optim_tensor<float, float>> ts;
+  ts.reserve(params.size());
+  for (auto& p : params) {
+    if (p.m.empty()) {
+      p.m = device_buffer<float, Dev>::zeros(dev, p.numel);
+      p.v = device_buffer<float, Dev>::zeros(dev, p.numel);
+    }
+    optim_tensor<float, float> t;
+    if (!p.value_bf16.empty()) {
+      t.param_bf16 = p.value_bf16.span();
+      t.master = p.value.span();
+    } else {
+      t.param = p.value.span();
+    }
+    t.grad = p.grad.cspan();
+    t.m = p.m.span();
+    t.v = p.v.span();
+    ts.push_back(t);
+  }
+  return adamw_step(dev, std::span<const optim_tensor<float, float>>(ts), hyper, step, so);
+}
+
 template <device Dev, compute_type T = float>
 class decoder_lm {
   static constexpr bool bf16_compute = std::is_same_v<T, bf16>;
@@ -280,29 +307,10 @@ class decoder_lm {
   // One AdamW step over every parameter (step counts from 1), as torch.optim.AdamW; bf16 models
   // update the f32 masters and refresh their bf16 copies in the same pass.
   step_result adamw(const adamw_config& h, std::uint64_t step) {
-    std::vector<optim_tensor<float, float>> ts;
-    ts.reserve(params_.size());
-    for (auto& p : params_) {
-      if (p.m.empty()) {
-        p.m = device_buffer<float, Dev>::zeros(*dev_, p.numel);
-        p.v = device_buffer<float, Dev>::zeros(*dev_, p.numel);
-      }
-      optim_tensor<float, float> t;
-      if (!p.value_bf16.empty()) {
-        t.param_bf16 = p.value_bf16.span();
-        t.master = p.value.span();
-      } else {
-        t.param = p.value.span();
-      }
-      t.grad = p.grad.cspan();
-      t.m = p.m.span();
-      t.v = p.v.span();
-      ts.push_back(t);
-    }
     step_options so;
     so.storage = bf16_compute ? param_storage::bf16_master : param_storage::f32;
     so.max_grad_norm = h.max_grad_norm;
-    return adamw_step(*dev_, std::span<const optim_tensor<float, float>>(ts), h.hyper, step, so);
+    return adamw_update(*dev_, params_, h.hyper, step, so);
   }
 
  private:

@@ -1,0 +1,288 @@
+// A Llama-style decoder trained with tensor parallelism (Megatron-LM's layout): Llama, Mistral and
+// Qwen2 configs (pre-norm RMSNorm, rotary positions, grouped-query attention, SwiGLU; dense MLPs).
+// Each tp rank holds
+//   the embedding and the LM head by vocabulary rows (vocab_parallel_embedding / _lm_head: the
+//   logits are never gathered; V need not be divisible by tp),
+//   in every block tp_attention (heads split; kv heads split or replicated) and tp_swiglu_mlp
+//   (intermediate features split),
+//   the norms' weights whole: their inputs are the same bits on every rank (each block's output is
+//   all-reduced), so their gradients are too, with no communication.
+// The residual stream is f32, replicated, as in nn::decoder_lm. Per block: 2 all-reduces forward
+// (o_proj, down_proj) and 2 backward (dx of q/k/v, of gate/up), plus 1 for replicated kv heads'
+// weight gradients; the embedding and the loss add 1 and 2 (3 with the gradient).
+//
+// Against nn::decoder_lm on one device: with tp = 1 every operation is the same one on the same
+// shapes, so the loss, the gradients and the AdamW step are the same bits (tested); with tp > 1 the
+// sums over the split dimensions are grouped by rank, the only difference (each layer's bound is
+// tested in tensor_parallel.cpp and vocab_parallel.cpp).
+//
+// Parameters are named as in Hugging Face checkpoints and load sliced from a whole-model file
+// (load()), so a one-device checkpoint trains on any tp. init() draws each rank's shards from the
+// same seed per name, which is a valid initialisation but not the one-device one: to match a
+// one-device run, save that model and load it.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include <tessel/collectives/communicator.hpp>
+#include <tessel/device/device.hpp>
+#include <tessel/device/device_buffer.hpp>
+#include <tessel/dist/errors.hpp>
+#include <tessel/dist/tensor_parallel.hpp>
+#include <tessel/dist/vocab_parallel.hpp>
+#include <tessel/io/model_config.hpp>
+#include <tessel/nn/decoder.hpp>
+#include <tessel/nn/layers.hpp>
+#include <tessel/nn/parameters.hpp>
+#include <tessel/ops/optim.hpp>
+#include <tessel/types/convert.hpp>
+
+namespace tessel {
+inline namespace v0 {
+namespace dist {
+
+template <device Dev, nn::compute_type T = float>
+class tp_decoder_lm {
+  static constexpr bool bf16_compute = std::is_same_v<T, bf16>;
+
+ public:
+  // A model with zero parameters shaped by `cfg`, this rank's shards of it (load() or init() fills them).
+  tp_decoder_lm(Dev& dev, io::model_config cfg, communicator& tp) : dev_(&dev), cfg_(std::move(cfg)), tp_(&tp), params_(dev) { build(); }
+  tp_decoder_lm(tp_decoder_lm&&) = delete;  // modules hold pointers into the registry
+
+  const io::model_config& config() const { return cfg_; }
+  nn::parameters<Dev>& params() { return params_; }
+  communicator& tp() const { return *tp_; }
+
+  // This rank's shards of a whole-model safetensors file (or a sharded index's directory).
+  void load(const std::filesystem::path& path, const nn::load_options& o = {}) {
+    nn::load_options lo = o;
+    if (cfg_.tie_word_embeddings) lo.ignore_names.push_back("lm_head.weight");
+    params_.load(path, lo);
+  }
+  void init(std::uint64_t seed, double std = 0.02) { params_.init_normal(seed, std); }
+
+  // Mean cross-entropy of targets (see nn::decoder_lm::forward_backward), the same on every tp
+  // rank, and its gradient accumulated into this rank's parameters. ids and targets must be the
+  // same on every rank.
+  double forward_backward(std::span<const std::int64_t> ids, std::span<const std::int64_t> targets, std::size_t batch, std::size_t seq,
+                          std::int64_t ignore_index = -100) {
+    check_targets(ids, targets, "forward_backward");
+    run_forward(ids, batch, seq, true);
+    const std::size_t n = n_, d = cfg_.hidden_size;
+    ensure(dy_, n * d);
+    const auto r = head_.loss(*dev_, nn::crows_view<T>(yf_, n, d), targets, nn::rows_view<float>(dy_, n, d), ignore_index);
+    run_backward();
+    return r.loss;
+  }
+  // Mean loss without gradients (evaluation).
+  double loss(std::span<const std::int64_t> ids, std::span<const std::int64_t> targets, std::size_t batch, std::size_t seq, std::int64_t ignore_index = -100) {
+    check_targets(ids, targets, "loss");
+    run_forward(ids, batch, seq, false);
+    return head_.loss(*dev_, nn::crows_view<T>(yf_, n_, cfg_.hidden_size), targets, nn::mview<float>{}, ignore_index).loss;
+  }
+
+  // One AdamW step over this rank's parameters, as nn::decoder_lm::adamw. The finiteness check and
+  // the global gradient norm (max_grad_norm > 0) are taken over the whole model: every rank's
+  // shards, the replicated weights counted once, one all-reduce; so every rank skips or clips
+  // alike. grad_norm in the result is that global norm (-1 when not computed).
+  step_result adamw(const nn::adamw_config& h, std::uint64_t step) {
+    const bool want_norm = h.max_grad_norm > 0.0f;
+    double acc[2] = {0.0, 0.0};  // Σ g² over what this rank counts, non-finite gradients seen
+    for (auto& p : params_) {
+      const bool counted = !replicated_.count(&p) || tp_->rank() == 0;
+      const float* g = p.grad.data();
+      for (std::size_t i = 0; i < p.numel; ++i) {
+        if (!std::isfinite(g[i])) acc[1] = 1.0;
+        else if (want_norm && counted) acc[0] += double(g[i]) * double(g[i]);
+      }
+    }
+    tp_->all_reduce(std::span<double>(acc, 2), reduce_op::sum);
+    step_result res;
+    if (acc[1] > 0.0) {
+      res.found_inf = res.skipped = true;
+      return res;
+    }
+    step_options so;
+    so.storage = bf16_compute ? param_storage::bf16_master : param_storage::f32;
+    so.check_finite = false;  // checked above, over every rank
+    if (want_norm) {
+      // PyTorch's clip_grad_norm_: coefficient max_norm / (norm + 1e-6), never above 1; applied as
+      // the step's gradient multiplier (1 / loss_scale).
+      const double norm = std::sqrt(acc[0]), coef = double(h.max_grad_norm) / (norm + 1e-6);
+      if (coef < 1.0) so.loss_scale = float(1.0 / coef);
+      res = nn::adamw_update(*dev_, params_, h.hyper, step, so);
+      res.grad_norm = norm;
+      return res;
+    }
+    return nn::adamw_update(*dev_, params_, h.hyper, step, so);
+  }
+
+ private:
+  struct block {
+    nn::norm<Dev, T> ln1, ln2;
+    tp_attention<Dev, T> attn;
+    tp_swiglu_mlp<Dev, T> mlp;
+    device_buffer<float, Dev> s_in, s_mid;  // the residual stream entering the block and after attention
+    device_buffer<T, Dev> y1, y2;           // the norms' outputs (the layers' inputs)
+  };
+
+  void build() {
+    const auto& c = cfg_;
+    if (c.hidden_size == 0 || c.num_hidden_layers == 0 || c.vocab_size == 0 || c.num_attention_heads == 0 || c.head_dim == 0 || c.intermediate_size == 0)
+      throw dist_error(errc::invalid_argument, "tp_decoder_lm: the config has a zero dimension");
+    if (c.naming == io::param_naming::gpt2 || c.is_moe() || c.norm != io::norm_kind::rms_norm || c.positions != io::position_kind::rotary ||
+        c.act != io::activation::silu)
+      throw dist_error(errc::unsupported, "tp_decoder_lm: Llama-style dense configs only (RMSNorm, rotary positions, SwiGLU); a '" +
+                                              std::string(io::model_type_name(c.family)) + "' config is not one (GPT-2 and mixture-of-experts models are not tensor-parallel yet)");
+    const std::size_t d = c.hidden_size;
+    const float eps = float(c.norm_eps);
+    auto norm_of = [&](const std::string& name) {
+      nn::parameter<Dev>* w = &params_.add(name + ".weight", {d}, bf16_compute);
+      replicated_.insert(w);
+      return nn::norm<Dev, T>(w, nullptr, true, eps);
+    };
+    embed_ = vocab_parallel_embedding<Dev>(params_, "model.embed_tokens.weight", c.vocab_size, d, *tp_, bf16_compute);
+    rope_freq_ = nn::rope_frequencies(c);
+    rope_options ro;
+    ro.theta = c.rope_theta;
+    ro.inv_freq = rope_freq_;  // tp_attention keeps its own copy
+    blocks_ = std::vector<block>(c.num_hidden_layers);
+    for (std::size_t l = 0; l < c.num_hidden_layers; ++l) {
+      block& b = blocks_[l];
+      const std::string p = "model.layers." + std::to_string(l) + ".";
+      b.ln1 = norm_of(p + "input_layernorm");
+      std::optional<std::size_t> window = c.sliding_window;
+      if (window && c.family == io::model_family::qwen2 && l < c.max_window_layers) window.reset();
+      typename tp_attention<Dev, T>::config ac{.hidden = d,
+                                               .heads_q = c.num_attention_heads,
+                                               .heads_kv = c.num_key_value_heads,
+                                               .head_dim = c.head_dim,
+                                               .qkv_bias = c.qkv_bias,
+                                               .o_bias = c.o_bias,
+                                               .window = window,
+                                               .rope = ro};
+      b.attn = tp_attention<Dev, T>(params_, p + "self_attn", ac, *tp_);
+      if (b.attn.kv_replicas() > 1) replicate_kv(b.attn);
+      if (c.o_bias) replicated_.insert(&params_.at(p + "self_attn.o_proj.bias"));
+      b.ln2 = norm_of(p + "post_attention_layernorm");
+      b.mlp = tp_swiglu_mlp<Dev, T>(params_, p + "mlp", d, c.intermediate_size, c.mlp_bias, *tp_);
+      if (c.mlp_bias) replicated_.insert(&params_.at(p + "mlp.down_proj.bias"));
+    }
+    final_norm_ = norm_of("model.norm");
+    head_ = c.tie_word_embeddings ? vocab_parallel_lm_head<Dev, T>(embed_) : vocab_parallel_lm_head<Dev, T>(params_, "lm_head.weight", c.vocab_size, d, *tp_);
+  }
+  // kv heads held by several ranks: counted in the global norm by the first of them only
+  void replicate_kv(tp_attention<Dev, T>& a) {
+    if (std::size_t(tp_->rank()) % a.kv_replicas() == 0) return;
+    for (auto* lin : {&a.k().local(), &a.v().local()}) {
+      replicated_.insert(lin->weight());
+      if (lin->bias()) replicated_.insert(lin->bias());
+    }
+  }
+
+  template <class E>
+  void ensure(device_buffer<E, Dev>& b, std::size_t n) {
+    if (b.size() < n) b = device_buffer<E, Dev>(*dev_, n);
+  }
+  void check_targets(std::span<const std::int64_t> ids, std::span<const std::int64_t> targets, const char* who) const {
+    if (targets.size() != ids.size())
+      throw dist_error(errc::invalid_argument, std::string("tp_decoder_lm::") + who + ": " + std::to_string(targets.size()) + " targets for " +
+                                                   std::to_string(ids.size()) + " tokens");
+  }
+
+  // The gradient arriving on the f32 stream as the compute type (the layers' dy).
+  nn::cview<T> as_compute(const device_buffer<float, Dev>& g, std::size_t rows, std::size_t cols) {
+    if constexpr (bf16_compute) {
+      ensure(gT_, rows * cols);
+      convert(*dev_, std::span<const float>(g.data(), rows * cols), std::span<bf16>(gT_.data(), rows * cols));
+      return nn::crows_view<T>(gT_, rows, cols);
+    } else {
+      return nn::crows_view<float>(g, rows, cols);
+    }
+  }
+
+  void run_forward(std::span<const std::int64_t> ids, std::size_t batch, std::size_t seq, bool train) {
+    if (batch == 0 || seq == 0) throw dist_error(errc::invalid_argument, "tp_decoder_lm: an empty batch");
+    if (seq > SIZE_MAX / batch) throw dist_error(errc::overflow, "tp_decoder_lm: batch·seq overflows");
+    const std::size_t n = batch * seq, d = cfg_.hidden_size;
+    if (ids.size() != n)
+      throw dist_error(errc::invalid_argument, "tp_decoder_lm: " + std::to_string(ids.size()) + " token ids for batch " + std::to_string(batch) + " x seq " +
+                                                   std::to_string(seq));
+    n_ = n;
+    ids_.assign(ids.begin(), ids.end());
+    positions_.resize(n);
+    for (std::size_t t = 0; t < n; ++t) positions_[t] = std::int64_t(t % seq);
+    for (auto& b : blocks_) {
+      ensure(b.s_in, n * d);
+      ensure(b.s_mid, n * d);
+      ensure(b.y1, n * d);
+      ensure(b.y2, n * d);
+    }
+    ensure(tmp_, n * d);
+    ensure(s_final_, n * d);
+    ensure(yf_, n * d);
+    Dev& dev = *dev_;
+    embed_.forward(dev, std::span<const std::int64_t>(ids_), nn::rows_view<float>(blocks_[0].s_in, n, d));
+    for (std::size_t l = 0; l < blocks_.size(); ++l) {
+      block& b = blocks_[l];
+      // the block's input stream is s_in (layer 0: the embeddings; later: the previous block's
+      // s_mid + MLP output, added by this norm and written to s_in)
+      if (l == 0) b.ln1.forward(dev, nn::crows_view<float>(b.s_in, n, d), nn::cview<float>{}, nn::mview<float>{}, nn::rows_view<T>(b.y1, n, d), train);
+      else
+        b.ln1.forward(dev, nn::crows_view<float>(tmp_, n, d), nn::crows_view<float>(blocks_[l - 1].s_mid, n, d), nn::rows_view<float>(b.s_in, n, d),
+                      nn::rows_view<T>(b.y1, n, d), train);
+      b.attn.forward(dev, batch, seq, nn::crows_view<T>(b.y1, n, d), std::span<const std::int64_t>(positions_), nn::rows_view<float>(tmp_, n, d), train);
+      b.ln2.forward(dev, nn::crows_view<float>(tmp_, n, d), nn::crows_view<float>(b.s_in, n, d), nn::rows_view<float>(b.s_mid, n, d),
+                    nn::rows_view<T>(b.y2, n, d), train);
+      b.mlp.forward(dev, nn::crows_view<T>(b.y2, n, d), nn::rows_view<float>(tmp_, n, d), train);
+    }
+    final_norm_.forward(dev, nn::crows_view<float>(tmp_, n, d), nn::crows_view<float>(blocks_.back().s_mid, n, d), nn::rows_view<float>(s_final_, n, d),
+                        nn::rows_view<T>(yf_, n, d), train);
+  }
+
+  // dy_ holds d loss / d yf (the head's dx).
+  void run_backward() {
+    const std::size_t n = n_, d = cfg_.hidden_size;
+    Dev& dev = *dev_;
+    ensure(dS_, n * d);
+    ensure(dS2_, n * d);
+    final_norm_.backward(dev, nn::crows_view<float>(dy_, n, d), nn::cview<float>{}, nn::rows_view<float>(dS_, n, d));
+    for (std::size_t li = blocks_.size(); li-- > 0;) {
+      block& b = blocks_[li];
+      // the MLP's output was added to s_mid: it receives dS
+      b.mlp.backward(dev, as_compute(dS_, n, d), nn::rows_view<float>(dy_, n, d), false);
+      b.ln2.backward(dev, nn::crows_view<float>(dy_, n, d), nn::crows_view<float>(dS_, n, d), nn::rows_view<float>(dS2_, n, d));
+      // the attention's output was added to s_in: it receives dS2
+      b.attn.backward(dev, as_compute(dS2_, n, d), nn::rows_view<float>(dy_, n, d), false);
+      b.ln1.backward(dev, nn::crows_view<float>(dy_, n, d), nn::crows_view<float>(dS2_, n, d), nn::rows_view<float>(dS_, n, d));
+    }
+    embed_.backward(dev, std::span<const std::int64_t>(ids_), nn::crows_view<float>(dS_, n, d));
+  }
+
+  Dev* dev_;
+  io::model_config cfg_;
+  communicator* tp_;
+  nn::parameters<Dev> params_;
+  std::unordered_set<const nn::parameter<Dev>*> replicated_;  // held whole (or as the same kv rows) by more than this rank
+  vocab_parallel_embedding<Dev> embed_;
+  std::vector<block> blocks_;
+  nn::norm<Dev, T> final_norm_;
+  vocab_parallel_lm_head<Dev, T> head_;
+  std::vector<double> rope_freq_;
+  std::vector<std::int64_t> ids_, positions_;
+  std::size_t n_ = 0;
+  device_buffer<float, Dev> tmp_, s_final_, dy_, dS_, dS2_;
+  device_buffer<T, Dev> yf_, gT_;
+};
+
+}  // namespace dist
+}  // namespace v0
+}  // namespace tessel
