@@ -54,6 +54,11 @@ inline std::span<float> contiguous(mview<float> v, const char* what) {
     throw dist_error(errc::invalid_argument, std::string(what) + ": the all-reduced tensor must be contiguous row-major");
   return {v.data(), v.rows() * v.cols()};
 }
+// b holds at least n elements (grown, contents dropped, when it is smaller): the layers' scratch
+template <class E, class Dev>
+void ensure(Dev& dev, device_buffer<E, Dev>& b, std::size_t n) {
+  if (b.size() < n) b = device_buffer<E, Dev>(dev, n);
+}
 template <class T>
 void add_bias_rows(mview<T> y, std::span<const float> b) {
   for (std::size_t r = 0; r < y.rows(); ++r)
@@ -183,9 +188,9 @@ class tp_swiglu_mlp {
   // y (N, hidden) f32 = the MLP of x (N, hidden), the same bits on every tp rank.
   void forward(Dev& dev, cview<T> x, mview<float> y, bool save) {
     const std::size_t n = x.rows();
-    ensure(dev, g_, n * i_);
-    ensure(dev, u_, n * i_);
-    ensure(dev, h_, n * i_);
+    detail::ensure(dev, g_, n * i_);
+    detail::ensure(dev, u_, n * i_);
+    detail::ensure(dev, h_, n * i_);
     gate_.forward(dev, x, nn::rows_view<T>(g_, n, i_), save);
     up_.forward(dev, x, nn::rows_view<T>(u_, n, i_), save);
     swiglu_forward(dev, std::span<const T>(g_.data(), n * i_), std::span<const T>(u_.data(), n * i_), std::span<T>(h_.data(), n * i_));
@@ -195,15 +200,15 @@ class tp_swiglu_mlp {
   // all-reduce; every weight's gradient accumulates locally.
   void backward(Dev& dev, cview<T> dy, mview<float> dx, bool accumulate) {
     const std::size_t n = dy.rows();
-    ensure(dev, dh_, n * i_);
-    ensure(dev, dg_, n * i_);
-    ensure(dev, du_, n * i_);
+    detail::ensure(dev, dh_, n * i_);
+    detail::ensure(dev, dg_, n * i_);
+    detail::ensure(dev, du_, n * i_);
     down_.backward(dev, dy, nn::rows_view<T>(dh_, n, i_), false);
     swiglu_backward(dev, std::span<const T>(dh_.data(), n * i_), std::span<const T>(g_.data(), n * i_), std::span<const T>(u_.data(), n * i_),
                     std::span<T>(dg_.data(), n * i_), std::span<T>(du_.data(), n * i_));
     mview<float> target = dx;
     if (accumulate) {
-      ensure(dev, dx_, n * d_);
+      detail::ensure(dev, dx_, n * d_);
       target = nn::rows_view<float>(dx_, n, d_);
     }
     gate_.backward(dev, nn::crows_view<T>(dg_, n, i_), target, false, false);
@@ -221,10 +226,6 @@ class tp_swiglu_mlp {
   row_parallel_linear<Dev, T>& down() { return down_; }
 
  private:
-  template <class E>
-  static void ensure(Dev& dev, device_buffer<E, Dev>& b, std::size_t n) {
-    if (b.size() < n) b = device_buffer<E, Dev>(dev, n);
-  }
   column_parallel_linear<Dev, T> gate_, up_;
   row_parallel_linear<Dev, T> down_;
   communicator* tp_ = nullptr;
@@ -277,29 +278,10 @@ class tp_attention {
     v_ = col(reg, prefix + ".v_proj", c_.hidden, c_.heads_kv * d, c_.qkv_bias, tp, kv_rows);
     o_ = row_parallel_linear<Dev, T>(reg, prefix + ".o_proj", c_.heads_q * d, c_.hidden, c_.o_bias, tp);
     attn_ = nn::self_attention<Dev, T>(hq_, hkv_, d, c_.window);
-    if (c_.rope) {
+    if (c_.rope) {  // the caller's frequencies are copied: rope() points at the copy on use
       inv_freq_.assign(c_.rope->inv_freq.begin(), c_.rope->inv_freq.end());
-      c_.rope->inv_freq = inv_freq_;
+      c_.rope->inv_freq = {};
     }
-  }
-  tp_attention(const tp_attention&) = delete;  // c_.rope points into inv_freq_
-  tp_attention& operator=(const tp_attention&) = delete;
-  tp_attention(tp_attention&& o) noexcept { *this = std::move(o); }
-  tp_attention& operator=(tp_attention&& o) noexcept {
-    tp_ = o.tp_;
-    c_ = o.c_;
-    hq_ = o.hq_, hkv_ = o.hkv_, replicas_ = o.replicas_, kv_slot_ = o.kv_slot_;
-    q_ = std::move(o.q_), k_ = std::move(o.k_), v_ = std::move(o.v_);
-    o_ = std::move(o.o_);
-    attn_ = o.attn_;
-    inv_freq_ = std::move(o.inv_freq_);
-    if (c_.rope) c_.rope->inv_freq = inv_freq_;
-    qb_ = std::move(o.qb_), kb_ = std::move(o.kb_), vb_ = std::move(o.vb_), ob_ = std::move(o.ob_);
-    dq_ = std::move(o.dq_), dk_ = std::move(o.dk_), dv_ = std::move(o.dv_), do_ = std::move(o.do_);
-    lse_ = std::move(o.lse_), dx_ = std::move(o.dx_), kv_saved_ = std::move(o.kv_saved_), kv_sum_ = std::move(o.kv_sum_);
-    batch_ = o.batch_, seq_ = o.seq_;
-    positions_ = std::move(o.positions_);
-    return *this;
   }
 
   std::size_t local_heads_q() const { return hq_; }
@@ -317,17 +299,17 @@ class tp_attention {
                                                  std::to_string(y.rows()) + ", " + std::to_string(y.cols()) + ")");
     if (c_.rope && positions.size() != n)
       throw dist_error(errc::invalid_argument, "tp_attention: " + std::to_string(positions.size()) + " positions for " + std::to_string(n) + " tokens");
-    ensure(dev, qb_, n * qd);
-    ensure(dev, kb_, n * kvd);
-    ensure(dev, vb_, n * kvd);
-    ensure(dev, ob_, n * qd);
-    ensure(dev, lse_, batch * hq_ * seq);
+    detail::ensure(dev, qb_, n * qd);
+    detail::ensure(dev, kb_, n * kvd);
+    detail::ensure(dev, vb_, n * kvd);
+    detail::ensure(dev, ob_, n * qd);
+    detail::ensure(dev, lse_, batch * hq_ * seq);
     q_.forward(dev, x, nn::rows_view<T>(qb_, n, qd), save);
     k_.forward(dev, x, nn::rows_view<T>(kb_, n, kvd), save);
     v_.forward(dev, x, nn::rows_view<T>(vb_, n, kvd), save);
     if (c_.rope) {
-      rope_forward(dev, nn::rows_view<T>(qb_, n, qd), d, positions, *c_.rope);
-      rope_forward(dev, nn::rows_view<T>(kb_, n, kvd), d, positions, *c_.rope);
+      rope_forward(dev, nn::rows_view<T>(qb_, n, qd), d, positions, rope());
+      rope_forward(dev, nn::rows_view<T>(kb_, n, kvd), d, positions, rope());
       positions_.assign(positions.begin(), positions.end());
     }
     attn_.forward(dev, batch, seq, std::span<const T>(qb_.data(), n * qd), std::span<const T>(kb_.data(), n * kvd), std::span<const T>(vb_.data(), n * kvd),
@@ -344,22 +326,22 @@ class tp_attention {
     if (n == 0 || dy.rows() != n || dy.cols() != c_.hidden || dx.rows() != n || dx.cols() != c_.hidden)
       throw dist_error(errc::invalid_argument, "tp_attention: backward needs dy and dx of the last forward's (" + std::to_string(n) + ", " +
                                                  std::to_string(c_.hidden) + ")");
-    ensure(dev, do_, n * qd);
-    ensure(dev, dq_, n * qd);
-    ensure(dev, dk_, n * kvd);
-    ensure(dev, dv_, n * kvd);
+    detail::ensure(dev, do_, n * qd);
+    detail::ensure(dev, dq_, n * qd);
+    detail::ensure(dev, dk_, n * kvd);
+    detail::ensure(dev, dv_, n * kvd);
     o_.backward(dev, dy, nn::rows_view<T>(do_, n, qd), false);
     attn_.backward(dev, batch_, seq_, std::span<const T>(qb_.data(), n * qd), std::span<const T>(kb_.data(), n * kvd), std::span<const T>(vb_.data(), n * kvd),
                    std::span<const T>(ob_.data(), n * qd), std::span<const T>(do_.data(), n * qd), std::span<const float>(lse_.data(), batch_ * hq_ * seq_),
                    std::span<T>(dq_.data(), n * qd), std::span<T>(dk_.data(), n * kvd), std::span<T>(dv_.data(), n * kvd));
     if (c_.rope) {
-      rope_backward(dev, nn::rows_view<T>(dq_, n, qd), d, std::span<const std::int64_t>(positions_), *c_.rope);
-      rope_backward(dev, nn::rows_view<T>(dk_, n, kvd), d, std::span<const std::int64_t>(positions_), *c_.rope);
+      rope_backward(dev, nn::rows_view<T>(dq_, n, qd), d, std::span<const std::int64_t>(positions_), rope());
+      rope_backward(dev, nn::rows_view<T>(dk_, n, kvd), d, std::span<const std::int64_t>(positions_), rope());
     }
     if (replicas_ > 1) stash_kv_grads(dev);
     mview<float> target = dx;
     if (accumulate) {
-      ensure(dev, dx_, n * c_.hidden);
+      detail::ensure(dev, dx_, n * c_.hidden);
       target = nn::rows_view<float>(dx_, n, c_.hidden);
     }
     q_.backward(dev, nn::crows_view<T>(dq_, n, qd), target, false, false);
@@ -380,6 +362,11 @@ class tp_attention {
   row_parallel_linear<Dev, T>& o() { return o_; }
 
  private:
+  rope_options rope() const {
+    rope_options r = *c_.rope;
+    r.inv_freq = inv_freq_;
+    return r;
+  }
   static config checked(const config& c, const communicator& tp) {
     const std::size_t t = std::size_t(tp.size());
     if (c.hidden == 0 || c.heads_q == 0 || c.heads_kv == 0 || c.head_dim == 0)
@@ -400,10 +387,6 @@ class tp_attention {
     if (a != 0 && b > SIZE_MAX / a) throw dist_error(errc::overflow, "tp_attention: batch·seq overflows");
     return a * b;
   }
-  template <class E>
-  static void ensure(Dev& dev, device_buffer<E, Dev>& b, std::size_t n) {
-    if (b.size() < n) b = device_buffer<E, Dev>(dev, n);
-  }
   // The replicated kv parameters, in a fixed order.
   std::vector<nn::parameter<Dev>*> kv_params() {
     std::vector<nn::parameter<Dev>*> ps{k_.local().weight(), v_.local().weight()};
@@ -415,8 +398,8 @@ class tp_attention {
   void stash_kv_grads(Dev& dev) {
     std::size_t per = 0;
     for (auto* p : kv_params()) per += p->numel;
-    ensure(dev, kv_saved_, per);
-    ensure(dev, kv_sum_, per * c_.heads_kv);
+    detail::ensure(dev, kv_saved_, per);
+    detail::ensure(dev, kv_sum_, per * c_.heads_kv);
     std::size_t off = 0;
     for (auto* p : kv_params()) {
       std::copy_n(p->grad.data(), p->numel, kv_saved_.data() + off);

@@ -150,10 +150,10 @@ class tp_decoder_lm {
       return nn::norm<Dev, T>(w, nullptr, true, eps);
     };
     embed_ = vocab_parallel_embedding<Dev>(params_, "model.embed_tokens.weight", c.vocab_size, d, *tp_, bf16_compute);
-    rope_freq_ = nn::rope_frequencies(c);
+    const std::vector<double> freq = nn::rope_frequencies(c);
     rope_options ro;
     ro.theta = c.rope_theta;
-    ro.inv_freq = rope_freq_;  // tp_attention keeps its own copy
+    ro.inv_freq = freq;  // tp_attention keeps its own copy
     blocks_ = std::vector<block>(c.num_hidden_layers);
     for (std::size_t l = 0; l < c.num_hidden_layers; ++l) {
       block& b = blocks_[l];
@@ -190,7 +190,7 @@ class tp_decoder_lm {
 
   template <class E>
   void ensure(device_buffer<E, Dev>& b, std::size_t n) {
-    if (b.size() < n) b = device_buffer<E, Dev>(*dev_, n);
+    detail::ensure(*dev_, b, n);
   }
   void check_targets(std::span<const std::int64_t> ids, std::span<const std::int64_t> targets, const char* who) const {
     if (targets.size() != ids.size())
@@ -276,7 +276,6 @@ class tp_decoder_lm {
   std::vector<block> blocks_;
   nn::norm<Dev, T> final_norm_;
   vocab_parallel_lm_head<Dev, T> head_;
-  std::vector<double> rope_freq_;
   std::vector<std::int64_t> ids_, positions_;
   std::size_t n_ = 0;
   device_buffer<float, Dev> tmp_, s_final_, dy_, dS_, dS2_;

@@ -76,10 +76,6 @@ namespace detail {
 inline vocab_range vocab_rows_of(std::size_t vocab, const communicator& tp) {
   return vocab_rows(vocab, std::size_t(tp.size()), std::size_t(tp.rank()));
 }
-template <class E, class Dev>
-void ensure(Dev& dev, device_buffer<E, Dev>& b, std::size_t n) {
-  if (b.size() < n) b = device_buffer<E, Dev>(dev, n);
-}
 }  // namespace detail
 
 // The token embedding (V, hidden), registered as a row shard of `name` (HF: "model.embed_tokens.weight").
