@@ -17,6 +17,8 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <tessel/collectives.hpp>
@@ -24,10 +26,12 @@
 #include <tessel/dist.hpp>
 #include <tessel/nn.hpp>
 
+#include "error_match.hpp"
 #include "dist/thread_check.hpp"
 #include "dist/token_batch.hpp"
 
 using namespace tessel;
+using tessel_test::is_error;
 
 namespace {
 
@@ -131,4 +135,136 @@ TEST_CASE("dp=2 AdamW steps of a tiny Llama equal one device on the full batch, 
   }
   WARN("dp=2 vs one device: step-1 grads worst |dg| / bound = " << worst_g << "; params after " << STEPS << " steps max |dp| = " << worst_p
                                                                  << " (bound " << 2 * 3.2 * h.hyper.lr * STEPS << "); loss max rel diff = " << worst_l);
+}
+
+namespace {
+
+// One dp run of STEPS AdamW steps over `dp` thread ranks (each with batch / dp sequences), at a
+// ZeRO stage: every rank's parameters after the last step, the losses, and what memory() reports.
+struct zero_run {
+  std::vector<grads> params;            // per rank
+  std::vector<std::vector<double>> losses, norms;
+  std::vector<dist::memory_use> memory;
+  std::vector<std::pair<std::size_t, std::size_t>> owned;
+  std::size_t total = 0;
+};
+
+template <class T>
+zero_run run_zero(int dp, int stage, const nn::adamw_config& h, std::size_t batch_n, const std::vector<batch>& data) {
+  const auto cfg = tiny_llama();
+  zero_run out;
+  const std::size_t n = std::size_t(dp);
+  out.params.resize(n);
+  out.losses.resize(n);
+  out.norms.resize(n);
+  out.memory.resize(n);
+  out.owned.resize(n);
+  threads_world::run(dp, [&](threads_transport t) {
+    dist::process_groups grp(t, {.dp = dp, .tp = 1, .zero_stage = stage});
+    const std::size_t r = std::size_t(grp.dp().rank());
+    host_device dv(1);
+    nn::decoder_lm<host_device, T> m(dv, cfg);
+    m.init(3, 0.1);
+    // 4 KiB chunks: many reduce-scatter / all-gather rounds, shards cut inside tensors
+    dist::data_parallel<host_device, T> d(m, grp.dp(), {.bucket_bytes = 4 << 10, .zero_stage = stage});
+    const std::size_t b = batch_n / n, off = r * b * S;
+    for (std::size_t s = 0; s < data.size(); ++s) {
+      const std::span<const std::int64_t> ids(data[s].ids.data() + off, b * S), tg(data[s].targets.data() + off, b * S);
+      out.losses[r].push_back(d.forward_backward(ids, tg, b, S));
+      out.norms[r].push_back(d.adamw(h, s + 1).grad_norm);
+    }
+    grads v;
+    for (auto& p : m.params()) v.emplace_back(p.value.data(), p.value.data() + p.numel);
+    out.params[r] = std::move(v);
+    out.memory[r] = d.memory();
+    out.owned[r] = d.owned_range();
+    if (r == 0) out.total = m.params().numel();
+  });
+  return out;
+}
+
+bool same_bits(const grads& a, const grads& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (a[i].size() != b[i].size() || std::memcmp(a[i].data(), b[i].data(), a[i].size() * sizeof(float)) != 0) return false;
+  return true;
+}
+
+}  // namespace
+
+// ZeRO-1 reduce-scatters the gradients (each element summed in the same dp-rank order as the
+// all-reduce), updates each shard with the same per-element AdamW arithmetic, and all-gathers: so
+// without clipping it must give plain DP's bits exactly, on shards that cut tensors anywhere (dp = 3
+// does not divide the parameter count). Its memory is the closed form: moments 8·|shard| bytes.
+TEMPLATE_TEST_CASE("ZeRO-1 data parallel gives plain DP's bits, with 1/dp of the optimizer state", "[dist][data_parallel][zero]", float, bf16) {
+  constexpr std::size_t BN = 6;
+  std::vector<batch> data;
+  for (std::size_t s = 0; s < STEPS; ++s) data.push_back(tessel_test::make_batch(300 + s, BN, S, 37));
+  nn::adamw_config h;
+  h.hyper.lr = 1e-3f;
+  h.hyper.weight_decay = 0.01f;
+  for (int dp : {2, 3}) {
+    INFO("dp = " << dp);
+    const zero_run z0 = run_zero<TestType>(dp, 0, h, BN, data), z1 = run_zero<TestType>(dp, 1, h, BN, data);
+    const std::size_t P = z0.total;
+    std::size_t shard_sum = 0;
+    for (std::size_t r = 0; r < std::size_t(dp); ++r) {
+      INFO("rank " << r);
+      CHECK(same_bits(z1.params[r], z0.params[r]));
+      CHECK(same_bits(z1.params[r], z1.params[0]));
+      CHECK(z1.losses[r] == z0.losses[r]);
+      // memory: the same parameters and gradients, the moments of the shard only
+      const auto [lo, hi] = z1.owned[r];
+      CHECK(hi - lo == std::min(P, (P + std::size_t(dp) - 1) / std::size_t(dp) * (r + 1)) - std::min(P, (P + std::size_t(dp) - 1) / std::size_t(dp) * r));
+      shard_sum += hi - lo;
+      CHECK(z1.memory[r].optimizer_state == 8 * (hi - lo));
+      CHECK(z0.memory[r].optimizer_state == 8 * P);
+      CHECK(z1.memory[r].parameters == z0.memory[r].parameters);
+      CHECK(z1.memory[r].gradients == 4 * P);
+      CHECK(z1.memory[r].parameters == (std::is_same_v<TestType, bf16> ? 6 : 4) * P);
+    }
+    CHECK(shard_sum == P);
+    CHECK(z1.owned[0].first == 0);
+  }
+}
+
+// With the gradient norm clipped, ZeRO-1 sums the squared norm shard by shard in double (plain DP:
+// the optimizer's f32 chunk sums), so the clipping coefficients differ in rounding: the norms agree
+// to f32 accumulation accuracy and the parameters within the AdamW update bound (2·3.2·lr per step).
+TEST_CASE("ZeRO-1 with gradient clipping: one global norm on every rank, parameters within the update bound of plain DP", "[dist][data_parallel][zero]") {
+  constexpr std::size_t BN = 6;
+  std::vector<batch> data;
+  for (std::size_t s = 0; s < STEPS; ++s) data.push_back(tessel_test::make_batch(400 + s, BN, S, 37));
+  nn::adamw_config h;
+  h.hyper.lr = 1e-3f;
+  h.max_grad_norm = 0.05f;  // below the measured norms: every step clips
+  const zero_run z0 = run_zero<float>(3, 0, h, BN, data), z1 = run_zero<float>(3, 1, h, BN, data);
+  double worst_p = 0, worst_n = 0;
+  for (std::size_t r = 0; r < 3; ++r) {
+    CHECK(same_bits(z1.params[r], z1.params[0]));
+    CHECK(z1.norms[r] == z1.norms[0]);
+    for (std::size_t s = 0; s < STEPS; ++s) {
+      CHECK(z0.norms[r][s] > double(h.max_grad_norm));
+      const double rel = std::fabs(z1.norms[r][s] - z0.norms[r][s]) / z0.norms[r][s];
+      CHECK(rel <= 1e-5);
+      worst_n = std::max(worst_n, rel);
+    }
+    for (std::size_t i = 0; i < z0.params[r].size(); ++i)
+      for (std::size_t k = 0; k < z0.params[r][i].size(); ++k) worst_p = std::max(worst_p, std::fabs(double(z1.params[r][i][k]) - double(z0.params[r][i][k])));
+  }
+  CHECK(worst_p <= 2 * 3.2 * h.hyper.lr * STEPS);
+  WARN("ZeRO-1 vs plain DP with clipping: norm max rel diff " << worst_n << ", params max |diff| " << worst_p << " (bound " << 2 * 3.2 * h.hyper.lr * STEPS
+                                                               << ")");
+}
+
+TEST_CASE("data_parallel: ZeRO stages that are not built are typed errors", "[dist][data_parallel][zero][errors]") {
+  host_device dv(1);
+  nn::decoder_lm<host_device> m(dv, tiny_llama());
+  threads_world::run(1, [&](threads_transport t) {
+    communicator c(std::move(t));
+    CHECK_THROWS_MATCHES((dist::data_parallel<host_device>(m, c, {.bucket_bytes = 1024, .zero_stage = 2})), dist::dist_error,
+                         is_error(errc::unsupported, "dist", "ZeRO stage 2 is not built yet"));
+    CHECK_THROWS_MATCHES((dist::data_parallel<host_device>(m, c, {.bucket_bytes = 1024, .zero_stage = -1})), dist::dist_error,
+                         is_error(errc::config, "dist", "ZeRO stage -1"));
+  });
 }

@@ -47,8 +47,9 @@ TEST_CASE("dist layout: bad layouts are typed errors naming the numbers", "[dist
   CHECK_NOTHROW(l.validate(6));
   CHECK_THROWS_MATCHES((dist::parallel_layout{.dp = 0, .tp = 2}.validate(2)), dist::dist_error, is_error(errc::config, "dist", "at least 1"));
   CHECK_THROWS_MATCHES((dist::parallel_layout{.dp = 1, .tp = 1, .pp = 2}.validate(2)), dist::dist_error, is_error(errc::unsupported, "dist", "pp = 2"));
-  CHECK_THROWS_MATCHES((dist::parallel_layout{.dp = 2, .tp = 1, .zero_stage = 1}.validate(2)), dist::dist_error,
-                       is_error(errc::unsupported, "dist", "ZeRO stage 1"));
+  CHECK_NOTHROW((dist::parallel_layout{.dp = 2, .tp = 1, .zero_stage = 1}.validate(2)));
+  CHECK_THROWS_MATCHES((dist::parallel_layout{.dp = 2, .tp = 1, .zero_stage = 2}.validate(2)), dist::dist_error,
+                       is_error(errc::unsupported, "dist", "ZeRO stage 2"));
   CHECK_THROWS_MATCHES((dist::parallel_layout{.zero_stage = 4}.validate(1)), dist::dist_error, is_error(errc::config, "dist", "ZeRO stage 4"));
   CHECK_THROWS_MATCHES(l.coords(6), dist::dist_error, is_error(errc::out_of_range, "dist", "rank 6"));
   CHECK_THROWS_MATCHES(l.rank_of({.dp = 0, .tp = 3}), dist::dist_error, is_error(errc::out_of_range, "dist", "tp 3"));
@@ -56,8 +57,11 @@ TEST_CASE("dist layout: bad layouts are typed errors naming the numbers", "[dist
   const dist::parallel_layout t2{.tp = 2}, t4{.tp = 4};
   CHECK_NOTHROW(t2.validate(llama(4, 2, 96)));
   CHECK_THROWS_MATCHES(t2.validate(llama(3, 3, 96)), dist::dist_error, is_error(errc::config, "dist", "tp = 2 does not divide the 3 attention heads"));
-  CHECK_THROWS_MATCHES(t2.validate(llama(6, 3, 96)), dist::dist_error, is_error(errc::config, "dist", "tp = 2 does not divide the 3 kv heads"));
-  CHECK_THROWS_MATCHES(t4.validate(llama(4, 2, 96)), dist::dist_error, is_error(errc::unsupported, "dist", "tp = 4 is above the 2 kv heads"));
+  CHECK_THROWS_MATCHES(t2.validate(llama(6, 3, 96)), dist::dist_error, is_error(errc::config, "dist", "tp = 2 and the 3 kv heads: one must divide the other"));
+  CHECK_NOTHROW(t4.validate(llama(4, 2, 96)));  // each kv head replicated on 2 ranks
+  CHECK_NOTHROW(t4.validate(llama(8, 1, 96)));  // multi-query: the one kv head on every rank
+  CHECK_THROWS_MATCHES((dist::parallel_layout{.tp = 6}.validate(llama(12, 4, 96))), dist::dist_error,
+                       is_error(errc::config, "dist", "tp = 6 and the 4 kv heads"));
   CHECK_THROWS_MATCHES(t2.validate(llama(4, 2, 95)), dist::dist_error, is_error(errc::config, "dist", "does not divide the intermediate size 95"));
 }
 

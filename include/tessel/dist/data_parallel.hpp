@@ -1,22 +1,40 @@
-// Plain data parallelism (ZeRO stage 0): one nn::decoder_lm replica per dp rank, each on its own
-// device, each with its share of the batch. After the local forward and backward the gradients are
-// averaged over the dp group in buckets (consecutive parameters in registration order, packed into
-// one buffer up to bucket_bytes), every bucket reduced in dp-rank order, so every replica sees the
-// same bits whatever the thread timing, runs the same AdamW step, and stays bitwise identical.
-// Ranks with different numbers of counted tokens (targets that are not ignore_index) are weighted
-// by their counts, so the averaged gradient is the gradient of the mean loss over the whole batch.
+// Data parallelism over a dp group: one nn::decoder_lm replica per dp rank, each on its own
+// device, each with its share of the batch. Ranks with different numbers of counted tokens (targets
+// that are not ignore_index) are weighted by their counts, so the averaged gradient is the gradient
+// of the mean loss over the whole batch.
+//
+// ZeRO stage 0 (plain DP): after the local forward and backward the gradients are averaged over the
+// dp group in buckets (consecutive parameters in registration order, packed into one buffer up to
+// bucket_bytes), every bucket reduced in dp-rank order, so every replica sees the same bits whatever
+// the thread timing, runs the same AdamW step (the model's own), and stays bitwise identical.
+//
+// ZeRO stage 1 (optimizer state sharded, Rajbhandari et al. 2020; Megatron's distributed
+// optimizer): the parameters, taken in registration order as one flat vector of P elements, are cut
+// into dp contiguous shards of ceil(P / dp) elements (the last ones shorter or empty). The gradients
+// are reduce-scattered (each rank receives the average of its shard only), each rank runs AdamW on
+// its shard with the moments for its shard only (8·P/dp bytes instead of 8·P), and the updated
+// parameters are all-gathered. Every element is reduced in the same rank order as the all-reduce
+// and updated by the same per-element arithmetic, so stage 1 gives the same bits as stage 0
+// (tested) when the gradient norm is not clipped; with clipping the norm is summed shard by shard
+// (one more rounding order, a relative difference of the order of 1e-16 in the coefficient).
+// The f32 values (which the norms and biases read) and the gradients stay whole on every rank; the
+// bytes per parameter on a card are therefore 4 (f32 value) + 4 (f32 gradient) + 2 (bf16 copy, bf16
+// models) + 8/dp (moments), which memory() reports from the buffers actually held.
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <tessel/collectives/communicator.hpp>
 #include <tessel/device/device.hpp>
 #include <tessel/device/device_buffer.hpp>
+#include <tessel/detail/checked.hpp>
 #include <tessel/dist/errors.hpp>
 #include <tessel/nn/decoder.hpp>
 
@@ -25,7 +43,16 @@ inline namespace v0 {
 namespace dist {
 
 struct data_parallel_options {
-  std::size_t bucket_bytes = std::size_t{4} << 20;  // f32 gradient bytes per all-reduce
+  std::size_t bucket_bytes = std::size_t{4} << 20;  // f32 bytes per rank per collective (gradient buckets, shard chunks)
+  int zero_stage = 0;                               // 0: plain DP; 1: optimizer state sharded over dp (2 and 3 are not built yet)
+};
+
+// Bytes a rank holds for training, by kind (device buffers actually allocated).
+struct memory_use {
+  std::size_t parameters = 0;       // f32 values and bf16 copies
+  std::size_t gradients = 0;        // f32 gradients
+  std::size_t optimizer_state = 0;  // AdamW moments
+  std::size_t total() const { return parameters + gradients + optimizer_state; }
 };
 
 template <device Dev, nn::compute_type T = float>
@@ -33,9 +60,40 @@ class data_parallel {
  public:
   data_parallel(nn::decoder_lm<Dev, T>& model, communicator& dp, data_parallel_options o = {}) : m_(&model), dp_(&dp), o_(o) {
     if (o_.bucket_bytes < sizeof(float)) throw dist_error(errc::invalid_argument, "data_parallel: bucket_bytes must hold one f32");
+    if (o_.zero_stage < 0 || o_.zero_stage > 3) throw dist_error(errc::config, "data_parallel: ZeRO stage " + std::to_string(o_.zero_stage) + " is not one of 0, 1, 2, 3");
+    if (o_.zero_stage > 1)
+      throw dist_error(errc::unsupported, "data_parallel: ZeRO stage " + std::to_string(o_.zero_stage) + " is not built yet (stages 0 and 1 are)");
+    std::size_t at = 0;
+    for (auto& p : m_->params()) {
+      members_.push_back(&p);
+      starts_.push_back(at);
+      at = detail::add_checked(at, p.numel, "data_parallel: parameter count");
+    }
+    total_ = at;
+    const std::size_t n = std::size_t(dp_->size());
+    shard_ = total_ / n + (total_ % n != 0);
+    lo_ = std::min(total_, shard_ * std::size_t(dp_->rank()));
+    hi_ = std::min(total_, lo_ + shard_);
   }
 
   nn::decoder_lm<Dev, T>& model() { return *m_; }
+  int zero_stage() const { return o_.zero_stage; }
+  // The flat range [first, second) of the parameters (registration order) whose optimizer state
+  // this rank holds: everything at stage 0.
+  std::pair<std::size_t, std::size_t> owned_range() const { return o_.zero_stage == 0 ? std::pair{std::size_t(0), total_} : std::pair{lo_, hi_}; }
+
+  // What this rank holds: the model's parameters and gradients, and the moments (the model's at
+  // stage 0, this rank's shard at stage 1).
+  memory_use memory() const {
+    memory_use u;
+    for (const auto* p : members_) {
+      u.parameters += p->value.size() * sizeof(float) + p->value_bf16.size() * sizeof(bf16);
+      u.gradients += p->grad.size() * sizeof(float);
+      u.optimizer_state += (p->m.size() + p->v.size()) * sizeof(float);
+    }
+    u.optimizer_state += (m_shard_.size() + v_shard_.size()) * sizeof(float);
+    return u;
+  }
 
   // Every replica's parameters <- rank `root`'s (so replicas start identical whatever each did).
   void broadcast_parameters(int root = 0) {
@@ -44,7 +102,8 @@ class data_parallel {
   }
 
   // Zeroes the gradients, runs this rank's forward and backward on its (batch, seq) share, and
-  // averages the gradients over dp. Returns the mean loss over every rank's counted tokens.
+  // averages the gradients over dp (stage 1: only this rank's shard of them holds the average; the
+  // rest keep this rank's own gradients). Returns the mean loss over every rank's counted tokens.
   double forward_backward(std::span<const std::int64_t> ids, std::span<const std::int64_t> targets, std::size_t batch, std::size_t seq,
                           std::int64_t ignore_index = -100) {
     m_->params().zero_grad();
@@ -61,7 +120,8 @@ class data_parallel {
     if (!equal)
       for (auto& p : m_->params())
         for (float& g : p.grad.span()) g *= w;
-    all_reduce_gradients();
+    if (o_.zero_stage == 0) all_reduce_gradients();
+    else reduce_scatter_gradients();
     double sum = local * cnt;
     double global = 0.0;
     dp_->all_reduce(std::span<const double>(&sum, 1), std::span<double>(&global, 1), reduce_op::sum);
@@ -72,8 +132,63 @@ class data_parallel {
   double step(std::span<const std::int64_t> ids, std::span<const std::int64_t> targets, std::size_t batch, std::size_t seq, const nn::adamw_config& h,
               std::uint64_t step_no, std::int64_t ignore_index = -100) {
     const double loss = forward_backward(ids, targets, batch, seq, ignore_index);
-    m_->adamw(h, step_no);
+    adamw(h, step_no);
     return loss;
+  }
+
+  // One AdamW step after forward_backward, the same on every replica: stage 0 the model's own;
+  // stage 1 this rank's shard (the finiteness check and the clipping norm taken over every shard,
+  // one all-reduce), then the parameters all-gathered.
+  step_result adamw(const nn::adamw_config& h, std::uint64_t step_no) {
+    if (o_.zero_stage == 0) return m_->adamw(h, step_no);
+    const bool want_norm = h.max_grad_norm > 0.0f;
+    double acc[2] = {0.0, 0.0};  // Σ g² over this shard, non-finite gradients seen
+    for_range(lo_, hi_, [&](nn::parameter<Dev>& p, std::size_t off, std::size_t cnt, std::size_t) {
+      const float* g = p.grad.data() + off;
+      for (std::size_t i = 0; i < cnt; ++i) {
+        if (!std::isfinite(g[i])) acc[1] = 1.0;
+        else if (want_norm) acc[0] += double(g[i]) * double(g[i]);
+      }
+    });
+    dp_->all_reduce(std::span<double>(acc, 2), reduce_op::sum);
+    step_result res;
+    if (acc[1] > 0.0) {
+      res.found_inf = res.skipped = true;
+      return res;
+    }
+    Dev& dev = m_->params().device();
+    if (m_shard_.size() != hi_ - lo_) {
+      m_shard_ = device_buffer<float, Dev>::zeros(dev, hi_ - lo_);
+      v_shard_ = device_buffer<float, Dev>::zeros(dev, hi_ - lo_);
+    }
+    std::vector<optim_tensor<float, float>> ts;
+    for_range(lo_, hi_, [&](nn::parameter<Dev>& p, std::size_t off, std::size_t cnt, std::size_t at) {
+      optim_tensor<float, float> t;
+      if (!p.value_bf16.empty()) {
+        t.param_bf16 = p.value_bf16.span().subspan(off, cnt);
+        t.master = p.value.span().subspan(off, cnt);
+      } else {
+        t.param = p.value.span().subspan(off, cnt);
+      }
+      t.grad = p.grad.cspan().subspan(off, cnt);
+      t.m = m_shard_.span().subspan(at, cnt);
+      t.v = v_shard_.span().subspan(at, cnt);
+      ts.push_back(t);
+    });
+    step_options so;
+    so.storage = std::is_same_v<T, bf16> ? param_storage::bf16_master : param_storage::f32;
+    so.check_finite = false;  // checked above, over every shard
+    double norm = -1.0;
+    if (want_norm) {
+      // PyTorch's clip_grad_norm_ coefficient, applied as the step's gradient multiplier
+      norm = std::sqrt(acc[0]);
+      const double coef = double(h.max_grad_norm) / (norm + 1e-6);
+      if (coef < 1.0) so.loss_scale = float(1.0 / coef);
+    }
+    if (!ts.empty()) res = adamw_step(dev, std::span<const optim_tensor<float, float>>(ts), h.hyper, step_no, so);
+    res.grad_norm = norm;
+    all_gather_parameters();
+    return res;
   }
 
   // The gradients averaged over dp, bucket by bucket in registration order.
@@ -108,10 +223,72 @@ class data_parallel {
   }
 
  private:
+  // Calls f(parameter, offset in it, count, offset from a) for each piece of the flat range [a, b).
+  template <class F>
+  void for_range(std::size_t a, std::size_t b, F&& f) {
+    if (a >= b) return;
+    std::size_t i = std::size_t(std::upper_bound(starts_.begin(), starts_.end(), a) - starts_.begin()) - 1;
+    for (std::size_t at = a; at < b; ++i) {
+      nn::parameter<Dev>& p = *members_[i];
+      const std::size_t off = at - starts_[i], cnt = std::min(b - at, p.numel - off);
+      if (cnt > 0) f(p, off, cnt, at - a);
+      at += cnt;
+    }
+  }
+  std::size_t chunk_elems() const { return std::max<std::size_t>(1, o_.bucket_bytes / sizeof(float)); }
+  float* staging(std::size_t n) {
+    if (bucket_.size() < n) bucket_ = std::vector<float>(n);
+    return bucket_.data();
+  }
+
+  // Stage 1: rank q receives the average of flat gradient shard q, chunk by chunk (the same rank
+  // order per element as all_reduce_gradients).
+  void reduce_scatter_gradients() {
+    const std::size_t n = std::size_t(dp_->size()), cap = std::max<std::size_t>(1, chunk_elems() / n);
+    for (std::size_t c0 = 0; c0 < shard_; c0 += cap) {
+      const std::size_t c = std::min(cap, shard_ - c0);
+      float* buf = staging(n * c + c);
+      std::fill_n(buf, n * c, 0.0f);  // past the end of the parameters: padding
+      for (std::size_t q = 0; q < n; ++q) {
+        const std::size_t a = std::min(total_, q * shard_ + c0);
+        for_range(a, std::min(total_, a + c),
+                  [&](nn::parameter<Dev>& p, std::size_t off, std::size_t cnt, std::size_t at) { std::copy_n(p.grad.data() + off, cnt, buf + q * c + at); });
+      }
+      float* out = buf + n * c;
+      dp_->reduce_scatter(std::span<const float>(buf, n * c), std::span<float>(out, c), reduce_op::avg);
+      const std::size_t a = std::min(hi_, lo_ + c0);
+      for_range(a, std::min(hi_, a + c), [&](nn::parameter<Dev>& p, std::size_t off, std::size_t cnt, std::size_t at) { std::copy_n(out + at, cnt, p.grad.data() + off); });
+    }
+  }
+
+  // Stage 1: every rank's updated shard of the f32 values to every rank, then the bf16 copies.
+  void all_gather_parameters() {
+    const std::size_t n = std::size_t(dp_->size()), cap = std::max<std::size_t>(1, chunk_elems() / n);
+    for (std::size_t c0 = 0; c0 < shard_; c0 += cap) {
+      const std::size_t c = std::min(cap, shard_ - c0);
+      float* buf = staging(c + n * c);
+      std::fill_n(buf, c, 0.0f);
+      const std::size_t a = std::min(hi_, lo_ + c0);
+      for_range(a, std::min(hi_, a + c), [&](nn::parameter<Dev>& p, std::size_t off, std::size_t cnt, std::size_t at) { std::copy_n(p.value.data() + off, cnt, buf + at); });
+      float* out = buf + c;
+      dp_->all_gather(std::span<const float>(buf, c), std::span<float>(out, n * c));
+      for (std::size_t q = 0; q < n; ++q) {
+        const std::size_t b = std::min(total_, q * shard_ + c0);
+        for_range(b, std::min(total_, b + c),
+                  [&](nn::parameter<Dev>& p, std::size_t off, std::size_t cnt, std::size_t at) { std::copy_n(out + q * c + at, cnt, p.value.data() + off); });
+      }
+    }
+    m_->params().refresh_bf16();
+  }
+
   nn::decoder_lm<Dev, T>* m_;
   communicator* dp_;
   data_parallel_options o_;
   std::vector<float> bucket_;  // host staging of a bucket (device memory is host-addressable here)
+  std::vector<nn::parameter<Dev>*> members_;  // the registry in order
+  std::vector<std::size_t> starts_;           // each one's first flat index
+  std::size_t total_ = 0, shard_ = 0, lo_ = 0, hi_ = 0;  // P, ceil(P / dp), this rank's shard [lo, hi)
+  device_buffer<float, Dev> m_shard_, v_shard_;          // stage 1: this shard's AdamW moments
 };
 
 }  // namespace dist

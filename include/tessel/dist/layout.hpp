@@ -27,7 +27,7 @@ struct parallel_layout {
   int tp = 1;          // tensor-parallel ranks per replica
   int pp = 1;          // pipeline stages (only 1 for now)
   int ep = 1;          // expert-parallel ranks (only 1 for now)
-  int zero_stage = 0;  // 0: plain DP (ZeRO 1-3 later)
+  int zero_stage = 0;  // 0: plain DP; 1: optimizer state sharded over dp (2 and 3 later)
 
   // dp·tp·pp; a product that overflows int is a dist_error(errc::overflow).
   int world_size() const {
@@ -42,25 +42,25 @@ struct parallel_layout {
     check_positive();
     if (pp != 1) throw dist_error(errc::unsupported, "layout " + to_string() + ": pipeline parallelism (pp = " + std::to_string(pp) + ") is not built yet");
     if (ep != 1) throw dist_error(errc::unsupported, "layout " + to_string() + ": expert parallelism (ep = " + std::to_string(ep) + ") is not built yet");
-    if (zero_stage != 0)
-      throw dist_error(errc::unsupported, "layout " + to_string() + ": ZeRO stage " + std::to_string(zero_stage) + " is not built yet (only 0)");
+    if (zero_stage > 1)
+      throw dist_error(errc::unsupported, "layout " + to_string() + ": ZeRO stage " + std::to_string(zero_stage) + " is not built yet (0 and 1 are)");
     if (world_size() != world)
       throw dist_error(errc::config, "layout " + to_string() + " needs dp·tp·pp = " + std::to_string(world_size()) + " ranks, the world has " +
                                          std::to_string(world));
   }
 
-  // The layout can split this model: tp divides the attention heads, the kv heads and the MLP's
-  // intermediate size (each tp rank holds whole heads and an equal slice of the MLP).
+  // The layout can split this model: tp divides the attention heads and the MLP's intermediate size
+  // (each tp rank holds whole heads and an equal slice of the MLP), and either tp divides the kv
+  // heads (each rank holds some) or the kv heads divide tp (each is replicated on tp / kv ranks).
   void validate(const io::model_config& c) const {
     check_positive();
     const std::size_t t = std::size_t(tp);
     if (c.num_attention_heads % t != 0)
       throw dist_error(errc::config, "tp = " + std::to_string(tp) + " does not divide the " + std::to_string(c.num_attention_heads) + " attention heads");
-    if (c.num_key_value_heads < t)
-      throw dist_error(errc::unsupported, "tp = " + std::to_string(tp) + " is above the " + std::to_string(c.num_key_value_heads) +
-                                              " kv heads (replicating kv heads over tp is not built yet)");
-    if (c.num_key_value_heads % t != 0)
-      throw dist_error(errc::config, "tp = " + std::to_string(tp) + " does not divide the " + std::to_string(c.num_key_value_heads) + " kv heads");
+    const std::size_t kv = c.num_key_value_heads;
+    if (kv == 0 || (kv % t != 0 && t % kv != 0))
+      throw dist_error(errc::config, "tp = " + std::to_string(tp) + " and the " + std::to_string(kv) +
+                                         " kv heads: one must divide the other (kv heads are split over tp or replicated on tp / kv ranks)");
     if (c.intermediate_size % t != 0)
       throw dist_error(errc::config, "tp = " + std::to_string(tp) + " does not divide the intermediate size " + std::to_string(c.intermediate_size));
   }
