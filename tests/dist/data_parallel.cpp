@@ -30,6 +30,10 @@
 #include "dist/thread_check.hpp"
 #include "dist/token_batch.hpp"
 
+// The whole file in its own namespace: its test executable is a unity build (tests/CMakeLists.txt),
+// where each file's helpers must keep their own names.
+namespace tessel_test_dist_data_parallel {
+
 using namespace tessel;
 using tessel_test::is_error;
 
@@ -268,3 +272,5 @@ TEST_CASE("data_parallel: ZeRO stages that are not built are typed errors", "[di
                          is_error(errc::config, "dist", "ZeRO stage -1"));
   });
 }
+
+}  // namespace tessel_test_dist_data_parallel

@@ -13,6 +13,10 @@
 #include "error_match.hpp"
 #include "dist/thread_check.hpp"
 
+// The whole file in its own namespace: its test executable is a unity build (tests/CMakeLists.txt),
+// where each file's helpers must keep their own names.
+namespace tessel_test_dist_layout {
+
 using namespace tessel;
 using tessel_test::is_error;
 
@@ -107,3 +111,5 @@ TEST_CASE("dist groups: tp and dp groups of a 2x3 layout reduce over their membe
     }
   }
 }
+
+}  // namespace tessel_test_dist_layout

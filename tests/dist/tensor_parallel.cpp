@@ -25,6 +25,10 @@
 
 #include "dist/thread_check.hpp"
 
+// The whole file in its own namespace: its test executable is a unity build (tests/CMakeLists.txt),
+// where each file's helpers must keep their own names.
+namespace tessel_test_dist_tensor_parallel {
+
 using namespace tessel;
 using nn::cview;
 using nn::mview;
@@ -509,3 +513,5 @@ TEST_CASE("tp_attention rejects head counts tp cannot split, naming the numbers"
     TS_CHECK(g);
   });
 }
+
+}  // namespace tessel_test_dist_tensor_parallel

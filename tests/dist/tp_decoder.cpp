@@ -31,6 +31,10 @@
 #include "dist/thread_check.hpp"
 #include "dist/token_batch.hpp"
 
+// The whole file in its own namespace: its test executable is a unity build (tests/CMakeLists.txt),
+// where each file's helpers must keep their own names.
+namespace tessel_test_dist_tp_decoder {
+
 using namespace tessel;
 
 namespace {
@@ -231,3 +235,5 @@ TEST_CASE("tp_decoder_lm rejects configs it cannot split or does not support, na
     TS_CHECK(gpt2);
   });
 }
+
+}  // namespace tessel_test_dist_tp_decoder

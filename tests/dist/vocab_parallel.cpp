@@ -50,6 +50,10 @@
 
 #include "dist/thread_check.hpp"
 
+// The whole file in its own namespace: its test executable is a unity build (tests/CMakeLists.txt),
+// where each file's helpers must keep their own names.
+namespace tessel_test_dist_vocab_parallel {
+
 using namespace tessel;
 using nn::cview;
 using nn::mview;
@@ -406,3 +410,5 @@ TEST_CASE("vocabulary-parallel layers reject a tp that leaves a rank without row
     TS_CHECK(pr.size() == 0);
   });
 }
+
+}  // namespace tessel_test_dist_vocab_parallel

@@ -14,6 +14,10 @@
 
 #include "error_match.hpp"
 
+// The whole file in its own namespace: its test executable is a unity build (tests/CMakeLists.txt),
+// where each file's helpers must keep their own names.
+namespace tessel_test_nn_decoder {
+
 using namespace tessel;
 using tessel_test::is_error;
 
@@ -237,3 +241,5 @@ TEST_CASE("decoder input errors are typed and name the problem", "[nn][decoder][
   std::vector<std::int64_t> long_ids(33, 1);
   CHECK_THROWS_MATCHES(g.forward(long_ids, 1, 33), nn::nn_error, is_error(errc::invalid_argument, "nn", "learned positions"));
 }
+
+}  // namespace tessel_test_nn_decoder

@@ -31,6 +31,10 @@
 
 #include "error_match.hpp"
 
+// The whole file in its own namespace: its test executable is a unity build (tests/CMakeLists.txt),
+// where each file's helpers must keep their own names.
+namespace tessel_test_nn_decoder_torch {
+
 using namespace tessel;
 namespace fs = std::filesystem;
 
@@ -209,3 +213,5 @@ TEST_CASE("Mixtral's loss without the aux coefficient has the cross-entropy grad
     CHECK(dist2(p.grad.data(), g.data(), p.numel) <= 1.5e-5 * std::max(norm2(g.data(), p.numel), 1e-6));
   }
 }
+
+}  // namespace tessel_test_nn_decoder_torch

@@ -39,6 +39,10 @@
 
 #include "error_match.hpp"
 
+// The whole file in its own namespace: its test executable is a unity build (tests/CMakeLists.txt),
+// where each file's helpers must keep their own names.
+namespace tessel_test_nn_generate {
+
 using namespace tessel;
 using tessel_test::is_error;
 
@@ -462,3 +466,7 @@ TEST_CASE("cached decoding errors are typed and name the problem", "[nn][generat
   CHECK(small.live_sequences() == 0);
   CHECK(small.free_pages() == 2);
 }
+
+}  // namespace tessel_test_nn_generate
+
+#undef REPORT

@@ -18,6 +18,10 @@
 #include <tessel/device/host_device.hpp>
 #include <tessel/nn.hpp>
 
+// The whole file in its own namespace: its test executable is a unity build (tests/CMakeLists.txt),
+// where each file's helpers must keep their own names.
+namespace tessel_test_nn_generate_torch {
+
 using namespace tessel;
 namespace fs = std::filesystem;
 
@@ -91,3 +95,5 @@ TEST_CASE("cached decoding gives PyTorch's fp64 logits at every position", "[nn]
     if (std::getenv("TESSEL_REPORT")) std::printf("| %s | cached decode vs torch fp64 | %.2e |\n", name, worst);
   }
 }
+
+}  // namespace tessel_test_nn_generate_torch
