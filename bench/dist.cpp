@@ -2,16 +2,15 @@
 // side in one process (issue 18: "a tp=2 training step reaches at least 0.85 of the single-device
 // step's throughput per core at a size where compute dominates").
 //
-// The model is bench_model's (~20M-parameter Llama: d 512, 4 layers, 8 heads, 4 kv heads, vocab
-// 8192, intermediate 1408), batch 4 x sequence 512, one step = zero_grad + forward + loss +
-// backward + AdamW, in f32 and bf16:
+// The model is bench_model's (common/small_llama.hpp: ~20M-parameter Llama, batch 4 x sequence
+// 512), one step = zero_grad + forward + loss + backward + AdamW, in f32 and bf16:
 //   BM_one_device/<threads>  nn::decoder_lm on one host_device of 1 or 2 threads;
 //   BM_tp/<tp>               dist::tp_decoder_lm on tp thread ranks (threads transport), each rank a
 //                            host_device of 1 thread: tp cores in all.
 // Counters: tokens/s, tokens_per_core (tokens/s divided by the cores the step uses) and
 // model FLOP/s (bench_model's count). The claim is the ratio tokens_per_core(BM_tp/2) /
-// tokens_per_core(BM_one_device/1) of one run; tools/bench-dist... is not needed: run with
-// --benchmark_repetitions=3 --benchmark_report_aggregates_only=false and read min/median.
+// tokens_per_core(BM_one_device/1) within one run: run with --benchmark_repetitions=3 and read
+// the min and the median.
 //
 // The tp ranks live for the whole benchmark (persistent threads): each iteration releases them
 // through a barrier and waits for both to finish the step, so thread start-up is not timed.
@@ -31,61 +30,30 @@
 #include <thread>
 #include <vector>
 
+#include "common/small_llama.hpp"
+
 namespace {
 using namespace tessel;
 
-constexpr std::size_t batch = 4, seq = 512;
-
-io::model_config small_model() {
-  return io::parse_model_config(R"({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 8192,
-    "hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 4, "num_attention_heads": 8,
-    "num_key_value_heads": 4, "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-    "hidden_act": "silu", "tie_word_embeddings": false})");
-}
-
-// Per token: 6·(every weight a GEMM reads, the LM head included) + causal attention 6·S·q_dim per layer.
-double train_flops_per_token(const io::model_config& c) {
-  const double d = double(c.hidden_size), I = double(c.intermediate_size), qd = double(c.num_attention_heads * c.head_dim),
-               kvd = double(c.num_key_value_heads * c.head_dim), L = double(c.num_hidden_layers), V = double(c.vocab_size);
-  return 6 * (L * (d * qd + 2 * d * kvd + qd * d + 3 * d * I) + V * d) + 6 * L * double(seq) * qd;
-}
-
-struct batch_data {
-  std::vector<std::int64_t> ids, targets;
-  batch_data() : ids(batch * seq), targets(batch * seq) {
-    std::uint64_t s = 1;
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-      s = s * 6364136223846793005ull + 1442695040888963407ull;
-      ids[i] = std::int64_t((s >> 33) % 8192);
-      targets[i] = std::int64_t((s >> 13) % 8192);
-    }
-  }
-};
+using tessel_bench::small_batch, tessel_bench::small_seq;
 
 void report(benchmark::State& st, double cores) {
-  const double tokens = double(batch * seq) * double(st.iterations());
+  const double tokens = double(small_batch * small_seq) * double(st.iterations());
   st.counters["tokens"] = benchmark::Counter(tokens, benchmark::Counter::kIsRate);
   st.counters["tokens_per_core"] = benchmark::Counter(tokens / cores, benchmark::Counter::kIsRate);
-  st.counters["flops"] = benchmark::Counter(tokens * train_flops_per_token(small_model()), benchmark::Counter::kIsRate);
+  st.counters["flops"] = benchmark::Counter(tokens * tessel_bench::flops_per_token(tessel_bench::small_llama()).train, benchmark::Counter::kIsRate);
 }
 
 template <class T>
 void BM_one_device(benchmark::State& st) {
   const unsigned threads = unsigned(st.range(0));
   host_device dev(threads);
-  nn::decoder_lm<host_device, T> m(dev, small_model());
+  nn::decoder_lm<host_device, T> m(dev, tessel_bench::small_llama());
   m.init(1);
-  const batch_data b;
-  nn::adamw_config h;
-  h.hyper.lr = 1e-4f;
+  const tessel_bench::small_batch_data b;
   std::uint64_t step = 0;
-  auto one = [&] {
-    m.params().zero_grad();
-    benchmark::DoNotOptimize(m.forward_backward(b.ids, b.targets, batch, seq));
-    m.adamw(h, ++step);
-  };
-  one();  // warm: buffers allocated, pages touched
-  for (auto _ : st) one();
+  tessel_bench::train_step(m, b, ++step);  // warm: buffers allocated, pages touched
+  for (auto _ : st) tessel_bench::train_step(m, b, ++step);
   report(st, double(threads));
 }
 
@@ -121,17 +89,13 @@ class tp_rig {
     try {
       communicator tp(std::move(t));
       host_device dev(1);
-      dist::tp_decoder_lm<host_device, T> m(dev, small_model(), tp);
+      dist::tp_decoder_lm<host_device, T> m(dev, tessel_bench::small_llama(), tp);
       m.init(1);
-      const batch_data b;
-      nn::adamw_config h;
-      h.hyper.lr = 1e-4f;
+      const tessel_bench::small_batch_data b;
       for (std::uint64_t step = 1;; ++step) {
         go_.arrive_and_wait();
         if (stop_) return;
-        m.params().zero_grad();
-        benchmark::DoNotOptimize(m.forward_backward(b.ids, b.targets, batch, seq));
-        m.adamw(h, step);
+        tessel_bench::train_step(m, b, step);
         done_.arrive_and_wait();
       }
     } catch (...) {

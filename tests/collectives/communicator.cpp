@@ -4,6 +4,10 @@
 // ranks 2/3/8) to keep the default suite fast.
 #include "verifiable.hpp"
 
+// The whole file in its own namespace: its test executable is a unity build (tests/CMakeLists.txt),
+// where each file's helpers must keep their own names.
+namespace tessel_test_collectives_communicator {
+
 TEST_CASE("all_reduce: every dtype x op x algorithm x in/out-of-place x count x ranks", "[collectives][all_reduce]") {
   all_reduce_matrix(counts);
 }
@@ -84,3 +88,5 @@ TEST_CASE("all_reduce larger than the last-level cache: the streaming-store path
         }
     });
 }
+
+}  // namespace tessel_test_collectives_communicator

@@ -13,6 +13,10 @@
 #include <tessel/collectives.hpp>
 #include <tessel/collectives/compression.hpp>
 
+// The whole file in its own namespace: its test executable is a unity build (tests/CMakeLists.txt),
+// where each file's helpers must keep their own names.
+namespace tessel_test_collectives_compression {
+
 using namespace tessel;
 
 namespace {
@@ -168,3 +172,5 @@ TEST_CASE("compressed all_reduce: bad arguments", "[collectives][compression][er
     check([&] { all_reduce_compressed(c, big, big, reduce_op::sum, {wire_format::int4, 4}, &ef); }, errc::invalid_argument);
   });
 }
+
+}  // namespace tessel_test_collectives_compression

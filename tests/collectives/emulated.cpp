@@ -18,6 +18,10 @@
 
 #include "reference/collectives_ref.hpp"
 
+// The whole file in its own namespace: its test executable is a unity build (tests/CMakeLists.txt),
+// where each file's helpers must keep their own names.
+namespace tessel_test_collectives_emulated {
+
 using namespace tessel;
 
 namespace {
@@ -271,3 +275,5 @@ TEST_CASE("emulated: ring algorithms pipeline their segments along the chain (16
   CHECK(t16[1] < 2.0 * t4[1]);
   CHECK(t16[0] > t4[0]);  // a longer chain still costs its extra hops
 }
+
+}  // namespace tessel_test_collectives_emulated

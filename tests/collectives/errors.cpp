@@ -10,6 +10,10 @@
 #include <tessel/collectives.hpp>
 #include "error_match.hpp"
 
+// The whole file in its own namespace: its test executable is a unity build (tests/CMakeLists.txt),
+// where each file's helpers must keep their own names.
+namespace tessel_test_collectives_errors {
+
 using tessel_test::is_error;
 using tessel::errc;
 
@@ -106,3 +110,5 @@ TEST_CASE("collectives: count 0 and one rank are no-ops that still validate", "[
     CHECK(c.shrink().size() == 1);  // nothing failed: shrink keeps everyone
   });
 }
+
+}  // namespace tessel_test_collectives_errors

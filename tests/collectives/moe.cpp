@@ -17,6 +17,10 @@
 #include <tessel/collectives/transport/emulated.hpp>
 #include "error_match.hpp"
 
+// The whole file in its own namespace: its test executable is a unity build (tests/CMakeLists.txt),
+// where each file's helpers must keep their own names.
+namespace tessel_test_collectives_moe {
+
 using tessel_test::is_error;
 using tessel::errc;
 
@@ -283,3 +287,5 @@ TEST_CASE("moe: timing-only needs a transport that times byte counts, and routin
   });
   CHECK(inv == 2);
 }
+
+}  // namespace tessel_test_collectives_moe

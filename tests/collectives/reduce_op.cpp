@@ -20,6 +20,10 @@
 
 #include "reference/collectives_ref.hpp"
 
+// The whole file in its own namespace: its test executable is a unity build (tests/CMakeLists.txt),
+// where each file's helpers must keep their own names.
+namespace tessel_test_collectives_reduce_op {
+
 using namespace tessel;
 using Catch::Matchers::Contains;
 
@@ -193,3 +197,5 @@ TEST_CASE("kernels reject i4x2 and invalid ops, and timing-only runs touch nothi
   tessel::detail::copy_bytes(out.data(), a.data(), 64);
   for (auto x : out) REQUIRE(std::to_integer<int>(x) == 1);
 }
+
+}  // namespace tessel_test_collectives_reduce_op

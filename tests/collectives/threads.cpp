@@ -18,6 +18,10 @@
 #include "reference/collectives_ref.hpp"
 #include "error_match.hpp"
 
+// The whole file in its own namespace: its test executable is a unity build (tests/CMakeLists.txt),
+// where each file's helpers must keep their own names.
+namespace tessel_test_collectives_threads {
+
 using tessel_test::is_error;
 using tessel::errc;
 
@@ -289,3 +293,5 @@ TEST_CASE("threads: waits spin for a bounded time only, and any spin setting giv
   });
   CHECK(wrong == 0);
 }
+
+}  // namespace tessel_test_collectives_threads

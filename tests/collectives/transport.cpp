@@ -19,6 +19,10 @@
 #include <tessel/collectives/transport/emulated.hpp>
 #include <tessel/collectives/transport/threads.hpp>
 
+// The whole file in its own namespace: its test executable is a unity build (tests/CMakeLists.txt),
+// where each file's helpers must keep their own names.
+namespace tessel_test_collectives_transport {
+
 using namespace tessel;
 using namespace std::chrono_literals;
 using Catch::Matchers::Contains;
@@ -256,3 +260,5 @@ TEST_CASE("worlds reject empty or out-of-range rank sets", "[collectives][transp
   REQUIRE_THROWS_WITH(emulated_world(cl).transport(-1), Contains("outside [0, 2)"));
   REQUIRE_THROWS_WITH(emulated_world::run_default(0, [](emulated_transport) {}), Contains("rank count must be positive"));
 }
+
+}  // namespace tessel_test_collectives_transport

@@ -12,6 +12,10 @@
 #include "reference/train_ref.hpp"
 #include "error_match.hpp"
 
+// The whole file in its own namespace: its test executable is a unity build (tests/CMakeLists.txt),
+// where each file's helpers must keep their own names.
+namespace tessel_test_ops_activation {
+
 using tessel_test::is_error;
 using tessel::errc;
 
@@ -91,3 +95,5 @@ TEST_CASE("swiglu forward/backward", "[ops][activation]") {
   CHECK_THROWS_AS(swiglu_forward(dev, std::span<const float>(a), std::span<const float>(short_b), std::span<float>(y)), layer_error);
   CHECK_THROWS_MATCHES(gelu_forward(dev, std::span<const float>(a), std::span<float>(short_b)), layer_error, is_error(errc::invalid_argument, "layers"));
 }
+
+}  // namespace tessel_test_ops_activation

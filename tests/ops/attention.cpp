@@ -14,6 +14,10 @@
 #include "reference/attention_ref.hpp"
 #include "error_match.hpp"
 
+// The whole file in its own namespace: its test executable is a unity build (tests/CMakeLists.txt),
+// where each file's helpers must keep their own names.
+namespace tessel_test_ops_attention {
+
 using tessel_test::is_error;
 using tessel::errc;
 
@@ -580,3 +584,5 @@ TEST_CASE("attention decode over a paged cache equals the contiguous cache bitwi
   check_paged_decode(4, 4, 64);
   check_paged_decode(32, 8, 128);  // the token-order path (4 query rows per kv head)
 }
+
+}  // namespace tessel_test_ops_attention

@@ -11,6 +11,10 @@
 #include "error_match.hpp"
 #include "reference/train_ref.hpp"
 
+// The whole file in its own namespace: its test executable is a unity build (tests/CMakeLists.txt),
+// where each file's helpers must keep their own names.
+namespace tessel_test_ops_embedding {
+
 using namespace tessel;
 using tessel_test::is_error;
 
@@ -60,3 +64,5 @@ TEST_CASE("embedding ids outside the table are typed errors naming the token", "
   ids[1] = 0;
   CHECK_THROWS_AS(embedding_forward(dev, ids, tensor<const float, 2>(table.data(), 4, 3), tensor<float, 2>(out.data(), 2, 2)), layer_error);
 }
+
+}  // namespace tessel_test_ops_embedding

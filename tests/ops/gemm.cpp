@@ -19,6 +19,10 @@
 #include "reference/gemm_ref.hpp"
 #include "error_match.hpp"
 
+// The whole file in its own namespace: its test executable is a unity build (tests/CMakeLists.txt),
+// where each file's helpers must keep their own names.
+namespace tessel_test_ops_gemm {
+
 using tessel_test::is_error;
 using tessel::errc;
 
@@ -933,3 +937,5 @@ TEMPLATE_TEST_CASE("direct path: narrow C from a matrix times a few vectors, eve
         check_direct_reals<TestType>(g, M, N, K, ta, tb);
       }
 }
+
+}  // namespace tessel_test_ops_gemm

@@ -13,6 +13,10 @@
 #include "reference/train_ref.hpp"
 #include "error_match.hpp"
 
+// The whole file in its own namespace: its test executable is a unity build (tests/CMakeLists.txt),
+// where each file's helpers must keep their own names.
+namespace tessel_test_ops_loss {
+
 using tessel_test::is_error;
 using tessel::errc;
 
@@ -136,3 +140,5 @@ TEST_CASE("cross-entropy rows in a pipelined block equal rows computed alone, an
     CHECK(worst < 1e-6);
   }
 }
+
+}  // namespace tessel_test_ops_loss

@@ -14,6 +14,10 @@
 #include <tessel/ops/loss.hpp>
 #include <tessel/ops/optim.hpp>
 
+// The whole file in its own namespace: its test executable is a unity build (tests/CMakeLists.txt),
+// where each file's helpers must keep their own names.
+namespace tessel_test_ops_mlp {
+
 using namespace tessel;
 
 namespace {
@@ -114,3 +118,5 @@ TEST_CASE("MLP trained with the fused operators reaches the loss threshold (f32 
   // deterministic: the same run on one worker gives the same loss
   CHECK(train<float>(1, 20) == train<float>(2, 20));
 }
+
+}  // namespace tessel_test_ops_mlp

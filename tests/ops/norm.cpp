@@ -13,6 +13,10 @@
 #include "reference/train_ref.hpp"
 #include "error_match.hpp"
 
+// The whole file in its own namespace: its test executable is a unity build (tests/CMakeLists.txt),
+// where each file's helpers must keep their own names.
+namespace tessel_test_ops_norm {
+
 using tessel_test::is_error;
 using tessel::errc;
 
@@ -251,3 +255,5 @@ TEST_CASE("norm bf16 outputs holding NaN and subnormal values are the rounding o
     CHECK(same);
   }
 }
+
+}  // namespace tessel_test_ops_norm

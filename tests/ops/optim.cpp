@@ -398,6 +398,10 @@ TEST_CASE("bad optimizer input is a typed error and writes nothing", "[ops][opti
 #include <tessel/ops/loss.hpp>
 #include <tessel/ops/norm.hpp>
 
+// The whole file in its own namespace: its test executable is a unity build (tests/CMakeLists.txt),
+// where each file's helpers must keep their own names.
+namespace tessel_test_ops_optim {
+
 TEST_CASE("the training programs run unchanged on an emulator card, with the host's bits", "[ops][optim]") {
   executor ex(2);
   emu::card_spec spec;
@@ -480,3 +484,5 @@ TEST_CASE("dynamic loss scaling in a loop: overflow halves and skips, clean step
   CHECK(applied >= 12);
   CHECK(std::isfinite(scaler.scale()));
 }
+
+}  // namespace tessel_test_ops_optim

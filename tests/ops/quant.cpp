@@ -14,6 +14,10 @@
 #include "error_match.hpp"
 #include "reference/train_ref.hpp"
 
+// The whole file in its own namespace: its test executable is a unity build (tests/CMakeLists.txt),
+// where each file's helpers must keep their own names.
+namespace tessel_test_ops_quant {
+
 using namespace tessel;
 
 TEST_CASE("convert agrees with the scalar conversions for every bf16 code and random floats", "[ops][quant]") {
@@ -59,3 +63,5 @@ TEST_CASE("convert rejects mismatched sizes and null buffers", "[ops][quant]") {
   CHECK_THROWS_AS(convert(dev, std::span<const float>(static_cast<const float*>(nullptr), 2), std::span<float>(a.data(), 2)), layer_error);
   convert(dev, std::span<const float>(a), std::span<float>(a));  // the same storage: nothing to do
 }
+
+}  // namespace tessel_test_ops_quant

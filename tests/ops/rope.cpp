@@ -10,6 +10,10 @@
 
 #include "reference/train_ref.hpp"
 
+// The whole file in its own namespace: its test executable is a unity build (tests/CMakeLists.txt),
+// where each file's helpers must keep their own names.
+namespace tessel_test_ops_rope {
+
 using namespace tessel;
 
 TEST_CASE("rope matches an fp64 rotation and backward inverts it", "[ops][rope]") {
@@ -70,3 +74,5 @@ TEST_CASE("rope takes given frequencies in place of theta's", "[ops][rope]") {
   by_freq.inv_freq = freq;
   CHECK_THROWS_AS(rope_forward(dev, tensor<float, 2>(a.data(), T, D), D, pos, by_freq), layer_error);
 }
+
+}  // namespace tessel_test_ops_rope

@@ -14,6 +14,10 @@
 #include "reference/train_ref.hpp"
 #include "error_match.hpp"
 
+// The whole file in its own namespace: its test executable is a unity build (tests/CMakeLists.txt),
+// where each file's helpers must keep their own names.
+namespace tessel_test_ops_softmax {
+
 using tessel_test::is_error;
 using tessel::errc;
 
@@ -149,3 +153,5 @@ TEST_CASE("softmax rows in a pipelined block equal rows computed alone, bf16 out
     for (std::size_t j = 0; j < n; ++j) CHECK(y[5 * n + j] == 0.0f);
   }
 }
+
+}  // namespace tessel_test_ops_softmax

@@ -14,6 +14,10 @@
 
 #include <tessel/tile/block_ctx.hpp>
 
+// The whole file in its own namespace: its test executable is a unity build (tests/CMakeLists.txt),
+// where each file's helpers must keep their own names.
+namespace tessel_test_tile_block_ctx {
+
 using namespace tessel;
 using Catch::Matchers::Contains;
 
@@ -173,3 +177,5 @@ TEST_CASE("tile_program: a copyable callable taking block_ctx& through a const o
   STATIC_REQUIRE_FALSE(tile_program<non_const_call>);
   STATIC_REQUIRE_FALSE(tile_program<int>);
 }
+
+}  // namespace tessel_test_tile_block_ctx

@@ -18,6 +18,10 @@
 #include <tessel/types/bf16.hpp>
 #include <tessel/types/fp8.hpp>
 
+// The whole file in its own namespace: its test executable is a unity build (tests/CMakeLists.txt),
+// where each file's helpers must keep their own names.
+namespace tessel_test_tile_epilogue {
+
 using namespace tessel;
 using Catch::Matchers::Contains;
 namespace ep = tessel::epilogue;
@@ -205,3 +209,5 @@ TEST_CASE("chains apply left to right, compose associatively, and name their cas
   STATIC_REQUIRE(ep::op<ep::relu_t>);
   STATIC_REQUIRE_FALSE(ep::op<int>);
 }
+
+}  // namespace tessel_test_tile_epilogue

@@ -11,6 +11,10 @@
 #include <tessel/tile/fragment.hpp>
 #include <tessel/types/bf16.hpp>
 
+// The whole file in its own namespace: its test executable is a unity build (tests/CMakeLists.txt),
+// where each file's helpers must keep their own names.
+namespace tessel_test_tile_fragment {
+
 using namespace tessel;
 
 namespace {
@@ -107,3 +111,5 @@ TEST_CASE("concepts accept exactly the tiles each primitive takes", "[tile][frag
   STATIC_REQUIRE_FALSE(tile_like<float>);
   STATIC_REQUIRE_FALSE(tile_like<std::vector<float>>);
 }
+
+}  // namespace tessel_test_tile_fragment

@@ -22,6 +22,10 @@
 #include <tessel/tile/load.hpp>
 #include <tessel/tile/mma.hpp>
 
+// The whole file in its own namespace: its test executable is a unity build (tests/CMakeLists.txt),
+// where each file's helpers must keep their own names.
+namespace tessel_test_tile_load {
+
 using namespace tessel;
 
 namespace {
@@ -269,3 +273,5 @@ TEST_CASE("loadable and stage element concepts", "[tile][load]") {
   STATIC_REQUIRE_FALSE(stage_element<fp16>);
   STATIC_REQUIRE_FALSE(stage_element<e4m3>);
 }
+
+}  // namespace tessel_test_tile_load

@@ -11,6 +11,10 @@
 #include <tessel/tile/map.hpp>
 #include <tessel/types/bf16.hpp>
 
+// The whole file in its own namespace: its test executable is a unity build (tests/CMakeLists.txt),
+// where each file's helpers must keep their own names.
+namespace tessel_test_tile_map {
+
 using namespace tessel;
 
 namespace {
@@ -132,3 +136,5 @@ TEST_CASE("reduce over a staged panel tile equals the reduction of its row-major
   for (int i = 0; i < 9; ++i) REQUIRE(a[i] == b[i]);
   for (int i = 0; i < 11; ++i) REQUIRE(c[i] == d[i]);
 }
+
+}  // namespace tessel_test_tile_map

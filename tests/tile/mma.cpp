@@ -16,6 +16,10 @@
 #include <tessel/tile/load.hpp>
 #include <tessel/tile/mma.hpp>
 
+// The whole file in its own namespace: its test executable is a unity build (tests/CMakeLists.txt),
+// where each file's helpers must keep their own names.
+namespace tessel_test_tile_mma {
+
 using namespace tessel;
 using Catch::Matchers::Contains;
 
@@ -181,3 +185,5 @@ TEST_CASE("fragment mma: one fma per k in k order, identity and zero are units",
   mma(a, zero, c);
   for (std::size_t i = 0; i < c.v.size(); ++i) REQUIRE(c.v[i] == before.v[i]);
 }
+
+}  // namespace tessel_test_tile_mma

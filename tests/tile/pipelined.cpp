@@ -7,6 +7,10 @@
 
 #include <tessel/tile/pipelined.hpp>
 
+// The whole file in its own namespace: its test executable is a unity build (tests/CMakeLists.txt),
+// where each file's helpers must keep their own names.
+namespace tessel_test_tile_pipelined {
+
 using namespace tessel;
 
 namespace {
@@ -65,3 +69,5 @@ TEST_CASE("pipelined is usable in constant expressions and carries its depth", "
   STATIC_REQUIRE(stage{0, 3}.first());
   STATIC_REQUIRE(std::size_t(stage{5, 9}) == 5);
 }
+
+}  // namespace tessel_test_tile_pipelined

@@ -10,6 +10,10 @@
 
 #include <tessel/tile/ranges.hpp>
 
+// The whole file in its own namespace: its test executable is a unity build (tests/CMakeLists.txt),
+// where each file's helpers must keep their own names.
+namespace tessel_test_tile_ranges {
+
 using namespace tessel;
 using Catch::Matchers::Contains;
 
@@ -107,3 +111,5 @@ TEST_CASE("split_even rejects zero parts and parts past the end", "[tile][ranges
   REQUIRE_THROWS_WITH(split_even(10, 3, 3), Contains("split_even part 3 of 3"));
   REQUIRE_THROWS_AS(split_even(10, 3, 7), std::exception);
 }
+
+}  // namespace tessel_test_tile_ranges

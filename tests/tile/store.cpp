@@ -16,6 +16,10 @@
 
 #include <tessel/tile/store.hpp>
 
+// The whole file in its own namespace: its test executable is a unity build (tests/CMakeLists.txt),
+// where each file's helpers must keep their own names.
+namespace tessel_test_tile_store {
+
 using namespace tessel;
 
 namespace {
@@ -143,3 +147,5 @@ TEST_CASE("store_rows: an empty chain is a plain conversion, a cast chain satura
   STATIC_REQUIRE_FALSE(storable_element<double>);
   STATIC_REQUIRE_FALSE(storable_element<int>);
 }
+
+}  // namespace tessel_test_tile_store

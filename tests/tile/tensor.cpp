@@ -6,6 +6,10 @@
 #include <tessel/tile/tensor.hpp>
 #include "error_match.hpp"
 
+// The whole file in its own namespace: its test executable is a unity build (tests/CMakeLists.txt),
+// where each file's helpers must keep their own names.
+namespace tessel_test_tile_tensor {
+
 using tessel_test::is_error;
 using tessel::errc;
 
@@ -61,3 +65,5 @@ TEST_CASE("tile<R,C> clips at the edges", "[tile][tensor]") {
   REQUIRE(tt.rows == 3);
   REQUIRE(tt.cols == 2);
 }
+
+}  // namespace tessel_test_tile_tensor

@@ -12,6 +12,10 @@
 #include <tessel/types/fp8.hpp>
 #include "error_match.hpp"
 
+// The whole file in its own namespace: its test executable is a unity build (tests/CMakeLists.txt),
+// where each file's helpers must keep their own names.
+namespace tessel_test_tile_tile_program {
+
 using tessel_test::is_error;
 using tessel::errc;
 
@@ -255,3 +259,5 @@ TEMPLATE_TEST_CASE("mma computes only the panels holding the first n columns", "
     }
   }
 }
+
+}  // namespace tessel_test_tile_tile_program

@@ -1,0 +1,64 @@
+// The small model of the training benchmarks (bench_model, bench_dist): issue 17's ~20M-parameter
+// Llama-style decoder (d 512, 4 layers, 8 heads, 4 kv heads, vocab 8192, intermediate 1408) on a
+// batch of 4 x 512 tokens, its FLOP count, a fixed batch, and one AdamW training step.
+//
+// FLOPs per token: training 6·N_matmul (N_matmul: every weight a GEMM reads, the LM head included,
+// embeddings' lookups excluded) + causal attention 6·S·q_dim per layer (forward 2 matmuls over S/2
+// keys on average, backward twice that); prefill 2·N_matmul + 2·S·q_dim per layer.
+#pragma once
+
+#include <benchmark/benchmark.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include <tessel/io/model_config.hpp>
+#include <tessel/nn/decoder.hpp>
+
+namespace tessel_bench {
+
+constexpr std::size_t small_batch = 4, small_seq = 512;
+
+inline tessel::io::model_config small_llama() {
+  return tessel::io::parse_model_config(R"({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 8192,
+    "hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 4, "num_attention_heads": 8,
+    "num_key_value_heads": 4, "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+    "hidden_act": "silu", "tie_word_embeddings": false})");
+}
+
+struct model_flops {
+  double train = 0, prefill = 0;  // per token
+};
+inline model_flops flops_per_token(const tessel::io::model_config& c, std::size_t seq = small_seq) {
+  const double d = double(c.hidden_size), I = double(c.intermediate_size), qd = double(c.num_attention_heads * c.head_dim),
+               kvd = double(c.num_key_value_heads * c.head_dim), L = double(c.num_hidden_layers), V = double(c.vocab_size);
+  const double n_matmul = L * (d * qd + 2 * d * kvd + qd * d + 3 * d * I) + V * d;
+  const double attn = L * double(seq) * qd;  // per token: 2 matmuls x 2 flops x S/2 keys x q_dim
+  return {6 * n_matmul + 6 * attn, 2 * n_matmul + 2 * attn};
+}
+
+// Fixed pseudo-random ids and targets in [0, 8192).
+struct small_batch_data {
+  std::vector<std::int64_t> ids, targets;
+  small_batch_data() : ids(small_batch * small_seq), targets(small_batch * small_seq) {
+    std::uint64_t s = 1;
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      s = s * 6364136223846793005ull + 1442695040888963407ull;
+      ids[i] = std::int64_t((s >> 33) % 8192);
+      targets[i] = std::int64_t((s >> 13) % 8192);
+    }
+  }
+};
+
+// One training step of any model with the decoder_lm interface (params, forward_backward, adamw).
+template <class Model>
+void train_step(Model& m, const small_batch_data& b, std::uint64_t step) {
+  tessel::nn::adamw_config h;
+  h.hyper.lr = 1e-4f;
+  m.params().zero_grad();
+  benchmark::DoNotOptimize(m.forward_backward(b.ids, b.targets, small_batch, small_seq));
+  m.adamw(h, step);
+}
+
+}  // namespace tessel_bench
