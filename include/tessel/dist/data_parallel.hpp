@@ -16,7 +16,8 @@
 // parameters are all-gathered. Every element is reduced in the same rank order as the all-reduce
 // and updated by the same per-element arithmetic, so stage 1 gives the same bits as stage 0
 // (tested) when the gradient norm is not clipped; with clipping the norm is summed shard by shard
-// (one more rounding order, a relative difference of the order of 1e-16 in the coefficient).
+// in double where stage 0 sums f32 chunks, so the norms differ by f32 accumulation error (measured
+// 1e-8 relative) and the clipping coefficients may differ in their last bit.
 // The f32 values (which the norms and biases read) and the gradients stay whole on every rank; the
 // bytes per parameter on a card are therefore 4 (f32 value) + 4 (f32 gradient) + 2 (bf16 copy, bf16
 // models) + 8/dp (moments), which memory() reports from the buffers actually held.
