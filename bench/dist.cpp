@@ -5,8 +5,9 @@
 // The model is bench_model's (common/small_llama.hpp: ~20M-parameter Llama, batch 4 x sequence
 // 512), one step = zero_grad + forward + loss + backward + AdamW, in f32 and bf16:
 //   BM_one_device/<threads>  nn::decoder_lm on one host_device of 1 or 2 threads;
-//   BM_tp/<tp>               dist::tp_decoder_lm on tp thread ranks (threads transport), each rank a
-//                            host_device of 1 thread: tp cores in all.
+//   BM_tp/<tp>/<sp>          dist::tp_decoder_lm on tp thread ranks (threads transport), each rank a
+//                            host_device of 1 thread: tp cores in all; sp = 1 with sequence
+//                            parallelism (the stream, norms and residual adds split by tokens).
 // Counters: tokens/s, tokens_per_core (tokens/s divided by the cores the step uses) and
 // model FLOP/s (bench_model's count). The claim is the ratio tokens_per_core(BM_tp/2) /
 // tokens_per_core(BM_one_device/1) within one run: run with --benchmark_repetitions=3 and read
@@ -61,7 +62,7 @@ void BM_one_device(benchmark::State& st) {
 template <class T>
 class tp_rig {
  public:
-  explicit tp_rig(int tp) : go_(tp + 1), done_(tp + 1) {
+  tp_rig(int tp, bool sp) : go_(tp + 1), done_(tp + 1), sp_(sp) {
     runner_ = std::thread([this, tp] {
       try {
         threads_world::run(tp, [this](threads_transport t) { rank_main(std::move(t)); });
@@ -89,7 +90,7 @@ class tp_rig {
     try {
       communicator tp(std::move(t));
       host_device dev(1);
-      dist::tp_decoder_lm<host_device, T> m(dev, tessel_bench::small_llama(), tp);
+      dist::tp_decoder_lm<host_device, T> m(dev, tessel_bench::small_llama(), tp, {.sequence_parallel = sp_});
       m.init(1);
       const tessel_bench::small_batch_data b;
       for (std::uint64_t step = 1;; ++step) {
@@ -119,6 +120,7 @@ class tp_rig {
     if (!error_) error_ = e;
   }
   std::barrier<> go_, done_;
+  const bool sp_;
   std::atomic<bool> stop_{false};
   std::mutex mu_;
   std::exception_ptr error_;
@@ -128,15 +130,15 @@ class tp_rig {
 template <class T>
 void BM_tp(benchmark::State& st) {
   const int tp = int(st.range(0));
-  tp_rig<T> rig(tp);
+  tp_rig<T> rig(tp, st.range(1) != 0);
   for (auto _ : st) rig.step();
   report(st, double(tp));
 }
 
 BENCHMARK(BM_one_device<float>)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_tp<float>)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_tp<float>)->Args({2, 0})->Args({2, 1})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_one_device<bf16>)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_tp<bf16>)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_tp<bf16>)->Args({2, 0})->Args({2, 1})->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 

@@ -37,6 +37,7 @@
 #include <tessel/device/device_buffer.hpp>
 #include <tessel/detail/checked.hpp>
 #include <tessel/dist/errors.hpp>
+#include <tessel/dist/grad_check.hpp>
 #include <tessel/nn/decoder.hpp>
 
 namespace tessel {
@@ -142,18 +143,11 @@ class data_parallel {
   // one all-reduce), then the parameters all-gathered.
   step_result adamw(const nn::adamw_config& h, std::uint64_t step_no) {
     if (o_.zero_stage == 0) return m_->adamw(h, step_no);
-    const bool want_norm = h.max_grad_norm > 0.0f;
-    double acc[2] = {0.0, 0.0};  // Σ g² over this shard, non-finite gradients seen
-    for_range(lo_, hi_, [&](nn::parameter<Dev>& p, std::size_t off, std::size_t cnt, std::size_t) {
-      const float* g = p.grad.data() + off;
-      for (std::size_t i = 0; i < cnt; ++i) {
-        if (!std::isfinite(g[i])) acc[1] = 1.0;
-        else if (want_norm) acc[0] += double(g[i]) * double(g[i]);
-      }
-    });
-    dp_->all_reduce(std::span<double>(acc, 2), reduce_op::sum);
+    grad_check gc(h.max_grad_norm);
+    for_range(lo_, hi_, [&](nn::parameter<Dev>& p, std::size_t off, std::size_t cnt, std::size_t) { gc.add(p.grad.cspan().subspan(off, cnt)); });
+    gc.reduce(*dp_);
     step_result res;
-    if (acc[1] > 0.0) {
+    if (gc.found_inf()) {
       res.found_inf = res.skipped = true;
       return res;
     }
@@ -179,15 +173,9 @@ class data_parallel {
     step_options so;
     so.storage = std::is_same_v<T, bf16> ? param_storage::bf16_master : param_storage::f32;
     so.check_finite = false;  // checked above, over every shard
-    double norm = -1.0;
-    if (want_norm) {
-      // PyTorch's clip_grad_norm_ coefficient, applied as the step's gradient multiplier
-      norm = std::sqrt(acc[0]);
-      const double coef = double(h.max_grad_norm) / (norm + 1e-6);
-      if (coef < 1.0) so.loss_scale = float(1.0 / coef);
-    }
+    so.loss_scale = gc.clip_divisor();  // PyTorch's clip_grad_norm_, as the step's gradient multiplier
     if (!ts.empty()) res = adamw_step(dev, std::span<const optim_tensor<float, float>>(ts), h.hyper, step_no, so);
-    res.grad_norm = norm;
+    res.grad_norm = gc.norm();
     all_gather_parameters();
     return res;
   }

@@ -59,6 +59,42 @@ template <class E, class Dev>
 void ensure(Dev& dev, device_buffer<E, Dev>& b, std::size_t n) {
   if (b.size() < n) b = device_buffer<E, Dev>(dev, n);
 }
+// Sums each rank's partial (rows, cols), contiguous, over tp into out (out += when `accumulate`).
+// out's rows say which rows the caller keeps:
+//   all of them     an all-reduce (out may be the partial itself);
+//   rows / tp       this rank's rows [r·rows/tp, (r+1)·rows/tp): a reduce-scatter (sequence
+//                   parallelism: the stream between layers is split by tokens).
+// Either way every element is the same f32 sum in tp-rank order, so both give the same bits.
+// `scratch` holds the reduce-scatter's result when it must be added.
+template <class Dev>
+void sum_partials(Dev& dev, communicator& tp, mview<float> partial, mview<float> out, bool accumulate, device_buffer<float, Dev>& scratch, const char* who) {
+  const std::size_t rows = partial.rows(), cols = partial.cols(), t = std::size_t(tp.size());
+  const std::span<float> p = contiguous(partial, who);
+  if (out.cols() != cols || (out.rows() != rows && out.rows() * t != rows))
+    throw dist_error(errc::invalid_argument, std::string(who) + ": the output is (" + std::to_string(out.rows()) + ", " + std::to_string(out.cols()) +
+                                                 "); it must be all " + std::to_string(rows) + " rows or this rank's " + std::to_string(rows / t) +
+                                                 " (sequence parallelism: tp = " + std::to_string(t) + " must divide the rows) of " + std::to_string(cols) + " columns");
+  const bool scatter = out.rows() != rows;
+  if (!scatter) {
+    tp.all_reduce(p, reduce_op::sum);
+    if (out.data() == partial.data() && !accumulate) return;
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t c = 0; c < cols; ++c) out(r, c) = accumulate ? out(r, c) + partial(r, c) : partial(r, c);
+    return;
+  }
+  const std::size_t local = rows / t;
+  if (!accumulate && (local <= 1 || (out.col_stride() == 1 && out.row_stride() == cols))) {
+    tp.reduce_scatter(std::span<const float>(p), std::span<float>(out.data(), local * cols), reduce_op::sum);
+    return;
+  }
+  ensure(dev, scratch, local * cols);
+  tp.reduce_scatter(std::span<const float>(p), std::span<float>(scratch.data(), local * cols), reduce_op::sum);
+  for (std::size_t r = 0; r < local; ++r)
+    for (std::size_t c = 0; c < cols; ++c) {
+      const float v = scratch.data()[r * cols + c];
+      out(r, c) = accumulate ? out(r, c) + v : v;
+    }
+}
 template <class T>
 void add_bias_rows(mview<T> y, std::span<const float> b) {
   for (std::size_t r = 0; r < y.rows(); ++r)
@@ -95,25 +131,24 @@ class column_parallel_linear {
   void forward(Dev& dev, cview<T> x, mview<Y> y, bool save) {
     lin_.forward(dev, x, y, save);
   }
-  // dx (N, in) = Σ over tp of dy_r W_r (dx += when `accumulate`); dW_r, db_r accumulate. With
-  // reduce = false dx gets this rank's partial only (a caller that sums several layers' partials
-  // before one all-reduce, as the MLP does).
+  // dx = Σ over tp of dy_r W_r (dx += when `accumulate`); dW_r, db_r accumulate. dx is (N, in), or
+  // this rank's N/tp rows of it (sequence parallelism: a reduce-scatter, detail::sum_partials).
+  // With reduce = false dx (N, in) gets this rank's partial only (a caller that sums several
+  // layers' partials before one reduction, as the MLP does).
   void backward(Dev& dev, cview<T> dy, mview<float> dx, bool accumulate, bool reduce = true) {
     if (!reduce || !dx.data()) {
       lin_.backward(dev, dy, dx, accumulate);
       return;
     }
-    if (!accumulate) {
+    if (!accumulate && dx.rows() == dy.rows()) {  // the partial in place, then summed
       lin_.backward(dev, dy, dx, false);
-      tp_->all_reduce(detail::contiguous(dx, "column_parallel_linear"), reduce_op::sum);
+      detail::sum_partials(dev, *tp_, dx, dx, false, sum_, "column_parallel_linear");
       return;
     }
-    if (scratch_.size() < dx.rows() * dx.cols()) scratch_ = device_buffer<float, Dev>(dev, dx.rows() * dx.cols());
-    const mview<float> s = nn::rows_view<float>(scratch_, dx.rows(), dx.cols());
+    detail::ensure(dev, scratch_, dy.rows() * in_);
+    const mview<float> s = nn::rows_view<float>(scratch_, dy.rows(), in_);
     lin_.backward(dev, dy, s, false);
-    tp_->all_reduce(detail::contiguous(s, "column_parallel_linear"), reduce_op::sum);
-    for (std::size_t r = 0; r < dx.rows(); ++r)
-      for (std::size_t c = 0; c < dx.cols(); ++c) dx(r, c) += s(r, c);
+    detail::sum_partials(dev, *tp_, s, dx, accumulate, sum_, "column_parallel_linear");
   }
 
  private:
@@ -124,7 +159,7 @@ class column_parallel_linear {
   communicator* tp_ = nullptr;
   std::size_t in_ = 0, out_ = 0;
   nn::linear<Dev, T> lin_;
-  device_buffer<float, Dev> scratch_;
+  device_buffer<float, Dev> scratch_, sum_;
 };
 
 // y (N, out) = Σ over tp of x_r (N, in/tp) · W_rᵀ, then + b (b whole on every rank); registered as
@@ -146,10 +181,18 @@ class row_parallel_linear {
   std::size_t out_features() const { return out_; }
   nn::linear<Dev, T>& local() { return lin_; }
 
-  // y must be contiguous; it holds the same bits on every tp rank.
+  // y is (N, out), contiguous, or this rank's N/tp rows of it (sequence parallelism: the sum is a
+  // reduce-scatter); either way the same bits as the other ranks hold for those rows.
   void forward(Dev& dev, cview<T> x, mview<float> y, bool save) {
-    lin_.forward(dev, x, y, save);
-    tp_->all_reduce(detail::contiguous(y, "row_parallel_linear"), reduce_op::sum);
+    if (y.rows() == x.rows()) {
+      lin_.forward(dev, x, y, save);
+      detail::sum_partials(dev, *tp_, y, y, false, sum_, "row_parallel_linear");
+    } else {
+      detail::ensure(dev, part_, x.rows() * out_);
+      const mview<float> p = nn::rows_view<float>(part_, x.rows(), out_);
+      lin_.forward(dev, x, p, save);
+      detail::sum_partials(dev, *tp_, p, y, false, sum_, "row_parallel_linear");
+    }
     if (b_) detail::add_bias_rows(y, b_->value.cspan());
   }
   // dx_r (N, in/tp) = dy W_r (dx += when `accumulate`), dW_r += dyᵀ x_r, db += Σ rows of dy: all local.
@@ -169,6 +212,7 @@ class row_parallel_linear {
   nn::linear<Dev, T> lin_;
   nn::parameter<Dev>* b_ = nullptr;
   device_buffer<T, Dev> ones_;
+  device_buffer<float, Dev> part_, sum_;
 };
 
 // Llama's MLP, down(silu(gate(x)) · up(x)), over tp: each rank holds I/tp of the intermediate
@@ -185,7 +229,8 @@ class tp_swiglu_mlp {
         d_(hidden),
         i_(intermediate / std::size_t(tp.size())) {}
 
-  // y (N, hidden) f32 = the MLP of x (N, hidden), the same bits on every tp rank.
+  // y (N, hidden) f32 = the MLP of x (N, hidden), the same bits on every tp rank; or this rank's
+  // N/tp rows of it (sequence parallelism).
   void forward(Dev& dev, cview<T> x, mview<float> y, bool save) {
     const std::size_t n = x.rows();
     detail::ensure(dev, g_, n * i_);
@@ -197,7 +242,8 @@ class tp_swiglu_mlp {
     down_.forward(dev, nn::crows_view<T>(h_, n, i_), y, save);
   }
   // dx (N, hidden) f32 = the gradient of x (dx += when `accumulate`), summed over tp in one
-  // all-reduce; every weight's gradient accumulates locally.
+  // all-reduce, or this rank's N/tp rows of it in one reduce-scatter; every weight's gradient
+  // accumulates locally.
   void backward(Dev& dev, cview<T> dy, mview<float> dx, bool accumulate) {
     const std::size_t n = dy.rows();
     detail::ensure(dev, dh_, n * i_);
@@ -207,16 +253,13 @@ class tp_swiglu_mlp {
     swiglu_backward(dev, std::span<const T>(dh_.data(), n * i_), std::span<const T>(g_.data(), n * i_), std::span<const T>(u_.data(), n * i_),
                     std::span<T>(dg_.data(), n * i_), std::span<T>(du_.data(), n * i_));
     mview<float> target = dx;
-    if (accumulate) {
+    if (accumulate || dx.rows() != n) {
       detail::ensure(dev, dx_, n * d_);
       target = nn::rows_view<float>(dx_, n, d_);
     }
     gate_.backward(dev, nn::crows_view<T>(dg_, n, i_), target, false, false);
     up_.backward(dev, nn::crows_view<T>(du_, n, i_), target, true, false);
-    tp_->all_reduce(detail::contiguous(target, "tp_swiglu_mlp"), reduce_op::sum);
-    if (accumulate)
-      for (std::size_t r = 0; r < n; ++r)
-        for (std::size_t c = 0; c < d_; ++c) dx(r, c) += target(r, c);
+    detail::sum_partials(dev, *tp_, target, dx, accumulate, sum_, "tp_swiglu_mlp");
   }
 
   // silu(gate)·up of the last forward: this rank's (N, I/tp) slice.
@@ -231,7 +274,7 @@ class tp_swiglu_mlp {
   communicator* tp_ = nullptr;
   std::size_t d_ = 0, i_ = 0;
   device_buffer<T, Dev> g_, u_, h_, dh_, dg_, du_;
-  device_buffer<float, Dev> dx_;
+  device_buffer<float, Dev> dx_, sum_;
 };
 
 // Llama's self-attention over tp (Megatron's parallel attention): q_proj, k_proj and v_proj are
@@ -290,13 +333,14 @@ class tp_attention {
   std::size_t kv_replicas() const { return replicas_; }
 
   // y (batch·seq, hidden) f32 = attention of x (batch·seq, hidden) in token order, the same bits on
-  // every tp rank; positions (batch·seq) are the rotary positions (ignored without rope).
+  // every tp rank, or this rank's batch·seq/tp rows of it (sequence parallelism); positions
+  // (batch·seq) are the rotary positions (ignored without rope).
   void forward(Dev& dev, std::size_t batch, std::size_t seq, cview<T> x, std::span<const std::int64_t> positions, mview<float> y, bool save) {
     const std::size_t n = checked_mul(batch, seq), d = c_.head_dim, qd = hq_ * d, kvd = hkv_ * d;
-    if (x.rows() != n || x.cols() != c_.hidden || y.rows() != n || y.cols() != c_.hidden)
-      throw dist_error(errc::invalid_argument, "tp_attention: x and y must be (batch·seq = " + std::to_string(n) + ", hidden = " + std::to_string(c_.hidden) +
-                                                 "), got x (" + std::to_string(x.rows()) + ", " + std::to_string(x.cols()) + ") and y (" +
-                                                 std::to_string(y.rows()) + ", " + std::to_string(y.cols()) + ")");
+    if (x.rows() != n || x.cols() != c_.hidden || !rows_ok(y.rows(), n) || y.cols() != c_.hidden)
+      throw dist_error(errc::invalid_argument, "tp_attention: x must be (batch·seq = " + std::to_string(n) + ", hidden = " + std::to_string(c_.hidden) +
+                                                 ") and y that or its rows / tp, got x (" + std::to_string(x.rows()) + ", " + std::to_string(x.cols()) +
+                                                 ") and y (" + std::to_string(y.rows()) + ", " + std::to_string(y.cols()) + ")");
     if (c_.rope && positions.size() != n)
       throw dist_error(errc::invalid_argument, "tp_attention: " + std::to_string(positions.size()) + " positions for " + std::to_string(n) + " tokens");
     detail::ensure(dev, qb_, n * qd);
@@ -320,10 +364,11 @@ class tp_attention {
   }
 
   // dx (batch·seq, hidden) f32 = the gradient of x for dy (dx += when `accumulate`), summed over tp
-  // in one all-reduce; the weights' gradients accumulate (replicated kv heads' parts summed).
+  // in one all-reduce (or this rank's rows of it in one reduce-scatter, sequence parallelism); the
+  // weights' gradients accumulate (replicated kv heads' parts summed).
   void backward(Dev& dev, cview<T> dy, mview<float> dx, bool accumulate) {
     const std::size_t n = batch_ * seq_, d = c_.head_dim, qd = hq_ * d, kvd = hkv_ * d;
-    if (n == 0 || dy.rows() != n || dy.cols() != c_.hidden || dx.rows() != n || dx.cols() != c_.hidden)
+    if (n == 0 || dy.rows() != n || dy.cols() != c_.hidden || !rows_ok(dx.rows(), n) || dx.cols() != c_.hidden)
       throw dist_error(errc::invalid_argument, "tp_attention: backward needs dy and dx of the last forward's (" + std::to_string(n) + ", " +
                                                  std::to_string(c_.hidden) + ")");
     detail::ensure(dev, do_, n * qd);
@@ -340,17 +385,14 @@ class tp_attention {
     }
     if (replicas_ > 1) stash_kv_grads(dev);
     mview<float> target = dx;
-    if (accumulate) {
+    if (accumulate || dx.rows() != n) {
       detail::ensure(dev, dx_, n * c_.hidden);
       target = nn::rows_view<float>(dx_, n, c_.hidden);
     }
     q_.backward(dev, nn::crows_view<T>(dq_, n, qd), target, false, false);
     k_.backward(dev, nn::crows_view<T>(dk_, n, kvd), target, true, false);
     v_.backward(dev, nn::crows_view<T>(dv_, n, kvd), target, true, false);
-    tp_->all_reduce(detail::contiguous(target, "tp_attention"), reduce_op::sum);
-    if (accumulate)
-      for (std::size_t r = 0; r < n; ++r)
-        for (std::size_t c = 0; c < c_.hidden; ++c) dx(r, c) += target(r, c);
+    detail::sum_partials(dev, *tp_, target, dx, accumulate, sum_, "tp_attention");
     if (replicas_ > 1) sum_kv_replicas();
   }
 
@@ -383,6 +425,8 @@ class tp_attention {
                                                    std::to_string(c.head_dim));
     return c;
   }
+  // all n rows, or this rank's n/tp (sequence parallelism)
+  bool rows_ok(std::size_t rows, std::size_t n) const { return rows == n || rows * std::size_t(tp_->size()) == n; }
   static std::size_t checked_mul(std::size_t a, std::size_t b) {
     if (a != 0 && b > SIZE_MAX / a) throw dist_error(errc::overflow, "tp_attention: batch·seq overflows");
     return a * b;
@@ -436,7 +480,7 @@ class tp_attention {
   nn::self_attention<Dev, T> attn_;
   std::vector<double> inv_freq_;
   device_buffer<T, Dev> qb_, kb_, vb_, ob_, dq_, dk_, dv_, do_;
-  device_buffer<float, Dev> lse_, dx_, kv_saved_, kv_sum_;
+  device_buffer<float, Dev> lse_, dx_, sum_, kv_saved_, kv_sum_;
   std::size_t batch_ = 0, seq_ = 0;
   std::vector<std::int64_t> positions_;
 };

@@ -16,6 +16,17 @@
 // sums over the split dimensions are grouped by rank, the only difference (each layer's bound is
 // tested in tensor_parallel.cpp and vocab_parallel.cpp).
 //
+// Sequence parallelism (tp_decoder_options::sequence_parallel, Megatron-LM's): the residual stream
+// between the layers is split by tokens, each rank holding N/tp of the N = batch·seq rows (tp must
+// divide N). The norms run on those rows only and their outputs are all-gathered (in the compute
+// type) as the layers' inputs; each layer's output sum is a reduce-scatter onto the rows instead
+// of an all-reduce. Backward mirrors it: the stream's gradient rows are all-gathered, the layers'
+// dx reduce-scattered. The same bytes cross the wire as without it (an all-reduce is a
+// reduce-scatter and an all-gather), but the f32 stream, the norms and the residual adds cost 1/tp
+// per rank. Every element is the same f32 sum in rank order, so the loss and every gradient are
+// the same bits as without it, but for the norms' weights: their gradients are sums over rows,
+// taken per rank and then all-reduced (grouped differently: equal to rounding).
+//
 // Parameters are named as in Hugging Face checkpoints and load sliced from a whole-model file
 // (load()), so a one-device checkpoint trains on any tp. init() draws each rank's shards from the
 // same seed per name, which is a valid initialisation but not the one-device one: to match a
@@ -35,6 +46,7 @@
 #include <tessel/device/device.hpp>
 #include <tessel/device/device_buffer.hpp>
 #include <tessel/dist/errors.hpp>
+#include <tessel/dist/grad_check.hpp>
 #include <tessel/dist/tensor_parallel.hpp>
 #include <tessel/dist/vocab_parallel.hpp>
 #include <tessel/io/model_config.hpp>
@@ -48,18 +60,26 @@ namespace tessel {
 inline namespace v0 {
 namespace dist {
 
+struct tp_decoder_options {
+  bool sequence_parallel = false;  // split the residual stream by tokens over tp (see above)
+};
+
 template <device Dev, nn::compute_type T = float>
 class tp_decoder_lm {
   static constexpr bool bf16_compute = std::is_same_v<T, bf16>;
 
  public:
   // A model with zero parameters shaped by `cfg`, this rank's shards of it (load() or init() fills them).
-  tp_decoder_lm(Dev& dev, io::model_config cfg, communicator& tp) : dev_(&dev), cfg_(std::move(cfg)), tp_(&tp), params_(dev) { build(); }
+  tp_decoder_lm(Dev& dev, io::model_config cfg, communicator& tp, tp_decoder_options o = {})
+      : dev_(&dev), cfg_(std::move(cfg)), tp_(&tp), opt_(o), params_(dev) {
+    build();
+  }
   tp_decoder_lm(tp_decoder_lm&&) = delete;  // modules hold pointers into the registry
 
   const io::model_config& config() const { return cfg_; }
   nn::parameters<Dev>& params() { return params_; }
   communicator& tp() const { return *tp_; }
+  const tp_decoder_options& options() const { return opt_; }
 
   // This rank's shards of a whole-model safetensors file (or a sharded index's directory).
   void load(const std::filesystem::path& path, const nn::load_options& o = {}) {
@@ -77,9 +97,11 @@ class tp_decoder_lm {
     check_targets(ids, targets, "forward_backward");
     run_forward(ids, batch, seq, true);
     const std::size_t n = n_, d = cfg_.hidden_size;
-    ensure(dy_, n * d);
-    const auto r = head_.loss(*dev_, nn::crows_view<T>(yf_, n, d), targets, nn::rows_view<float>(dy_, n, d), ignore_index);
+    ensure(dy_, rows_ * d);
+    if (sp()) stash_norm_grads();
+    const auto r = head_.loss(*dev_, nn::crows_view<T>(yf_, n, d), targets, nn::rows_view<float>(dy_, rows_, d), ignore_index);
     run_backward();
+    if (sp()) sum_norm_grads();
     return r.loss;
   }
   // Mean loss without gradients (evaluation).
@@ -94,35 +116,21 @@ class tp_decoder_lm {
   // shards, the replicated weights counted once, one all-reduce; so every rank skips or clips
   // alike. grad_norm in the result is that global norm (-1 when not computed).
   step_result adamw(const nn::adamw_config& h, std::uint64_t step) {
-    const bool want_norm = h.max_grad_norm > 0.0f;
-    double acc[2] = {0.0, 0.0};  // Σ g² over what this rank counts, non-finite gradients seen
-    for (auto& p : params_) {
-      const bool counted = !replicated_.count(&p) || tp_->rank() == 0;
-      const float* g = p.grad.data();
-      for (std::size_t i = 0; i < p.numel; ++i) {
-        if (!std::isfinite(g[i])) acc[1] = 1.0;
-        else if (want_norm && counted) acc[0] += double(g[i]) * double(g[i]);
-      }
-    }
-    tp_->all_reduce(std::span<double>(acc, 2), reduce_op::sum);
+    grad_check gc(h.max_grad_norm);
+    for (auto& p : params_) gc.add(p.grad.cspan(), !replicated_.count(&p) || tp_->rank() == 0);
+    gc.reduce(*tp_);
     step_result res;
-    if (acc[1] > 0.0) {
+    if (gc.found_inf()) {
       res.found_inf = res.skipped = true;
       return res;
     }
     step_options so;
     so.storage = bf16_compute ? param_storage::bf16_master : param_storage::f32;
     so.check_finite = false;  // checked above, over every rank
-    if (want_norm) {
-      // PyTorch's clip_grad_norm_: coefficient max_norm / (norm + 1e-6), never above 1; applied as
-      // the step's gradient multiplier (1 / loss_scale).
-      const double norm = std::sqrt(acc[0]), coef = double(h.max_grad_norm) / (norm + 1e-6);
-      if (coef < 1.0) so.loss_scale = float(1.0 / coef);
-      res = nn::adamw_update(*dev_, params_, h.hyper, step, so);
-      res.grad_norm = norm;
-      return res;
-    }
-    return nn::adamw_update(*dev_, params_, h.hyper, step, so);
+    so.loss_scale = gc.clip_divisor();  // PyTorch's clip_grad_norm_, as the step's gradient multiplier
+    res = nn::adamw_update(*dev_, params_, h.hyper, step, so);
+    res.grad_norm = gc.norm();
+    return res;
   }
 
  private:
@@ -147,6 +155,7 @@ class tp_decoder_lm {
     auto norm_of = [&](const std::string& name) {
       nn::parameter<Dev>* w = &params_.add(name + ".weight", {d}, bf16_compute);
       replicated_.insert(w);
+      norm_weights_.push_back(w);
       return nn::norm<Dev, T>(w, nullptr, true, eps);
     };
     embed_ = vocab_parallel_embedding<Dev>(params_, "model.embed_tokens.weight", c.vocab_size, d, *tp_, bf16_compute);
@@ -192,6 +201,36 @@ class tp_decoder_lm {
   void ensure(device_buffer<E, Dev>& b, std::size_t n) {
     detail::ensure(*dev_, b, n);
   }
+  bool sp() const { return opt_.sequence_parallel; }
+  // All N rows (all-gathered from each rank's N/tp under sequence parallelism) of a (rows_, d) tensor.
+  template <class E>
+  nn::cview<E> gathered(nn::cview<E> local, device_buffer<E, Dev>& full) {
+    if (!sp()) return local;
+    const std::size_t d = cfg_.hidden_size;
+    ensure(full, n_ * d);
+    tp_->all_gather(std::span<const E>(local.data(), rows_ * d), std::span<E>(full.data(), n_ * d));
+    return nn::crows_view<E>(full, n_, d);
+  }
+  // The norms' weight gradients under sequence parallelism: each rank's backward adds its rows'
+  // part; the parts are all-reduced (in rank order) and added to what the weights held before.
+  void stash_norm_grads() {
+    const std::size_t d = cfg_.hidden_size, total = norm_weights_.size() * d;
+    ensure(norm_saved_, total);
+    for (std::size_t i = 0; i < norm_weights_.size(); ++i) {
+      std::copy_n(norm_weights_[i]->grad.data(), d, norm_saved_.data() + i * d);
+      std::fill_n(norm_weights_[i]->grad.data(), d, 0.0f);
+    }
+  }
+  void sum_norm_grads() {
+    const std::size_t d = cfg_.hidden_size, total = norm_weights_.size() * d;
+    ensure(norm_sum_, total);
+    for (std::size_t i = 0; i < norm_weights_.size(); ++i) std::copy_n(norm_weights_[i]->grad.data(), d, norm_sum_.data() + i * d);
+    tp_->all_reduce(std::span<float>(norm_sum_.data(), total), reduce_op::sum);
+    for (std::size_t i = 0; i < norm_weights_.size(); ++i) {
+      float* g = norm_weights_[i]->grad.data();
+      for (std::size_t c = 0; c < d; ++c) g[c] = norm_saved_.data()[i * d + c] + norm_sum_.data()[i * d + c];
+    }
+  }
   void check_targets(std::span<const std::int64_t> ids, std::span<const std::int64_t> targets, const char* who) const {
     if (targets.size() != ids.size())
       throw dist_error(errc::invalid_argument, std::string("tp_decoder_lm::") + who + ": " + std::to_string(targets.size()) + " targets for " +
@@ -216,70 +255,85 @@ class tp_decoder_lm {
     if (ids.size() != n)
       throw dist_error(errc::invalid_argument, "tp_decoder_lm: " + std::to_string(ids.size()) + " token ids for batch " + std::to_string(batch) + " x seq " +
                                                    std::to_string(seq));
+    if (sp() && n % std::size_t(tp_->size()) != 0)
+      throw dist_error(errc::invalid_argument, "tp_decoder_lm: sequence parallelism splits the batch·seq = " + std::to_string(n) + " tokens over tp = " +
+                                                   std::to_string(tp_->size()) + ", which must divide them");
     n_ = n;
+    const std::size_t m = rows_ = sp() ? n / std::size_t(tp_->size()) : n;  // the stream's rows on this rank
     ids_.assign(ids.begin(), ids.end());
     positions_.resize(n);
     for (std::size_t t = 0; t < n; ++t) positions_[t] = std::int64_t(t % seq);
     for (auto& b : blocks_) {
-      ensure(b.s_in, n * d);
-      ensure(b.s_mid, n * d);
+      ensure(b.s_in, m * d);
+      ensure(b.s_mid, m * d);
       ensure(b.y1, n * d);
       ensure(b.y2, n * d);
     }
-    ensure(tmp_, n * d);
-    ensure(s_final_, n * d);
+    ensure(tmp_, m * d);
+    ensure(s_final_, m * d);
     ensure(yf_, n * d);
+    if (sp()) ensure(yl_, m * d);
     Dev& dev = *dev_;
-    embed_.forward(dev, std::span<const std::int64_t>(ids_), nn::rows_view<float>(blocks_[0].s_in, n, d));
+    // a norm's output: straight into the layer's input, or this rank's rows, then all-gathered into it
+    auto norm_out = [&](device_buffer<T, Dev>& full) { return nn::rows_view<T>(sp() ? yl_ : full, m, d); };
+    auto gather_into = [&](device_buffer<T, Dev>& full) {
+      if (sp()) tp_->all_gather(std::span<const T>(yl_.data(), m * d), std::span<T>(full.data(), n * d));
+    };
+    embed_.forward(dev, std::span<const std::int64_t>(ids_), nn::rows_view<float>(blocks_[0].s_in, m, d));
     for (std::size_t l = 0; l < blocks_.size(); ++l) {
       block& b = blocks_[l];
       // the block's input stream is s_in (layer 0: the embeddings; later: the previous block's
       // s_mid + MLP output, added by this norm and written to s_in)
-      if (l == 0) b.ln1.forward(dev, nn::crows_view<float>(b.s_in, n, d), nn::cview<float>{}, nn::mview<float>{}, nn::rows_view<T>(b.y1, n, d), train);
+      if (l == 0) b.ln1.forward(dev, nn::crows_view<float>(b.s_in, m, d), nn::cview<float>{}, nn::mview<float>{}, norm_out(b.y1), train);
       else
-        b.ln1.forward(dev, nn::crows_view<float>(tmp_, n, d), nn::crows_view<float>(blocks_[l - 1].s_mid, n, d), nn::rows_view<float>(b.s_in, n, d),
-                      nn::rows_view<T>(b.y1, n, d), train);
-      b.attn.forward(dev, batch, seq, nn::crows_view<T>(b.y1, n, d), std::span<const std::int64_t>(positions_), nn::rows_view<float>(tmp_, n, d), train);
-      b.ln2.forward(dev, nn::crows_view<float>(tmp_, n, d), nn::crows_view<float>(b.s_in, n, d), nn::rows_view<float>(b.s_mid, n, d),
-                    nn::rows_view<T>(b.y2, n, d), train);
-      b.mlp.forward(dev, nn::crows_view<T>(b.y2, n, d), nn::rows_view<float>(tmp_, n, d), train);
+        b.ln1.forward(dev, nn::crows_view<float>(tmp_, m, d), nn::crows_view<float>(blocks_[l - 1].s_mid, m, d), nn::rows_view<float>(b.s_in, m, d),
+                      norm_out(b.y1), train);
+      gather_into(b.y1);
+      b.attn.forward(dev, batch, seq, nn::crows_view<T>(b.y1, n, d), std::span<const std::int64_t>(positions_), nn::rows_view<float>(tmp_, m, d), train);
+      b.ln2.forward(dev, nn::crows_view<float>(tmp_, m, d), nn::crows_view<float>(b.s_in, m, d), nn::rows_view<float>(b.s_mid, m, d), norm_out(b.y2),
+                    train);
+      gather_into(b.y2);
+      b.mlp.forward(dev, nn::crows_view<T>(b.y2, n, d), nn::rows_view<float>(tmp_, m, d), train);
     }
-    final_norm_.forward(dev, nn::crows_view<float>(tmp_, n, d), nn::crows_view<float>(blocks_.back().s_mid, n, d), nn::rows_view<float>(s_final_, n, d),
-                        nn::rows_view<T>(yf_, n, d), train);
+    final_norm_.forward(dev, nn::crows_view<float>(tmp_, m, d), nn::crows_view<float>(blocks_.back().s_mid, m, d), nn::rows_view<float>(s_final_, m, d),
+                        norm_out(yf_), train);
+    gather_into(yf_);
   }
 
-  // dy_ holds d loss / d yf (the head's dx).
+  // dy_ holds d loss / d yf (the head's dx): this rank's rows_ of it.
   void run_backward() {
-    const std::size_t n = n_, d = cfg_.hidden_size;
+    const std::size_t m = rows_, d = cfg_.hidden_size;
     Dev& dev = *dev_;
-    ensure(dS_, n * d);
-    ensure(dS2_, n * d);
-    final_norm_.backward(dev, nn::crows_view<float>(dy_, n, d), nn::cview<float>{}, nn::rows_view<float>(dS_, n, d));
+    ensure(dS_, m * d);
+    ensure(dS2_, m * d);
+    final_norm_.backward(dev, nn::crows_view<float>(dy_, m, d), nn::cview<float>{}, nn::rows_view<float>(dS_, m, d));
     for (std::size_t li = blocks_.size(); li-- > 0;) {
       block& b = blocks_[li];
       // the MLP's output was added to s_mid: it receives dS
-      b.mlp.backward(dev, as_compute(dS_, n, d), nn::rows_view<float>(dy_, n, d), false);
-      b.ln2.backward(dev, nn::crows_view<float>(dy_, n, d), nn::crows_view<float>(dS_, n, d), nn::rows_view<float>(dS2_, n, d));
+      b.mlp.backward(dev, gathered(as_compute(dS_, m, d), gfull_), nn::rows_view<float>(dy_, m, d), false);
+      b.ln2.backward(dev, nn::crows_view<float>(dy_, m, d), nn::crows_view<float>(dS_, m, d), nn::rows_view<float>(dS2_, m, d));
       // the attention's output was added to s_in: it receives dS2
-      b.attn.backward(dev, as_compute(dS2_, n, d), nn::rows_view<float>(dy_, n, d), false);
-      b.ln1.backward(dev, nn::crows_view<float>(dy_, n, d), nn::crows_view<float>(dS2_, n, d), nn::rows_view<float>(dS_, n, d));
+      b.attn.backward(dev, gathered(as_compute(dS2_, m, d), gfull_), nn::rows_view<float>(dy_, m, d), false);
+      b.ln1.backward(dev, nn::crows_view<float>(dy_, m, d), nn::crows_view<float>(dS2_, m, d), nn::rows_view<float>(dS_, m, d));
     }
-    embed_.backward(dev, std::span<const std::int64_t>(ids_), nn::crows_view<float>(dS_, n, d));
+    embed_.backward(dev, std::span<const std::int64_t>(ids_), gathered(nn::crows_view<float>(dS_, m, d), sfull_));
   }
 
   Dev* dev_;
   io::model_config cfg_;
   communicator* tp_;
+  tp_decoder_options opt_;
   nn::parameters<Dev> params_;
   std::unordered_set<const nn::parameter<Dev>*> replicated_;  // held whole (or as the same kv rows) by more than this rank
+  std::vector<nn::parameter<Dev>*> norm_weights_;
   vocab_parallel_embedding<Dev> embed_;
   std::vector<block> blocks_;
   nn::norm<Dev, T> final_norm_;
   vocab_parallel_lm_head<Dev, T> head_;
   std::vector<std::int64_t> ids_, positions_;
-  std::size_t n_ = 0;
-  device_buffer<float, Dev> tmp_, s_final_, dy_, dS_, dS2_;
-  device_buffer<T, Dev> yf_, gT_;
+  std::size_t n_ = 0, rows_ = 0;  // tokens of the last forward; the stream's rows on this rank (n_/tp under sequence parallelism)
+  device_buffer<float, Dev> tmp_, s_final_, dy_, dS_, dS2_, sfull_, norm_saved_, norm_sum_;
+  device_buffer<T, Dev> yf_, gT_, yl_, gfull_;
 };
 
 }  // namespace dist

@@ -95,18 +95,25 @@ class vocab_parallel_embedding {
   nn::parameter<Dev>* weight() const { return w_; }
   communicator& tp() const { return *tp_; }
 
-  // out (N, hidden) f32, contiguous = table[ids], the same bits on every tp rank and as one device.
-  // An id outside [0, V) is a dist_error(out_of_range) naming it (raised on every rank, before any
-  // communication, since ids are the same on every rank).
-  void forward(Dev&, std::span<const std::int64_t> ids, mview<float> out) {
-    check(ids, out.rows(), out.cols(), "forward: out");
+  // out (N, hidden) f32, contiguous = table[ids], the same bits on every tp rank and as one device;
+  // or this rank's N/tp rows of it (sequence parallelism: a reduce-scatter instead of an
+  // all-reduce). An id outside [0, V) is a dist_error(out_of_range) naming it (raised on every
+  // rank, before any communication, since ids are the same on every rank).
+  void forward(Dev& dev, std::span<const std::int64_t> ids, mview<float> out) {
+    const bool local = out.rows() != ids.size() && out.rows() * std::size_t(tp_->size()) == ids.size();
+    check(ids, local ? ids.size() : out.rows(), out.cols(), "forward: out");
+    mview<float> full = out;
+    if (local) {
+      dist::detail::ensure(dev, part_, ids.size() * hidden_);
+      full = nn::rows_view<float>(part_, ids.size(), hidden_);
+    }
     const float* w = w_->value.data();
     for (std::size_t t = 0; t < ids.size(); ++t) {
       const bool own = rows_.contains(ids[t]);
       const float* src = own ? w + (std::size_t(ids[t]) - rows_.offset) * hidden_ : nullptr;
-      for (std::size_t c = 0; c < hidden_; ++c) out(t, c) = own ? src[c] : -0.0f;
+      for (std::size_t c = 0; c < hidden_; ++c) full(t, c) = own ? src[c] : -0.0f;
     }
-    tp_->all_reduce(dist::detail::contiguous(out, "vocab_parallel_embedding"), reduce_op::sum);
+    dist::detail::sum_partials(dev, *tp_, full, out, false, sum_, "vocab_parallel_embedding");
   }
   // dW_r (own rows) += dout rows of the tokens this rank owns, in token order. No communication.
   void backward(Dev&, std::span<const std::int64_t> ids, cview<float> dout) {
@@ -134,6 +141,7 @@ class vocab_parallel_embedding {
   std::size_t vocab_ = 0, hidden_ = 0;
   vocab_range rows_;
   nn::parameter<Dev>* w_ = nullptr;
+  device_buffer<float, Dev> part_, sum_;
 };
 
 // The LM head W (V, hidden) split by rows, fused with the mean cross-entropy (no label smoothing).
@@ -164,13 +172,15 @@ class vocab_parallel_lm_head {
 
   // The mean cross-entropy of x W ᵀ (x (N, hidden)) against labels (N; ignore_index rows count for
   // nothing), the same on every tp rank; counted = the rows not ignored. With a non-empty dx
-  // (N, hidden, contiguous f32) the gradient runs too: dx = d loss / dx (overwritten), and this
-  // rank's dW accumulates into the weight's grad. An empty dx: the loss only (evaluation).
+  // (N, hidden, contiguous f32; or this rank's N/tp rows of it, sequence parallelism) the gradient
+  // runs too: dx = d loss / dx (overwritten), and this rank's dW accumulates into the weight's
+  // grad. An empty dx: the loss only (evaluation).
   // A label outside [0, V) (other than ignore_index) is a dist_error(out_of_range) naming it.
   cross_entropy_result loss(Dev& dev, cview<T> x, std::span<const std::int64_t> labels, mview<float> dx, std::int64_t ignore_index = -100) {
     const std::size_t n = x.rows(), len = rows_.length;
     const bool grad = dx.data() != nullptr;
-    if (x.cols() != hidden_ || labels.size() != n || (grad && (dx.rows() != n || dx.cols() != hidden_)))
+    const bool local_dx = grad && dx.rows() != n && dx.rows() * std::size_t(tp_->size()) == n;
+    if (x.cols() != hidden_ || labels.size() != n || (grad && ((dx.rows() != n && !local_dx) || dx.cols() != hidden_)))
       throw dist_error(errc::invalid_argument, "vocab_parallel_lm_head: x (" + std::to_string(n) + ", " + std::to_string(x.cols()) + "), " +
                                                    std::to_string(labels.size()) + " labels and dx (" + std::to_string(dx.rows()) + ", " +
                                                    std::to_string(dx.cols()) + ") for hidden = " + std::to_string(hidden_));
@@ -234,8 +244,13 @@ class vocab_parallel_lm_head {
         dz(i, y) = T(scale * (z(i, y) * mx[i] - 1.0f));
       }
     }
-    lin_.backward(dev, nn::crows_view<T>(dz_, n, len), dx, false);  // dx = dz_r W_r, dW_r += dz_rᵀ x
-    tp_->all_reduce(dist::detail::contiguous(dx, "vocab_parallel_lm_head"), reduce_op::sum);
+    mview<float> part = dx;  // dx = Σ_r dz_r W_r; dW_r += dz_rᵀ x
+    if (local_dx) {
+      dist::detail::ensure(dev, part_, n * hidden_);
+      part = nn::rows_view<float>(part_, n, hidden_);
+    }
+    lin_.backward(dev, nn::crows_view<T>(dz_, n, len), part, false);
+    dist::detail::sum_partials(dev, *tp_, part, dx, false, sum_, "vocab_parallel_lm_head");
     return res;
   }
 
@@ -261,7 +276,7 @@ class vocab_parallel_lm_head {
   std::size_t vocab_ = 0, hidden_ = 0;
   vocab_range rows_;
   nn::linear<Dev, T> lin_;
-  device_buffer<float, Dev> z_, st_;
+  device_buffer<float, Dev> z_, st_, part_, sum_;
   device_buffer<T, Dev> dz_;
 };
 

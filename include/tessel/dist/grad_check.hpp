@@ -1,0 +1,55 @@
+// The global gradient check of a sharded optimizer step: whether any gradient anywhere is
+// non-finite, and the global L2 norm with PyTorch's clip_grad_norm_ coefficient, taken over every
+// rank's part of the gradients with one all-reduce, so every rank skips or clips alike.
+// tp_decoder_lm::adamw (tp shards, replicated weights counted once) and data_parallel's ZeRO-1
+// step (dp shards of the flat gradient) both use it.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <span>
+
+#include <tessel/collectives/communicator.hpp>
+
+namespace tessel {
+inline namespace v0 {
+namespace dist {
+
+class grad_check {
+ public:
+  explicit grad_check(float max_grad_norm) : max_norm_(max_grad_norm) {}
+  bool wants_norm() const { return max_norm_ > 0.0f; }
+
+  // Gradients this rank holds: every one is checked for finiteness; those `counted` (not a copy
+  // another rank counts) add their squares to the norm.
+  void add(std::span<const float> g, bool counted = true) {
+    const bool sq = counted && wants_norm();
+    for (const float x : g) {
+      if (!std::isfinite(x)) acc_[1] = 1.0;
+      else if (sq) acc_[0] += double(x) * double(x);
+    }
+  }
+
+  // Sums every rank's part over `group` (all of them must call it).
+  void reduce(communicator& group) {
+    group.all_reduce(std::span<double>(acc_, 2), reduce_op::sum);
+  }
+  bool found_inf() const { return acc_[1] > 0.0; }
+  // The global norm (-1 when not asked for: max_grad_norm <= 0).
+  double norm() const { return wants_norm() ? std::sqrt(acc_[0]) : -1.0; }
+  // What the step divides the gradients by (step_options::loss_scale): 1 / the clip coefficient
+  // max_norm / (norm + 1e-6) when that is below 1, else 1.
+  float clip_divisor() const {
+    if (!wants_norm()) return 1.0f;
+    const double coef = double(max_norm_) / (norm() + 1e-6);
+    return coef < 1.0 ? float(1.0 / coef) : 1.0f;
+  }
+
+ private:
+  float max_norm_;
+  double acc_[2] = {0.0, 0.0};  // Σ g² over what this rank counts, non-finite gradients seen
+};
+
+}  // namespace dist
+}  // namespace v0
+}  // namespace tessel
