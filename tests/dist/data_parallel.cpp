@@ -16,10 +16,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+#include <unistd.h>
 
 #include <tessel/collectives.hpp>
 #include <tessel/device/host_device.hpp>
@@ -94,7 +98,7 @@ TEST_CASE("dp=2 AdamW steps of a tiny Llama equal one device on the full batch, 
     host_device dv(1);
     nn::decoder_lm<host_device> m(dv, cfg);
     m.init(3 + std::uint64_t(r) * 17, 0.1);  // different on each rank: broadcast_parameters makes them rank 0's
-    dist::data_parallel<host_device> dp(m, grp.dp(), {.bucket_bytes = 16 << 10});  // several buckets
+    dist::data_parallel dp(m, grp.dp(), {.bucket_bytes = 16 << 10});  // several buckets
     dp.broadcast_parameters(0);
     const std::size_t b = B / 2, off = std::size_t(r) * b * S;
     for (std::size_t s = 0; s < STEPS; ++s) {
@@ -170,7 +174,7 @@ zero_run run_zero(int dp, int stage, const nn::adamw_config& h, std::size_t batc
     nn::decoder_lm<host_device, T> m(dv, cfg);
     m.init(3, 0.1);
     // 4 KiB chunks: many reduce-scatter / all-gather rounds, shards cut inside tensors
-    dist::data_parallel<host_device, T> d(m, grp.dp(), {.bucket_bytes = 4 << 10, .zero_stage = stage});
+    dist::data_parallel d(m, grp.dp(), {.bucket_bytes = 4 << 10, .zero_stage = stage});
     const std::size_t b = batch_n / n, off = r * b * S;
     for (std::size_t s = 0; s < data.size(); ++s) {
       const std::span<const std::int64_t> ids(data[s].ids.data() + off, b * S), tg(data[s].targets.data() + off, b * S);
@@ -261,14 +265,112 @@ TEST_CASE("ZeRO-1 with gradient clipping: one global norm on every rank, paramet
                                                                << ")");
 }
 
+// dp × tp: data_parallel over tensor-parallel replicas (dp = 2, tp = 2 on 4 thread ranks), each
+// loaded from one one-device checkpoint, 3 AdamW steps with weight decay.
+//  * ZeRO-1 without clipping gives plain DP's bits (as on one-device replicas).
+//  * With clipping, the global norm must span both axes: every rank reports the same norm, and
+//    ZeRO-1's (dp shards, then tp) equals plain DP's (the model's own, over tp) to f32
+//    accumulation (1e-6 relative; a norm over one tp rank's shards only would be off by ~30%).
+//  * Against tp = 2 alone on the whole batch: the losses within 1e-5 relative and the parameters
+//    within the AdamW update bound (see the top of this file).
+TEST_CASE("dp x tp: data_parallel over tp_decoder_lm replicas, ZeRO-1 bitwise equal to plain DP, one global norm", "[dist][data_parallel][zero]") {
+  constexpr std::size_t BN = 4;
+  std::vector<batch> data;
+  for (std::size_t s = 0; s < STEPS; ++s) data.push_back(tessel_test::make_batch(700 + s, BN, S, 37));
+  const auto cfg = tiny_llama();
+  const auto path = std::filesystem::temp_directory_path() / ("dist_dpxtp_" + std::to_string(::getpid()) + ".safetensors");
+  {
+    host_device d1(1);
+    nn::decoder_lm<host_device> one(d1, cfg);
+    one.init(3, 0.1);
+    one.params().save(path);
+  }
+  struct result {
+    std::vector<std::vector<double>> losses, norms;
+    std::vector<grads> params;  // by world rank
+  };
+  // dp = 0: tp_decoder_lm alone on the whole batch
+  auto run = [&](int dp, int stage, float clip) {
+    const int world = 2 * std::max(dp, 1);
+    result out;
+    out.losses.resize(std::size_t(world));
+    out.norms.resize(std::size_t(world));
+    out.params.resize(std::size_t(world));
+    threads_world::run(world, [&](threads_transport t) {
+      const std::size_t w = std::size_t(t.rank());
+      dist::process_groups grp(t, {.dp = std::max(dp, 1), .tp = 2});
+      host_device dv(1);
+      dist::tp_decoder_lm<host_device> m(dv, cfg, grp.tp());
+      m.load(path);
+      nn::adamw_config h;
+      h.hyper.lr = 1e-3f;
+      h.hyper.weight_decay = 0.01f;
+      h.max_grad_norm = clip;
+      const std::size_t b = dp ? BN / std::size_t(dp) : BN, off = dp ? std::size_t(grp.dp().rank()) * b * S : 0;
+      std::optional<dist::data_parallel<dist::tp_decoder_lm<host_device>>> d;
+      if (dp) d.emplace(m, grp.dp(), dist::data_parallel_options{.bucket_bytes = 4 << 10, .zero_stage = stage});
+      for (std::size_t s = 0; s < STEPS; ++s) {
+        const std::span<const std::int64_t> ids(data[s].ids.data() + off, b * S), tg(data[s].targets.data() + off, b * S);
+        if (d) {
+          out.losses[w].push_back(d->forward_backward(ids, tg, b, S));
+          out.norms[w].push_back(d->adamw(h, s + 1).grad_norm);
+        } else {
+          m.params().zero_grad();
+          out.losses[w].push_back(m.forward_backward(ids, tg, b, S));
+          out.norms[w].push_back(m.adamw(h, s + 1).grad_norm);
+        }
+      }
+      grads v;
+      for (auto& p : m.params()) v.emplace_back(p.value.data(), p.value.data() + p.numel);
+      out.params[w] = std::move(v);
+    });
+    return out;
+  };
+  const result z0 = run(2, 0, 0.0f), z1 = run(2, 1, 0.0f);
+  for (std::size_t w = 0; w < 4; ++w) {
+    INFO("world rank " << w);
+    CHECK(z1.losses[w] == z0.losses[w]);
+    CHECK(same_bits(z1.params[w], z0.params[w]));
+  }
+  // clipping active: this model's gradient norm is above 0.05
+  const result c0 = run(2, 0, 0.05f), c1 = run(2, 1, 0.05f), tp_only = run(0, 0, 0.05f);
+  double worst_norm = 0;
+  for (std::size_t w = 0; w < 4; ++w)
+    for (std::size_t s = 0; s < STEPS; ++s) {
+      INFO("world rank " << w << ", step " << s + 1);
+      CHECK(c1.norms[w][s] == c1.norms[0][s]);
+      CHECK(c0.norms[w][s] == c0.norms[0][s]);
+      CHECK(c0.norms[w][s] > 0.05);
+      const double rel = std::fabs(c1.norms[w][s] - c0.norms[w][s]) / c0.norms[w][s];
+      CHECK(rel <= 1e-6);
+      worst_norm = std::max(worst_norm, rel);
+    }
+  // against tp = 2 alone on the whole batch: tp rank r of the world of 2 is world rank r of dp x tp
+  // when tp is the inner axis (process_groups' order), and every dp replica holds the same values
+  const double pbound = 2 * 3.2 * 1e-3 * STEPS;
+  double worst_p = 0, worst_l = 0;
+  for (std::size_t w = 0; w < 4; ++w) {
+    const std::size_t r = w % 2;
+    REQUIRE(c0.params[w].size() == tp_only.params[r].size());
+    for (std::size_t i = 0; i < c0.params[w].size(); ++i)
+      for (std::size_t j = 0; j < c0.params[w][i].size(); ++j) worst_p = std::max(worst_p, std::fabs(double(c0.params[w][i][j]) - double(tp_only.params[r][i][j])));
+    for (std::size_t s = 0; s < STEPS; ++s) worst_l = std::max(worst_l, std::fabs(c0.losses[w][s] - tp_only.losses[r][s]) / tp_only.losses[r][s]);
+  }
+  CHECK(worst_p <= pbound);
+  CHECK(worst_l <= 1e-5);
+  WARN("dp2 x tp2: ZeRO-1 vs plain DP clipped norm max rel diff " << worst_norm << "; vs tp2 alone: params max |dp| " << worst_p << " (bound " << pbound
+                                                                   << "), loss max rel diff " << worst_l);
+  std::filesystem::remove(path);
+}
+
 TEST_CASE("data_parallel: ZeRO stages that are not built are typed errors", "[dist][data_parallel][zero][errors]") {
   host_device dv(1);
   nn::decoder_lm<host_device> m(dv, tiny_llama());
   threads_world::run(1, [&](threads_transport t) {
     communicator c(std::move(t));
-    CHECK_THROWS_MATCHES((dist::data_parallel<host_device>(m, c, {.bucket_bytes = 1024, .zero_stage = 2})), dist::dist_error,
+    CHECK_THROWS_MATCHES((dist::data_parallel(m, c, {.bucket_bytes = 1024, .zero_stage = 2})), dist::dist_error,
                          is_error(errc::unsupported, "dist", "ZeRO stage 2 is not built yet"));
-    CHECK_THROWS_MATCHES((dist::data_parallel<host_device>(m, c, {.bucket_bytes = 1024, .zero_stage = -1})), dist::dist_error,
+    CHECK_THROWS_MATCHES((dist::data_parallel(m, c, {.bucket_bytes = 1024, .zero_stage = -1})), dist::dist_error,
                          is_error(errc::config, "dist", "ZeRO stage -1"));
   });
 }

@@ -1,5 +1,7 @@
-// Data parallelism over a dp group: one nn::decoder_lm replica per dp rank, each on its own
-// device, each with its share of the batch. Ranks with different numbers of counted tokens (targets
+// Data parallelism over a dp group: one model replica per dp rank, each on its own device, each
+// with its share of the batch. The model is an nn::decoder_lm, or a dist::tp_decoder_lm whose tp
+// group is another axis of the same world (dp × tp: the dp peers of a tp rank hold the same shards;
+// process_groups builds both groups). Ranks with different numbers of counted tokens (targets
 // that are not ignore_index) are weighted by their counts, so the averaged gradient is the gradient
 // of the mean loss over the whole batch.
 //
@@ -38,6 +40,7 @@
 #include <tessel/detail/checked.hpp>
 #include <tessel/dist/errors.hpp>
 #include <tessel/dist/grad_check.hpp>
+#include <tessel/dist/tp_decoder.hpp>
 #include <tessel/nn/decoder.hpp>
 
 namespace tessel {
@@ -57,10 +60,27 @@ struct memory_use {
   std::size_t total() const { return parameters + gradients + optimizer_state; }
 };
 
-template <device Dev, nn::compute_type T = float>
+// What data_parallel needs to know of a model beyond params(), forward_backward() and adamw(): the
+// group its parameters are split over besides dp (none for one-device models), and whether a
+// parameter counts in the global gradient norm on this rank (a replicated copy counts once).
+template <class Model>
+struct model_split {
+  static communicator* group(Model&) { return nullptr; }
+  static bool counted(const Model&, const void*) { return true; }
+};
+template <device Dev, nn::compute_type T>
+struct model_split<tp_decoder_lm<Dev, T>> {
+  static communicator* group(tp_decoder_lm<Dev, T>& m) { return &m.tp(); }
+  static bool counted(const tp_decoder_lm<Dev, T>& m, const nn::parameter<Dev>* p) { return m.counted_in_norm(*p); }
+};
+
+template <class Model>
 class data_parallel {
+  using Dev = typename Model::device_type;
+  using T = typename Model::compute_t;
+
  public:
-  data_parallel(nn::decoder_lm<Dev, T>& model, communicator& dp, data_parallel_options o = {}) : m_(&model), dp_(&dp), o_(o) {
+  data_parallel(Model& model, communicator& dp, data_parallel_options o = {}) : m_(&model), dp_(&dp), o_(o) {
     if (o_.bucket_bytes < sizeof(float)) throw dist_error(errc::invalid_argument, "data_parallel: bucket_bytes must hold one f32");
     if (o_.zero_stage < 0 || o_.zero_stage > 3) throw dist_error(errc::config, "data_parallel: ZeRO stage " + std::to_string(o_.zero_stage) + " is not one of 0, 1, 2, 3");
     if (o_.zero_stage > 1)
@@ -69,7 +89,7 @@ class data_parallel {
     for (auto& p : m_->params()) {
       members_.push_back(&p);
       starts_.push_back(at);
-      at = detail::add_checked(at, p.numel, "data_parallel: parameter count");
+      at = tessel::detail::add_checked(at, p.numel, "data_parallel: parameter count");
     }
     total_ = at;
     const std::size_t n = std::size_t(dp_->size());
@@ -78,7 +98,7 @@ class data_parallel {
     hi_ = std::min(total_, lo_ + shard_);
   }
 
-  nn::decoder_lm<Dev, T>& model() { return *m_; }
+  Model& model() { return *m_; }
   int zero_stage() const { return o_.zero_stage; }
   // The flat range [first, second) of the parameters (registration order) whose optimizer state
   // this rank holds: everything at stage 0.
@@ -143,9 +163,14 @@ class data_parallel {
   // one all-reduce), then the parameters all-gathered.
   step_result adamw(const nn::adamw_config& h, std::uint64_t step_no) {
     if (o_.zero_stage == 0) return m_->adamw(h, step_no);
+    // over every dp shard, and with a tensor-parallel model over its tp group too (the dp-averaged
+    // gradients are the same on a tp rank's dp peers, so dp shards times tp shards are all of them)
     grad_check gc(h.max_grad_norm);
-    for_range(lo_, hi_, [&](nn::parameter<Dev>& p, std::size_t off, std::size_t cnt, std::size_t) { gc.add(p.grad.cspan().subspan(off, cnt)); });
+    for_range(lo_, hi_, [&](nn::parameter<Dev>& p, std::size_t off, std::size_t cnt, std::size_t) {
+      gc.add(p.grad.cspan().subspan(off, cnt), model_split<Model>::counted(*m_, &p));
+    });
     gc.reduce(*dp_);
+    if (communicator* g = model_split<Model>::group(*m_)) gc.reduce(*g);
     step_result res;
     if (gc.found_inf()) {
       res.found_inf = res.skipped = true;
@@ -270,7 +295,7 @@ class data_parallel {
     m_->params().refresh_bf16();
   }
 
-  nn::decoder_lm<Dev, T>* m_;
+  Model* m_;
   communicator* dp_;
   data_parallel_options o_;
   std::vector<float> bucket_;  // host staging of a bucket (device memory is host-addressable here)

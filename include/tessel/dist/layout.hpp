@@ -32,7 +32,7 @@ struct parallel_layout {
   // dp·tp·pp; a product that overflows int is a dist_error(errc::overflow).
   int world_size() const {
     check_positive();
-    const std::size_t n = detail::mul_checked(detail::mul_checked(std::size_t(dp), std::size_t(tp), "layout size"), std::size_t(pp), "layout size");
+    const std::size_t n = tessel::detail::mul_checked(tessel::detail::mul_checked(std::size_t(dp), std::size_t(tp), "layout size"), std::size_t(pp), "layout size");
     if (n > std::size_t(0x7fffffff)) throw dist_error(errc::overflow, "layout " + to_string() + " has more than 2^31 - 1 ranks");
     return int(n);
   }

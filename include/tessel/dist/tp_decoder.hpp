@@ -69,6 +69,9 @@ class tp_decoder_lm {
   static constexpr bool bf16_compute = std::is_same_v<T, bf16>;
 
  public:
+  using device_type = Dev;
+  using compute_t = T;
+
   // A model with zero parameters shaped by `cfg`, this rank's shards of it (load() or init() fills them).
   tp_decoder_lm(Dev& dev, io::model_config cfg, communicator& tp, tp_decoder_options o = {})
       : dev_(&dev), cfg_(std::move(cfg)), tp_(&tp), opt_(o), params_(dev) {
@@ -80,6 +83,9 @@ class tp_decoder_lm {
   nn::parameters<Dev>& params() { return params_; }
   communicator& tp() const { return *tp_; }
   const tp_decoder_options& options() const { return opt_; }
+  // Whether p counts in the global gradient norm on this rank: a weight other ranks hold the same
+  // copy of (the norms, replicated kv heads, row-parallel biases) counts on the first of them only.
+  bool counted_in_norm(const nn::parameter<Dev>& p) const { return !replicated_.count(&p) || tp_->rank() == 0; }
 
   // This rank's shards of a whole-model safetensors file (or a sharded index's directory).
   void load(const std::filesystem::path& path, const nn::load_options& o = {}) {
@@ -117,7 +123,7 @@ class tp_decoder_lm {
   // alike. grad_norm in the result is that global norm (-1 when not computed).
   step_result adamw(const nn::adamw_config& h, std::uint64_t step) {
     grad_check gc(h.max_grad_norm);
-    for (auto& p : params_) gc.add(p.grad.cspan(), !replicated_.count(&p) || tp_->rank() == 0);
+    for (auto& p : params_) gc.add(p.grad.cspan(), counted_in_norm(p));
     gc.reduce(*tp_);
     step_result res;
     if (gc.found_inf()) {

@@ -123,6 +123,8 @@ class decoder_lm {
   static constexpr bool bf16_compute = std::is_same_v<T, bf16>;
 
  public:
+  using device_type = Dev;
+  using compute_t = T;
   // A model with zero parameters shaped by `cfg` (load() or init() fills them).
   decoder_lm(Dev& dev, io::model_config cfg) : dev_(&dev), cfg_(std::move(cfg)), params_(dev) { build(); }
   decoder_lm(decoder_lm&&) = delete;  // modules hold pointers into the registry and each other
