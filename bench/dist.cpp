@@ -8,8 +8,9 @@
 //   BM_tp/<tp>/<sp>          dist::tp_decoder_lm on tp thread ranks (threads transport), each rank a
 //                            host_device of 1 thread: tp cores in all; sp = 1 with sequence
 //                            parallelism (the stream, norms and residual adds split by tokens).
-// Counters: tokens/s, tokens_per_core (tokens/s divided by the cores the step uses) and
-// model FLOP/s (bench_model's count). The claim is the ratio tokens_per_core(BM_tp/2) /
+// Counters: tokens/s, tokens_per_core (tokens/s divided by the cores the step uses), model FLOP/s
+// (bench_model's count) and MiB_per_rank (the device's peak bytes in use on rank 0: parameters,
+// gradients, moments, activations and scratch). The claim is the ratio tokens_per_core(BM_tp/2) /
 // tokens_per_core(BM_one_device/1) within one run: run with --benchmark_repetitions=3 and read
 // the min and the median.
 //
@@ -25,6 +26,7 @@
 
 #include <atomic>
 #include <barrier>
+#include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <mutex>
@@ -38,7 +40,8 @@ using namespace tessel;
 
 using tessel_bench::small_batch, tessel_bench::small_seq;
 
-void report(benchmark::State& st, double cores) {
+void report(benchmark::State& st, double cores, std::size_t peak_bytes) {
+  st.counters["MiB_per_rank"] = double(peak_bytes) / double(1 << 20);
   const double tokens = double(small_batch * small_seq) * double(st.iterations());
   st.counters["tokens"] = benchmark::Counter(tokens, benchmark::Counter::kIsRate);
   st.counters["tokens_per_core"] = benchmark::Counter(tokens / cores, benchmark::Counter::kIsRate);
@@ -55,7 +58,7 @@ void BM_one_device(benchmark::State& st) {
   std::uint64_t step = 0;
   tessel_bench::train_step(m, b, ++step);  // warm: buffers allocated, pages touched
   for (auto _ : st) tessel_bench::train_step(m, b, ++step);
-  report(st, double(threads));
+  report(st, double(threads), dev.memory().peak_in_use);
 }
 
 // tp ranks on persistent threads, driven one step at a time by the benchmark loop.
@@ -78,6 +81,7 @@ class tp_rig {
     }
   }
   ~tp_rig() { finish(); }
+  std::size_t peak_bytes() const { return peak_; }
   void step() {
     go_.arrive_and_wait();
     done_.arrive_and_wait();
@@ -97,6 +101,7 @@ class tp_rig {
         go_.arrive_and_wait();
         if (stop_) return;
         tessel_bench::train_step(m, b, step);
+        if (tp.rank() == 0) peak_ = dev.memory().peak_in_use;
         done_.arrive_and_wait();
       }
     } catch (...) {
@@ -122,6 +127,7 @@ class tp_rig {
   std::barrier<> go_, done_;
   const bool sp_;
   std::atomic<bool> stop_{false};
+  std::atomic<std::size_t> peak_{0};
   std::mutex mu_;
   std::exception_ptr error_;
   std::thread runner_;
@@ -132,7 +138,7 @@ void BM_tp(benchmark::State& st) {
   const int tp = int(st.range(0));
   tp_rig<T> rig(tp, st.range(1) != 0);
   for (auto _ : st) rig.step();
-  report(st, double(tp));
+  report(st, double(tp), rig.peak_bytes());
 }
 
 BENCHMARK(BM_one_device<float>)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();

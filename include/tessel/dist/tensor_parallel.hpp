@@ -59,6 +59,25 @@ template <class E, class Dev>
 void ensure(Dev& dev, device_buffer<E, Dev>& b, std::size_t n) {
   if (b.size() < n) b = device_buffer<E, Dev>(dev, n);
 }
+// The transient f32 buffers of a layer's reduction (its partial sums; a reduce-scatter's result),
+// held only during one call: a model gives all its layers one (share_workspace), so under sequence
+// parallelism the full-size partials exist once, not once per layer.
+template <class Dev>
+struct tp_workspace {
+  device_buffer<float, Dev> partial, sum;
+};
+// A layer's workspace: its own, or the one it was given.
+template <class Dev>
+class workspace_ref {
+ public:
+  tp_workspace<Dev>& get() { return shared_ ? *shared_ : own_; }
+  void share(tp_workspace<Dev>& w) { shared_ = &w; }
+
+ private:
+  tp_workspace<Dev> own_;
+  tp_workspace<Dev>* shared_ = nullptr;
+};
+
 // Sums each rank's partial (rows, cols), contiguous, over tp into out (out += when `accumulate`).
 // out's rows say which rows the caller keeps:
 //   all of them     an all-reduce (out may be the partial itself);
@@ -140,16 +159,18 @@ class column_parallel_linear {
       lin_.backward(dev, dy, dx, accumulate);
       return;
     }
+    auto& ws = ws_.get();
     if (!accumulate && dx.rows() == dy.rows()) {  // the partial in place, then summed
       lin_.backward(dev, dy, dx, false);
-      detail::sum_partials(dev, *tp_, dx, dx, false, sum_, "column_parallel_linear");
+      detail::sum_partials(dev, *tp_, dx, dx, false, ws.sum, "column_parallel_linear");
       return;
     }
-    detail::ensure(dev, scratch_, dy.rows() * in_);
-    const mview<float> s = nn::rows_view<float>(scratch_, dy.rows(), in_);
+    detail::ensure(dev, ws.partial, dy.rows() * in_);
+    const mview<float> s = nn::rows_view<float>(ws.partial, dy.rows(), in_);
     lin_.backward(dev, dy, s, false);
-    detail::sum_partials(dev, *tp_, s, dx, accumulate, sum_, "column_parallel_linear");
+    detail::sum_partials(dev, *tp_, s, dx, accumulate, ws.sum, "column_parallel_linear");
   }
+  void share_workspace(detail::tp_workspace<Dev>& w) { ws_.share(w); }
 
  private:
   static row_range even_rows(std::size_t out, const communicator& tp) {
@@ -159,7 +180,7 @@ class column_parallel_linear {
   communicator* tp_ = nullptr;
   std::size_t in_ = 0, out_ = 0;
   nn::linear<Dev, T> lin_;
-  device_buffer<float, Dev> scratch_, sum_;
+  detail::workspace_ref<Dev> ws_;
 };
 
 // y (N, out) = Σ over tp of x_r (N, in/tp) · W_rᵀ, then + b (b whole on every rank); registered as
@@ -184,17 +205,19 @@ class row_parallel_linear {
   // y is (N, out), contiguous, or this rank's N/tp rows of it (sequence parallelism: the sum is a
   // reduce-scatter); either way the same bits as the other ranks hold for those rows.
   void forward(Dev& dev, cview<T> x, mview<float> y, bool save) {
+    auto& ws = ws_.get();
     if (y.rows() == x.rows()) {
       lin_.forward(dev, x, y, save);
-      detail::sum_partials(dev, *tp_, y, y, false, sum_, "row_parallel_linear");
+      detail::sum_partials(dev, *tp_, y, y, false, ws.sum, "row_parallel_linear");
     } else {
-      detail::ensure(dev, part_, x.rows() * out_);
-      const mview<float> p = nn::rows_view<float>(part_, x.rows(), out_);
+      detail::ensure(dev, ws.partial, x.rows() * out_);
+      const mview<float> p = nn::rows_view<float>(ws.partial, x.rows(), out_);
       lin_.forward(dev, x, p, save);
-      detail::sum_partials(dev, *tp_, p, y, false, sum_, "row_parallel_linear");
+      detail::sum_partials(dev, *tp_, p, y, false, ws.sum, "row_parallel_linear");
     }
     if (b_) detail::add_bias_rows(y, b_->value.cspan());
   }
+  void share_workspace(detail::tp_workspace<Dev>& w) { ws_.share(w); }
   // dx_r (N, in/tp) = dy W_r (dx += when `accumulate`), dW_r += dyᵀ x_r, db += Σ rows of dy: all local.
   template <class DX>
   void backward(Dev& dev, cview<T> dy, mview<DX> dx, bool accumulate) {
@@ -212,7 +235,7 @@ class row_parallel_linear {
   nn::linear<Dev, T> lin_;
   nn::parameter<Dev>* b_ = nullptr;
   device_buffer<T, Dev> ones_;
-  device_buffer<float, Dev> part_, sum_;
+  detail::workspace_ref<Dev> ws_;
 };
 
 // Llama's MLP, down(silu(gate(x)) · up(x)), over tp: each rank holds I/tp of the intermediate
@@ -252,14 +275,22 @@ class tp_swiglu_mlp {
     down_.backward(dev, dy, nn::rows_view<T>(dh_, n, i_), false);
     swiglu_backward(dev, std::span<const T>(dh_.data(), n * i_), std::span<const T>(g_.data(), n * i_), std::span<const T>(u_.data(), n * i_),
                     std::span<T>(dg_.data(), n * i_), std::span<T>(du_.data(), n * i_));
+    auto& ws = ws_.get();
     mview<float> target = dx;
     if (accumulate || dx.rows() != n) {
-      detail::ensure(dev, dx_, n * d_);
-      target = nn::rows_view<float>(dx_, n, d_);
+      detail::ensure(dev, ws.partial, n * d_);
+      target = nn::rows_view<float>(ws.partial, n, d_);
     }
     gate_.backward(dev, nn::crows_view<T>(dg_, n, i_), target, false, false);
     up_.backward(dev, nn::crows_view<T>(du_, n, i_), target, true, false);
-    detail::sum_partials(dev, *tp_, target, dx, accumulate, sum_, "tp_swiglu_mlp");
+    detail::sum_partials(dev, *tp_, target, dx, accumulate, ws.sum, "tp_swiglu_mlp");
+  }
+  // Use w for the transient reduction buffers (this layer's and its linears').
+  void share_workspace(detail::tp_workspace<Dev>& w) {
+    ws_.share(w);
+    gate_.share_workspace(w);
+    up_.share_workspace(w);
+    down_.share_workspace(w);
   }
 
   // silu(gate)·up of the last forward: this rank's (N, I/tp) slice.
@@ -274,7 +305,7 @@ class tp_swiglu_mlp {
   communicator* tp_ = nullptr;
   std::size_t d_ = 0, i_ = 0;
   device_buffer<T, Dev> g_, u_, h_, dh_, dg_, du_;
-  device_buffer<float, Dev> dx_, sum_;
+  detail::workspace_ref<Dev> ws_;
 };
 
 // Llama's self-attention over tp (Megatron's parallel attention): q_proj, k_proj and v_proj are
@@ -384,16 +415,24 @@ class tp_attention {
       rope_backward(dev, nn::rows_view<T>(dk_, n, kvd), d, std::span<const std::int64_t>(positions_), rope());
     }
     if (replicas_ > 1) stash_kv_grads(dev);
+    auto& ws = ws_.get();
     mview<float> target = dx;
     if (accumulate || dx.rows() != n) {
-      detail::ensure(dev, dx_, n * c_.hidden);
-      target = nn::rows_view<float>(dx_, n, c_.hidden);
+      detail::ensure(dev, ws.partial, n * c_.hidden);
+      target = nn::rows_view<float>(ws.partial, n, c_.hidden);
     }
     q_.backward(dev, nn::crows_view<T>(dq_, n, qd), target, false, false);
     k_.backward(dev, nn::crows_view<T>(dk_, n, kvd), target, true, false);
     v_.backward(dev, nn::crows_view<T>(dv_, n, kvd), target, true, false);
-    detail::sum_partials(dev, *tp_, target, dx, accumulate, sum_, "tp_attention");
+    detail::sum_partials(dev, *tp_, target, dx, accumulate, ws.sum, "tp_attention");
     if (replicas_ > 1) sum_kv_replicas();
+  }
+
+  // Use w for the transient reduction buffers (this layer's and its linears').
+  void share_workspace(detail::tp_workspace<Dev>& w) {
+    ws_.share(w);
+    for (auto* l : {&q_, &k_, &v_}) l->share_workspace(w);
+    o_.share_workspace(w);
   }
 
   // This rank's attention output of the last forward (batch·seq, local_heads_q·head_dim), before o_proj.
@@ -480,7 +519,8 @@ class tp_attention {
   nn::self_attention<Dev, T> attn_;
   std::vector<double> inv_freq_;
   device_buffer<T, Dev> qb_, kb_, vb_, ob_, dq_, dk_, dv_, do_;
-  device_buffer<float, Dev> lse_, dx_, sum_, kv_saved_, kv_sum_;
+  device_buffer<float, Dev> lse_, kv_saved_, kv_sum_;
+  detail::workspace_ref<Dev> ws_;
   std::size_t batch_ = 0, seq_ = 0;
   std::vector<std::int64_t> positions_;
 };

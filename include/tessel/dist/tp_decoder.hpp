@@ -193,6 +193,13 @@ class tp_decoder_lm {
     }
     final_norm_ = norm_of("model.norm");
     head_ = c.tie_word_embeddings ? vocab_parallel_lm_head<Dev, T>(embed_) : vocab_parallel_lm_head<Dev, T>(params_, "lm_head.weight", c.vocab_size, d, *tp_);
+    // one set of transient reduction buffers for every layer (they run one at a time)
+    embed_.share_workspace(ws_);
+    head_.share_workspace(ws_);
+    for (auto& b : blocks_) {
+      b.attn.share_workspace(ws_);
+      b.mlp.share_workspace(ws_);
+    }
   }
   // kv heads held by several ranks: counted in the global norm by the first of them only
   void replicate_kv(tp_attention<Dev, T>& a) {
@@ -330,6 +337,7 @@ class tp_decoder_lm {
   communicator* tp_;
   tp_decoder_options opt_;
   nn::parameters<Dev> params_;
+  detail::tp_workspace<Dev> ws_;  // before the layers that point at it
   std::unordered_set<const nn::parameter<Dev>*> replicated_;  // held whole (or as the same kv rows) by more than this rank
   std::vector<nn::parameter<Dev>*> norm_weights_;
   vocab_parallel_embedding<Dev> embed_;

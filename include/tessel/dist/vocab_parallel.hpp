@@ -102,10 +102,11 @@ class vocab_parallel_embedding {
   void forward(Dev& dev, std::span<const std::int64_t> ids, mview<float> out) {
     const bool local = out.rows() != ids.size() && out.rows() * std::size_t(tp_->size()) == ids.size();
     check(ids, local ? ids.size() : out.rows(), out.cols(), "forward: out");
+    auto& ws = ws_.get();
     mview<float> full = out;
     if (local) {
-      dist::detail::ensure(dev, part_, ids.size() * hidden_);
-      full = nn::rows_view<float>(part_, ids.size(), hidden_);
+      dist::detail::ensure(dev, ws.partial, ids.size() * hidden_);
+      full = nn::rows_view<float>(ws.partial, ids.size(), hidden_);
     }
     const float* w = w_->value.data();
     for (std::size_t t = 0; t < ids.size(); ++t) {
@@ -113,8 +114,9 @@ class vocab_parallel_embedding {
       const float* src = own ? w + (std::size_t(ids[t]) - rows_.offset) * hidden_ : nullptr;
       for (std::size_t c = 0; c < hidden_; ++c) full(t, c) = own ? src[c] : -0.0f;
     }
-    dist::detail::sum_partials(dev, *tp_, full, out, false, sum_, "vocab_parallel_embedding");
+    dist::detail::sum_partials(dev, *tp_, full, out, false, ws.sum, "vocab_parallel_embedding");
   }
+  void share_workspace(dist::detail::tp_workspace<Dev>& w) { ws_.share(w); }
   // dW_r (own rows) += dout rows of the tokens this rank owns, in token order. No communication.
   void backward(Dev&, std::span<const std::int64_t> ids, cview<float> dout) {
     check(ids, dout.rows(), dout.cols(), "backward: dout");
@@ -141,7 +143,7 @@ class vocab_parallel_embedding {
   std::size_t vocab_ = 0, hidden_ = 0;
   vocab_range rows_;
   nn::parameter<Dev>* w_ = nullptr;
-  device_buffer<float, Dev> part_, sum_;
+  dist::detail::workspace_ref<Dev> ws_;
 };
 
 // The LM head W (V, hidden) split by rows, fused with the mean cross-entropy (no label smoothing).
@@ -169,6 +171,7 @@ class vocab_parallel_lm_head {
   vocab_range rows() const { return rows_; }
   nn::parameter<Dev>* weight() const { return lin_.weight(); }
   nn::linear<Dev, T>& local() { return lin_; }
+  void share_workspace(dist::detail::tp_workspace<Dev>& w) { ws_.share(w); }
 
   // The mean cross-entropy of x W ᵀ (x (N, hidden)) against labels (N; ignore_index rows count for
   // nothing), the same on every tp rank; counted = the rows not ignored. With a non-empty dx
@@ -244,13 +247,14 @@ class vocab_parallel_lm_head {
         dz(i, y) = T(scale * (z(i, y) * mx[i] - 1.0f));
       }
     }
+    auto& ws = ws_.get();
     mview<float> part = dx;  // dx = Σ_r dz_r W_r; dW_r += dz_rᵀ x
     if (local_dx) {
-      dist::detail::ensure(dev, part_, n * hidden_);
-      part = nn::rows_view<float>(part_, n, hidden_);
+      dist::detail::ensure(dev, ws.partial, n * hidden_);
+      part = nn::rows_view<float>(ws.partial, n, hidden_);
     }
     lin_.backward(dev, nn::crows_view<T>(dz_, n, len), part, false);
-    dist::detail::sum_partials(dev, *tp_, part, dx, false, sum_, "vocab_parallel_lm_head");
+    dist::detail::sum_partials(dev, *tp_, part, dx, false, ws.sum, "vocab_parallel_lm_head");
     return res;
   }
 
@@ -276,8 +280,9 @@ class vocab_parallel_lm_head {
   std::size_t vocab_ = 0, hidden_ = 0;
   vocab_range rows_;
   nn::linear<Dev, T> lin_;
-  device_buffer<float, Dev> z_, st_, part_, sum_;
+  device_buffer<float, Dev> z_, st_;
   device_buffer<T, Dev> dz_;
+  dist::detail::workspace_ref<Dev> ws_;
 };
 
 }  // namespace dist
