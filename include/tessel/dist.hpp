@@ -1,5 +1,5 @@
 // The distributed layer: parallel layouts and their process groups, tensor- and
-// vocabulary-parallel layers and data-parallel training over the communicator.
+// vocabulary-parallel layers, pipeline stages and data-parallel training over the communicator.
 #pragma once
 
 #include <tessel/dist/data_parallel.hpp>
@@ -7,6 +7,7 @@
 #include <tessel/dist/grad_check.hpp>
 #include <tessel/dist/groups.hpp>
 #include <tessel/dist/layout.hpp>
+#include <tessel/dist/pipeline.hpp>
 #include <tessel/dist/tensor_parallel.hpp>
 #include <tessel/dist/tp_decoder.hpp>
 #include <tessel/dist/vocab_parallel.hpp>

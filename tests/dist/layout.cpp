@@ -50,7 +50,8 @@ TEST_CASE("dist layout: bad layouts are typed errors naming the numbers", "[dist
   CHECK_THROWS_MATCHES(l.validate(4), dist::dist_error, is_error(errc::config, "dist", "needs dp·tp·pp = 6 ranks, the world has 4"));
   CHECK_NOTHROW(l.validate(6));
   CHECK_THROWS_MATCHES((dist::parallel_layout{.dp = 0, .tp = 2}.validate(2)), dist::dist_error, is_error(errc::config, "dist", "at least 1"));
-  CHECK_THROWS_MATCHES((dist::parallel_layout{.dp = 1, .tp = 1, .pp = 2}.validate(2)), dist::dist_error, is_error(errc::unsupported, "dist", "pp = 2"));
+  CHECK_NOTHROW((dist::parallel_layout{.dp = 1, .tp = 1, .pp = 2}.validate(2)));
+  CHECK_THROWS_MATCHES((dist::parallel_layout{.dp = 1, .tp = 1, .pp = 2, .ep = 2}.validate(4)), dist::dist_error, is_error(errc::unsupported, "dist", "ep = 2"));
   CHECK_NOTHROW((dist::parallel_layout{.dp = 2, .tp = 1, .zero_stage = 1}.validate(2)));
   CHECK_THROWS_MATCHES((dist::parallel_layout{.dp = 2, .tp = 1, .zero_stage = 2}.validate(2)), dist::dist_error,
                        is_error(errc::unsupported, "dist", "ZeRO stage 2"));

@@ -260,6 +260,13 @@ class communicator {
   void recv(void* buf, std::size_t count, dtype d, int peer, int tag = 0) {
     sync([&] { do_recv(buf, count, d, peer, tag); });
   }
+  // A send to `dst` and a receive from `src` as one call (MPI_Sendrecv): the send is posted before
+  // the receive waits, so ranks exchanging with each other (a pipeline's activations one way and
+  // gradients the other) cannot deadlock on a transport whose sends complete only when received.
+  // A peer of -1 leaves that half out; the tags match send()'s and recv()'s.
+  void send_recv(const void* sbuf, std::size_t scount, int dst, int send_tag, void* rbuf, std::size_t rcount, int src, int recv_tag, dtype d) {
+    sync([&] { do_send_recv(sbuf, scount, dst, send_tag, rbuf, rcount, src, recv_tag, d); });
+  }
   void barrier() {
     sync([&] { do_barrier(); });
   }
@@ -277,6 +284,10 @@ class communicator {
   template <dtype_element T>
   void broadcast(std::span<T> buf, int root, call_options o = {}) {
     broadcast(buf.data(), buf.data(), buf.size(), dtype_of<T>, root, o);
+  }
+  template <dtype_element T>
+  void send_recv(std::span<const T> s, int dst, int send_tag, std::span<T> r, int src, int recv_tag) {
+    send_recv(s.data(), s.size(), dst, send_tag, r.data(), r.size(), src, recv_tag, dtype_of<T>);
   }
   template <dtype_element T>
   void all_gather(std::span<const T> send, std::span<T> recv, call_options o = {}) {
@@ -689,6 +700,23 @@ class communicator {
     detail::check_buffer(buf, count, d, "send", "send");
     check_peer(peer, "send");
     auto req = s_->tp->isend(peer, p2p_space | static_cast<std::uint32_t>(tag), {static_cast<const std::byte*>(buf), count * dtype_size(d)});
+    s_->tp->wait(req);
+  }
+  void do_send_recv(const void* sbuf, std::size_t scount, int dst, int send_tag, void* rbuf, std::size_t rcount, int src, int recv_tag, dtype d) {
+    if (dst >= 0) {
+      detail::check_buffer(sbuf, scount, d, "send_recv", "send");
+      check_peer(dst, "send_recv");
+    }
+    if (src >= 0) {
+      detail::check_buffer(rbuf, rcount, d, "send_recv", "recv");
+      check_peer(src, "send_recv");
+    }
+    auto receive = [&] {
+      if (src >= 0) s_->tp->recv_into(src, p2p_space | static_cast<std::uint32_t>(recv_tag), {static_cast<std::byte*>(rbuf), rcount * dtype_size(d)});
+    };
+    if (dst < 0) return receive();
+    auto req = s_->tp->isend(dst, p2p_space | static_cast<std::uint32_t>(send_tag), {static_cast<const std::byte*>(sbuf), scount * dtype_size(d)});
+    receive();
     s_->tp->wait(req);
   }
   void do_recv(void* buf, std::size_t count, dtype d, int peer, int tag) {

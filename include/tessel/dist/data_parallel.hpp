@@ -1,7 +1,7 @@
 // Data parallelism over a dp group: one model replica per dp rank, each on its own device, each
-// with its share of the batch. The model is an nn::decoder_lm, or a dist::tp_decoder_lm whose tp
-// group is another axis of the same world (dp × tp: the dp peers of a tp rank hold the same shards;
-// process_groups builds both groups). Ranks with different numbers of counted tokens (targets
+// with its share of the batch. The model is an nn::decoder_lm, a dist::tp_decoder_lm whose tp group
+// is another axis of the same world, or a dist::pipeline of such stages (dp × pp × tp: the dp peers
+// of a rank hold the same shards; process_groups builds every group). Ranks with different numbers of counted tokens (targets
 // that are not ignore_index) are weighted by their counts, so the averaged gradient is the gradient
 // of the mean loss over the whole batch.
 //
@@ -40,6 +40,7 @@
 #include <tessel/detail/checked.hpp>
 #include <tessel/dist/errors.hpp>
 #include <tessel/dist/grad_check.hpp>
+#include <tessel/dist/pipeline.hpp>
 #include <tessel/dist/tp_decoder.hpp>
 #include <tessel/nn/decoder.hpp>
 
@@ -61,17 +62,26 @@ struct memory_use {
 };
 
 // What data_parallel needs to know of a model beyond params(), forward_backward() and adamw(): the
-// group its parameters are split over besides dp (none for one-device models), and whether a
+// groups its parameters are split over besides dp (none for one-device models), and whether a
 // parameter counts in the global gradient norm on this rank (a replicated copy counts once).
 template <class Model>
 struct model_split {
-  static communicator* group(Model&) { return nullptr; }
+  static std::vector<communicator*> groups(Model&) { return {}; }
   static bool counted(const Model&, const void*) { return true; }
 };
 template <device Dev, nn::compute_type T>
 struct model_split<tp_decoder_lm<Dev, T>> {
-  static communicator* group(tp_decoder_lm<Dev, T>& m) { return &m.tp(); }
+  static std::vector<communicator*> groups(tp_decoder_lm<Dev, T>& m) {
+    std::vector<communicator*> g{&m.tp()};
+    if (m.pp()) g.push_back(m.pp());
+    return g;
+  }
   static bool counted(const tp_decoder_lm<Dev, T>& m, const nn::parameter<Dev>* p) { return m.counted_in_norm(*p); }
+};
+template <class Stage>
+struct model_split<pipeline<Stage>> {
+  static std::vector<communicator*> groups(pipeline<Stage>& m) { return model_split<Stage>::groups(m.model()); }
+  static bool counted(pipeline<Stage>& m, const void* p) { return model_split<Stage>::counted(m.model(), static_cast<const nn::parameter<typename Stage::device_type>*>(p)); }
 };
 
 template <class Model>
@@ -170,7 +180,7 @@ class data_parallel {
       gc.add(p.grad.cspan().subspan(off, cnt), model_split<Model>::counted(*m_, &p));
     });
     gc.reduce(*dp_);
-    if (communicator* g = model_split<Model>::group(*m_)) gc.reduce(*g);
+    for (communicator* g : model_split<Model>::groups(*m_)) gc.reduce(*g);
     step_result res;
     if (gc.found_inf()) {
       res.found_inf = res.skipped = true;

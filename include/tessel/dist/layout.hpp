@@ -1,6 +1,5 @@
-// A parallel layout: how a world of ranks is cut into data-parallel replicas and tensor-parallel
-// groups (pipeline stages, expert groups and the ZeRO stage have their fields, checked to be 1 and 0
-// until their layers exist). The rank order is tp fastest, then dp, then pp, as Megatron-Core's, so
+// A parallel layout: how a world of ranks is cut into data-parallel replicas, tensor-parallel groups
+// and pipeline stages (expert groups have their field, checked to be 1 until their layer exists). The rank order is tp fastest, then dp, then pp, as Megatron-Core's, so
 // a tp group is a run of adjacent ranks (on UBL128: the ranks of one super-node first). Every check
 // runs before any work and names the numbers.
 #pragma once
@@ -25,7 +24,7 @@ struct rank_coords {
 struct parallel_layout {
   int dp = 1;          // data-parallel replicas
   int tp = 1;          // tensor-parallel ranks per replica
-  int pp = 1;          // pipeline stages (only 1 for now)
+  int pp = 1;          // pipeline stages
   int ep = 1;          // expert-parallel ranks (only 1 for now)
   int zero_stage = 0;  // 0: plain DP; 1: optimizer state sharded over dp (2 and 3 later)
 
@@ -40,7 +39,6 @@ struct parallel_layout {
   // The layout itself is well formed and fits a world of `world` ranks.
   void validate(int world) const {
     check_positive();
-    if (pp != 1) throw dist_error(errc::unsupported, "layout " + to_string() + ": pipeline parallelism (pp = " + std::to_string(pp) + ") is not built yet");
     if (ep != 1) throw dist_error(errc::unsupported, "layout " + to_string() + ": expert parallelism (ep = " + std::to_string(ep) + ") is not built yet");
     if (zero_stage > 1)
       throw dist_error(errc::unsupported, "layout " + to_string() + ": ZeRO stage " + std::to_string(zero_stage) + " is not built yet (0 and 1 are)");
@@ -50,10 +48,13 @@ struct parallel_layout {
   }
 
   // The layout can split this model: tp divides the attention heads and the MLP's intermediate size
-  // (each tp rank holds whole heads and an equal slice of the MLP), and either tp divides the kv
-  // heads (each rank holds some) or the kv heads divide tp (each is replicated on tp / kv ranks).
+  // (each tp rank holds whole heads and an equal slice of the MLP), either tp divides the kv heads
+  // (each rank holds some) or the kv heads divide tp (each is replicated on tp / kv ranks), and
+  // every pipeline stage gets at least one layer.
   void validate(const io::model_config& c) const {
     check_positive();
+    if (std::size_t(pp) > c.num_hidden_layers)
+      throw dist_error(errc::config, "pp = " + std::to_string(pp) + " stages for " + std::to_string(c.num_hidden_layers) + " layers: every stage needs one");
     const std::size_t t = std::size_t(tp);
     if (c.num_attention_heads % t != 0)
       throw dist_error(errc::config, "tp = " + std::to_string(tp) + " does not divide the " + std::to_string(c.num_attention_heads) + " attention heads");

@@ -62,7 +62,37 @@ namespace dist {
 
 struct tp_decoder_options {
   bool sequence_parallel = false;  // split the residual stream by tokens over tp (see above)
+  // Pipeline parallelism: this rank is stage pp->rank() of pp->size() and holds only its layers
+  // (the first stage the embedding too, the last the final norm and the LM head); dist::pipeline
+  // runs the schedule. nullptr: one stage, the whole model.
+  communicator* pp = nullptr;
+  // Layers per stage, in stage order (they must add up to num_hidden_layers, none 0); empty: as
+  // even as possible, the first stages taking one more.
+  std::vector<std::size_t> stage_layers = {};
 };
+
+// The layers [first, second) of stage `stage` of `stages` for `layers` layers (see stage_layers).
+inline std::pair<std::size_t, std::size_t> stage_range(std::size_t layers, std::size_t stages, std::size_t stage, const std::vector<std::size_t>& per_stage = {}) {
+  if (stages == 0 || stage >= stages) throw dist_error(errc::invalid_argument, "stage " + std::to_string(stage) + " of " + std::to_string(stages));
+  if (per_stage.empty()) {
+    if (stages > layers)
+      throw dist_error(errc::config, "pp = " + std::to_string(stages) + " stages for " + std::to_string(layers) + " layers: every stage needs one");
+    const std::size_t q = layers / stages, e = layers % stages;
+    const std::size_t first = stage * q + std::min(stage, e);
+    return {first, first + q + (stage < e ? 1 : 0)};
+  }
+  if (per_stage.size() != stages)
+    throw dist_error(errc::config, std::to_string(per_stage.size()) + " stage sizes for pp = " + std::to_string(stages) + " stages");
+  std::size_t total = 0, first = 0;
+  for (std::size_t i = 0; i < stages; ++i) {
+    if (per_stage[i] == 0) throw dist_error(errc::config, "stage " + std::to_string(i) + " is given 0 layers: every stage needs one");
+    if (i == stage) first = total;
+    total += per_stage[i];
+  }
+  if (total != layers)
+    throw dist_error(errc::config, "the stage sizes add up to " + std::to_string(total) + " layers, the model has " + std::to_string(layers));
+  return {first, first + per_stage[stage]};
+}
 
 template <device Dev, nn::compute_type T = float>
 class tp_decoder_lm {
@@ -83,6 +113,13 @@ class tp_decoder_lm {
   nn::parameters<Dev>& params() { return params_; }
   communicator& tp() const { return *tp_; }
   const tp_decoder_options& options() const { return opt_; }
+  // Pipeline stage: this rank's layers [first, second); whether it holds the embedding (first
+  // stage) and the head (last stage).
+  std::pair<std::size_t, std::size_t> layers() const { return {layer0_, layer0_ + blocks_.size()}; }
+  bool first_stage() const { return !opt_.pp || opt_.pp->rank() == 0; }
+  bool last_stage() const { return !opt_.pp || opt_.pp->rank() == opt_.pp->size() - 1; }
+  communicator* pp() const { return opt_.pp; }
+
   // Whether p counts in the global gradient norm on this rank: a weight other ranks hold the same
   // copy of (the norms, replicated kv heads, row-parallel biases) counts on the first of them only.
   bool counted_in_norm(const nn::parameter<Dev>& p) const { return !replicated_.count(&p) || tp_->rank() == 0; }
@@ -101,6 +138,7 @@ class tp_decoder_lm {
   double forward_backward(std::span<const std::int64_t> ids, std::span<const std::int64_t> targets, std::size_t batch, std::size_t seq,
                           std::int64_t ignore_index = -100) {
     check_targets(ids, targets, "forward_backward");
+    whole_model("forward_backward");
     run_forward(ids, batch, seq, true);
     const std::size_t n = n_, d = cfg_.hidden_size;
     ensure(dy_, rows_ * d);
@@ -113,18 +151,69 @@ class tp_decoder_lm {
   // Mean loss without gradients (evaluation).
   double loss(std::span<const std::int64_t> ids, std::span<const std::int64_t> targets, std::size_t batch, std::size_t seq, std::int64_t ignore_index = -100) {
     check_targets(ids, targets, "loss");
+    whole_model("loss");
     run_forward(ids, batch, seq, false);
     return head_.loss(*dev_, nn::crows_view<T>(yf_, n_, cfg_.hidden_size), targets, nn::mview<float>{}, ignore_index).loss;
   }
 
+  // ---- one pipeline stage (dist::pipeline drives these; ids and targets are the micro-batch's,
+  // the same on every rank of the replica)
+  // The rows of the stream a stage takes and gives for (batch, seq): batch·seq, or this rank's
+  // share of them under sequence parallelism.
+  std::size_t stage_rows(std::size_t batch, std::size_t seq) const {
+    const std::size_t n = batch * seq;
+    return sp() ? n / std::size_t(tp_->size()) : n;
+  }
+  // The forward of this stage's layers: the first stage from the token ids, later ones from `in`
+  // (stage_rows × hidden f32: the previous stage's output). A stage before the last leaves its
+  // output stream in stage_output().
+  void stage_forward(std::span<const std::int64_t> ids, std::size_t batch, std::size_t seq, std::span<const float> in, bool train) {
+    run_forward(ids, batch, seq, train, in);
+    if (last_stage()) return;
+    const std::size_t m = rows_ * cfg_.hidden_size;
+    ensure(out_, m);
+    const float* a = blocks_.back().s_mid.data();
+    const float* b = tmp_.data();
+    for (std::size_t i = 0; i < m; ++i) out_.data()[i] = a[i] + b[i];  // the residual add the next stage's first norm would fuse
+  }
+  std::span<const float> stage_output() const { return {out_.data(), rows_ * cfg_.hidden_size}; }
+  // The backward of the last stage_forward (run with train = true): the last stage from the loss of
+  // `targets` (its gradient times loss_weight; returns the micro-batch's mean loss), the others
+  // from `dout` (the next stage's stage_input_grad). Gradients accumulate into the parameters.
+  double stage_backward(std::span<const std::int64_t> targets, std::int64_t ignore_index, std::span<const float> dout, float loss_weight = 1.0f) {
+    const std::size_t d = cfg_.hidden_size, m = rows_ * d;
+    ensure(dy_, m);
+    ensure(dS_, m);
+    if (sp()) stash_norm_grads();
+    double loss = 0.0;
+    if (last_stage()) {
+      if (targets.size() != n_)
+        throw dist_error(errc::invalid_argument, "tp_decoder_lm::stage_backward: " + std::to_string(targets.size()) + " targets for " + std::to_string(n_) + " tokens");
+      loss = head_.loss(*dev_, nn::crows_view<T>(yf_, n_, d), targets, nn::rows_view<float>(dy_, rows_, d), ignore_index).loss;
+      if (loss_weight != 1.0f)
+        for (std::size_t i = 0; i < m; ++i) dy_.data()[i] *= loss_weight;
+    } else {
+      if (dout.size() != m)
+        throw dist_error(errc::invalid_argument, "tp_decoder_lm::stage_backward: the output gradient holds " + std::to_string(dout.size()) + " values, needs " +
+                                                     std::to_string(m));
+      std::copy(dout.begin(), dout.end(), dS_.data());
+    }
+    run_backward(!last_stage());
+    if (sp()) sum_norm_grads();
+    return loss;
+  }
+  // d loss / d (this stage's input stream) after stage_backward, for the previous stage.
+  std::span<const float> stage_input_grad() const { return {dS_.data(), rows_ * cfg_.hidden_size}; }
+
   // One AdamW step over this rank's parameters, as nn::decoder_lm::adamw. The finiteness check and
   // the global gradient norm (max_grad_norm > 0) are taken over the whole model: every rank's
-  // shards, the replicated weights counted once, one all-reduce; so every rank skips or clips
-  // alike. grad_norm in the result is that global norm (-1 when not computed).
+  // shards (and every pipeline stage's), the replicated weights counted once; so every rank skips
+  // or clips alike. grad_norm in the result is that global norm (-1 when not computed).
   step_result adamw(const nn::adamw_config& h, std::uint64_t step) {
     grad_check gc(h.max_grad_norm);
     for (auto& p : params_) gc.add(p.grad.cspan(), counted_in_norm(p));
     gc.reduce(*tp_);
+    if (opt_.pp) gc.reduce(*opt_.pp);
     step_result res;
     if (gc.found_inf()) {
       res.found_inf = res.skipped = true;
@@ -164,14 +253,20 @@ class tp_decoder_lm {
       norm_weights_.push_back(w);
       return nn::norm<Dev, T>(w, nullptr, true, eps);
     };
-    embed_ = vocab_parallel_embedding<Dev>(params_, "model.embed_tokens.weight", c.vocab_size, d, *tp_, bf16_compute);
+    const std::size_t stages = opt_.pp ? std::size_t(opt_.pp->size()) : 1, stage = opt_.pp ? std::size_t(opt_.pp->rank()) : 0;
+    const auto [first, last] = stage_range(c.num_hidden_layers, stages, stage, opt_.stage_layers);
+    if (stages > 1 && c.tie_word_embeddings)
+      throw dist_error(errc::unsupported, "tp_decoder_lm: tied embeddings over pp = " + std::to_string(stages) +
+                                              " stages (the first stage's table and the last stage's head) are not built yet");
+    layer0_ = first;
+    if (first_stage()) embed_ = vocab_parallel_embedding<Dev>(params_, "model.embed_tokens.weight", c.vocab_size, d, *tp_, bf16_compute);
     const std::vector<double> freq = nn::rope_frequencies(c);
     rope_options ro;
     ro.theta = c.rope_theta;
     ro.inv_freq = freq;  // tp_attention keeps its own copy
-    blocks_ = std::vector<block>(c.num_hidden_layers);
-    for (std::size_t l = 0; l < c.num_hidden_layers; ++l) {
-      block& b = blocks_[l];
+    blocks_ = std::vector<block>(last - first);
+    for (std::size_t l = first; l < last; ++l) {
+      block& b = blocks_[l - first];
       const std::string p = "model.layers." + std::to_string(l) + ".";
       b.ln1 = norm_of(p + "input_layernorm");
       std::optional<std::size_t> window = c.sliding_window;
@@ -191,8 +286,10 @@ class tp_decoder_lm {
       b.mlp = tp_swiglu_mlp<Dev, T>(params_, p + "mlp", d, c.intermediate_size, c.mlp_bias, *tp_);
       if (c.mlp_bias) replicated_.insert(&params_.at(p + "mlp.down_proj.bias"));
     }
-    final_norm_ = norm_of("model.norm");
-    head_ = c.tie_word_embeddings ? vocab_parallel_lm_head<Dev, T>(embed_) : vocab_parallel_lm_head<Dev, T>(params_, "lm_head.weight", c.vocab_size, d, *tp_);
+    if (last_stage()) {
+      final_norm_ = norm_of("model.norm");
+      head_ = c.tie_word_embeddings ? vocab_parallel_lm_head<Dev, T>(embed_) : vocab_parallel_lm_head<Dev, T>(params_, "lm_head.weight", c.vocab_size, d, *tp_);
+    }
     // one set of transient reduction buffers for every layer (they run one at a time)
     embed_.share_workspace(ws_);
     head_.share_workspace(ws_);
@@ -261,7 +358,13 @@ class tp_decoder_lm {
     }
   }
 
-  void run_forward(std::span<const std::int64_t> ids, std::size_t batch, std::size_t seq, bool train) {
+  void whole_model(const char* who) const {
+    if (opt_.pp && opt_.pp->size() > 1)
+      throw dist_error(errc::invalid_argument, std::string("tp_decoder_lm::") + who + ": this model is one of " + std::to_string(opt_.pp->size()) +
+                                                   " pipeline stages; dist::pipeline runs it");
+  }
+  // `in`: a later stage's input stream (rows x hidden).
+  void run_forward(std::span<const std::int64_t> ids, std::size_t batch, std::size_t seq, bool train, std::span<const float> in = {}) {
     if (batch == 0 || seq == 0) throw dist_error(errc::invalid_argument, "tp_decoder_lm: an empty batch");
     if (seq > SIZE_MAX / batch) throw dist_error(errc::overflow, "tp_decoder_lm: batch·seq overflows");
     const std::size_t n = batch * seq, d = cfg_.hidden_size;
@@ -272,7 +375,11 @@ class tp_decoder_lm {
       throw dist_error(errc::invalid_argument, "tp_decoder_lm: sequence parallelism splits the batch·seq = " + std::to_string(n) + " tokens over tp = " +
                                                    std::to_string(tp_->size()) + ", which must divide them");
     n_ = n;
-    const std::size_t m = rows_ = sp() ? n / std::size_t(tp_->size()) : n;  // the stream's rows on this rank
+    const std::size_t m = sp() ? n / std::size_t(tp_->size()) : n;  // the stream's rows on this rank
+    if (!first_stage() && in.size() != m * d)
+      throw dist_error(errc::invalid_argument, "tp_decoder_lm::stage_forward: the stage input holds " + std::to_string(in.size()) + " values, needs " +
+                                                   std::to_string(m) + " rows x hidden " + std::to_string(d));
+    rows_ = m;
     ids_.assign(ids.begin(), ids.end());
     positions_.resize(n);
     for (std::size_t t = 0; t < n; ++t) positions_[t] = std::int64_t(t % seq);
@@ -292,7 +399,8 @@ class tp_decoder_lm {
     auto gather_into = [&](device_buffer<T, Dev>& full) {
       if (sp()) tp_->all_gather(std::span<const T>(yl_.data(), m * d), std::span<T>(full.data(), n * d));
     };
-    embed_.forward(dev, std::span<const std::int64_t>(ids_), nn::rows_view<float>(blocks_[0].s_in, m, d));
+    if (first_stage()) embed_.forward(dev, std::span<const std::int64_t>(ids_), nn::rows_view<float>(blocks_[0].s_in, m, d));
+    else std::copy(in.begin(), in.end(), blocks_[0].s_in.data());
     for (std::size_t l = 0; l < blocks_.size(); ++l) {
       block& b = blocks_[l];
       // the block's input stream is s_in (layer 0: the embeddings; later: the previous block's
@@ -308,18 +416,21 @@ class tp_decoder_lm {
       gather_into(b.y2);
       b.mlp.forward(dev, nn::crows_view<T>(b.y2, n, d), nn::rows_view<float>(tmp_, m, d), train);
     }
+    if (!last_stage()) return;
     final_norm_.forward(dev, nn::crows_view<float>(tmp_, m, d), nn::crows_view<float>(blocks_.back().s_mid, m, d), nn::rows_view<float>(s_final_, m, d),
                         norm_out(yf_), train);
     gather_into(yf_);
   }
 
   // dy_ holds d loss / d yf (the head's dx): this rank's rows_ of it.
-  void run_backward() {
+  // has_dS: dS_ already holds the gradient of the stream leaving the last block (a stage before the
+  // last); otherwise dy_ holds the head's dx.
+  void run_backward(bool has_dS = false) {
     const std::size_t m = rows_, d = cfg_.hidden_size;
     Dev& dev = *dev_;
     ensure(dS_, m * d);
     ensure(dS2_, m * d);
-    final_norm_.backward(dev, nn::crows_view<float>(dy_, m, d), nn::cview<float>{}, nn::rows_view<float>(dS_, m, d));
+    if (!has_dS) final_norm_.backward(dev, nn::crows_view<float>(dy_, m, d), nn::cview<float>{}, nn::rows_view<float>(dS_, m, d));
     for (std::size_t li = blocks_.size(); li-- > 0;) {
       block& b = blocks_[li];
       // the MLP's output was added to s_mid: it receives dS
@@ -329,7 +440,7 @@ class tp_decoder_lm {
       b.attn.backward(dev, gathered(as_compute(dS2_, m, d), gfull_), nn::rows_view<float>(dy_, m, d), false);
       b.ln1.backward(dev, nn::crows_view<float>(dy_, m, d), nn::crows_view<float>(dS2_, m, d), nn::rows_view<float>(dS_, m, d));
     }
-    embed_.backward(dev, std::span<const std::int64_t>(ids_), gathered(nn::crows_view<float>(dS_, m, d), sfull_));
+    if (first_stage()) embed_.backward(dev, std::span<const std::int64_t>(ids_), gathered(nn::crows_view<float>(dS_, m, d), sfull_));
   }
 
   Dev* dev_;
@@ -345,8 +456,9 @@ class tp_decoder_lm {
   nn::norm<Dev, T> final_norm_;
   vocab_parallel_lm_head<Dev, T> head_;
   std::vector<std::int64_t> ids_, positions_;
+  std::size_t layer0_ = 0;  // this stage's first layer
   std::size_t n_ = 0, rows_ = 0;  // tokens of the last forward; the stream's rows on this rank (n_/tp under sequence parallelism)
-  device_buffer<float, Dev> tmp_, s_final_, dy_, dS_, dS2_, sfull_, norm_saved_, norm_sum_;
+  device_buffer<float, Dev> tmp_, s_final_, dy_, dS_, dS2_, sfull_, norm_saved_, norm_sum_, out_;
   device_buffer<T, Dev> yf_, gT_, yl_, gfull_;
 };
 
