@@ -81,6 +81,35 @@ TEST_CASE("collectives: bad arguments throw typed errors", "[collectives][errors
   CHECK_THROWS_MATCHES(reduce_op_from_name("xor"), comm_error, is_error(errc::invalid_argument, "comm"));
 }
 
+// Threads-transport sends complete only when received: a ring of blocking sends would deadlock,
+// one of send_recv calls must not (each send is posted before the receive waits).
+TEST_CASE("send_recv: a ring shift and a pairwise swap with different tags complete; bad peers are errors", "[collectives][p2p]") {
+  constexpr int n = 4;
+  std::vector<std::vector<float>> got(n), swapped(n);
+  threads_world::run(n, [&](threads_transport t) {
+    communicator c(std::move(t));
+    const int r = c.rank();
+    std::vector<float> mine(5, float(r)), in(5, -1.0f);
+    c.send_recv(std::span<const float>(mine), (r + 1) % n, 5, std::span<float>(in), (r + n - 1) % n, 5);
+    got[std::size_t(r)] = in;
+    // pairs (0,1), (2,3): forward on tag 1, back on tag 2
+    const int peer = r ^ 1;
+    std::vector<float> back(3, -1.0f), fwd(3, float(10 + r));
+    if (r % 2 == 0) c.send_recv(std::span<const float>(fwd), peer, 1, std::span<float>(back), peer, 2);
+    else c.send_recv(std::span<const float>(fwd), peer, 2, std::span<float>(back), peer, 1);
+    swapped[std::size_t(r)] = back;
+  });
+  for (int r = 0; r < n; ++r) {
+    CHECK(got[std::size_t(r)] == std::vector<float>(5, float((r + n - 1) % n)));
+    CHECK(swapped[std::size_t(r)] == std::vector<float>(3, float(10 + (r ^ 1))));
+  }
+  std::vector<float> a(4);
+  CHECK_THROWS_MATCHES(on_two([&](communicator& c) { c.send_recv(a.data(), 4, c.rank(), 0, a.data(), 4, -1, 0, dtype::f32); }), comm_error,
+                       is_error(errc::out_of_range, "comm"));
+  CHECK_THROWS_MATCHES(on_two([&](communicator& c) { c.send_recv(nullptr, 4, 1 - c.rank(), 0, a.data(), 4, 1 - c.rank(), 0, dtype::f32); }), comm_error,
+                       is_error(errc::invalid_argument, "comm", "send_recv: send buffer is null"));
+}
+
 TEST_CASE("collectives: a message of the wrong size is a length_error, not a silent truncation", "[collectives][errors]") {
   int caught = 0;
   std::mutex mu;
