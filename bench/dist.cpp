@@ -7,7 +7,11 @@
 //   BM_one_device/<threads>  nn::decoder_lm on one host_device of 1 or 2 threads;
 //   BM_tp/<tp>/<sp>          dist::tp_decoder_lm on tp thread ranks (threads transport), each rank a
 //                            host_device of 1 thread: tp cores in all; sp = 1 with sequence
-//                            parallelism (the stream, norms and residual adds split by tokens).
+//                            parallelism (the stream, norms and residual adds split by tokens);
+//   BM_pp/<pp>/<micro>       the model cut into pp pipeline stages (one thread each), the batch into
+//                            `micro` micro-batches, dist::pipeline's 1F1B schedule with recomputed
+//                            activations: its ideal is (1 − bubble (p−1)/(m+p−1)) · 3/4 (one forward
+//                            of four passes recomputed; the last stage's is not) of one device.
 // Counters: tokens/s, tokens_per_core (tokens/s divided by the cores the step uses), model FLOP/s
 // (bench_model's count) and MiB_per_rank (the device's peak bytes in use on rank 0: parameters,
 // gradients, moments, activations and scratch). The claim is the ratio tokens_per_core(BM_tp/2) /
@@ -61,14 +65,14 @@ void BM_one_device(benchmark::State& st) {
   report(st, double(threads), dev.memory().peak_in_use);
 }
 
-// tp ranks on persistent threads, driven one step at a time by the benchmark loop.
+// tp x pp ranks on persistent threads, driven one step at a time by the benchmark loop.
 template <class T>
 class tp_rig {
  public:
-  tp_rig(int tp, bool sp) : go_(tp + 1), done_(tp + 1), sp_(sp) {
-    runner_ = std::thread([this, tp] {
+  tp_rig(int tp, int pp, bool sp, std::size_t micro) : go_(tp * pp + 1), done_(tp * pp + 1), tp_(tp), pp_(pp), sp_(sp), micro_(micro) {
+    runner_ = std::thread([this] {
       try {
-        threads_world::run(tp, [this](threads_transport t) { rank_main(std::move(t)); });
+        threads_world::run(tp_ * pp_, [this](threads_transport t) { rank_main(std::move(t)); });
       } catch (...) {
         fail(std::current_exception());
       }
@@ -92,16 +96,18 @@ class tp_rig {
  private:
   void rank_main(threads_transport t) {
     try {
-      communicator tp(std::move(t));
+      const bool first = t.rank() == 0;
+      dist::process_groups grp(std::move(t), {.tp = tp_, .pp = pp_});
       host_device dev(1);
-      dist::tp_decoder_lm<host_device, T> m(dev, tessel_bench::small_llama(), tp, {.sequence_parallel = sp_});
+      dist::tp_decoder_lm<host_device, T> m(dev, tessel_bench::small_llama(), grp.tp(), {.sequence_parallel = sp_, .pp = pp_ > 1 ? &grp.pp() : nullptr});
       m.init(1);
+      dist::pipeline pipe(m, {.micro_batches = micro_});
       const tessel_bench::small_batch_data b;
       for (std::uint64_t step = 1;; ++step) {
         go_.arrive_and_wait();
         if (stop_) return;
-        tessel_bench::train_step(m, b, step);
-        if (tp.rank() == 0) peak_ = dev.memory().peak_in_use;
+        tessel_bench::train_step(pipe, b, step);
+        if (first) peak_ = dev.memory().peak_in_use;
         done_.arrive_and_wait();
       }
     } catch (...) {
@@ -125,7 +131,9 @@ class tp_rig {
     if (!error_) error_ = e;
   }
   std::barrier<> go_, done_;
+  const int tp_, pp_;
   const bool sp_;
+  const std::size_t micro_;
   std::atomic<bool> stop_{false};
   std::atomic<std::size_t> peak_{0};
   std::mutex mu_;
@@ -136,13 +144,22 @@ class tp_rig {
 template <class T>
 void BM_tp(benchmark::State& st) {
   const int tp = int(st.range(0));
-  tp_rig<T> rig(tp, st.range(1) != 0);
+  tp_rig<T> rig(tp, 1, st.range(1) != 0, 1);
   for (auto _ : st) rig.step();
   report(st, double(tp), rig.peak_bytes());
 }
 
 BENCHMARK(BM_one_device<float>)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_tp<float>)->Args({2, 0})->Args({2, 1})->Unit(benchmark::kMillisecond)->UseRealTime();
+template <class T>
+void BM_pp(benchmark::State& st) {
+  const int pp = int(st.range(0));
+  tp_rig<T> rig(1, pp, false, std::size_t(st.range(1)));
+  for (auto _ : st) rig.step();
+  report(st, double(pp), rig.peak_bytes());
+}
+
+BENCHMARK(BM_pp<float>)->Args({2, 4})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_one_device<bf16>)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_tp<bf16>)->Args({2, 0})->Args({2, 1})->Unit(benchmark::kMillisecond)->UseRealTime();
 

@@ -83,7 +83,7 @@ TEST_CASE("collectives: bad arguments throw typed errors", "[collectives][errors
 
 // Threads-transport sends complete only when received: a ring of blocking sends would deadlock,
 // one of send_recv calls must not (each send is posted before the receive waits).
-TEST_CASE("send_recv: a ring shift and a pairwise swap with different tags complete; bad peers are errors", "[collectives][p2p]") {
+TEST_CASE("send_recv: a ring shift and a pairwise swap with different tags complete, and bad peers are errors", "[collectives][p2p]") {
   constexpr int n = 4;
   std::vector<std::vector<float>> got(n), swapped(n);
   threads_world::run(n, [&](threads_transport t) {
