@@ -14,6 +14,10 @@
 // with tag 1, gradients with tag 2; a stage's "send this, receive that" pairs are one
 // communicator::send_recv, so neighbours never wait on each other's sends.
 //
+// Micro-batch i's loss gradient is of its row losses' sum divided by the whole batch's counted
+// rows (not by its own), so the accumulated gradient is the whole batch's mean's, every tensor's
+// the head's included; one micro-batch keeps the mean's own 1/counted (decoder_lm's bits).
+//
 // Against one stage: every micro-batch runs the same operations on the same rows whatever the
 // stage boundaries (the boundary's residual add is the f32 add the next norm would have fused), and
 // each parameter's gradient accumulates the micro-batches in order; so the loss and every gradient
@@ -24,6 +28,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string>
 #include <vector>
@@ -101,9 +106,9 @@ class pipeline {
     };
     auto bwd = [&](std::size_t i) {
       m_->stage_forward(ids_of(i), b, seq, inputs_[i], true);  // recomputed
-      // d(Σ counted_i·loss_i / total) = Σ (counted_i / total)·d loss_i: exactly 1 for one micro-batch
-      const float w = total > 0.0 ? float(counted[i] / total) : 0.0f;
-      const double l = m_->stage_backward(targets_of(i), ignore_index, dout_, w);
+      // d(Σ rows' losses / total): micro-batch i's rows scaled by 1/total, not 1/counted_i
+      const float scale = mb == 1 ? std::numeric_limits<float>::quiet_NaN() : total > 0.0 ? float(1.0 / total) : 0.0f;
+      const double l = m_->stage_backward(targets_of(i), ignore_index, dout_, scale);
       if (next < 0) loss_sum += l * counted[i];
       inputs_[i] = {};
     };

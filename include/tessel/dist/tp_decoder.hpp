@@ -37,6 +37,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <limits>
 #include <span>
 #include <string>
 #include <unordered_set>
@@ -178,9 +179,11 @@ class tp_decoder_lm {
   }
   std::span<const float> stage_output() const { return {out_.data(), rows_ * cfg_.hidden_size}; }
   // The backward of the last stage_forward (run with train = true): the last stage from the loss of
-  // `targets` (its gradient times loss_weight; returns the micro-batch's mean loss), the others
-  // from `dout` (the next stage's stage_input_grad). Gradients accumulate into the parameters.
-  double stage_backward(std::span<const std::int64_t> targets, std::int64_t ignore_index, std::span<const float> dout, float loss_weight = 1.0f) {
+  // `targets` (returns the micro-batch's mean loss; the gradient is of the row losses' sum times
+  // grad_scale, NaN: 1 / the counted rows, the mean's), the others from `dout` (the next stage's
+  // stage_input_grad). Gradients accumulate into the parameters.
+  double stage_backward(std::span<const std::int64_t> targets, std::int64_t ignore_index, std::span<const float> dout,
+                        float grad_scale = std::numeric_limits<float>::quiet_NaN()) {
     const std::size_t d = cfg_.hidden_size, m = rows_ * d;
     ensure(dy_, m);
     ensure(dS_, m);
@@ -189,9 +192,7 @@ class tp_decoder_lm {
     if (last_stage()) {
       if (targets.size() != n_)
         throw dist_error(errc::invalid_argument, "tp_decoder_lm::stage_backward: " + std::to_string(targets.size()) + " targets for " + std::to_string(n_) + " tokens");
-      loss = head_.loss(*dev_, nn::crows_view<T>(yf_, n_, d), targets, nn::rows_view<float>(dy_, rows_, d), ignore_index).loss;
-      if (loss_weight != 1.0f)
-        for (std::size_t i = 0; i < m; ++i) dy_.data()[i] *= loss_weight;
+      loss = head_.loss(*dev_, nn::crows_view<T>(yf_, n_, d), targets, nn::rows_view<float>(dy_, rows_, d), ignore_index, grad_scale).loss;
     } else {
       if (dout.size() != m)
         throw dist_error(errc::invalid_argument, "tp_decoder_lm::stage_backward: the output gradient holds " + std::to_string(dout.size()) + " values, needs " +

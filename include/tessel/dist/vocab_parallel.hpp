@@ -177,9 +177,12 @@ class vocab_parallel_lm_head {
   // nothing), the same on every tp rank; counted = the rows not ignored. With a non-empty dx
   // (N, hidden, contiguous f32; or this rank's N/tp rows of it, sequence parallelism) the gradient
   // runs too: dx = d loss / dx (overwritten), and this rank's dW accumulates into the weight's
-  // grad. An empty dx: the loss only (evaluation).
+  // grad. An empty dx: the loss only (evaluation). grad_scale multiplies the gradient of the summed
+  // row losses (NaN, the default: 1 / counted, the mean's; a pipeline's micro-batch passes
+  // 1 / the whole batch's count).
   // A label outside [0, V) (other than ignore_index) is a dist_error(out_of_range) naming it.
-  cross_entropy_result loss(Dev& dev, cview<T> x, std::span<const std::int64_t> labels, mview<float> dx, std::int64_t ignore_index = -100) {
+  cross_entropy_result loss(Dev& dev, cview<T> x, std::span<const std::int64_t> labels, mview<float> dx, std::int64_t ignore_index = -100,
+                            float grad_scale = std::numeric_limits<float>::quiet_NaN()) {
     const std::size_t n = x.rows(), len = rows_.length;
     const bool grad = dx.data() != nullptr;
     const bool local_dx = grad && dx.rows() != n && dx.rows() * std::size_t(tp_->size()) == n;
@@ -196,7 +199,7 @@ class vocab_parallel_lm_head {
                                                  " is outside [0, V = " + std::to_string(vocab_) + ")");
       ++res.counted;
     }
-    if (tp_->size() == 1) return whole_vocab_loss(dev, x, labels, dx, ignore_index);
+    if (tp_->size() == 1) return whole_vocab_loss(dev, x, labels, dx, ignore_index, grad_scale);
     constexpr float ninf = -std::numeric_limits<float>::infinity();
     detail::ensure(dev, z_, n * len);
     detail::ensure(dev, st_, 3 * n);
@@ -236,7 +239,7 @@ class vocab_parallel_lm_head {
     res.loss = res.counted ? sum / double(res.counted) : 0.0;
     if (!grad) return res;
 
-    const float scale = res.counted ? 1.0f / float(res.counted) : 0.0f;
+    const float scale = !std::isnan(grad_scale) ? grad_scale : res.counted ? 1.0f / float(res.counted) : 0.0f;
     detail::ensure(dev, dz_, n * len);
     const mview<T> dz = nn::rows_view<T>(dz_, n, len);  // (N, V_r)
     for (std::size_t i = 0; i < n; ++i) {
@@ -261,7 +264,7 @@ class vocab_parallel_lm_head {
  private:
   // One rank holds the whole vocabulary: the loss is ops' fused cross_entropy over the logits (with
   // dlogits in the compute type), exactly nn::decoder_lm's head, so a tp = 1 model is its bits.
-  cross_entropy_result whole_vocab_loss(Dev& dev, cview<T> x, std::span<const std::int64_t> labels, mview<float> dx, std::int64_t ignore_index) {
+  cross_entropy_result whole_vocab_loss(Dev& dev, cview<T> x, std::span<const std::int64_t> labels, mview<float> dx, std::int64_t ignore_index, float grad_scale) {
     const std::size_t n = x.rows();
     const bool grad = dx.data() != nullptr;
     detail::ensure(dev, z_, n * vocab_);
@@ -269,6 +272,7 @@ class vocab_parallel_lm_head {
     lin_.forward(dev, x, z, grad);
     cross_entropy_options co;
     co.ignore_index = ignore_index;
+    co.grad_scale = grad_scale;
     if (!grad) return cross_entropy(dev, nn::cview<float>(z), labels, mview<float>{}, {}, co);
     detail::ensure(dev, dz_, n * vocab_);
     const auto r = cross_entropy(dev, nn::cview<float>(z), labels, nn::rows_view<T>(dz_, n, vocab_), {}, co);
