@@ -155,6 +155,89 @@ TEST_CASE("moe: dispatch groups rows by local expert, and combine and backward m
   }
 }
 
+TEST_CASE("moe: row-exact forms move f32 rows to their experts and each expert row back to its own slot", "[collectives][moe]") {
+  const std::size_t hidden = 24, top_k = 3;  // any hidden: these forms have no 128-channel groups
+  for (int n : {1, 2, 3, 4}) {
+    const int E = 2 * n, epr = E / n;
+    std::vector<rank_input> ins;
+    for (int r = 0; r < n; ++r) ins.push_back(make_input(r, hidden, top_k, E, 11));
+    std::mutex mu;
+    std::vector<std::string> problems;
+    auto fail = [&](const std::string& s) {
+      std::lock_guard lk(mu);
+      problems.push_back("n=" + std::to_string(n) + ": " + s);
+    };
+    auto value = [](int src, std::size_t tok, std::size_t j) { return static_cast<float>(src * 1000 + static_cast<int>(tok)) + 0.001f * float(j); };
+    threads_world::run(n, [&](threads_transport t) {
+      communicator c(std::move(t));
+      const int me = c.rank();
+      const auto& in = ins[static_cast<std::size_t>(me)];
+      std::vector<float> x(in.tokens * hidden);
+      for (std::size_t tk = 0; tk < in.tokens; ++tk)
+        for (std::size_t j = 0; j < hidden; ++j) x[tk * hidden + j] = value(me, tk, j);
+      auto d = moe_dispatch_rows<float>(c, x, hidden, in.idx, in.w, top_k, E);
+      const auto& h = d.handle;
+      // every row is its source token's f32 row, unchanged, grouped by local expert
+      for (std::size_t i = 0; i < h.rows(); ++i) {
+        const int src = h.recv_src_rank[h.row_token[i]];
+        const auto tok = static_cast<std::size_t>(h.recv_src_token[h.row_token[i]]);
+        if (ins[src].idx[tok * top_k + static_cast<std::size_t>(h.row_k[i])] != me * epr + h.row_expert[i]) return fail("row routed to the wrong expert");
+        for (std::size_t j = 0; j < hidden; ++j)
+          if (d.x[i * hidden + j] != value(src, tok, j)) return fail("row data changed");
+      }
+      // each expert row, tagged with its expert and slot, comes back to exactly that slot
+      std::vector<float> y(h.rows() * hidden);
+      for (std::size_t i = 0; i < h.rows(); ++i)
+        for (std::size_t j = 0; j < hidden; ++j) y[i * hidden + j] = d.x[i * hidden + j] * 2.0f + float(me * epr + h.row_expert[i]) + 0.25f * float(h.row_k[i]);
+      const auto back = moe_return_rows<float>(c, y, h);
+      if (back.size() != in.tokens * top_k * hidden) return fail("returned slots have the wrong size");
+      for (std::size_t tk = 0; tk < in.tokens; ++tk)
+        for (std::size_t k = 0; k < top_k; ++k) {
+          const std::int64_t e = in.idx[tk * top_k + k];
+          for (std::size_t j = 0; j < hidden; ++j) {
+            const float want = e < 0 ? 0.0f : value(me, tk, j) * 2.0f + float(e) + 0.25f * float(k);
+            if (back[(tk * top_k + k) * hidden + j] != want) return fail("slot " + std::to_string(tk) + "," + std::to_string(k) + " got another row");
+          }
+        }
+      // and moe_send_rows is its inverse: the slots go back to the rows they came from
+      const auto rows = moe_send_rows<float>(c, back, h);
+      if (rows != y) return fail("send_rows(return_rows(y)) != y");
+      // the same with BF16 rows (moe_dispatch_rows<bf16> is moe_dispatch)
+      auto db = moe_dispatch_rows<bf16>(c, in.x, hidden, in.idx, in.w, top_k, E);
+      auto dd = moe_dispatch(c, in.x, hidden, in.idx, in.w, top_k, E);
+      if (db.x.size() != dd.x.size() || std::memcmp(db.x.data(), dd.x.data(), db.x.size() * sizeof(bf16)) != 0) return fail("bf16 rows differ from moe_dispatch");
+      const auto bb = moe_send_rows<bf16>(c, moe_return_rows<bf16>(c, db.x, db.handle), db.handle);
+      if (bb.size() != db.x.size() || std::memcmp(bb.data(), db.x.data(), bb.size() * sizeof(bf16)) != 0) return fail("bf16 round trip differs");
+    });
+    for (auto& p : problems) FAIL_CHECK(p);
+  }
+}
+
+TEST_CASE("moe: row-exact forms reject sizes that do not match the handle", "[collectives][moe][errors]") {
+  std::atomic<int> good{0};
+  threads_world::run(2, [&](threads_transport t) {
+    communicator c(std::move(t));
+    auto throws = [&](auto&& fn, errc code, const char* fragment) {
+      try {
+        fn();
+      } catch (const comm_error& e) {
+        if (is_error(code, "comm", fragment).match(e)) ++good;
+      }
+    };
+    const std::vector<float> x(4 * 8, 1.0f);
+    const std::vector<std::int64_t> idx{0, 1, 2, 3};
+    const std::vector<float> w(4, 0.25f);
+    auto d = moe_dispatch_rows<float>(c, x, 8, idx, w, 1, 4);
+    const std::vector<float> wrong(d.x.size() + 8);
+    throws([&] { (void)moe_return_rows<float>(c, wrong, d.handle); }, errc::invalid_argument, "y must hold rows * hidden");
+    throws([&] { (void)moe_send_rows<float>(c, wrong, d.handle); }, errc::invalid_argument, "tokens * top_k * hidden");
+    moe_handle empty;
+    empty.ranks = 2;
+    throws([&] { (void)moe_return_rows<float>(c, d.x, empty); }, errc::invalid_argument, "not filled by a dispatch");
+  });
+  CHECK(good == 6);
+}
+
 TEST_CASE("moe: bad routing is a typed error on every rank", "[collectives][moe][errors]") {
   std::mutex mu;
   int oor = 0, inv = 0;

@@ -8,6 +8,10 @@
 //   rounds once to BF16. Tokens without experts come back as zeros.
 //   Backward: dispatch_backward (a combine with unit weights) and combine_backward (a dispatch of
 //   the output gradient, scaled by each row's weight).
+//   Row-exact forms: moe_dispatch_rows moves rows of any element type (f32, BF16, FP16) unchanged;
+//   moe_return_rows brings each expert row back to its (token, k) slot unsummed and moe_send_rows
+//   is its reverse, so a model's expert-parallel layer combines on the home rank in one device's
+//   order (dist/expert_parallel.hpp).
 //   Timing-only forms (moe_timing_only) run the same exchanges with real routing metadata and
 //   payload-free token rows, for simulated transports (the 128-card bandwidth figure).
 // topk_idx = -1 means "no expert" for that slot; any other index outside [0, E) is out_of_range.
@@ -22,6 +26,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <tessel/collectives/errors.hpp>
@@ -39,6 +44,8 @@ struct moe_handle {
   int num_experts = 0, ranks = 0;
   // send side: tokens sent to each rank, in order (a token appears once per destination rank)
   std::vector<std::vector<std::int64_t>> sent_tokens;
+  // and per destination rank the top-k slots (token * top_k + k) it serves, in (token, k) order
+  std::vector<std::vector<std::size_t>> sent_slots;
   // receive side: distinct received tokens (by source rank, then token order) and, per row, which
   std::vector<int> recv_src_rank;
   std::vector<std::int64_t> recv_src_token;
@@ -120,6 +127,7 @@ moe_dispatch_result<X> dispatch(communicator& c, const std::byte* data, std::siz
   h.num_tokens = tokens, h.hidden = hidden, h.top_k = top_k, h.num_experts = num_experts, h.ranks = n;
   h.timing_only = timing, h.payload_bytes = payload_bytes;
   h.sent_tokens.assign(un, {});
+  h.sent_slots.assign(un, {});
   std::vector<char> seen(un);
   for (std::size_t t = 0; t < tokens; ++t) {
     std::fill(seen.begin(), seen.end(), 0);
@@ -127,6 +135,7 @@ moe_dispatch_result<X> dispatch(communicator& c, const std::byte* data, std::siz
       const std::int64_t e = idx[t * top_k + k];
       if (e < 0) continue;
       const auto q = static_cast<std::size_t>(e / epr);
+      h.sent_slots[q].push_back(t * top_k + k);
       if (seen[q]) continue;  // once per destination rank
       seen[q] = 1;
       h.sent_tokens[q].push_back(static_cast<std::int64_t>(t));
@@ -236,7 +245,8 @@ inline void reverse_counts(const moe_handle& h, std::size_t row, std::vector<std
 }
 inline void check_handle(communicator& c, const moe_handle& h) {
   if (h.ranks != c.size()) throw comm_error(errc::invalid_argument, "moe: handle belongs to another communicator size");
-  if (h.sent_tokens.size() != static_cast<std::size_t>(h.ranks) || h.recv_per_rank.size() != static_cast<std::size_t>(h.ranks))
+  if (h.sent_tokens.size() != static_cast<std::size_t>(h.ranks) || h.sent_slots.size() != static_cast<std::size_t>(h.ranks) ||
+      h.recv_per_rank.size() != static_cast<std::size_t>(h.ranks))
     throw comm_error(errc::invalid_argument, "moe: handle was not filled by a dispatch");
   check_not_dry(c);
 }
@@ -285,14 +295,23 @@ inline std::vector<bf16> combine_rows(communicator& c, std::span<const bf16> y, 
 }
 }  // namespace moe_detail
 
-// BF16 dispatch. x: (tokens, hidden); topk_idx/topk_weights: (tokens, top_k).
+// Dispatch of rows of any trivially copyable element type (a model's f32, BF16 or FP16
+// activations), moved unchanged. x: (tokens, hidden); topk_idx/topk_weights: (tokens, top_k).
+template <class X>
+  requires std::is_trivially_copyable_v<X>
+moe_dispatch_result<X> moe_dispatch_rows(communicator& c, std::span<const X> x, std::size_t hidden, std::span<const std::int64_t> topk_idx,
+                                         std::span<const float> topk_weights, std::size_t top_k, int num_experts) {
+  if (hidden == 0 || x.size() % hidden) throw comm_error(errc::invalid_argument, "moe_dispatch: x must hold tokens * hidden elements");
+  const std::size_t row = tessel::detail::mul_checked(hidden, sizeof(X), "moe_dispatch: hidden");
+  return moe_detail::dispatch<X>(c, reinterpret_cast<const std::byte*>(x.data()), row, nullptr, 0, false, x.size() / hidden, hidden, top_k,
+                                 topk_idx, topk_weights, num_experts);
+}
+
+// BF16 dispatch (DeepEP's): moe_dispatch_rows of BF16 rows.
 inline moe_dispatch_result<bf16> moe_dispatch(communicator& c, std::span<const bf16> x, std::size_t hidden,
                                               std::span<const std::int64_t> topk_idx, std::span<const float> topk_weights,
                                               std::size_t top_k, int num_experts) {
-  if (hidden == 0 || x.size() % hidden) throw comm_error(errc::invalid_argument, "moe_dispatch: x must hold tokens * hidden elements");
-  const std::size_t tokens = x.size() / hidden;
-  return moe_detail::dispatch<bf16>(c, reinterpret_cast<const std::byte*>(x.data()), hidden * sizeof(bf16), nullptr, 0, false,
-                                    tokens, hidden, top_k, topk_idx, topk_weights, num_experts);
+  return moe_dispatch_rows<bf16>(c, x, hidden, topk_idx, topk_weights, top_k, num_experts);
 }
 
 // FP8 dispatch: x (tokens, hidden) E4M3 with scales (tokens, hidden/128), hidden a multiple of 128.
@@ -400,6 +419,96 @@ inline std::vector<bf16> moe_combine_backward(communicator& c, std::span<const b
     for (std::size_t j = 0; j < H; ++j) g[i * H + j] = bf16(h.row_weight[i] * static_cast<float>(v[j]));
   }
   return g;
+}
+
+// Row-exact exchanges: each (token, k) slot's row travels on its own, nothing is summed on the
+// way, so the home rank combines in its own order and gets what one device computes bitwise.
+// They send a token once per chosen expert rather than once per expert rank (moe_combine's
+// partials), which costs more bytes when a token's experts share a rank.
+namespace moe_detail {
+// The expert side's rows in (received token, k) order: the order in which each home rank lists
+// its slots (sent_slots), since received tokens are grouped by source rank in token order.
+inline std::vector<std::size_t> rows_by_slot(const moe_handle& h, std::vector<std::size_t>& per_rank) {
+  std::vector<std::size_t> order(h.rows());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return h.row_token[a] != h.row_token[b] ? h.row_token[a] < h.row_token[b] : h.row_k[a] < h.row_k[b];
+  });
+  per_rank.assign(static_cast<std::size_t>(h.ranks), 0);
+  for (std::size_t i : order) ++per_rank[static_cast<std::size_t>(h.recv_src_rank[h.row_token[i]])];
+  return order;
+}
+inline std::vector<std::size_t> slot_counts(const moe_handle& h, std::size_t row_bytes, const std::vector<std::size_t>& expert_rows,
+                                     std::vector<std::size_t>& home) {
+  const auto un = static_cast<std::size_t>(h.ranks);
+  std::vector<std::size_t> ex(un);
+  home.assign(un, 0);
+  for (std::size_t q = 0; q < un; ++q) {
+    ex[q] = tessel::detail::mul_checked(expert_rows[q], row_bytes, "moe: slot rows");
+    home[q] = tessel::detail::mul_checked(h.sent_slots[q].size(), row_bytes, "moe: slot rows");
+  }
+  return ex;
+}
+}  // namespace moe_detail
+
+// Expert rows back to their slots: y (rows, hidden) in the handle's row order -> (tokens * top_k,
+// hidden) on the home ranks, row t * top_k + k holding token t's k-th expert's row (zeros for the
+// slots without an expert). The backward of moe_send_rows and vice versa.
+template <class Y>
+  requires std::is_trivially_copyable_v<Y>
+std::vector<Y> moe_return_rows(communicator& c, std::span<const Y> y, const moe_handle& h) {
+  moe_detail::check_handle(c, h);
+  const std::size_t H = h.hidden, un = static_cast<std::size_t>(h.ranks), rb = tessel::detail::mul_checked(H, sizeof(Y), "moe: hidden");
+  std::vector<std::size_t> per_rank, home;
+  const auto order = moe_detail::rows_by_slot(h, per_rank);
+  const auto sc = moe_detail::slot_counts(h, rb, per_rank, home);
+  if (h.timing_only) {
+    if (!y.empty()) throw comm_error(errc::invalid_argument, "moe: a timing-only handle takes no payload (pass an empty span)");
+    moe_detail::exchange_bytes(c, nullptr, sc, nullptr, home, true);
+    return {};
+  }
+  if (y.size() != h.rows() * H) throw comm_error(errc::invalid_argument, "moe_return_rows: y must hold rows * hidden elements");
+  std::vector<Y> sb(h.rows() * H), recv(moe_detail::prefix(home)[un] / sizeof(Y));
+  for (std::size_t i = 0; i < order.size(); ++i) std::memcpy(sb.data() + i * H, y.data() + order[i] * H, rb);
+  moe_detail::exchange_bytes(c, reinterpret_cast<const std::byte*>(sb.data()), sc, reinterpret_cast<std::byte*>(recv.data()), home, false);
+  std::vector<Y> out(tessel::detail::mul_checked(tessel::detail::mul_checked(h.num_tokens, h.top_k, "moe: slots"), H, "moe: slots"), Y{});
+  const Y* in = recv.data();
+  for (std::size_t q = 0; q < un; ++q)
+    for (std::size_t s : h.sent_slots[q]) {
+      std::memcpy(out.data() + s * H, in, rb);
+      in += H;
+    }
+  return out;
+}
+
+// Slot rows to the experts: slots (tokens * top_k, hidden) on the home ranks -> (rows, hidden) in
+// the handle's row order on the expert ranks (the slots without an expert are not sent).
+template <class Y>
+  requires std::is_trivially_copyable_v<Y>
+std::vector<Y> moe_send_rows(communicator& c, std::span<const Y> slots, const moe_handle& h) {
+  moe_detail::check_handle(c, h);
+  const std::size_t H = h.hidden, un = static_cast<std::size_t>(h.ranks), rb = tessel::detail::mul_checked(H, sizeof(Y), "moe: hidden");
+  std::vector<std::size_t> per_rank, home;
+  const auto order = moe_detail::rows_by_slot(h, per_rank);
+  const auto rc = moe_detail::slot_counts(h, rb, per_rank, home);
+  if (h.timing_only) {
+    if (!slots.empty()) throw comm_error(errc::invalid_argument, "moe: a timing-only handle takes no payload (pass an empty span)");
+    moe_detail::exchange_bytes(c, nullptr, home, nullptr, rc, true);
+    return {};
+  }
+  if (slots.size() != h.num_tokens * h.top_k * H)
+    throw comm_error(errc::invalid_argument, "moe_send_rows: slots must hold tokens * top_k * hidden elements");
+  std::vector<Y> sb(moe_detail::prefix(home)[un] / sizeof(Y)), recv(h.rows() * H);
+  Y* o = sb.data();
+  for (std::size_t q = 0; q < un; ++q)
+    for (std::size_t s : h.sent_slots[q]) {
+      std::memcpy(o, slots.data() + s * H, rb);
+      o += H;
+    }
+  moe_detail::exchange_bytes(c, reinterpret_cast<const std::byte*>(sb.data()), home, reinterpret_cast<std::byte*>(recv.data()), rc, false);
+  std::vector<Y> out(h.rows() * H);
+  for (std::size_t i = 0; i < order.size(); ++i) std::memcpy(out.data() + order[i] * H, recv.data() + i * H, rb);
+  return out;
 }
 
 }  // namespace v0
