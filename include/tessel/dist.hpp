@@ -4,6 +4,7 @@
 
 #include <tessel/dist/data_parallel.hpp>
 #include <tessel/dist/errors.hpp>
+#include <tessel/dist/expert_parallel.hpp>
 #include <tessel/dist/grad_check.hpp>
 #include <tessel/dist/groups.hpp>
 #include <tessel/dist/layout.hpp>
