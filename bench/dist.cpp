@@ -28,12 +28,16 @@
 #include <tessel/dist.hpp>
 #include <tessel/nn.hpp>
 
+#include <array>
 #include <atomic>
 #include <barrier>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <functional>
+#include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -65,14 +69,15 @@ void BM_one_device(benchmark::State& st) {
   report(st, double(threads), dev.memory().peak_in_use);
 }
 
-// tp x pp ranks on persistent threads, driven one step at a time by the benchmark loop.
-template <class T>
-class tp_rig {
+// Ranks on persistent threads, driven one step at a time by the benchmark loop. setup(t) runs once
+// on each rank's thread and returns that rank's step, which returns its device's peak bytes.
+class rank_rig {
  public:
-  tp_rig(int tp, int pp, bool sp, std::size_t micro) : go_(tp * pp + 1), done_(tp * pp + 1), tp_(tp), pp_(pp), sp_(sp), micro_(micro) {
+  using step_fn = std::function<std::size_t()>;
+  rank_rig(int ranks, std::function<step_fn(threads_transport)> setup) : go_(ranks + 1), done_(ranks + 1), ranks_(ranks), setup_(std::move(setup)) {
     runner_ = std::thread([this] {
       try {
-        threads_world::run(tp_ * pp_, [this](threads_transport t) { rank_main(std::move(t)); });
+        threads_world::run(ranks_, [this](threads_transport t) { rank_main(std::move(t)); });
       } catch (...) {
         fail(std::current_exception());
       }
@@ -84,7 +89,7 @@ class tp_rig {
       throw;
     }
   }
-  ~tp_rig() { finish(); }
+  ~rank_rig() { finish(); }
   std::size_t peak_bytes() const { return peak_; }
   void step() {
     go_.arrive_and_wait();
@@ -97,17 +102,12 @@ class tp_rig {
   void rank_main(threads_transport t) {
     try {
       const bool first = t.rank() == 0;
-      dist::process_groups grp(std::move(t), {.tp = tp_, .pp = pp_});
-      host_device dev(1);
-      dist::tp_decoder_lm<host_device, T> m(dev, tessel_bench::small_llama(), grp.tp(), {.sequence_parallel = sp_, .pp = pp_ > 1 ? &grp.pp() : nullptr});
-      m.init(1);
-      dist::pipeline pipe(m, {.micro_batches = micro_});
-      const tessel_bench::small_batch_data b;
-      for (std::uint64_t step = 1;; ++step) {
+      const step_fn run = setup_(std::move(t));
+      for (;;) {
         go_.arrive_and_wait();
         if (stop_) return;
-        tessel_bench::train_step(pipe, b, step);
-        if (first) peak_ = dev.memory().peak_in_use;
+        const std::size_t peak = run();
+        if (first) peak_ = peak;
         done_.arrive_and_wait();
       }
     } catch (...) {
@@ -131,9 +131,8 @@ class tp_rig {
     if (!error_) error_ = e;
   }
   std::barrier<> go_, done_;
-  const int tp_, pp_;
-  const bool sp_;
-  const std::size_t micro_;
+  const int ranks_;
+  std::function<step_fn(threads_transport)> setup_;
   std::atomic<bool> stop_{false};
   std::atomic<std::size_t> peak_{0};
   std::mutex mu_;
@@ -141,10 +140,35 @@ class tp_rig {
   std::thread runner_;
 };
 
+// A tp x pp replica of the model: each rank a stage's tp shard on a host_device of one thread.
+template <class T>
+struct tp_replica {
+  tp_replica(threads_transport t, int tp, int pp, bool sp, std::size_t micro)
+      : grp(std::move(t), {.tp = tp, .pp = pp}), dev(1), m(dev, tessel_bench::small_llama(), grp.tp(), {.sequence_parallel = sp, .pp = pp > 1 ? &grp.pp() : nullptr}),
+        pipe((m.init(1), m), {.micro_batches = micro}) {}
+  dist::process_groups grp;
+  host_device dev;
+  dist::tp_decoder_lm<host_device, T> m;
+  dist::pipeline<dist::tp_decoder_lm<host_device, T>> pipe;
+  tessel_bench::small_batch_data b;
+  std::uint64_t step = 0;
+};
+
+template <class T>
+rank_rig tp_rig(int tp, int pp, bool sp, std::size_t micro) {
+  return rank_rig(tp * pp, [=](threads_transport t) -> rank_rig::step_fn {
+    auto r = std::make_shared<tp_replica<T>>(std::move(t), tp, pp, sp, micro);
+    return [r] {
+      tessel_bench::train_step(r->pipe, r->b, ++r->step);
+      return r->dev.memory().peak_in_use;
+    };
+  });
+}
+
 template <class T>
 void BM_tp(benchmark::State& st) {
   const int tp = int(st.range(0));
-  tp_rig<T> rig(tp, 1, st.range(1) != 0, 1);
+  auto rig = tp_rig<T>(tp, 1, st.range(1) != 0, 1);
   for (auto _ : st) rig.step();
   report(st, double(tp), rig.peak_bytes());
 }
@@ -154,7 +178,7 @@ BENCHMARK(BM_tp<float>)->Args({2, 0})->Args({2, 1})->Unit(benchmark::kMillisecon
 template <class T>
 void BM_pp(benchmark::State& st) {
   const int pp = int(st.range(0));
-  tp_rig<T> rig(1, pp, false, std::size_t(st.range(1)));
+  auto rig = tp_rig<T>(1, pp, false, std::size_t(st.range(1)));
   for (auto _ : st) rig.step();
   report(st, double(pp), rig.peak_bytes());
 }
@@ -162,6 +186,77 @@ void BM_pp(benchmark::State& st) {
 BENCHMARK(BM_pp<float>)->Args({2, 4})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_one_device<bf16>)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_tp<bf16>)->Args({2, 0})->Args({2, 1})->Unit(benchmark::kMillisecond)->UseRealTime();
+
+
+// Expert parallelism: a Mixtral block (8 SwiGLU experts, top 2, hidden 512, intermediate 1024) in
+// f32, forward and backward on 1024 tokens per core:
+//   BM_moe_one_device   nn::sparse_moe on one thread, every expert;
+//   BM_ep/<ep>          dist::ep_moe over ep thread ranks of one thread each, every rank with its own
+//                       1024 tokens and 8/ep experts (weak scaling: the tokens grow with the cores).
+// The claim is tokens_per_core(BM_ep/2) / tokens_per_core(BM_moe_one_device): what dispatch,
+// return and the routing exchanges cost.
+constexpr std::size_t moe_d = 512, moe_inter = 1024, moe_experts = 8, moe_top_k = 2, moe_tokens = 1024;
+
+template <class Block, class... Extra>
+struct moe_rank {
+  moe_rank(std::size_t first, std::size_t count, Extra&... extra) : dev(1), reg(dev) {
+    nn::parameter<host_device>& router = reg.add("gate.weight", {moe_experts, moe_d});
+    std::vector<std::array<nn::parameter<host_device>*, 3>> ex;
+    for (std::size_t j = first; j < first + count; ++j) {
+      const std::string e = "experts." + std::to_string(j) + ".";
+      auto* w1 = &reg.add(e + "w1.weight", {moe_inter, moe_d});
+      auto* w3 = &reg.add(e + "w3.weight", {moe_inter, moe_d});
+      ex.push_back({w1, w3, &reg.add(e + "w2.weight", {moe_d, moe_inter})});
+    }
+    reg.init_normal(first + 1, 0.05);
+    if constexpr (sizeof...(Extra) == 0) block = Block(&router, std::move(ex), moe_d, moe_inter, moe_top_k);
+    else block = Block(&router, std::move(ex), moe_d, moe_inter, moe_experts, moe_top_k, extra...);
+    nn::normal_rng g(first + 7);
+    for (auto* v : {&x, &dy}) {
+      v->resize(moe_tokens * moe_d);
+      for (float& f : *v) f = float(g());
+    }
+    y.resize(x.size()), dx.resize(x.size());
+  }
+  std::size_t step() {
+    block.forward(dev, nn::cview<float>(x.data(), moe_tokens, moe_d), nn::mview<float>(y.data(), moe_tokens, moe_d), true);
+    block.backward(dev, nn::cview<float>(dy.data(), moe_tokens, moe_d), nn::mview<float>(dx.data(), moe_tokens, moe_d), {});
+    return dev.memory().peak_in_use;
+  }
+  host_device dev;
+  nn::parameters<host_device> reg;
+  Block block;
+  std::vector<float> x, dy, y, dx;
+};
+
+void moe_report(benchmark::State& st, double cores, std::size_t peak) {
+  st.counters["MiB_per_rank"] = double(peak) / double(1 << 20);
+  const double tokens = double(moe_tokens) * cores * double(st.iterations());
+  st.counters["tokens"] = benchmark::Counter(tokens, benchmark::Counter::kIsRate);
+  st.counters["tokens_per_core"] = benchmark::Counter(tokens / cores, benchmark::Counter::kIsRate);
+}
+
+void BM_moe_one_device(benchmark::State& st) {
+  moe_rank<nn::sparse_moe<host_device, float>> r(0, moe_experts);
+  r.step();
+  for (auto _ : st) r.step();
+  moe_report(st, 1.0, r.dev.memory().peak_in_use);
+}
+
+void BM_ep(benchmark::State& st) {
+  const int ep = int(st.range(0));
+  rank_rig rig(ep, [ep](threads_transport t) -> rank_rig::step_fn {
+    auto c = std::make_shared<communicator>(std::move(t));
+    const auto [first, count] = dist::local_experts(moe_experts, ep, c->rank());
+    auto r = std::make_shared<moe_rank<dist::ep_moe<host_device, float>, communicator>>(first, count, *c);
+    return [r, c] { return r->step(); };
+  });
+  for (auto _ : st) rig.step();
+  moe_report(st, double(ep), rig.peak_bytes());
+}
+
+BENCHMARK(BM_moe_one_device)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_ep)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 
