@@ -3,6 +3,8 @@
 // work, and the tp and dp groups reduce over exactly their members, concurrently, in a fixed order.
 #include <catch2/catch.hpp>
 
+#include <array>
+
 #include <set>
 #include <string>
 #include <vector>
@@ -51,7 +53,9 @@ TEST_CASE("dist layout: bad layouts are typed errors naming the numbers", "[dist
   CHECK_NOTHROW(l.validate(6));
   CHECK_THROWS_MATCHES((dist::parallel_layout{.dp = 0, .tp = 2}.validate(2)), dist::dist_error, is_error(errc::config, "dist", "at least 1"));
   CHECK_NOTHROW((dist::parallel_layout{.dp = 1, .tp = 1, .pp = 2}.validate(2)));
-  CHECK_THROWS_MATCHES((dist::parallel_layout{.dp = 1, .tp = 1, .pp = 2, .ep = 2}.validate(4)), dist::dist_error, is_error(errc::unsupported, "dist", "ep = 2"));
+  CHECK_THROWS_MATCHES((dist::parallel_layout{.dp = 1, .tp = 1, .pp = 2, .ep = 2}.validate(2)), dist::dist_error, is_error(errc::config, "dist", "ep = 2 does not divide dp = 1"));
+  CHECK_THROWS_MATCHES((dist::parallel_layout{.dp = 6, .ep = 4}.validate(6)), dist::dist_error, is_error(errc::config, "dist", "ep = 4 does not divide dp = 6"));
+  CHECK_NOTHROW((dist::parallel_layout{.dp = 4, .tp = 2, .ep = 2}.validate(8)));
   CHECK_NOTHROW((dist::parallel_layout{.dp = 2, .tp = 1, .zero_stage = 1}.validate(2)));
   CHECK_THROWS_MATCHES((dist::parallel_layout{.dp = 2, .tp = 1, .zero_stage = 2}.validate(2)), dist::dist_error,
                        is_error(errc::unsupported, "dist", "ZeRO stage 2"));
@@ -68,6 +72,37 @@ TEST_CASE("dist layout: bad layouts are typed errors naming the numbers", "[dist
   CHECK_THROWS_MATCHES((dist::parallel_layout{.tp = 6}.validate(llama(12, 4, 96))), dist::dist_error,
                        is_error(errc::config, "dist", "tp = 6 and the 4 kv heads"));
   CHECK_THROWS_MATCHES(t2.validate(llama(4, 2, 95)), dist::dist_error, is_error(errc::config, "dist", "does not divide the intermediate size 95"));
+  CHECK_THROWS_MATCHES((dist::parallel_layout{.dp = 2, .ep = 2}.validate(llama(4, 2, 96))), dist::dist_error,
+                       is_error(errc::config, "dist", "ep = 2 for a model without experts"));
+  io::model_config moe = llama(4, 2, 96);
+  moe.num_local_experts = 6, moe.num_experts_per_tok = 2;
+  CHECK_NOTHROW((dist::parallel_layout{.dp = 2, .ep = 2}.validate(moe)));
+  CHECK_THROWS_MATCHES((dist::parallel_layout{.dp = 4, .ep = 4}.validate(moe)), dist::dist_error, is_error(errc::config, "dist", "ep = 4 does not divide the 6 experts"));
+}
+
+TEST_CASE("dist groups: ep splits blocks of consecutive dp replicas, edp joins the replicas holding the same experts", "[dist][groups]") {
+  const dist::parallel_layout l{.dp = 4, .tp = 2, .ep = 2};
+  std::vector<std::array<double, 2>> got(8);
+  threads_world::run(8, [&](threads_transport t) {
+    const int r = t.rank();
+    dist::process_groups g(t, l);
+    TS_CHECK(g.ep().size() == 2);
+    TS_CHECK(g.edp().size() == 2);
+    TS_CHECK(g.ep().rank() == g.coords().dp % 2);
+    TS_CHECK(g.edp().rank() == g.coords().dp / 2);
+    double v = double(1 << r), a = 0, b = 0;
+    g.ep().all_reduce(std::span<const double>(&v, 1), std::span<double>(&a, 1), reduce_op::sum);
+    g.edp().all_reduce(std::span<const double>(&v, 1), std::span<double>(&b, 1), reduce_op::sum);
+    got[std::size_t(r)] = {a, b};
+  });
+  for (int r = 0; r < 8; ++r) {
+    const auto c = l.coords(r);
+    double ep_sum = 0, edp_sum = 0;
+    for (int i = 0; i < 2; ++i) ep_sum += double(1 << l.rank_of({.dp = c.dp / 2 * 2 + i, .tp = c.tp}));
+    for (int i = c.dp % 2; i < 4; i += 2) edp_sum += double(1 << l.rank_of({.dp = i, .tp = c.tp}));
+    CHECK(got[std::size_t(r)][0] == ep_sum);
+    CHECK(got[std::size_t(r)][1] == edp_sum);
+  }
 }
 
 TEST_CASE("dist groups: a layout that does not fit the world fails before any message", "[dist][groups][errors]") {

@@ -26,6 +26,15 @@
 
 namespace tessel_test {
 
+inline tessel::io::model_config layout_run_mixtral() {
+  auto c = tessel::io::parse_model_config(R"({"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "vocab_size": 37, "hidden_size": 64,
+    "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 4,
+    "num_experts_per_tok": 2, "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu",
+    "tie_word_embeddings": false})");
+  c.router_aux_loss_coef = 0.02;
+  return c;
+}
+
 inline tessel::io::model_config layout_run_llama() {
   return tessel::io::parse_model_config(R"({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 37, "hidden_size": 64,
     "intermediate_size": 96, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
@@ -33,11 +42,12 @@ inline tessel::io::model_config layout_run_llama() {
 }
 
 struct layout_run_spec {
-  int dp = 1, tp = 1, pp = 1, zero = 0;
+  int dp = 1, tp = 1, pp = 1, zero = 0, ep = 1;  // ep > 1: the Mixtral model with its experts over ep
   std::size_t micro = 1;
   int world() const { return dp * tp * pp; }
   std::string name() const {
-    return "dp " + std::to_string(dp) + " x tp " + std::to_string(tp) + " x pp " + std::to_string(pp) + ", ZeRO-" + std::to_string(zero) + ", " +
+    return "dp " + std::to_string(dp) + " x tp " + std::to_string(tp) + " x pp " + std::to_string(pp) + " x ep " + std::to_string(ep) + ", ZeRO-" +
+           std::to_string(zero) + ", " +
            std::to_string(micro) + " micro-batches";
   }
 };
@@ -50,11 +60,18 @@ struct layout_run_rank {
 constexpr std::size_t layout_run_batch = 4, layout_run_seq = 6, layout_run_steps = 3;
 
 // A one-device initialisation saved to a file every rank loads (a file per process: MPI ranks too).
-inline std::filesystem::path layout_run_checkpoint() {
-  const auto path = std::filesystem::temp_directory_path() / ("layout_run_" + std::to_string(::getpid()) + ".safetensors");
+inline std::filesystem::path layout_run_checkpoint_path(bool moe) {
+  return std::filesystem::temp_directory_path() / ("layout_run_" + std::string(moe ? "moe_" : "") + std::to_string(::getpid()) + ".safetensors");
+}
+inline void layout_run_cleanup() {
+  std::filesystem::remove(layout_run_checkpoint_path(false));
+  std::filesystem::remove(layout_run_checkpoint_path(true));
+}
+inline std::filesystem::path layout_run_checkpoint(bool moe = false) {
+  const auto path = layout_run_checkpoint_path(moe);
   if (!std::filesystem::exists(path)) {
     tessel::host_device d1(1);
-    tessel::nn::decoder_lm<tessel::host_device> one(d1, layout_run_llama());
+    tessel::nn::decoder_lm<tessel::host_device> one(d1, moe ? layout_run_mixtral() : layout_run_llama());
     one.init(3, 0.1);
     one.params().save(path);
   }
@@ -62,13 +79,16 @@ inline std::filesystem::path layout_run_checkpoint() {
 }
 
 // This rank's part of the run: build the groups, the model stage and the schedule, train.
+// (`path`: layout_run_checkpoint(sp.ep > 1).)
 template <class Transport>
 layout_run_rank layout_run(Transport t, const layout_run_spec& sp, const std::filesystem::path& path) {
   using namespace tessel;
   constexpr std::size_t B = layout_run_batch, S = layout_run_seq;
-  dist::process_groups grp(std::move(t), {.dp = sp.dp, .tp = sp.tp, .pp = sp.pp, .zero_stage = sp.zero});
+  dist::process_groups grp(std::move(t), {.dp = sp.dp, .tp = sp.tp, .pp = sp.pp, .ep = sp.ep, .zero_stage = sp.zero});
   host_device dv(1);
-  dist::tp_decoder_lm<host_device> m(dv, layout_run_llama(), grp.tp(), {.pp = sp.pp > 1 ? &grp.pp() : nullptr});
+  const bool moe = sp.ep > 1;
+  dist::tp_decoder_lm<host_device> m(dv, moe ? layout_run_mixtral() : layout_run_llama(), grp.tp(),
+                                     {.pp = sp.pp > 1 ? &grp.pp() : nullptr, .ep = moe ? &grp.ep() : nullptr});
   nn::load_options lo;
   lo.allow_unexpected = true;  // a stage loads its own layers
   m.load(path, lo);
@@ -78,13 +98,18 @@ layout_run_rank layout_run(Transport t, const layout_run_spec& sp, const std::fi
   h.hyper.weight_decay = 0.01f;
   h.max_grad_norm = 1.0f;
   std::optional<dist::data_parallel<dist::pipeline<dist::tp_decoder_lm<host_device>>>> dp;
-  if (sp.dp > 1) dp.emplace(pipe, grp.dp(), dist::data_parallel_options{.bucket_bytes = 4 << 10, .zero_stage = sp.zero});
+  std::optional<dist::data_parallel<dist::tp_decoder_lm<host_device>>> edp;  // experts over ep: data parallelism over the model itself
+  if (moe) edp.emplace(m, grp.dp(), dist::data_parallel_options{.bucket_bytes = 4 << 10, .expert_dp = &grp.edp()});
+  else if (sp.dp > 1) dp.emplace(pipe, grp.dp(), dist::data_parallel_options{.bucket_bytes = 4 << 10, .zero_stage = sp.zero});
   const std::size_t b = B / std::size_t(sp.dp), off = std::size_t(grp.coords().dp) * b * S;
   layout_run_rank out;
   for (std::size_t s = 0; s < layout_run_steps; ++s) {
     const auto data = make_batch(100 + s, B, S, 37);
     const std::span<const std::int64_t> ids(data.ids.data() + off, b * S), tg(data.targets.data() + off, b * S);
-    if (dp) {
+    if (edp) {
+      out.losses.push_back(edp->forward_backward(ids, tg, b, S));
+      edp->adamw(h, s + 1);
+    } else if (dp) {
       out.losses.push_back(dp->forward_backward(ids, tg, b, S));
       dp->adamw(h, s + 1);
     } else {
@@ -98,9 +123,10 @@ layout_run_rank layout_run(Transport t, const layout_run_spec& sp, const std::fi
 }
 
 // The layouts the transport tests run on 4 ranks: every group kind (dp with ZeRO-1's
-// reduce-scatter and all-gather, tp's all-reduces, pp's point-to-point activations).
+// reduce-scatter and all-gather, tp's all-reduces, pp's point-to-point activations, ep's
+// dispatch and return all-to-alls).
 inline std::vector<layout_run_spec> layout_run_specs() {
-  return {{.dp = 2, .tp = 2, .zero = 1}, {.tp = 2, .pp = 2, .micro = 2}, {.dp = 2, .pp = 2, .micro = 2}};
+  return {{.dp = 2, .tp = 2, .zero = 1}, {.tp = 2, .pp = 2, .micro = 2}, {.dp = 2, .pp = 2, .micro = 2}, {.dp = 4, .ep = 2}};
 }
 
 // Both results of one rank the same bits (losses and every tensor)?

@@ -20,6 +20,14 @@
 // (tested) when the gradient norm is not clipped; with clipping the norm is summed shard by shard
 // in double where stage 0 sums f32 chunks, so the norms differ by f32 accumulation error (measured
 // 1e-8 relative) and the clipping coefficients may differ in their last bit.
+// Expert parallelism (a tp_decoder_lm whose MoE experts are split over its ep group): the experts'
+// weights are held by the dp / ep replicas of data_parallel_options::expert_dp (process_groups::
+// edp()) only, and each one's gradient already sums its ep group's tokens (the dispatch brought
+// them), so it is summed over expert_dp and divided by dp; everything else is averaged over dp.
+// Every rank's loss gradient is scaled by the whole batch's counted tokens (passed to the model as
+// its grad_scale) instead of being reweighted after backward, since an expert's gradient mixes the
+// ranks' tokens. ZeRO-1 over experts and expert parallelism in a pipeline are not built yet.
+//
 // The f32 values (which the norms and biases read) and the gradients stay whole on every rank; the
 // bytes per parameter on a card are therefore 4 (f32 value) + 4 (f32 gradient) + 2 (bf16 copy, bf16
 // models) + 8/dp (moments), which memory() reports from the buffers actually held.
@@ -51,6 +59,7 @@ namespace dist {
 struct data_parallel_options {
   std::size_t bucket_bytes = std::size_t{4} << 20;  // f32 bytes per rank per collective (gradient buckets, shard chunks)
   int zero_stage = 0;                               // 0: plain DP; 1: optimizer state sharded over dp (2 and 3 are not built yet)
+  communicator* expert_dp = nullptr;                // expert parallelism: the replicas holding this rank's experts (process_groups::edp())
 };
 
 // Bytes a rank holds for training, by kind (device buffers actually allocated).
@@ -68,6 +77,8 @@ template <class Model>
 struct model_split {
   static std::vector<communicator*> groups(Model&) { return {}; }
   static bool counted(const Model&, const void*) { return true; }
+  static int ep(const Model&) { return 1; }                 // ranks its experts are split over
+  static bool expert(const Model&, const void*) { return false; }  // one of this rank's experts
 };
 template <device Dev, nn::compute_type T>
 struct model_split<tp_decoder_lm<Dev, T>> {
@@ -77,11 +88,15 @@ struct model_split<tp_decoder_lm<Dev, T>> {
     return g;
   }
   static bool counted(const tp_decoder_lm<Dev, T>& m, const nn::parameter<Dev>* p) { return m.counted_in_norm(*p); }
+  static int ep(const tp_decoder_lm<Dev, T>& m) { return m.ep() ? m.ep()->size() : 1; }
+  static bool expert(const tp_decoder_lm<Dev, T>& m, const nn::parameter<Dev>* p) { return m.is_expert(*p); }
 };
 template <class Stage>
 struct model_split<pipeline<Stage>> {
   static std::vector<communicator*> groups(pipeline<Stage>& m) { return model_split<Stage>::groups(m.model()); }
   static bool counted(pipeline<Stage>& m, const void* p) { return model_split<Stage>::counted(m.model(), static_cast<const nn::parameter<typename Stage::device_type>*>(p)); }
+  static int ep(pipeline<Stage>& m) { return model_split<Stage>::ep(m.model()); }
+  static bool expert(pipeline<Stage>&, const void*) { return false; }
 };
 
 template <class Model>
@@ -95,6 +110,21 @@ class data_parallel {
     if (o_.zero_stage < 0 || o_.zero_stage > 3) throw dist_error(errc::config, "data_parallel: ZeRO stage " + std::to_string(o_.zero_stage) + " is not one of 0, 1, 2, 3");
     if (o_.zero_stage > 1)
       throw dist_error(errc::unsupported, "data_parallel: ZeRO stage " + std::to_string(o_.zero_stage) + " is not built yet (stages 0 and 1 are)");
+    if (model_split<Model>::ep(*m_) > 1) {
+      const int ep = model_split<Model>::ep(*m_);
+      if constexpr (requires { m_->model(); })
+        throw dist_error(errc::unsupported, "data_parallel: expert parallelism (ep = " + std::to_string(ep) + ") inside a pipeline is not built yet");
+      if (o_.zero_stage != 0)
+        throw dist_error(errc::unsupported, "data_parallel: ZeRO stage " + std::to_string(o_.zero_stage) + " with expert parallelism (ep = " + std::to_string(ep) +
+                                                ") is not built yet (plain DP is)");
+      if (!o_.expert_dp)
+        throw dist_error(errc::config, "data_parallel: the model's experts are split over ep = " + std::to_string(ep) +
+                                           " ranks: data_parallel_options::expert_dp must be the replicas holding the same experts (process_groups::edp())");
+      if (o_.expert_dp->size() * ep != dp_->size())
+        throw dist_error(errc::config, "data_parallel: expert_dp of " + std::to_string(o_.expert_dp->size()) + " ranks times ep = " + std::to_string(ep) +
+                                           " is not dp = " + std::to_string(dp_->size()));
+      experts_ = true;
+    }
     std::size_t at = 0;
     for (auto& p : m_->params()) {
       members_.push_back(&p);
@@ -139,7 +169,6 @@ class data_parallel {
   double forward_backward(std::span<const std::int64_t> ids, std::span<const std::int64_t> targets, std::size_t batch, std::size_t seq,
                           std::int64_t ignore_index = -100) {
     m_->params().zero_grad();
-    const double local = m_->forward_backward(ids, targets, batch, seq, ignore_index);
     // Counted tokens per rank: each rank's gradient is of its own mean; weight it by its share.
     double cnt = double(std::count_if(targets.begin(), targets.end(), [&](std::int64_t t) { return t != ignore_index; }));
     std::vector<double> counts(std::size_t(dp_->size()));
@@ -149,7 +178,16 @@ class data_parallel {
     const float w = total > 0.0 ? float(cnt * double(dp_->size()) / total) : 0.0f;
     bool equal = true;
     for (double c : counts) equal = equal && c == counts[0];
-    if (!equal)
+    double local = 0.0;
+    if constexpr (requires { m_->forward_backward(ids, targets, batch, seq, ignore_index, 1.0f); }) {
+      // experts mix the ranks' tokens: scale the loss gradient itself (dp / total per row: the mean
+      // over the whole batch, times dp for the average below)
+      if (experts_) local = m_->forward_backward(ids, targets, batch, seq, ignore_index, total > 0.0 ? float(double(dp_->size()) / total) : 0.0f);
+      else local = m_->forward_backward(ids, targets, batch, seq, ignore_index);
+    } else {
+      local = m_->forward_backward(ids, targets, batch, seq, ignore_index);
+    }
+    if (!equal && !experts_)
       for (auto& p : m_->params())
         for (float& g : p.grad.span()) g *= w;
     if (o_.zero_stage == 0) all_reduce_gradients();
@@ -215,20 +253,36 @@ class data_parallel {
     return res;
   }
 
-  // The gradients averaged over dp, bucket by bucket in registration order.
+  // The gradients averaged over dp, bucket by bucket in registration order (experts' over expert_dp).
   void all_reduce_gradients() {
+    reduce_buckets(*dp_, false);
+    if (experts_) reduce_buckets(*o_.expert_dp, true);
+  }
+
+ private:
+  // Buckets of the non-expert (experts = false) or the expert parameters, averaged over dp: the
+  // former all-reduced to their average over g = dp, the latter summed over g = expert_dp and
+  // divided by dp.
+  void reduce_buckets(communicator& g, bool experts) {
+    const bool sum = experts;
+    const float scale = 1.0f / float(dp_->size());
+    auto reduce = [&](std::span<float> v) {
+      if (!sum) return g.all_reduce(v, reduce_op::avg);
+      if (g.size() > 1) g.all_reduce(v, reduce_op::sum);
+      for (float& x : v) x *= scale;
+    };
     const std::size_t cap = o_.bucket_bytes / sizeof(float);
     std::vector<nn::parameter<Dev>*> members;
     std::size_t fill = 0;
     auto flush = [&] {
       if (members.empty()) return;
       if (members.size() == 1) {
-        dp_->all_reduce(members[0]->grad.span(), reduce_op::avg);
+        reduce(members[0]->grad.span());
       } else {
         if (bucket_.size() < fill) bucket_ = std::vector<float>(fill);
         std::size_t at = 0;
         for (auto* p : members) at = std::copy_n(p->grad.data(), p->numel, bucket_.begin() + std::ptrdiff_t(at)) - bucket_.begin();
-        dp_->all_reduce(std::span<float>(bucket_.data(), fill), reduce_op::avg);
+        reduce(std::span<float>(bucket_.data(), fill));
         at = 0;
         for (auto* p : members) {
           std::copy_n(bucket_.begin() + std::ptrdiff_t(at), p->numel, p->grad.data());
@@ -239,6 +293,7 @@ class data_parallel {
       fill = 0;
     };
     for (auto& p : m_->params()) {
+      if ((experts_ && model_split<Model>::expert(*m_, &p)) != experts) continue;
       if (fill > 0 && fill + p.numel > cap) flush();
       members.push_back(&p);
       fill += p.numel;
@@ -246,7 +301,6 @@ class data_parallel {
     flush();
   }
 
- private:
   // Calls f(parameter, offset in it, count, offset from a) for each piece of the flat range [a, b).
   template <class F>
   void for_range(std::size_t a, std::size_t b, F&& f) {
@@ -308,6 +362,7 @@ class data_parallel {
   Model* m_;
   communicator* dp_;
   data_parallel_options o_;
+  bool experts_ = false;  // the model's experts are split over ep > 1 ranks
   std::vector<float> bucket_;  // host staging of a bucket (device memory is host-addressable here)
   std::vector<nn::parameter<Dev>*> members_;  // the registry in order
   std::vector<std::size_t> starts_;           // each one's first flat index

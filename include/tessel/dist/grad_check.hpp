@@ -34,6 +34,12 @@ class grad_check {
   void reduce(communicator& group) {
     group.all_reduce(std::span<double>(acc_, 2), reduce_op::sum);
   }
+  // Adds another check's sums (e.g. the expert weights', reduced over the expert-parallel group
+  // first) into this one, before this one's reduce.
+  void merge(const grad_check& o) {
+    acc_[0] += o.acc_[0];
+    acc_[1] += o.acc_[1];
+  }
   bool found_inf() const { return acc_[1] > 0.0; }
   // The global norm (-1 when not asked for: max_grad_norm <= 0).
   double norm() const { return wants_norm() ? std::sqrt(acc_[0]) : -1.0; }

@@ -90,7 +90,9 @@ class group_transport {
 
 // This rank's groups under a layout: world() (every rank), tp() (the ranks of its replica that
 // share its dp coordinate, in tp order), dp() (the ranks that hold the same shard, in dp order)
-// and pp() (the stages of its replica that share its tp coordinate, in stage order).
+// and pp() (the stages of its replica that share its tp coordinate, in stage order); with experts,
+// ep() (its dp peers in its block of ep consecutive replicas, which split the experts) and edp()
+// (the dp peers holding the same experts: one per block, dp / ep of them).
 class process_groups {
  public:
   // Validates the layout against the transport's world first (a dist_error naming the numbers,
@@ -100,15 +102,20 @@ class process_groups {
     layout_.validate(int(t.size()));
     coords_ = layout_.coords(int(t.rank()));
     auto w = std::make_shared<T>(std::move(t));
-    std::vector<int> all(std::size_t(layout_.world_size())), tp_members, dp_members, pp_members;
+    std::vector<int> all(std::size_t(layout_.world_size())), tp_members, dp_members, pp_members, ep_members, edp_members;
     for (std::size_t r = 0; r < all.size(); ++r) all[r] = int(r);
     for (int i = 0; i < layout_.tp; ++i) tp_members.push_back(layout_.rank_of({.dp = coords_.dp, .tp = i, .pp = coords_.pp}));
     for (int i = 0; i < layout_.dp; ++i) dp_members.push_back(layout_.rank_of({.dp = i, .tp = coords_.tp, .pp = coords_.pp}));
     for (int i = 0; i < layout_.pp; ++i) pp_members.push_back(layout_.rank_of({.dp = coords_.dp, .tp = coords_.tp, .pp = i}));
+    const int block = coords_.dp / layout_.ep * layout_.ep;
+    for (int i = 0; i < layout_.ep; ++i) ep_members.push_back(layout_.rank_of({.dp = block + i, .tp = coords_.tp, .pp = coords_.pp}));
+    for (int i = coords_.dp % layout_.ep; i < layout_.dp; i += layout_.ep) edp_members.push_back(layout_.rank_of({.dp = i, .tp = coords_.tp, .pp = coords_.pp}));
     world_ = std::make_unique<communicator>(group_transport<T>(w, std::move(all), 0), o);
     tp_ = std::make_unique<communicator>(group_transport<T>(w, std::move(tp_members), 1), o);
     dp_ = std::make_unique<communicator>(group_transport<T>(w, std::move(dp_members), 2), o);
     pp_ = std::make_unique<communicator>(group_transport<T>(w, std::move(pp_members), 3), o);
+    ep_ = std::make_unique<communicator>(group_transport<T>(w, std::move(ep_members), 4), o);
+    edp_ = std::make_unique<communicator>(group_transport<T>(w, std::move(edp_members), 5), o);
   }
 
   const parallel_layout& layout() const { return layout_; }
@@ -117,11 +124,13 @@ class process_groups {
   communicator& tp() { return *tp_; }
   communicator& dp() { return *dp_; }
   communicator& pp() { return *pp_; }
+  communicator& ep() { return *ep_; }
+  communicator& edp() { return *edp_; }
 
  private:
   parallel_layout layout_;
   rank_coords coords_;
-  std::unique_ptr<communicator> world_, tp_, dp_, pp_;
+  std::unique_ptr<communicator> world_, tp_, dp_, pp_, ep_, edp_;
 };
 
 }  // namespace dist

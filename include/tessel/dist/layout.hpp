@@ -1,5 +1,6 @@
 // A parallel layout: how a world of ranks is cut into data-parallel replicas, tensor-parallel groups
-// and pipeline stages (expert groups have their field, checked to be 1 until their layer exists). The rank order is tp fastest, then dp, then pp, as Megatron-Core's, so
+// and pipeline stages; expert parallelism splits each group of ep consecutive dp replicas' experts
+// between them (ep divides dp: the experts' data parallelism is dp / ep). The rank order is tp fastest, then dp, then pp, as Megatron-Core's, so
 // a tp group is a run of adjacent ranks (on UBL128: the ranks of one super-node first). Every check
 // runs before any work and names the numbers.
 #pragma once
@@ -25,7 +26,7 @@ struct parallel_layout {
   int dp = 1;          // data-parallel replicas
   int tp = 1;          // tensor-parallel ranks per replica
   int pp = 1;          // pipeline stages
-  int ep = 1;          // expert-parallel ranks (only 1 for now)
+  int ep = 1;          // expert-parallel ranks: consecutive dp replicas sharing their experts (divides dp)
   int zero_stage = 0;  // 0: plain DP; 1: optimizer state sharded over dp (2 and 3 later)
 
   // dp·tp·pp; a product that overflows int is a dist_error(errc::overflow).
@@ -39,7 +40,9 @@ struct parallel_layout {
   // The layout itself is well formed and fits a world of `world` ranks.
   void validate(int world) const {
     check_positive();
-    if (ep != 1) throw dist_error(errc::unsupported, "layout " + to_string() + ": expert parallelism (ep = " + std::to_string(ep) + ") is not built yet");
+    if (dp % ep != 0)
+      throw dist_error(errc::config, "layout " + to_string() + ": ep = " + std::to_string(ep) + " does not divide dp = " + std::to_string(dp) +
+                                         " (expert-parallel ranks are data-parallel replicas)");
     if (zero_stage > 1)
       throw dist_error(errc::unsupported, "layout " + to_string() + ": ZeRO stage " + std::to_string(zero_stage) + " is not built yet (0 and 1 are)");
     if (world_size() != world)
@@ -62,8 +65,11 @@ struct parallel_layout {
     if (kv == 0 || (kv % t != 0 && t % kv != 0))
       throw dist_error(errc::config, "tp = " + std::to_string(tp) + " and the " + std::to_string(kv) +
                                          " kv heads: one must divide the other (kv heads are split over tp or replicated on tp / kv ranks)");
-    if (c.intermediate_size % t != 0)
+    if (!c.is_moe() && c.intermediate_size % t != 0)
       throw dist_error(errc::config, "tp = " + std::to_string(tp) + " does not divide the intermediate size " + std::to_string(c.intermediate_size));
+    if (ep > 1 && !c.is_moe()) throw dist_error(errc::config, "ep = " + std::to_string(ep) + " for a model without experts");
+    if (c.is_moe() && c.num_local_experts % std::size_t(ep) != 0)
+      throw dist_error(errc::config, "ep = " + std::to_string(ep) + " does not divide the " + std::to_string(c.num_local_experts) + " experts");
   }
 
   rank_coords coords(int rank) const {

@@ -27,17 +27,25 @@
 // the same bits as without it, but for the norms' weights: their gradients are sums over rows,
 // taken per rank and then all-reduced (grouped differently: equal to rounding).
 //
+// Mixture-of-experts configs (Mixtral): each block's MLP is a dist::ep_moe whose experts are split
+// over tp_decoder_options::ep (the expert-parallel group: dp replicas, each with its own tokens;
+// process_groups::ep()), all on this rank without it. The MoE block is not split over tp: each tp
+// rank runs it on all the rows (its router and experts are replicated over tp and counted once in
+// the norm). Not built yet: MoE with sequence parallelism, and the aux loss over pp > 1 stages.
+//
 // Parameters are named as in Hugging Face checkpoints and load sliced from a whole-model file
 // (load()), so a one-device checkpoint trains on any tp. init() draws each rank's shards from the
 // same seed per name, which is a valid initialisation but not the one-device one: to match a
 // one-device run, save that model and load it.
 #pragma once
 
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <limits>
+#include <memory>
 #include <span>
 #include <string>
 #include <unordered_set>
@@ -46,7 +54,9 @@
 #include <tessel/collectives/communicator.hpp>
 #include <tessel/device/device.hpp>
 #include <tessel/device/device_buffer.hpp>
+#include <tessel/collectives/transport/threads.hpp>
 #include <tessel/dist/errors.hpp>
+#include <tessel/dist/expert_parallel.hpp>
 #include <tessel/dist/grad_check.hpp>
 #include <tessel/dist/tensor_parallel.hpp>
 #include <tessel/dist/vocab_parallel.hpp>
@@ -70,6 +80,10 @@ struct tp_decoder_options {
   // Layers per stage, in stage order (they must add up to num_hidden_layers, none 0); empty: as
   // even as possible, the first stages taking one more.
   std::vector<std::size_t> stage_layers = {};
+  // Mixture-of-experts models: the expert-parallel group (nullptr: every expert on this rank) and
+  // the MoE block's options (FP8 dispatch).
+  communicator* ep = nullptr;
+  ep_moe_options moe = {};
 };
 
 // The layers [first, second) of stage `stage` of `stages` for `layers` layers (see stage_layers).
@@ -120,6 +134,13 @@ class tp_decoder_lm {
   bool first_stage() const { return !opt_.pp || opt_.pp->rank() == 0; }
   bool last_stage() const { return !opt_.pp || opt_.pp->rank() == opt_.pp->size() - 1; }
   communicator* pp() const { return opt_.pp; }
+  // Mixture-of-experts models: the expert-parallel group (a group of one without tp_decoder_options::ep;
+  // nullptr for dense models),
+  // whether p is one of this rank's experts (held by no other rank of the ep group), and the
+  // load-balancing loss of the last forward over this stage's layers (HF's, without its coefficient).
+  communicator* ep() const { return opt_.ep ? opt_.ep : solo_.get(); }
+  bool is_expert(const nn::parameter<Dev>& p) const { return experts_.count(&p) != 0; }
+  double last_aux_loss() const { return aux_; }
 
   // Whether p counts in the global gradient norm on this rank: a weight other ranks hold the same
   // copy of (the norms, replicated kv heads, row-parallel biases) counts on the first of them only.
@@ -129,22 +150,24 @@ class tp_decoder_lm {
   void load(const std::filesystem::path& path, const nn::load_options& o = {}) {
     nn::load_options lo = o;
     if (cfg_.tie_word_embeddings) lo.ignore_names.push_back("lm_head.weight");
+    lo.ignore_names.insert(lo.ignore_names.end(), others_experts_.begin(), others_experts_.end());
     params_.load(path, lo);
   }
   void init(std::uint64_t seed, double std = 0.02) { params_.init_normal(seed, std); }
 
   // Mean cross-entropy of targets (see nn::decoder_lm::forward_backward), the same on every tp
   // rank, and its gradient accumulated into this rank's parameters. ids and targets must be the
-  // same on every rank.
+  // same on every rank. grad_scale: the gradient is of the row losses' sum times it (NaN: 1 / the
+  // counted rows, the mean's; data_parallel passes the whole batch's).
   double forward_backward(std::span<const std::int64_t> ids, std::span<const std::int64_t> targets, std::size_t batch, std::size_t seq,
-                          std::int64_t ignore_index = -100) {
+                          std::int64_t ignore_index = -100, float grad_scale = std::numeric_limits<float>::quiet_NaN()) {
     check_targets(ids, targets, "forward_backward");
     whole_model("forward_backward");
     run_forward(ids, batch, seq, true);
     const std::size_t n = n_, d = cfg_.hidden_size;
     ensure(dy_, rows_ * d);
     if (sp()) stash_norm_grads();
-    const auto r = head_.loss(*dev_, nn::crows_view<T>(yf_, n, d), targets, nn::rows_view<float>(dy_, rows_, d), ignore_index);
+    const auto r = head_.loss(*dev_, nn::crows_view<T>(yf_, n, d), targets, nn::rows_view<float>(dy_, rows_, d), ignore_index, grad_scale);
     run_backward();
     if (sp()) sum_norm_grads();
     return r.loss;
@@ -211,8 +234,13 @@ class tp_decoder_lm {
   // shards (and every pipeline stage's), the replicated weights counted once; so every rank skips
   // or clips alike. grad_norm in the result is that global norm (-1 when not computed).
   step_result adamw(const nn::adamw_config& h, std::uint64_t step) {
-    grad_check gc(h.max_grad_norm);
-    for (auto& p : params_) gc.add(p.grad.cspan(), counted_in_norm(p));
+    grad_check gc(h.max_grad_norm), ge(h.max_grad_norm);
+    const bool split = ep() && ep()->size() > 1;  // each ep rank holds other experts: their sums first
+    for (auto& p : params_) (split && is_expert(p) ? ge : gc).add(p.grad.cspan(), counted_in_norm(p));
+    if (split) {
+      ge.reduce(*ep());
+      gc.merge(ge);
+    }
     gc.reduce(*tp_);
     if (opt_.pp) gc.reduce(*opt_.pp);
     step_result res;
@@ -234,6 +262,7 @@ class tp_decoder_lm {
     nn::norm<Dev, T> ln1, ln2;
     tp_attention<Dev, T> attn;
     tp_swiglu_mlp<Dev, T> mlp;
+    ep_moe<Dev, T> moe;  // mixture-of-experts models: instead of mlp
     device_buffer<float, Dev> s_in, s_mid;  // the residual stream entering the block and after attention
     device_buffer<T, Dev> y1, y2;           // the norms' outputs (the layers' inputs)
   };
@@ -242,10 +271,17 @@ class tp_decoder_lm {
     const auto& c = cfg_;
     if (c.hidden_size == 0 || c.num_hidden_layers == 0 || c.vocab_size == 0 || c.num_attention_heads == 0 || c.head_dim == 0 || c.intermediate_size == 0)
       throw dist_error(errc::invalid_argument, "tp_decoder_lm: the config has a zero dimension");
-    if (c.naming == io::param_naming::gpt2 || c.is_moe() || c.norm != io::norm_kind::rms_norm || c.positions != io::position_kind::rotary ||
-        c.act != io::activation::silu)
-      throw dist_error(errc::unsupported, "tp_decoder_lm: Llama-style dense configs only (RMSNorm, rotary positions, SwiGLU); a '" +
-                                              std::string(io::model_type_name(c.family)) + "' config is not one (GPT-2 and mixture-of-experts models are not tensor-parallel yet)");
+    if (c.naming == io::param_naming::gpt2 || c.norm != io::norm_kind::rms_norm || c.positions != io::position_kind::rotary || c.act != io::activation::silu)
+      throw dist_error(errc::unsupported, "tp_decoder_lm: Llama-style configs only (RMSNorm, rotary positions, SwiGLU or SwiGLU experts); a '" +
+                                              std::string(io::model_type_name(c.family)) + "' config is not one (GPT-2 is not tensor-parallel yet)");
+    if (!c.is_moe() && opt_.ep && opt_.ep->size() > 1)
+      throw dist_error(errc::config, "tp_decoder_lm: ep = " + std::to_string(opt_.ep->size()) + " for a model without experts");
+    if (c.is_moe() && opt_.sequence_parallel)
+      throw dist_error(errc::unsupported, "tp_decoder_lm: sequence parallelism with mixture-of-experts blocks is not built yet");
+    if (c.is_moe() && opt_.pp && opt_.pp->size() > 1 && c.router_aux_loss_coef > 0.0)
+      throw dist_error(errc::unsupported, "tp_decoder_lm: the load-balancing loss over pp = " + std::to_string(opt_.pp->size()) +
+                                              " stages (it spans every layer's routing) is not built yet; set router_aux_loss_coef to 0");
+    if (c.is_moe() && !opt_.ep) solo_ = std::make_unique<communicator>(threads_world(1).transport(0));
     const std::size_t d = c.hidden_size;
     const float eps = float(c.norm_eps);
     auto norm_of = [&](const std::string& name) {
@@ -284,6 +320,10 @@ class tp_decoder_lm {
       if (b.attn.kv_replicas() > 1) replicate_kv(b.attn);
       if (c.o_bias) replicated_.insert(&params_.at(p + "self_attn.o_proj.bias"));
       b.ln2 = norm_of(p + "post_attention_layernorm");
+      if (c.is_moe()) {
+        build_moe(b, p + "block_sparse_moe.");
+        continue;
+      }
       b.mlp = tp_swiglu_mlp<Dev, T>(params_, p + "mlp", d, c.intermediate_size, c.mlp_bias, *tp_);
       if (c.mlp_bias) replicated_.insert(&params_.at(p + "mlp.down_proj.bias"));
     }
@@ -296,8 +336,34 @@ class tp_decoder_lm {
     head_.share_workspace(ws_);
     for (auto& b : blocks_) {
       b.attn.share_workspace(ws_);
-      b.mlp.share_workspace(ws_);
+      if (!c.is_moe()) b.mlp.share_workspace(ws_);
     }
+  }
+  // A Mixtral block: the router whole, this rank's experts (Hugging Face's names), the others' names
+  // left for load() to skip; all replicated over tp.
+  void build_moe(block& b, const std::string& m) {
+    const auto& c = cfg_;
+    const std::size_t d = c.hidden_size, I = c.intermediate_size, E = c.num_local_experts;
+    communicator& g = *ep();
+    const auto [first, count] = local_experts(E, g.size(), g.rank());
+    nn::parameter<Dev>* router = &params_.add(m + "gate.weight", {E, d}, bf16_compute);
+    std::vector<std::array<nn::parameter<Dev>*, 3>> ex;
+    for (std::size_t j = 0; j < E; ++j) {
+      const std::string e = m + "experts." + std::to_string(j) + ".";
+      if (j < first || j >= first + count) {
+        for (const char* w : {"w1", "w3", "w2"}) others_experts_.push_back(e + w + ".weight");
+        continue;
+      }
+      ex.push_back({&params_.add(e + "w1.weight", {I, d}, bf16_compute), &params_.add(e + "w3.weight", {I, d}, bf16_compute),
+                    &params_.add(e + "w2.weight", {d, I}, bf16_compute)});
+      for (auto* p : ex.back()) experts_.insert(p);
+    }
+    if (tp_->size() > 1) {
+      replicated_.insert(router);
+      for (auto& e : ex)
+        for (auto* p : e) replicated_.insert(p);
+    }
+    b.moe = ep_moe<Dev, T>(router, std::move(ex), d, I, E, c.num_experts_per_tok, g, opt_.moe);
   }
   // kv heads held by several ranks: counted in the global norm by the first of them only
   void replicate_kv(tp_attention<Dev, T>& a) {
@@ -415,12 +481,27 @@ class tp_decoder_lm {
       b.ln2.forward(dev, nn::crows_view<float>(tmp_, m, d), nn::crows_view<float>(b.s_in, m, d), nn::rows_view<float>(b.s_mid, m, d), norm_out(b.y2),
                     train);
       gather_into(b.y2);
-      b.mlp.forward(dev, nn::crows_view<T>(b.y2, n, d), nn::rows_view<float>(tmp_, m, d), train);
+      if (cfg_.is_moe()) b.moe.forward(dev, nn::crows_view<T>(b.y2, n, d), nn::rows_view<float>(tmp_, m, d), train);
+      else b.mlp.forward(dev, nn::crows_view<T>(b.y2, n, d), nn::rows_view<float>(tmp_, m, d), train);
     }
+    if (cfg_.is_moe()) aux_from_routing();
     if (!last_stage()) return;
     final_norm_.forward(dev, nn::crows_view<float>(tmp_, m, d), nn::crows_view<float>(blocks_.back().s_mid, m, d), nn::rows_view<float>(s_final_, m, d),
                         norm_out(yf_), train);
     gather_into(yf_);
+  }
+
+  // The load-balancing loss over this stage's MoE layers and its gradient per expert probability
+  // (nn::load_balancing_loss, as nn::decoder_lm).
+  void aux_from_routing() {
+    const std::size_t E = cfg_.num_local_experts;
+    std::vector<double> cnt(E, 0.0), ps(E, 0.0);
+    for (const block& b : blocks_)
+      for (std::size_t e = 0; e < E; ++e) {
+        cnt[e] += double(b.moe.expert_counts()[e]);
+        ps[e] += b.moe.prob_sums()[e];
+      }
+    aux_ = nn::load_balancing_loss(cnt, ps, double(n_ * blocks_.size()), cfg_.router_aux_loss_coef, aux_dprob_);
   }
 
   // dy_ holds d loss / d yf (the head's dx): this rank's rows_ of it.
@@ -435,7 +516,8 @@ class tp_decoder_lm {
     for (std::size_t li = blocks_.size(); li-- > 0;) {
       block& b = blocks_[li];
       // the MLP's output was added to s_mid: it receives dS
-      b.mlp.backward(dev, gathered(as_compute(dS_, m, d), gfull_), nn::rows_view<float>(dy_, m, d), false);
+      if (cfg_.is_moe()) b.moe.backward(dev, nn::crows_view<float>(dS_, m, d), nn::rows_view<float>(dy_, m, d), std::span<const double>(aux_dprob_));
+      else b.mlp.backward(dev, gathered(as_compute(dS_, m, d), gfull_), nn::rows_view<float>(dy_, m, d), false);
       b.ln2.backward(dev, nn::crows_view<float>(dy_, m, d), nn::crows_view<float>(dS_, m, d), nn::rows_view<float>(dS2_, m, d));
       // the attention's output was added to s_in: it receives dS2
       b.attn.backward(dev, gathered(as_compute(dS2_, m, d), gfull_), nn::rows_view<float>(dy_, m, d), false);
@@ -452,6 +534,11 @@ class tp_decoder_lm {
   detail::tp_workspace<Dev> ws_;  // before the layers that point at it
   std::unordered_set<const nn::parameter<Dev>*> replicated_;  // held whole (or as the same kv rows) by more than this rank
   std::vector<nn::parameter<Dev>*> norm_weights_;
+  std::unique_ptr<communicator> solo_;  // MoE without an ep group: a group of one
+  std::unordered_set<const nn::parameter<Dev>*> experts_;  // this rank's experts' weights
+  std::vector<std::string> others_experts_;                 // the names of the ep group's other experts
+  double aux_ = 0.0;
+  std::vector<double> aux_dprob_;
   vocab_parallel_embedding<Dev> embed_;
   std::vector<block> blocks_;
   nn::norm<Dev, T> final_norm_;

@@ -629,12 +629,7 @@ class decoder_lm {
         cnt[e] += double(b.moe.expert_counts()[e]);
         ps[e] += b.moe.prob_sums()[e];
       }
-    aux_ = 0.0;
-    aux_dprob_.assign(E, 0.0);
-    for (std::size_t e = 0; e < E; ++e) {
-      aux_ += double(E) * (cnt[e] / N) * (ps[e] / N);
-      if (cfg_.router_aux_loss_coef > 0.0) aux_dprob_[e] = cfg_.router_aux_loss_coef * double(E) * (cnt[e] / N) / N;
-    }
+    aux_ = load_balancing_loss(cnt, ps, N, cfg_.router_aux_loss_coef, aux_dprob_);
   }
 
   gelu_approx gelu_kind() const { return cfg_.act == io::activation::gelu ? gelu_approx::erf : gelu_approx::tanh; }

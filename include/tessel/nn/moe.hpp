@@ -115,6 +115,21 @@ class moe_routing {
   std::vector<double> psum_;
 };
 
+// Hugging Face's load_balancing_loss_func over N routed rows (every MoE layer's rows together):
+// aux = E · Σ_e f_e · P_e with f_e = counts[e] / N and P_e = prob_sums[e] / N (counts and sums over
+// the layers), and dprob[e] = coef · E · f_e / N, the gradient of coef · aux with respect to every
+// row's probability of e (the top-k selection carries none). Returns aux.
+inline double load_balancing_loss(std::span<const double> counts, std::span<const double> prob_sums, double rows, double coef, std::vector<double>& dprob) {
+  const std::size_t E = counts.size();
+  double aux = 0.0;
+  dprob.assign(E, 0.0);
+  for (std::size_t e = 0; e < E; ++e) {
+    aux += double(E) * (counts[e] / rows) * (prob_sums[e] / rows);
+    if (coef > 0.0) dprob[e] = coef * double(E) * (counts[e] / rows) / rows;
+  }
+  return aux;
+}
+
 // A bank of SwiGLU experts w2(silu(w1 x) * w3 x) run on rows grouped by expert: expert j's rows
 // are [off[j], off[j+1]) of the (rows, d) input. Keeps its intermediates for backward; the input
 // rows must stay alive until then (the linears keep views of them).
