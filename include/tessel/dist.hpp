@@ -2,6 +2,7 @@
 // vocabulary-parallel layers, pipeline stages and data-parallel training over the communicator.
 #pragma once
 
+#include <tessel/dist/checkpoint.hpp>
 #include <tessel/dist/data_parallel.hpp>
 #include <tessel/dist/errors.hpp>
 #include <tessel/dist/expert_parallel.hpp>

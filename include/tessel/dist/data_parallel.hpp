@@ -139,7 +139,25 @@ class data_parallel {
   }
 
   Model& model() { return *m_; }
+  communicator& dp() const { return *dp_; }
+  const data_parallel_options& options() const { return o_; }
   int zero_stage() const { return o_.zero_stage; }
+  // Whether p is one of the experts split over ep (data_parallel_options::expert_dp holds its replicas).
+  bool expert(const nn::parameter<Dev>& p) const { return experts_ && model_split<Model>::expert(*m_, &p); }
+  // ZeRO-1: this rank's AdamW moments, over owned_range() (allocated, zero, on first use), and
+  // f(parameter, offset in it, count, offset in the shard) for each piece of that range.
+  std::pair<std::span<float>, std::span<float>> shard_moments() {
+    if (m_shard_.size() != hi_ - lo_) {
+      m_shard_ = device_buffer<float, Dev>::zeros(m_->params().device(), hi_ - lo_);
+      v_shard_ = device_buffer<float, Dev>::zeros(m_->params().device(), hi_ - lo_);
+    }
+    return {m_shard_.span(), v_shard_.span()};
+  }
+  bool has_shard_moments() const { return !m_shard_.empty() || hi_ == lo_; }
+  template <class F>
+  void for_owned(F&& f) {
+    for_range(lo_, hi_, f);
+  }
   // The flat range [first, second) of the parameters (registration order) whose optimizer state
   // this rank holds: everything at stage 0.
   std::pair<std::size_t, std::size_t> owned_range() const { return o_.zero_stage == 0 ? std::pair{std::size_t(0), total_} : std::pair{lo_, hi_}; }
@@ -225,10 +243,7 @@ class data_parallel {
       return res;
     }
     Dev& dev = m_->params().device();
-    if (m_shard_.size() != hi_ - lo_) {
-      m_shard_ = device_buffer<float, Dev>::zeros(dev, hi_ - lo_);
-      v_shard_ = device_buffer<float, Dev>::zeros(dev, hi_ - lo_);
-    }
+    shard_moments();
     std::vector<optim_tensor<float, float>> ts;
     for_range(lo_, hi_, [&](nn::parameter<Dev>& p, std::size_t off, std::size_t cnt, std::size_t at) {
       optim_tensor<float, float> t;
