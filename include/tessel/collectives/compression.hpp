@@ -10,7 +10,8 @@
 //   d(x, s) = max(u |x|, eta s)   (bf16/e4m3/e5m2: RNE of x/s, exact power-of-two scaling)
 //   d(x, s) = s / 2 + 2^-22 |x|   (int4: round(x/s) in [-7, 7], FP32 scale)
 //   gamma_k = k 2^-24 / (1 - k 2^-24)
-// format: bf16 u = 2^-8, eta = 2^-134 (never binds); e4m3 u = 2^-4, eta = 2^-10; e5m2 u = 2^-3, eta = 2^-17.
+// format: bf16 u = 2^-8, eta = 2^-134 (s = 1: BF16's half subnormal step, binding below 2^-126);
+// e4m3 u = 2^-4, eta = 2^-10; e5m2 u = 2^-3, eta = 2^-17. Scales are never below 2^-126.
 #pragma once
 
 #include <algorithm>
@@ -107,10 +108,16 @@ inline float chunk_scale(wire_format f, const float* x, std::size_t n) {
   float amax = 0;
   for (std::size_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
   if (amax == 0 || !std::isfinite(amax)) return 1.0f;
-  if (f == wire_format::int4) return amax / 7.0f;
+  // BF16 has FP32's exponent range: it needs no scale (one of amax / max(bf16) would be below
+  // FP32's smallest subnormal, i.e. 0, for chunks under ~2.4e-7, and x / 0 is no code at all).
+  if (f == wire_format::bf16) return 1.0f;
+  // never below the smallest normal float, so that x / s and q * s stay finite and exact for tiny
+  // chunks (their codes round towards 0 instead, within the bound's eta * s)
+  constexpr float min_scale = 0x1p-126f;
+  if (f == wire_format::int4) return std::max(amax / 7.0f, min_scale);
   // power of two >= amax / max: scaling is then exact
   const double want = static_cast<double>(amax) / wire_params_of(f).max;
-  return static_cast<float>(std::exp2(std::ceil(std::log2(want))));
+  return std::max(static_cast<float>(std::exp2(std::ceil(std::log2(want)))), min_scale);
 }
 
 template <class T>
