@@ -28,6 +28,10 @@
 // its grad_scale) instead of being reweighted after backward, since an expert's gradient mixes the
 // ranks' tokens. ZeRO-1 over experts and expert parallelism in a pipeline are not built yet.
 //
+// Compressed gradients (data_parallel_options::compression, stage 0): each bucket's all-reduce is
+// all_reduce_compressed with that bucket's own error-feedback residuals, so what a quantization
+// drops in one step is sent in the next; wire_bytes() counts what this rank sent.
+//
 // The f32 values (which the norms and biases read) and the gradients stay whole on every rank; the
 // bytes per parameter on a card are therefore 4 (f32 value) + 4 (f32 gradient) + 2 (bf16 copy, bf16
 // models) + 8/dp (moments), which memory() reports from the buffers actually held.
@@ -43,6 +47,7 @@
 #include <vector>
 
 #include <tessel/collectives/communicator.hpp>
+#include <tessel/collectives/compression.hpp>
 #include <tessel/device/device.hpp>
 #include <tessel/device/device_buffer.hpp>
 #include <tessel/detail/checked.hpp>
@@ -60,6 +65,11 @@ struct data_parallel_options {
   std::size_t bucket_bytes = std::size_t{4} << 20;  // f32 bytes per rank per collective (gradient buckets, shard chunks)
   int zero_stage = 0;                               // 0: plain DP; 1: optimizer state sharded over dp (2 and 3 are not built yet)
   communicator* expert_dp = nullptr;                // expert parallelism: the replicas holding this rank's experts (process_groups::edp())
+  // Compressed gradient buckets (ZeRO stage 0): every bucket's all-reduce carries BF16, FP8 or INT4
+  // with per-chunk scales (all_reduce_compressed), with each bucket's quantization residual fed
+  // into the next step's (error feedback) unless error_feedback is false.
+  compression_options compression = {.format = wire_format::none};
+  bool error_feedback = true;
 };
 
 // Bytes a rank holds for training, by kind (device buffers actually allocated).
@@ -110,6 +120,8 @@ class data_parallel {
     if (o_.zero_stage < 0 || o_.zero_stage > 3) throw dist_error(errc::config, "data_parallel: ZeRO stage " + std::to_string(o_.zero_stage) + " is not one of 0, 1, 2, 3");
     if (o_.zero_stage > 1)
       throw dist_error(errc::unsupported, "data_parallel: ZeRO stage " + std::to_string(o_.zero_stage) + " is not built yet (stages 0 and 1 are)");
+    if (o_.compression.format != wire_format::none && o_.zero_stage != 0)
+      throw dist_error(errc::unsupported, "data_parallel: compressed gradients with ZeRO stage " + std::to_string(o_.zero_stage) + " are not built yet (stage 0 is)");
     if (model_split<Model>::ep(*m_) > 1) {
       const int ep = model_split<Model>::ep(*m_);
       if constexpr (requires { m_->model(); })
@@ -153,6 +165,9 @@ class data_parallel {
     }
     return {m_shard_.span(), v_shard_.span()};
   }
+  // Gradient bytes this rank has sent since construction (both phases of each all-reduce; an
+  // uncompressed bucket counts as a ring's 2·(n−1)/n·4 bytes per element).
+  std::size_t wire_bytes() const { return wire_bytes_; }
   bool has_shard_moments() const { return !m_shard_.empty() || hi_ == lo_; }
   template <class F>
   void for_owned(F&& f) {
@@ -281,10 +296,22 @@ class data_parallel {
   void reduce_buckets(communicator& g, bool experts) {
     const bool sum = experts;
     const float scale = 1.0f / float(dp_->size());
+    std::size_t bucket_no = 0;
     auto reduce = [&](std::span<float> v) {
-      if (!sum) return g.all_reduce(v, reduce_op::avg);
-      if (g.size() > 1) g.all_reduce(v, reduce_op::sum);
-      for (float& x : v) x *= scale;
+      const std::size_t k = bucket_no++;
+      const reduce_op op = sum ? reduce_op::sum : reduce_op::avg;
+      if (g.size() > 1) {
+        if (o_.compression.format != wire_format::none) {
+          auto& efs = experts ? ef_experts_ : ef_dense_;
+          if (efs.size() <= k) efs.resize(k + 1);
+          wire_bytes_ += all_reduce_compressed(g, v, v, op, o_.compression, o_.error_feedback ? &efs[k] : nullptr).bytes_sent;
+        } else {
+          g.all_reduce(v, op);
+          wire_bytes_ += 2 * v.size() * sizeof(float) * std::size_t(g.size() - 1) / std::size_t(g.size());
+        }
+      }
+      if (sum)
+        for (float& x : v) x *= scale;
     };
     const std::size_t cap = o_.bucket_bytes / sizeof(float);
     std::vector<nn::parameter<Dev>*> members;
@@ -378,6 +405,8 @@ class data_parallel {
   communicator* dp_;
   data_parallel_options o_;
   bool experts_ = false;  // the model's experts are split over ep > 1 ranks
+  std::vector<error_feedback> ef_dense_, ef_experts_;  // compressed buckets' residuals, by bucket
+  std::size_t wire_bytes_ = 0;
   std::vector<float> bucket_;  // host staging of a bucket (device memory is host-addressable here)
   std::vector<nn::parameter<Dev>*> members_;  // the registry in order
   std::vector<std::size_t> starts_;           // each one's first flat index
