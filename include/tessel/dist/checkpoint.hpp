@@ -9,7 +9,8 @@
 //                         parameter, kind, global shape, shard (dim, offset, length), first, last.
 //   checkpoint.json       the manifest (written last, by world rank 0, once every file is on
 //                         disk): format, step, the caller's metadata (data-loader position, RNG
-//                         state, ...), the saving layout, and each file's size and FNV-1a 64 hash.
+//                         state, ...), the saving layout, and each file's size and content hash
+//                         (ckpt::content_hash: four FNV-1a 64 lanes over 8-byte words).
 // Replicas are not written twice: a parameter's values (and its moments at ZeRO stage 0) come from
 // dp rank 0 only (an expert's from its expert_dp rank 0); at ZeRO stage 1 every dp rank writes its
 // shard of the moments.
@@ -27,6 +28,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -51,7 +53,7 @@ namespace dist {
 // What a checkpoint records besides the tensors.
 struct checkpoint_state {
   std::uint64_t step = 0;                     // optimizer steps taken (AdamW's bias correction)
-  std::map<std::string, std::string> extra;   // the caller's: data-loader position, RNG state, ...
+  std::map<std::string, std::string> extra = {};  // the caller's: data-loader position, RNG state, ...
 };
 
 inline constexpr const char* checkpoint_manifest = "checkpoint.json";
@@ -59,11 +61,51 @@ inline constexpr const char* checkpoint_format = "tessel.checkpoint.v1";
 
 namespace ckpt {
 
-inline std::uint64_t fnv1a64(std::span<const std::byte> b) {
-  std::uint64_t h = 0xcbf29ce484222325ull;
-  for (std::byte x : b) h = (h ^ std::uint64_t(x)) * 0x100000001b3ull;
-  return h;
-}
+// A file's content hash, fed in pieces: lane i (0..3) runs FNV-1a 64 over the little-endian 8-byte
+// words 4k + i of the bytes; the result is FNV-1a 64 over the four lane states, the tail bytes (the
+// last length % 32) and the length. Four independent multiply chains hash ~8x faster than FNV-1a
+// byte by byte; any single flipped bit changes it.
+class content_hash {
+ public:
+  void add(std::span<const std::byte> b) {
+    std::size_t i = 0;
+    if (have_ > 0) {  // complete the carried block
+      const std::size_t take = std::min(b.size(), 32 - have_);
+      std::memcpy(carry_ + have_, b.data(), take);
+      have_ += take, i = take;
+      if (have_ < 32) return;
+      block(carry_);
+      have_ = 0;
+    }
+    for (; i + 32 <= b.size(); i += 32) block(b.data() + i);
+    have_ = b.size() - i;
+    std::memcpy(carry_, b.data() + i, have_);
+  }
+  std::uint64_t value() const {
+    std::uint64_t h = 0xcbf29ce484222325ull;
+    auto mix = [&](std::uint64_t w) {
+      for (int k = 0; k < 8; ++k) h = (h ^ ((w >> (8 * k)) & 0xff)) * 0x100000001b3ull;
+    };
+    for (std::uint64_t l : lane_) mix(l);
+    for (std::size_t k = 0; k < have_; ++k) h = (h ^ std::uint64_t(carry_[k])) * 0x100000001b3ull;
+    mix(bytes_ + have_);
+    return h;
+  }
+
+ private:
+  void block(const std::byte* p) {
+    for (int l = 0; l < 4; ++l) {
+      std::uint64_t w;
+      std::memcpy(&w, p + 8 * l, 8);
+      lane_[l] = (lane_[l] ^ w) * 0x100000001b3ull;
+    }
+    bytes_ += 32;
+  }
+  std::uint64_t lane_[4] = {0xcbf29ce484222325ull, 0xcbf29ce484222325ull ^ 1, 0xcbf29ce484222325ull ^ 2, 0xcbf29ce484222325ull ^ 3};
+  std::byte carry_[32] = {};
+  std::size_t have_ = 0;
+  std::uint64_t bytes_ = 0;
+};
 inline std::string hex(std::uint64_t v) {
   char s[17];
   std::snprintf(s, sizeof s, "%016llx", static_cast<unsigned long long>(v));
@@ -141,14 +183,14 @@ void write(const std::filesystem::path& dir, communicator& world, const std::vec
     w.add_metadata(name, m.dump());
     w.add<float>(name, {pc.last - pc.first}, std::span<const float>(pc.data, pc.last - pc.first));
   }
-  const std::vector<std::byte> bytes = w.to_bytes();
   const std::string file = rank_file(world.rank());
-  {
-    std::ofstream f(dir / file, std::ios::binary | std::ios::trunc);
-    f.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
-    if (!f) throw dist_error(errc::io, "checkpoint: cannot write " + (dir / file).string());
-  }
-  const std::uint64_t mine[2] = {bytes.size(), fnv1a64(bytes)};
+  content_hash hash;
+  std::uint64_t size = 0;
+  w.write(dir / file, [&](std::span<const std::byte> b) {
+    hash.add(b);
+    size += b.size();
+  });
+  const std::uint64_t mine[2] = {size, hash.value()};
   std::vector<std::uint64_t> all(2 * std::size_t(world.size()));
   world.all_gather(std::span<const std::uint64_t>(mine, 2), std::span<std::uint64_t>(all));
   if (world.rank() == 0) {
@@ -159,7 +201,7 @@ void write(const std::filesystem::path& dir, communicator& world, const std::vec
     j["layout"] = layout;
     j["files"] = nlohmann::json::array();
     for (int r = 0; r < world.size(); ++r)
-      j["files"].push_back({{"name", rank_file(r)}, {"bytes", all[2 * std::size_t(r)]}, {"fnv1a64", hex(all[2 * std::size_t(r) + 1])}});
+      j["files"].push_back({{"name", rank_file(r)}, {"bytes", all[2 * std::size_t(r)]}, {"hash", hex(all[2 * std::size_t(r) + 1])}});
     const auto tmp = dir / (std::string(checkpoint_manifest) + ".tmp");
     {
       std::ofstream f(tmp, std::ios::trunc);
@@ -203,9 +245,9 @@ inline index read(const std::filesystem::path& dir) {
     }
   ix.layout = j.value("layout", nlohmann::json::object());
   for (const auto& e : j["files"]) {
-    if (!e.is_object() || !e.contains("name") || !e["name"].is_string() || !e.contains("bytes") || !e["bytes"].is_number_unsigned() || !e.contains("fnv1a64") ||
-        !e["fnv1a64"].is_string())
-      throw bad("a file entry without name, bytes and fnv1a64");
+    if (!e.is_object() || !e.contains("name") || !e["name"].is_string() || !e.contains("bytes") || !e["bytes"].is_number_unsigned() || !e.contains("hash") ||
+        !e["hash"].is_string())
+      throw bad("a file entry without name, bytes and hash");
     const std::string name = e["name"].get<std::string>();
     if (name.find('/') != std::string::npos || name.find("..") != std::string::npos) throw bad("file name '" + name + "' leaves the directory");
     const auto path = dir / name;
@@ -217,14 +259,14 @@ inline index read(const std::filesystem::path& dir) {
                                          std::to_string(e["bytes"].get<std::uint64_t>()));
     {
       std::ifstream in(path, std::ios::binary);
-      std::vector<char> buf(std::size_t(1) << 20);
-      std::uint64_t h = 0xcbf29ce484222325ull;
+      std::vector<std::byte> buf(std::size_t(1) << 20);
+      content_hash h;
       while (in) {
-        in.read(buf.data(), std::streamsize(buf.size()));
-        for (std::streamsize k = 0; k < in.gcount(); ++k) h = (h ^ std::uint64_t(static_cast<unsigned char>(buf[std::size_t(k)]))) * 0x100000001b3ull;
+        in.read(reinterpret_cast<char*>(buf.data()), std::streamsize(buf.size()));
+        h.add(std::span<const std::byte>(buf.data(), std::size_t(in.gcount())));
       }
-      if (hex(h) != e["fnv1a64"].get<std::string>())
-        throw dist_error(errc::format, "checkpoint: " + path.string() + " has hash " + hex(h) + ", the manifest says " + e["fnv1a64"].get<std::string>());
+      if (hex(h.value()) != e["hash"].get<std::string>())
+        throw dist_error(errc::format, "checkpoint: " + path.string() + " has hash " + hex(h.value()) + ", the manifest says " + e["hash"].get<std::string>());
     }
     for (const auto& [tname, meta] : r.metadata()) {
       nlohmann::json m;
@@ -280,13 +322,21 @@ inline void assemble(const index& ix, const std::string& param, const std::vecto
       const std::size_t g0 = s.geo.global(a), g1 = g0 + (b - a);
       // the target's rows that meet [g0, g1)
       for (std::size_t o = g0 / to.row(); o <= (g1 - 1) / to.row(); ++o) {
-        const std::size_t lo = std::max(g0, o * to.row() + to.offset * to.inner), hi = std::min(g1, o * to.row() + to.offset * to.inner + to.run());
-        for (std::size_t g = lo; g < hi; ++g) {
-          const std::size_t local = o * to.run() + (g - o * to.row() - to.offset * to.inner);
-          if (local < first || local >= last || done[local - first]) continue;
-          dst[local - first] = s.data[a - s.first + (g - g0)];
-          done[local - first] = 1;
-          ++filled;
+        const std::size_t base = o * to.row() + to.offset * to.inner;  // global index of the row's local element 0
+        const std::size_t lo = std::max(g0, base), hi = std::min(g1, base + to.run());
+        if (lo >= hi) continue;
+        // local [l0, l1) of the target, clipped to [first, last)
+        const std::size_t l0 = std::max(o * to.run() + (lo - base), first), l1 = std::min(o * to.run() + (hi - base), last);
+        if (l0 >= l1) continue;
+        const float* src = s.data + (a - s.first) + (l0 - o * to.run() + base - g0);
+        char* d = done.data() + (l0 - first);
+        if (std::find(d, d + (l1 - l0), char(1)) == d + (l1 - l0)) {  // the usual case: none taken yet
+          std::copy(src, src + (l1 - l0), dst + (l0 - first));
+          std::fill(d, d + (l1 - l0), char(1));
+          filled += l1 - l0;
+        } else {
+          for (std::size_t k = 0; k < l1 - l0; ++k)
+            if (!d[k]) dst[l0 - first + k] = src[k], d[k] = 1, ++filled;
         }
       }
       a = b;

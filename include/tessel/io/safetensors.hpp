@@ -486,8 +486,16 @@ class safetensors_writer {
   }
   // Writes atomically: to "<path>.tmp", then renamed over path.
   void write(const std::filesystem::path& path) const {
+    write(path, [](std::span<const std::byte>) {});
+  }
+  // The same, passing every byte written, in file order, to observe (a running hash, a byte count).
+  template <class Observe>
+  void write(const std::filesystem::path& path, Observe&& observe) const {
     detail::atomic_file f(path);
-    emit([&](std::span<const std::byte> b) { f.write(b); });
+    emit([&](std::span<const std::byte> b) {
+      observe(b);
+      f.write(b);
+    });
     f.commit();
   }
 
