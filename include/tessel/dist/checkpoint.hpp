@@ -268,7 +268,9 @@ inline index read(const std::filesystem::path& dir) {
       if (hex(h.value()) != e["hash"].get<std::string>())
         throw dist_error(errc::format, "checkpoint: " + path.string() + " has hash " + hex(h.value()) + ", the manifest says " + e["hash"].get<std::string>());
     }
-    for (const auto& [tname, meta] : r.metadata()) {
+    for (const auto& entry : r.metadata()) {
+      const std::string& tname = entry.first;  // (not a structured binding: Clang 14 cannot capture one in the lambda below)
+      const std::string& meta = entry.second;
       nlohmann::json m;
       try {
         m = nlohmann::json::parse(meta);
@@ -407,7 +409,8 @@ void save_checkpoint(const std::filesystem::path& dir, data_parallel<Model>& dp,
   const bool first_dp = dp.dp().rank() == 0, first_edp = dp.options().expert_dp ? dp.options().expert_dp->rank() == 0 : first_dp;
   ckpt::add_values(pieces, reg, dp.zero_stage() == 0, [&](const nn::parameter<Dev>& p) { return dp.expert(p) ? first_edp : first_dp; });
   if (dp.zero_stage() == 1 && dp.has_shard_moments()) {
-    const auto [m, v] = dp.shard_moments();
+    const auto moments = dp.shard_moments();  // (no structured binding: Clang 14 cannot capture one)
+    const std::span<float> m = moments.first, v = moments.second;
     dp.for_owned([&](nn::parameter<Dev>& p, std::size_t off, std::size_t cnt, std::size_t at) {
       pieces.push_back({&p, "adamw.m", off, off + cnt, m.data() + at});
       pieces.push_back({&p, "adamw.v", off, off + cnt, v.data() + at});
@@ -437,7 +440,8 @@ checkpoint_state load_checkpoint(const std::filesystem::path& dir, data_parallel
     bool any = false;
     for (auto& p : reg) any = any || ckpt::has_kind(ix, p.name, "adamw.m");
     if (any) {
-      const auto [m, v] = dp.shard_moments();
+      const auto moments = dp.shard_moments();  // (no structured binding: Clang 14 cannot capture one)
+      const std::span<float> m = moments.first, v = moments.second;
       dp.for_owned([&](nn::parameter<Dev>& p, std::size_t off, std::size_t cnt, std::size_t at) {
         const auto g = ckpt::geometry_of(p);
         ckpt::assemble(ix, p.name, ckpt::global_shape_of(p), "adamw.m", g, off, off + cnt, m.data() + at);
