@@ -38,6 +38,7 @@
 #include <tessel/nn.hpp>
 
 #include "error_match.hpp"
+#include "dist/layout_run.hpp"
 #include "dist/thread_check.hpp"
 #include "dist/token_batch.hpp"
 
@@ -231,14 +232,7 @@ TEST_CASE("expert parallel MoE rejects layouts that do not fit", "[dist][expert_
 
 namespace {
 
-io::model_config tiny_mixtral(double coef = 0.02) {
-  auto c = io::parse_model_config(R"({"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "vocab_size": 37, "hidden_size": 64,
-    "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 4,
-    "num_experts_per_tok": 2, "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu",
-    "tie_word_embeddings": false})");
-  c.router_aux_loss_coef = coef;
-  return c;
-}
+io::model_config tiny_mixtral() { return tessel_test::layout_run_mixtral(); }  // 4 experts, top 2, aux coefficient 0.02
 
 constexpr std::size_t MB = 4, MS = 6, MSTEPS = 3;
 using tensors = std::map<std::string, std::vector<float>>;

@@ -438,16 +438,26 @@ inline std::vector<std::size_t> rows_by_slot(const moe_handle& h, std::vector<st
   for (std::size_t i : order) ++per_rank[static_cast<std::size_t>(h.recv_src_rank[h.row_token[i]])];
   return order;
 }
-inline std::vector<std::size_t> slot_counts(const moe_handle& h, std::size_t row_bytes, const std::vector<std::size_t>& expert_rows,
-                                     std::vector<std::size_t>& home) {
+// What both row-exact exchanges need: the expert side's row order and, per rank, the bytes of the
+// expert side's rows for it and of the home side's slots it serves (rows of elem_bytes · hidden).
+struct slot_plan {
+  std::vector<std::size_t> order, expert_bytes, home_bytes;
+  std::size_t row_bytes = 0;
+};
+inline slot_plan plan_slots(communicator& c, const moe_handle& h, std::size_t elem_bytes, bool payload) {
+  check_handle(c, h);
+  if (h.timing_only && payload) throw comm_error(errc::invalid_argument, "moe: a timing-only handle takes no payload (pass an empty span)");
+  slot_plan p;
+  p.row_bytes = tessel::detail::mul_checked(h.hidden, elem_bytes, "moe: hidden");
+  std::vector<std::size_t> per_rank;
+  p.order = rows_by_slot(h, per_rank);
   const auto un = static_cast<std::size_t>(h.ranks);
-  std::vector<std::size_t> ex(un);
-  home.assign(un, 0);
+  p.expert_bytes.resize(un), p.home_bytes.resize(un);
   for (std::size_t q = 0; q < un; ++q) {
-    ex[q] = tessel::detail::mul_checked(expert_rows[q], row_bytes, "moe: slot rows");
-    home[q] = tessel::detail::mul_checked(h.sent_slots[q].size(), row_bytes, "moe: slot rows");
+    p.expert_bytes[q] = tessel::detail::mul_checked(per_rank[q], p.row_bytes, "moe: slot rows");
+    p.home_bytes[q] = tessel::detail::mul_checked(h.sent_slots[q].size(), p.row_bytes, "moe: slot rows");
   }
-  return ex;
+  return p;
 }
 }  // namespace moe_detail
 
@@ -457,13 +467,9 @@ inline std::vector<std::size_t> slot_counts(const moe_handle& h, std::size_t row
 template <class Y>
   requires std::is_trivially_copyable_v<Y>
 std::vector<Y> moe_return_rows(communicator& c, std::span<const Y> y, const moe_handle& h) {
-  moe_detail::check_handle(c, h);
-  const std::size_t H = h.hidden, un = static_cast<std::size_t>(h.ranks), rb = tessel::detail::mul_checked(H, sizeof(Y), "moe: hidden");
-  std::vector<std::size_t> per_rank, home;
-  const auto order = moe_detail::rows_by_slot(h, per_rank);
-  const auto sc = moe_detail::slot_counts(h, rb, per_rank, home);
+  const auto [order, sc, home, rb] = moe_detail::plan_slots(c, h, sizeof(Y), !y.empty());
+  const std::size_t H = h.hidden, un = static_cast<std::size_t>(h.ranks);
   if (h.timing_only) {
-    if (!y.empty()) throw comm_error(errc::invalid_argument, "moe: a timing-only handle takes no payload (pass an empty span)");
     moe_detail::exchange_bytes(c, nullptr, sc, nullptr, home, true);
     return {};
   }
@@ -486,13 +492,9 @@ std::vector<Y> moe_return_rows(communicator& c, std::span<const Y> y, const moe_
 template <class Y>
   requires std::is_trivially_copyable_v<Y>
 std::vector<Y> moe_send_rows(communicator& c, std::span<const Y> slots, const moe_handle& h) {
-  moe_detail::check_handle(c, h);
-  const std::size_t H = h.hidden, un = static_cast<std::size_t>(h.ranks), rb = tessel::detail::mul_checked(H, sizeof(Y), "moe: hidden");
-  std::vector<std::size_t> per_rank, home;
-  const auto order = moe_detail::rows_by_slot(h, per_rank);
-  const auto rc = moe_detail::slot_counts(h, rb, per_rank, home);
+  const auto [order, rc, home, rb] = moe_detail::plan_slots(c, h, sizeof(Y), !slots.empty());
+  const std::size_t H = h.hidden, un = static_cast<std::size_t>(h.ranks);
   if (h.timing_only) {
-    if (!slots.empty()) throw comm_error(errc::invalid_argument, "moe: a timing-only handle takes no payload (pass an empty span)");
     moe_detail::exchange_bytes(c, nullptr, home, nullptr, rc, true);
     return {};
   }
