@@ -1,5 +1,6 @@
 // The distributed layer: parallel layouts and their process groups, tensor- and
-// vocabulary-parallel layers, pipeline stages and data-parallel training over the communicator.
+// vocabulary-parallel layers, pipeline stages and data-parallel training over the communicator,
+// checkpoints, and the auto-parallel planner.
 #pragma once
 
 #include <tessel/dist/checkpoint.hpp>
@@ -10,6 +11,7 @@
 #include <tessel/dist/groups.hpp>
 #include <tessel/dist/layout.hpp>
 #include <tessel/dist/pipeline.hpp>
+#include <tessel/dist/planner.hpp>
 #include <tessel/dist/tensor_parallel.hpp>
 #include <tessel/dist/tp_decoder.hpp>
 #include <tessel/dist/vocab_parallel.hpp>

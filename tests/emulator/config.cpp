@@ -34,6 +34,11 @@ TEST_CASE("key = value and flat JSON both load", "[emulator][config]") {
   CHECK(b.cards() == 1024);
   CHECK(b.scaleout.nic_bandwidth == Approx(50e9));
   CHECK(b.faults.seed == 7);
+  // a comment may hold commas and colons (it once split into bogus pairs), and a bad pair names its line
+  auto c = parse_cluster_config("# smaller, slower: a test\ncards = 8 // eight, not 128\nplanes = 2, ports_per_card = 2\n");
+  CHECK(c.cards() == 8);
+  CHECK(c.fabric.planes == 2);
+  REQUIRE_THROWS_WITH(parse_cluster_config("cards = 8\n\nbogus line\n"), Catch::Contains("line 3"));
 }
 
 TEST_CASE("a config file loads from disk", "[emulator][config]") {

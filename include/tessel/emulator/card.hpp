@@ -33,6 +33,24 @@ namespace tessel {
 inline namespace v0 {
 namespace emu {
 
+// Peak FLOP rate of a card for a precision (f64 modelled at half the f32 rate).
+inline double peak_of(const card_spec& spec, math_precision p) {
+  switch (p) {
+    case math_precision::bf16:
+    case math_precision::fp16: return spec.peak_bf16;
+    case math_precision::fp8:
+    case math_precision::i8: return spec.peak_fp8;
+    case math_precision::f64: return spec.peak_fp32 / 2;
+    default: return spec.peak_fp32;
+  }
+}
+
+// The roofline time a card charges for one launch: max(flops / peak, bytes / HBM) + launch overhead.
+// The card's clock and the planner (dist/planner.hpp) both use it.
+inline double roofline_time(const card_spec& spec, const kernel_cost& c) {
+  return std::max(c.flops / peak_of(spec, c.precision), c.bytes / spec.hbm_bandwidth) + spec.launch_overhead;
+}
+
 // Accumulated work of a card, for utilization counters.
 struct card_counters {
   std::uint64_t launches = 0;
@@ -185,22 +203,8 @@ class card {
   void charge(const kernel_cost& cost, const std::string& name = "kernel") { launch_on(0, grid{0}, ::tessel::detail::empty_program{}, cost, name); }
 
   // Roofline time of one launch.
-  double kernel_time(const kernel_cost& c) const {
-    return std::max(c.flops / peak_of(c.precision), c.bytes / spec_.hbm_bandwidth) + spec_.launch_overhead;
-  }
-  // Peak FLOP rate for a precision (f64 modelled at half the f32 rate).
-  double peak_of(math_precision p) const {
-    double peak = spec_.peak_fp32;
-    switch (p) {
-      case math_precision::bf16:
-      case math_precision::fp16: peak = spec_.peak_bf16; break;
-      case math_precision::fp8:
-      case math_precision::i8: peak = spec_.peak_fp8; break;
-      case math_precision::f64: peak = spec_.peak_fp32 / 2; break;
-      default: break;
-    }
-    return peak;
-  }
+  double kernel_time(const kernel_cost& c) const { return roofline_time(spec_, c); }
+  double peak_of(math_precision p) const { return emu::peak_of(spec_, p); }
 
   card_counters counters() const { std::lock_guard lk(mu_); return counters_; }
 

@@ -11,6 +11,8 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include <tessel/emulator/errors.hpp>
 
@@ -192,21 +194,31 @@ inline bool to_bool(const std::string& key, const std::string& v) {
 // not silently ignored. Starts from the UBL128 defaults and validates the result.
 inline cluster_config parse_cluster_config(std::string_view text) {
   cluster_config c;
-  std::string src(text);
-  // JSON puts several pairs on one line: split on commas outside quotes as well as newlines.
-  std::string norm;
-  bool in_str = false;
-  for (char ch : src) {
-    if (ch == '"') in_str = !in_str;
-    norm.push_back((ch == ',' && !in_str) ? '\n' : ch);
-  }
-  std::istringstream in(norm);
-  std::string line;
+  // One line at a time: comments go first (a comment may hold commas), then the pairs of a JSON
+  // line are split on commas outside quotes.
+  std::istringstream lines{std::string(text)};
+  std::string raw;
   int lineno = 0;
-  while (std::getline(in, line)) {
+  std::vector<std::pair<int, std::string>> pairs;
+  while (std::getline(lines, raw)) {
     ++lineno;
-    if (auto h = line.find('#'); h != std::string::npos) line.erase(h);
-    if (auto h = line.find("//"); h != std::string::npos) line.erase(h);
+    if (auto h = raw.find('#'); h != std::string::npos) raw.erase(h);
+    if (auto h = raw.find("//"); h != std::string::npos) raw.erase(h);
+    std::string cur;
+    bool in_str = false;
+    for (char ch : raw) {
+      if (ch == '"') in_str = !in_str;
+      if (ch == ',' && !in_str) {
+        pairs.emplace_back(lineno, std::move(cur));
+        cur.clear();
+      } else {
+        cur.push_back(ch);
+      }
+    }
+    pairs.emplace_back(lineno, std::move(cur));
+  }
+  for (auto& [ln, line] : pairs) {
+    lineno = ln;
     std::string t = detail::trim(line);
     if (t.empty()) continue;
     std::size_t sep = t.find('=');
