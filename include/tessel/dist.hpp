@@ -13,5 +13,6 @@
 #include <tessel/dist/pipeline.hpp>
 #include <tessel/dist/planner.hpp>
 #include <tessel/dist/tensor_parallel.hpp>
+#include <tessel/dist/timing_step.hpp>
 #include <tessel/dist/tp_decoder.hpp>
 #include <tessel/dist/vocab_parallel.hpp>

@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <span>
 #include <string>
@@ -44,6 +45,68 @@ namespace dist {
 struct pipeline_options {
   std::size_t micro_batches = 1;  // the batch is cut into this many equal micro-batches (it must divide the batch)
 };
+
+// A stage's streams as the schedule moves them: what it receives into (slot) and what it sends
+// (view). A timing-only run passes null data with the stream's element count.
+struct stream_slot {
+  float* data = nullptr;
+  std::size_t count = 0;
+};
+struct stream_view {
+  const float* data = nullptr;
+  std::size_t count = 0;
+};
+
+// What one stage does in the 1F1B schedule: run micro-batch i's forward or backward, and name the
+// buffers the schedule receives into and sends from (f32 streams).
+struct one_f_one_b_hooks {
+  std::function<void(std::size_t)> forward, backward;
+  std::function<stream_slot(std::size_t)> input;  // micro-batch i's input (count 0 on the first stage)
+  std::function<stream_view()> output;            // the last forward's output (count 0 on the last stage)
+  std::function<stream_slot()> output_grad;       // the gradient of this stage's output (count 0 on the last stage)
+  std::function<stream_view()> input_grad;        // the last backward's input gradient (count 0 on the first stage)
+};
+
+// The 1F1B schedule of stage s of p over mb micro-batches on the pp group: p − 1 − s warm-up
+// forwards, then one forward and one backward alternately, then the remaining backwards. Streams
+// cross stages over point-to-point messages (forward activations tag 1, gradients tag 2), and a
+// stage's "send this, receive that" pairs with one neighbour are one send_recv, so neighbours never
+// wait on each other's sends. dist::pipeline runs it with the model's stages; the timing-only step
+// (dist/timing_step.hpp) runs it with kernels charged to an emulated card's clock.
+inline void one_f_one_b(communicator* pp, int p, int s, std::size_t mb, const one_f_one_b_hooks& h) {
+  const int prev = s > 0 ? s - 1 : -1, next = s + 1 < p ? s + 1 : -1;
+  constexpr int tag_fwd = 1, tag_bwd = 2;
+  auto send_to = [&](int peer, stream_view v, int tag) {
+    if (peer >= 0) pp->send(v.data, v.count, dtype::f32, peer, tag);
+  };
+  auto recv_from = [&](int peer, stream_slot v, int tag) {
+    if (peer >= 0) pp->recv(v.data, v.count, dtype::f32, peer, tag);
+  };
+  auto swap_with = [&](int peer, stream_view out, int send_tag, stream_slot in, int recv_tag) {
+    if (peer >= 0) pp->send_recv(out.data, out.count, peer, send_tag, in.data, in.count, peer, recv_tag, dtype::f32);
+  };
+  const std::size_t warmup = std::min<std::size_t>(std::size_t(p - s - 1), mb), steady = mb - warmup;
+  std::size_t fi = 0, bi = 0;
+  for (std::size_t k = 0; k < warmup; ++k, ++fi) {
+    recv_from(prev, h.input(fi), tag_fwd);
+    h.forward(fi);
+    send_to(next, h.output(), tag_fwd);
+  }
+  if (steady > 0) recv_from(prev, h.input(fi), tag_fwd);
+  for (std::size_t k = 0; k < steady; ++k) {
+    h.forward(fi++);
+    // send this forward's output, receive the gradient of the oldest micro-batch in flight
+    swap_with(next, h.output(), tag_fwd, h.output_grad(), tag_bwd);
+    h.backward(bi++);
+    if (k + 1 == steady) send_to(prev, h.input_grad(), tag_bwd);
+    else swap_with(prev, h.input_grad(), tag_bwd, h.input(fi), tag_fwd);
+  }
+  for (std::size_t k = 0; k < warmup; ++k) {
+    recv_from(next, h.output_grad(), tag_bwd);
+    h.backward(bi++);
+    send_to(prev, h.input_grad(), tag_bwd);
+  }
+}
 
 template <class Model>
 class pipeline {
@@ -120,30 +183,17 @@ class pipeline {
     auto out = [&] { return next >= 0 ? m_->stage_output() : std::span<const float>{}; };
     auto in_grad = [&] { return prev >= 0 ? m_->stage_input_grad() : std::span<const float>{}; };
 
-    const std::size_t warmup = std::min<std::size_t>(std::size_t(p - s - 1), mb), steady = mb - warmup;
-    std::size_t fi = 0, bi = 0;
-    constexpr int tag_fwd = 1, tag_bwd = 2;
-    for (std::size_t k = 0; k < warmup; ++k, ++fi) {
-      recv_from(pp, prev, input_buf(fi), tag_fwd);
-      held();
-      fwd(fi);
-      send_to(pp, next, out(), tag_fwd);
-    }
-    if (steady > 0) recv_from(pp, prev, input_buf(fi), tag_fwd);
-    for (std::size_t k = 0; k < steady; ++k) {
-      held();
-      fwd(fi++);
-      // send this forward's output, receive the gradient of the oldest micro-batch in flight
-      swap_with(pp, next, out(), tag_fwd, dout_, tag_bwd);
-      bwd(bi++);
-      if (k + 1 == steady) send_to(pp, prev, in_grad(), tag_bwd);
-      else swap_with(pp, prev, in_grad(), tag_bwd, input_buf(fi), tag_fwd);
-    }
-    for (std::size_t k = 0; k < warmup; ++k) {
-      recv_from(pp, next, dout_, tag_bwd);
-      bwd(bi++);
-      send_to(pp, prev, in_grad(), tag_bwd);
-    }
+    one_f_one_b(pp, p, s, mb, one_f_one_b_hooks{
+        .forward = [&](std::size_t i) {
+          held();
+          fwd(i);
+        },
+        .backward = bwd,
+        .input = [&](std::size_t i) { auto v = input_buf(i); return stream_slot{v.data(), v.size()}; },
+        .output = [&] { auto v = out(); return stream_view{v.data(), v.size()}; },
+        .output_grad = [&] { return stream_slot{dout_.data(), next >= 0 ? dout_.size() : 0}; },
+        .input_grad = [&] { auto v = in_grad(); return stream_view{v.data(), v.size()}; },
+    });
     // the loss lives on the last stage: to every stage
     double loss = next < 0 && total > 0.0 ? loss_sum / total : 0.0;
     if (pp && p > 1) pp->broadcast(std::span<double>(&loss, 1), p - 1);
@@ -153,18 +203,6 @@ class pipeline {
   step_result adamw(const nn::adamw_config& h, std::uint64_t step) { return m_->adamw(h, step); }
 
  private:
-  static void send_to(communicator* pp, int peer, std::span<const float> buf, int tag) {
-    if (peer >= 0) pp->send(buf.data(), buf.size(), dtype::f32, peer, tag);
-  }
-  static void recv_from(communicator* pp, int peer, std::span<float> buf, int tag) {
-    if (peer >= 0) pp->recv(buf.data(), buf.size(), dtype::f32, peer, tag);
-  }
-  // send to and receive from the same neighbour in one call: each side's send is posted before
-  // either waits for its receive
-  static void swap_with(communicator* pp, int peer, std::span<const float> send, int send_tag, std::span<float> recv, int recv_tag) {
-    if (peer >= 0) pp->send_recv(send.data(), send.size(), peer, send_tag, recv.data(), recv.size(), peer, recv_tag, dtype::f32);
-  }
-
   Model* m_;
   pipeline_options o_;
   std::vector<std::vector<float>> inputs_;  // the in-flight micro-batches' input streams

@@ -198,8 +198,34 @@ inline double wire_bytes(wire_format f, double grad_bytes) {
   return grad_bytes;
 }
 
-// Time of a list of kernels on the card, split into forward, backward (input and weight gradients)
-// and the recompute a plan adds.
+// The kernels of one phase of work on one card, in launch order.
+using kernel_list = std::vector<kernel_cost>;
+
+// One decoder layer's kernels for a micro-batch on one card, split where its collectives fall:
+// attention, then (tensor parallel) a reduction, then the MLP, then a reduction; the backward runs
+// the MLP's kernels first. Rules: a GEMM's backward is two GEMMs of its size (input and weight
+// gradients), flash attention's backward one kernel of 2.5x its FLOPs and 2x its bytes, an
+// elementwise op's backward two passes over its forward's bytes.
+struct layer_kernels {
+  kernel_list attn_fwd, mlp_fwd, attn_bwd, mlp_bwd;
+  kernel_list wgrad;      // the weight-gradient GEMMs among the backward's (ZB-H1's W)
+  kernel_list recompute;  // what the recompute mode runs again before the backward
+  bool moe = false;
+  double dispatch_bytes = 0;  // MoE: bytes each rank sends per all-to-all (dispatch or combine)
+};
+
+// The LM head and loss (last stage) or the embedding (first stage) per micro-batch.
+struct end_kernels {
+  kernel_list fwd, bwd, wgrad;
+};
+
+inline double list_time(const emu::card_spec& spec, const kernel_list& k) {
+  double t = 0;
+  for (const auto& c : k) t += emu::roofline_time(spec, c);
+  return t;
+}
+
+// Time of a stage's work per micro-batch, split for the schedules and the report.
 struct stage_cost {
   double fwd = 0, bwd = 0, wgrad = 0, recompute = 0;  // kernels
   double tp = 0, ep = 0;                              // collectives per micro-batch (fwd + bwd)
@@ -209,10 +235,10 @@ class pricer {
  public:
   explicit pricer(const plan_request& r) : r_(r), comm_(r.cluster) {}
 
-  double kernel(double flops, double bytes) const {
-    return emu::roofline_time(r_.cluster.card, kernel_cost{flops, bytes, r_.precision.math});
-  }
-  double stream(double bytes) const { return emu::roofline_time(r_.cluster.card, kernel_cost{0, bytes, math_precision::f32}); }
+  kernel_cost kernel(double flops, double bytes) const { return kernel_cost{flops, bytes, r_.precision.math}; }
+  static kernel_cost stream(double bytes) { return kernel_cost{0, bytes, math_precision::f32}; }
+  double time(const kernel_list& k) const { return list_time(r_.cluster.card, k); }
+  double time(const kernel_cost& k) const { return emu::roofline_time(r_.cluster.card, k); }
 
   // Placement of a group of `size` ranks `stride` apart in the rank order.
   emu::group_shape group(std::size_t size, std::size_t stride) const {
@@ -228,100 +254,145 @@ class pricer {
   }
   const emu::comm_model& comm() const { return comm_; }
 
-  // One decoder layer for a micro-batch of `b` sequences on one card of layout `l`.
-  stage_cost layer(const plan_layout& l, std::size_t b) const {
+  layer_kernels kernels(const plan_layout& l, std::size_t b) const {
     const auto& c = r_.model;
     const double e = r_.precision.act_bytes, s = double(r_.seq), T = double(b) * s, t = double(l.tp);
     const double h = double(c.hidden_size), q = double(c.num_attention_heads * c.head_dim), kv = double(c.num_key_value_heads * c.head_dim);
     const double I = double(c.intermediate_size);
     const double rows = l.sp ? T / t : T;  // the rows elementwise ops see
-    stage_cost sc;
-    auto gemm = [&](double m, double k, double n, double& fwd, double& bwd, double& w) {
-      const double f = 2 * m * k * n, by = (m * k + k * n + m * n) * e;
-      fwd += kernel(f, by);
-      bwd += 2 * kernel(f, by);
-      w += kernel(f, by);
-    };
-    double fwd = 0, bwd = 0, w = 0;
-    // attention: norm, qkv, rope, flash attention (causal), output projection, residual
-    fwd += stream(2 * rows * h * e);
     const double kvt = std::max(kv / t, double(c.head_dim));  // kv heads replicated when tp > kv heads
-    gemm(T, h, q / t + 2 * kvt, fwd, bwd, w);
-    fwd += stream(2 * T * (q / t + kvt) * e);
+    layer_kernels k;
+    auto gemm = [&](double m, double kk, double n, kernel_list& fwd, kernel_list& bwd) {
+      const auto g = kernel(2 * m * kk * n, (m * kk + kk * n + m * n) * e);
+      fwd.push_back(g);
+      bwd.push_back(g);
+      bwd.push_back(g);
+      k.wgrad.push_back(g);
+      return g;
+    };
+    auto elementwise = [&](double bytes, kernel_list& fwd, kernel_list& bwd) {
+      fwd.push_back(stream(bytes));
+      bwd.push_back(stream(bytes));
+      bwd.push_back(stream(bytes));
+    };
+    // attention: norm, q/k/v, rope, flash attention (causal), output projection, residual
+    kernel_list attn_bwd_rev;
+    elementwise(2 * rows * h * e, k.attn_fwd, attn_bwd_rev);
+    gemm(T, h, q / t + 2 * kvt, k.attn_fwd, attn_bwd_rev);
+    elementwise(2 * T * (q / t + kvt) * e, k.attn_fwd, attn_bwd_rev);
     const double attn_flops = 2 * double(b) * s * s * q / t;  // 4·b·s²·q, halved by the causal mask
     const double attn_bytes = T * (2 * q / t + 2 * kvt) * e;
-    fwd += kernel(attn_flops, attn_bytes);
-    bwd += kernel(2.5 * attn_flops, 2 * attn_bytes);
-    gemm(T, q / t, h, fwd, bwd, w);
-    fwd += stream(3 * rows * h * e);
+    k.attn_fwd.push_back(kernel(attn_flops, attn_bytes));
+    attn_bwd_rev.push_back(kernel(2.5 * attn_flops, 2 * attn_bytes));
+    gemm(T, q / t, h, k.attn_fwd, attn_bwd_rev);
+    elementwise(3 * rows * h * e, k.attn_fwd, attn_bwd_rev);
     // MLP: norm, then SwiGLU (dense) or routed experts (MoE), residual
-    fwd += stream(2 * rows * h * e);
-    double mlp_fwd = 0, mlp_bwd = 0, mlp_w = 0, up_part = 0;
+    kernel_list mlp_bwd_rev;
+    elementwise(2 * rows * h * e, k.mlp_fwd, mlp_bwd_rev);
     if (c.is_moe()) {
-      const double E = double(c.num_local_experts), k = double(c.num_experts_per_tok);
-      gemm(T, h, E, mlp_fwd, mlp_bwd, mlp_w);  // router (replicated over tp)
-      // each ep rank runs T·k rows through its E/ep experts (even routing); weights read per expert
-      const double er = T * k, ne = E / double(l.ep);
-      const double f_up = 2 * er * h * 2 * I, f_down = 2 * er * I * h;
-      const double b_up = (er * h + ne * h * 2 * I + er * 2 * I) * e, b_down = (er * I + ne * I * h + er * h) * e;
-      up_part = kernel(f_up, b_up) + stream(3 * er * I * e);
-      mlp_fwd += kernel(f_up, b_up) + kernel(f_down, b_down) + stream(3 * er * I * e);
-      mlp_bwd += 2 * (kernel(f_up, b_up) + kernel(f_down, b_down)) + stream(6 * er * I * e);
-      mlp_w += kernel(f_up, b_up) + kernel(f_down, b_down);
-      // dispatch and combine: T·k rows of h each way, forward and backward
-      const double a2a = r_.precision.act_bytes * T * k * h;
-      sc.ep = 4 * comm_.all_to_all(group(std::size_t(l.ep), std::size_t(l.tp)), a2a);
+      k.moe = true;
+      const double E = double(c.num_local_experts), kk = double(c.num_experts_per_tok);
+      gemm(T, h, E, k.mlp_fwd, mlp_bwd_rev);  // router (replicated over tp)
+      // each ep rank runs T·k rows through its E/ep experts (even routing); each expert's weights read once
+      const double er = T * kk, ne = E / double(l.ep);
+      const auto up = kernel(2 * er * h * 2 * I, (er * h + ne * h * 2 * I + er * 2 * I) * e);
+      const auto down = kernel(2 * er * I * h, (er * I + ne * I * h + er * h) * e);
+      for (const auto& g : {up, down}) {
+        k.mlp_fwd.push_back(g);
+        mlp_bwd_rev.push_back(g);
+        mlp_bwd_rev.push_back(g);
+        k.wgrad.push_back(g);
+      }
+      elementwise(3 * er * I * e, k.mlp_fwd, mlp_bwd_rev);
+      k.recompute = {up, stream(3 * er * I * e)};
+      k.dispatch_bytes = e * T * kk * h;
     } else {
-      gemm(T, h, 2 * I / t, mlp_fwd, mlp_bwd, mlp_w);
-      up_part = kernel(2 * T * h * 2 * I / t, (T * h + h * 2 * I / t + T * 2 * I / t) * e) + stream(3 * T * I / t * e);
-      mlp_fwd += stream(3 * T * I / t * e);
-      mlp_bwd += stream(6 * T * I / t * e);
-      gemm(T, I / t, h, mlp_fwd, mlp_bwd, mlp_w);
+      const auto up = gemm(T, h, 2 * I / t, k.mlp_fwd, mlp_bwd_rev);
+      elementwise(3 * T * I / t * e, k.mlp_fwd, mlp_bwd_rev);
+      gemm(T, I / t, h, k.mlp_fwd, mlp_bwd_rev);
+      k.recompute = {up, stream(3 * T * I / t * e)};
     }
-    fwd += mlp_fwd;
-    bwd += mlp_bwd;
-    w += mlp_w;
-    fwd += stream(3 * rows * h * e);
-    bwd += 2 * (stream(2 * rows * h * e) * 2 + stream(3 * rows * h * e) * 2 + stream(2 * T * (q / t + kvt) * e));
-    sc.fwd = fwd;
-    sc.bwd = bwd;
-    sc.wgrad = w;
-    if (l.recompute == recompute_mode::full) sc.recompute = fwd;
-    else if (l.recompute == recompute_mode::selective) sc.recompute = up_part;
-    // tensor parallelism: two all-reduces forward and two backward (sequence parallel: an
-    // all-gather and a reduce-scatter in place of each, the same bytes at half the steps each)
-    if (l.tp > 1) {
-      const auto g = group(std::size_t(l.tp), 1);
-      const double bytes = T * h * e;
-      const double one = l.sp ? comm_.all_gather(g, bytes) + comm_.reduce_scatter(g, bytes) : comm_.all_reduce(g, bytes, e < 4 ? 4 / e : 1);
-      sc.tp = 4 * one;
-      if (l.recompute == recompute_mode::full) sc.tp += 2 * one;  // the recomputed forward's
+    elementwise(3 * rows * h * e, k.mlp_fwd, mlp_bwd_rev);
+    k.attn_bwd.assign(attn_bwd_rev.rbegin(), attn_bwd_rev.rend());
+    k.mlp_bwd.assign(mlp_bwd_rev.rbegin(), mlp_bwd_rev.rend());
+    if (l.recompute == recompute_mode::full) {
+      k.recompute = k.attn_fwd;
+      k.recompute.insert(k.recompute.end(), k.mlp_fwd.begin(), k.mlp_fwd.end());
+    } else if (l.recompute == recompute_mode::none) {
+      k.recompute.clear();
     }
+    return k;
+  }
+
+  // The tensor-parallel collective after attention or a dense MLP (forward; its backward twin is
+  // the same): an all-reduce of the rows, or with sequence parallelism an all-gather before and a
+  // reduce-scatter after.
+  double tp_collective(const plan_layout& l, std::size_t b) const {
+    if (l.tp <= 1) return 0;
+    const auto g = group(std::size_t(l.tp), 1);
+    const double e = r_.precision.act_bytes, bytes = double(b) * double(r_.seq) * double(r_.model.hidden_size) * e;
+    return l.sp ? comm_.all_gather(g, bytes) + comm_.reduce_scatter(g, bytes) : comm_.all_reduce(g, bytes, e < 4 ? 4 / e : 1, false);
+  }
+
+  stage_cost layer(const plan_layout& l, std::size_t b) const {
+    const auto k = kernels(l, b);
+    stage_cost sc;
+    sc.fwd = time(k.attn_fwd) + time(k.mlp_fwd);
+    sc.bwd = time(k.attn_bwd) + time(k.mlp_bwd);
+    sc.wgrad = time(k.wgrad);
+    sc.recompute = time(k.recompute);
+    // attention's collective, and the dense MLP's (MoE experts are replicated over tp), each once
+    // forward and once backward, and again in a fully recomputed forward
+    const double one = tp_collective(l, b);
+    const double per_pass = (k.moe ? 1 : 2) * one;
+    sc.tp = 2 * per_pass + (l.recompute == recompute_mode::full ? per_pass : 0);
+    if (k.moe) sc.ep = (l.recompute == recompute_mode::full ? 6 : 4) * comm_.all_to_all(group(std::size_t(l.ep), std::size_t(l.tp)), k.dispatch_bytes);
     return sc;
   }
 
-  // The LM head and loss (last stage), or the embedding (first stage), per micro-batch.
-  stage_cost head(const plan_layout& l, std::size_t b) const {
+  end_kernels head_kernels(const plan_layout& l, std::size_t b) const {
     const auto& c = r_.model;
     const double e = r_.precision.act_bytes, T = double(b) * double(r_.seq), t = double(l.tp);
     const double h = double(c.hidden_size), V = double(c.vocab_size);
+    end_kernels k;
+    const auto g = kernel(2 * T * h * V / t, (T * h + h * V / t) * e + T * V / t * 4);
+    k.fwd = {g, stream(3 * T * V / t * 4)};
+    k.bwd = {stream(2 * T * V / t * 4), g, g};
+    k.wgrad = {g};
+    return k;
+  }
+  // The vocabulary-parallel loss's collectives (max, sum and target logit: three all-reduces of
+  // one f32 per row) and the gathered input rows, per micro-batch.
+  double head_collectives(const plan_layout& l, std::size_t b) const {
+    if (l.tp <= 1) return 0;
+    const auto g = group(std::size_t(l.tp), 1);
+    const double T = double(b) * double(r_.seq), rows = T * double(r_.model.hidden_size) * r_.precision.act_bytes;
+    return 3 * comm_.all_reduce(g, T * 4, 1, false) + (l.sp ? 2 * comm_.all_gather(g, rows) : comm_.all_reduce(g, rows, 1, false));
+  }
+  stage_cost head(const plan_layout& l, std::size_t b) const {
+    const auto k = head_kernels(l, b);
     stage_cost sc;
-    const double f = 2 * T * h * V / t, by = (T * h + h * V / t) * e + T * V / t * 4;
-    sc.fwd = kernel(f, by) + stream(3 * T * V / t * 4);
-    sc.bwd = 2 * kernel(f, by) + stream(2 * T * V / t * 4);
-    sc.wgrad = kernel(f, by);
-    if (l.tp > 1) {
-      const auto g = group(std::size_t(l.tp), 1);
-      sc.tp = 3 * comm_.all_reduce(g, T * 4) + (l.sp ? comm_.all_gather(g, T * h * e) * 2 : comm_.all_reduce(g, T * h * e) );
-    }
+    sc.fwd = time(k.fwd), sc.bwd = time(k.bwd), sc.wgrad = time(k.wgrad);
+    sc.tp = head_collectives(l, b);
     return sc;
   }
-  stage_cost embedding(const plan_layout& l, std::size_t b) const {
+
+  end_kernels embedding_kernels(const plan_layout& l, std::size_t b) const {
+    (void)l;
     const double e = r_.precision.act_bytes, T = double(b) * double(r_.seq), h = double(r_.model.hidden_size);
+    return {{stream(2 * T * h * e)}, {stream(3 * T * h * 4)}, {}};
+  }
+  double embedding_collectives(const plan_layout& l, std::size_t b) const {
+    if (l.tp <= 1) return 0;
+    const auto g = group(std::size_t(l.tp), 1);
+    const double rows = double(b) * double(r_.seq) * double(r_.model.hidden_size) * r_.precision.act_bytes;
+    return l.sp ? comm_.reduce_scatter(g, rows) : comm_.all_reduce(g, rows, 1, false);
+  }
+  stage_cost embedding(const plan_layout& l, std::size_t b) const {
+    const auto k = embedding_kernels(l, b);
     stage_cost sc;
-    sc.fwd = stream(2 * T * h * e);
-    sc.bwd = stream(3 * T * h * 4);
-    if (l.tp > 1) sc.tp = l.sp ? comm_.reduce_scatter(group(std::size_t(l.tp), 1), T * h * e) : comm_.all_reduce(group(std::size_t(l.tp), 1), T * h * e);
+    sc.fwd = time(k.fwd), sc.bwd = time(k.bwd);
+    sc.tp = embedding_collectives(l, b);
     return sc;
   }
 
@@ -416,6 +487,7 @@ inline plan_estimate plan_evaluate(const plan_request& r, const plan_layout& l) 
 
   plan_estimate est;
   est.layout = l;
+  double sum_st = 0, sum_w = 0;  // over the stages: fill and drain pass through each once
   double slot = 0, slot_w = 0, slot_compute = 0, slot_recompute = 0, slot_tp = 0, slot_ep = 0, slot_gather = 0;
   double worst_mem = -1;
   plan_memory mem_worst;
@@ -436,6 +508,7 @@ inline plan_estimate plan_evaluate(const plan_request& r, const plan_layout& l) 
     double gather = 0;  // ZeRO-3: weights gathered for every micro-batch's forward and backward
     if (l.zero == 3) gather = 2 * p.comm().all_gather(p.group(std::size_t(l.dp), std::size_t(l.tp)), dense * pr.param_bytes);
     const double st = fwd + bwd + rc + tp + epc + gather;
+    sum_st += st, sum_w += w;
     if (st > slot) {
       slot = st, slot_w = w, slot_compute = fwd + bwd + rc, slot_recompute = rc, slot_tp = tp, slot_ep = epc, slot_gather = gather;
     }
@@ -447,18 +520,18 @@ inline plan_estimate plan_evaluate(const plan_request& r, const plan_layout& l) 
       if (g.size <= 1 || params <= 0) return 0.0;
       const double grads = params * wire;
       switch (l.zero) {
-        case 0: return p.comm().all_reduce(g, grads, pr.grad_bytes < 4 ? 4 / pr.grad_bytes : 1);
+        case 0: return p.comm().all_reduce(g, grads, pr.grad_bytes < 4 ? 4 / pr.grad_bytes : 1, false);
         case 1: return p.comm().reduce_scatter(g, grads) + p.comm().all_gather(g, params * pr.param_bytes);
         case 2: return double(m) * p.comm().reduce_scatter(g, grads) + p.comm().all_gather(g, params * pr.param_bytes);
         default: return double(m) * p.comm().reduce_scatter(g, grads);
       }
     };
     double dpt = reduce(dpg, dense) + reduce(edpg, experts);
-    if (l.compression != wire_format::none) dpt += p.stream(3 * (dense + experts) * pr.grad_bytes);  // quantize, dequantize
+    if (l.compression != wire_format::none) dpt += p.time(p.stream(3 * (dense + experts) * pr.grad_bytes));  // quantize, dequantize
     dp_time = std::max(dp_time, dpt);
     // optimizer step over this card's share
     const double shard_d = l.zero >= 1 ? dense / dp : dense, shard_e = l.zero >= 1 ? experts / (dp / ep) : experts;
-    opt_time = std::max(opt_time, p.stream((shard_d + shard_e) * (2 * pr.param_bytes + pr.grad_bytes + 2 * pr.master_bytes + 2 * pr.moment_bytes)));
+    opt_time = std::max(opt_time, p.time(p.stream((shard_d + shard_e) * (2 * pr.param_bytes + pr.grad_bytes + 2 * pr.master_bytes + 2 * pr.moment_bytes))));
     // memory of this stage
     plan_memory mem;
     const double own = dense + experts;
@@ -488,16 +561,20 @@ inline plan_estimate plan_evaluate(const plan_request& r, const plan_layout& l) 
   }
   const bool one_node = std::size_t(l.dp * l.tp * l.pp) <= r.cluster.cards_per_supernode;
   const double pp_msg = P > 1 ? 2 * p.comm().message(T * h * pr.act_bytes / (l.sp ? t : 1.0), one_node) : 0;
+  // 1F1B: m slots of the busiest stage, plus the fill and drain through every other stage once
+  // (for equal stages, the (p − 1) slots of the textbook bubble), each boundary crossed by one
+  // activation and one gradient on the way
   double slot_pp = pp_msg;
+  const double fill = sum_st - slot, fill_w = sum_w - slot_w;
   double bubble = 0;
   const double M = double(m);
   switch (l.schedule) {
-    case pipeline_schedule::one_f_one_b: bubble = double(P - 1) * (slot + slot_pp); break;
+    case pipeline_schedule::one_f_one_b: bubble = fill + double(P - 1) * pp_msg; break;
     case pipeline_schedule::interleaved:
       slot_pp = pp_msg * double(l.vpp);
-      bubble = double(P - 1) * (slot + slot_pp) / double(l.vpp);
+      bubble = (fill + double(P - 1) * slot_pp) / double(l.vpp);
       break;
-    case pipeline_schedule::zb_h1: bubble = double(P - 1) * std::max(0.0, slot + slot_pp - 2 * slot_w); break;
+    case pipeline_schedule::zb_h1: bubble = std::max(0.0, fill - 2 * fill_w) + double(P - 1) * pp_msg; break;
   }
   est.compute = M * slot_compute;
   est.recompute = M * slot_recompute;

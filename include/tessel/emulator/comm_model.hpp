@@ -50,8 +50,11 @@ class comm_model {
 
   // All-reduce of S bytes per rank. `acc_ratio`: accumulator bytes per element over element bytes
   // (2 for BF16 and FP16, which the chain carries in f32).
-  double all_reduce(group_shape g, double bytes, double acc_ratio = 1) const {
+  // `hierarchical`: the communicator knows the super-node size (a world communicator on the
+  // emulated transport does; dist's group communicators do not, and reduce directly).
+  double all_reduce(group_shape g, double bytes, double acc_ratio = 1, bool hierarchical = true) const {
     if (g.size <= 1 || bytes <= 0) return 0;
+    if (spans(g) && !hierarchical) return 2 * all_to_all(g, bytes);
     if (spans(g)) {
       // ar_hier: the super-nodes' shards fold along a chain in node order (deterministic), then the
       // last node sends the result to each other node from its NIC; neither is pipelined.
