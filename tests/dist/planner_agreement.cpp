@@ -14,11 +14,7 @@ using namespace tessel;
 using dist::recompute_mode;
 
 TEST_CASE("planner: predicted step times agree with the timing-only step on the emulator", "[dist][planner][agreement]") {
-  dist::plan_request r;
-  r.model = tessel_test::agreement_model(4, 512, 8, 4);
-  r.cluster.cards_per_supernode = 16;
-  r.global_batch = 16;
-  r.seq = 512;
+  auto r = tessel_test::agreement_request(tessel_test::agreement_model(4, 512, 8, 4), 16, 16, 512);
   const std::vector<dist::plan_layout> layouts = {
       tessel_test::agreement_layout(r, 16, 1, 1, 1, 0, recompute_mode::none, false),
       tessel_test::agreement_layout(r, 8, 2, 1, 1, 1, recompute_mode::none, true),
@@ -33,11 +29,7 @@ TEST_CASE("planner: predicted step times agree with the timing-only step on the 
 }
 
 TEST_CASE("timing step: layouts it cannot run are errors", "[dist][planner][agreement]") {
-  dist::plan_request r;
-  r.model = tessel_test::agreement_model(4, 512, 8, 4);
-  r.cluster.cards_per_supernode = 8;
-  r.global_batch = 16;
-  r.seq = 256;
+  auto r = tessel_test::agreement_request(tessel_test::agreement_model(4, 512, 8, 4), 8, 16, 256);
   auto l = tessel_test::agreement_layout(r, 2, 2, 2, 1, 0, recompute_mode::full, false);
   l.schedule = dist::pipeline_schedule::zb_h1;
   CHECK_THROWS_MATCHES(dist::timing_step(r, l), dist::dist_error, tessel_test::is_error(errc::unsupported, "dist", "1F1B"));

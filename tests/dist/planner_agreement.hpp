@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <tessel/dist/planner.hpp>
@@ -36,6 +37,16 @@ inline tessel::io::model_config agreement_model(std::size_t layers, std::size_t 
   c.head_dim = hidden / heads;
   c.vocab_size = 32000;
   return c;
+}
+
+// A request for `cards` cards of one super-node (the UBL128 card and fabric figures).
+inline tessel::dist::plan_request agreement_request(tessel::io::model_config model, std::size_t cards, std::size_t batch, std::size_t seq) {
+  tessel::dist::plan_request r;
+  r.model = std::move(model);
+  r.cluster.cards_per_supernode = cards;
+  r.global_batch = batch;
+  r.seq = seq;
+  return r;
 }
 
 inline tessel::dist::plan_layout agreement_layout(const tessel::dist::plan_request& r, int dp, int tp, int pp, std::size_t mb, int zero,
