@@ -396,6 +396,26 @@ class pricer {
     return sc;
   }
 
+  // What stage s of layout l holds per card: its layers, and its parameters split into dense ones
+  // (over tp; the embedding on the first stage, the final norm and the head on the last, a tied
+  // head copied there when pp > 1) and expert ones (over ep).
+  struct stage_share {
+    std::size_t layers = 0;
+    double dense = 0, experts = 0;
+  };
+  stage_share stage(const plan_layout& l, std::size_t s) const;
+
+  // The optimizer step over this card's share of the stage (ZeRO >= 1: 1/dp of the dense
+  // parameters, 1/(dp/ep) of the experts'), and the quantize and dequantize passes of compressed
+  // gradients.
+  kernel_cost optimizer_kernel(const plan_layout& l, const stage_share& st) const {
+    const double dp = double(l.dp), rep_e = dp / double(l.ep);
+    const double shard = l.zero >= 1 ? st.dense / dp + st.experts / rep_e : st.dense + st.experts;
+    const auto& k = r_.precision;
+    return stream(shard * (2 * k.param_bytes + k.grad_bytes + 2 * k.master_bytes + 2 * k.moment_bytes));
+  }
+  kernel_cost compression_kernel(const stage_share& st) const { return stream(3 * (st.dense + st.experts) * r_.precision.grad_bytes); }
+
  private:
   const plan_request& r_;
   emu::comm_model comm_;
@@ -420,6 +440,23 @@ inline layer_params params_of_layer(const io::model_config& c) {
     p.dense += mlp;
   }
   return p;
+}
+
+inline pricer::stage_share pricer::stage(const plan_layout& l, std::size_t s) const {
+  const auto& c = r_.model;
+  const std::size_t L = c.num_hidden_layers, P = std::size_t(l.pp);
+  const double t = double(l.tp), h = double(c.hidden_size), V = double(c.vocab_size);
+  const auto lp = params_of_layer(c);
+  stage_share st;
+  st.layers = L / P + (s < L % P ? 1 : 0);
+  st.dense = double(st.layers) * lp.dense / t;
+  st.experts = double(st.layers) * lp.experts / double(l.ep);
+  if (s == 0) st.dense += V * h / t;
+  if (s == P - 1) {
+    st.dense += h / t;  // final norm (replicated; counted per card)
+    if (!c.tie_word_embeddings || P > 1) st.dense += V * h / t;
+  }
+  return st;
 }
 
 }  // namespace plan_detail
@@ -483,7 +520,6 @@ inline plan_estimate plan_evaluate(const plan_request& r, const plan_layout& l) 
   const double h = double(c.hidden_size), V = double(c.vocab_size);
   const auto lp = plan_detail::params_of_layer(c);
   const auto layer = p.layer(l, b), head = p.head(l, b), emb = p.embedding(l, b);
-  const bool tied_split = c.tie_word_embeddings && P > 1;  // the first and last stage each hold a copy
 
   plan_estimate est;
   est.layout = l;
@@ -493,18 +529,11 @@ inline plan_estimate plan_evaluate(const plan_request& r, const plan_layout& l) 
   plan_memory mem_worst;
   double dp_time = 0, opt_time = 0;
   for (std::size_t s = 0; s < P; ++s) {
-    const double nl = double(L / P + (s < L % P ? 1 : 0));
+    const auto share = p.stage(l, s);
+    const double nl = double(share.layers), dense = share.dense, experts = share.experts;
     double fwd = nl * layer.fwd, bwd = nl * layer.bwd, w = nl * layer.wgrad, rc = nl * layer.recompute, tp = nl * layer.tp, epc = nl * layer.ep;
-    double dense = nl * lp.dense / t, experts = nl * lp.experts / ep;
-    if (s == 0) {
-      fwd += emb.fwd, bwd += emb.bwd, tp += emb.tp;
-      dense += V * h / t;
-    }
-    if (s == P - 1) {
-      fwd += head.fwd, bwd += head.bwd, w += head.wgrad, tp += head.tp;
-      dense += h / t;  // final norm (replicated; counted per card)
-      if (!c.tie_word_embeddings || tied_split) dense += V * h / t;
-    }
+    if (s == 0) fwd += emb.fwd, bwd += emb.bwd, tp += emb.tp;
+    if (s == P - 1) fwd += head.fwd, bwd += head.bwd, w += head.wgrad, tp += head.tp;
     double gather = 0;  // ZeRO-3: weights gathered for every micro-batch's forward and backward
     if (l.zero == 3) gather = 2 * p.comm().all_gather(p.group(std::size_t(l.dp), std::size_t(l.tp)), dense * pr.param_bytes);
     const double st = fwd + bwd + rc + tp + epc + gather;
@@ -527,11 +556,9 @@ inline plan_estimate plan_evaluate(const plan_request& r, const plan_layout& l) 
       }
     };
     double dpt = reduce(dpg, dense) + reduce(edpg, experts);
-    if (l.compression != wire_format::none) dpt += p.time(p.stream(3 * (dense + experts) * pr.grad_bytes));  // quantize, dequantize
+    if (l.compression != wire_format::none) dpt += p.time(p.compression_kernel(share));
     dp_time = std::max(dp_time, dpt);
-    // optimizer step over this card's share
-    const double shard_d = l.zero >= 1 ? dense / dp : dense, shard_e = l.zero >= 1 ? experts / (dp / ep) : experts;
-    opt_time = std::max(opt_time, p.time(p.stream((shard_d + shard_e) * (2 * pr.param_bytes + pr.grad_bytes + 2 * pr.master_bytes + 2 * pr.moment_bytes))));
+    opt_time = std::max(opt_time, p.time(p.optimizer_kernel(l, share)));
     // memory of this stage
     plan_memory mem;
     const double own = dense + experts;

@@ -63,11 +63,10 @@ inline timing_step_result timing_step(const plan_request& r, const plan_layout& 
 
   plan_detail::pricer pr(r);
   const auto& c = r.model;
-  const std::size_t b = l.micro_batch, m = l.micro_batches, L = c.num_hidden_layers, P = std::size_t(l.pp);
+  const std::size_t b = l.micro_batch, m = l.micro_batches, P = std::size_t(l.pp);
   const auto lk = pr.kernels(l, b);
   const auto head = pr.head_kernels(l, b), emb = pr.embedding_kernels(l, b);
-  const auto lp = plan_detail::params_of_layer(c);
-  const double T = double(b) * double(r.seq), h = double(c.hidden_size), V = double(c.vocab_size), e = r.precision.act_bytes;
+  const double T = double(b) * double(r.seq), h = double(c.hidden_size), e = r.precision.act_bytes;
   const double t = double(l.tp);
   const std::size_t rows_elems = std::size_t(T * h * e / 2);  // a stage's rows as BF16 elements
   const std::size_t stream_floats = std::size_t(T * h * e / 4 / (l.sp ? t : 1.0));
@@ -83,7 +82,8 @@ inline timing_step_result timing_step(const plan_request& r, const plan_layout& 
     co.segment_bytes = std::size_t{64} << 20;  // fewer, larger messages simulate faster; direct steps lose nothing
     process_groups g(std::move(tr), parallel_layout{.dp = l.dp, .tp = l.tp, .pp = l.pp, .ep = l.ep, .zero_stage = 0}, co);
     const int s = g.coords().pp;
-    const std::size_t nl = L / P + (std::size_t(s) < L % P ? 1 : 0);
+    const auto share = pr.stage(l, std::size_t(s));
+    const std::size_t nl = share.layers;
     double kernels = 0;
     auto charge = [&](const plan_detail::kernel_list& k) {
       for (const auto& kc : k) {
@@ -171,12 +171,6 @@ inline timing_step_result timing_step(const plan_request& r, const plan_layout& 
         .input_grad = [&] { return stream_view{nullptr, s > 0 ? stream_floats : 0}; },
     });
     // data-parallel gradient traffic of this stage's parameters (per card), then the optimizer
-    double dense = double(nl) * lp.dense / t, experts = double(nl) * lp.experts / double(l.ep);
-    if (s == 0) dense += V * h / t;
-    if (std::size_t(s) == P - 1) {
-      dense += h / t;
-      if (!c.tie_word_embeddings || P > 1) dense += V * h / t;
-    }
     const double wire = plan_detail::wire_bytes(l.compression, r.precision.grad_bytes);
     auto reduce = [&](communicator& grp, double params) {
       if (grp.size() <= 1 || params <= 0) return;
@@ -198,13 +192,10 @@ inline timing_step_result timing_step(const plan_request& r, const plan_layout& 
           break;
       }
     };
-    reduce(g.dp(), dense);
-    reduce(g.edp(), experts);
-    if (l.compression != wire_format::none) charge({pr.stream(3 * (dense + experts) * r.precision.grad_bytes)});
-    const double dp = double(l.dp), rep_e = dp / double(l.ep);
-    const double shard = l.zero >= 1 ? dense / dp + experts / rep_e : dense + experts;
-    const auto& k = r.precision;
-    charge({pr.stream(shard * (2 * k.param_bytes + k.grad_bytes + 2 * k.master_bytes + 2 * k.moment_bytes))});
+    reduce(g.dp(), share.dense);
+    reduce(g.edp(), share.experts);
+    if (l.compression != wire_format::none) charge({pr.compression_kernel(share)});
+    charge({pr.optimizer_kernel(l, share)});
     std::lock_guard lk2(mu);
     res.card_end[rank] = card.clock();
     busy[rank] = kernels;
