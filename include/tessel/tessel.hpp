@@ -13,3 +13,4 @@
 #include <tessel/io.hpp>
 #include <tessel/nn.hpp>
 #include <tessel/dist.hpp>
+#include <tessel/verify.hpp>

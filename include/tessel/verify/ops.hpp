@@ -1,0 +1,532 @@
+// The library's operators, each with a verify entry: an independent fp64 reference (plain loops,
+// written here), a sweep of shapes (0, 1, primes, tile edges), fills that discriminate, the
+// tolerance its dtype and reduction length give, gradcheck of its backward where it has one, and a
+// bitwise determinism check (1 thread against N). `tessel-verify --all` runs them all, so a user who
+// changes an atom checks every operator with one command.
+//
+// Tolerances (u = 2^-24, the f32 unit roundoff; γ_K = K·u/(1 − K·u)):
+//   gemm           γ_K·Σ|a·b| + u_out·|c|                       (DESIGN.md)
+//   softmax        γ_{n+16}·|y|                                  (a sum of n exps, a division)
+//   rmsnorm        γ_{n+16}·|y|; layernorm γ_{n+16}·(|x|+|μ|)·rstd·|w| (cancellation in x − μ)
+//   activations    64·u·|y| + 64·u·|x|·u-scale near zero          (exp/erf approximations)
+//   cross-entropy  γ_{n+16} on the loss and on each gradient, relative to the row's scale
+//   rope           16·u·(|x_i·cos| + |x_j·sin|)
+//   attention      γ_{s+d+16}·Σ_j p_j·|v_j|                     (row sums of s keys, d-long dots)
+//   backward       gradcheck: fp64 central differences, rtol 1e-3, atol 1e-6 (random directions)
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <tessel/device/host_device.hpp>
+#include <tessel/ops/activation.hpp>
+#include <tessel/ops/attention.hpp>
+#include <tessel/ops/gemm.hpp>
+#include <tessel/ops/loss.hpp>
+#include <tessel/ops/norm.hpp>
+#include <tessel/ops/rope.hpp>
+#include <tessel/ops/softmax.hpp>
+#include <tessel/verify/check.hpp>
+#include <tessel/verify/determinism.hpp>
+#include <tessel/verify/gradcheck.hpp>
+
+namespace tessel {
+inline namespace v0 {
+namespace verify {
+
+struct run_options {
+  unsigned threads = 2;     // the device's threads; determinism compares 1 thread against this
+  std::uint64_t seed = 1;   // fills
+  bool quick = false;       // fewer shapes
+};
+
+struct entry {
+  std::string name;  // "<op>/<dtype>..." as in the benchmarks
+  std::string what;
+  std::function<void(suite&, const run_options&)> run;
+};
+
+namespace detail {
+
+inline std::vector<std::size_t> pick(const std::vector<std::size_t>& all, bool quick) {
+  if (!quick || all.size() <= 4) return all;
+  return {all.front(), all[all.size() / 3], all[2 * all.size() / 3], all.back()};
+}
+inline std::string dims(std::initializer_list<std::size_t> d) {
+  std::string s;
+  for (std::size_t x : d) {
+    if (!s.empty()) s += 'x';
+    s += std::to_string(x);
+  }
+  return s;
+}
+template <class T>
+std::vector<double> widen(const std::vector<T>& v) {
+  std::vector<double> d(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) d[i] = to_double(v[i]);
+  return d;
+}
+inline constexpr double u32 = 0x1p-24;
+
+// ---- gemm ----
+template <class TA, class TC>
+void gemm_entry(suite& s, const run_options& o) {
+  host_device dev(o.threads);
+  const auto ms = pick(sizes({16, 48}, 97, false), o.quick), ks = pick(sizes({32}, 301, false), o.quick);
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (std::size_t m : ms)
+        for (std::size_t k : ks) {
+          const std::size_t n = (m * 7 + k) % 61 + 1;
+          const auto a = filled<TA>(m * k, fill::uniform, o.seed + m * 131 + k), b = filled<TA>(k * n, fill::uniform, o.seed + k * 17 + n);
+          auto at = [&](std::size_t i, std::size_t p) { return to_double(ta ? a[p * m + i] : a[i * k + p]); };
+          auto bt = [&](std::size_t p, std::size_t j) { return to_double(tb ? b[j * k + p] : b[p * n + j]); };
+          std::vector<double> want(m * n), mag(m * n);
+          for (std::size_t i = 0; i < m; ++i)
+            for (std::size_t j = 0; j < n; ++j)
+              for (std::size_t p = 0; p < k; ++p) {
+                const double t = at(i, p) * bt(p, j);
+                want[i * n + j] += t;
+                mag[i * n + j] += std::fabs(t);
+              }
+          auto run = [&](host_device& d) {
+            std::vector<TC> c(m * n);
+            gemm(d, ta ? transpose::yes : transpose::none, tb ? transpose::yes : transpose::none, m, n, k, 1.0f, a.data(), ta ? m : k, b.data(),
+                 tb ? k : n, 0.0f, c.data(), n);
+            return c;
+          };
+          const std::string name = std::string("gemm ") + (ta ? "T" : "N") + (tb ? "T" : "N") + " " + dims({m, n, k});
+          s.add(compare(name, run(dev), want, tolerance::reduction(k, dtype::f32, tessel::detail::dtype_of_v<TC>), mag));
+          if (m == ms.back() && k == ks.back()) s.add(same_across_threads<TC>(name, run, {1, o.threads}, 1).reports.back());
+        }
+}
+
+// A gradcheck's verdict as a suite entry (its line carries the worst derivative).
+inline report as_report(const gradcheck_report& g) {
+  report r;
+  r.name = g.to_string();
+  r.count = g.count;
+  r.over = g.over;
+  r.mistrusted = g.mistrusted;
+  if (r.mistrusted) r.mistrust_reason = "every derivative is zero";
+  return r;
+}
+
+// ---- rows: softmax and norms ----
+inline std::vector<double> softmax64(std::span<const double> x, std::size_t rows, std::size_t n) {
+  std::vector<double> y(x.size());
+  for (std::size_t r = 0; r < rows; ++r) {
+    double m = -INFINITY, sum = 0;
+    for (std::size_t c = 0; c < n; ++c) m = std::max(m, x[r * n + c]);
+    for (std::size_t c = 0; c < n; ++c) sum += std::exp(x[r * n + c] - m);
+    for (std::size_t c = 0; c < n; ++c) y[r * n + c] = std::exp(x[r * n + c] - m) / sum;
+  }
+  return y;
+}
+
+inline void softmax_entry(suite& s, const run_options& o) {
+  host_device dev(o.threads);
+  const std::size_t rows = 5;
+  for (std::size_t n : pick(sizes({16, 64}, 1031, false), o.quick)) {
+    const auto x = filled<float>(rows * n, fill::normal, o.seed + n, {3, -1, 1, 3.0, true});
+    auto run = [&](host_device& d) {
+      std::vector<float> y(x.size());
+      softmax_forward(d, tensor<const float, 2>(x.data(), rows, n), tensor<float, 2>(y.data(), rows, n));
+      return y;
+    };
+    const std::string name = "softmax " + dims({rows, n});
+    s.add(compare(name, run(dev), softmax64(widen(x), rows, n), tolerance::relative(gamma(n + 16, u32))));
+    s.add(same_across_threads<float>(name, run, {1, o.threads}, 1).reports.back());
+  }
+  // backward: gradcheck of softmax_backward against the fp64 forward
+  const std::size_t n = 37;
+  const auto x = filled<double>(rows * n, fill::normal, o.seed + 99);
+  gradcheck_options go;
+  go.mode = grad_mode::random_directions;
+  auto r = gradcheck(
+      "softmax_backward " + dims({rows, n}), [&](std::span<const double> xx) { return softmax64(xx, rows, n); },
+      [&](std::span<const double> xx, std::span<const double> dy) {
+        const auto y64 = softmax64(xx, rows, n);
+        std::vector<float> y(y64.begin(), y64.end()), g(dy.begin(), dy.end()), dx(xx.size());
+        softmax_backward(dev, tensor<const float, 2>(g.data(), rows, n), tensor<const float, 2>(y.data(), rows, n), tensor<float, 2>(dx.data(), rows, n));
+        return std::vector<double>(dx.begin(), dx.end());
+      },
+      x, go);
+  s.add(as_report(r));
+}
+
+
+inline std::vector<double> norm64(bool rms, std::span<const double> x, std::size_t rows, std::size_t n, std::span<const float> w,
+                                  std::span<const float> b, double eps, std::vector<double>* mag = nullptr) {
+  std::vector<double> y(x.size());
+  if (mag) mag->assign(x.size(), 0.0);
+  for (std::size_t r = 0; r < rows; ++r) {
+    double mean = 0, var = 0;
+    if (!rms) {
+      for (std::size_t c = 0; c < n; ++c) mean += x[r * n + c];
+      mean /= double(n);
+    }
+    for (std::size_t c = 0; c < n; ++c) var += (x[r * n + c] - mean) * (x[r * n + c] - mean);
+    const double rs = 1.0 / std::sqrt(var / double(n) + eps);
+    for (std::size_t c = 0; c < n; ++c) {
+      y[r * n + c] = (x[r * n + c] - mean) * rs * w[c] + (b.empty() ? 0.0 : double(b[c]));
+      if (mag) (*mag)[r * n + c] = (std::fabs(x[r * n + c]) + std::fabs(mean)) * rs * std::fabs(w[c]) + (b.empty() ? 0.0 : std::fabs(b[c]));
+    }
+  }
+  return y;
+}
+
+inline void norm_entry(suite& s, const run_options& o, bool rms) {
+  host_device dev(o.threads);
+  const std::size_t rows = 6;
+  const char* op = rms ? "rmsnorm" : "layernorm";
+  const float eps = 1e-5f;
+  for (std::size_t n : pick(sizes({16, 64}, 1031, false), o.quick)) {
+    const auto x = filled<float>(rows * n, fill::normal, o.seed + n, {3, -1, 1, 2.0, true});
+    const auto w = filled<float>(n, fill::uniform, o.seed + 7, {3, 0.5, 1.5, 1, true}), b = filled<float>(n, fill::uniform, o.seed + 8);
+    norm_options no;
+    no.eps = eps;
+    auto run = [&](host_device& d) {
+      std::vector<float> y(x.size()), mean(rows), rstd(rows);
+      if (rms) rmsnorm_forward(d, tensor<const float, 2>(x.data(), rows, n), std::span<const float>(w), tensor<float, 2>(y.data(), rows, n), rstd, no);
+      else
+        layernorm_forward(d, tensor<const float, 2>(x.data(), rows, n), std::span<const float>(w), std::span<const float>(b),
+                          tensor<float, 2>(y.data(), rows, n), mean, rstd, no);
+      return y;
+    };
+    std::vector<double> mag;
+    const auto want = norm64(rms, widen(x), rows, n, w, rms ? std::span<const float>{} : std::span<const float>(b), eps, &mag);
+    const std::string name = std::string(op) + " " + dims({rows, n});
+    tolerance t;
+    t.mag = gamma(n + 16, u32);
+    s.add(compare(name, run(dev), want, t, mag));
+    s.add(same_across_threads<float>(name, run, {1, o.threads}, 1).reports.back());
+  }
+  const std::size_t n = 24, m = 3;
+  const auto w = filled<float>(n, fill::uniform, o.seed + 5, {3, 0.5, 1.5, 1, true}), b = filled<float>(n, fill::uniform, o.seed + 6);
+  const std::span<const float> bs = rms ? std::span<const float>{} : std::span<const float>(b);
+  gradcheck_options go;
+  go.mode = grad_mode::random_directions;
+  s.add(as_report(gradcheck(
+      std::string(op) + "_backward " + dims({m, n}), [&](std::span<const double> xx) { return norm64(rms, xx, m, n, w, bs, eps); },
+      [&](std::span<const double> xx, std::span<const double> dy) {
+        std::vector<float> xf(xx.begin(), xx.end()), g(dy.begin(), dy.end()), y(xx.size()), mean(m), rstd(m), dx(xx.size()), dw(n), db(n);
+        norm_options no;
+        no.eps = eps;
+        const tensor<const float, 2> xt(xf.data(), m, n);
+        if (rms) {
+          rmsnorm_forward(dev, xt, std::span<const float>(w), tensor<float, 2>(y.data(), m, n), rstd, no);
+          rmsnorm_backward(dev, tensor<const float, 2>(g.data(), m, n), xt, std::span<const float>(w), rstd, tensor<float, 2>(dx.data(), m, n), dw, no);
+        } else {
+          layernorm_forward(dev, xt, std::span<const float>(w), bs, tensor<float, 2>(y.data(), m, n), mean, rstd, no);
+          layernorm_backward(dev, tensor<const float, 2>(g.data(), m, n), xt, std::span<const float>(w), mean, rstd, tensor<float, 2>(dx.data(), m, n),
+                             dw, db, no);
+        }
+        return std::vector<double>(dx.begin(), dx.end());
+      },
+      filled<double>(m * n, fill::normal, o.seed + 3), go)));
+}
+
+// ---- elementwise activations ----
+enum class act { gelu_tanh, gelu_erf, silu };
+inline double act64(act a, double x) {
+  switch (a) {
+    case act::gelu_tanh: return 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+    case act::gelu_erf: return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
+    case act::silu: return x / (1.0 + std::exp(-x));
+  }
+  return 0;
+}
+
+inline void activation_entry(suite& s, const run_options& o, act a) {
+  host_device dev(o.threads);
+  const char* op = a == act::gelu_tanh ? "gelu_tanh" : a == act::gelu_erf ? "gelu_erf" : "silu";
+  auto fwd = [a](host_device& d, std::span<const float> x, std::span<float> y) {
+    if (a == act::silu) silu_forward(d, x, y);
+    else gelu_forward(d, x, y, a == act::gelu_tanh ? gelu_approx::tanh : gelu_approx::erf);
+  };
+  for (std::size_t n : pick(sizes({8, 16, 64}, 100003, false), o.quick)) {
+    const auto x = filled<float>(n, fill::normal, o.seed + n, {3, -1, 1, 3.0, true});
+    auto run = [&](host_device& d) {
+      std::vector<float> y(n);
+      fwd(d, x, y);
+      return y;
+    };
+    std::vector<double> want(n), mag(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      want[i] = act64(a, x[i]);
+      mag[i] = std::fabs(x[i]);
+    }
+    tolerance t;
+    t.rel = 64 * u32;
+    t.mag = 64 * u32;
+    const std::string name = std::string(op) + " " + std::to_string(n);
+    s.add(compare(name, run(dev), want, t, mag));
+    s.add(same_across_threads<float>(name, run, {1, o.threads}, 1).reports.back());
+  }
+  const std::size_t n = 41;
+  gradcheck_options go;
+  go.mode = grad_mode::random_directions;
+  s.add(as_report(gradcheck(
+      std::string(op) + "_backward " + std::to_string(n),
+      [a](std::span<const double> x) {
+        std::vector<double> y(x.size());
+        for (std::size_t i = 0; i < x.size(); ++i) y[i] = act64(a, x[i]);
+        return y;
+      },
+      [&](std::span<const double> x, std::span<const double> dy) {
+        std::vector<float> xf(x.begin(), x.end()), g(dy.begin(), dy.end()), dx(x.size());
+        if (a == act::silu) silu_backward(dev, std::span<const float>(g), std::span<const float>(xf), std::span<float>(dx));
+        else
+          gelu_backward(dev, std::span<const float>(g), std::span<const float>(xf), std::span<float>(dx),
+                        a == act::gelu_tanh ? gelu_approx::tanh : gelu_approx::erf);
+        return std::vector<double>(dx.begin(), dx.end());
+      },
+      filled<double>(n, fill::normal, o.seed + 4), go)));
+}
+
+inline void swiglu_entry(suite& s, const run_options& o) {
+  host_device dev(o.threads);
+  for (std::size_t n : pick(sizes({8, 16, 64}, 100003, false), o.quick)) {
+    const auto a = filled<float>(n, fill::normal, o.seed + n, {3, -1, 1, 3.0, true}), b = filled<float>(n, fill::normal, o.seed + 2 * n);
+    auto run = [&](host_device& d) {
+      std::vector<float> y(n);
+      swiglu_forward(d, std::span<const float>(a), std::span<const float>(b), std::span<float>(y));
+      return y;
+    };
+    std::vector<double> want(n), mag(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      want[i] = act64(act::silu, a[i]) * b[i];
+      mag[i] = std::fabs(a[i] * b[i]);
+    }
+    tolerance t;
+    t.rel = 64 * u32;
+    t.mag = 64 * u32;
+    const std::string name = "swiglu " + std::to_string(n);
+    s.add(compare(name, run(dev), want, t, mag));
+    s.add(same_across_threads<float>(name, run, {1, o.threads}, 1).reports.back());
+  }
+  const std::size_t n = 23;  // x = [a; b]
+  gradcheck_options go;
+  go.mode = grad_mode::random_directions;
+  s.add(as_report(gradcheck(
+      "swiglu_backward " + std::to_string(n),
+      [&](std::span<const double> x) {
+        std::vector<double> y(n);
+        for (std::size_t i = 0; i < n; ++i) y[i] = act64(act::silu, x[i]) * x[n + i];
+        return y;
+      },
+      [&](std::span<const double> x, std::span<const double> dy) {
+        std::vector<float> af(x.begin(), x.begin() + n), bf(x.begin() + n, x.end()), g(dy.begin(), dy.end()), da(n), db(n);
+        swiglu_backward(dev, std::span<const float>(g), std::span<const float>(af), std::span<const float>(bf), std::span<float>(da), std::span<float>(db));
+        std::vector<double> dx(da.begin(), da.end());
+        dx.insert(dx.end(), db.begin(), db.end());
+        return dx;
+      },
+      filled<double>(2 * n, fill::normal, o.seed + 5), go)));
+}
+
+// ---- cross-entropy ----
+inline void cross_entropy_entry(suite& s, const run_options& o) {
+  host_device dev(o.threads);
+  const std::size_t rows = 7;
+  for (std::size_t n : pick(sizes({16, 64}, 32003, false), o.quick)) {
+    const auto x = filled<float>(rows * n, fill::normal, o.seed + n, {3, -1, 1, 2.0, true});
+    std::vector<std::int64_t> labels(rows);
+    rng g(o.seed + n);
+    for (auto& l : labels) l = g.integer(0, static_cast<std::int64_t>(n) - 1);
+    labels[rows / 2] = -100;  // ignored
+    const auto p = softmax64(widen(x), rows, n);
+    std::vector<double> want_grad(rows * n);
+    double want_loss = 0;
+    std::size_t counted = 0;
+    for (std::size_t r = 0; r < rows; ++r) {
+      if (labels[r] < 0) continue;
+      ++counted;
+      want_loss -= std::log(p[r * n + std::size_t(labels[r])]);
+    }
+    want_loss /= double(counted);
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t c = 0; c < n; ++c)
+        want_grad[r * n + c] = labels[r] < 0 ? 0.0 : (p[r * n + c] - (std::int64_t(c) == labels[r] ? 1.0 : 0.0)) / double(counted);
+    double loss = 0;
+    auto run = [&](host_device& d) {
+      std::vector<float> dl(x.size());
+      loss = cross_entropy(d, tensor<const float, 2>(x.data(), rows, n), std::span<const std::int64_t>(labels), tensor<float, 2>(dl.data(), rows, n)).loss;
+      return dl;
+    };
+    const std::string name = "cross_entropy " + dims({rows, n});
+    tolerance t;
+    t.abs = gamma(n + 16, u32) / double(counted);
+    t.rel = gamma(n + 16, u32);
+    s.add(compare(name + " dlogits", run(dev), want_grad, t));
+    s.add(compare(name + " loss", std::vector<double>{loss}, std::vector<double>{want_loss}, tolerance::relative(gamma(n + 16, u32))));
+    s.add(same_across_threads<float>(name, run, {1, o.threads}, 1).reports.back());
+  }
+}
+
+// ---- rope ----
+inline std::vector<double> rope64(std::span<const double> x, std::size_t tokens, std::size_t heads, std::size_t hd, std::span<const std::int64_t> pos,
+                                  double theta, double sign, std::vector<double>* mag = nullptr) {
+  std::vector<double> y(x.size());
+  if (mag) mag->assign(x.size(), 0.0);
+  const std::size_t half = hd / 2;
+  for (std::size_t t = 0; t < tokens; ++t)
+    for (std::size_t h = 0; h < heads; ++h)
+      for (std::size_t j = 0; j < half; ++j) {
+        const double ang = double(pos[t]) * std::pow(theta, -2.0 * double(j) / double(hd));
+        const double c = std::cos(ang), sn = sign * std::sin(ang);
+        const std::size_t i0 = t * heads * hd + h * hd + j, i1 = i0 + half;
+        y[i0] = x[i0] * c - x[i1] * sn;
+        y[i1] = x[i1] * c + x[i0] * sn;
+        if (mag) {
+          (*mag)[i0] = std::fabs(x[i0] * c) + std::fabs(x[i1] * sn);
+          (*mag)[i1] = std::fabs(x[i1] * c) + std::fabs(x[i0] * sn);
+        }
+      }
+  return y;
+}
+
+inline void rope_entry(suite& s, const run_options& o) {
+  host_device dev(o.threads);
+  const std::size_t heads = 3;
+  for (std::size_t hd : {std::size_t{2}, std::size_t{64}, std::size_t{128}})
+    for (std::size_t tokens : pick(sizes({16}, 67, false), o.quick)) {
+      const auto x = filled<float>(tokens * heads * hd, fill::normal, o.seed + tokens + hd);
+      std::vector<std::int64_t> pos(tokens);
+      for (std::size_t t = 0; t < tokens; ++t) pos[t] = std::int64_t(t * 37 % 4099);
+      auto run = [&](host_device& d) {
+        std::vector<float> y = x;
+        rope_forward(d, tensor<float, 2>(y.data(), tokens, heads * hd), hd, std::span<const std::int64_t>(pos));
+        return y;
+      };
+      std::vector<double> mag;
+      const auto want = rope64(widen(x), tokens, heads, hd, pos, 10000.0, 1.0, &mag);
+      tolerance t;
+      t.mag = 16 * u32;
+      const std::string name = "rope " + dims({tokens, heads, hd});
+      s.add(compare(name, run(dev), want, t, mag));
+      s.add(same_across_threads<float>(name, run, {1, o.threads}, 1).reports.back());
+    }
+  const std::size_t tokens = 5, hd = 8, hh = 2;
+  std::vector<std::int64_t> pos = {0, 3, 17, 100, 4095};
+  gradcheck_options go;
+  go.mode = grad_mode::random_directions;
+  s.add(as_report(gradcheck(
+      "rope_backward " + dims({tokens, hh, hd}), [&](std::span<const double> x) { return rope64(x, tokens, hh, hd, pos, 10000.0, 1.0); },
+      [&](std::span<const double>, std::span<const double> dy) {
+        std::vector<float> g(dy.begin(), dy.end());
+        rope_backward(dev, tensor<float, 2>(g.data(), tokens, hh * hd), hd, std::span<const std::int64_t>(pos));
+        return std::vector<double>(g.begin(), g.end());
+      },
+      filled<double>(tokens * hh * hd, fill::normal, o.seed + 6), go)));
+}
+
+// ---- attention ----
+inline void attention_entry(suite& s, const run_options& o) {
+  host_device dev(o.threads);
+  for (bool causal : {false, true})
+    for (std::size_t hq_over_kv : {std::size_t{1}, std::size_t{4}})
+      for (std::size_t sq : pick(sizes({64}, 131, false), o.quick)) {
+        attention_shape sh;
+        sh.batch = 2;
+        sh.seq_q = sq;
+        sh.seq_kv = sq + (causal ? 0 : 7);
+        sh.heads_kv = 2;
+        sh.heads_q = 2 * hq_over_kv;
+        sh.head_dim = 64;
+        attention_options ao;
+        ao.causal = causal;
+        const std::size_t d = sh.head_dim;
+        const auto q = filled<float>(sh.batch * sq * sh.heads_q * d, fill::normal, o.seed + sq);
+        const auto k = filled<float>(sh.batch * sh.seq_kv * sh.heads_kv * d, fill::normal, o.seed + sq + 1);
+        const auto v = filled<float>(sh.batch * sh.seq_kv * sh.heads_kv * d, fill::normal, o.seed + sq + 2);
+        auto run = [&](host_device& dv) {
+          std::vector<float> out(q.size());
+          attention_forward(dv, sh, std::span<const float>(q), std::span<const float>(k), std::span<const float>(v), std::span<float>(out), {}, ao);
+          return out;
+        };
+        std::vector<double> want(q.size()), mag(q.size());
+        const double scale = 1.0 / std::sqrt(double(d));
+        std::vector<double> p(sh.seq_kv);
+        for (std::size_t bb = 0; bb < sh.batch; ++bb)
+          for (std::size_t h = 0; h < sh.heads_q; ++h) {
+            const std::size_t hk = h / hq_over_kv;
+            for (std::size_t i = 0; i < sq; ++i) {
+              double m = -INFINITY, sum = 0;
+              for (std::size_t j = 0; j < sh.seq_kv; ++j) {
+                double dot = 0;
+                for (std::size_t e = 0; e < d; ++e)
+                  dot += double(q[((bb * sq + i) * sh.heads_q + h) * d + e]) * double(k[((bb * sh.seq_kv + j) * sh.heads_kv + hk) * d + e]);
+                p[j] = (causal && j > i) ? -INFINITY : dot * scale;
+                m = std::max(m, p[j]);
+              }
+              for (std::size_t j = 0; j < sh.seq_kv; ++j) sum += (p[j] = std::exp(p[j] - m));
+              for (std::size_t e = 0; e < d; ++e) {
+                double acc = 0, mg = 0;
+                for (std::size_t j = 0; j < sh.seq_kv; ++j) {
+                  const double vv = double(v[((bb * sh.seq_kv + j) * sh.heads_kv + hk) * d + e]);
+                  acc += p[j] * vv;
+                  mg += p[j] * std::fabs(vv);
+                }
+                want[((bb * sq + i) * sh.heads_q + h) * d + e] = acc / sum;
+                mag[((bb * sq + i) * sh.heads_q + h) * d + e] = mg / sum;
+              }
+            }
+          }
+        tolerance t;
+        t.mag = gamma(sh.seq_kv + d + 16, u32);
+        const std::string name = std::string("attention ") + (causal ? "causal " : "") + "hq" + std::to_string(sh.heads_q) + " hkv2 " +
+                                 dims({sh.batch, sq, sh.seq_kv, d});
+        s.add(compare(name, run(dev), want, t, mag));
+        s.add(same_across_threads<float>(name, run, {1, o.threads}, 1).reports.back());
+      }
+}
+
+}  // namespace detail
+
+// Every library operator's entry, in a stable order.
+inline const std::vector<entry>& library() {
+  static const std::vector<entry> all = {
+      {"gemm/f32", "f32 GEMM, 4 transposes, M/K swept over tile edges; 1 vs N threads", detail::gemm_entry<float, float>},
+      {"gemm/bf16", "bf16 GEMM into f32, 4 transposes, M/K swept", detail::gemm_entry<bf16, float>},
+      {"gemm/bf16_out", "bf16 GEMM into bf16 (one rounding of the f32 sum)", detail::gemm_entry<bf16, bf16>},
+      {"softmax", "softmax forward over row lengths 1..1031; backward gradcheck", detail::softmax_entry},
+      {"rmsnorm", "RMSNorm forward; backward (dx) gradcheck", [](suite& s, const run_options& o) { detail::norm_entry(s, o, true); }},
+      {"layernorm", "LayerNorm forward; backward (dx) gradcheck", [](suite& s, const run_options& o) { detail::norm_entry(s, o, false); }},
+      {"gelu_tanh", "tanh-approximated GELU forward and backward", [](suite& s, const run_options& o) { detail::activation_entry(s, o, detail::act::gelu_tanh); }},
+      {"gelu_erf", "exact (erf) GELU forward and backward", [](suite& s, const run_options& o) { detail::activation_entry(s, o, detail::act::gelu_erf); }},
+      {"silu", "SiLU forward and backward", [](suite& s, const run_options& o) { detail::activation_entry(s, o, detail::act::silu); }},
+      {"swiglu", "SwiGLU forward and backward (both inputs)", detail::swiglu_entry},
+      {"cross_entropy", "cross-entropy loss and dlogits, an ignored row, vocab up to 32003", detail::cross_entropy_entry},
+      {"rope", "rotary embedding forward (head_dim 2, 64, 128); backward gradcheck", detail::rope_entry},
+      {"attention", "flash attention forward, causal and not, GQA 1 and 4", detail::attention_entry},
+  };
+  return all;
+}
+
+// Runs one entry; an exception from the operator becomes a failing report naming it.
+inline suite run(const entry& e, const run_options& o = {}) {
+  if (o.threads == 0) throw verify_error("run_options: threads must be at least 1");
+  suite s;
+  try {
+    e.run(s, o);
+  } catch (const std::exception& ex) {
+    report r;
+    r.name = e.name + ": threw " + ex.what();
+    r.over = 1;
+    s.add(r);
+  }
+  for (auto& r : s.reports) r.name = e.name + ": " + r.name;
+  return s;
+}
+
+}  // namespace verify
+}  // namespace v0
+}  // namespace tessel
