@@ -12,6 +12,8 @@
 //   cross-entropy  γ_{n+16} on the loss and on each gradient, relative to the row's scale
 //   rope           16·u·(|x_i·cos| + |x_j·sin|)
 //   attention      γ_{s+d+16}·Σ_j p_j·|v_j|                     (row sums of s keys, d-long dots)
+//   embedding      forward exact; backward γ_T·Σ|dout| over the T tokens of a row
+//   optimizers     16·u·(|p| + |update|), one step from the kernel's own state (no drift)
 //   backward       gradcheck: fp64 central differences, rtol 1e-3, atol 1e-6 (random directions)
 #pragma once
 
@@ -27,9 +29,11 @@
 #include <tessel/device/host_device.hpp>
 #include <tessel/ops/activation.hpp>
 #include <tessel/ops/attention.hpp>
+#include <tessel/ops/embedding.hpp>
 #include <tessel/ops/gemm.hpp>
 #include <tessel/ops/loss.hpp>
 #include <tessel/ops/norm.hpp>
+#include <tessel/ops/optim.hpp>
 #include <tessel/ops/rope.hpp>
 #include <tessel/ops/softmax.hpp>
 #include <tessel/verify/check.hpp>
@@ -429,6 +433,40 @@ inline void rope_entry(suite& s, const run_options& o) {
 }
 
 // ---- attention ----
+// fp64 attention over bshd tensors; `mag` (if given) gets Σ_j p_j·|v_j| / Σ_j p_j per output.
+inline std::vector<double> attention64(const attention_shape& sh, bool causal, std::span<const double> q, std::span<const double> k,
+                                       std::span<const double> v, std::vector<double>* mag = nullptr) {
+  const std::size_t d = sh.head_dim, sq = sh.seq_q, skv = sh.seq_kv, group = sh.heads_q / sh.heads_kv;
+  std::vector<double> out(q.size()), p(skv);
+  if (mag) mag->assign(q.size(), 0.0);
+  const double scale = 1.0 / std::sqrt(double(d));
+  for (std::size_t bb = 0; bb < sh.batch; ++bb)
+    for (std::size_t h = 0; h < sh.heads_q; ++h) {
+      const std::size_t hk = h / group;
+      for (std::size_t i = 0; i < sq; ++i) {
+        double m = -INFINITY, sum = 0;
+        for (std::size_t j = 0; j < skv; ++j) {
+          double dot = 0;
+          for (std::size_t e = 0; e < d; ++e) dot += q[((bb * sq + i) * sh.heads_q + h) * d + e] * k[((bb * skv + j) * sh.heads_kv + hk) * d + e];
+          p[j] = (causal && j > i) ? -INFINITY : dot * scale;
+          m = std::max(m, p[j]);
+        }
+        for (std::size_t j = 0; j < skv; ++j) sum += (p[j] = std::exp(p[j] - m));
+        for (std::size_t e = 0; e < d; ++e) {
+          double acc = 0, mg = 0;
+          for (std::size_t j = 0; j < skv; ++j) {
+            const double vv = v[((bb * skv + j) * sh.heads_kv + hk) * d + e];
+            acc += p[j] * vv;
+            mg += p[j] * std::fabs(vv);
+          }
+          out[((bb * sq + i) * sh.heads_q + h) * d + e] = acc / sum;
+          if (mag) (*mag)[((bb * sq + i) * sh.heads_q + h) * d + e] = mg / sum;
+        }
+      }
+    }
+  return out;
+}
+
 inline void attention_entry(suite& s, const run_options& o) {
   host_device dev(o.threads);
   for (bool causal : {false, true})
@@ -452,34 +490,8 @@ inline void attention_entry(suite& s, const run_options& o) {
           attention_forward(dv, sh, std::span<const float>(q), std::span<const float>(k), std::span<const float>(v), std::span<float>(out), {}, ao);
           return out;
         };
-        std::vector<double> want(q.size()), mag(q.size());
-        const double scale = 1.0 / std::sqrt(double(d));
-        std::vector<double> p(sh.seq_kv);
-        for (std::size_t bb = 0; bb < sh.batch; ++bb)
-          for (std::size_t h = 0; h < sh.heads_q; ++h) {
-            const std::size_t hk = h / hq_over_kv;
-            for (std::size_t i = 0; i < sq; ++i) {
-              double m = -INFINITY, sum = 0;
-              for (std::size_t j = 0; j < sh.seq_kv; ++j) {
-                double dot = 0;
-                for (std::size_t e = 0; e < d; ++e)
-                  dot += double(q[((bb * sq + i) * sh.heads_q + h) * d + e]) * double(k[((bb * sh.seq_kv + j) * sh.heads_kv + hk) * d + e]);
-                p[j] = (causal && j > i) ? -INFINITY : dot * scale;
-                m = std::max(m, p[j]);
-              }
-              for (std::size_t j = 0; j < sh.seq_kv; ++j) sum += (p[j] = std::exp(p[j] - m));
-              for (std::size_t e = 0; e < d; ++e) {
-                double acc = 0, mg = 0;
-                for (std::size_t j = 0; j < sh.seq_kv; ++j) {
-                  const double vv = double(v[((bb * sh.seq_kv + j) * sh.heads_kv + hk) * d + e]);
-                  acc += p[j] * vv;
-                  mg += p[j] * std::fabs(vv);
-                }
-                want[((bb * sq + i) * sh.heads_q + h) * d + e] = acc / sum;
-                mag[((bb * sq + i) * sh.heads_q + h) * d + e] = mg / sum;
-              }
-            }
-          }
+        std::vector<double> mag;
+        const auto want = attention64(sh, causal, widen(q), widen(k), widen(v), &mag);
         tolerance t;
         t.mag = gamma(sh.seq_kv + d + 16, u32);
         const std::string name = std::string("attention ") + (causal ? "causal " : "") + "hq" + std::to_string(sh.heads_q) + " hkv2 " +
@@ -487,6 +499,130 @@ inline void attention_entry(suite& s, const run_options& o) {
         s.add(compare(name, run(dev), want, t, mag));
         s.add(same_across_threads<float>(name, run, {1, o.threads}, 1).reports.back());
       }
+  // backward: dq, dk, dv together, gradchecked against the fp64 forward (x = [q; k; v])
+  for (bool causal : {false, true}) {
+    attention_shape sh;
+    sh.batch = 1;
+    sh.seq_q = 5;
+    sh.seq_kv = causal ? 5 : 9;
+    sh.heads_q = 4;
+    sh.heads_kv = 2;
+    sh.head_dim = 16;
+    const std::size_t nq = sh.seq_q * sh.heads_q * sh.head_dim, nk = sh.seq_kv * sh.heads_kv * sh.head_dim;
+    attention_options ao;
+    ao.causal = causal;
+    gradcheck_options go;
+    go.mode = grad_mode::random_directions;
+    s.add(as_report(gradcheck(
+        std::string("attention_backward ") + (causal ? "causal " : "") + "hq4 hkv2 " + dims({sh.batch, sh.seq_q, sh.seq_kv, sh.head_dim}),
+        [&](std::span<const double> x) { return attention64(sh, causal, x.subspan(0, nq), x.subspan(nq, nk), x.subspan(nq + nk, nk)); },
+        [&](std::span<const double> x, std::span<const double> dy) {
+          std::vector<float> xf(x.begin(), x.end()), g(dy.begin(), dy.end()), out(nq), lse(sh.heads_q * sh.seq_q), dx(x.size());
+          const std::span<const float> q(xf.data(), nq), k(xf.data() + nq, nk), v(xf.data() + nq + nk, nk);
+          attention_forward(dev, sh, q, k, v, std::span<float>(out), std::span<float>(lse), ao);
+          attention_backward(dev, sh, q, k, v, std::span<const float>(out), std::span<const float>(g), std::span<const float>(lse),
+                             std::span<float>(dx.data(), nq), std::span<float>(dx.data() + nq, nk), std::span<float>(dx.data() + nq + nk, nk), ao);
+          return std::vector<double>(dx.begin(), dx.end());
+        },
+        filled<double>(nq + 2 * nk, fill::normal, o.seed + 12), go)));
+  }
+}
+
+// ---- embedding ----
+inline void embedding_entry(suite& s, const run_options& o) {
+  host_device dev(o.threads);
+  for (std::size_t width : pick(sizes({16, 256}, 1031, false), o.quick)) {
+    const std::size_t vocab = 50, tokens = 97;
+    const auto table = filled<float>(vocab * width, fill::normal, o.seed + width);
+    const auto dout = filled<float>(tokens * width, fill::normal, o.seed + width + 1);
+    std::vector<std::int64_t> ids(tokens);
+    rng g(o.seed + width);
+    for (auto& id : ids) id = g.integer(0, 9);  // repeated ids: the scatter-add sums several rows
+    std::vector<double> want_fwd(tokens * width), want_bwd(vocab * width), mag(vocab * width);
+    for (std::size_t t = 0; t < tokens; ++t)
+      for (std::size_t c = 0; c < width; ++c) {
+        want_fwd[t * width + c] = table[std::size_t(ids[t]) * width + c];
+        want_bwd[std::size_t(ids[t]) * width + c] += dout[t * width + c];
+        mag[std::size_t(ids[t]) * width + c] += std::fabs(dout[t * width + c]);
+      }
+    auto fwd = [&](host_device& d) {
+      std::vector<float> out(tokens * width);
+      embedding_forward(d, std::span<const std::int64_t>(ids), tensor<const float, 2>(table.data(), vocab, width), tensor<float, 2>(out.data(), tokens, width));
+      return out;
+    };
+    auto bwd = [&](host_device& d) {
+      std::vector<float> dt(vocab * width, 0.0f);
+      embedding_backward(d, std::span<const std::int64_t>(ids), tensor<const float, 2>(dout.data(), tokens, width), tensor<float, 2>(dt.data(), vocab, width));
+      return dt;
+    };
+    const std::string name = "embedding " + dims({tokens, vocab, width});
+    s.add(compare(name + " forward", fwd(dev), want_fwd, tolerance::exact()));
+    tolerance t;
+    t.mag = gamma(tokens, u32);
+    auto check_options_for_sparse = check_options{};
+    check_options_for_sparse.mistrust_zero_fraction = 0.9;  // 10 of 50 rows are used: 80% zeros by design
+    s.add(compare(name + " backward", std::span<const float>(bwd(dev)), std::span<const double>(want_bwd), t, std::span<const double>(mag),
+                  check_options_for_sparse));
+    s.add(same_across_threads<float>(name + " backward", bwd, {1, o.threads}, 1).reports.back());
+  }
+}
+
+// ---- optimizers: one step against fp64 from the kernel's own state, three steps in a row ----
+enum class optimizer { adamw, sgd_nesterov, lion };
+
+inline void optimizer_entry(suite& s, const run_options& o, optimizer which) {
+  host_device dev(o.threads);
+  const char* op = which == optimizer::adamw ? "adamw" : which == optimizer::sgd_nesterov ? "sgd" : "lion";
+  for (std::size_t n : pick(sizes({16, 64}, 100003, false), o.quick)) {
+    auto p = filled<float>(n, fill::normal, o.seed + n);
+    std::vector<float> m(n, 0.0f), v(n, 0.0f);
+    for (std::uint64_t step = 1; step <= 3; ++step) {
+      const auto g = filled<float>(n, fill::normal, o.seed + n + 100 * step);
+      std::vector<double> want(n), mag(n);
+      const std::vector<float> p0 = p, m0 = m, v0 = v;
+      for (std::size_t i = 0; i < n; ++i) {
+        const double pi = p0[i], gi = g[i], mi = m0[i], vi = v0[i];
+        if (which == optimizer::adamw) {
+          const adamw_params h;
+          const double m1 = h.beta1 * mi + (1 - double(h.beta1)) * gi, v1 = h.beta2 * vi + (1 - double(h.beta2)) * gi * gi;
+          const double bc1 = 1 - std::pow(double(h.beta1), double(step)), bc2 = 1 - std::pow(double(h.beta2), double(step));
+          const double upd = double(h.lr) / bc1 * m1 / (std::sqrt(v1) / std::sqrt(bc2) + h.eps);
+          want[i] = pi * (1 - double(h.lr) * h.weight_decay) - upd;
+          mag[i] = std::fabs(pi) + std::fabs(upd);
+        } else if (which == optimizer::sgd_nesterov) {
+          const double lr = 0.01, mom = 0.9;
+          const double b = step == 1 ? gi : mom * mi + gi;
+          const double upd = lr * (gi + mom * b);
+          want[i] = pi - upd;
+          mag[i] = std::fabs(pi) + lr * (std::fabs(gi) + mom * std::fabs(b));
+        } else {
+          const lion_params h;
+          const double c = h.beta1 * mi + (1 - double(h.beta1)) * gi;
+          const double sg = c > 0 ? 1.0 : c < 0 ? -1.0 : 0.0;
+          want[i] = pi * (1 - double(h.lr) * h.weight_decay) - double(h.lr) * sg;
+          mag[i] = std::fabs(pi) + double(h.lr);
+        }
+      }
+      optim_tensor<float, float> t;
+      t.param = p;
+      t.grad = g;
+      t.m = m;
+      if (which == optimizer::adamw) t.v = v;
+      const std::span<const optim_tensor<float, float>> ts(&t, 1);
+      if (which == optimizer::adamw) adamw_step(dev, ts, adamw_params{}, step);
+      else if (which == optimizer::sgd_nesterov) {
+        sgd_params h;
+        h.lr = 0.01f;
+        h.momentum = 0.9f;
+        h.nesterov = true;
+        sgd_step(dev, ts, h, step);
+      } else
+        lion_step(dev, ts, lion_params{}, step);
+      tolerance tol;
+      tol.mag = 16 * u32;
+      s.add(compare(std::string(op) + " " + std::to_string(n) + " step " + std::to_string(step), p, want, tol, mag));
+    }
+  }
 }
 
 }  // namespace detail
@@ -506,7 +642,11 @@ inline const std::vector<entry>& library() {
       {"swiglu", "SwiGLU forward and backward (both inputs)", detail::swiglu_entry},
       {"cross_entropy", "cross-entropy loss and dlogits, an ignored row, vocab up to 32003", detail::cross_entropy_entry},
       {"rope", "rotary embedding forward (head_dim 2, 64, 128); backward gradcheck", detail::rope_entry},
-      {"attention", "flash attention forward, causal and not, GQA 1 and 4", detail::attention_entry},
+      {"attention", "flash attention forward, causal and not, GQA 1 and 4; backward (dq, dk, dv) gradcheck", detail::attention_entry},
+      {"embedding", "embedding gather (exact) and its deterministic scatter-add backward", detail::embedding_entry},
+      {"adamw", "fused AdamW, three steps, each against fp64 from the kernel's state", [](suite& s, const run_options& o) { detail::optimizer_entry(s, o, detail::optimizer::adamw); }},
+      {"sgd", "fused SGD with Nesterov momentum, three steps", [](suite& s, const run_options& o) { detail::optimizer_entry(s, o, detail::optimizer::sgd_nesterov); }},
+      {"lion", "fused Lion, three steps", [](suite& s, const run_options& o) { detail::optimizer_entry(s, o, detail::optimizer::lion); }},
   };
   return all;
 }
