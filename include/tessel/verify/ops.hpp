@@ -5,7 +5,9 @@
 // changes an atom checks every operator with one command.
 //
 // Tolerances (u = 2^-24, the f32 unit roundoff; γ_K = K·u/(1 − K·u)):
-//   gemm           γ_K·Σ|a·b| + u_out·|c|                       (DESIGN.md)
+//   gemm           γ_K·Σ|a·b| + u_out·|c|                       (DESIGN.md; FP8: K + block-scale products)
+//   gemm epilogue  1.13·γ_{K+1}·Σ|a·b| + (u_bf16 + 64u)·|y| + 64u   (gelu' ≤ 1.13, erf, the bf16 cast)
+//   convert        exact (one RNE rounding of the f32 product; NaN/Inf/overflow as the scalar types)
 //   softmax        γ_{n+16}·|y|                                  (a sum of n exps, a division)
 //   rmsnorm        γ_{n+16}·|y|; layernorm γ_{n+16}·(|x|+|μ|)·rstd·|w| (cancellation in x − μ)
 //   activations    64·u·|y| + 64·u·|x|·u-scale near zero          (exp/erf approximations)
@@ -27,6 +29,7 @@
 #include <vector>
 
 #include <tessel/device/host_device.hpp>
+#include <tessel/emulator/card.hpp>
 #include <tessel/ops/activation.hpp>
 #include <tessel/ops/attention.hpp>
 #include <tessel/ops/embedding.hpp>
@@ -34,6 +37,7 @@
 #include <tessel/ops/loss.hpp>
 #include <tessel/ops/norm.hpp>
 #include <tessel/ops/optim.hpp>
+#include <tessel/ops/quant.hpp>
 #include <tessel/ops/rope.hpp>
 #include <tessel/ops/softmax.hpp>
 #include <tessel/verify/check.hpp>
@@ -48,6 +52,7 @@ struct run_options {
   unsigned threads = 2;     // the device's threads; determinism compares 1 thread against this
   std::uint64_t seed = 1;   // fills
   bool quick = false;       // fewer shapes
+  bool card = true;         // determinism also runs on an emulated card (its bits must be the host's)
 };
 
 struct entry {
@@ -78,6 +83,30 @@ std::vector<double> widen(const std::vector<T>& v) {
 }
 inline constexpr double u32 = 0x1p-24;
 
+// The same computation on 1 thread, on `threads` threads and (o.card) on an emulated card: the
+// outputs must agree bitwise. `run(device)` is generic over the device.
+template <checkable T, class F>
+void determinism(suite& s, const std::string& name, const F& run, const run_options& o) {
+  std::vector<named_run<T>> runs;
+  runs.push_back({"1 thread", [&run] {
+                    host_device d(1);
+                    return run(d);
+                  }});
+  runs.push_back({std::to_string(o.threads) + " threads", [&run, &o] {
+                    host_device d(o.threads);
+                    return run(d);
+                  }});
+  if (o.card)
+    runs.push_back({"emulated card", [&run, &o] {
+                      executor ex(o.threads);
+                      emu::card_spec spec;
+                      spec.memory_bytes = std::size_t{1} << 30;
+                      emu::card c(0, spec, ex, false, nullptr);
+                      return run(c);
+                    }});
+  for (auto& r : same_bits<T>(name, runs).reports) s.add(std::move(r));
+}
+
 // ---- gemm ----
 template <class TA, class TC>
 void gemm_entry(suite& s, const run_options& o) {
@@ -99,7 +128,7 @@ void gemm_entry(suite& s, const run_options& o) {
                 want[i * n + j] += t;
                 mag[i * n + j] += std::fabs(t);
               }
-          auto run = [&](host_device& d) {
+          auto run = [&](auto& d) {
             std::vector<TC> c(m * n);
             gemm(d, ta ? transpose::yes : transpose::none, tb ? transpose::yes : transpose::none, m, n, k, 1.0f, a.data(), ta ? m : k, b.data(),
                  tb ? k : n, 0.0f, c.data(), n);
@@ -107,7 +136,7 @@ void gemm_entry(suite& s, const run_options& o) {
           };
           const std::string name = std::string("gemm ") + (ta ? "T" : "N") + (tb ? "T" : "N") + " " + dims({m, n, k});
           s.add(compare(name, run(dev), want, tolerance::reduction(k, dtype::f32, tessel::detail::dtype_of_v<TC>), mag));
-          if (m == ms.back() && k == ks.back()) s.add(same_across_threads<TC>(name, run, {1, o.threads}, 1).reports.back());
+          if (m == ms.back() && k == ks.back()) determinism<TC>(s, name, run, o);
         }
 }
 
@@ -139,14 +168,14 @@ inline void softmax_entry(suite& s, const run_options& o) {
   const std::size_t rows = 5;
   for (std::size_t n : pick(sizes({16, 64}, 1031, false), o.quick)) {
     const auto x = filled<float>(rows * n, fill::normal, o.seed + n, {3, -1, 1, 3.0, true});
-    auto run = [&](host_device& d) {
+    auto run = [&](auto& d) {
       std::vector<float> y(x.size());
       softmax_forward(d, tensor<const float, 2>(x.data(), rows, n), tensor<float, 2>(y.data(), rows, n));
       return y;
     };
     const std::string name = "softmax " + dims({rows, n});
     s.add(compare(name, run(dev), softmax64(widen(x), rows, n), tolerance::relative(gamma(n + 16, u32))));
-    s.add(same_across_threads<float>(name, run, {1, o.threads}, 1).reports.back());
+    determinism<float>(s, name, run, o);
   }
   // backward: gradcheck of softmax_backward against the fp64 forward
   const std::size_t n = 37;
@@ -196,7 +225,7 @@ inline void norm_entry(suite& s, const run_options& o, bool rms) {
     const auto w = filled<float>(n, fill::uniform, o.seed + 7, {3, 0.5, 1.5, 1, true}), b = filled<float>(n, fill::uniform, o.seed + 8);
     norm_options no;
     no.eps = eps;
-    auto run = [&](host_device& d) {
+    auto run = [&](auto& d) {
       std::vector<float> y(x.size()), mean(rows), rstd(rows);
       if (rms) rmsnorm_forward(d, tensor<const float, 2>(x.data(), rows, n), std::span<const float>(w), tensor<float, 2>(y.data(), rows, n), rstd, no);
       else
@@ -210,7 +239,7 @@ inline void norm_entry(suite& s, const run_options& o, bool rms) {
     tolerance t;
     t.mag = gamma(n + 16, u32);
     s.add(compare(name, run(dev), want, t, mag));
-    s.add(same_across_threads<float>(name, run, {1, o.threads}, 1).reports.back());
+    determinism<float>(s, name, run, o);
   }
   const std::size_t n = 24, m = 3;
   const auto w = filled<float>(n, fill::uniform, o.seed + 5, {3, 0.5, 1.5, 1, true}), b = filled<float>(n, fill::uniform, o.seed + 6);
@@ -251,13 +280,13 @@ inline double act64(act a, double x) {
 inline void activation_entry(suite& s, const run_options& o, act a) {
   host_device dev(o.threads);
   const char* op = a == act::gelu_tanh ? "gelu_tanh" : a == act::gelu_erf ? "gelu_erf" : "silu";
-  auto fwd = [a](host_device& d, std::span<const float> x, std::span<float> y) {
+  auto fwd = [a](auto& d, std::span<const float> x, std::span<float> y) {
     if (a == act::silu) silu_forward(d, x, y);
     else gelu_forward(d, x, y, a == act::gelu_tanh ? gelu_approx::tanh : gelu_approx::erf);
   };
   for (std::size_t n : pick(sizes({8, 16, 64}, 100003, false), o.quick)) {
     const auto x = filled<float>(n, fill::normal, o.seed + n, {3, -1, 1, 3.0, true});
-    auto run = [&](host_device& d) {
+    auto run = [&](auto& d) {
       std::vector<float> y(n);
       fwd(d, x, y);
       return y;
@@ -272,7 +301,7 @@ inline void activation_entry(suite& s, const run_options& o, act a) {
     t.mag = 64 * u32;
     const std::string name = std::string(op) + " " + std::to_string(n);
     s.add(compare(name, run(dev), want, t, mag));
-    s.add(same_across_threads<float>(name, run, {1, o.threads}, 1).reports.back());
+    determinism<float>(s, name, run, o);
   }
   const std::size_t n = 41;
   gradcheck_options go;
@@ -299,7 +328,7 @@ inline void swiglu_entry(suite& s, const run_options& o) {
   host_device dev(o.threads);
   for (std::size_t n : pick(sizes({8, 16, 64}, 100003, false), o.quick)) {
     const auto a = filled<float>(n, fill::normal, o.seed + n, {3, -1, 1, 3.0, true}), b = filled<float>(n, fill::normal, o.seed + 2 * n);
-    auto run = [&](host_device& d) {
+    auto run = [&](auto& d) {
       std::vector<float> y(n);
       swiglu_forward(d, std::span<const float>(a), std::span<const float>(b), std::span<float>(y));
       return y;
@@ -314,7 +343,7 @@ inline void swiglu_entry(suite& s, const run_options& o) {
     t.mag = 64 * u32;
     const std::string name = "swiglu " + std::to_string(n);
     s.add(compare(name, run(dev), want, t, mag));
-    s.add(same_across_threads<float>(name, run, {1, o.threads}, 1).reports.back());
+    determinism<float>(s, name, run, o);
   }
   const std::size_t n = 23;  // x = [a; b]
   gradcheck_options go;
@@ -360,7 +389,7 @@ inline void cross_entropy_entry(suite& s, const run_options& o) {
       for (std::size_t c = 0; c < n; ++c)
         want_grad[r * n + c] = labels[r] < 0 ? 0.0 : (p[r * n + c] - (std::int64_t(c) == labels[r] ? 1.0 : 0.0)) / double(counted);
     double loss = 0;
-    auto run = [&](host_device& d) {
+    auto run = [&](auto& d) {
       std::vector<float> dl(x.size());
       loss = cross_entropy(d, tensor<const float, 2>(x.data(), rows, n), std::span<const std::int64_t>(labels), tensor<float, 2>(dl.data(), rows, n)).loss;
       return dl;
@@ -371,7 +400,7 @@ inline void cross_entropy_entry(suite& s, const run_options& o) {
     t.rel = gamma(n + 16, u32);
     s.add(compare(name + " dlogits", run(dev), want_grad, t));
     s.add(compare(name + " loss", std::vector<double>{loss}, std::vector<double>{want_loss}, tolerance::relative(gamma(n + 16, u32))));
-    s.add(same_across_threads<float>(name, run, {1, o.threads}, 1).reports.back());
+    determinism<float>(s, name, run, o);
   }
 }
 
@@ -405,7 +434,7 @@ inline void rope_entry(suite& s, const run_options& o) {
       const auto x = filled<float>(tokens * heads * hd, fill::normal, o.seed + tokens + hd);
       std::vector<std::int64_t> pos(tokens);
       for (std::size_t t = 0; t < tokens; ++t) pos[t] = std::int64_t(t * 37 % 4099);
-      auto run = [&](host_device& d) {
+      auto run = [&](auto& d) {
         std::vector<float> y = x;
         rope_forward(d, tensor<float, 2>(y.data(), tokens, heads * hd), hd, std::span<const std::int64_t>(pos));
         return y;
@@ -416,7 +445,7 @@ inline void rope_entry(suite& s, const run_options& o) {
       t.mag = 16 * u32;
       const std::string name = "rope " + dims({tokens, heads, hd});
       s.add(compare(name, run(dev), want, t, mag));
-      s.add(same_across_threads<float>(name, run, {1, o.threads}, 1).reports.back());
+      determinism<float>(s, name, run, o);
     }
   const std::size_t tokens = 5, hd = 8, hh = 2;
   std::vector<std::int64_t> pos = {0, 3, 17, 100, 4095};
@@ -485,7 +514,7 @@ inline void attention_entry(suite& s, const run_options& o) {
         const auto q = filled<float>(sh.batch * sq * sh.heads_q * d, fill::normal, o.seed + sq);
         const auto k = filled<float>(sh.batch * sh.seq_kv * sh.heads_kv * d, fill::normal, o.seed + sq + 1);
         const auto v = filled<float>(sh.batch * sh.seq_kv * sh.heads_kv * d, fill::normal, o.seed + sq + 2);
-        auto run = [&](host_device& dv) {
+        auto run = [&](auto& dv) {
           std::vector<float> out(q.size());
           attention_forward(dv, sh, std::span<const float>(q), std::span<const float>(k), std::span<const float>(v), std::span<float>(out), {}, ao);
           return out;
@@ -497,7 +526,7 @@ inline void attention_entry(suite& s, const run_options& o) {
         const std::string name = std::string("attention ") + (causal ? "causal " : "") + "hq" + std::to_string(sh.heads_q) + " hkv2 " +
                                  dims({sh.batch, sq, sh.seq_kv, d});
         s.add(compare(name, run(dev), want, t, mag));
-        s.add(same_across_threads<float>(name, run, {1, o.threads}, 1).reports.back());
+        determinism<float>(s, name, run, o);
       }
   // backward: dq, dk, dv together, gradchecked against the fp64 forward (x = [q; k; v])
   for (bool causal : {false, true}) {
@@ -545,12 +574,12 @@ inline void embedding_entry(suite& s, const run_options& o) {
         want_bwd[std::size_t(ids[t]) * width + c] += dout[t * width + c];
         mag[std::size_t(ids[t]) * width + c] += std::fabs(dout[t * width + c]);
       }
-    auto fwd = [&](host_device& d) {
+    auto fwd = [&](auto& d) {
       std::vector<float> out(tokens * width);
       embedding_forward(d, std::span<const std::int64_t>(ids), tensor<const float, 2>(table.data(), vocab, width), tensor<float, 2>(out.data(), tokens, width));
       return out;
     };
-    auto bwd = [&](host_device& d) {
+    auto bwd = [&](auto& d) {
       std::vector<float> dt(vocab * width, 0.0f);
       embedding_backward(d, std::span<const std::int64_t>(ids), tensor<const float, 2>(dout.data(), tokens, width), tensor<float, 2>(dt.data(), vocab, width));
       return dt;
@@ -563,7 +592,7 @@ inline void embedding_entry(suite& s, const run_options& o) {
     check_options_for_sparse.mistrust_zero_fraction = 0.9;  // 10 of 50 rows are used: 80% zeros by design
     s.add(compare(name + " backward", std::span<const float>(bwd(dev)), std::span<const double>(want_bwd), t, std::span<const double>(mag),
                   check_options_for_sparse));
-    s.add(same_across_threads<float>(name + " backward", bwd, {1, o.threads}, 1).reports.back());
+    determinism<float>(s, name + " backward", bwd, o);
   }
 }
 
@@ -625,6 +654,156 @@ inline void optimizer_entry(suite& s, const run_options& o, optimizer which) {
   }
 }
 
+// ---- gemm variants: FP8 block-scaled, a fused epilogue, strided batches ----
+inline void gemm_fp8_entry(suite& s, const run_options& o) {
+  host_device dev(o.threads);
+  for (std::size_t m : pick(sizes({16}, 97, false), o.quick))
+    for (std::size_t k : {std::size_t{1}, std::size_t{127}, std::size_t{128}, std::size_t{300}}) {
+      const std::size_t n = 130, kb = ceil_div(k, 128), nb = ceil_div(n, 128);
+      fill_options fo;
+      fo.lo = -8;
+      fo.hi = 8;
+      const auto a = filled<e4m3>(m * k, fill::uniform, o.seed + m + k, fo), b = filled<e4m3>(k * n, fill::uniform, o.seed + 3 * k, fo);
+      fill_options so;
+      so.lo = 0.01;
+      so.hi = 0.1;
+      const auto sa = filled<float>(m * kb, fill::uniform, o.seed + 5, so), sb = filled<float>(kb * nb, fill::uniform, o.seed + 6, so);
+      std::vector<double> want(m * n), mag(m * n);
+      for (std::size_t i = 0; i < m; ++i)
+        for (std::size_t j = 0; j < n; ++j)
+          for (std::size_t p = 0; p < k; ++p) {
+            const double t = to_double(a[i * k + p]) * to_double(b[p * n + j]) * sa[i * kb + p / 128] * sb[(p / 128) * nb + j / 128];
+            want[i * n + j] += t;
+            mag[i * n + j] += std::fabs(t);
+          }
+      auto run = [&](auto& d) {
+        std::vector<float> c(m * n);
+        gemm_scales sc;
+        sc.a_block = sa.data();
+        sc.b_block = sb.data();
+        gemm(d, transpose::none, transpose::none, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, c.data(), n, epilogue::chain<>{}, sc);
+        return c;
+      };
+      const std::string name = "gemm e4m3 block-scaled " + dims({m, n, k});
+      s.add(compare(name, run(dev), want, tolerance::reduction(k + 2 * kb + 2, dtype::f32, dtype::f32), mag));
+      if (m == 97) determinism<float>(s, name, run, o);
+    }
+}
+
+inline void gemm_epilogue_entry(suite& s, const run_options& o) {
+  host_device dev(o.threads);
+  for (std::size_t m : pick(sizes({16, 48}, 97, false), o.quick)) {
+    const std::size_t n = 67, k = 129;
+    const auto a = filled<bf16>(m * k, fill::uniform, o.seed + m), b = filled<bf16>(k * n, fill::uniform, o.seed + m + 1);
+    const auto bias = filled<float>(n, fill::uniform, o.seed + 2);
+    std::vector<double> want(m * n), mag(m * n);
+    for (std::size_t i = 0; i < m; ++i)
+      for (std::size_t j = 0; j < n; ++j) {
+        double acc = bias[j], mg = std::fabs(bias[j]);
+        for (std::size_t p = 0; p < k; ++p) {
+          const double t = to_double(a[i * k + p]) * to_double(b[p * n + j]);
+          acc += t;
+          mg += std::fabs(t);
+        }
+        want[i * n + j] = 0.5 * acc * (1.0 + std::erf(acc / std::sqrt(2.0)));
+        mag[i * n + j] = mg;
+      }
+    auto run = [&](auto& d) {
+      std::vector<bf16> c(m * n);
+      gemm(d, transpose::none, transpose::none, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, c.data(), n,
+           epilogue::bias(std::span<const float>(bias)) | epilogue::gelu_erf | epilogue::cast<bf16>);
+      return c;
+    };
+    // gelu' ≤ 1.13 carries the sum's γ_K error; then the erf and one bf16 rounding
+    tolerance t;
+    t.mag = 1.13 * gamma(k + 1, u32);
+    t.rel = unit_roundoff<bf16>() + 64 * u32;
+    t.abs = 64 * u32;
+    const std::string name = "gemm bf16 + bias + gelu_erf -> bf16 " + dims({m, n, k});
+    s.add(compare(name, run(dev), want, t, mag));
+    determinism<bf16>(s, name, run, o);
+  }
+}
+
+inline void gemm_batched_entry(suite& s, const run_options& o) {
+  host_device dev(o.threads);
+  for (std::size_t batch : {std::size_t{1}, std::size_t{3}, std::size_t{8}})
+    for (std::size_t m : pick(sizes({16}, 67, false), o.quick)) {
+      const std::size_t n = 19, k = 45;
+      const auto a = filled<float>(batch * m * k, fill::normal, o.seed + batch * m), b = filled<float>(batch * k * n, fill::normal, o.seed + batch);
+      std::vector<double> want(batch * m * n), mag(batch * m * n);
+      for (std::size_t q = 0; q < batch; ++q)
+        for (std::size_t i = 0; i < m; ++i)
+          for (std::size_t j = 0; j < n; ++j)
+            for (std::size_t p = 0; p < k; ++p) {
+              // B transposed: stored (n, k)
+              const double t = double(a[q * m * k + i * k + p]) * double(b[q * k * n + j * k + p]);
+              want[q * m * n + i * n + j] += t;
+              mag[q * m * n + i * n + j] += std::fabs(t);
+            }
+      auto run = [&](auto& d) {
+        std::vector<float> c(batch * m * n);
+        gemm_strided_batched(d, transpose::none, transpose::yes, m, n, k, 1.0f, a.data(), k, m * k, b.data(), k, k * n, 0.0f, c.data(), n, m * n, batch);
+        return c;
+      };
+      const std::string name = "gemm strided batched NT " + dims({batch, m, n, k});
+      s.add(compare(name, run(dev), want, tolerance::reduction(k, dtype::f32, dtype::f32), mag));
+      if (m == 67) determinism<float>(s, name, run, o);
+    }
+}
+
+// ---- bulk conversion: the device's convert against the scalar conversions, bit for bit ----
+template <class To>
+void convert_entry_of(suite& s, const run_options& o, const char* to_name) {
+  host_device dev(o.threads);
+  for (std::size_t n : pick(sizes({16, 64}, 100003, false), o.quick))
+    for (float scale : {1.0f, 0.37f}) {
+      const auto x = filled<float>(n, fill::adversarial, o.seed + n);
+      auto run = [&](auto& d) {
+        std::vector<To> y(n);
+        convert(d, std::span<const float>(x), std::span<To>(y), scale);
+        return y;
+      };
+      std::vector<double> want(n);
+      for (std::size_t i = 0; i < n; ++i) want[i] = to_double(To(x[i] * scale));  // f32 product, one RNE conversion
+      const std::string name = std::string("convert f32 -> ") + to_name + " x" + (scale == 1.0f ? "1" : "0.37") + " " + std::to_string(n);
+      s.add(compare(name, run(dev), want, tolerance::exact()));
+      if (n == 100003) determinism<To>(s, name, run, o);
+    }
+}
+
+inline void convert_entry(suite& s, const run_options& o) {
+  convert_entry_of<bf16>(s, o, "bf16");
+  convert_entry_of<fp16>(s, o, "fp16");
+  convert_entry_of<e4m3>(s, o, "e4m3");
+  convert_entry_of<e5m2>(s, o, "e5m2");
+}
+
+// ---- cross-entropy backward as a gradcheck of the mean loss ----
+inline void cross_entropy_grad_entry(suite& s, const run_options& o) {
+  host_device dev(o.threads);
+  const std::size_t rows = 4, n = 29;
+  const std::vector<std::int64_t> labels = {3, 0, 28, 11};
+  gradcheck_options go;
+  go.mode = grad_mode::full;
+  s.add(as_report(gradcheck(
+      "cross_entropy_backward " + dims({rows, n}),
+      [&](std::span<const double> x) {
+        const auto p = softmax64(x, rows, n);
+        double l = 0;
+        for (std::size_t r = 0; r < rows; ++r) l -= std::log(p[r * n + std::size_t(labels[r])]);
+        return std::vector<double>{l / double(rows)};
+      },
+      [&](std::span<const double> x, std::span<const double> dy) {
+        std::vector<float> xf(x.begin(), x.end()), dl(x.size());
+        cross_entropy(dev, tensor<const float, 2>(xf.data(), rows, n), std::span<const std::int64_t>(labels), tensor<float, 2>(dl.data(), rows, n));
+        std::vector<double> g(x.size());
+        for (std::size_t i = 0; i < g.size(); ++i) g[i] = double(dl[i]) * dy[0];
+        return g;
+      },
+      filled<double>(rows * n, fill::normal, o.seed + 21), go)));
+}
+
 }  // namespace detail
 
 // Every library operator's entry, in a stable order.
@@ -633,6 +812,10 @@ inline const std::vector<entry>& library() {
       {"gemm/f32", "f32 GEMM, 4 transposes, M/K swept over tile edges; 1 vs N threads", detail::gemm_entry<float, float>},
       {"gemm/bf16", "bf16 GEMM into f32, 4 transposes, M/K swept", detail::gemm_entry<bf16, float>},
       {"gemm/bf16_out", "bf16 GEMM into bf16 (one rounding of the f32 sum)", detail::gemm_entry<bf16, bf16>},
+      {"gemm/e4m3_block", "FP8 E4M3 GEMM with 1x128 / 128x128 block scales (DeepSeek-V3 recipe)", detail::gemm_fp8_entry},
+      {"gemm/epilogue", "bf16 GEMM with a fused bias + exact GELU + bf16 cast epilogue", detail::gemm_epilogue_entry},
+      {"gemm/batched", "strided-batched f32 GEMM (NT), batch 1, 3, 8", detail::gemm_batched_entry},
+      {"convert", "bulk f32 -> bf16/fp16/e4m3/e5m2 with and without a scale, adversarial values, bit for bit", detail::convert_entry},
       {"softmax", "softmax forward over row lengths 1..1031; backward gradcheck", detail::softmax_entry},
       {"rmsnorm", "RMSNorm forward; backward (dx) gradcheck", [](suite& s, const run_options& o) { detail::norm_entry(s, o, true); }},
       {"layernorm", "LayerNorm forward; backward (dx) gradcheck", [](suite& s, const run_options& o) { detail::norm_entry(s, o, false); }},
@@ -640,7 +823,11 @@ inline const std::vector<entry>& library() {
       {"gelu_erf", "exact (erf) GELU forward and backward", [](suite& s, const run_options& o) { detail::activation_entry(s, o, detail::act::gelu_erf); }},
       {"silu", "SiLU forward and backward", [](suite& s, const run_options& o) { detail::activation_entry(s, o, detail::act::silu); }},
       {"swiglu", "SwiGLU forward and backward (both inputs)", detail::swiglu_entry},
-      {"cross_entropy", "cross-entropy loss and dlogits, an ignored row, vocab up to 32003", detail::cross_entropy_entry},
+      {"cross_entropy", "cross-entropy loss and dlogits (an ignored row, vocab up to 32003), and a gradcheck of the mean loss",
+       [](suite& s, const run_options& o) {
+         detail::cross_entropy_entry(s, o);
+         detail::cross_entropy_grad_entry(s, o);
+       }},
       {"rope", "rotary embedding forward (head_dim 2, 64, 128); backward gradcheck", detail::rope_entry},
       {"attention", "flash attention forward, causal and not, GQA 1 and 4; backward (dq, dk, dv) gradcheck", detail::attention_entry},
       {"embedding", "embedding gather (exact) and its deterministic scatter-add backward", detail::embedding_entry},
