@@ -956,8 +956,9 @@ template <class TA, class TB, class TC, class Chain, class Dev>
 void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::size_t batch, tensor<const TA, 2> A, tensor<const TB, 2> B,
                  tensor<TC, 2> C, std::size_t sa, std::size_t sb, std::size_t sc, const TA* const* ap, const TB* const* bp, TC* const* cp,
                  float alpha, float beta, const gemm_scales& s, const Chain& ep) {
-  gemm_check(!(s.a_block == nullptr) == !(s.b_block == nullptr), [&] { return "block scales need both a_block and b_block, " + gemm_shape(M, N, K); });
+  // An empty product reads no scales: an empty operand's block scales may be null (an empty vector's data()).
   if (M == 0 || N == 0 || batch == 0) return;
+  gemm_check(!(s.a_block == nullptr) == !(s.b_block == nullptr), [&] { return "block scales need both a_block and b_block, " + gemm_shape(M, N, K); });
   (void)detail::mul_checked(detail::mul_checked(M, N, "gemm size"), batch, "gemm size");
   (void)detail::mul_checked(detail::mul_checked(M, K, "gemm size"), batch, "gemm size");
   const auto chain = epilogue::detail::as_chain<Chain>::make(ep);

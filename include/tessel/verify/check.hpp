@@ -241,6 +241,7 @@ struct check_options {
   // elements, or takes a single value; such a check passes without discriminating.
   double mistrust_zero_fraction = 0.8;
   std::size_t mistrust_min = 16;
+  bool detect_mistrust = true;  // off when zeros are the whole point (a K = 0 product into a NaN-poisoned output)
   std::size_t keep = 8;  // how many failing elements (in index order) the report lists
 };
 
@@ -337,7 +338,7 @@ report compare(std::string name, std::span<const T> got, std::span<const double>
       r.worst = m;
     }
   }
-  if (r.count >= o.mistrust_min) {
+  if (o.detect_mistrust && r.count >= o.mistrust_min) {
     if (static_cast<double>(zeros) > o.mistrust_zero_fraction * static_cast<double>(r.count)) {
       r.mistrusted = true;
       r.mistrust_reason = std::to_string(zeros) + " of " + std::to_string(r.count) + " reference values are zero";
