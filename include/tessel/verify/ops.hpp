@@ -14,6 +14,7 @@
 //   cross-entropy  γ_{n+16} on the loss and on each gradient, relative to the row's scale
 //   rope           16·u·(|x_i·cos| + |x_j·sin|)
 //   attention      γ_{s+d+16}·Σ_j p_j·|v_j|                     (row sums of s keys, d-long dots)
+//                  + u_bf16·Σ_j p_j·|v_j| for bf16/e4m3 inputs      (P rounded to bf16 for the P·V atom)
 //   embedding      forward exact; backward γ_T·Σ|dout| over the T tokens of a row
 //   optimizers     16·u·(|p| + |update|), one step from the kernel's own state (no drift)
 //   backward       gradcheck: fp64 central differences, rtol 1e-3, atol 1e-6 (random directions)
@@ -569,6 +570,167 @@ inline void attention_entry(suite& s, const run_options& o) {
   }
 }
 
+// One output row of attention in fp64: q (d) against the keys `keys` (pointers to d-long k and v
+// rows); a row without keys is "fully masked" (zeros). Returns Σ_j p_j·|v_j| / Σ p in `mag`.
+inline void attention_row64(const double* q, const std::vector<const double*>& ks, const std::vector<const double*>& vs, std::size_t d,
+                            double scale, double* out, double* mag) {
+  if (ks.empty()) {
+    for (std::size_t e = 0; e < d; ++e) out[e] = mag[e] = 0;
+    return;
+  }
+  std::vector<double> p(ks.size());
+  double m = -INFINITY, sum = 0;
+  for (std::size_t j = 0; j < ks.size(); ++j) {
+    double dot = 0;
+    for (std::size_t e = 0; e < d; ++e) dot += q[e] * ks[j][e];
+    p[j] = dot * scale;
+    m = std::max(m, p[j]);
+  }
+  for (auto& x : p) sum += (x = std::exp(x - m));
+  for (std::size_t e = 0; e < d; ++e) {
+    double acc = 0, mg = 0;
+    for (std::size_t j = 0; j < ks.size(); ++j) {
+      acc += p[j] * vs[j][e];
+      mg += p[j] * std::fabs(vs[j][e]);
+    }
+    out[e] = acc / sum;
+    mag[e] = mg / sum;
+  }
+}
+
+// Varlen batches (an empty query sequence among them), decode against a paged KV cache, and E4M3
+// inputs with dequantisation scales.
+inline void attention_variants_entry(suite& s, const run_options& o) {
+  host_device dev(o.threads);
+  const std::size_t hq = 4, hkv = 2, d = 32, group = hq / hkv;
+  const double scale = 1.0 / std::sqrt(double(d));
+  // -- varlen: token-packed sequences
+  for (bool causal : {false, true}) {
+    const std::vector<std::int32_t> cu_q = {0, 3, 3, 20, 21}, cu_kv = {0, 5, 9, 40, 41};
+    const std::size_t tq = std::size_t(cu_q.back()), tk = std::size_t(cu_kv.back());
+    const auto q = filled<float>(tq * hq * d, fill::normal, o.seed + 31), k = filled<float>(tk * hkv * d, fill::normal, o.seed + 32),
+               v = filled<float>(tk * hkv * d, fill::normal, o.seed + 33);
+    const auto qd = widen(q), kd = widen(k), vd = widen(v);
+    std::vector<double> want(q.size()), mag(q.size());
+    for (std::size_t b = 0; b + 1 < cu_q.size(); ++b) {
+      const std::size_t q0 = std::size_t(cu_q[b]), nq = std::size_t(cu_q[b + 1]) - q0, k0 = std::size_t(cu_kv[b]), nk = std::size_t(cu_kv[b + 1]) - k0;
+      for (std::size_t i = 0; i < nq; ++i)
+        for (std::size_t h = 0; h < hq; ++h) {
+          std::vector<const double*> ks, vs;
+          for (std::size_t j = 0; j < nk && (!causal || j <= i); ++j) {
+            ks.push_back(kd.data() + ((k0 + j) * hkv + h / group) * d);
+            vs.push_back(vd.data() + ((k0 + j) * hkv + h / group) * d);
+          }
+          const std::size_t at = ((q0 + i) * hq + h) * d;
+          attention_row64(qd.data() + at, ks, vs, d, scale, want.data() + at, mag.data() + at);
+        }
+    }
+    attention_varlen_shape sh;
+    sh.cu_q = cu_q;
+    sh.cu_kv = cu_kv;
+    sh.heads_q = hq;
+    sh.heads_kv = hkv;
+    sh.head_dim = d;
+    attention_options ao;
+    ao.causal = causal;
+    auto run = [&](auto& dv) {
+      auto out = poisoned<float>(q.size());
+      attention_forward_varlen(dv, sh, std::span<const float>(q), std::span<const float>(k), std::span<const float>(v), std::span<float>(out), {}, ao);
+      return out;
+    };
+    tolerance t;
+    t.mag = gamma(40 + d + 16, u32);
+    const std::string name = std::string("attention varlen ") + (causal ? "causal " : "") + "4 sequences (one empty)";
+    s.add(compare(name, run(dev), want, t, mag));
+    determinism<float>(s, name, run, o);
+  }
+  // -- decode: seq_q new rows per sequence, bottom-right causal, against a paged cache in shuffled pages
+  for (std::size_t seq_q : {std::size_t{1}, std::size_t{4}}) {
+    const std::size_t batch = 3, page = 16, per_seq = 5, pages = batch * per_seq;
+    const std::vector<std::int32_t> lens = {int(seq_q), 37, 80};
+    std::vector<std::int32_t> table(batch * per_seq);
+    for (std::size_t i = 0; i < table.size(); ++i) table[i] = std::int32_t((i * 7 + 3) % pages);  // a permutation of the pages
+    const auto q = filled<float>(batch * seq_q * hq * d, fill::normal, o.seed + 41), k = filled<float>(pages * page * hkv * d, fill::normal, o.seed + 42),
+               v = filled<float>(pages * page * hkv * d, fill::normal, o.seed + 43);
+    const auto qd = widen(q), kd = widen(k), vd = widen(v);
+    std::vector<double> want(q.size()), mag(q.size());
+    for (std::size_t b = 0; b < batch; ++b)
+      for (std::size_t i = 0; i < seq_q; ++i)
+        for (std::size_t h = 0; h < hq; ++h) {
+          std::vector<const double*> ks, vs;
+          const std::size_t len = std::size_t(lens[b]), last = i + len - seq_q;  // bottom-right: row i sees keys <= i + len - seq_q
+          for (std::size_t j = 0; j < len && j <= last; ++j) {
+            const std::size_t tok = std::size_t(table[b * per_seq + j / page]) * page + j % page;
+            ks.push_back(kd.data() + (tok * hkv + h / group) * d);
+            vs.push_back(vd.data() + (tok * hkv + h / group) * d);
+          }
+          const std::size_t at = ((b * seq_q + i) * hq + h) * d;
+          attention_row64(qd.data() + at, ks, vs, d, scale, want.data() + at, mag.data() + at);
+        }
+    attention_decode_shape sh;
+    sh.batch = batch;
+    sh.seq_q = seq_q;
+    sh.heads_q = hq;
+    sh.heads_kv = hkv;
+    sh.head_dim = d;
+    sh.page_size = page;
+    sh.num_pages = pages;
+    sh.pages_per_seq = per_seq;
+    attention_options ao;
+    ao.causal = true;
+    ao.align = mask_align::bottom_right;
+    auto run = [&](auto& dv) {
+      auto out = poisoned<float>(q.size());
+      attention_decode(dv, sh, std::span<const float>(q), std::span<const float>(k), std::span<const float>(v), std::span<const std::int32_t>(lens),
+                       std::span<const std::int32_t>(table), std::span<float>(out), {}, ao);
+      return out;
+    };
+    tolerance t;
+    t.mag = gamma(80 + d + 16, u32);
+    const std::string name = "attention decode paged seq_q " + std::to_string(seq_q) + " lens 1-80";
+    s.add(compare(name, run(dev), want, t, mag));
+    determinism<float>(s, name, run, o);
+  }
+  // -- E4M3 q, k, v with per-tensor dequantisation scales
+  {
+    attention_shape sh;
+    sh.batch = 2;
+    sh.seq_q = 33;
+    sh.seq_kv = 70;
+    sh.heads_q = hq;
+    sh.heads_kv = hkv;
+    sh.head_dim = 64;
+    fill_options fo;
+    fo.lo = -16;
+    fo.hi = 16;
+    const auto q = filled<e4m3>(sh.batch * sh.seq_q * hq * sh.head_dim, fill::uniform, o.seed + 51, fo);
+    const auto k = filled<e4m3>(sh.batch * sh.seq_kv * hkv * sh.head_dim, fill::uniform, o.seed + 52, fo);
+    const auto v = filled<e4m3>(sh.batch * sh.seq_kv * hkv * sh.head_dim, fill::uniform, o.seed + 53, fo);
+    attention_options ao;
+    ao.q_scale = 1.0f / 16;
+    ao.k_scale = 1.0f / 32;
+    ao.v_scale = 1.0f / 8;
+    auto scaled = [](const std::vector<e4m3>& x, float sc) {
+      std::vector<double> r(x.size());
+      for (std::size_t i = 0; i < x.size(); ++i) r[i] = to_double(x[i]) * double(sc);
+      return r;
+    };
+    std::vector<double> mag;
+    const auto want = attention64(sh, false, scaled(q, ao.q_scale), scaled(k, ao.k_scale), scaled(v, ao.v_scale), &mag);
+    auto run = [&](auto& dv) {
+      auto out = poisoned<float>(q.size());
+      attention_forward(dv, sh, std::span<const e4m3>(q), std::span<const e4m3>(k), std::span<const e4m3>(v), std::span<float>(out), {}, ao);
+      return out;
+    };
+    // e4m3 (and bf16) inputs run on the bf16 pair atom: P is rounded to bf16 before P·V
+    tolerance t;
+    t.mag = unit_roundoff<bf16>() + gamma(sh.seq_kv + sh.head_dim + 16, u32);
+    const std::string name = "attention e4m3 scaled " + dims({sh.batch, sh.seq_q, sh.seq_kv, sh.head_dim});
+    s.add(compare(name, run(dev), want, t, mag));
+    determinism<float>(s, name, run, o);
+  }
+}
+
 // ---- embedding ----
 inline void embedding_entry(suite& s, const run_options& o) {
   host_device dev(o.threads);
@@ -842,6 +1004,7 @@ inline const std::vector<entry>& library() {
        }},
       {"rope", "rotary embedding forward (head_dim 2, 64, 128); backward gradcheck", detail::rope_entry},
       {"attention", "flash attention forward, causal and not, GQA 1 and 4; backward (dq, dk, dv) gradcheck", detail::attention_entry},
+      {"attention/variants", "varlen batches (an empty sequence), decode against a paged KV cache, E4M3 inputs with scales", detail::attention_variants_entry},
       {"embedding", "embedding gather (exact) and its deterministic scatter-add backward", detail::embedding_entry},
       {"adamw", "fused AdamW, three steps, each against fp64 from the kernel's state", [](suite& s, const run_options& o) { detail::optimizer_entry(s, o, detail::optimizer::adamw); }},
       {"sgd", "fused SGD with Nesterov momentum, three steps", [](suite& s, const run_options& o) { detail::optimizer_entry(s, o, detail::optimizer::sgd_nesterov); }},
