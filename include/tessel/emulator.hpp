@@ -1,6 +1,6 @@
 // tessel/emulator.hpp: the UBL128 cluster emulator — cards that run tile programs for real and
 // hold real bytes, a discrete-event model of the switch fabric (planes, ports, contention,
-// shaping, routing, faults, scale-out) and Chrome-trace timelines.
+// shaping, routing, faults, scale-out), Chrome-trace timelines and SVG plots.
 //
 //   tessel::emu::cluster_config cfg;                 // UBL128 defaults; or load_cluster_config(path)
 //   tessel::emu::cluster cl(cfg);                    // 128 cards, 8 planes x 50 GB/s each
@@ -14,8 +14,10 @@
 #pragma once
 #include <tessel/emulator/card.hpp>
 #include <tessel/emulator/cluster.hpp>
+#include <tessel/emulator/comm_model.hpp>
 #include <tessel/emulator/config.hpp>
 #include <tessel/emulator/errors.hpp>
 #include <tessel/emulator/fabric.hpp>
+#include <tessel/emulator/plot.hpp>
 #include <tessel/emulator/routing.hpp>
 #include <tessel/emulator/trace.hpp>

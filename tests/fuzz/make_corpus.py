@@ -67,3 +67,23 @@ write(t, "qwen_window", json.dumps({"model_type": "qwen2", "vocab_size": 16, "hi
                                     "sliding_window": 4, "max_window_layers": 1}).encode())
 write(t, "arch_only", json.dumps({"architectures": ["GPT2LMHeadModel"], "n_embd": 8, "n_layer": 1, "n_head": 2,
                                   "vocab_size": 16}).encode())
+
+t = "cluster_config"
+clusters = os.path.join(here, "..", "..", "configs", "clusters")
+for name in sorted(os.listdir(clusters)):
+    with open(os.path.join(clusters, name), "rb") as f:
+        write(t, name.removesuffix(".conf"), f.read())
+write(t, "lines_units", b"# a smaller machine, with units\ncards = 16\nplanes = 4, ports_per_card = 8\nport_bandwidth = 800Gb/s\n"
+                        b"port_latency = 0.2us // inline comment\nmemory = 16Gi\nshaping = on\nrouting = static\nfabric.transit = off\n")
+write(t, "json_flat", json.dumps({"cards": 128, "supernodes": 8, "nic_bandwidth": "400Gb/s", "spines": 16, "seed": 7}).encode())
+write(t, "json_nested", b"{\n  // nested groups, comments allowed\n" + json.dumps(
+    {"cards_per_supernode": 16, "timing_only": True,
+     "card": {"memory_bytes": "8Gi", "hbm_bandwidth": 1e12, "launch_overhead": "3us"},
+     "fabric": {"planes": 4, "ports_per_card": 8, "port_bandwidth": "100GB/s", "routing": "static_plane",
+                "shaping": True, "shaping_window": "64Ki", "switch_buffer": 1048576},
+     "scaleout": {"supernodes": 2, "nic_bandwidth": 25e9, "spines": 4, "link_latency": "400ns"},
+     "faults": {"op_timeout": "5ms", "link_failure_rate": 0.5, "horizon": 1e-2, "seed": 18446744073709551615}},
+    indent=2)[1:].encode())
+write(t, "json_errors", b'{"fabric": {"planes": "two", "plane": 4}, "planes": 4, "planes": 2, "cards": -3}')
+write(t, "json_malformed", b'{"cards": 4,, "port_latency": 1e400')
+write(t, "lines_errors", b"cards = 0\nport_bandwidth = 5us\nbogus line\nseed = 18446744073709551616\n")

@@ -3,21 +3,37 @@
 // Prints size, count, type, redop, root, then time/algbw/busbw/#wrong for out-of-place and in-place.
 // `tessel-perf moe` (moe.cpp) measures MoE dispatch/combine bandwidth on the emulated cluster.
 // busbw = algbw * factor (nccl-tests): all_reduce 2(n-1)/n; all_gather, reduce_scatter, all_to_all,
-// gather, scatter (n-1)/n; broadcast, reduce, sendrecv 1. On the emulated transport times are simulated.
+// gather, scatter (n-1)/n; broadcast, reduce, sendrecv 1. On the emulated transport times are simulated,
+// the cluster is the default UBL128 super-nodes or `--cluster FILE` (the emulator's config format),
+// and a last column gives the busbw of emu::comm_model's closed form for the default algorithms.
+// `--algo all` or a comma list runs the sweep once per algorithm; `--plot FILE.svg` draws the
+// out-of-place busbw curves (one per algorithm, plus the closed form dashed); `--progress` (or a
+// terminal on stderr) reports long sweeps on stderr.
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cinttypes>
 #include <concepts>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <functional>
+#include <mutex>
+#include <numeric>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
 
+#include <unistd.h>
+
 #include <tessel/collectives.hpp>
+#include <tessel/emulator/comm_model.hpp>
+#include <tessel/emulator/config.hpp>
+#include <tessel/emulator/plot.hpp>
 
 #include "../common/args.hpp"
 #if TESSEL_HAVE_MPI
@@ -53,8 +69,14 @@ struct opts {
   int root = 0;
   bool check = false;
   std::string transport = "threads";
-  algorithm algo = algorithm::automatic;
+  algorithm algo = algorithm::automatic;      // the one being run
+  std::vector<algorithm> algos{algorithm::automatic};  // --algo: one, a comma list, or all
   std::string compress = "none";
+  bool ranks_given = false;
+  std::string cluster_path;                   // --cluster: the emulated machine
+  std::optional<emu::cluster_config> cluster;
+  std::string plot;                           // --plot: busbw curves as SVG
+  bool progress = false;                      // --progress, or stderr is a terminal
   int node_size = 0;
   std::size_t segment = 0;  // pipelining unit of the ring/direct algorithms; 0: see main()
 };
@@ -68,7 +90,10 @@ struct opts {
                "  -g/--ranks N (threads, emulated)  -n/--iters N  -w/--warmup_iters N\n"
                "  -d/--datatype f64|f32|bf16|fp16|e4m3|e5m2|i32|i64|u8  -o/--op sum|prod|min|max|avg  -r/--root R\n"
                "  -c/--check  --transport threads|emulated|mpi  --algo auto|ring|direct|halving_doubling|tree|hierarchical\n"
-               "  --compress none|bf16|e4m3|e5m2|int4  --node-size G  --segment SIZE (pipelining unit)\n",
+               "  --compress none|bf16|e4m3|e5m2|int4  --node-size G  --segment SIZE (pipelining unit)\n"
+               "  --algo all|A,B,...: one sweep per algorithm  --plot FILE.svg: busbw vs size  --progress: on stderr\n"
+               "  --cluster FILE (emulated: the cluster to model; -g defaults to its card count)\n"
+               "  --cluster-keys: print the cluster config keys and exit\n",
                msg);
   std::exit(2);
 }
@@ -88,6 +113,10 @@ opts parse(int argc, char** argv) {
   opts o;
   if (argc < 2) usage("missing collective");
   o.name = argv[1];
+  if (o.name == "--cluster-keys") {
+    std::fputs(emu::describe_cluster_keys().c_str(), stdout);
+    std::exit(0);
+  }
   o.kind = parse_coll(o.name);
   for (int i = 2; i < argc; ++i) {
     std::string a = argv[i];
@@ -100,7 +129,10 @@ opts parse(int argc, char** argv) {
       else if (a == "-e" || a == "--maxbytes") o.maxb = parse_size(a, val());
       else if (a == "-f" || a == "--stepfactor") o.factor = parse_real(a, val(), 1.0, 1e6);
       else if (a == "-i" || a == "--stepbytes") o.step = parse_size(a, val());
-      else if (a == "-g" || a == "--ranks") o.ranks = static_cast<int>(parse_int(a, val(), 1, max_ranks));
+      else if (a == "-g" || a == "--ranks") {
+        o.ranks = static_cast<int>(parse_int(a, val(), 1, max_ranks));
+        o.ranks_given = true;
+      }
       else if (a == "-n" || a == "--iters") o.iters = static_cast<int>(parse_int(a, val(), 1, 1000000));
       else if (a == "-w" || a == "--warmup_iters") o.warmup = static_cast<int>(parse_int(a, val(), 0, 1000000));
       else if (a == "-d" || a == "--datatype") {
@@ -115,7 +147,29 @@ opts parse(int argc, char** argv) {
         if (i + 1 < argc && (std::string(argv[i + 1]) == "0" || std::string(argv[i + 1]) == "1")) o.check = std::string(argv[++i]) == "1";
         else o.check = true;
       } else if (a == "--transport") o.transport = val();
-      else if (a == "--algo") o.algo = algorithm_from_name(val());
+      else if (a == "--algo") {
+        const std::string v = val();
+        o.algos.clear();
+        if (v == "all") {
+          o.algos = {algorithm::ring, algorithm::direct, algorithm::halving_doubling, algorithm::tree, algorithm::hierarchical};
+        } else {
+          std::size_t at = 0;
+          while (true) {
+            const auto comma = v.find(',', at);
+            const algorithm al = algorithm_from_name(v.substr(at, comma - at));
+            if (std::find(o.algos.begin(), o.algos.end(), al) != o.algos.end()) usage(("--algo names '" + v.substr(at, comma - at) + "' twice").c_str());
+            o.algos.push_back(al);
+            if (comma == std::string::npos) break;
+            at = comma + 1;
+          }
+        }
+        o.algo = o.algos.front();
+      } else if (a == "--cluster") o.cluster_path = val();
+      else if (a == "--cluster-keys") {
+        std::fputs(emu::describe_cluster_keys().c_str(), stdout);
+        std::exit(0);
+      } else if (a == "--plot") o.plot = val();
+      else if (a == "--progress") o.progress = true;
       else if (a == "--compress") o.compress = val();
       else if (a == "--node-size") o.node_size = static_cast<int>(parse_int(a, val(), 0, max_ranks));
       else if (a == "--segment") o.segment = parse_size(a, val());
@@ -125,6 +179,28 @@ opts parse(int argc, char** argv) {
     }
   }
   if (o.factor <= 1 && o.step == 0) usage("step factor must be > 1");
+  if (!o.cluster_path.empty()) {
+    if (o.transport != "emulated")
+      usage(("--cluster describes an emulated machine: it needs --transport emulated (got '" + o.transport + "')").c_str());
+    try {
+      o.cluster = emu::load_cluster_config(o.cluster_path);
+    } catch (const tessel::error& e) {
+      usage(e.what());
+    }
+    const std::size_t cards = o.cluster->cards();
+    if (!o.ranks_given) o.ranks = static_cast<int>(std::min<std::size_t>(cards, static_cast<std::size_t>(max_ranks)));
+    else if (static_cast<std::size_t>(o.ranks) > cards)
+      usage(("-g " + std::to_string(o.ranks) + " is more ranks than the " + std::to_string(cards) + " cards of " + o.cluster_path).c_str());
+  }
+  if (!o.plot.empty()) {  // refuse an unwritable path now, not after a long sweep
+    std::error_code ec;
+    const bool existed = std::filesystem::exists(o.plot, ec);
+    std::FILE* f = std::fopen(o.plot.c_str(), "a");
+    if (!f) usage(("--plot: cannot write '" + o.plot + "': " + std::strerror(errno)).c_str());
+    std::fclose(f);
+    if (!existed) std::filesystem::remove(o.plot, ec);
+  }
+  if (!o.progress) o.progress = ::isatty(STDERR_FILENO) == 1;
   if (o.minb > o.maxb) usage(("-b (" + std::to_string(o.minb) + " bytes) is larger than -e (" + std::to_string(o.maxb) + " bytes): nothing to run").c_str());
   if (o.transport == "threads" && o.ranks > max_thread_ranks)
     usage(("the threads transport runs one thread per rank: -g " + std::to_string(o.ranks) + " is above its " +
@@ -395,23 +471,68 @@ result measure(communicator& c, const opts& o, std::size_t count, bool inplace) 
   return res;
 }
 
-void run(communicator& c, const opts& o) {
+// One row of a sweep, for the plot.
+struct row {
+  std::size_t bytes = 0;
+  double busbw = 0;        // out-of-place, GB/s (NaN when there is no time)
+  double model_busbw = 0;  // the closed form's, GB/s (NaN when there is none)
+};
+
+// The closed-form time (seconds) of one collective of `bytes` (nccl-tests' size) on the emulated
+// cluster, from emu::comm_model: the communicator's default algorithms (direct, hierarchical
+// across super-nodes). NaN for the collectives it does not model.
+double model_seconds(const opts& o, int n, std::size_t bytes) {
+  if (!o.cluster) return std::nan("");
+  const emu::comm_model m(*o.cluster);
+  const std::size_t per = o.cluster->cards_per_supernode, N = static_cast<std::size_t>(n);
+  const emu::group_shape g{N, N > per ? per : N};
+  const double b = static_cast<double>(bytes);
+  const double acc = (o.dt == dtype::bf16 || o.dt == dtype::fp16) ? 2 : 1;
+  switch (o.kind) {
+    case coll::all_reduce: return m.all_reduce(g, b, acc, true);
+    case coll::reduce_scatter: return m.reduce_scatter(g, b);
+    case coll::all_gather: return m.all_gather(g, b);
+    case coll::all_to_all: return m.all_to_all(g, b);
+    case coll::sendrecv: return n > 1 ? m.message(b, N <= per) : std::nan("");
+    default: return std::nan("");
+  }
+}
+
+std::vector<row> run(communicator& c, const opts& o) {
+  std::vector<row> rows;
   const int n = c.size();
   const bool print = c.rank() == 0;
   const std::size_t es = dtype_size(o.dt), N = static_cast<std::size_t>(n);
   if (o.root < 0 || o.root >= n) throw std::out_of_range("tessel-perf: root outside the ranks");
   const bool rooted = o.kind == coll::reduce || o.kind == coll::broadcast || o.kind == coll::gather || o.kind == coll::scatter;
   const bool reduces = o.kind == coll::all_reduce || o.kind == coll::reduce || o.kind == coll::reduce_scatter;
+  const bool model = o.cluster.has_value();  // the closed-form column (emulated transport)
   if (print) {
     std::printf("# tessel-perf %s: transport %s, %d ranks, algo %s, compress %s, %d iters, %d warmup%s\n", o.name.c_str(),
                 o.transport.c_str(), n, std::string(algorithm_name(o.algo)).c_str(), o.compress.c_str(), o.iters, o.warmup,
                 c.transport_handle().is_simulated() ? " (simulated time)" : "");
+    if (model)
+      std::printf("# cluster %s: %zu cards (%zu per super-node), %.4g GB/s per card, %.4g us one-hop latency; model: busbw of "
+                  "emu::comm_model's closed form (direct, hierarchical across super-nodes)\n",
+                  o.cluster_path.empty() ? "UBL128 defaults" : o.cluster_path.c_str(), o.cluster->cards(),
+                  o.cluster->cards_per_supernode, o.cluster->card_bandwidth() / 1e9, o.cluster->direct_latency() * 1e6);
     std::printf("#%72s%32s\n", "out-of-place", "in-place");
-    std::printf("#%11s %13s %6s %6s %6s %10s %7s %7s %6s %10s %7s %7s %6s\n", "size", "count", "type", "redop", "root",
-                "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
-    std::printf("#%11s %13s %6s %6s %6s %10s %7s %7s %6s %10s %7s %7s %6s\n", "(B)", "(elements)", "", "", "", "(us)",
-                "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+    std::printf("#%11s %13s %6s %6s %6s %10s %7s %7s %6s %10s %7s %7s %6s%s\n", "size", "count", "type", "redop", "root",
+                "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong", model ? "   model" : "");
+    std::printf("#%11s %13s %6s %6s %6s %10s %7s %7s %6s %10s %7s %7s %6s%s\n", "(B)", "(elements)", "", "", "", "(us)",
+                "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "", model ? "  (GB/s)" : "");
   }
+  std::size_t steps = 0;  // sizes in the sweep, for the progress line
+  for (std::size_t size = o.minb; size <= o.maxb; ++steps) {
+    const std::size_t next = o.step ? size + o.step : static_cast<std::size_t>(static_cast<double>(size) * o.factor);
+    if (next <= size) {
+      ++steps;
+      break;
+    }
+    size = next;
+  }
+  const auto wall0 = std::chrono::steady_clock::now();
+  std::size_t step = 0;
   double bw_sum = 0;
   int bw_n = 0;
   std::size_t total_wrong = 0;
@@ -443,8 +564,27 @@ void run(communicator& c, const opts& o) {
                   reduces ? std::string(reduce_op_name(o.op)).c_str() : "none", rooted ? o.root : -1);
       cols(a);
       cols(b);
+      row r;
+      r.bytes = bytes;
+      r.busbw = a.us > 0 ? static_cast<double>(bytes) / (a.us * 1e3) * bus_factor(o.kind, n) : std::nan("");
+      const double ms = model ? model_seconds(o, n, bytes) : std::nan("");
+      r.model_busbw = ms > 0 ? static_cast<double>(bytes) / ms / 1e9 * bus_factor(o.kind, n) : std::nan("");
+      if (model) {
+        if (std::isfinite(r.model_busbw)) std::printf(" %7.2f", r.model_busbw);
+        else std::printf(" %7s", "N/A");
+      }
+      rows.push_back(r);
       std::printf("\n");
       std::fflush(stdout);
+      ++step;
+      if (o.progress) {
+        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+        std::fprintf(stderr, "%s[%zu/%zu] %s %s %zu B, %.1f s", ::isatty(STDERR_FILENO) == 1 ? "\r\033[K" : "", step, steps,
+                     o.name.c_str(), std::string(algorithm_name(o.algo)).c_str(), bytes, secs);
+        if (step < steps) std::fprintf(stderr, ", about %.0f s left", secs / static_cast<double>(step) * static_cast<double>(steps - step));
+        std::fprintf(stderr, ::isatty(STDERR_FILENO) == 1 && step < steps ? "" : "\n");
+        std::fflush(stderr);
+      }
       if (a.us > 0) {
         bw_sum += static_cast<double>(bytes) / (a.us * 1e3) * bus_factor(o.kind, n);
         ++bw_n;
@@ -460,6 +600,36 @@ void run(communicator& c, const opts& o) {
     std::printf("# Avg bus bandwidth    : %g\n", bw_n ? bw_sum / bw_n : 0.0);
   }
   if (total_wrong) throw std::runtime_error("tessel-perf: wrong results");
+  return rows;
+}
+
+// The busbw curves of every algorithm's sweep, and the closed form once (dashed), as SVG.
+void write_plot(const opts& o, const std::vector<std::pair<algorithm, std::vector<row>>>& sweeps) {
+  emu::plot_options po;
+  po.title = "tessel-perf " + o.name + ": " + std::to_string(o.ranks) + " ranks, " + o.transport +
+             (o.cluster_path.empty() ? std::string() : " (" + std::filesystem::path(o.cluster_path).filename().string() + ")") + ", " +
+             std::string(dtype_name(o.dt));
+  po.y_label = "busbw, out-of-place (GB/s)";
+  emu::line_plot p(po);
+  std::vector<double> mx, my;
+  for (const auto& [al, rows] : sweeps) {
+    std::vector<double> x, y;
+    for (const auto& r : rows) {
+      x.push_back(static_cast<double>(r.bytes));
+      y.push_back(r.busbw);
+    }
+    if (!x.empty()) p.add(std::string(algorithm_name(al)), x, y);
+    if (mx.empty())
+      for (const auto& r : rows)
+        if (std::isfinite(r.model_busbw)) {
+          mx.push_back(static_cast<double>(r.bytes));
+          my.push_back(r.model_busbw);
+        }
+  }
+  if (!mx.empty()) p.add("closed form (comm_model)", mx, my, true);
+  if (p.skipped()) std::fprintf(stderr, "tessel-perf: --plot: %zu points without a time (N/A) are left out\n", p.skipped());
+  p.write(o.plot);
+  std::printf("# plot written to %s\n", o.plot.c_str());
 }
 
 }  // namespace
@@ -468,55 +638,101 @@ int moe_main(int argc, char** argv);  // moe.cpp
 
 int main(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "moe") return moe_main(argc, argv);
-  const opts o = parse(argc, argv);
-  try {
-    comm_options co;
-    co.node_size = o.node_size;
-    if (o.segment) co.segment_bytes = o.segment;
-    if (o.transport == "threads") {
-      threads_world::run(o.ranks, [&](threads_transport t) {
-        communicator c(std::move(t), co);
-        run(c, o);
-      });
-    } else if (o.transport == "mpi") {
-#if TESSEL_HAVE_MPI
-      int provided = 0;
-      MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
-      int rc = 0;
-      {
-        communicator c(mpi_transport(MPI_COMM_WORLD), co);
-        try {
-          run(c, o);
-        } catch (const std::exception& e) {
-          std::fprintf(stderr, "tessel-perf: %s\n", e.what());
-          rc = 1;
-        }
-      }
-      MPI_Finalize();
-      return rc;
-#else
-      usage("this tessel-perf was built without MPI (tessel::mpi not found)");
-#endif
-    } else if (o.transport == "emulated") {
+  opts o = parse(argc, argv);
 #if TESSEL_PERF_EMULATED
-      // Fewer, larger messages simulate faster, and the direct algorithms lose nothing by them: the
-      // fabric model overlaps every posted transfer. A ring is a chain of hops that pipelines only
-      // by its segments (one 8 MiB segment on 16 cards took 6x the time of 512 KiB ones), so it
-      // keeps the library's unit.
-      if (!o.segment && o.algo != algorithm::ring) co.segment_bytes = std::size_t{64} << 20;
-      emulated_world::run_default(
-          o.ranks,
-          [&](emulated_transport t) {
-            communicator c(std::move(t), co);
-            run(c, o);
-          },
-          !o.check);
-#else
-      usage("the emulated transport is not available in this build");
+  if (o.transport == "emulated" && !o.cluster) {  // the default machine: super-nodes of 128 UBL128 cards
+    emu::cluster_config cfg;
+    const std::size_t n = static_cast<std::size_t>(o.ranks);
+    cfg.cards_per_supernode = std::min<std::size_t>(n, 128);
+    if (n % cfg.cards_per_supernode != 0)
+      usage(("-g " + std::to_string(n) + ": more than 128 ranks must be a multiple of 128 on the default cluster (or give --cluster)").c_str());
+    cfg.scaleout.supernodes = n / cfg.cards_per_supernode;
+    o.cluster = cfg;
+  }
 #endif
-    } else {
-      usage(("unknown transport '" + o.transport + "'").c_str());
+  std::vector<std::pair<algorithm, std::vector<row>>> sweeps;
+  std::mutex rows_mu;
+  auto keep = [&](algorithm al, std::vector<row> rows) {
+    if (rows.empty()) return;  // only rank 0 prints and keeps its rows
+    std::lock_guard lk(rows_mu);
+    sweeps.emplace_back(al, std::move(rows));
+  };
+  try {
+#if TESSEL_HAVE_MPI
+    bool mpi_up = false;
+#endif
+    for (std::size_t ai = 0; ai < o.algos.size(); ++ai) {
+      const algorithm al = o.algos[ai];
+      o.algo = al;
+      if (ai > 0) std::printf("\n");
+      comm_options co;
+      co.node_size = o.node_size;
+      if (o.segment) co.segment_bytes = o.segment;
+      if (o.transport == "threads") {
+        threads_world::run(o.ranks, [&](threads_transport t) {
+          communicator c(std::move(t), co);
+          auto rows = run(c, o);
+          if (c.rank() == 0) keep(al, std::move(rows));
+        });
+      } else if (o.transport == "mpi") {
+#if TESSEL_HAVE_MPI
+        if (!mpi_up) {
+          int provided = 0;
+          MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+          mpi_up = true;
+        }
+        int rc = 0;
+        {
+          communicator c(mpi_transport(MPI_COMM_WORLD), co);
+          try {
+            auto rows = run(c, o);
+            if (c.rank() == 0) keep(al, std::move(rows));
+          } catch (const std::exception& e) {
+            std::fprintf(stderr, "tessel-perf: %s\n", e.what());
+            rc = 1;
+          }
+        }
+        if (rc) {
+          MPI_Finalize();
+          return rc;
+        }
+#else
+        usage("this tessel-perf was built without MPI (tessel::mpi not found)");
+#endif
+      } else if (o.transport == "emulated") {
+#if TESSEL_PERF_EMULATED
+        // Fewer, larger messages simulate faster, and the direct algorithms lose nothing by them: the
+        // fabric model overlaps every posted transfer. A ring is a chain of hops that pipelines only
+        // by its segments (one 8 MiB segment on 16 cards took 6x the time of 512 KiB ones), so it
+        // keeps the library's unit.
+        if (!o.segment && al != algorithm::ring) co.segment_bytes = std::size_t{64} << 20;
+        emu::cluster_config cfg = *o.cluster;
+        cfg.timing_only = !o.check;  // payloads only when they are checked
+        // large transfers queue behind each other for long in big runs
+        cfg.faults.op_timeout = std::max(cfg.faults.op_timeout, 1.0);
+        emu::cluster cl(cfg, 1);
+        std::vector<std::size_t> cards(static_cast<std::size_t>(o.ranks));
+        std::iota(cards.begin(), cards.end(), std::size_t{0});
+        emulated_world(cl, cards).run([&](emulated_transport t) {
+          communicator c(std::move(t), co);
+          auto rows = run(c, o);
+          if (c.rank() == 0) keep(al, std::move(rows));
+        });
+#else
+        usage("the emulated transport is not available in this build");
+#endif
+      } else {
+        usage(("unknown transport '" + o.transport + "'").c_str());
+      }
     }
+#if TESSEL_HAVE_MPI
+    int rank = 0;
+    if (mpi_up) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (!o.plot.empty() && rank == 0) write_plot(o, sweeps);
+    if (mpi_up) MPI_Finalize();
+#else
+    if (!o.plot.empty()) write_plot(o, sweeps);
+#endif
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tessel-perf: %s\n", e.what());
     return 1;

@@ -7,13 +7,15 @@
 // Reported per phase: simulated time (slowest rank, from a common start), the payload bytes each
 // rank puts on the wire (remote rows only), bandwidth = mean wire bytes per rank / time, its share
 // of the per-card port bandwidth (the link limit), and of the modelled bound
-// max over ranks of max(bytes sent, bytes received) / port bandwidth.
+// max over ranks of max(bytes sent, bytes received) / port bandwidth. `--cluster FILE` models
+// another machine (the emulator's config format; -g then defaults to its card count).
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -21,6 +23,7 @@
 
 #include <tessel/collectives.hpp>
 #include <tessel/collectives/moe.hpp>
+#include <tessel/emulator/config.hpp>
 
 #include "../common/args.hpp"
 #if __has_include(<tessel/collectives/transport/emulated.hpp>)
@@ -34,7 +37,7 @@ namespace {
 [[noreturn]] void moe_usage(const char* msg) {
   std::fprintf(stderr,
                "tessel-perf moe: %s\n"
-               "usage: tessel-perf moe [-g RANKS] [--tokens T] [--hidden H] [--topk K] [--experts E] [-n ITERS] [--check]\n"
+               "usage: tessel-perf moe [-g RANKS] [--tokens T] [--hidden H] [--topk K] [--experts E] [-n ITERS] [--check] [--cluster FILE]\n"
                "  (emulated transport only; defaults: 128 ranks, 4096 tokens, hidden 7168, top-8 of 256 experts)\n",
                msg);
   std::exit(2);
@@ -44,7 +47,8 @@ namespace {
 int moe_main(int argc, char** argv) {
   int ranks = 128, iters = 3, experts = 256;
   std::size_t tokens = 4096, hidden = 7168, top_k = 8;
-  bool check = false;
+  bool check = false, ranks_given = false;
+  std::string cluster_path;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     auto val = [&]() -> std::string {
@@ -52,7 +56,10 @@ int moe_main(int argc, char** argv) {
       return argv[++i];
     };
     try {
-      if (a == "-g" || a == "--ranks") ranks = static_cast<int>(tessel_tools::parse_int(a, val(), 1, 1 << 20));
+      if (a == "-g" || a == "--ranks") {
+        ranks = static_cast<int>(tessel_tools::parse_int(a, val(), 1, 1 << 20));
+        ranks_given = true;
+      } else if (a == "--cluster") cluster_path = val();
       else if (a == "--tokens") tokens = static_cast<std::size_t>(tessel_tools::parse_int(a, val(), 0, 1 << 24));
       else if (a == "--hidden") hidden = static_cast<std::size_t>(tessel_tools::parse_int(a, val(), 1, 1 << 20));
       else if (a == "--topk") top_k = static_cast<std::size_t>(tessel_tools::parse_int(a, val(), 1, 1 << 16));
@@ -66,6 +73,24 @@ int moe_main(int argc, char** argv) {
       moe_usage(e.what());
     }
   }
+  emu::cluster_config cfg;  // the default: super-nodes of 128 UBL128 cards
+  if (!cluster_path.empty()) {
+    try {
+      cfg = emu::load_cluster_config(cluster_path);
+    } catch (const tessel::error& e) {
+      moe_usage(e.what());
+    }
+    if (!ranks_given) ranks = static_cast<int>(std::min<std::size_t>(cfg.cards(), std::size_t{1} << 20));
+    if (static_cast<std::size_t>(ranks) > cfg.cards())
+      moe_usage(("-g " + std::to_string(ranks) + " is more ranks than the " + std::to_string(cfg.cards()) + " cards of " + cluster_path).c_str());
+  } else if (ranks > 0) {
+    const std::size_t n = static_cast<std::size_t>(ranks);
+    cfg.cards_per_supernode = std::min<std::size_t>(n, 128);
+    if (n % cfg.cards_per_supernode != 0) moe_usage("more than 128 ranks must be a multiple of 128 on the default cluster (or give --cluster)");
+    cfg.scaleout.supernodes = n / cfg.cards_per_supernode;
+  }
+  cfg.timing_only = false;  // as before: routing metadata is real, the payload rows are byte counts (moe_timing_only)
+  cfg.faults.op_timeout = std::max(cfg.faults.op_timeout, 1.0);  // large transfers queue behind each other for long
   if (ranks <= 0 || iters <= 0 || experts <= 0 || top_k == 0 || top_k > static_cast<std::size_t>(experts))
     moe_usage("ranks, iters, experts and topk must be positive, topk <= experts");
 #if TESSEL_PERF_MOE
@@ -77,8 +102,10 @@ int moe_main(int argc, char** argv) {
   double port_bw = 0;
   std::atomic<long> wrong{0};
   try {
-    emulated_world::run_default(
-        ranks,
+    emu::cluster cl(cfg, 1);
+    std::vector<std::size_t> cards(static_cast<std::size_t>(ranks));
+    std::iota(cards.begin(), cards.end(), std::size_t{0});
+    emulated_world(cl, cards).run(
         [&](emulated_transport t) {
           if (t.rank() == 0) port_bw = t.cluster().config().card_bandwidth();
           communicator c(std::move(t));
@@ -144,8 +171,7 @@ int moe_main(int argc, char** argv) {
               wrong += bad;
             }
           }
-        },
-        false);
+        });
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tessel-perf moe: %s\n", e.what());
     return 1;

@@ -38,6 +38,7 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <map>
@@ -49,6 +50,8 @@
 #include <tuple>
 #include <utility>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include <tessel/device/executor.hpp>
 #include <tessel/emulator/card.hpp>
@@ -83,6 +86,29 @@ struct cluster_report {
     return o.str();
   }
 };
+
+// The report as JSON (seconds and fractions as they are; ports by name), for tools.
+inline nlohmann::json to_json(const cluster_report& r) {
+  nlohmann::json ports = nlohmann::json::array();
+  for (const auto& [name, u] : r.top_ports) ports.push_back({{"port", name}, {"utilization", u}});
+  return {{"makespan", r.makespan},
+          {"flop_utilization", r.flop_utilization},
+          {"hbm_saturation", r.hbm_saturation},
+          {"max_port_utilization", r.max_port_utilization},
+          {"mean_port_utilization", r.mean_port_utilization},
+          {"bottleneck", r.bottleneck},
+          {"top_ports", std::move(ports)},
+          {"messages", r.messages},
+          {"latency_p50", r.latency_p50},
+          {"latency_p99", r.latency_p99}};
+}
+
+inline void write_report(const cluster_report& r, const std::string& path) {
+  std::ofstream f(path, std::ios::binary);
+  if (!f) throw emulator_error(errc::io, "cannot write the report to '" + path + "'");
+  f << to_json(r).dump(2) << "\n";
+  if (!f) throw emulator_error(errc::io, "writing the report '" + path + "' failed");
+}
 
 class cluster {
  public:

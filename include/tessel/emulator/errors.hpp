@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <string>
+#include <utility>
 
 #include <tessel/error.hpp>
 
@@ -19,9 +20,15 @@ struct emulator_error : error_of<emulator_error> {
 };
 
 // A cluster description that cannot describe a machine (zero cards, zero bandwidth, ...), or a
-// configuration file that cannot be read.
+// configuration file that cannot be read (errc::io) or parsed (errc::format). `key` names the
+// configuration key at fault (empty when the whole description is), `line` its line in the text
+// (0 when unknown).
 struct config_error : emulator_error {
+  std::string key;
+  std::size_t line = 0;
   explicit config_error(const std::string& what, errc code = errc::config) : emulator_error(code, what) {}
+  config_error(std::string k, std::size_t ln, const std::string& what, errc code = errc::config)
+      : emulator_error(code, what), key(std::move(k)), line(ln) {}
 };
 
 // A memory request above what a card has left.

@@ -1,5 +1,5 @@
 // Observability for the emulator: a Chrome-trace (Perfetto-readable) JSON timeline with one
-// process per card and tracks for compute, sends and receives, and a JSON-string escaper.
+// process per card and tracks for compute, sends and receives, written through nlohmann-json.
 // Times are simulated seconds; the file is written in microseconds as the format requires.
 #pragma once
 
@@ -13,6 +13,8 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include <tessel/emulator/errors.hpp>
 
@@ -32,34 +34,6 @@ struct trace_span {
   std::size_t peer = SIZE_MAX;
 };
 
-namespace detail {
-inline void json_escape(std::ostream& o, const std::string& s) {
-  o << '"';
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': o << "\\\""; break;
-      case '\\': o << "\\\\"; break;
-      case '\n': o << "\\n"; break;
-      case '\t': o << "\\t"; break;
-      case '\r': o << "\\r"; break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          o << buf;
-        } else {
-          o << static_cast<char>(c);
-        }
-    }
-  }
-  o << '"';
-}
-inline void json_number(std::ostream& o, double v) {
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%.6f", v);
-  o << buf;
-}
-}  // namespace detail
 
 // Thread-safe span recorder. Compute spans are complete ("X") events on the card's compute
 // thread; sends and receives are async ("b"/"e") events, because transfers overlap each other.
@@ -82,46 +56,43 @@ class trace_recorder {
     spans_.clear();
   }
 
+  // Streamed one event at a time (a long run holds millions), each event an nlohmann::json object
+  // dumped on its own line; names that are not valid UTF-8 are written with U+FFFD in their place.
   void write_chrome_json(std::ostream& o, std::size_t cards) const {
+    using nlohmann::json;
     std::lock_guard lk(mu_);
     o << "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n";
     bool first = true;
-    auto sep = [&] { o << (first ? "" : ",\n"); first = false; };
+    auto emit = [&](const json& ev) {
+      o << (first ? "" : ",\n") << ev.dump(-1, ' ', false, json::error_handler_t::replace);
+      first = false;
+    };
     static const char* tracks[] = {"compute", "sends", "receives"};
     for (std::size_t c = 0; c < cards; ++c) {
-      sep();
-      o << "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":" << c << ",\"tid\":0,\"args\":{\"name\":\"card " << c << "\"}}";
-      for (int t = 0; t < 3; ++t) {
-        sep();
-        o << "{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":" << c << ",\"tid\":" << t << ",\"args\":{\"name\":\"" << tracks[t] << "\"}}";
-      }
+      emit({{"ph", "M"}, {"name", "process_name"}, {"pid", c}, {"tid", 0}, {"args", {{"name", "card " + std::to_string(c)}}}});
+      for (int t = 0; t < 3; ++t) emit({{"ph", "M"}, {"name", "thread_name"}, {"pid", c}, {"tid", t}, {"args", {{"name", tracks[t]}}}});
     }
     std::uint64_t id = 0;
     for (const auto& s : spans_) {
       const int tid = static_cast<int>(s.where);
-      auto common = [&](const char* ph, double ts) {
-        o << "{\"ph\":\"" << ph << "\",\"name\":";
-        detail::json_escape(o, s.name);
-        o << ",\"cat\":\"" << tracks[tid] << "\",\"pid\":" << s.card << ",\"tid\":" << tid << ",\"ts\":";
-        detail::json_number(o, ts * 1e6);
+      auto event = [&](const char* ph, double t) {
+        return json{{"ph", ph}, {"name", s.name}, {"cat", tracks[tid]}, {"pid", s.card}, {"tid", tid}, {"ts", t * 1e6}};
       };
-      sep();
       if (s.where == track::compute) {
-        common("X", s.start);
-        o << ",\"dur\":";
-        detail::json_number(o, s.duration * 1e6);
-        o << ",\"args\":{\"flops\":";
-        detail::json_number(o, s.flops);
-        o << ",\"bytes\":" << s.bytes << "}}";
+        json ev = event("X", s.start);
+        ev["dur"] = s.duration * 1e6;
+        ev["args"] = {{"flops", s.flops}, {"bytes", s.bytes}};
+        emit(ev);
       } else {
         ++id;
-        common("b", s.start);
-        o << ",\"id\":" << id << ",\"args\":{\"bytes\":" << s.bytes;
-        if (s.peer != SIZE_MAX) o << ",\"peer\":" << s.peer;
-        o << "}}";
-        sep();
-        common("e", s.start + s.duration);
-        o << ",\"id\":" << id << "}";
+        json b = event("b", s.start);
+        b["id"] = id;
+        b["args"] = {{"bytes", s.bytes}};
+        if (s.peer != SIZE_MAX) b["args"]["peer"] = s.peer;
+        emit(b);
+        json e = event("e", s.start + s.duration);
+        e["id"] = id;
+        emit(e);
       }
     }
     o << "\n]}\n";
