@@ -1,5 +1,5 @@
 // Observability for the emulator: a Chrome-trace (Perfetto-readable) JSON timeline with one
-// process per card and tracks for compute, sends and receives, and a JSON-string escaper.
+// process per card and tracks for compute, sends and receives (the JSON writing helpers are in detail/json.hpp).
 // Times are simulated seconds; the file is written in microseconds as the format requires.
 #pragma once
 
@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include <tessel/detail/json.hpp>
 #include <tessel/emulator/errors.hpp>
 
 namespace tessel {
@@ -32,34 +33,6 @@ struct trace_span {
   std::size_t peer = SIZE_MAX;
 };
 
-namespace detail {
-inline void json_escape(std::ostream& o, const std::string& s) {
-  o << '"';
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': o << "\\\""; break;
-      case '\\': o << "\\\\"; break;
-      case '\n': o << "\\n"; break;
-      case '\t': o << "\\t"; break;
-      case '\r': o << "\\r"; break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          o << buf;
-        } else {
-          o << static_cast<char>(c);
-        }
-    }
-  }
-  o << '"';
-}
-inline void json_number(std::ostream& o, double v) {
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%.6f", v);
-  o << buf;
-}
-}  // namespace detail
 
 // Thread-safe span recorder. Compute spans are complete ("X") events on the card's compute
 // thread; sends and receives are async ("b"/"e") events, because transfers overlap each other.
@@ -101,17 +74,17 @@ class trace_recorder {
       const int tid = static_cast<int>(s.where);
       auto common = [&](const char* ph, double ts) {
         o << "{\"ph\":\"" << ph << "\",\"name\":";
-        detail::json_escape(o, s.name);
+        ::tessel::detail::json_escape(o, s.name);
         o << ",\"cat\":\"" << tracks[tid] << "\",\"pid\":" << s.card << ",\"tid\":" << tid << ",\"ts\":";
-        detail::json_number(o, ts * 1e6);
+        ::tessel::detail::json_number(o, ts * 1e6);
       };
       sep();
       if (s.where == track::compute) {
         common("X", s.start);
         o << ",\"dur\":";
-        detail::json_number(o, s.duration * 1e6);
+        ::tessel::detail::json_number(o, s.duration * 1e6);
         o << ",\"args\":{\"flops\":";
-        detail::json_number(o, s.flops);
+        ::tessel::detail::json_number(o, s.flops);
         o << ",\"bytes\":" << s.bytes << "}}";
       } else {
         ++id;
