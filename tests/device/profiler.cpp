@@ -47,6 +47,10 @@ struct unnamed_program {
   void operator()(block_ctx&) const {}
 };
 
+auto make_lambda() {
+  return [] {};
+}
+
 fs::path temp_file(const std::string& stem) {
   return fs::temp_directory_path() / (stem + "_" + std::to_string(::getpid()) + ".json");
 }
@@ -310,7 +314,16 @@ TEST_CASE("type names are cleaned of the library's namespaces and template argum
   using tessel::detail::clean_type_name;
   CHECK(clean_type_name("tessel::v0::detail::softmax::fwd_program<float, tessel::v0::bf16>") == "softmax::fwd_program");
   CHECK(clean_type_name("tessel::v0::gemm_splitk_reduce<float, tessel::v0::epilogue::chain<> >") == "gemm_splitk_reduce");
-  CHECK(clean_type_name("main()::<lambda(tessel::v0::block_ctx&)>") == "main()::lambda");
+  CHECK(clean_type_name("main()::<lambda(tessel::v0::block_ctx&)>") == "main::lambda");
+  CHECK(clean_type_name("tessel::v0::gelu_forward<tessel::v0::host_device, float>(tessel::v0::host_device&, std::span<const float>)::<lambda(std::size_t, auto:1, bool)>") ==
+        "gelu_forward::lambda");
+  CHECK(clean_type_name("(lambda at /src/include/tessel/ops/activation.hpp:119:5)") == "lambda@activation.hpp:119");
+#if defined(__clang__)
+  CHECK(tessel::detail::enclosing_function_name<decltype(make_lambda())>().find("lambda@profiler.cpp:") != std::string::npos);
+#else
+  CHECK(tessel::detail::enclosing_function_name<decltype(make_lambda())>() == "tessel_test_device_profiler::make_lambda");
+#endif
+  CHECK(tessel::detail::enclosing_function_name<unnamed_program<int>>() == "tessel_test_device_profiler::unnamed_program");
   CHECK(clean_type_name("{anonymous}::prog") == "prog");
   CHECK(tessel::detail::raw_type_name<unnamed_program<int>>().find("unnamed_program<int>") != std::string_view::npos);
 }
