@@ -109,15 +109,16 @@ class transport_iface {
   virtual const char* name() const { return "transport"; }
 };
 
-// A transport's name from its type ("tessel::v0::threads_transport" -> "threads").
+// A transport's name from its type ("tessel::v0::threads_transport" -> "threads"). Never freed:
+// the profiler keeps the pointer and may write its trace during static destruction.
 template <class T>
 const char* transport_name() {
-  static const std::string n = [] {
+  static const std::string* const n = [] {
     std::string c = clean_type_name(raw_type_name<T>());
     if (c.size() > 10 && c.ends_with("_transport")) c.resize(c.size() - 10);
-    return c;
+    return new std::string(std::move(c));
   }();
-  return n.c_str();
+  return n->c_str();
 }
 
 template <transport T>

@@ -241,7 +241,9 @@ struct collective_stats {
   std::string op, transport, algorithm;
   std::size_t calls = 0;
   double seconds = 0, bytes = 0;
+  double transport_seconds = 0;  // by the transport's clock (simulated on the emulated fabric)
   double algbw_gbs = 0;          // bytes / seconds, per rank-call
+  double transport_algbw_gbs = 0;  // bytes / transport_seconds
 };
 
 struct profile_summary {
@@ -278,14 +280,14 @@ struct profile_summary {
       o << line;
     }
     if (ops.size() > top) o << "(" << ops.size() - top << " more operators)\n";
-    if (!collectives.empty()) {
-      std::snprintf(line, sizeof line, "%-16s %-10s %-17s %8s %11s %12s\n", "collective", "transport", "algorithm", "calls", "total ms",
-                    "algbw GB/s");
+    if (!collectives.empty()) {  // wall clock, then the transport's clock (simulated time on the emulated fabric)
+      std::snprintf(line, sizeof line, "%-16s %-10s %-17s %8s %11s %12s %14s %12s\n", "collective", "transport", "algorithm", "calls", "total ms",
+                    "algbw GB/s", "transport ms", "algbw GB/s");
       o << line;
       for (std::size_t i = 0; i < collectives.size() && i < top; ++i) {
         const auto& c = collectives[i];
-        std::snprintf(line, sizeof line, "%-16.16s %-10.10s %-17.17s %8zu %11.3f %12.3f\n", c.op.c_str(), c.transport.c_str(),
-                      c.algorithm.c_str(), c.calls, c.seconds * 1e3, c.algbw_gbs);
+        std::snprintf(line, sizeof line, "%-16.16s %-10.10s %-17.17s %8zu %11.3f %12.3f %14.3f %12.3f\n", c.op.c_str(), c.transport.c_str(),
+                      c.algorithm.c_str(), c.calls, c.seconds * 1e3, c.algbw_gbs, c.transport_seconds * 1e3, c.transport_algbw_gbs);
         o << line;
       }
     }
@@ -347,13 +349,17 @@ inline profile_summary summarize(const std::vector<launch_record>& launches, con
   std::map<std::tuple<std::string_view, std::string_view, std::string_view>, std::size_t> cindex;
   for (const auto& c : colls) {
     auto [it, fresh] = cindex.try_emplace({c.op, c.transport, c.algorithm}, s.collectives.size());
-    if (fresh) s.collectives.push_back({c.op, c.transport, c.algorithm, 0, 0, 0, 0});
+    if (fresh) s.collectives.push_back({c.op, c.transport, c.algorithm, 0, 0, 0, 0, 0, 0});
     collective_stats& t = s.collectives[it->second];
     t.calls++;
     t.seconds += c.seconds;
     t.bytes += c.bytes;
+    t.transport_seconds += c.transport_seconds;
   }
-  for (auto& t : s.collectives) t.algbw_gbs = t.seconds > 0 ? t.bytes / t.seconds * 1e-9 : 0;
+  for (auto& t : s.collectives) {
+    t.algbw_gbs = t.seconds > 0 ? t.bytes / t.seconds * 1e-9 : 0;
+    t.transport_algbw_gbs = t.transport_seconds > 0 ? t.bytes / t.transport_seconds * 1e-9 : 0;
+  }
   std::stable_sort(s.collectives.begin(), s.collectives.end(), [](const collective_stats& a, const collective_stats& b) { return a.seconds > b.seconds; });
   return s;
 }
