@@ -310,6 +310,26 @@ TEST_CASE("an unwritable trace path and a second start are typed errors at start
   CHECK(profiler::active());
 }
 
+// Run by the CTest test_device:TESSEL_PROFILE, in a process started with TESSEL_PROFILE=path.
+TEST_CASE("TESSEL_PROFILE turns the profiler on at the first launch and stop() writes its trace", "[.profiler_env]") {
+  const char* path = std::getenv("TESSEL_PROFILE");
+  REQUIRE(path != nullptr);
+  host_device d(1);
+  std::atomic<std::size_t> blocks{0};
+  for (int i = 0; i < 3; ++i) d.launch(grid{2}, costed_program{&blocks});
+  REQUIRE(profiler::active());
+  REQUIRE(profiler::launches().size() == 3);
+  CHECK_THROWS_MATCHES(profiler::start(), profiler_error, is_error(errc::invalid_argument, "profiler", path));
+  profiler::stop();
+  std::ifstream f(path);
+  const auto j = nlohmann::json::parse(f);
+  int launches = 0;
+  for (const auto& e : j.at("traceEvents"))
+    if (e.at("ph") == "X" && e.at("name") == "test::costed") ++launches;
+  CHECK(launches == 3);
+  fs::remove(path);
+}
+
 TEST_CASE("type names are cleaned of the library's namespaces and template arguments", "[device][profiler]") {
   using tessel::detail::clean_type_name;
   CHECK(clean_type_name("tessel::v0::detail::softmax::fwd_program<float, tessel::v0::bf16>") == "softmax::fwd_program");
