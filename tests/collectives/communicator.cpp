@@ -4,6 +4,13 @@
 // ranks 2/3/8) to keep the default suite fast.
 #include "verifiable.hpp"
 
+#include <map>
+#include <set>
+
+#include <tessel/collectives/transport/emulated.hpp>
+#include <tessel/device/profiler.hpp>
+#include <tessel/emulator.hpp>
+
 // The whole file in its own namespace: its test executable is a unity build (tests/CMakeLists.txt),
 // where each file's helpers must keep their own names.
 namespace tessel_test_collectives_communicator {
@@ -87,6 +94,63 @@ TEST_CASE("all_reduce larger than the last-level cache: the streaming-store path
           for (auto& s : errs) FAIL_CHECK(s);
         }
     });
+}
+
+TEST_CASE("the profiler records every collective on every rank, on the threads and emulated transports", "[collectives][profiler]") {
+  using key = std::pair<std::string, std::string>;  // (transport, op)
+  {
+    profiler::session s;
+    threads_world::run(3, [&](threads_transport t) {
+      communicator c(std::move(t));
+      std::vector<float> a(7, 1.0f), b(7), g(21);
+      c.all_reduce(a.data(), b.data(), 7, dtype::f32, reduce_op::sum);
+      c.all_gather(a.data(), g.data(), 7, dtype::f32);
+      c.barrier();
+      c.all_reduce_async(a.data(), b.data(), 7, dtype::f32, reduce_op::sum).wait();
+    });
+    emu::cluster_config cfg;
+    cfg.cards_per_supernode = 4;
+    cfg.card.memory_bytes = std::size_t{64} << 20;
+    emu::cluster cl(cfg, 1);
+    emulated_world(cl).run([&](emulated_transport t) {
+      communicator c(std::move(t));
+      std::vector<float> a(1000, 1.0f), b(1000);
+      c.all_reduce(a.data(), b.data(), a.size(), dtype::f32, reduce_op::sum);
+    });
+  }
+  const auto rs = profiler::collectives();
+  std::map<key, std::set<int>> ranks;
+  std::map<key, int> calls;
+  for (const auto& r : rs) {
+    const key k{r.transport, r.op};
+    ranks[k].insert(r.rank);
+    calls[k]++;
+    CHECK(r.seconds >= 0);
+    if (k == key{"threads", "all_reduce"}) {
+      CHECK(r.bytes == 28);
+      CHECK(r.ranks == 3);
+      CHECK(std::string(r.algorithm) == "direct");  // 3 ranks, no super-nodes: direct
+    }
+    if (k == key{"threads", "all_gather"}) CHECK(r.bytes == 84);
+    if (k == key{"threads", "barrier"}) CHECK(std::string(r.algorithm) == "dissemination");
+    if (k == key{"emulated", "all_reduce"}) {
+      CHECK(r.bytes == 4000);
+      CHECK(r.ranks == 4);
+      CHECK(std::string(r.algorithm) == "direct");  // a modelled fabric's small size: direct
+      CHECK(r.transport_seconds > 0);                // simulated time of the fabric
+    }
+  }
+  CHECK(rs.size() == 6 + 3 + 3 + 4);
+  CHECK(calls[key{"threads", "all_reduce"}] == 6);  // blocking and asynchronous
+  CHECK(calls[key{"threads", "all_gather"}] == 3);
+  CHECK(calls[key{"threads", "barrier"}] == 3);
+  CHECK(calls[key{"emulated", "all_reduce"}] == 4);
+  CHECK(ranks[key{"threads", "all_reduce"}] == std::set<int>{0, 1, 2});
+  CHECK(ranks[key{"emulated", "all_reduce"}] == std::set<int>{0, 1, 2, 3});
+  const auto sum = profiler::summary();
+  CHECK(sum.collective_calls == rs.size());
+  REQUIRE_FALSE(sum.collectives.empty());
+  for (std::size_t i = 1; i < sum.collectives.size(); ++i) CHECK(sum.collectives[i - 1].seconds >= sum.collectives[i].seconds);
 }
 
 }  // namespace tessel_test_collectives_communicator

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include <tessel/device/device_buffer.hpp>
+#include <tessel/device/profiler.hpp>
 #include <tessel/emulator/card.hpp>
 #include "error_match.hpp"
 
@@ -98,6 +99,38 @@ TEST_CASE("launch runs the program and charges the roofline + launch overhead", 
   auto k = c.counters();
   CHECK(k.launches == 3);
   CHECK(k.math_time == Approx(2.0 * n / spec.peak_bf16 + 8e12 / spec.peak_fp8));
+  c.deallocate(out);
+}
+
+TEST_CASE("the profiler records a card's launches with their declared or explicit cost", "[emulator][card][profiler]") {
+  executor ex(2);
+  card c(5, card_spec{}, ex, false, nullptr);
+  const std::size_t n = 4096;
+  float* out = c.allocate_n<float>(n);
+  std::atomic<int> count{0};
+  {
+    profiler::session s;
+    c.launch(grid{4}, fill_prog{out, n});
+    c.launch(grid{2}, plain_prog{&count}, kernel_cost{1e6, 0, math_precision::fp8});
+    c.launch(grid{3}, plain_prog{&count});
+  }
+  const auto rs = profiler::launches();
+  REQUIRE(rs.size() == 3);
+  for (const auto& r : rs) {
+    CHECK(std::string(r.device) == "card");
+    CHECK(r.device_index == 5);
+    CHECK(r.workers == 2);
+  }
+  CHECK(profiler::name_of(rs[0].name) == "fill_prog");
+  CHECK(rs[0].costed);
+  CHECK(rs[0].cost.flops == 2.0 * n);
+  CHECK(rs[0].cost.precision == math_precision::bf16);
+  CHECK(profiler::name_of(rs[1].name) == "plain_prog");
+  CHECK(rs[1].costed);  // the explicit cost of the launch
+  CHECK(rs[1].cost.flops == 1e6);
+  CHECK(rs[1].cost.precision == math_precision::fp8);
+  CHECK_FALSE(rs[2].costed);
+  CHECK(rs[2].dims == grid{3});
   c.deallocate(out);
 }
 

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include <tessel/detail/checked.hpp>
+#include <tessel/device/profiler.hpp>
 #include <tessel/collectives/detail/algorithms.hpp>
 #include <tessel/collectives/errors.hpp>
 #include <tessel/collectives/reduce_op.hpp>
@@ -53,6 +54,9 @@ struct comm_options {
 
 }  // namespace v0
 namespace detail {
+// The algorithm the running collective chose, for the profiler (set by communicator::pick).
+inline thread_local const char* coll_algorithm = nullptr;
+
 struct async_state {
   std::mutex mu;
   std::condition_variable cv;
@@ -207,35 +211,36 @@ class communicator {
 
   // ------------------------------------------------------------------ untyped (dtype) API
   void all_reduce(const void* send, void* recv, std::size_t count, dtype d, reduce_op op, call_options o = {}) {
-    sync([&] { do_all_reduce(send, recv, count, d, op, o); });
+    sync("all_reduce", [&] { return nbytes(count, d); }, [&] { do_all_reduce(send, recv, count, d, op, o); });
   }
   void reduce(const void* send, void* recv, std::size_t count, dtype d, reduce_op op, int root, call_options o = {}) {
-    sync([&] { do_reduce(send, recv, count, d, op, root, o); });
+    sync("reduce", [&] { return nbytes(count, d); }, [&] { do_reduce(send, recv, count, d, op, root, o); });
   }
   void broadcast(const void* send, void* recv, std::size_t count, dtype d, int root, call_options o = {}) {
-    sync([&] { do_broadcast(send, recv, count, d, root, o); });
+    sync("broadcast", [&] { return nbytes(count, d); }, [&] { do_broadcast(send, recv, count, d, root, o); });
   }
   // recv holds size()*sendcount elements; in place when send == recv + rank*sendcount.
   void all_gather(const void* send, void* recv, std::size_t sendcount, dtype d, call_options o = {}) {
-    sync([&] { do_all_gather(send, recv, sendcount, d, o); });
+    sync("all_gather", [&] { return nbytes(sendcount, d, size()); }, [&] { do_all_gather(send, recv, sendcount, d, o); });
   }
   // send holds size()*recvcount elements; in place when recv == send + rank*recvcount.
   void reduce_scatter(const void* send, void* recv, std::size_t recvcount, dtype d, reduce_op op, call_options o = {}) {
-    sync([&] { do_reduce_scatter(send, recv, recvcount, d, op, o); });
+    sync("reduce_scatter", [&] { return nbytes(recvcount, d, size()); }, [&] { do_reduce_scatter(send, recv, recvcount, d, op, o); });
   }
   void gather(const void* send, void* recv, std::size_t sendcount, dtype d, int root) {
-    sync([&] { do_gather(send, recv, sendcount, d, root); });
+    sync("gather", [&] { return nbytes(sendcount, d, size()); }, [&] { do_gather(send, recv, sendcount, d, root); });
   }
   void scatter(const void* send, void* recv, std::size_t recvcount, dtype d, int root) {
-    sync([&] { do_scatter(send, recv, recvcount, d, root); });
+    sync("scatter", [&] { return nbytes(recvcount, d, size()); }, [&] { do_scatter(send, recv, recvcount, d, root); });
   }
   // Block q of send (count elements) goes to rank q; block q of recv comes from rank q. No aliasing.
   void all_to_all(const void* send, void* recv, std::size_t count, dtype d) {
-    sync([&] { do_all_to_allv(send, uniform(count), uniform_displs(count), recv, uniform(count), uniform_displs(count), d); });
+    sync("all_to_all", [&] { return nbytes(count, d, size()); },
+         [&] { do_all_to_allv(send, uniform(count), uniform_displs(count), recv, uniform(count), uniform_displs(count), d); });
   }
   void all_to_allv(const void* send, std::span<const std::size_t> sendcounts, std::span<const std::size_t> sdispls,
                    void* recv, std::span<const std::size_t> recvcounts, std::span<const std::size_t> rdispls, dtype d) {
-    sync([&] {
+    sync("all_to_allv", [&] { return nbytes(total(sendcounts), d); }, [&] {
       do_all_to_allv(send, {sendcounts.begin(), sendcounts.end()}, {sdispls.begin(), sdispls.end()}, recv,
                      {recvcounts.begin(), recvcounts.end()}, {rdispls.begin(), rdispls.end()}, d);
     });
@@ -249,26 +254,28 @@ class communicator {
       throw comm_error(errc::invalid_argument, "all_to_allv_timing: the transport cannot time payload-free messages (use the emulated one)");
     const std::vector<std::size_t> zero(sendcounts.size(), 0), zr(recvcounts.size(), 0);
     sync(
+        "all_to_allv_timing", [&] { return nbytes(total(sendcounts), d); },
         [&] {
           do_all_to_allv(nullptr, {sendcounts.begin(), sendcounts.end()}, zero, nullptr, {recvcounts.begin(), recvcounts.end()}, zr, d);
         },
         true);
   }
   void send(const void* buf, std::size_t count, dtype d, int peer, int tag = 0) {
-    sync([&] { do_send(buf, count, d, peer, tag); });
+    sync("send", [&] { return nbytes(count, d); }, [&] { do_send(buf, count, d, peer, tag); });
   }
   void recv(void* buf, std::size_t count, dtype d, int peer, int tag = 0) {
-    sync([&] { do_recv(buf, count, d, peer, tag); });
+    sync("recv", [&] { return nbytes(count, d); }, [&] { do_recv(buf, count, d, peer, tag); });
   }
   // A send to `dst` and a receive from `src` as one call (MPI_Sendrecv): the send is posted before
   // the receive waits, so ranks exchanging with each other (a pipeline's activations one way and
   // gradients the other) cannot deadlock on a transport whose sends complete only when received.
   // A peer of -1 leaves that half out; the tags match send()'s and recv()'s.
   void send_recv(const void* sbuf, std::size_t scount, int dst, int send_tag, void* rbuf, std::size_t rcount, int src, int recv_tag, dtype d) {
-    sync([&] { do_send_recv(sbuf, scount, dst, send_tag, rbuf, rcount, src, recv_tag, d); });
+    sync("send_recv", [&] { return nbytes((dst >= 0 ? scount : 0) + (src >= 0 ? rcount : 0), d); },
+         [&] { do_send_recv(sbuf, scount, dst, send_tag, rbuf, rcount, src, recv_tag, d); });
   }
   void barrier() {
-    sync([&] { do_barrier(); });
+    sync("barrier", [] { return 0.0; }, [&] { do_barrier(); });
   }
 
   // ------------------------------------------------------------------ typed API
@@ -305,28 +312,29 @@ class communicator {
   // ------------------------------------------------------------------ asynchronous forms
   // Buffers must stay alive and untouched until the request completes.
   request all_reduce_async(const void* send, void* recv, std::size_t count, dtype d, reduce_op op, call_options o = {}) {
-    return start([=, this] { do_all_reduce(send, recv, count, d, op, o); });
+    return submit("all_reduce", nbytes_async(count, d), [=, this] { do_all_reduce(send, recv, count, d, op, o); });
   }
   request broadcast_async(const void* send, void* recv, std::size_t count, dtype d, int root, call_options o = {}) {
-    return start([=, this] { do_broadcast(send, recv, count, d, root, o); });
+    return submit("broadcast", nbytes_async(count, d), [=, this] { do_broadcast(send, recv, count, d, root, o); });
   }
   request all_gather_async(const void* send, void* recv, std::size_t sendcount, dtype d, call_options o = {}) {
-    return start([=, this] { do_all_gather(send, recv, sendcount, d, o); });
+    return submit("all_gather", nbytes_async(sendcount, d, size()), [=, this] { do_all_gather(send, recv, sendcount, d, o); });
   }
   request reduce_scatter_async(const void* send, void* recv, std::size_t recvcount, dtype d, reduce_op op,
                                call_options o = {}) {
-    return start([=, this] { do_reduce_scatter(send, recv, recvcount, d, op, o); });
+    return submit("reduce_scatter", nbytes_async(recvcount, d, size()), [=, this] { do_reduce_scatter(send, recv, recvcount, d, op, o); });
   }
   request all_to_all_async(const void* send, void* recv, std::size_t count, dtype d) {
-    return start([=, this] {
+    return submit("all_to_all", nbytes_async(count, d, size()), [=, this] {
       do_all_to_allv(send, uniform(count), uniform_displs(count), recv, uniform(count), uniform_displs(count), d);
     });
   }
   // Extension point for layers built on the communicator (compression, MoE): runs f(ctx) as one
   // collective (its own tag space, in order with every other call). All ranks must call it together.
+  // `name` and `bytes` (the message size, nccl-tests' convention) are what the profiler records.
   template <class F>
-  void run_collective(F&& f) {
-    sync([&] {
+  void run_collective(F&& f, const char* name = "collective", double bytes = 0) {
+    sync(name, [bytes] { return bytes; }, [&] {
       auto c = ctx();
       f(c);
     });
@@ -352,11 +360,15 @@ class communicator {
 
   static constexpr tag_t p2p_space = tag_t{1} << 63;
 
-  template <class F>
-  void sync(F&& f, bool force_dry = false) {
+  // Runs collective `op` (whose size `bytes()` gives, asked only after it succeeded and only when
+  // profiling) on this thread, or in order behind the queued asynchronous ones.
+  template <class Bytes, class F>
+  void sync(const char* op, Bytes&& bytes, F&& f, bool force_dry = false) {
     const bool dry = force_dry || s_->tp->timing_only();
     auto body = [&] {
       dry_guard g(dry);
+      if (profiler::detail::level.load(std::memory_order_relaxed) != 0) [[unlikely]]
+        return profiled(op, bytes, f);
       f();
     };
     if (s_->worker) {  // keep the order with asynchronous calls already queued
@@ -366,6 +378,60 @@ class communicator {
       body();
     }
   }
+  // An asynchronous collective: profiled like a blocking one, on the worker thread that runs it.
+  template <class F>
+  request submit(const char* op, double bytes, F&& f) {
+    return start([this, op, bytes, f = std::forward<F>(f)] {
+      if (profiler::detail::level.load(std::memory_order_relaxed) != 0) [[unlikely]]
+        return profiled(op, [bytes] { return bytes; }, f);
+      f();
+    });
+  }
+  // Runs f() and records it as collective `op` when the profiler is recording.
+  template <class Bytes, class F>
+  [[gnu::noinline]] void profiled(const char* op, Bytes&& bytes, F&& f) {
+    if (!profiler::detail::recording()) return f();
+    detail::coll_algorithm = nullptr;
+    const double tp0 = s_->tp->now();
+    const auto t0 = profiler::detail::clock::now();
+    f();
+    const auto t1 = profiler::detail::clock::now();
+    profiler::collective_record r;
+    r.op = op;
+    r.transport = s_->tp->name();
+    r.algorithm = detail::coll_algorithm ? detail::coll_algorithm : (size() == 1 ? "local" : "-");
+    r.bytes = bytes();
+    r.rank = rank();
+    r.ranks = size();
+    r.transport_seconds = s_->tp->now() - tp0;
+    r.thread = profiler::detail::thread_index();
+    profiler::detail::record_collective(r, t0, t1);
+  }
+  static double nbytes(std::size_t count, dtype d, int times = 1) {
+    return static_cast<double>(count) * static_cast<double>(dtype_size(d)) * static_cast<double>(times);
+  }
+  // The size of an asynchronous call, computed before it is queued (0 for an invalid dtype,
+  // which the call itself then reports).
+  static double nbytes_async(std::size_t count, dtype d, int times = 1) {
+    if (profiler::detail::level.load(std::memory_order_relaxed) == 0) return 0;
+    try {
+      return nbytes(count, d, times);
+    } catch (const error&) {
+      return 0;
+    }
+  }
+  static std::size_t total(std::span<const std::size_t> counts) {
+    std::size_t t = 0;
+    for (std::size_t c : counts) t += c;
+    return t;
+  }
+  // Notes the algorithm a collective runs, for the profiler.
+  static algorithm noted(algorithm a) {
+    detail::coll_algorithm = algorithm_name(a).data();
+    return a;
+  }
+  static void note(const char* a) { detail::coll_algorithm = a; }
+
   // Runs a collective body with the timing-only flag of this transport set on this thread.
   struct dry_guard {
     bool old;
@@ -386,7 +452,7 @@ class communicator {
   std::size_t medium_limit() const {
     return std::max(small_limit(), s_->opt.medium_bytes.value_or(modelled() ? 0 : std::size_t{1} << 20));
   }
-  algorithm pick(algorithm a, std::size_t bytes) const { return a == algorithm::automatic ? default_algorithm(bytes) : a; }
+  algorithm pick(algorithm a, std::size_t bytes) const { return noted(a == algorithm::automatic ? default_algorithm(bytes) : a); }
 
   std::vector<std::size_t> uniform(std::size_t count) const { return std::vector<std::size_t>(static_cast<std::size_t>(size()), count); }
   std::vector<std::size_t> uniform_displs(std::size_t count) const {
@@ -441,12 +507,14 @@ class communicator {
       case algorithm::tree: return detail::ar_tree(c, sb, rb, count, d, op);
       case algorithm::hierarchical:
         if (c.node_size > 1 && c.node_size < c.n && c.n % c.node_size == 0) return detail::ar_hier(c, sb, rb, count, d, op);
+        noted(algorithm::direct);
         [[fallthrough]];  // no super-nodes: one flat level
       default: return detail::ar_direct(c, sb, rb, count, d, op);
     }
   }
 
   static void local_reduce(const std::byte* sb, std::byte* rb, std::size_t count, dtype d, reduce_op op) {
+    note("local");
     detail::scratch acc(count * dtype_size(accumulator_dtype(d)));
     detail::to_acc_kernel(d, sb, acc.data(), count);
     detail::finalize_kernel(op, d, 1, acc.data(), rb, count);
@@ -537,7 +605,7 @@ class communicator {
     const tag_t tg = c.tag + 22;
     algorithm a = o.algo;
     if (a == algorithm::automatic) a = (c.n >= 4 && bytes <= small_limit()) ? latency_algorithm() : algorithm::halving_doubling;
-    switch (a) {
+    switch (noted(a)) {
       case algorithm::tree: return detail::tree_bcast(c, rb, bytes, root, tg);
       case algorithm::ring: {
         const int v = (c.rank - root + c.n) % c.n;
@@ -594,6 +662,7 @@ class communicator {
       case algorithm::ring: return detail::ag_ring(c, rb, d, off, tg);
       case algorithm::halving_doubling:
         if ((c.n & (c.n - 1)) == 0) return detail::ag_doubling(c, rb, d, off, tg);
+        noted(algorithm::direct);
         return detail::ag_direct(c, rb, d, off, tg);
       case algorithm::tree: {
         detail::scratch g = detail::tree_gather(c, mine, sendcount * es, 0, tg);
@@ -621,6 +690,7 @@ class communicator {
     }
     auto c = ctx();
     if (sendcount == 0) return;
+    note("direct");
     const tag_t tg = c.tag + 24;
     if (c.rank == root) {
       if (!inplace) detail::copy_bytes(rb + static_cast<std::size_t>(root) * sendcount * es, send, sendcount * es);
@@ -650,6 +720,7 @@ class communicator {
     }
     auto c = ctx();
     if (recvcount == 0) return;
+    note("direct");
     const tag_t tg = c.tag + 25;
     if (c.rank == root) {
       for (int q = 0; q < c.n; ++q)
@@ -683,6 +754,7 @@ class communicator {
     auto* sb = static_cast<const std::byte*>(send);
     auto* rb = static_cast<std::byte*>(recv);
     const tag_t tg = c.tag + 26;
+    note("direct");
     // (timing-only runs pass null buffers: no pointer arithmetic on them)
     for (int q = 0; q < c.n; ++q)
       if (q != r) c.send(q, tg, sc[q] && sb ? sb + sd[q] * es : nullptr, sc[q] * es);
@@ -699,6 +771,7 @@ class communicator {
   void do_send(const void* buf, std::size_t count, dtype d, int peer, int tag) {
     detail::check_buffer(buf, count, d, "send", "send");
     check_peer(peer, "send");
+    note("p2p");
     auto req = s_->tp->isend(peer, p2p_space | static_cast<std::uint32_t>(tag), {static_cast<const std::byte*>(buf), count * dtype_size(d)});
     s_->tp->wait(req);
   }
@@ -711,6 +784,7 @@ class communicator {
       detail::check_buffer(rbuf, rcount, d, "send_recv", "recv");
       check_peer(src, "send_recv");
     }
+    note("p2p");
     auto receive = [&] {
       if (src >= 0) s_->tp->recv_into(src, p2p_space | static_cast<std::uint32_t>(recv_tag), {static_cast<std::byte*>(rbuf), rcount * dtype_size(d)});
     };
@@ -722,6 +796,7 @@ class communicator {
   void do_recv(void* buf, std::size_t count, dtype d, int peer, int tag) {
     detail::check_buffer(buf, count, d, "recv", "recv");
     check_peer(peer, "recv");
+    note("p2p");
     s_->tp->recv_into(peer, p2p_space | static_cast<std::uint32_t>(tag), {static_cast<std::byte*>(buf), count * dtype_size(d)});
   }
   void check_peer(int peer, const char* what) const {
@@ -732,6 +807,7 @@ class communicator {
 
   void do_barrier() {
     auto c = ctx();
+    note("dissemination");
     // dissemination: after round k every rank has heard (indirectly) from 2^(k+1) ranks
     for (int dist = 1; dist < c.n; dist *= 2) {
       c.send((c.rank + dist) % c.n, c.tag + 27, nullptr, 0);

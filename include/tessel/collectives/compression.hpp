@@ -283,7 +283,7 @@ inline compression_stats all_reduce_compressed(communicator& comm, std::span<con
         compression_impl::decode(opt.format, opt.chunk, in.data(), len, recv.data() + off[q]);
       }
     c.wait_all();
-  });
+  }, "all_reduce_compressed", static_cast<double>(count) * sizeof(float));
   st.wire_bytes_per_element = count ? static_cast<double>(st.bytes_sent) / static_cast<double>(count) : 0;
   return st;
 }

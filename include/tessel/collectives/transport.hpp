@@ -9,8 +9,11 @@
 #include <cstring>
 #include <memory>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <utility>
+
+#include <tessel/detail/type_name.hpp>
 
 namespace tessel {
 inline namespace v0 {
@@ -102,7 +105,21 @@ class transport_iface {
   virtual bool shared_address_space() const = 0;
   virtual bool timing_only() const = 0;
   virtual bool counts_only() const = 0;
+  // The transport model's short name for reports ("threads", "emulated", "mpi").
+  virtual const char* name() const { return "transport"; }
 };
+
+// A transport's name from its type ("tessel::v0::threads_transport" -> "threads"). Never freed:
+// the profiler keeps the pointer and may write its trace during static destruction.
+template <class T>
+const char* transport_name() {
+  static const std::string* const n = [] {
+    std::string c = clean_type_name(raw_type_name<T>());
+    if (c.size() > 10 && c.ends_with("_transport")) c.resize(c.size() - 10);
+    return new std::string(std::move(c));
+  }();
+  return n->c_str();
+}
 
 template <transport T>
 class transport_model final : public transport_iface {
@@ -122,6 +139,7 @@ class transport_model final : public transport_iface {
 
  public:
   explicit transport_model(T t) : t_(std::move(t)) {}
+  const char* name() const override { return transport_name<T>(); }
   int rank() const override { return static_cast<int>(t_.rank()); }
   int size() const override { return static_cast<int>(t_.size()); }
   request isend(int peer, tag_t tag, std::span<const std::byte> src) override {

@@ -1,4 +1,5 @@
-// The device layer's error family: executor sizes, allocation and copy arguments.
+// The device layer's error families: executor sizes, allocation and copy arguments (device_error);
+// the profiler's trace and limits files (profiler_error).
 #pragma once
 
 #include <tessel/error.hpp>
@@ -9,6 +10,11 @@ inline namespace v0 {
 struct device_error : error_of<device_error> {
   using error_of::error_of;
   static constexpr const char area_name[] = "device";
+};
+
+struct profiler_error : error_of<profiler_error> {
+  using error_of::error_of;
+  static constexpr const char area_name[] = "profiler";
 };
 
 }  // namespace v0

@@ -19,6 +19,7 @@
 #include <tessel/device/errors.hpp>
 #include <tessel/device/device.hpp>
 #include <tessel/device/executor.hpp>
+#include <tessel/device/profiler.hpp>
 
 namespace tessel {
 inline namespace v0 {
@@ -154,8 +155,11 @@ class host_device {
   memory_stats memory() const { return pool_.stats(); }
 
   // ---- execution ----
+  // With the profiler off this is exec_->run plus one relaxed load and a branch.
   template <tile_program P>
   void launch(const grid& g, const P& program) {
+    if (profiler::detail::level.load(std::memory_order_relaxed) != 0) [[unlikely]]
+      return profiler::detail::profiled_launch(g, program, "host", id_, exec_->size(), [&] { exec_->run(g, program); });
     exec_->run(g, program);
   }
   void synchronize() {}
@@ -178,11 +182,14 @@ class host_device {
     return c;
   }
   executor& exec() { return *exec_; }
+  // This device's number in profiles ("host_device <index>"), in construction order.
+  std::size_t index() const { return id_; }
 
  private:
   std::shared_ptr<executor> owned_;
   executor* exec_;
   caching_pool pool_;
+  std::size_t id_ = profiler::detail::next_host_device.fetch_add(1, std::memory_order_relaxed);
 };
 
 static_assert(device<host_device>);

@@ -25,6 +25,7 @@
 
 #include <tessel/device/device.hpp>
 #include <tessel/device/executor.hpp>
+#include <tessel/device/profiler.hpp>
 #include <tessel/emulator/config.hpp>
 #include <tessel/emulator/errors.hpp>
 #include <tessel/emulator/trace.hpp>
@@ -325,7 +326,12 @@ class card {
   template <class P>
   void launch_on(std::size_t s, const grid& g, const P& program, const kernel_cost& cost, const std::string& name = "kernel") {
     ensure_alive("launch");
-    if (!timing_only_ && !g.empty()) exec_->run(g, program);
+    if (!timing_only_ && !g.empty()) {
+      if (profiler::detail::level.load(std::memory_order_relaxed) != 0) [[unlikely]]
+        profiler::detail::profiled_launch(g, program, "card", id_, exec_->size(), [&] { exec_->run(g, program); }, &cost);
+      else
+        exec_->run(g, program);
+    }
     const double t = kernel_time(cost);
     double start, end;
     {

@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include <tessel/detail/type_name.hpp>
 #include <tessel/ops/detail/norm_rows.hpp>
 #include <tessel/tile/block_ctx.hpp>
 #include <tessel/tile/ranges.hpp>
@@ -74,6 +75,11 @@ inline V silu_grad(V x) {
 // non-temporal stores of write-only outputs (large tensors only).
 template <class F>
 struct map_program {
+  // named in profiles after the operator whose lambda it runs ("gelu_forward")
+  static const std::string& name() {
+    static const std::string n = ::tessel::detail::enclosing_function_name<F>();
+    return n;
+  }
   const chunk_range* chunks;
   F f;
   bool nt;

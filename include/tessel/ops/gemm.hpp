@@ -21,6 +21,7 @@
 #include <tessel/arch/direct_atoms.hpp>
 #include <tessel/device/device.hpp>
 #include <tessel/device/host_device.hpp>
+#include <tessel/device/profiler.hpp>
 #include <tessel/tile.hpp>
 #include <tessel/types/bf16.hpp>
 #include <tessel/types/fp16.hpp>
@@ -699,12 +700,18 @@ template <class Dev, class P>
 void gemm_run(Dev& dev, const grid& g, const P& prog, double flops) {
   if constexpr (std::is_same_v<Dev, host_device>) {
     if (g.size() == 1 || flops < gemm_share_min_flops || dev.capabilities().workers <= 1) {
-      thread_local scratch_arena arena;
-      for (std::size_t b = 0; b < g.size(); ++b) {
-        arena.reset();
-        block_ctx ctx(g, b, 0, 1, arena);
-        prog(ctx);
-      }
+      auto inline_run = [&] {
+        thread_local scratch_arena arena;
+        for (std::size_t b = 0; b < g.size(); ++b) {
+          arena.reset();
+          block_ctx ctx(g, b, 0, 1, arena);
+          prog(ctx);
+        }
+      };
+      // still a launch on this device for the profiler (on one worker: the calling thread)
+      if (profiler::detail::level.load(std::memory_order_relaxed) != 0) [[unlikely]]
+        return profiler::detail::profiled_launch(g, prog, "host", dev.index(), 1, inline_run);
+      inline_run();
       return;
     }
   }

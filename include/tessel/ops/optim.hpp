@@ -126,6 +126,7 @@ namespace st = tessel::arch::stream;
 // The three update rules, written once for a scalar float and a vector batch. `p` is the f32
 // parameter (master), `g` the final gradient; returns the new parameter.
 struct adamw_rule {
+  static constexpr const char* profile_name = "adamw_step";  // the update pass, in profiles
   float decay, b1, omb1, b2, omb2, inv_sqrt_bc2, eps, neg_step;
   bool amsgrad;
   static constexpr bool uses_m = true, uses_v = true;
@@ -141,6 +142,7 @@ struct adamw_rule {
   }
 };
 struct sgd_rule {
+  static constexpr const char* profile_name = "sgd_step";  // the update pass, in profiles
   float wd, mom, omd, neg_lr;
   bool nesterov, first, has_momentum;
   static constexpr bool uses_m = true, uses_v = false;
@@ -155,6 +157,7 @@ struct sgd_rule {
   }
 };
 struct lion_rule {
+  static constexpr const char* profile_name = "lion_step";  // the update pass, in profiles
   float decay, b1, omb1, b2, omb2, neg_lr;
   static constexpr bool uses_m = true, uses_v = false;
   template <class V>
@@ -351,6 +354,7 @@ void update_range(const Rule& rule, const optim_tensor<State, Grad>& t, std::siz
 
 template <class Rule, param_storage S, class State, class Grad>
 struct update_program {
+  static constexpr const char* name = Rule::profile_name;
   std::span<const optim_tensor<State, Grad>> tensors;
   const chunk_range* chunks;
   Rule rule;
