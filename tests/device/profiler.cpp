@@ -291,6 +291,15 @@ TEST_CASE("the limits cache round-trips and a bad file means unknown", "[device]
   const auto bad = profiler::load_limits();
   CHECK_FALSE(bad.known());
   CHECK(bad.source.find("malformed") != std::string::npos);
+  for (const char* text : {"{\"format\": \"tessel-limits-1\", \"fp32_fma_gflops\": [1, 2", "{\"format\": 1}", "[1, 2]", ""}) {
+    {
+      std::ofstream f(path);
+      f << text;  // truncated, a mistyped format, not an object, empty: unknown, never an exception
+    }
+    const auto u = profiler::load_limits();
+    CHECK_FALSE(u.known());
+    CHECK(u.source.find("not a tessel limits file") != std::string::npos);
+  }
   fs::remove(path);
   const auto none = profiler::load_limits();
   CHECK_FALSE(none.known());

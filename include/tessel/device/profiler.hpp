@@ -29,6 +29,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include <tessel/detail/json.hpp>
 #include <tessel/detail/type_name.hpp>
 #include <tessel/device/device.hpp>
@@ -85,34 +87,23 @@ inline std::string limits_path() {
 }
 
 namespace detail {
-// The numbers of `"key": [a, b, ...]` (or `"key": a`) in the flat JSON object bench_limits writes.
-// Returns false when the key is absent or its value is not numbers.
-inline bool read_numbers(std::string_view text, std::string_view key, std::vector<double>& out) {
-  const std::string quoted = "\"" + std::string(key) + "\"";
-  const std::size_t k = text.find(quoted);
-  if (k == std::string_view::npos) return false;
-  std::size_t i = k + quoted.size();
-  auto skip = [&] { while (i < text.size() && (text[i] == ' ' || text[i] == '\n' || text[i] == '\t' || text[i] == '\r')) ++i; };
-  skip();
-  if (i >= text.size() || text[i] != ':') return false;
-  ++i;
-  skip();
-  const bool list = i < text.size() && text[i] == '[';
-  if (list) ++i;
+// The numbers under `key` (an array, or one number) of the limits file's JSON object. Returns false
+// when the key is absent or its value is not non-negative, finite, sane numbers.
+inline bool read_numbers(const nlohmann::json& j, const char* key, std::vector<double>& out) {
   out.clear();
-  for (;;) {
-    skip();
-    if (list && i < text.size() && text[i] == ']') break;
-    const std::string rest(text.substr(i, 64));
-    char* end = nullptr;
-    const double v = std::strtod(rest.c_str(), &end);
-    if (end == rest.c_str() || !(v >= 0) || v > 1e12) return false;  // not a number, negative, NaN or absurd
-    out.push_back(v);
-    i += static_cast<std::size_t>(end - rest.c_str());
-    if (!list) break;
-    skip();
-    if (i < text.size() && text[i] == ',') { ++i; continue; }
-    if (i < text.size() && text[i] == ']') break;
+  const auto it = j.find(key);
+  if (it == j.end()) return false;
+  auto take = [&](const nlohmann::json& v) {
+    if (!v.is_number()) return false;
+    const double x = v.get<double>();
+    if (!(x >= 0) || x > 1e12) return false;  // negative, NaN or absurd
+    out.push_back(x);
+    return true;
+  };
+  if (it->is_array()) {
+    for (const auto& v : *it)
+      if (!take(v)) return false;
+  } else if (!take(*it)) {
     return false;
   }
   return !out.empty();
@@ -124,17 +115,20 @@ inline bool read_numbers(std::string_view text, std::string_view key, std::vecto
 inline machine_limits parse_limits(std::string_view text, const std::string& source) {
   machine_limits m;
   std::vector<double> copy, triad;
-  if (text.find("\"tessel-limits-1\"") == std::string_view::npos) {
+  const nlohmann::json j = nlohmann::json::parse(text.begin(), text.end(), nullptr, false);
+  const bool ours = !j.is_discarded() && j.is_object() && j.contains("format") && j["format"].is_string() &&
+                    j["format"].get<std::string>() == "tessel-limits-1";
+  if (!ours) {
     m.source = source + ": not a tessel limits file (format tessel-limits-1)";
     return m;
   }
-  if (!detail::read_numbers(text, "fp32_fma_gflops", m.fp32_gflops) || !detail::read_numbers(text, "stream_triad_gbs", triad)) {
+  if (!detail::read_numbers(j, "fp32_fma_gflops", m.fp32_gflops) || !detail::read_numbers(j, "stream_triad_gbs", triad)) {
     m = {};
     m.source = source + ": fp32_fma_gflops or stream_triad_gbs missing or malformed";
     return m;
   }
-  if (!detail::read_numbers(text, "bf16_dot_gflops", m.bf16_gflops)) m.bf16_gflops.clear();
-  if (!detail::read_numbers(text, "stream_copy_gbs", copy)) copy.clear();
+  if (!detail::read_numbers(j, "bf16_dot_gflops", m.bf16_gflops)) m.bf16_gflops.clear();
+  if (!detail::read_numbers(j, "stream_copy_gbs", copy)) copy.clear();
   m.stream_gbs = triad;
   for (std::size_t i = 0; i < std::min(copy.size(), triad.size()); ++i) m.stream_gbs[i] = std::max(copy[i], triad[i]);
   if (std::find(m.fp32_gflops.begin(), m.fp32_gflops.end(), 0.0) != m.fp32_gflops.end() ||
@@ -171,20 +165,12 @@ inline void write_limits(const std::string& path, const std::vector<double>& fp3
                          const std::vector<double>& stream_copy_gbs, const std::vector<double>& stream_triad_gbs) {
   std::ofstream f(path);
   if (!f) throw profiler_error(errc::io, "cannot write the limits file '" + path + "'");
-  auto arr = [&](const char* key, const std::vector<double>& v, bool last) {
-    f << "  \"" << key << "\": [";
-    for (std::size_t i = 0; i < v.size(); ++i) {
-      if (i) f << ", ";
-      ::tessel::detail::json_number(f, v[i]);
-    }
-    f << "]" << (last ? "\n" : ",\n");
-  };
-  f << "{\n  \"format\": \"tessel-limits-1\",\n";
-  arr("fp32_fma_gflops", fp32_fma_gflops, false);
-  arr("bf16_dot_gflops", bf16_dot_gflops, false);
-  arr("stream_copy_gbs", stream_copy_gbs, false);
-  arr("stream_triad_gbs", stream_triad_gbs, true);
-  f << "}\n";
+  const nlohmann::json j = {{"format", "tessel-limits-1"},
+                            {"fp32_fma_gflops", fp32_fma_gflops},
+                            {"bf16_dot_gflops", bf16_dot_gflops},
+                            {"stream_copy_gbs", stream_copy_gbs},
+                            {"stream_triad_gbs", stream_triad_gbs}};
+  f << j.dump(2) << "\n";
   if (!f) throw profiler_error(errc::io, "writing the limits file '" + path + "' failed");
 }
 
