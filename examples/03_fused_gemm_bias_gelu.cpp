@@ -14,14 +14,17 @@
 #include <tessel/ops/gemm.hpp>
 #include <tessel/tile.hpp>
 
+#include "example_args.hpp"
 #include "fused_gemm_bias_gelu.hpp"  // the kernel: a tile program with the public primitives
 
 using namespace tessel;
 
 int main(int argc, char** argv) {
-  const std::size_t M = argc > 3 ? std::strtoul(argv[1], nullptr, 10) : 1024;
-  const std::size_t N = argc > 3 ? std::strtoul(argv[2], nullptr, 10) : 2048;
-  const std::size_t K = argc > 3 ? std::strtoul(argv[3], nullptr, 10) : 2048;
+  const example_args::positional args(argc, argv, "[M N K, each 1..16384]", 3);
+  if (args.count() != 0 && args.count() != 3) args.fail("give M, N and K together, or none");
+  const auto M = std::size_t(args.integer(1, "M", 1, 16384, 1024));
+  const auto N = std::size_t(args.integer(2, "N", 1, 16384, 2048));
+  const auto K = std::size_t(args.integer(3, "K", 1, 16384, 2048));
   std::vector<bf16> A(M * K), B(K * N), C1(M * N), C2(M * N);
   std::vector<float> bias(N);
   for (std::size_t i = 0; i < A.size(); ++i) A[i] = bf16(float(int(i % 13) - 6) / 8);

@@ -12,6 +12,8 @@
 
 #include <tessel/emulator.hpp>
 
+#include "example_args.hpp"
+
 using namespace tessel;
 using namespace tessel::emu;
 
@@ -142,7 +144,8 @@ void traced_run(const std::string& path) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string trace = argc > 1 ? argv[1] : "ubl128_trace.json";
+  const example_args::positional args(argc, argv, "[trace.json]", 1);
+  const std::string trace = args.output(1, "trace", "ubl128_trace.json");
   std::printf("UBL128: 128 cards x 8 planes x 50 GB/s ports (400 GB/s per card), 550 ns one-hop latency\n\n");
   std::printf("1. 64 KiB messages, 16-to-1 incast bursts (200 rounds, 64 KiB switch buffers, 20 us resend timeout)\n");
   incast_experiment(false);

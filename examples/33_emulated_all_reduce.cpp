@@ -15,9 +15,12 @@
 #include <tessel/emulator/comm_model.hpp>
 #include <tessel/emulator/plot.hpp>
 
+#include "example_args.hpp"
+
 int main(int argc, char** argv) {
   using namespace tessel;
-  const std::string plot_path = argc > 1 ? argv[1] : "33_emulated_all_reduce.svg";
+  const example_args::positional args(argc, argv, "[plot.svg]", 1);
+  const std::string plot_path = args.output(1, "plot", "33_emulated_all_reduce.svg");
   emu::cluster_config cfg;
   cfg.cards_per_supernode = 16;
   cfg.timing_only = true;

@@ -23,19 +23,17 @@
 #include <tessel/io/model_config.hpp>
 #include <tessel/nn.hpp>
 
+#include "example_args.hpp"
+
 using namespace tessel;
 
 constexpr std::size_t batch = 8, seq = 128;
 
 int main(int argc, char** argv) {
-  const long steps_arg = argc > 1 ? std::strtol(argv[1], nullptr, 10) : 300;
-  const std::string corpus_path = argc > 2 ? argv[2] : "/usr/share/games/fortunes";
-  const std::filesystem::path ckpt = argc > 3 ? argv[3] : "byte_llama.safetensors";
-  if (steps_arg < 1 || steps_arg > 1000000) {
-    std::fprintf(stderr, "usage: %s [steps (1..1000000)] [corpus] [checkpoint]\n", argv[0]);
-    return 2;
-  }
-  const auto steps = std::uint64_t(steps_arg);
+  const example_args::positional args(argc, argv, "[steps (1..1000000)] [corpus] [checkpoint]", 3);
+  const auto steps = std::uint64_t(args.integer(1, "steps", 1, 1000000, 300));
+  const std::string corpus_path = args.text(2, "/usr/share/games/fortunes");
+  const std::filesystem::path ckpt = args.text(3, "byte_llama.safetensors");
   // A file, or every text file of a directory (fortune's *.dat indexes and *.u8 links skipped), in name order.
   std::vector<std::filesystem::path> files;
   std::error_code ec;

@@ -26,6 +26,8 @@
 #include <tessel/io/model_config.hpp>
 #include <tessel/nn.hpp>
 
+#include "example_args.hpp"
+
 using namespace tessel;
 using model_t = nn::decoder_lm<host_device, bf16>;
 
@@ -76,13 +78,10 @@ std::string printable(const std::vector<std::int64_t>& t, std::size_t from) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string ckpt_arg = argc > 1 && std::string(argv[1]) != "-" ? argv[1] : "";
-  const long max_new_arg = argc > 2 ? std::strtol(argv[2], nullptr, 10) : 96;
-  const long steps_arg = argc > 3 ? std::strtol(argv[3], nullptr, 10) : 40;
-  if (max_new_arg < 1 || max_new_arg > 100 || steps_arg < 0 || steps_arg > 100000) {
-    std::fprintf(stderr, "usage: %s [checkpoint] [max_new (1..100)] [train_steps (0..100000)]\n", argv[0]);
-    return 2;
-  }
+  const example_args::positional args(argc, argv, "[checkpoint or -] [max_new (1..100)] [train_steps (0..100000)]", 3);
+  const std::string ckpt_arg = args.text(1, "-") != "-" ? args.text(1, "-") : "";
+  const long max_new_arg = long(args.integer(2, "max_new", 1, 100, 96));
+  const long steps_arg = long(args.integer(3, "train_steps", 0, 100000, 40));
   const auto max_new = std::size_t(max_new_arg);
   // example 40's model
   const io::model_config cfg = io::parse_model_config(R"({

@@ -14,6 +14,8 @@
 
 #include <tessel/dist/planner.hpp>
 
+#include "example_args.hpp"
+
 using namespace tessel;
 
 namespace {
@@ -45,14 +47,15 @@ void best_with(const char* name, dist::plan_request r, int dp, int tp, int pp, i
 
 int main(int argc, char** argv) {
   const auto root = std::filesystem::path(__FILE__).parent_path().parent_path() / "configs";
-  const std::string model = argc > 1 ? argv[1] : (root / "models" / "dense-110b.json").string();
-  const std::string cluster = argc > 2 ? argv[2] : (root / "clusters" / "ubl256.conf").string();
+  const example_args::positional args(argc, argv, "[model config.json] [cluster config] [global batch 1..1e9] [sequence 1..1e7]", 4);
+  const std::string model = args.text(1, (root / "models" / "dense-110b.json").string());
+  const std::string cluster = args.text(2, (root / "clusters" / "ubl256.conf").string());
   try {
     dist::plan_request r;
     r.model = io::load_model_config(model);
     r.cluster = emu::load_cluster_config(cluster);
-    r.global_batch = argc > 3 ? std::strtoull(argv[3], nullptr, 10) : 1024;
-    r.seq = argc > 4 ? std::strtoull(argv[4], nullptr, 10) : 4096;
+    r.global_batch = std::size_t(args.integer(3, "global batch", 1, 1000000000, 1024));
+    r.seq = std::size_t(args.integer(4, "sequence", 1, 10000000, 4096));
     std::printf("model %s: %.1fB parameters; cluster %s: %zu cards (%zu super-nodes of %zu); batch %zu x %zu tokens\n\n", model.c_str(),
                 double(r.model.parameter_count()) / 1e9, cluster.c_str(), r.cluster.cards(), r.cluster.scaleout.supernodes,
                 r.cluster.cards_per_supernode, r.global_batch, r.seq);

@@ -31,6 +31,8 @@
 #include <tessel/ops/loss.hpp>
 #include <tessel/ops/optim.hpp>
 
+#include "example_args.hpp"
+
 using namespace tessel;
 
 namespace {
@@ -150,13 +152,10 @@ replica_result train_on_card(emu::card& card, communicator& comm, const dataset&
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::size_t cards = argc > 1 ? std::strtoul(argv[1], nullptr, 10) : 8;
-  const int steps = argc > 2 ? std::atoi(argv[2]) : 60;
-  const std::string trace_path = argc > 3 ? argv[3] : "flagship_trace.json";
-  if (cards < 1 || cards > 128 || steps < 1) {
-    std::fprintf(stderr, "usage: %s [cards 1..128] [steps >= 1] [trace.json]\n", argv[0]);
-    return 2;
-  }
+  const example_args::positional args(argc, argv, "[cards 1..128] [steps 1..1000000] [trace.json]", 3);
+  const auto cards = std::size_t(args.integer(1, "cards", 1, 128, 8));
+  const int steps = int(args.integer(2, "steps", 1, 1000000, 60));
+  const std::string trace_path = args.output(3, "trace", "flagship_trace.json");
 
   emu::cluster_config cfg;  // UBL128 figures: 8 ports x 50 GB/s per card, 8 planes, 400 TFLOP/s bf16
   cfg.cards_per_supernode = cards;
