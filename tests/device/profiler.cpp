@@ -103,6 +103,36 @@ TEST_CASE("the profiler records exactly the launches of a session, with names, g
   CHECK_FALSE(rs[4].costed);
 }
 
+// A program that describes its operands for the trace.
+struct shaped_program {
+  std::size_t m, n;
+  std::string shape() const { return "m=" + std::to_string(m) + ",n=" + std::to_string(n); }
+  void operator()(block_ctx&) const {}
+};
+
+TEST_CASE("a program's shape() is recorded and written into the trace", "[device][profiler]") {
+  const fs::path path = temp_file("tessel_profile_shape");
+  host_device d(1);
+  {
+    profiler::session s(path.string());
+    d.launch(grid{1}, shaped_program{3, 5});
+    d.launch(grid{1}, shaped_program{7, 11});
+    d.launch(grid{1}, named_program{1});
+  }
+  const auto rs = profiler::launches();
+  REQUIRE(rs.size() == 3);
+  CHECK(profiler::name_of(rs[0].shape) == "m=3,n=5");
+  CHECK(profiler::name_of(rs[1].shape) == "m=7,n=11");
+  CHECK(rs[2].shape == profiler::launch_record::no_shape);
+  std::ifstream f(path);
+  const auto j = nlohmann::json::parse(f);
+  std::vector<std::string> shapes;
+  for (const auto& ev : j["traceEvents"])
+    if (ev.value("cat", "") == "launch" && ev.at("args").contains("shape")) shapes.push_back(ev.at("args").at("shape").get<std::string>());
+  CHECK(shapes == std::vector<std::string>{"m=3,n=5", "m=7,n=11"});
+  fs::remove(path);
+}
+
 TEST_CASE("the profiler records nothing when off", "[device][profiler]") {
   host_device d(1);
   { profiler::session s; }

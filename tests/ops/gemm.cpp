@@ -466,6 +466,24 @@ TEST_CASE("gemm program declares its cost (costed_program)", "[ops][gemm]") {
   STATIC_REQUIRE(costed_program<P>);
 }
 
+TEST_CASE("the profiler sees each GEMM launch with its shape", "[ops][gemm][profiler]") {
+  host_device d(2);
+  std::vector<float> A(300 * 200, 1.0f), B(200 * 100, 1.0f), C(300 * 100);
+  {
+    profiler::session s;
+    gemm(d, transpose::none, transpose::none, 300, 100, 200, 1.0f, A.data(), 200, B.data(), 100, 0.0f, C.data(), 100);
+  }
+  bool seen = false;
+  for (const auto& r : profiler::launches())
+    if (r.shape != profiler::launch_record::no_shape) {
+      CHECK(profiler::name_of(r.shape) == "(M,N,K)=(300,100,200)");
+      CHECK(r.costed);
+      seen = true;
+    }
+  CHECK(seen);
+  CHECK(C[0] == 200.0f);
+}
+
 TEST_CASE("skinny bf16 rows path (M <= 3): batches, padding, partial strips, epilogue", "[ops][gemm][skinny]") {
   std::mt19937 g(11);
   for (std::size_t M : {1, 2, 3})

@@ -186,6 +186,8 @@ struct launch_record {
   std::size_t device_index = 0;
   unsigned workers = 1;         // the device's worker count (which limits apply)
   unsigned thread = 0;          // the launching thread (profiler numbering, from 0)
+  std::uint32_t shape = no_shape;  // into names(): the program's shape() ("M=..,N=..,K=.."), if it has one
+  static constexpr std::uint32_t no_shape = UINT32_MAX;
 };
 
 // One collective call on one rank.
@@ -481,6 +483,12 @@ concept has_static_name = requires {
   { P::name } -> std::convertible_to<std::string_view>;
 };
 
+// A program may describe its operands' shapes for the trace: `std::string shape() const`.
+template <class P>
+concept has_shape_function = requires(const P& p) {
+  { p.shape() } -> std::convertible_to<std::string>;
+};
+
 // The id of a program's name: its name() member, a static `name`, or its cleaned type name.
 template <class P>
 std::uint32_t program_name(const P& p) {
@@ -504,6 +512,7 @@ template <class P, class Run>
   if (!recording()) return run();
   launch_record r;
   r.name = program_name(program);
+  if constexpr (has_shape_function<P>) r.shape = intern(std::string(program.shape()));
   r.dims = g;
   if (cost) {
     r.cost = *cost;
@@ -591,6 +600,10 @@ inline void state::write_trace_locked(std::ostream& final_out) {
     o << ",\"dur\":";
     us(l.seconds);
     o << ",\"args\":{\"grid\":[" << l.dims.x << "," << l.dims.y << "," << l.dims.z << "],\"workers\":" << l.workers;
+    if (l.shape != launch_record::no_shape && l.shape < names.size()) {
+      o << ",\"shape\":";
+      ::tessel::detail::json_escape(o, names[l.shape]);
+    }
     if (l.costed) {
       o << ",\"flops\":";
       ::tessel::detail::json_number(o, l.cost.flops);

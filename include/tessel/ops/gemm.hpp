@@ -145,6 +145,9 @@ struct gemm_program {
   const S* a_packed = nullptr;
   std::size_t a_chunks = 0;
 
+  // For the profiler's trace: the product's shape.
+  std::string shape() const { return detail::gemm_shape(M, N, K) + (batch > 1 ? std::string(" x batch ") + std::to_string(batch) : std::string()); }
+
   kernel_cost cost(const grid&) const {
     kernel_cost c;
     c.flops = 2.0 * double(M) * double(N) * double(K) * double(batch);
@@ -762,6 +765,9 @@ struct gemm_direct_program {
   bool plain;             // f32 C, alpha 1, beta 0, no epilogue: the atoms write C
   std::size_t rows_per_block = 0;  // one matrix (batch 1) split by rows of C, or 0: whole matrices
   std::size_t cols_per_block = 0;  // one matrix (batch 1) split by columns of C (when rows_per_block is 0)
+
+  // For the profiler's trace: the product's shape.
+  std::string shape() const { return detail::gemm_shape(M, N, K) + (batch > 1 ? std::string(" x batch ") + std::to_string(batch) : std::string()); }
 
   kernel_cost cost(const grid&) const {
     kernel_cost c;
