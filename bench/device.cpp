@@ -1,13 +1,15 @@
 // host_device launch overhead: an empty tile program on a grid of one block per worker, so every
 // worker wakes, runs and reports back (target: under 5 us on 2 workers). The profiler's cost: the
 // same tiny launch through the executor directly (no hooks), through host_device with the
-// profiler off (its hook: one relaxed load and a branch) and on, timed apart and paired.
+// profiler off (its hook: one relaxed load and a branch) and on, timed apart and paired. The
+// memory planner's cost over n tensors.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <random>
 #include <vector>
 
 #include <tessel/device.hpp>
@@ -167,8 +169,42 @@ void launch_tiny_inline_paired(benchmark::State& st) {
   st.counters["ns_off"] = r.seconds[1] / n * 1e9;
   st.counters["ns_on"] = r.seconds[2] / n * 1e9;
 }
+
+// plan_memory over n tensors: `short` lifetimes of 1-6 ops at random sizes up to 1 MB (a graph's
+// inference), or a `training` pattern where every forward tensor is saved until its mirror in
+// backward (nested lifetimes) beside short-lived gradients, sizes from a few layer shapes.
+std::vector<tessel::tensor_life> plan_workload(std::size_t n, bool training) {
+  std::mt19937_64 rng(n);
+  std::vector<tessel::tensor_life> t(n);
+  const std::size_t shapes[] = {std::size_t{4} << 20, std::size_t{1} << 20, std::size_t{11} << 20, std::size_t{32} << 20};
+  for (std::size_t i = 0; i < n; ++i) {
+    t[i].first = i;
+    if (!training) {
+      t[i].bytes = 1 + rng() % 1000000;
+      t[i].last = i + rng() % 6;
+    } else {
+      t[i].bytes = shapes[(i / 3) % 4];
+      t[i].last = i < n / 2 && i % 3 != 2 ? n - 1 - i : i + 1;  // saved, or a gradient used once
+    }
+  }
+  return t;
+}
+
+void memory_plan_bench(benchmark::State& st, bool training) {
+  const auto t = plan_workload(static_cast<std::size_t>(st.range(0)), training);
+  tessel::memory_plan p;
+  for (auto _ : st) {
+    p = tessel::plan_memory(t);
+    benchmark::DoNotOptimize(p.arena_bytes);
+  }
+  st.counters["tensors"] = benchmark::Counter(double(t.size()), benchmark::Counter::kIsIterationInvariantRate);
+  st.counters["vs_lower_bound"] = p.vs_lower_bound();
+  st.counters["vs_unplanned"] = p.vs_unplanned();
+}
 }  // namespace
 
+BENCHMARK_CAPTURE(memory_plan_bench, short, false)->Name("memory_plan/tessel/short")->ArgName("tensors")->RangeMultiplier(10)->Range(1000, 100000)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(memory_plan_bench, training, true)->Name("memory_plan/tessel/training")->ArgName("tensors")->RangeMultiplier(10)->Range(1000, 100000)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(launch_tiny_inline, none, hooks::none)->Name("launch/tessel/tiny_inline/profiler_hooks:none")->UseRealTime();
 BENCHMARK_CAPTURE(launch_tiny_inline, off, hooks::off)->Name("launch/tessel/tiny_inline/profiler:off")->UseRealTime();
 BENCHMARK_CAPTURE(launch_tiny_inline, on, hooks::on)->Name("launch/tessel/tiny_inline/profiler:on")->UseRealTime();
