@@ -4,9 +4,11 @@
 //   tessel-verify gemm/f32 softmax ...  the named ones (a name ending in '/' or a prefix selects a family)
 // Options: --threads N (default 2; determinism compares 1 thread with N), --seed S, --quick (fewer
 // shapes), --verbose (every check's line, not only failures). Exit 0 when every check passes,
-// 1 when one fails, 2 on bad arguments.
+// 1 when one fails (or an entry breaks the entries' contract: fewer than 4 checks, a mistrusted
+// check, a report not named after its entry, two entries of one name), 2 on bad arguments.
 #include <chrono>
 #include <cstdio>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -75,6 +77,15 @@ int main(int argc, char** argv) {
     if (!found) usage("no operator named '" + n + "' (tessel-verify --list)");
   }
   std::size_t failed_ops = 0, checks = 0, failed = 0, mistrusted = 0;
+  // The library's own entries keep a contract beyond passing: unique names, at least 4 checks
+  // (the shape sweep), reports named after their entry, and no check that cannot discriminate.
+  std::set<std::string> seen;
+  bool contract_ok = true;
+  for (const auto& e : lib)
+    if (!seen.insert(e.name).second) {
+      std::printf("two entries are named '%s'\n", e.name.c_str());
+      contract_ok = false;
+    }
   for (const auto* e : chosen) {
     const auto t0 = std::chrono::steady_clock::now();
     const verify::suite s = verify::run(*e, o);
@@ -82,14 +93,21 @@ int main(int argc, char** argv) {
     checks += s.reports.size();
     failed += s.failed();
     mistrusted += s.mistrusted();
-    if (!s.passed()) ++failed_ops;
+    std::string broken;
+    if (s.reports.size() < 4) broken += " fewer than 4 checks;";
+    if (s.mistrusted() != 0) broken += " a check that cannot discriminate (mistrusted);";
+    for (const auto& r : s.reports)
+      if (r.name.rfind(e->name + ": ", 0) != 0) broken += " report '" + r.name + "' not named after its entry;";
+    const bool ok = s.passed() && broken.empty();
+    if (!ok) ++failed_ops;
     for (const auto& r : s.reports)
       if (verbose || !r.passed() || r.mistrusted) std::printf("  %s\n", r.to_string().c_str());
-    std::printf("%-16s %s  %zu checks, %zu failed, %zu mistrusted  (%.2f s)\n", e->name.c_str(), s.passed() ? "ok  " : "FAIL", s.reports.size(),
+    if (!broken.empty()) std::printf("  %s:%s\n", e->name.c_str(), broken.c_str());
+    std::printf("%-16s %s  %zu checks, %zu failed, %zu mistrusted  (%.2f s)\n", e->name.c_str(), ok ? "ok  " : "FAIL", s.reports.size(),
                 s.failed(), s.mistrusted(), secs);
     std::fflush(stdout);
   }
   std::printf("%zu of %zu operators passed (%zu checks, %zu failed, %zu mistrusted; %u threads, seed %llu%s)\n", chosen.size() - failed_ops,
               chosen.size(), checks, failed, mistrusted, o.threads, static_cast<unsigned long long>(o.seed), o.quick ? ", quick" : "");
-  return failed_ops == 0 ? 0 : 1;
+  return failed_ops == 0 && contract_ok ? 0 : 1;
 }
