@@ -10,6 +10,8 @@
 #include <tessel/device/device.hpp>
 #include <tessel/device/host_device.hpp>
 
+namespace tessel_test_device_device {
+
 using namespace tessel;
 
 namespace {
@@ -121,3 +123,4 @@ TEST_CASE("cost, capability and memory records start empty", "[device][concept]"
   REQUIRE(m.peak_reserved == 0);
   REQUIRE(m.pool_hits == 0);
 }
+}  // namespace tessel_test_device_device

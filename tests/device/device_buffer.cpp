@@ -13,6 +13,8 @@
 #include <tessel/types.hpp>
 #include "error_match.hpp"
 
+namespace tessel_test_device_device_buffer {
+
 using tessel_test::is_error;
 using tessel::errc;
 using namespace tessel;
@@ -74,3 +76,4 @@ TEST_CASE("device_buffer rejects impossible sizes with typed errors", "[device][
   CHECK(empty.empty());
   CHECK(empty.span().empty());
 }
+}  // namespace tessel_test_device_device_buffer

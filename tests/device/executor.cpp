@@ -16,6 +16,8 @@
 
 #include <tessel/device/executor.hpp>
 
+namespace tessel_test_device_executor {
+
 using namespace tessel;
 using namespace std::chrono_literals;
 using Catch::Matchers::Contains;
@@ -166,3 +168,4 @@ TEST_CASE("executor: thread counts outside [1, 4096] are errors", "[device][exec
   REQUIRE_THROWS_WITH(executor(4097), Contains("4097"));
   REQUIRE_THROWS_AS(executor(0), std::exception);
 }
+}  // namespace tessel_test_device_executor

@@ -10,6 +10,8 @@
 #include <tessel/device.hpp>
 #include "error_match.hpp"
 
+namespace tessel_test_device_host_device {
+
 using tessel_test::is_error;
 using tessel::errc;
 
@@ -130,3 +132,4 @@ TEST_CASE("grid size overflow is a typed error", "[device][errors]") {
   host_device d(1);
   REQUIRE_THROWS_MATCHES(d.launch(grid{SIZE_MAX, 2}, [](block_ctx&) {}), tile_error, is_error(errc::overflow, "tile", "too many blocks"));
 }
+}  // namespace tessel_test_device_host_device

@@ -9,6 +9,8 @@
 #include <tessel/emulator/card.hpp>
 #include "error_match.hpp"
 
+namespace tessel_test_emulator_card {
+
 using tessel_test::is_error;
 using tessel::errc;
 
@@ -121,11 +123,11 @@ TEST_CASE("the profiler records a card's launches with their declared or explici
     CHECK(r.device_index == 5);
     CHECK(r.workers == 2);
   }
-  CHECK(profiler::name_of(rs[0].name) == "fill_prog");
+  CHECK(profiler::name_of(rs[0].name) == "tessel_test_emulator_card::fill_prog");
   CHECK(rs[0].costed);
   CHECK(rs[0].cost.flops == 2.0 * n);
   CHECK(rs[0].cost.precision == math_precision::bf16);
-  CHECK(profiler::name_of(rs[1].name) == "plain_prog");
+  CHECK(profiler::name_of(rs[1].name) == "tessel_test_emulator_card::plain_prog");
   CHECK(rs[1].costed);  // the explicit cost of the launch
   CHECK(rs[1].cost.flops == 1e6);
   CHECK(rs[1].cost.precision == math_precision::fp8);
@@ -201,3 +203,4 @@ TEST_CASE("device_buffer on an emulated card uses the card's arena and its capac
   }
   CHECK(c.used() == 0);
 }
+}  // namespace tessel_test_emulator_card

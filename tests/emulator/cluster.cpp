@@ -7,6 +7,8 @@
 #include <tessel/emulator/cluster.hpp>
 #include "error_match.hpp"
 
+namespace tessel_test_emulator_cluster {
+
 using tessel_test::is_error;
 using tessel::errc;
 
@@ -252,3 +254,4 @@ TEST_CASE("abort ends pending transfers and refuses new ones", "[emulator][clust
   CHECK_THROWS_AS(cl.send(0, 1, a, 64), fault_error);
   cl.drain();  // the model still finishes what was in flight
 }
+}  // namespace tessel_test_emulator_cluster

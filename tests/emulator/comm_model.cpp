@@ -16,6 +16,8 @@
 #include <tessel/emulator/cluster.hpp>
 #include <tessel/emulator/comm_model.hpp>
 
+namespace tessel_test_emulator_comm_model {
+
 namespace {
 
 using namespace tessel;
@@ -131,3 +133,4 @@ TEST_CASE("the hierarchical closed forms match a cluster of two super-nodes", "[
     CHECK(std::abs(got - want) <= 0.05 * want + 1e-6);
   }
 }
+}  // namespace tessel_test_emulator_comm_model

@@ -6,6 +6,8 @@
 #include <tessel/emulator/config.hpp>
 #include "error_match.hpp"
 
+namespace tessel_test_emulator_config {
+
 using tessel_test::is_error;
 using tessel::errc;
 
@@ -290,3 +292,4 @@ TEST_CASE("the configs in configs/clusters load and survive a JSON round trip", 
   std::remove(path);
   CHECK_THROWS_MATCHES(write_cluster_config(c, "/nonexistent/dir/x.json"), config_error, is_error(errc::io, "emulator", "cannot write"));
 }
+}  // namespace tessel_test_emulator_config

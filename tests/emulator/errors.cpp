@@ -10,6 +10,8 @@
 
 #include <tessel/emulator/errors.hpp>
 
+namespace tessel_test_emulator_errors {
+
 using namespace tessel;
 using Catch::Matchers::Contains;
 
@@ -69,3 +71,4 @@ TEST_CASE("emulator errors are std::exceptions, and every fault is caught as fau
   REQUIRE_THROWS_WITH(throw emu::config_error("zero cards"), "tessel::emulator: zero cards");
   REQUIRE_THROWS_AS(throw emu::invalid_card_error("card 200"), std::exception);
 }
+}  // namespace tessel_test_emulator_errors

@@ -4,6 +4,8 @@
 #include <tessel/emulator/fabric.hpp>
 #include "error_match.hpp"
 
+namespace tessel_test_emulator_fabric {
+
 using tessel_test::is_error;
 using tessel::errc;
 
@@ -347,3 +349,4 @@ TEST_CASE("random traffic under random faults: every message ends and the books 
     CHECK(f.check_quiescent() == "");
   }
 }
+}  // namespace tessel_test_emulator_fabric

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <tessel/emulator/cluster.hpp>
 
+namespace tessel_test_emulator_fabric_slow {
+
 using namespace tessel;
 using namespace tessel::emu;
 
@@ -107,3 +109,4 @@ TEST_CASE("functional 128-card all-to-all moves and verifies every byte", "[emul
   CHECK(wrong == 0);
   CHECK(cl.max_clock() == Approx(127.0 * per / c.card_bandwidth() + c.direct_latency()).epsilon(0.01));
 }
+}  // namespace tessel_test_emulator_fabric_slow

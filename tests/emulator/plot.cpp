@@ -16,6 +16,8 @@
 
 #include "error_match.hpp"
 
+namespace tessel_test_emulator_plot {
+
 using namespace tessel;
 using namespace tessel::emu;
 using tessel_test::is_error;
@@ -205,3 +207,4 @@ TEST_CASE("plot: write() creates the file, refuses an unwritable path", "[emulat
   std::remove(path);
   CHECK_THROWS_MATCHES(p.write("/nonexistent/dir/plot.svg"), emulator_error, is_error(errc::io, "emulator", "cannot write"));
 }
+}  // namespace tessel_test_emulator_plot

@@ -4,6 +4,8 @@
 #include <tessel/emulator/routing.hpp>
 #include "error_match.hpp"
 
+namespace tessel_test_emulator_routing {
+
 using tessel_test::is_error;
 using tessel::errc;
 
@@ -57,3 +59,4 @@ TEST_CASE("nodes that do not forward are only endpoints", "[emulator][routing]")
   CHECK_THROWS_MATCHES(g.add_edge(5, 0, 9), invalid_card_error, is_error(errc::out_of_range, "emulator", "outside the"));
   CHECK_THROWS_AS(g.add_edge(0, 5, 9), invalid_card_error);
 }
+}  // namespace tessel_test_emulator_routing

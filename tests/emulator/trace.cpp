@@ -9,6 +9,8 @@
 
 #include "reference/emulator_ref.hpp"
 
+namespace tessel_test_emulator_trace {
+
 using namespace tessel;
 using namespace tessel::emu;
 
@@ -124,3 +126,4 @@ TEST_CASE("the report as JSON carries every counter", "[emulator][trace]") {
   std::remove(path);
   CHECK_THROWS_AS(write_report(r, "/nonexistent/dir/report.json"), emulator_error);
 }
+}  // namespace tessel_test_emulator_trace

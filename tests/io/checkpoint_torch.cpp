@@ -22,6 +22,8 @@
 #include <tessel/io/model_config.hpp>
 #include <tessel/io/safetensors.hpp>
 
+namespace tessel_test_io_checkpoint_torch {
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -349,3 +351,4 @@ TEST_CASE("torch fixtures: cover every family and feature the model layer reads"
   CHECK(head_dim_apart);
   CHECK(moe);
 }
+}  // namespace tessel_test_io_checkpoint_torch

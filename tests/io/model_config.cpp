@@ -8,6 +8,8 @@
 
 #include <tessel/io/model_config.hpp>
 
+namespace tessel_test_io_model_config {
+
 using io_test::require_io_error;
 using io_test::temp_dir;
 using tessel::errc;
@@ -366,3 +368,4 @@ TEST_CASE("model_config random field values give a config or a typed error", "[i
   CHECK(ok > 100);
   CHECK(refused > 100);
 }
+}  // namespace tessel_test_io_model_config

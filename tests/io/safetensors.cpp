@@ -9,6 +9,8 @@
 
 #include <tessel/io/safetensors.hpp>
 
+namespace tessel_test_io_safetensors {
+
 using io_test::require_io_error;
 using io_test::temp_dir;
 using tessel::errc;
@@ -498,3 +500,4 @@ TEST_CASE("safetensors sharding respects the size limit for any tensor sizes", "
     }
   }
 }
+}  // namespace tessel_test_io_safetensors
