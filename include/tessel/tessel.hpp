@@ -13,4 +13,5 @@
 #include <tessel/io.hpp>
 #include <tessel/nn.hpp>
 #include <tessel/dist.hpp>
+#include <tessel/graph.hpp>
 #include <tessel/verify.hpp>
