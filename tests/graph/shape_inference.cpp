@@ -26,6 +26,12 @@ using tg::graph_error;
 struct one_op {
   tg::graph g;
   std::vector<std::string> names;
+  std::string domain;  // "tessel" for the fused ops
+
+  one_op& fused() {
+    domain = "tessel";
+    return *this;
+  }
 
   std::string next() { return std::string(1, static_cast<char>('a' + names.size())); }
   one_op& in(tg::tensor_shape s, dtype t = dtype::f32) {
@@ -46,7 +52,7 @@ struct one_op {
                                    const std::string& name = "n") {
     std::vector<std::string> outs;
     for (std::size_t k = 0; k < outputs; ++k) outs.push_back(std::string("y") + std::to_string(k));
-    g.add_node(op, name, names, outs, std::move(attrs));
+    g.add_node(op, name, names, outs, std::move(attrs), domain);
     g.mark_output("y0");
     g.infer_shapes();
     std::vector<tg::tensor_type> r;
@@ -483,6 +489,43 @@ TEST_CASE("graph: dim arithmetic that overflows is errc::overflow naming the nod
   const std::int64_t max = std::numeric_limits<std::int64_t>::max();
   CHECK_THROWS_MATCHES(one_op().in({max}).in({max}).run("Concat", {{"axis", 0}}), graph_error, is_error(errc::overflow, "graph", "Concat 'n'"));
   CHECK(one_op().in({big, big / 2}).shape("Flatten") == "[4294967296,2147483648]");
+}
+
+TEST_CASE("graph: the fused ops' rules (domain tessel)", "[graph][shape_inference]") {
+  // FusedMatMul: MatMul's broadcasting, bias and residual broadcast to the product.
+  CHECK(one_op().fused().in({"batch", 6, 32}).in({32, 64}).in({64}).shape("FusedMatMul", {{"activation", "Gelu"}}) == "[batch,6,64]");
+  CHECK(one_op().fused().in({2, 6, 32}).in({32, 64}).absent().in({2, 6, 64}).shape("FusedMatMul") == "[2,6,64]");
+  CHECK_THROWS_MATCHES(one_op().fused().in({6, 32}).in({32, 64}).in({32}).run("FusedMatMul"), graph_error,
+                       invalid("FusedMatMul 'n': bias 'c' [32] does not broadcast to [6,64]"));
+  CHECK_THROWS_MATCHES(one_op().fused().in({6, 32}).in({32, 64}).run("FusedMatMul", {{"activation", "Swish"}}), graph_error,
+                       is_error(errc::unsupported, "graph", "FusedMatMul 'n': activation 'Swish' is not one of"));
+  CHECK_THROWS_MATCHES(one_op().fused().in({6, 32}).in({16, 64}).run("FusedMatMul"), graph_error, invalid("inner dims 32 and 16 differ"));
+  // FusedConv: Conv's shape, and a residual of the output's shape.
+  CHECK(one_op().fused().in({1, 8, 10, 10}).in({16, 8, 3, 3}).in({16}).shape("FusedConv", {{"pads", tg::ints{1, 1, 1, 1}}, {"activation", "Relu"}}) ==
+        "[1,16,10,10]");
+  CHECK_THROWS_MATCHES(one_op().fused().in({1, 8, 10, 10}).in({16, 8, 3, 3}).absent().in({1, 16, 10, 10}).run("FusedConv"), graph_error,
+                       invalid("FusedConv 'n': residual 'd' [1,16,10,10] is not the output's shape [1,16,8,8]"));
+  // The norms.
+  CHECK(one_op().fused().in({"batch", 6, 32}).in({32}).type("RMSNormalization") == "f32[batch,6,32]");
+  CHECK_THROWS_MATCHES(one_op().fused().in({2, 32}).in({16}).run("RMSNormalization"), graph_error,
+                       invalid("RMSNormalization 'n': scale 'b' [16] does not broadcast to [32]"));
+  const auto skip = one_op().fused().in({2, 6, 32}).in({2, 6, 32}).in({32}).in({32}).run("SkipLayerNormalization", {{"epsilon", 1e-6}}, 2);
+  CHECK(skip[0].to_string() == "f32[2,6,32]");
+  CHECK(skip[1].to_string() == "f32[2,6,32]");
+  CHECK_THROWS_MATCHES(one_op().fused().in({2, 32}).in({2, 32}).in({32}).in({32}).run("SkipRMSNormalization"), graph_error,
+                       invalid("SkipRMSNormalization 'n': takes 3 inputs, not 4"));
+  // Attention: GQA, a broadcast mask, head dims of V.
+  CHECK(one_op().fused().in({2, 8, 5, 16}).in({2, 2, 7, 16}).in({2, 2, 7, 24}).in({1, 1, 5, 7}).shape("Attention", {{"causal", 1}}) ==
+        "[2,8,5,24]");
+  CHECK_THROWS_MATCHES(one_op().fused().in({2, 6, 5, 16}).in({2, 4, 7, 16}).in({2, 4, 7, 16}).run("Attention"), graph_error,
+                       invalid("Attention 'n': query heads 6 are not a multiple of key/value heads 4"));
+  CHECK_THROWS_MATCHES(one_op().fused().in({2, 4, 5, 16}).in({2, 4, 7, 8}).in({2, 4, 7, 16}).run("Attention"), graph_error,
+                       invalid("Attention 'n': query and key head dims differ"));
+  CHECK_THROWS_MATCHES(one_op().fused().in({2, 4, 5}).in({2, 4, 7, 8}).in({2, 4, 7, 16}).run("Attention"), graph_error,
+                       invalid("Attention 'n': input 'a' has shape [2,4,5]; Attention takes [batch, heads, seq, head dim]"));
+  // An unknown op of the tessel domain is named with its domain.
+  CHECK_THROWS_MATCHES(one_op().fused().in({2}).run("FusedSoftmax"), graph_error,
+                       is_error(errc::unsupported, "graph", "unknown op 'tessel::FusedSoftmax'"));
 }
 
 }  // namespace tessel_test_graph_shape_inference

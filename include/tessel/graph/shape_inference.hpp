@@ -330,9 +330,8 @@ inline void rule_where(infer_ctx& c) {
   c.set_shape(0, broadcast_all(c, {0, 1, 2}));
 }
 
-inline void rule_matmul(infer_ctx& c) {
-  c.arity(2, 2, 1, 1);
-  c.set_type(0, c.same_type({0, 1}));
+// MatMul's output shape from inputs 0 and 1 (FusedMatMul shares it).
+inline void matmul_shape(infer_ctx& c) {
   const tensor_shape& a = c.ranked(0);
   const tensor_shape& b = c.ranked(1);
   for (std::size_t i : {0, 1})
@@ -350,6 +349,12 @@ inline void rule_matmul(infer_ctx& c) {
   if (a.rank() > 1) s.dims.push_back(da[da.size() - 2]);
   if (b.rank() > 1) s.dims.push_back(db.back());
   c.set_shape(0, s);
+}
+
+inline void rule_matmul(infer_ctx& c) {
+  c.arity(2, 2, 1, 1);
+  c.set_type(0, c.same_type({0, 1}));
+  matmul_shape(c);
 }
 
 inline void rule_gemm(infer_ctx& c) {
@@ -796,9 +801,8 @@ inline const tensor_shape& image_input(const infer_ctx& c, std::size_t i) {
   return s;
 }
 
-inline void rule_conv(infer_ctx& c) {
-  c.arity(2, 3, 1, 1);
-  c.set_type(0, c.same_type({0, 1, 2}));
+// Conv's output shape from inputs 0 to 2 and its attributes (FusedConv shares it).
+inline void conv_shape(infer_ctx& c) {
   const tensor_shape& x = image_input(c, 0);
   const tensor_shape& w = c.ranked(1);
   const std::size_t ns = x.rank() - 2;
@@ -837,6 +841,12 @@ inline void rule_conv(infer_ctx& c) {
                                    : window_dim(c, x.dims[2 + i], kernel[i], strides[i], dil[i], pads[i], pads[ns + i], auto_pad,
                                                 false, i));
   c.set_shape(0, o);
+}
+
+inline void rule_conv(infer_ctx& c) {
+  c.arity(2, 3, 1, 1);
+  c.set_type(0, c.same_type({0, 1, 2}));
+  conv_shape(c);
 }
 
 inline void rule_pool(infer_ctx& c) {  // MaxPool AveragePool
@@ -918,6 +928,126 @@ inline void rule_layer_norm(infer_ctx& c) {
   c.set_shape(2, stats);
 }
 
+// ---- tessel's fused ops (domain "tessel") ---------------------------------------------------------------
+// What the fusion passes (graph/passes) rewrite ONNX patterns into and the executor runs as one tessel
+// operator each. `activation` is "" (none), "Relu", "Gelu" (exact erf), "GeluTanh", "Sigmoid", "Tanh" or
+// "Silu". Semantics (the executor's contract; A @ B is MatMul's, with its broadcasting):
+//   FusedMatMul(A, B, bias?, residual?) {alpha = 1, activation}: Y = act(alpha·(A @ B) + bias + residual);
+//       bias and residual broadcast one way to the product's shape (bias is usually [N]).
+//   FusedConv(X, W, B?, Z?) {Conv's attributes, activation}: Y = act(Conv(X, W, B) + Z); Z has Y's shape
+//       (a BatchNormalization after the Conv is folded into W and B).
+//   RMSNormalization(X, scale) {axis = -1, epsilon = 1e-5}: Y = X / sqrt(mean(X² over axes >= axis) + eps) · scale.
+//   SkipLayerNormalization(X, skip, scale, bias?) {axis = -1, epsilon = 1e-5}: S = X + skip (skip broadcasts
+//       one way to X), Y = LayerNormalization(S, scale, bias); optional output 1 is S.
+//   SkipRMSNormalization(X, skip, scale) {axis = -1, epsilon = 1e-5}: the same with RMSNormalization.
+//   Attention(Q, K, V, mask?) {scale = 1/sqrt(D), causal = 0}: Q [B, Hq, Sq, D], K [B, Hkv, Sk, D],
+//       V [B, Hkv, Sk, Dv], Hq a multiple of Hkv (query head h reads kv head h / (Hq / Hkv));
+//       mask is added to the scores and broadcasts one way to [B, Hq, Sq, Sk]; causal keeps key j for
+//       query i when j <= i + Sk - Sq (aligned bottom-right: a decode step sees the whole cache).
+//       Y = softmax(scale·Q·Kᵀ + mask) · V, [B, Hq, Sq, Dv].
+inline constexpr std::string_view fused_domain = "tessel";
+
+inline void check_activation(const infer_ctx& c) {
+  const std::string a = c.n.get_string("activation", "");
+  static constexpr std::string_view known[] = {"", "Relu", "Gelu", "GeluTanh", "Sigmoid", "Tanh", "Silu"};
+  if (std::find(std::begin(known), std::end(known), a) == std::end(known))
+    c.fail(std::string("activation '") + a + "' is not one of '', Relu, Gelu, GeluTanh, Sigmoid, Tanh, Silu", errc::unsupported);
+}
+
+// `p` broadcasts one way to `to` (numpy rules, `to` unchanged).
+inline void check_broadcasts_to(const infer_ctx& c, std::size_t i, const tensor_shape& to, std::string_view what) {
+  const tensor_shape& p = c.ranked(i);
+  bool ok = p.rank() <= to.rank();
+  for (std::size_t k = 0; ok && k < p.rank(); ++k) {
+    const dim& pd = p.dims[p.rank() - 1 - k];
+    const dim& td = to.dims[to.rank() - 1 - k];
+    ok = !(pd.known() && td.known() && pd.size != 1 && pd.size != td.size);
+  }
+  if (!ok) c.fail(std::string(what) + " " + c.quoted(i) + " " + p.to_string() + " does not broadcast to " + to.to_string());
+}
+
+inline void rule_fused_matmul(infer_ctx& c) {
+  c.arity(2, 4, 1, 1);
+  check_activation(c);
+  (void)c.n.get_float("alpha", 1.0);
+  const std::optional<dtype> t = c.same_type({0, 1, 2, 3});
+  c.set_type(0, t);
+  matmul_shape(c);
+  if (!c.out[0].shape.rank_known) return;
+  const tensor_shape y = c.out[0].shape;
+  if (c.has(2)) check_broadcasts_to(c, 2, y, "bias");
+  if (c.has(3)) check_broadcasts_to(c, 3, y, "residual");
+}
+
+inline void rule_fused_conv(infer_ctx& c) {
+  c.arity(2, 4, 1, 1);
+  check_activation(c);
+  c.set_type(0, c.same_type({0, 1, 2, 3}));
+  conv_shape(c);
+  if (c.has(3)) {
+    const tensor_shape& z = c.ranked(3);
+    const tensor_shape& y = c.out[0].shape;
+    bool ok = y.rank_known && z.rank() == y.rank();
+    for (std::size_t k = 0; ok && k < z.rank(); ++k) ok = merge_dim(z.dims[k], y.dims[k]).has_value();
+    if (!ok) c.fail(std::string("residual ") + c.quoted(3) + " " + z.to_string() + " is not the output's shape " + y.to_string());
+  }
+}
+
+inline void rule_norm_common(infer_ctx& c, std::size_t x_in, std::size_t first_param, std::size_t last_param) {
+  (void)c.n.get_float("epsilon", 1e-5);
+  const tensor_shape& x = c.ranked(x_in);
+  const std::size_t ax = c.axis(c.n.get_int("axis", -1), x.rank(), "axis");
+  const tensor_shape normalized(std::vector<dim>(x.dims.begin() + static_cast<std::ptrdiff_t>(ax), x.dims.end()));
+  for (std::size_t i = first_param; i <= last_param; ++i)
+    if (c.has(i)) check_broadcasts_to(c, i, normalized, i == first_param ? "scale" : "bias");
+}
+
+inline void rule_rms_norm(infer_ctx& c) {
+  c.arity(2, 2, 1, 1);
+  c.set_type(0, c.same_type({0, 1}));
+  rule_norm_common(c, 0, 1, 1);
+  c.set_shape(0, c.ranked(0));
+}
+
+inline void rule_skip_norm(infer_ctx& c) {
+  const bool layer = c.n.op == "SkipLayerNormalization";
+  c.arity(3, layer ? 4 : 3, 1, 2);
+  const std::optional<dtype> t = c.same_type({0, 1, 2, 3});
+  c.set_type(0, t);
+  c.set_type(1, t);
+  const tensor_shape& x = c.ranked(0);
+  check_broadcasts_to(c, 1, x, "skip");
+  rule_norm_common(c, 0, 2, layer ? 3 : 2);
+  c.set_shape(0, x);
+  c.set_shape(1, x);
+}
+
+inline void rule_attention(infer_ctx& c) {
+  c.arity(3, 4, 1, 1);
+  (void)c.n.get_int("causal", 0);
+  c.set_type(0, c.same_type({0, 1, 2}));
+  const tensor_shape& q = c.ranked(0);
+  const tensor_shape& k = c.ranked(1);
+  const tensor_shape& v = c.ranked(2);
+  for (std::size_t i : {0, 1, 2})
+    if (c.in(i).shape.rank() != 4)
+      c.fail(std::string("input ") + c.quoted(i) + " has shape " + c.in(i).shape.to_string() + "; Attention takes [batch, heads, seq, head dim]");
+  auto same = [&](const dim& a, const dim& b, std::string_view what) {
+    auto m = merge_dim(a, b);
+    if (!m) c.fail(std::string(what) + " differ: " + q.to_string() + ", " + k.to_string() + ", " + v.to_string());
+    return *m;
+  };
+  const dim b = same(same(q.dims[0], k.dims[0], "batch sizes"), v.dims[0], "batch sizes");
+  const dim hkv = same(k.dims[1], v.dims[1], "key and value heads");
+  (void)same(k.dims[2], v.dims[2], "key and value lengths");
+  (void)same(q.dims[3], k.dims[3], "query and key head dims");
+  if (q.dims[1].known() && hkv.known() && (hkv.size == 0 || q.dims[1].size % hkv.size != 0))
+    c.fail(std::string("query heads ") + q.dims[1].to_string() + " are not a multiple of key/value heads " + hkv.to_string());
+  const tensor_shape y{b, q.dims[1], q.dims[2], v.dims[3]};
+  if (c.has(3)) check_broadcasts_to(c, 3, tensor_shape{b, q.dims[1], q.dims[2], k.dims[2]}, "mask");
+  c.set_shape(0, y);
+}
+
 struct rule_entry {
   std::string_view op;
   rule_fn fn;
@@ -956,7 +1086,21 @@ inline constexpr rule_entry shape_rules[] = {
     {"Where", rule_where},
 };
 
+inline constexpr rule_entry fused_shape_rules[] = {
+    {"Attention", rule_attention},
+    {"FusedConv", rule_fused_conv},
+    {"FusedMatMul", rule_fused_matmul},
+    {"RMSNormalization", rule_rms_norm},
+    {"SkipLayerNormalization", rule_skip_norm},
+    {"SkipRMSNormalization", rule_skip_norm},
+};
+
 inline rule_fn find_shape_rule(const node& n) {
+  if (n.domain == fused_domain) {
+    for (const rule_entry& e : fused_shape_rules)
+      if (e.op == n.op) return e.fn;
+    return nullptr;
+  }
   if (!n.domain.empty() && n.domain != "ai.onnx") return nullptr;
   for (const rule_entry& e : shape_rules)
     if (e.op == n.op) return e.fn;
