@@ -4,4 +4,5 @@
 
 #include <tessel/io/errors.hpp>
 #include <tessel/io/model_config.hpp>
+#include <tessel/io/npy.hpp>
 #include <tessel/io/safetensors.hpp>

@@ -54,7 +54,7 @@ write(t, "long_header_length", struct.pack("<Q", 1 << 40) + b"{}")
 
 t = "model_config"
 fixtures = os.path.join(here, "..", "io", "fixtures")
-for name in sorted(os.listdir(fixtures)):
+for name in sorted(n for n in os.listdir(fixtures) if n.endswith(".json")):
     with open(os.path.join(fixtures, name), "rb") as f:
         write(t, name.removesuffix(".json"), f.read())
 write(t, "minimal_llama", json.dumps({"model_type": "llama", "vocab_size": 16, "hidden_size": 8, "intermediate_size": 16,
@@ -87,3 +87,10 @@ write(t, "json_nested", b"{\n  // nested groups, comments allowed\n" + json.dump
 write(t, "json_errors", b'{"fabric": {"planes": "two", "plane": 4}, "planes": 4, "planes": 2, "cards": -3}')
 write(t, "json_malformed", b'{"cards": 4,, "port_latency": 1e400')
 write(t, "lines_errors", b"cards = 0\nport_bandwidth = 5us\nbogus line\nseed = 18446744073709551616\n")
+
+# npy_file: the io tests' numpy-written fixtures (tests/io/fixtures/npy) are the seeds.
+t = "npy_file"
+npy_dir = os.path.join(here, "..", "io", "fixtures", "npy")
+for name in sorted(os.listdir(npy_dir)):
+    with open(os.path.join(npy_dir, name), "rb") as f:
+        write(t, name[:-len(".npy")], f.read())
