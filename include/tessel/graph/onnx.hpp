@@ -341,6 +341,31 @@ inline void onnx_add_constant_node(graph& g, const onnx::NodeProto& n, const std
 
 inline bool onnx_default_domain(const std::string& d) { return d.empty() || d == "ai.onnx"; }
 
+// ONNX's version converter assumes a graph whose every name is defined before it is read (its
+// checker, run first, does not look at the graph outputs: an undefined one crashes the converter's
+// IR builder). So before a conversion the importer checks that itself, naming the node or output.
+inline void onnx_check_for_converter(const onnx::GraphProto& gp) {
+  std::set<std::string, std::less<>> defined;
+  for (const auto& t : gp.initializer()) defined.insert(t.name());
+  for (const auto& in : gp.input()) defined.insert(in.name());
+  for (int i = 0; i < gp.node_size(); ++i) {
+    const onnx::NodeProto& n = gp.node(i);
+    const std::string label = n.op_type() + " '" + (n.name().empty() ? "#" + std::to_string(i) : n.name()) + "'";
+    for (const auto& a : n.attribute())
+      if (a.type() == onnx::AttributeProto::GRAPH || a.type() == onnx::AttributeProto::GRAPHS || a.has_g() || a.graphs_size() > 0)
+        onnx_fail(errc::unsupported, label + ": attribute '" + a.name() + "' is a subgraph: control flow is not supported");
+    for (const auto& in : n.input())
+      if (!in.empty() && !defined.count(in))
+        onnx_fail(errc::invalid_argument, label + ": input '" + in + "' is not defined by any earlier node, graph input or initializer");
+    for (const auto& out : n.output())
+      if (!out.empty() && !defined.insert(out).second)
+        onnx_fail(errc::invalid_argument, label + ": output '" + out + "' is already defined");
+  }
+  for (const auto& out : gp.output())
+    if (!defined.count(out.name()))
+      onnx_fail(errc::invalid_argument, "graph output '" + out.name() + "' is not defined by any node, graph input or initializer");
+}
+
 inline graph onnx_build(onnx::ModelProto& m, const onnx_options& opt) {
   onnx_import_info info;
   info.ir_version = m.ir_version();
@@ -366,6 +391,7 @@ inline graph onnx_build(onnx::ModelProto& m, const onnx_options& opt) {
     }
   }
   if (opset < onnx_min_opset) {
+    onnx_check_for_converter(m.graph());
     try {
       m = onnx::version_conversion::ConvertVersion(m, static_cast<int>(onnx_min_opset));
     } catch (const std::exception& e) {
