@@ -350,7 +350,8 @@ inline void onnx_check_for_converter(const onnx::GraphProto& gp) {
   for (const auto& in : gp.input()) defined.insert(in.name());
   for (int i = 0; i < gp.node_size(); ++i) {
     const onnx::NodeProto& n = gp.node(i);
-    const std::string label = n.op_type() + " '" + (n.name().empty() ? "#" + std::to_string(i) : n.name()) + "'";
+    std::string label = n.op_type();
+    label.append(" '").append(n.name().empty() ? std::string("#").append(std::to_string(i)) : n.name()).append("'");
     for (const auto& a : n.attribute())
       if (a.type() == onnx::AttributeProto::GRAPH || a.type() == onnx::AttributeProto::GRAPHS || a.has_g() || a.graphs_size() > 0)
         onnx_fail(errc::unsupported, label + ": attribute '" + a.name() + "' is a subgraph: control flow is not supported");
