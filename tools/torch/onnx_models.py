@@ -5,7 +5,8 @@ PyTorch, exported with torch.onnx.export at opsets 14 and 17 with a dynamic batc
 Usage: onnx_models.py OUTDIR [--models gpt2,bert,llama,resnet,vit,unet] [--check]
        onnx_models.py tests/graph/onnx --tiny      (the few-KB models committed for tests and fuzz seeds)
 
-Per model and opset, OUTDIR/<model>_op<opset>.onnx; per model, OUTDIR/<model>.io.safetensors holds
+Per model and opset, OUTDIR/<model>_op<opset>.onnx and <model>_op<opset>.json (ONNX's own op histogram
+and initializer count of the file, for the C++ tests to compare with); per model, OUTDIR/<model>.io.safetensors holds
 the inputs (names as the ONNX graph inputs, prefixed "input.") and PyTorch's outputs (prefixed
 "output."), F32 or I64, written with reference_models.py's safetensors writer (the format C++ reads
 through io/safetensors.hpp without new dependencies). Deterministic: fixed seeds, one thread.
@@ -14,6 +15,7 @@ Shapes are fixed except the batch: every reshape uses -1 for the batch, so the g
 shape operands (no Shape->Gather->Concat chains) and a tessel import can infer every value's shape.
 """
 import argparse
+import json
 import math
 import os
 import sys
@@ -329,6 +331,22 @@ def export(name, outdir, opset):
     return m, inputs, outs, path
 
 
+def write_manifest(path):
+    """<model>_op<opset>.json beside the model: ONNX's own count of each op type (Constant included)
+    and the initializer count, read back with onnx.load, for the C++ side to compare its import with."""
+    import onnx
+    m = onnx.load(path)
+    ops = {}
+    for n in m.graph.node:
+        ops[n.op_type] = ops.get(n.op_type, 0) + 1
+    manifest = {"ops": dict(sorted(ops.items())), "nodes": len(m.graph.node),
+                "initializers": len(m.graph.initializer),
+                "opset": [i.version for i in m.opset_import if i.domain in ("", "ai.onnx")][0]}
+    with open(path[:-len(".onnx")] + ".json", "w") as f:
+        json.dump(manifest, f, indent=1, sort_keys=True)
+        f.write("\n")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("outdir")
@@ -351,6 +369,7 @@ def main():
             sys.exit(f"onnx_models.py: unknown model '{name}' (known: {', '.join(MODELS)})")
         for opset in OPSETS:
             m, inputs, outs, path = export(name, a.outdir, opset)
+            write_manifest(path)
         with torch.no_grad():
             y = m(*inputs.values())
         y = y if isinstance(y, tuple) else (y,)
