@@ -1074,7 +1074,10 @@ inline void rule_resize(infer_ctx& c) {  // opset 13 to 17: X, roi, scales, size
   tensor_shape y;
   if (c.has(3)) {
     const auto sizes = c.const_ints(3);
-    if (!sizes) throw shape_unknown{};
+    if (!sizes) {  // computed sizes: the rank stays
+      c.set_shape(0, tensor_shape(std::vector<dim>(x.rank())));
+      return;
+    }
     if (sizes->size() != x.rank())
       c.fail(std::string("sizes ") + ints_to_string(*sizes) + " has " + std::to_string(sizes->size()) + " values for rank " + std::to_string(x.rank()));
     for (std::int64_t d : *sizes) {
@@ -1082,7 +1085,10 @@ inline void rule_resize(infer_ctx& c) {  // opset 13 to 17: X, roi, scales, size
       y.dims.emplace_back(d);
     }
   } else {
-    if (!scales) throw shape_unknown{};
+    if (!scales) {
+      c.set_shape(0, tensor_shape(std::vector<dim>(x.rank())));
+      return;
+    }
     if (scales->size() != x.rank())
       c.fail(std::string("scales has ") + std::to_string(scales->size()) + " values for rank " + std::to_string(x.rank()));
     for (std::size_t k = 0; k < x.rank(); ++k) {
@@ -1134,7 +1140,10 @@ inline void rule_tile(infer_ctx& c) {
   c.set_type(0, c.type(0));
   const tensor_shape& s = c.ranked(0);
   const auto reps = c.const_ints(1);
-  if (!reps) throw shape_unknown{};
+  if (!reps) {  // computed repeats: the rank stays
+    c.set_shape(0, tensor_shape(std::vector<dim>(s.rank())));
+    return;
+  }
   if (reps->size() != s.rank())
     c.fail(std::string("repeats ") + ints_to_string(*reps) + " has " + std::to_string(reps->size()) + " values for rank " + std::to_string(s.rank()));
   tensor_shape y;
