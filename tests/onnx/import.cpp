@@ -541,3 +541,18 @@ TEST_CASE("onnx: graphs that break the IR's rules", "[onnx][malformed]") {
 }
 
 }  // namespace tessel_test_onnx_import
+
+namespace tessel_test_onnx_import {
+
+TEST_CASE("onnx: ONNX's checker on request", "[onnx][import]") {
+  tg::onnx_options o;
+  o.onnx_checker = true;
+  CHECK(import(tiny_model(), o).node_count() == 3);
+  onnx::ModelProto m = tiny_model();
+  node_named(m, "fc")->mutable_input()->RemoveLast();  // MatMul with one input
+  CHECK_THROWS_MATCHES(import(m, o), tg::graph_error, is_error(errc::format, "graph", "ONNX's checker rejects the model"));
+  // Without it, the IR's own rule says the same, naming the node.
+  CHECK_THROWS_MATCHES(import(m), tg::graph_error, is_error(errc::invalid_argument, "graph", "MatMul 'fc': takes 2 inputs, not 1"));
+}
+
+}  // namespace tessel_test_onnx_import
