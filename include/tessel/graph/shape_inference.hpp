@@ -7,6 +7,8 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
@@ -1048,6 +1050,115 @@ inline void rule_attention(infer_ctx& c) {
   c.set_shape(0, y);
 }
 
+// The values of a constant f32 input (Resize's scales), nullopt when they are not known here.
+inline std::optional<std::vector<float>> const_f32(const infer_ctx& c, std::size_t i) {
+  if (!c.has(i)) return std::nullopt;
+  const value& x = c.in(i);
+  if (x.role != value_role::constant || !x.data || x.type != dtype::f32 || !x.shape.fully_known()) return std::nullopt;
+  std::vector<float> v(x.data->size() / sizeof(float));
+  if (!v.empty()) std::memcpy(v.data(), x.data->data(), v.size() * sizeof(float));
+  return v;
+}
+
+inline void rule_resize(infer_ctx& c) {  // opset 13 to 17: X, roi, scales, sizes
+  c.arity(1, 4, 1, 1);
+  const std::string mode = c.n.get_string("mode", "nearest");
+  if (mode != "nearest" && mode != "linear" && mode != "cubic")
+    c.fail(std::string("attribute 'mode' is '") + mode + "', expected nearest, linear or cubic");
+  c.set_type(0, c.type(0));
+  const tensor_shape& x = c.ranked(0);
+  // An empty scales tensor stands for "absent" (exporters write one when they give sizes).
+  auto scales = const_f32(c, 2);
+  const bool has_scales = c.has(2) && !(c.in(2).shape.fully_known() && c.in(2).shape.numel() == 0u);
+  if (has_scales == c.has(3)) c.fail("takes exactly one of 'scales' (input 2) and 'sizes' (input 3)");
+  tensor_shape y;
+  if (c.has(3)) {
+    const auto sizes = c.const_ints(3);
+    if (!sizes) {  // computed sizes: the rank stays
+      c.set_shape(0, tensor_shape(std::vector<dim>(x.rank())));
+      return;
+    }
+    if (sizes->size() != x.rank())
+      c.fail(std::string("sizes ") + ints_to_string(*sizes) + " has " + std::to_string(sizes->size()) + " values for rank " + std::to_string(x.rank()));
+    for (std::int64_t d : *sizes) {
+      if (d < 0) c.fail(std::string("sizes ") + ints_to_string(*sizes) + " holds a negative size");
+      y.dims.emplace_back(d);
+    }
+  } else {
+    if (!scales) {
+      c.set_shape(0, tensor_shape(std::vector<dim>(x.rank())));
+      return;
+    }
+    if (scales->size() != x.rank())
+      c.fail(std::string("scales has ") + std::to_string(scales->size()) + " values for rank " + std::to_string(x.rank()));
+    for (std::size_t k = 0; k < x.rank(); ++k) {
+      const float f = (*scales)[k];
+      if (!(f > 0.0f) || !(f < 1e9f)) c.fail(std::string("scale ") + std::to_string(f) + " at axis " + std::to_string(k) + " is not a positive finite number");
+      const dim& d = x.dims[k];
+      if (f == 1.0f) y.dims.push_back(d);
+      else if (!d.known()) y.dims.emplace_back();
+      else {
+        const double o = std::floor(static_cast<double>(d.size) * static_cast<double>(f));
+        if (o > 9.0e18) c.fail(std::string("axis ") + std::to_string(k) + ": the resized size overflows", errc::overflow);
+        y.dims.emplace_back(static_cast<std::int64_t>(o));
+      }
+    }
+  }
+  c.set_shape(0, y);
+}
+
+inline void rule_logical(infer_ctx& c) {  // And Or Xor: bool inputs
+  c.arity(2, 2, 1, 1);
+  for (std::size_t i : {0, 1})
+    if (auto t = c.type(i); t && *t != bool_dtype)
+      c.fail(std::string("input ") + c.quoted(i) + " is " + std::string(dtype_name(*t)) + ", expected bool (" + std::string(dtype_name(bool_dtype)) + ")");
+  c.set_type(0, bool_dtype);
+  c.set_shape(0, broadcast_all(c, {0, 1}));
+}
+
+inline void rule_not(infer_ctx& c) {
+  c.arity(1, 1, 1, 1);
+  if (auto t = c.type(0); t && *t != bool_dtype)
+    c.fail(std::string("input ") + c.quoted(0) + " is " + std::string(dtype_name(*t)) + ", expected bool (" + std::string(dtype_name(bool_dtype)) + ")");
+  c.set_type(0, bool_dtype);
+  c.set_shape(0, c.ranked(0));
+}
+
+inline void rule_trilu(infer_ctx& c) {  // input 1: the diagonal offset k, a scalar
+  c.arity(1, 2, 1, 1);
+  (void)c.n.get_int("upper", 1);
+  c.set_type(0, c.type(0));
+  if (c.has(1) && c.in(1).shape.rank_known && c.in(1).shape.rank() != 0 && !(c.in(1).shape.rank() == 1 && c.in(1).shape.dims[0] == dim(1)))
+    c.fail(std::string("k ") + c.quoted(1) + " has shape " + c.in(1).shape.to_string() + ", expected a scalar");
+  const tensor_shape& s = c.ranked(0);
+  if (s.rank() < 2) c.fail(std::string("input ") + c.quoted(0) + " has shape " + s.to_string() + "; Trilu needs rank >= 2");
+  c.set_shape(0, s);
+}
+
+inline void rule_tile(infer_ctx& c) {
+  c.arity(2, 2, 1, 1);
+  c.set_type(0, c.type(0));
+  const tensor_shape& s = c.ranked(0);
+  const auto reps = c.const_ints(1);
+  if (!reps) {  // computed repeats: the rank stays
+    c.set_shape(0, tensor_shape(std::vector<dim>(s.rank())));
+    return;
+  }
+  if (reps->size() != s.rank())
+    c.fail(std::string("repeats ") + ints_to_string(*reps) + " has " + std::to_string(reps->size()) + " values for rank " + std::to_string(s.rank()));
+  tensor_shape y;
+  for (std::size_t k = 0; k < s.rank(); ++k) {
+    const std::int64_t r = (*reps)[k];
+    if (r < 0) c.fail(std::string("repeats ") + ints_to_string(*reps) + " holds a negative count");
+    const dim& d = s.dims[k];
+    if (r == 1) y.dims.push_back(d);
+    else if (r == 0) y.dims.emplace_back(0);
+    else if (d.known()) y.dims.emplace_back(dim_mul(d.size, r, "graph: tiled size"));
+    else y.dims.emplace_back();
+  }
+  c.set_shape(0, y);
+}
+
 struct rule_entry {
   std::string_view op;
   rule_fn fn;
@@ -1055,6 +1166,10 @@ struct rule_entry {
 
 inline constexpr rule_entry shape_rules[] = {
     {"Abs", rule_unary},         {"Add", rule_binary},
+    {"And", rule_logical},       {"Not", rule_not},
+    {"Or", rule_logical},        {"Xor", rule_logical},
+    {"Resize", rule_resize},     {"Tile", rule_tile},
+    {"Trilu", rule_trilu},
     {"AveragePool", rule_pool},  {"BatchNormalization", rule_batch_norm},
     {"Cast", rule_cast},         {"Ceil", rule_unary},
     {"Concat", rule_concat},     {"Constant", rule_constant},
