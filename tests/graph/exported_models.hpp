@@ -125,7 +125,8 @@ inline tg::graph make_gpt_block_exported(tg::dim batch = tg::dim("batch")) {
   const std::string mask = b.op("Slice", {rows, b.i64s({0}), end, b.i64s({3}), b.i64s({1})});
   w = b.op("Where", {mask, w, b.f32(-3.4028234663852886e38f)});
   const std::string p = b.op("Softmax", {w}, {{"axis", std::int64_t{-1}}});
-  const std::string a = b.op("Transpose", {b.op("MatMul", {p, heads[2]})}, {{"perm", tg::ints{0, 2, 1, 3}}});
+  g.add_node("MatMul", "context", {p, heads[2]}, {"context"});
+  const std::string a = b.op("Transpose", {"context"}, {{"perm", tg::ints{0, 2, 1, 3}}});
   const std::string merged = b.op("Reshape", {a, b.op("Concat", {b.dim_of(a, 0), b.dim_of(a, 1), b.i64s({D})}, {{"axis", std::int64_t{0}}})});
   const std::string attn = b.linear(merged, "w_proj", "b_proj");
   const std::string r = b.op("Add", {attn, "x"});
@@ -133,6 +134,67 @@ inline tg::graph make_gpt_block_exported(tg::dim batch = tg::dim("batch")) {
   const std::string h = b.gelu_tanh(b.linear(n2, "w_fc", "b_fc"));
   const std::string m = b.linear(h, "w_out", "b_out");
   g.add_node("Add", "residual2", {r, m}, {"y"});
+  g.mark_output("y");
+  return g;
+}
+
+// A LLaMA block (S = 6, D = 32, 4 query heads and 2 key/value heads of 8, FF = 64, no rotary) with
+// input x [batch, S, D], as the exporter writes HF's LlamaDecoderLayer: RMSNorm as Pow, ReduceMean,
+// Add, Sqrt, Reciprocal (layer 1) or Div(1, ·) (layer 2), Mul, Mul; repeat_kv as Unsqueeze, Expand,
+// Reshape with shapes read from the tensors; an additive causal mask; a SiLU-gated MLP.
+inline tg::graph make_llama_block_exported(tg::dim batch) {
+  constexpr std::int64_t HKV = 2, LFF = 64;
+  tg::graph g("llama_block");
+  builder b{g};
+  g.add_input("x", tessel::dtype::f32, {batch, S, D});
+  b.weight("rms1_g", {D});
+  b.weight("rms2_g", {D});
+  b.weight("wq", {D, H * HD});
+  b.weight("wk", {D, HKV * HD});
+  b.weight("wv", {D, HKV * HD});
+  b.weight("wo", {H * HD, D});
+  b.weight("w_gate", {D, LFF});
+  b.weight("w_up", {D, LFF});
+  b.weight("w_down", {LFF, D});
+  std::vector<float> causal(static_cast<std::size_t>(S * S));
+  for (std::int64_t i = 0; i < S; ++i)
+    for (std::int64_t j = 0; j < S; ++j) causal[static_cast<std::size_t>(i * S + j)] = j <= i ? 0.0f : -3.4028234663852886e38f;
+  g.add_constant<float>("causal_mask", {1, 1, S, S}, causal);
+
+  auto rms = [&](const std::string& x, const std::string& gamma, bool reciprocal) {
+    const std::string ms = b.op("ReduceMean", {b.op("Pow", {x, b.f32(2.0f)})}, {{"axes", tg::ints{-1}}});
+    const std::string r = b.op("Sqrt", {b.op("Add", {ms, b.f32(1e-6f)})});
+    const std::string inv = reciprocal ? b.op("Reciprocal", {r}) : b.op("Div", {b.f32(1.0f), r});
+    return b.op("Mul", {gamma, b.op("Mul", {x, inv})});
+  };
+  auto heads = [&](const std::string& x, const std::string& w, std::int64_t n) {
+    const std::string p = b.op("MatMul", {x, w});
+    const std::string shape = b.op("Concat", {b.dim_of(p, 0), b.dim_of(p, 1), b.i64s({n}), b.i64s({HD})}, {{"axis", std::int64_t{0}}});
+    return b.op("Transpose", {b.op("Reshape", {p, shape})}, {{"perm", tg::ints{0, 2, 1, 3}}});
+  };
+  auto repeat_kv = [&](const std::string& x) {  // x[:, :, None].expand(b, hkv, n_rep, s, d).reshape(b, hkv * n_rep, s, d)
+    const std::string u = b.op("Unsqueeze", {x, b.i64s({2})});
+    const std::string e5 = b.op("Concat", {b.dim_of(x, 0), b.i64s({HKV, H / HKV}), b.dim_of(x, 2), b.dim_of(x, 3)}, {{"axis", std::int64_t{0}}});
+    const std::string e = b.op("Expand", {u, e5});
+    const std::string r4 = b.op("Concat", {b.dim_of(x, 0), b.i64s({H}), b.dim_of(x, 2), b.dim_of(x, 3)}, {{"axis", std::int64_t{0}}});
+    return b.op("Reshape", {e, r4});
+  };
+
+  const std::string n1 = rms("x", "rms1_g", true);
+  const std::string q = heads(n1, "wq", H);
+  const std::string k = repeat_kv(heads(n1, "wk", HKV));
+  const std::string v = repeat_kv(heads(n1, "wv", HKV));
+  std::string w = b.op("MatMul", {q, b.op("Transpose", {k}, {{"perm", tg::ints{0, 1, 3, 2}}})});
+  w = b.op("Add", {b.op("Div", {w, b.f32(std::sqrt(static_cast<float>(HD)))}), "causal_mask"});
+  g.add_node("MatMul", "context", {b.op("Softmax", {w}, {{"axis", std::int64_t{-1}}}), v}, {"context"});
+  const std::string a = b.op("Transpose", {"context"}, {{"perm", tg::ints{0, 2, 1, 3}}});
+  const std::string merged = b.op("Reshape", {a, b.op("Concat", {b.dim_of(a, 0), b.dim_of(a, 1), b.i64s({D})}, {{"axis", std::int64_t{0}}})});
+  g.add_node("Add", "residual1", {"x", b.op("MatMul", {merged, "wo"})}, {"h"});
+  const std::string n2 = rms("h", "rms2_g", false);
+  const std::string gate = b.op("MatMul", {n2, "w_gate"});
+  const std::string act = b.op("Mul", {gate, b.op("Sigmoid", {gate})});
+  const std::string mlp = b.op("MatMul", {b.op("Mul", {act, b.op("MatMul", {n2, "w_up"})}), "w_down"});
+  g.add_node("Add", "residual2", {"h", mlp}, {"y"});
   g.mark_output("y");
   return g;
 }

@@ -81,12 +81,8 @@ TEST_CASE("graph optimize: a GPT-2 block as the exporter writes it", "[graph][pa
     INFO(g.to_string());
     check_gpt_report(r);
     CHECK(g.get(g.value_named("y")).shape.to_string() == "[batch,6,32]");
-    const tg::node& a = g.get(g.node_ids()[0]).op == "Attention" ? g.get(g.node_ids()[0]) : [&]() -> const tg::node& {
-      for (tg::node_id id : g.node_ids())
-        if (g.get(id).op == "Attention") return g.get(id);
-      FAIL("no Attention");
-      return g.get(g.node_ids()[0]);
-    }();
+    const tg::node& a = g.get(g.get(g.value_named("context")).producer);
+    REQUIRE(a.op == "Attention");
     CHECK(a.get_int("causal") == 1);
     CHECK(a.get_float("scale") == Approx(1.0 / std::sqrt(8.0)).epsilon(1e-6));
     CHECK(a.inputs.size() == 3);
@@ -126,6 +122,51 @@ TEST_CASE("graph optimize: a GPT-2 block as the exporter writes it", "[graph][pa
     CHECK(r.rounds == 1);
     CHECK(r.patterns.empty());
     CHECK(g.to_string() == once);
+  }
+}
+
+TEST_CASE("graph optimize: a LLaMA block (RMSNorm, GQA, SiLU) as the exporter writes it", "[graph][passes]") {
+  auto check = [](tg::graph& g, const tg::optimize_options& opt) {
+    const tg::fusion_report r = tg::optimize(g, opt);
+    INFO(r.to_string());
+    INFO(g.to_string());
+    CHECK(r.nodes_after == 19);
+    CHECK(r.pattern("RMSNormalization") == 2);
+    CHECK(r.pattern("SkipRMSNormalization") == 1);  // residual 1 + the second norm, the sum read by residual 2
+    CHECK(r.pattern("Attention") == 1);
+    CHECK(r.pattern("FusedMatMul") == 2);  // gate (+ Silu), down (+ residual 2)
+    CHECK(count(r.ops_after, "Expand") == 0);  // repeat_kv is Attention's GQA
+    CHECK(count(r.ops_after, "MatMul") == 5);  // q, k, v, o, up: nothing to absorb
+    CHECK(count(r.ops_after, "Mul") == 1);     // the gate times up
+    const tg::node& a = g.get(g.get(g.value_named("context")).producer);
+    REQUIRE(a.op == "Attention");
+    CHECK(a.get_int("causal") == 1);
+    CHECK(g.get(a.inputs[1]).shape.to_string() == "[2,2,6,8]");  // K before repeat_kv
+    const tg::node& down = g.get(g.get(g.value_named("y")).producer);
+    const tg::node& gated = g.get(g.get(down.inputs[0]).producer);
+    CHECK(gated.op == "Mul");
+    return r;
+  };
+  SECTION("static batch") {
+    tg::graph g = make_llama_block_exported(2);
+    const auto r = check(g, {});
+    CHECK(count(r.ops_before, "Expand") == 2);
+  }
+  SECTION("symbolic batch bound to 2") {
+    tg::graph g = make_llama_block_exported("batch");
+    tg::optimize_options opt;
+    opt.fold.bindings["batch"] = 2;
+    check(g, opt);
+  }
+  SECTION("symbolic batch unbound: repeat_kv's shapes stay computed, so Attention reads the repeated K and V") {
+    tg::graph g = make_llama_block_exported("batch");
+    const tg::fusion_report r = tg::optimize(g);
+    INFO(r.to_string());
+    CHECK(r.pattern("Attention") == 1);
+    CHECK(r.pattern("RMSNormalization") == 2);
+    CHECK(count(r.ops_after, "Expand") == 2);
+    const tg::node& a = g.get(g.get(g.value_named("context")).producer);
+    CHECK(g.get(g.get(a.inputs[1]).producer).op == "Reshape");
   }
 }
 

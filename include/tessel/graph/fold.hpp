@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -369,7 +370,8 @@ struct evaluator {
     const host_tensor& a = arg(0);
     const dtype to = cast_target();
     if (!foldable_dtype(to)) throw not_foldable{};
-    const bool to_bool = n.get_int("to", 0) == 9;
+    const auto it = n.attributes.find("to");
+    const bool to_bool = it != n.attributes.end() && std::holds_alternative<std::int64_t>(it->second) && std::get<std::int64_t>(it->second) == 9;
     host_tensor r = make(to, a.dims);
     for (std::size_t e = 0; e < a.numel(); ++e) {
       if (r.floating()) {
@@ -719,6 +721,32 @@ inline std::string fresh_node_name(const graph& g, const std::string& base) {
   }
 }
 
+// An attribute as an exact key: doubles to 17 digits (the printer's %g would make 1e-5 and
+// 1.000001e-5 equal), strings with their length.
+inline std::string attribute_key(const attribute& a) {
+  auto num = [](double x) {
+    char buf[40];
+    std::snprintf(buf, sizeof buf, "%.17g", x);
+    return std::string(buf);
+  };
+  auto str = [](const std::string& x) { return std::to_string(x.size()) + ":" + x; };
+  std::string s = std::to_string(a.index()) + "|";
+  switch (a.index()) {
+    case 0: return s + std::to_string(std::get<0>(a));
+    case 1: return s + num(std::get<1>(a));
+    case 2: return s + str(std::get<2>(a));
+    case 3:
+      for (std::int64_t x : std::get<3>(a)) s += std::to_string(x) + ",";
+      return s;
+    case 4:
+      for (double x : std::get<4>(a)) s += num(x) + ",";
+      return s;
+    default:
+      for (const std::string& x : std::get<5>(a)) s += str(x) + ",";
+      return s;
+  }
+}
+
 inline bool onnx_op(const node& n) { return n.domain.empty() || n.domain == "ai.onnx"; }
 
 // A dim's size, from the shape or from a binding of its symbol; -1 when neither knows it.
@@ -836,7 +864,8 @@ inline value_id install_constant(graph& g, value_id old, const host_tensor& t) {
 // name; then gives a Reshape whose computed shape only copies its input's dims in place a constant
 // shape with 0s (so a symbolic batch no longer blocks it). Returns how many nodes were folded plus
 // reshapes simplified; the nodes and constants left unread stay until remove_dead_code.
-inline std::size_t fold_constants(graph& g, const fold_options& opt = {}) {
+namespace detail {
+inline std::size_t fold_sweep(graph& g, const fold_options& opt) {
   std::size_t folded = 0;
   for (node_id id : g.topological_order()) {
     if (!g.contains(id)) continue;
@@ -888,6 +917,20 @@ inline std::size_t fold_constants(graph& g, const fold_options& opt = {}) {
   }
   return folded;
 }
+}  // namespace detail
+
+// One sweep folds what the shapes known at its start allow; a fold makes shapes further down known
+// (a constant Reshape shape gives its output dims, which the next Shape reads), so sweeps repeat,
+// with shapes inferred (ops without a rule left unknown) before each, until one folds nothing.
+inline std::size_t fold_constants(graph& g, const fold_options& opt = {}) {
+  std::size_t total = 0;
+  for (;;) {
+    g.infer_shapes({.allow_unknown_ops = true});
+    const std::size_t n = detail::fold_sweep(g, opt);
+    total += n;
+    if (n == 0) return total;
+  }
+}
 
 // Common subexpression elimination: small constants (up to `max_constant_bytes`: the exporter's
 // repeated scalars, axes and shape pieces) with the same dtype, dims and bytes become one, then nodes
@@ -918,7 +961,7 @@ inline std::size_t eliminate_common_subexpressions(graph& g, std::size_t max_con
     std::string key = n.domain + "::" + n.op + "(";
     for (value_id v : n.inputs) key += v == value_id::none ? std::string("_,") : std::to_string(index_of(v)) + ",";
     key += ")->" + std::to_string(n.outputs.size()) + "{";
-    for (const auto& [k, a] : n.attributes) key += k + "=" + std::to_string(a.index()) + ":" + detail::attribute_to_string(a) + ";";
+    for (const auto& [k, a] : n.attributes) key += k + "=" + detail::attribute_key(a) + ";";
     auto [it, fresh] = seen_node.emplace(std::move(key), id);
     if (fresh) continue;
     const node& first = g.get(it->second);

@@ -703,11 +703,18 @@ inline std::size_t fuse_attention(graph& g) {
     if (!m.single_use(cur)) continue;
     if (const auto add = m.producer(cur, "Add")) {
       const node& an = g.get(*add);
+      // The scores operand: a MatMul's output, or a Mul or Div of one (the mask may be computed too).
+      auto scores_like = [&](value_id s) {
+        if (m.producer(s, "MatMul")) return true;
+        for (const char* op : {"Mul", "Div"})
+          if (const auto p = m.producer(s, op))
+            for (value_id in : g.get(*p).inputs)
+              if (m.producer(in, "MatMul")) return true;
+        return false;
+      };
       std::optional<std::size_t> scores_at;
       for (std::size_t k : {0, 1})
-        if (!scores_at && (m.producer(an.inputs[k], "MatMul") || m.producer(an.inputs[k], "Mul") || m.producer(an.inputs[k], "Div")) &&
-            detail::same_shape(m.shape(an.inputs[k]), ls))
-          scores_at = k;
+        if (!scores_at && scores_like(an.inputs[k])) scores_at = k;
       if (!scores_at) continue;
       const value_id mv = an.inputs[1 - *scores_at];
       if (detail::causal_constant(m, mv, sq, sk, [](double x) { return x == 0.0 ? 1 : detail::very_negative(x) ? 0 : -1; }))
