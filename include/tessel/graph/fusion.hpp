@@ -3,7 +3,8 @@
 // the end of shape_inference.hpp). A pattern fuses only when every interior value has exactly the one
 // reader the pattern expects and is no graph output, its constants have the values and shapes the
 // contract needs, and the fused node passes its shape rule with the type of the value it replaces;
-// the replaced value keeps its name. Each pass returns how many patterns it fused.
+// the replaced value keeps its name. Each pass returns how many patterns it fused. The passes read
+// inferred shapes (which dims match, which axis is last): run infer_shapes first, as optimize does.
 #pragma once
 
 #include <algorithm>
