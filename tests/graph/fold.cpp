@@ -377,7 +377,14 @@ TEST_CASE("graph passes: dead-code removal takes unreachable nodes and unread co
   g.add_node("Relu", "dead1", {"y"}, {"d1"});
   g.add_node("Neg", "dead2", {"d1"}, {"d2"});
   g.mark_output("y");
+  const tg::node_id dead = g.node_named("dead2");
+  const tg::value_id unused = g.value_named("unused");
+  CHECK(g.contains(dead));
+  CHECK(g.contains(unused));
   CHECK(tg::remove_dead_code(g) == 2);
+  CHECK_FALSE(g.contains(dead));
+  CHECK_FALSE(g.contains(unused));
+  CHECK_FALSE(g.contains(static_cast<tg::node_id>(1000)));
   g.verify();
   CHECK(g.node_count() == 1);
   CHECK(g.constants().size() == 1);

@@ -366,6 +366,30 @@ TEST_CASE("graph fusion: MatMul + bias + activation (+ residual) becomes FusedMa
       CHECK(g.node_count() == before);
     }
   }
+  SECTION("Gemm: alpha carries over; transB of a non-constant weight, transA and beta != 1 stay") {
+    for (int k = 0; k < 4; ++k) {
+      CAPTURE(k);
+      tg::graph g = unary_graph("gemm", {8, D});
+      g.add_input("w_in", dtype::f32, {FF, D});
+      weight(g, "w", {D, FF});
+      weight(g, "b", {FF});
+      tg::attribute_map attrs{{"alpha", 0.5}};
+      std::vector<std::string> in{"x", "w", "b"};
+      if (k == 1) attrs["transB"] = std::int64_t{1}, in[1] = "w_in";
+      if (k == 2) attrs["transA"] = std::int64_t{1}, g.add_input("xt", dtype::f32, {D, 8}), in[0] = "xt";
+      if (k == 3) attrs["beta"] = 2.0;
+      g.add_node("Gemm", "fc", in, {"h"}, attrs);
+      g.add_node("Tanh", "act", {"h"}, {"y"});
+      g.mark_output("y");
+      CHECK(run(g, tg::fuse_matmul) == (k == 0 ? 1u : 0u));
+      if (k == 0) {
+        const tg::node& f = only(g, "FusedMatMul");
+        CHECK(f.get_float("alpha") == 0.5);
+        CHECK(f.get_string("activation") == "Tanh");
+        CHECK(input_names(g, f) == std::vector<std::string>{"x", "w", "b"});
+      }
+    }
+  }
   SECTION("a biased product read twice fuses the bias but leaves the activation") {
     tg::graph g = unary_graph("mm", {"batch", D});
     builder b{g};

@@ -170,6 +170,35 @@ TEST_CASE("graph optimize: a LLaMA block (RMSNorm, GQA, SiLU) as the exporter wr
   }
 }
 
+TEST_CASE("graph optimize: ops without a shape rule are left alone, the rest still fuses", "[graph][passes]") {
+  tg::graph g("custom");
+  builder b{g};
+  g.add_input("x", dtype::f32, {"batch", D});
+  weight(g, "w", {D, FF});
+  weight(g, "b", {FF});
+  g.add_node("Scramble", "custom", {"x"}, {"xs"}, {}, "example.custom");
+  g.add_node("Relu", "act", {b.linear("xs", "w", "b")}, {"y"});
+  g.mark_output("y");
+  const tg::fusion_report r = tg::optimize(g);
+  CHECK(r.nodes_after == 2);
+  CHECK(r.pattern("FusedMatMul") == 1);  // the product's shape is unknown; the bias [128] fits w [32, 128]
+  CHECK(count(r.ops_after, "Scramble") == 1);
+  CHECK(g.get(g.value_named("xs")).shape.to_string() == "[*]");
+  CHECK(r.nodes_before == 4);
+
+  tg::graph h("custom_wrong_bias");  // a bias [64] against w [32, 128]: nothing proves it fits
+  builder c{h};
+  h.add_input("x", dtype::f32, {"batch", D});
+  weight(h, "w", {D, FF});
+  weight(h, "b", {64});
+  h.add_node("Scramble", "custom", {"x"}, {"xs"}, {}, "example.custom");
+  h.add_node("Relu", "act", {c.linear("xs", "w", "b")}, {"y"});
+  h.mark_output("y");
+  const tg::fusion_report r2 = tg::optimize(h);
+  CHECK(r2.pattern("FusedMatMul") == 0);
+  CHECK(r2.nodes_after == 4);
+}
+
 TEST_CASE("graph optimize: the report's table", "[graph][passes]") {
   tg::graph g = make_mlp();
   const tg::fusion_report r = tg::optimize(g);

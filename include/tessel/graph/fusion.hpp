@@ -461,22 +461,30 @@ struct epilogue_match {
   bool any() const { return bias != value_id::none || residual != value_id::none || !activation.empty(); }
 };
 
+// `weight`: MatMul's B; when it is [K, N], a bias [N] (or [1]) fits the product whatever A's shape.
 inline epilogue_match match_epilogue(const matcher& m, value_id product, bool want_bias, bool want_residual,
-                                     bool only_relu = false, bool exact_residual = false) {
+                                     bool only_relu = false, bool exact_residual = false, value_id weight = value_id::none) {
   epilogue_match e;
   e.result = product;
   const tensor_shape ps = m.shape(product);
-  if (!ps.rank_known) return e;
+  auto vector_fits = [&](value_id o) {
+    if (weight == value_id::none) return false;
+    const tensor_shape& w = m.shape(weight);
+    const tensor_shape& b = m.shape(o);
+    return w.rank_known && w.rank() == 2 && w.dims[1].known() && b.rank_known && b.rank() == 1 && b.dims[0].known() &&
+           (b.dims[0].size == w.dims[1].size || b.dims[0].size == 1);
+  };
   if (want_bias)
     if (const auto add = m.sole_consumer(e.result, "Add")) {
       const value_id o = matcher::other(m.g.get(*add), e.result);
-      if (o != value_id::none && m.g.get(o).role == value_role::constant && broadcasts_to(m.shape(o), ps)) {
+      if (o != value_id::none && m.g.get(o).role == value_role::constant &&
+          ((ps.rank_known && broadcasts_to(m.shape(o), ps)) || vector_fits(o))) {
         e.bias = o;
         e.result = m.g.get(*add).outputs[0];
         e.nodes.push_back(*add);
       }
     }
-  if (want_residual)
+  if (want_residual && ps.rank_known)
     if (const auto add = m.sole_consumer(e.result, "Add")) {
       const value_id o = matcher::other(m.g.get(*add), e.result);
       const tensor_shape& sum = m.shape(m.g.get(*add).outputs[0]);
@@ -560,7 +568,7 @@ inline std::size_t fuse_matmul(graph& g) {
       if (n.get_int("transB", 0) != 0 && (g.get(B).role != value_role::constant || !detail::read_constant(g.get(B)))) continue;
     }
     const value_id product = n.outputs[0];
-    const detail::epilogue_match e = detail::match_epilogue(m, product, C == value_id::none, true);
+    const detail::epilogue_match e = detail::match_epilogue(m, product, C == value_id::none, true, false, false, gemm ? value_id::none : B);
     if (!e.any()) continue;
     if (gemm && n.get_int("transB", 0) != 0) {
       const auto t = detail::transposed_constant(g, B);
