@@ -679,6 +679,31 @@ class graph {
     return removed;
   }
 
+  // Removes every constant that no node reads and that is not a graph output (what folding leaves
+  // behind); returns how many.
+  std::size_t remove_unused_constants() {
+    std::size_t removed = 0;
+    std::vector<value_id> keep;
+    for (value_id c : constants_) {
+      value& x = values_[index_of(c)];
+      if (x.removed) continue;
+      if (!x.consumers.empty() || x.is_output) {
+        keep.push_back(c);
+        continue;
+      }
+      x.removed = true;
+      x.data.reset();
+      value_by_name_.erase(x.name);
+      ++removed;
+    }
+    constants_ = std::move(keep);
+    return removed;
+  }
+
+  // Whether an id names a live (not removed) node or value: what a pass checks before revisiting one.
+  bool contains(node_id n) const { return index_of(n) < nodes_.size() && !nodes_[index_of(n)].removed; }
+  bool contains(value_id v) const { return index_of(v) < values_.size() && !values_[index_of(v)].removed; }
+
   void rename_value(value_id v, std::string name) {
     value& x = live_value(v);
     if (name == x.name) return;
