@@ -369,6 +369,7 @@ TEST_CASE("FusedMatMul equals MatMul + Add + Add + activation", "[graph][executo
       {{4, 6}, {6, 4}, {4, 1}, {}},                  // a per-row bias: the pass
       {{3, 8}, {8, 5}, {}, {5}},                     // a broadcast residual: the pass
       {{3, 8}, {8, 5}, {}, {}},
+      {{4, 2048}, {2048, 16}, {16}, {4, 16}},        // deep K: the GEMM splits K, the tail runs in its reduce
   };
   for (const auto& c : cases)
     for (const char* act : {"", "Relu", "Gelu", "GeluTanh", "Sigmoid", "Tanh", "Silu"}) {
@@ -554,6 +555,33 @@ TEST_CASE("FusedConv equals Conv + Add + activation", "[graph][executor][fused]"
     const auto yf = run_and_check(f, in, tol, 1e-6);
     const auto yu = run_and_check(u, in, tol, 1e-6);
     check_close(yf.at("y"), from_host(yu.at("y")), 2 * tol, 2e-6, "fused vs unfused");
+  }
+}
+
+TEST_CASE("bf16 compute rounds GEMM and attention inputs to bf16 and stays within its bound", "[graph][executor][bf16]") {
+  tg::compile_options bf;
+  bf.compute = dtype::bf16;
+  for (const auto& [a, b] : std::vector<std::pair<std::vector<std::size_t>, std::vector<std::size_t>>>{{{9, 64}, {64, 33}}, {{2, 3, 40}, {2, 40, 7}}}) {
+    const auto in = rand_inputs({a, b}, 111, 0, 1);
+    // both inputs rounded (2 u_bf16, plus its square) then an f32 accumulation: relative, inputs >= 0
+    const auto y16 = run_and_check(one_node("MatMul", {a, b}), in, 2 * u16 + u16 * u16 + gamma(a.back(), u32) + u32, 0, bf);
+    const auto y32 = run_and_check(one_node("MatMul", {a, b}), in, gamma(a.back(), u32) + u32, 0);
+    CHECK(y16.at("y").data != y32.at("y").data);  // bf16 really ran
+  }
+  run_and_check(one_node("Gemm", {{5, 12}, {7, 12}, {7}}, {{"transB", std::int64_t{1}}}), rand_inputs({{5, 12}, {7, 12}, {7}}, 112, 0, 1),
+                2 * u16 + u16 * u16 + gamma(12, u32) + 2 * u32, 0, bf);
+  for (std::size_t D : {16, 8}) {  // the fused operator and the by-parts path
+    tg::graph f("attn16");
+    f.add_input("q", dtype::f32, {1, 2, 5, D});
+    f.add_input("k", dtype::f32, {1, 2, 6, D});
+    f.add_input("v", dtype::f32, {1, 2, 6, D});
+    f.add_node("Attention", "a", {"q", "k", "v"}, {"y"}, {}, "tessel");
+    f.mark_output("y");
+    const std::map<std::string, rt> in{{"q", rand_rt({1, 2, 5, D}, 1)}, {"k", rand_rt({1, 2, 6, D}, 2)}, {"v", rand_rt({1, 2, 6, D}, 3)}};
+    // scores off by at most 2 u_bf16 sqrt(D) (|q|, |k| <= 1, scale 1/sqrt(D)), probabilities by twice that
+    // relative; V (and P, by parts) rounded: 2 u_bf16 more; |v| <= 1
+    const double tol = 2 * (2 * u16 * std::sqrt(double(D))) + 3 * u16 + 1e-5;
+    run_and_check(f, in, 0, tol, bf);
   }
 }
 
