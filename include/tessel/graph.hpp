@@ -1,9 +1,11 @@
 // Umbrella for tessel's graph layer: the typed graph IR (values with dtypes and possibly symbolic
 // shapes, ONNX-spelled nodes, verification, a printer, rewiring for passes), shape inference for the
-// ONNX operators the reference models use, and the activation memory plan of a graph.
+// ONNX operators the reference models use, the activation memory plan of a graph, and the executor
+// that runs a graph on a device.
 #pragma once
 
 #include <tessel/graph/errors.hpp>
+#include <tessel/graph/executor.hpp>
 #include <tessel/graph/ir.hpp>
 #include <tessel/graph/memory.hpp>
 #include <tessel/graph/shape_inference.hpp>
