@@ -1,0 +1,1127 @@
+// The graph executor's kernels: one builder per op kind that reads the node's attributes and its
+// values' bound shapes once, at compile time, and returns the step that runs it. Steps call tessel's
+// operators where one exists (GEMM with epilogue chains, attention, layer/RMS norm, softmax, GELU)
+// and otherwise simple loops over ranges on the device's workers (each output element computed by
+// one worker, in a fixed order: results do not depend on the worker count).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <tessel/device/device_buffer.hpp>
+#include <tessel/graph/detail/exec_cnn.hpp>
+#include <tessel/graph/detail/exec_support.hpp>
+#include <tessel/graph/ir.hpp>
+#include <tessel/graph/shape_inference.hpp>
+#include <tessel/ops/activation.hpp>
+#include <tessel/ops/attention.hpp>
+#include <tessel/ops/gemm.hpp>
+#include <tessel/ops/norm.hpp>
+#include <tessel/ops/softmax.hpp>
+
+namespace tessel {
+inline namespace v0 {
+namespace graph {
+namespace detail::exec {
+
+// What a step sees when it runs: the device and every value's bytes (by value index).
+template <class Dev>
+struct run_state {
+  Dev& dev;
+  const std::vector<std::byte*>& ptr;
+  std::byte* at(value_id v) const { return ptr[index_of(v)]; }
+  template <class T>
+  T* as(value_id v) const {
+    return reinterpret_cast<T*>(ptr[index_of(v)]);
+  }
+};
+
+template <class Dev>
+using step_fn = std::function<void(const run_state<Dev>&)>;
+
+// What a builder sees: the node, and every value's dtype and bound shape.
+struct build_ctx {
+  const graph& g;
+  const node& n;
+  const std::vector<shape_t>& shapes;  // per value index
+  dtype compute;                       // f32, or bf16 for GEMM/attention inputs
+
+  [[noreturn]] void fail(const std::string& msg, errc code = errc::unsupported) const { throw graph_error(code, n.label() + ": " + msg); }
+  bool has(std::size_t i) const { return i < n.inputs.size() && n.inputs[i] != value_id::none; }
+  bool has_out(std::size_t i) const { return i < n.outputs.size() && n.outputs[i] != value_id::none; }
+  value_id in(std::size_t i) const {
+    if (!has(i)) fail("input " + std::to_string(i) + " is required", errc::invalid_argument);
+    return n.inputs[i];
+  }
+  value_id out(std::size_t i = 0) const { return n.outputs.at(i); }
+  const shape_t& shape(value_id v) const { return shapes[index_of(v)]; }
+  dtype type(value_id v) const { return *g.get(v).type; }
+  const shape_t& in_shape(std::size_t i) const { return shape(in(i)); }
+  dtype in_type(std::size_t i) const { return type(in(i)); }
+  void need_f32(std::size_t i) const {
+    if (in_type(i) != dtype::f32)
+      fail(std::string("input '") + g.get(in(i)).name + "' is " + std::string(dtype_name(in_type(i))) + "; the executor runs this op on f32");
+  }
+  // A constant integer operand (Slice's starts, Reduce's axes, ...).
+  ints const_operand(std::size_t i, std::string_view what) const {
+    auto v = g.constant_ints(in(i));
+    if (!v) fail(std::string(what) + " '" + g.get(in(i)).name + "' is computed at run time; the executor needs it constant");
+    return *v;
+  }
+  std::size_t axis(std::int64_t a, std::size_t rank) const {
+    const auto r = static_cast<std::int64_t>(rank);
+    if (a < -r || a >= r) fail("axis " + std::to_string(a) + " out of range for rank " + std::to_string(rank), errc::out_of_range);
+    return static_cast<std::size_t>(a < 0 ? a + r : a);
+  }
+};
+
+inline std::size_t prod(const shape_t& s, std::size_t b, std::size_t e) {
+  std::size_t p = 1;
+  for (std::size_t i = b; i < e; ++i) p = tessel::detail::mul_checked(p, s[i], "graph executor: element count");
+  return p;
+}
+
+// ---- activations (FusedMatMul/FusedConv's `activation`; the same functions as the epilogues) --------
+
+enum class act_kind : std::uint8_t { none, relu, gelu, gelu_tanh, sigmoid, tanh, silu };
+
+inline act_kind parse_act(const build_ctx& c) {
+  const std::string a = c.n.get_string("activation", "");
+  if (a.empty()) return act_kind::none;
+  if (a == "Relu") return act_kind::relu;
+  if (a == "Gelu") return act_kind::gelu;
+  if (a == "GeluTanh") return act_kind::gelu_tanh;
+  if (a == "Sigmoid") return act_kind::sigmoid;
+  if (a == "Tanh") return act_kind::tanh;
+  if (a == "Silu") return act_kind::silu;
+  c.fail("activation '" + a + "' is not one of '', Relu, Gelu, GeluTanh, Sigmoid, Tanh, Silu");
+}
+
+inline float sigmoid1(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
+inline void apply_act(float* v, std::size_t n, act_kind a) {
+  switch (a) {
+    case act_kind::none: return;
+    case act_kind::relu: arch::math::relu_inplace(v, n); return;
+    case act_kind::gelu: arch::math::gelu_erf_inplace(v, n); return;
+    case act_kind::gelu_tanh: arch::math::gelu_tanh_inplace(v, n); return;
+    case act_kind::silu: arch::math::silu_inplace(v, n); return;
+    case act_kind::sigmoid:
+      for (std::size_t j = 0; j < n; ++j) v[j] = sigmoid1(v[j]);
+      return;
+    case act_kind::tanh:
+      for (std::size_t j = 0; j < n; ++j) v[j] = std::tanh(v[j]);
+      return;
+  }
+}
+
+// FusedMatMul's tail as one epilogue op: v += bias[col]; v += residual(row, col); v = act(v).
+struct fused_tail : epilogue::op_base {
+  const float* bias = nullptr;  // N values, or null
+  const float* res = nullptr;   // (rows, ld) row-major, or null
+  std::size_t ld = 0;
+  act_kind act = act_kind::none;
+  void apply(float* v, std::size_t n, const epilogue::row_info& ri) const {
+    if (bias)
+      for (std::size_t j = 0; j < n; ++j) v[j] += bias[ri.col0 + j];
+    if (res) {
+      const float* r = res + ri.row * ld + ri.col0;
+      for (std::size_t j = 0; j < n; ++j) v[j] += r[j];
+    }
+    apply_act(v, n, act);
+  }
+};
+
+// The same tail as a pass over y (any shape), bias and residual broadcast one way to y's shape.
+template <class Dev>
+void tail_pass(Dev& dev, float* y, const shape_t& ys, const float* bias, const shape_t& bs, const float* res, const shape_t& rs, act_kind act) {
+  const bcast b(ys, {bias ? bs : shape_t{}, res ? rs : shape_t{}});
+  auto body = [&](std::size_t lo, std::size_t hi) {
+    b.for_range(lo, hi, [&](std::size_t i, const std::size_t* off) {
+      float v = y[i];
+      if (bias) v += bias[off[0]];
+      if (res) v += res[off[1]];
+      y[i] = v;
+    });
+    apply_act(y + lo, hi - lo, act);
+  };
+  parallel_for(dev, numel_of(ys), 4096, body);
+}
+
+// ---- GEMM --------------------------------------------------------------------------------------------
+
+template <class Dev>
+device_buffer<bf16, Dev> to_bf16(Dev& dev, const float* x, std::size_t n) {
+  device_buffer<bf16, Dev> b(dev, n);
+  bf16* p = b.data();
+  parallel_for(dev, n, 1 << 14, [&](std::size_t lo, std::size_t hi) {
+    for (std::size_t i = lo; i < hi; ++i) p[i] = bf16(x[i]);
+  });
+  return b;
+}
+
+// C[b] (M,N) = alpha·A[b]·B[b] for b < batch, C contiguous; A[b] at A + a_off[b] (ld K), B[b] at
+// B + b_off[b] (ld N). bf16 compute: A and B rounded to bf16 first, accumulated in f32. K == 0 gives
+// zeros without the epilogue (callers run their tail as a pass then).
+template <class Dev, class Chain = epilogue::chain<>>
+void matmul_run(Dev& dev, dtype compute, std::size_t M, std::size_t N, std::size_t K, float alpha, const float* A, std::size_t a_numel,
+                const std::vector<std::size_t>& a_off, const float* B, std::size_t b_numel, const std::vector<std::size_t>& b_off,
+                float* C, const Chain& ep = {}) {
+  const std::size_t batch = a_off.size();
+  if (K == 0) {
+    std::fill_n(C, batch * M * N, 0.0f);
+    return;
+  }
+  auto go = [&]<class T>(const T* a, const T* b) {
+    if (batch == 1) {
+      gemm(dev, transpose::none, transpose::none, M, N, K, alpha, a + a_off[0], K, b + b_off[0], N, 0.0f, C, N, ep);
+      return;
+    }
+    std::vector<const T*> ap(batch), bp(batch);
+    std::vector<float*> cp(batch);
+    for (std::size_t i = 0; i < batch; ++i) {
+      ap[i] = a + a_off[i];
+      bp[i] = b + b_off[i];
+      cp[i] = C + i * M * N;
+    }
+    gemm_batched(dev, transpose::none, transpose::none, M, N, K, alpha, ap.data(), K, bp.data(), N, 0.0f, cp.data(), N, batch, ep);
+  };
+  if (compute == dtype::bf16) {
+    const auto a16 = to_bf16(dev, A, a_numel);
+    const auto b16 = to_bf16(dev, B, b_numel);
+    go(a16.data(), b16.data());
+  } else {
+    go(A, B);
+  }
+}
+
+// MatMul's geometry with numpy broadcasting: M, N, K, and per output matrix the offsets of its A and B.
+struct matmul_geom {
+  std::size_t M = 0, N = 0, K = 0;
+  std::vector<std::size_t> a_off, b_off;
+};
+
+inline matmul_geom matmul_geometry(const shape_t& as, const shape_t& bs) {
+  shape_t a = as, b = bs;
+  if (a.size() == 1) a.insert(a.begin(), 1);
+  if (b.size() == 1) b.push_back(1);
+  matmul_geom g;
+  g.M = a[a.size() - 2];
+  g.K = a.back();
+  g.N = b.back();
+  const shape_t ab(a.begin(), a.end() - 2), bb(b.begin(), b.end() - 2);
+  const std::size_t bprod = prod(bb, 0, bb.size());
+  if (bprod == 1) {  // B is one matrix: A's batch folds into M (one GEMM over all rows)
+    g.M = tessel::detail::mul_checked(g.M, prod(ab, 0, ab.size()), "graph executor: rows");
+    g.a_off = {0};
+    g.b_off = {0};
+    return g;
+  }
+  shape_t ob(std::max(ab.size(), bb.size()));
+  for (std::size_t k = 0; k < ob.size(); ++k) {
+    const std::size_t da = k < ab.size() ? ab[ab.size() - 1 - k] : 1, db = k < bb.size() ? bb[bb.size() - 1 - k] : 1;
+    ob[ob.size() - 1 - k] = da == 1 ? db : da;
+  }
+  const bcast bc(ob, {ab, bb});
+  const std::size_t count = numel_of(ob);
+  g.a_off.resize(count);
+  g.b_off.resize(count);
+  bc.for_range(0, count, [&](std::size_t i, const std::size_t* off) {
+    g.a_off[i] = off[0] * g.M * g.K;
+    g.b_off[i] = off[1] * g.K * g.N;
+  });
+  return g;
+}
+
+// ---- attention -----------------------------------------------------------------------------------------
+
+// Attention by parts (an additive mask, or head dims the fused operator does not take): scores by
+// a batched GEMM, the mask (and the causal rule) added by softmax, then P·V by a batched GEMM.
+template <class Dev>
+void attention_by_parts(Dev& dev, dtype compute, std::size_t B, std::size_t Hq, std::size_t Hkv, std::size_t Sq, std::size_t Sk, std::size_t D,
+                        std::size_t Dv, float scale, bool causal, const float* q, const float* k, const float* v, const float* mask,
+                        const shape_t& mask_shape, float* o) {
+  const std::size_t mats = B * Hq, rows = mats * Sq, group = Hq / Hkv;
+  device_buffer<float, Dev> s(dev, std::max<std::size_t>(rows * Sk, 1)), p(dev, std::max<std::size_t>(rows * Sk, 1));
+  auto kv_of = [&](std::size_t m) { return (m / Hq) * Hkv + (m % Hq) / group; };
+  auto run = [&]<class T>(const T* qq, const T* kk, const T* vv, const T* pp) {
+    std::vector<const T*> ap(mats), bp(mats);
+    std::vector<float*> cp(mats);
+    for (std::size_t m = 0; m < mats; ++m) {
+      ap[m] = qq + m * Sq * D;
+      bp[m] = kk + kv_of(m) * Sk * D;
+      cp[m] = s.data() + m * Sq * Sk;
+    }
+    if (!pp) {
+      gemm_batched(dev, transpose::none, transpose::yes, Sq, Sk, D, 1.0f, ap.data(), D, bp.data(), D, 0.0f, cp.data(), Sk, mats);
+      return;
+    }
+    for (std::size_t m = 0; m < mats; ++m) {
+      ap[m] = pp + m * Sq * Sk;
+      bp[m] = vv + kv_of(m) * Sk * Dv;
+      cp[m] = o + m * Sq * Dv;
+    }
+    gemm_batched(dev, transpose::none, transpose::none, Sq, Dv, Sk, 1.0f, ap.data(), Sk, bp.data(), Dv, 0.0f, cp.data(), Dv, mats);
+  };
+  if (D == 0) std::fill_n(s.data(), rows * Sk, 0.0f);
+  // the additive mask, broadcast to (B, Hq, Sq, Sk), with the causal rule folded in (bottom-right)
+  device_buffer<float, Dev> mk(dev, (mask || causal) ? std::max<std::size_t>(rows * Sk, 1) : 0);
+  if (mask || causal) {
+    const bcast bc({B, Hq, Sq, Sk}, {mask ? mask_shape : shape_t{}});
+    float* mp = mk.data();
+    parallel_for(dev, rows * Sk, 4096, [&](std::size_t lo, std::size_t hi) {
+      bc.for_range(lo, hi, [&](std::size_t i, const std::size_t* off) {
+        float x = mask ? mask[off[0]] : 0.0f;
+        const std::size_t qi = i / Sk % Sq, kj = i % Sk;
+        if (causal && kj + Sq > qi + Sk) x = -std::numeric_limits<float>::infinity();  // kj > qi + Sk - Sq
+        mp[i] = x;
+      });
+    });
+  }
+  softmax_options so;
+  so.scale = scale;
+  if (mask || causal) so.mask = tensor<const float, 2>(mk.data(), rows, Sk);
+  if (compute == dtype::bf16) {
+    const auto q16 = to_bf16(dev, q, B * Hq * Sq * D), k16 = to_bf16(dev, k, B * Hkv * Sk * D), v16 = to_bf16(dev, v, B * Hkv * Sk * Dv);
+    if (D > 0) run(q16.data(), k16.data(), v16.data(), static_cast<const bf16*>(nullptr));
+    if (rows && Sk) softmax_forward(dev, tensor<const float, 2>(s.data(), rows, Sk), tensor<float, 2>(p.data(), rows, Sk), so);
+    const auto p16 = to_bf16(dev, p.data(), rows * Sk);
+    if (Sk == 0) std::fill_n(o, rows * Dv, 0.0f);
+    else run(q16.data(), k16.data(), v16.data(), p16.data());
+  } else {
+    if (D > 0) run(q, k, v, static_cast<const float*>(nullptr));
+    if (rows && Sk) softmax_forward(dev, tensor<const float, 2>(s.data(), rows, Sk), tensor<float, 2>(p.data(), rows, Sk), so);
+    if (Sk == 0) std::fill_n(o, rows * Dv, 0.0f);
+    else run(q, k, v, static_cast<const float*>(p.data()));
+  }
+}
+
+// ---- elementwise -----------------------------------------------------------------------------------------
+
+template <class Dev>
+step_fn<Dev> build_unary(const build_ctx& c) {
+  const std::string& op = c.n.op;
+  const value_id x = c.in(0), y = c.out();
+  const std::size_t n = numel_of(c.shape(x));
+  const dtype t = c.type(x);
+  step_fn<Dev> fn;
+  auto make = [&]<class T>(T, auto f) {
+    fn = [x, y, n, f](const run_state<Dev>& s) {
+      const T* xp = s.template as<T>(x);
+      T* yp = s.template as<T>(y);
+      parallel_for(s.dev, n, 8192, [&](std::size_t lo, std::size_t hi) {
+        for (std::size_t i = lo; i < hi; ++i) yp[i] = f(xp[i]);
+      });
+    };
+  };
+  if (op == "Abs" || op == "Neg" || op == "Relu") {
+    dispatch_arith(t, c.n, [&]<class T>(T z) {
+      if (op == "Abs") make(z, [](T v) { return v < T(0) ? T(-v) : v; });
+      else if (op == "Neg") make(z, [](T v) { return T(-v); });
+      else make(z, [](T v) { return v > T(0) ? v : (v != v ? v : T(0)); });
+    });
+    return fn;
+  }
+  dispatch_float(t, c.n, [&]<class T>(T z) {
+    if (op == "Ceil") make(z, [](T v) { return std::ceil(v); });
+    else if (op == "Floor") make(z, [](T v) { return std::floor(v); });
+    else if (op == "Sqrt") make(z, [](T v) { return std::sqrt(v); });
+    else if (op == "Exp") make(z, [](T v) { return std::exp(v); });
+    else if (op == "Log") make(z, [](T v) { return std::log(v); });
+    else if (op == "Sin") make(z, [](T v) { return std::sin(v); });
+    else if (op == "Cos") make(z, [](T v) { return std::cos(v); });
+    else if (op == "Tanh") make(z, [](T v) { return std::tanh(v); });
+    else if (op == "Erf") make(z, [](T v) { return std::erf(v); });
+    else if (op == "Reciprocal") make(z, [](T v) { return T(1) / v; });
+    else if (op == "Sigmoid") make(z, [](T v) { return T(1) / (T(1) + std::exp(-v)); });
+    else c.fail("no kernel");
+  });
+  return fn;
+}
+
+// Add Sub Mul Div Max Min Sum Mean Equal Less Greater Pow Where: numpy broadcasting of every input.
+template <class Dev>
+step_fn<Dev> build_broadcast(const build_ctx& c) {
+  const std::string op = c.n.op;
+  const value_id y = c.out();
+  std::vector<value_id> ins;
+  std::vector<shape_t> shapes;
+  for (std::size_t i = 0; i < c.n.inputs.size(); ++i) {
+    ins.push_back(c.in(i));
+    shapes.push_back(c.in_shape(i));
+  }
+  const bcast bc(c.shape(y), shapes);
+  const std::size_t n = numel_of(c.shape(y));
+  step_fn<Dev> fn;
+  if (op == "Where") {
+    const std::size_t es = dtype_size(c.type(y));
+    fn = [=](const run_state<Dev>& s) {
+      const std::uint8_t* cond = s.template as<std::uint8_t>(ins[0]);
+      const std::byte *a = s.at(ins[1]), *b = s.at(ins[2]);
+      std::byte* out = s.at(y);
+      parallel_for(s.dev, n, 4096, [&](std::size_t lo, std::size_t hi) {
+        bc.for_range(lo, hi, [&](std::size_t i, const std::size_t* off) {
+          if (cond[off[0]]) copy_elem(out, i, a, off[1], es);
+          else copy_elem(out, i, b, off[2], es);
+        });
+      });
+    };
+    return fn;
+  }
+  if (op == "Pow") {
+    const dtype te = c.in_type(1);
+    if (!castable(te)) c.fail("exponent dtype " + std::string(dtype_name(te)) + " is not supported");
+    dispatch_float(c.in_type(0), c.n, [&]<class T>(T) {
+      fn = [=](const run_state<Dev>& s) {
+        const T* a = s.template as<T>(ins[0]);
+        const std::byte* e = s.at(ins[1]);
+        T* out = s.template as<T>(y);
+        parallel_for(s.dev, n, 4096, [&](std::size_t lo, std::size_t hi) {
+          bc.for_range(lo, hi, [&](std::size_t i, const std::size_t* off) {
+            out[i] = static_cast<T>(std::pow(static_cast<double>(a[off[0]]), load_double(te, e, off[1])));
+          });
+        });
+      };
+    });
+    return fn;
+  }
+  const bool compare = op == "Equal" || op == "Less" || op == "Greater";
+  dispatch_arith(c.in_type(0), c.n, [&]<class T>(T) {
+    const bool is_int = std::is_integral_v<T>;
+    if (op == "Mean" && is_int) c.fail("Mean of integers is not supported");
+    if (compare) {
+      fn = [=](const run_state<Dev>& s) {
+        const T* a = s.template as<T>(ins[0]);
+        const T* b = s.template as<T>(ins[1]);
+        std::uint8_t* out = s.template as<std::uint8_t>(y);
+        parallel_for(s.dev, n, 4096, [&](std::size_t lo, std::size_t hi) {
+          bc.for_range(lo, hi, [&](std::size_t i, const std::size_t* off) {
+            const T u = a[off[0]], v = b[off[1]];
+            out[i] = op[0] == 'E' ? u == v : op[0] == 'L' ? u < v : u > v;
+          });
+        });
+      };
+      return;
+    }
+    int kind = 0;  // 0 add, 1 sub, 2 mul, 3 div, 4 max, 5 min, 6 mean
+    if (op == "Add" || op == "Sum") kind = 0;
+    else if (op == "Sub") kind = 1;
+    else if (op == "Mul") kind = 2;
+    else if (op == "Div") kind = 3;
+    else if (op == "Max") kind = 4;
+    else if (op == "Min") kind = 5;
+    else if (op == "Mean") kind = 6;
+    else c.fail("no kernel");
+    const std::size_t k = ins.size();
+    const std::string label = c.n.label();
+    fn = [=](const run_state<Dev>& s) {
+      std::vector<const T*> p(k);
+      for (std::size_t j = 0; j < k; ++j) p[j] = s.template as<T>(ins[j]);
+      if constexpr (std::is_integral_v<T>)
+        if (kind == 3)
+          for (std::size_t i = 0, m = numel_of(shapes[1]); i < m; ++i)
+            if (p[1][i] == T(0)) throw graph_error(errc::invalid_argument, label + ": integer division by zero");
+      T* out = s.template as<T>(y);
+      parallel_for(s.dev, n, 4096, [&](std::size_t lo, std::size_t hi) {
+        bc.for_range(lo, hi, [&](std::size_t i, const std::size_t* off) {
+          T acc = p[0][off[0]];
+          for (std::size_t j = 1; j < k; ++j) {
+            const T v = p[j][off[j]];
+            switch (kind) {
+              case 0: case 6: acc = T(acc + v); break;
+              case 1: acc = T(acc - v); break;
+              case 2: acc = T(acc * v); break;
+              case 3: acc = T(acc / v); break;
+              case 4: acc = (v > acc || v != v) ? v : acc; break;
+              default: acc = (v < acc || v != v) ? v : acc; break;
+            }
+          }
+          if (kind == 6) acc = T(acc / T(k));
+          out[i] = acc;
+        });
+      });
+    };
+  });
+  return fn;
+}
+
+template <class Dev>
+step_fn<Dev> build_cast(const build_ctx& c) {
+  const value_id x = c.in(0), y = c.out();
+  const dtype from = c.type(x), to = c.type(y);
+  if (!castable(from) || !castable(to))
+    c.fail("cast from " + std::string(dtype_name(from)) + " to " + std::string(dtype_name(to)) + " is not supported");
+  const std::size_t n = numel_of(c.shape(x));
+  return [=](const run_state<Dev>& s) {
+    const std::byte* xp = s.at(x);
+    std::byte* yp = s.at(y);
+    parallel_for(s.dev, n, 8192, [&](std::size_t lo, std::size_t hi) {
+      for (std::size_t i = lo; i < hi; ++i) store_double(to, yp, i, load_double(from, xp, i));
+    });
+  };
+}
+
+// ---- data movement ------------------------------------------------------------------------------------
+
+// Reshape Flatten Squeeze Unsqueeze Identity Dropout: the same bytes (nothing to do when the plan
+// put the output over its input).
+template <class Dev>
+step_fn<Dev> build_copy(const build_ctx& c) {
+  const value_id x = c.in(0), y = c.out();
+  const std::size_t bytes = numel_of(c.shape(x)) * dtype_size(c.type(x));
+  const value_id mask = c.n.op == "Dropout" && c.has_out(1) ? c.n.outputs[1] : value_id::none;
+  const std::size_t mask_n = mask == value_id::none ? 0 : numel_of(c.shape(mask));
+  return [=](const run_state<Dev>& s) {
+    if (s.at(x) != s.at(y) && bytes) s.dev.copy(s.at(x), s.at(y), bytes);
+    if (mask != value_id::none) std::fill_n(s.template as<std::uint8_t>(mask), mask_n, std::uint8_t{1});  // inference: all kept
+  };
+}
+
+// out[i] = in[base + Σ idx[a] * strides[a]] over out's shape: Transpose, Expand, Slice.
+template <class Dev>
+step_fn<Dev> build_gather_strided(value_id x, value_id y, shape_t out, shape_t strides, std::size_t base, std::size_t es) {
+  bcast bc(out, {shape_t{}});
+  bc.strides[0] = std::move(strides);
+  const std::size_t n = numel_of(out);
+  return [=](const run_state<Dev>& s) {
+    const std::byte* xp = s.at(x);
+    std::byte* yp = s.at(y);
+    parallel_for(s.dev, n, 4096, [&](std::size_t lo, std::size_t hi) {
+      bc.for_range(lo, hi, [&](std::size_t i, const std::size_t* off) { copy_elem(yp, i, xp, base + off[0], es); });
+    });
+  };
+}
+
+template <class Dev>
+step_fn<Dev> build_transpose(const build_ctx& c) {
+  const shape_t& in = c.in_shape(0);
+  const std::size_t r = in.size();
+  ints perm(r);
+  for (std::size_t i = 0; i < r; ++i) perm[i] = static_cast<std::int64_t>(r - 1 - i);
+  perm = c.n.get_ints("perm", perm);
+  const shape_t st = strides_of(in);
+  shape_t ps(r);
+  for (std::size_t a = 0; a < r; ++a) ps[a] = st[static_cast<std::size_t>(perm[a])];
+  return build_gather_strided<Dev>(c.in(0), c.out(), c.shape(c.out()), ps, 0, dtype_size(c.in_type(0)));
+}
+
+template <class Dev>
+step_fn<Dev> build_expand(const build_ctx& c) {
+  const bcast b(c.shape(c.out()), {c.in_shape(0)});
+  return build_gather_strided<Dev>(c.in(0), c.out(), c.shape(c.out()), b.strides[0], 0, dtype_size(c.in_type(0)));
+}
+
+template <class Dev>
+step_fn<Dev> build_slice(const build_ctx& c) {
+  const shape_t& in = c.in_shape(0);
+  const std::size_t r = in.size();
+  ints starts, ends, axes, steps;
+  if (c.n.inputs.size() > 1) {
+    starts = c.const_operand(1, "starts");
+    ends = c.const_operand(2, "ends");
+    if (c.has(3)) axes = c.const_operand(3, "axes");
+    if (c.has(4)) steps = c.const_operand(4, "steps");
+  } else {
+    starts = c.n.get_ints("starts");
+    ends = c.n.get_ints("ends");
+    axes = c.n.get_ints("axes", {});
+  }
+  if (axes.empty())
+    for (std::size_t i = 0; i < starts.size(); ++i) axes.push_back(static_cast<std::int64_t>(i));
+  if (steps.empty()) steps.assign(starts.size(), 1);
+  const shape_t st = strides_of(in);
+  shape_t ss = st;
+  std::size_t base = 0;
+  for (std::size_t i = 0; i < axes.size(); ++i) {
+    const std::size_t a = c.axis(axes[i], r);
+    const auto d = static_cast<std::int64_t>(in[a]);
+    std::int64_t s0 = starts.at(i), sp = steps.at(i);
+    if (s0 < 0) s0 += d;
+    s0 = sp > 0 ? std::clamp<std::int64_t>(s0, 0, d) : std::clamp<std::int64_t>(s0, 0, d - 1);
+    if (c.shape(c.out())[a] > 0) base += static_cast<std::size_t>(s0) * st[a];
+    ss[a] = static_cast<std::size_t>(sp) * st[a];  // a negative step wraps: offsets are taken mod 2^64
+  }
+  return build_gather_strided<Dev>(c.in(0), c.out(), c.shape(c.out()), ss, base, dtype_size(c.in_type(0)));
+}
+
+template <class Dev>
+step_fn<Dev> build_concat(const build_ctx& c) {
+  const shape_t& out = c.shape(c.out());
+  const std::size_t ax = c.axis(c.n.get_int("axis"), out.size());
+  const std::size_t outer = prod(out, 0, ax), es = dtype_size(c.type(c.out()));
+  const std::size_t row = prod(out, ax, out.size()) * es;  // bytes of one outer row of the output
+  std::vector<std::pair<value_id, std::size_t>> parts;     // input, bytes per outer row
+  for (std::size_t i = 0; i < c.n.inputs.size(); ++i) parts.emplace_back(c.in(i), prod(c.in_shape(i), ax, out.size()) * es);
+  const value_id y = c.out();
+  return [=](const run_state<Dev>& s) {
+    std::byte* yp = s.at(y);
+    parallel_for(s.dev, outer, 64, [&](std::size_t lo, std::size_t hi) {
+      for (std::size_t o = lo; o < hi; ++o) {
+        std::size_t at = 0;
+        for (const auto& [v, b] : parts) {
+          if (b) std::memcpy(yp + o * row + at, s.at(v) + o * b, b);
+          at += b;
+        }
+      }
+    });
+  };
+}
+
+template <class Dev>
+step_fn<Dev> build_split(const build_ctx& c) {
+  const shape_t& in = c.in_shape(0);
+  const std::size_t ax = c.axis(c.n.get_int("axis", 0), in.size());
+  const std::size_t outer = prod(in, 0, ax), es = dtype_size(c.in_type(0));
+  const std::size_t row = prod(in, ax, in.size()) * es;
+  std::vector<std::pair<value_id, std::size_t>> parts;
+  for (std::size_t i = 0; i < c.n.outputs.size(); ++i) {
+    const value_id v = c.n.outputs[i];
+    if (v == value_id::none) c.fail("absent output " + std::to_string(i) + ": Split needs every output");
+    parts.emplace_back(v, prod(c.shape(v), ax, in.size()) * es);
+  }
+  const value_id x = c.in(0);
+  return [=](const run_state<Dev>& s) {
+    const std::byte* xp = s.at(x);
+    parallel_for(s.dev, outer, 64, [&](std::size_t lo, std::size_t hi) {
+      for (std::size_t o = lo; o < hi; ++o) {
+        std::size_t at = 0;
+        for (const auto& [v, b] : parts) {
+          if (b) std::memcpy(s.at(v) + o * b, xp + o * row + at, b);
+          at += b;
+        }
+      }
+    });
+  };
+}
+
+template <class Dev>
+step_fn<Dev> build_gather(const build_ctx& c) {
+  const shape_t& in = c.in_shape(0);
+  const std::size_t ax = c.axis(c.n.get_int("axis", 0), in.size());
+  const std::size_t outer = prod(in, 0, ax), inner = prod(in, ax + 1, in.size()) * dtype_size(c.in_type(0));
+  const std::size_t dim = in[ax], ni = numel_of(c.in_shape(1));
+  const dtype it = c.in_type(1);
+  if (it != dtype::i64 && it != dtype::i32) c.fail("indices must be i64 or i32");
+  const value_id x = c.in(0), idx = c.in(1), y = c.out();
+  const std::string label = c.n.label();
+  return [=](const run_state<Dev>& s) {
+    std::vector<std::size_t> at(ni);
+    for (std::size_t j = 0; j < ni; ++j) {
+      std::int64_t k = it == dtype::i64 ? s.template as<std::int64_t>(idx)[j] : s.template as<std::int32_t>(idx)[j];
+      if (k < -static_cast<std::int64_t>(dim) || k >= static_cast<std::int64_t>(dim))
+        throw graph_error(errc::out_of_range, label + ": index " + std::to_string(k) + " is out of range for an axis of " + std::to_string(dim));
+      at[j] = static_cast<std::size_t>(k < 0 ? k + static_cast<std::int64_t>(dim) : k);
+    }
+    const std::byte* xp = s.at(x);
+    std::byte* yp = s.at(y);
+    parallel_for(s.dev, outer * ni, 64, [&](std::size_t lo, std::size_t hi) {
+      for (std::size_t r = lo; r < hi; ++r) {
+        const std::size_t o = r / ni, j = r % ni;
+        if (inner) std::memcpy(yp + r * inner, xp + (o * dim + at[j]) * inner, inner);
+      }
+    });
+  };
+}
+
+template <class Dev>
+step_fn<Dev> build_shape(const build_ctx& c) {
+  const shape_t& in = c.in_shape(0);
+  const auto r = static_cast<std::int64_t>(in.size());
+  auto clampi = [r](std::int64_t x) { return std::clamp<std::int64_t>(x < 0 ? x + r : x, 0, r); };
+  const std::int64_t b = clampi(c.n.get_int("start", 0)), e = clampi(c.n.get_int("end", r));
+  std::vector<std::int64_t> v;
+  for (std::int64_t i = b; i < e; ++i) v.push_back(static_cast<std::int64_t>(in[static_cast<std::size_t>(i)]));
+  const value_id y = c.out();
+  return [=](const run_state<Dev>& s) { std::copy(v.begin(), v.end(), s.template as<std::int64_t>(y)); };
+}
+
+template <class Dev>
+step_fn<Dev> build_constant(const build_ctx& c) {
+  const std::string& key = c.n.attributes.begin()->first;
+  std::vector<std::byte> bytes;
+  auto put = [&]<class T>(const std::vector<T>& v) {
+    bytes.resize(v.size() * sizeof(T));
+    if (!v.empty()) std::memcpy(bytes.data(), v.data(), bytes.size());
+  };
+  if (key == "value_int") put(std::vector<std::int64_t>{c.n.get_int(key)});
+  else if (key == "value_ints") put(c.n.get_ints(key));
+  else if (key == "value_float") put(std::vector<float>{static_cast<float>(c.n.get_float(key))});
+  else if (key == "value_floats") {
+    std::vector<float> f;
+    for (double d : c.n.get_floats(key)) f.push_back(static_cast<float>(d));
+    put(f);
+  } else c.fail("attribute '" + key + "' is not taken");
+  const value_id y = c.out();
+  return [=](const run_state<Dev>& s) {
+    if (!bytes.empty()) std::memcpy(s.at(y), bytes.data(), bytes.size());
+  };
+}
+
+// ---- reductions, softmax --------------------------------------------------------------------------
+
+template <class Dev>
+step_fn<Dev> build_reduce(const build_ctx& c) {
+  const shape_t& in = c.in_shape(0);
+  const std::size_t r = in.size();
+  ints a;
+  if (c.n.has_attribute("axes")) a = c.n.get_ints("axes");
+  else if (c.has(1)) a = c.const_operand(1, "axes");
+  std::vector<char> red(r, 0);
+  if (a.empty()) {  // every axis, unless noop_with_empty_axes
+    if (c.n.get_int("noop_with_empty_axes", 0) == 0) std::fill(red.begin(), red.end(), char{1});
+  } else {
+    for (std::int64_t x : a) red[c.axis(x, r)] = 1;
+  }
+  const shape_t st = strides_of(in);
+  // offsets of the reduced box, and of each output element's corner
+  std::vector<std::size_t> box{0};
+  shape_t kept_dims, kept_strides;
+  for (std::size_t ax = 0; ax < r; ++ax) {
+    if (red[ax]) {
+      std::vector<std::size_t> nb;
+      for (std::size_t b : box)
+        for (std::size_t i = 0; i < in[ax]; ++i) nb.push_back(b + i * st[ax]);
+      box = std::move(nb);
+    } else {
+      kept_dims.push_back(in[ax]);
+      kept_strides.push_back(st[ax]);
+    }
+  }
+  bcast corner(kept_dims, {shape_t{}});
+  corner.strides[0] = kept_strides;
+  const std::size_t n_out = numel_of(kept_dims);
+  const std::string op = c.n.op;
+  const value_id x = c.in(0), y = c.out();
+  step_fn<Dev> fn;
+  dispatch_arith(c.in_type(0), c.n, [&]<class T>(T) {
+    fn = [=](const run_state<Dev>& s) {
+      const T* xp = s.template as<T>(x);
+      T* yp = s.template as<T>(y);
+      parallel_for(s.dev, n_out, 64, [&](std::size_t lo, std::size_t hi) {
+        corner.for_range(lo, hi, [&](std::size_t i, const std::size_t* off) {
+          using A = std::conditional_t<std::is_floating_point_v<T>, double, T>;
+          A acc{};
+          if (op == "ReduceProd") acc = A(1);
+          if (op == "ReduceMax") acc = box.empty() ? A(0) : A(xp[off[0] + box[0]]);
+          if (op == "ReduceMin") acc = box.empty() ? A(0) : A(xp[off[0] + box[0]]);
+          if (op == "ReduceMax" && std::is_floating_point_v<T> && box.empty()) acc = -std::numeric_limits<A>::infinity();
+          if (op == "ReduceMin" && std::is_floating_point_v<T> && box.empty()) acc = std::numeric_limits<A>::infinity();
+          for (std::size_t b : box) {
+            const A v = A(xp[off[0] + b]);
+            if (op == "ReduceSum" || op == "ReduceMean") acc = A(acc + v);
+            else if (op == "ReduceProd") acc = A(acc * v);
+            else if (op == "ReduceMax") acc = (v > acc || v != v) ? v : acc;
+            else acc = (v < acc || v != v) ? v : acc;
+          }
+          if (op == "ReduceMean") acc = box.empty() ? A(0) : A(acc / A(box.size()));
+          yp[i] = static_cast<T>(acc);
+        });
+      });
+    };
+  });
+  return fn;
+}
+
+template <class Dev>
+step_fn<Dev> build_softmax(const build_ctx& c) {
+  c.need_f32(0);
+  const shape_t& in = c.in_shape(0);
+  const std::size_t ax = c.axis(c.n.get_int("axis", -1), in.size());
+  const std::size_t outer = prod(in, 0, ax), len = in[ax], inner = prod(in, ax + 1, in.size());
+  const bool log = c.n.op == "LogSoftmax";
+  const value_id x = c.in(0), y = c.out();
+  if (!log && inner == 1)  // the last axis: tessel's softmax operator
+    return [=](const run_state<Dev>& s) {
+      if (outer && len) softmax_forward(s.dev, tensor<const float, 2>(s.template as<float>(x), outer, len), tensor<float, 2>(s.template as<float>(y), outer, len));
+    };
+  return [=](const run_state<Dev>& s) {
+    const float* xp = s.template as<float>(x);
+    float* yp = s.template as<float>(y);
+    parallel_for(s.dev, outer * inner, 16, [&](std::size_t lo, std::size_t hi) {
+      for (std::size_t r = lo; r < hi; ++r) {
+        const std::size_t base = (r / inner) * len * inner + r % inner;
+        float m = -std::numeric_limits<float>::infinity();
+        for (std::size_t k = 0; k < len; ++k) m = std::max(m, xp[base + k * inner]);
+        double sum = 0;
+        for (std::size_t k = 0; k < len; ++k) sum += std::exp(static_cast<double>(xp[base + k * inner]) - m);
+        const double ls = std::log(sum);
+        for (std::size_t k = 0; k < len; ++k) {
+          const double z = static_cast<double>(xp[base + k * inner]) - m;
+          yp[base + k * inner] = static_cast<float>(log ? z - ls : std::exp(z) / sum);
+        }
+      }
+    });
+  };
+}
+
+// ---- norms ----------------------------------------------------------------------------------------------
+
+// A norm's scale or bias expanded to the `n` values of one normalized row (it broadcasts one way).
+inline std::vector<float> expand_param(const float* p, const shape_t& ps, const shape_t& normalized) {
+  const std::size_t n = numel_of(normalized);
+  std::vector<float> v(n);
+  const bcast b(normalized, {ps});
+  b.for_range(0, n, [&](std::size_t i, const std::size_t* off) { v[i] = p[off[0]]; });
+  return v;
+}
+
+// LayerNormalization RMSNormalization SkipLayerNormalization SkipRMSNormalization.
+template <class Dev>
+step_fn<Dev> build_norm(const build_ctx& c) {
+  const std::string& op = c.n.op;
+  const bool skip = op.rfind("Skip", 0) == 0;
+  const bool rms = op.find("RMS") != std::string::npos;
+  const std::size_t scale_in = skip ? 2 : 1;
+  const std::size_t bias_in = rms ? 99 : scale_in + 1;
+  for (std::size_t i = 0; i < c.n.inputs.size(); ++i)
+    if (c.has(i)) c.need_f32(i);
+  const shape_t& xs = c.in_shape(0);
+  const std::size_t ax = c.axis(c.n.get_int("axis", -1), xs.size());
+  const shape_t normalized(xs.begin() + static_cast<std::ptrdiff_t>(ax), xs.end());
+  const std::size_t rows = prod(xs, 0, ax), n = prod(xs, ax, xs.size());
+  norm_options o;
+  o.eps = static_cast<float>(c.n.get_float("epsilon", 1e-5));
+  const value_id x = c.in(0), y = c.out(), scale = c.in(scale_in);
+  const value_id bias = c.has(bias_in) ? c.in(bias_in) : value_id::none;
+  const value_id skv = skip ? c.in(1) : value_id::none;
+  const shape_t scale_s = c.shape(scale), bias_s = bias == value_id::none ? shape_t{} : c.shape(bias);
+  const shape_t skip_s = skip ? c.shape(skv) : shape_t{};
+  const bool skip_full = skip && numel_of(skip_s) == rows * n;
+  // LayerNormalization's optional outputs 1 and 2 are the mean and the inverse std dev (f32)
+  const value_id mean_out = !skip && !rms && c.has_out(1) ? c.n.outputs[1] : value_id::none;
+  const value_id rstd_out = !skip && !rms && c.has_out(2) ? c.n.outputs[2] : value_id::none;
+  const value_id sum_out = skip && c.has_out(1) ? c.n.outputs[1] : value_id::none;
+  return [=](const run_state<Dev>& s) {
+    if (rows == 0) return;
+    const std::vector<float> w = expand_param(s.template as<float>(scale), scale_s, normalized);
+    const std::vector<float> b = bias == value_id::none ? std::vector<float>{} : expand_param(s.template as<float>(bias), bias_s, normalized);
+    tensor<const float, 2> res{};
+    device_buffer<float, Dev> skip_full_buf;
+    if (skip) {
+      if (skip_full) {
+        res = tensor<const float, 2>(s.template as<float>(skv), rows, n);
+      } else {  // a broadcast skip: materialize it
+        skip_full_buf = device_buffer<float, Dev>(s.dev, rows * n);
+        const bcast bc(xs, {skip_s});
+        const float* sp = s.template as<float>(skv);
+        float* dp = skip_full_buf.data();
+        bc.for_range(0, rows * n, [&](std::size_t i, const std::size_t* off) { dp[i] = sp[off[0]]; });
+        res = tensor<const float, 2>(dp, rows, n);
+      }
+    }
+    const tensor<const float, 2> xt(s.template as<float>(x), rows, n);
+    const tensor<float, 2> yt(s.template as<float>(y), rows, n);
+    const tensor<float, 2> ht = sum_out == value_id::none ? tensor<float, 2>{} : tensor<float, 2>(s.template as<float>(sum_out), rows, n);
+    const std::span<float> mean = mean_out == value_id::none ? std::span<float>{} : std::span<float>(s.template as<float>(mean_out), rows);
+    const std::span<float> rstd = rstd_out == value_id::none ? std::span<float>{} : std::span<float>(s.template as<float>(rstd_out), rows);
+    if (rms) rmsnorm_forward(s.dev, xt, std::span<const float>(w), yt, std::span<float>{}, o, res, ht);
+    else layernorm_forward(s.dev, xt, std::span<const float>(w), std::span<const float>(b), yt, mean, rstd, o, res, ht);
+  };
+}
+
+
+// ---- GEMM family ----------------------------------------------------------------------------------------
+
+// Whether `bs` is a per-column bias of an (., N) product: N values along the last axis.
+inline bool per_column(const shape_t& bs, std::size_t N) {
+  return numel_of(bs) == N && (bs.empty() ? N == 1 : bs.back() == N);
+}
+
+// MatMul, and FusedMatMul: Y = act(alpha·(A @ B) + bias + residual). When B is one matrix (A's
+// batch folds into the rows), the bias is per column and the residual has Y's shape, the tail runs
+// as one epilogue op of the GEMM; otherwise the GEMM writes the product and one pass adds the tail.
+template <class Dev>
+step_fn<Dev> build_matmul(const build_ctx& c) {
+  const bool fused = c.n.op == "FusedMatMul";
+  for (std::size_t i = 0; i < c.n.inputs.size(); ++i)
+    if (c.has(i)) c.need_f32(i);
+  const matmul_geom geom = matmul_geometry(c.in_shape(0), c.in_shape(1));
+  const float alpha = fused ? static_cast<float>(c.n.get_float("alpha", 1.0)) : 1.0f;
+  const act_kind act = fused ? parse_act(c) : act_kind::none;
+  const value_id a = c.in(0), b = c.in(1), y = c.out();
+  const value_id bias = fused && c.has(2) ? c.in(2) : value_id::none;
+  const value_id res = fused && c.has(3) ? c.in(3) : value_id::none;
+  const shape_t ys = c.shape(y);
+  const shape_t bs = bias == value_id::none ? shape_t{} : c.shape(bias), rs = res == value_id::none ? shape_t{} : c.shape(res);
+  const std::size_t an = numel_of(c.in_shape(0)), bn = numel_of(c.in_shape(1));
+  const dtype compute = c.compute;
+  const bool in_epilogue = geom.a_off.size() == 1 && geom.K > 0 && (bias == value_id::none || per_column(bs, geom.N)) &&
+                           (res == value_id::none || numel_of(rs) == numel_of(ys));
+  const bool tail = bias != value_id::none || res != value_id::none || act != act_kind::none;
+  return [=](const run_state<Dev>& s) {
+    const float* ap = s.template as<float>(a);
+    const float* bp = s.template as<float>(b);
+    float* yp = s.template as<float>(y);
+    const float* biasp = bias == value_id::none ? nullptr : s.template as<float>(bias);
+    const float* resp = res == value_id::none ? nullptr : s.template as<float>(res);
+    if (tail && in_epilogue) {
+      fused_tail ft;
+      ft.bias = biasp;
+      ft.res = resp;
+      ft.ld = geom.N;
+      ft.act = act;
+      matmul_run(s.dev, compute, geom.M, geom.N, geom.K, alpha, ap, an, geom.a_off, bp, bn, geom.b_off, yp, epilogue::chain<fused_tail>{std::tuple<fused_tail>(ft)});
+      return;
+    }
+    matmul_run(s.dev, compute, geom.M, geom.N, geom.K, alpha, ap, an, geom.a_off, bp, bn, geom.b_off, yp);
+    if (tail) tail_pass(s.dev, yp, ys, biasp, bs, resp, rs, act);
+  };
+}
+
+// Gemm: Y = alpha·op(A)·op(B) + beta·C, C broadcast one way to (M, N).
+template <class Dev>
+step_fn<Dev> build_gemm(const build_ctx& c) {
+  for (std::size_t i = 0; i < c.n.inputs.size(); ++i)
+    if (c.has(i)) c.need_f32(i);
+  const bool ta = c.n.get_int("transA", 0) != 0, tb = c.n.get_int("transB", 0) != 0;
+  const float alpha = static_cast<float>(c.n.get_float("alpha", 1.0)), beta = static_cast<float>(c.n.get_float("beta", 1.0));
+  const shape_t& as = c.in_shape(0);
+  const shape_t& bs = c.in_shape(1);
+  const std::size_t M = ta ? as[1] : as[0], K = ta ? as[0] : as[1], N = tb ? bs[0] : bs[1];
+  const value_id a = c.in(0), b = c.in(1), y = c.out();
+  const value_id cv = c.has(2) && beta != 0.0f ? c.in(2) : value_id::none;
+  const shape_t cs = cv == value_id::none ? shape_t{} : c.shape(cv);
+  const std::size_t an = numel_of(as), bn = numel_of(bs);
+  const dtype compute = c.compute;
+  return [=](const run_state<Dev>& s) {
+    float* yp = s.template as<float>(y);
+    if (cv != value_id::none) {  // Y = C (broadcast), then the GEMM adds alpha·AB to beta·Y
+      const float* cp = s.template as<float>(cv);
+      const bcast bc({M, N}, {cs});
+      parallel_for(s.dev, M * N, 4096, [&](std::size_t lo, std::size_t hi) {
+        bc.for_range(lo, hi, [&](std::size_t i, const std::size_t* off) { yp[i] = cp[off[0]]; });
+      });
+    }
+    const float bt = cv == value_id::none ? 0.0f : beta;
+    if (K == 0) {
+      for (std::size_t i = 0; i < M * N; ++i) yp[i] = bt == 0.0f ? 0.0f : bt * yp[i];
+      return;
+    }
+    const transpose tA = ta ? transpose::yes : transpose::none, tB = tb ? transpose::yes : transpose::none;
+    const std::size_t lda = ta ? M : K, ldb = tb ? K : N;
+    if (compute == dtype::bf16) {
+      const auto a16 = to_bf16(s.dev, s.template as<float>(a), an), b16 = to_bf16(s.dev, s.template as<float>(b), bn);
+      gemm(s.dev, tA, tB, M, N, K, alpha, static_cast<const bf16*>(a16.data()), lda, static_cast<const bf16*>(b16.data()), ldb, bt, yp, N);
+    } else {
+      gemm(s.dev, tA, tB, M, N, K, alpha, static_cast<const float*>(s.template as<float>(a)), lda, static_cast<const float*>(s.template as<float>(b)), ldb, bt, yp, N);
+    }
+  };
+}
+
+// Attention: tessel's fused attention when it takes the shape (no additive mask, head dim a multiple
+// of 16 up to 256, Dv = D), by parts otherwise.
+template <class Dev>
+step_fn<Dev> build_attention(const build_ctx& c) {
+  for (std::size_t i = 0; i < c.n.inputs.size(); ++i)
+    if (c.has(i)) c.need_f32(i);
+  const shape_t& qs = c.in_shape(0);
+  const shape_t& ks = c.in_shape(1);
+  const shape_t& vs = c.in_shape(2);
+  const std::size_t B = qs[0], Hq = qs[1], Sq = qs[2], D = qs[3], Hkv = ks[1], Sk = ks[2], Dv = vs[3];
+  if (Hkv == 0 || Hq % Hkv != 0) c.fail("query heads are not a multiple of key/value heads", errc::invalid_argument);
+  const float scale = static_cast<float>(c.n.get_float("scale", D ? 1.0 / std::sqrt(static_cast<double>(D)) : 1.0));
+  const bool causal = c.n.get_int("causal", 0) != 0;
+  const value_id q = c.in(0), k = c.in(1), v = c.in(2), y = c.out();
+  const value_id mask = c.has(3) ? c.in(3) : value_id::none;
+  const shape_t ms = mask == value_id::none ? shape_t{} : c.shape(mask);
+  const bool fused = mask == value_id::none && D > 0 && D % 16 == 0 && D <= 256 && Dv == D && scale != 0.0f && Sq > 0 && Sk > 0;
+  const dtype compute = c.compute;
+  return [=](const run_state<Dev>& s) {
+    const float* qp = s.template as<float>(q);
+    const float* kp = s.template as<float>(k);
+    const float* vp = s.template as<float>(v);
+    float* op = s.template as<float>(y);
+    if (!fused) {
+      attention_by_parts(s.dev, compute, B, Hq, Hkv, Sq, Sk, D, Dv, scale, causal, qp, kp, vp,
+                         mask == value_id::none ? nullptr : s.template as<float>(mask), ms, op);
+      return;
+    }
+    attention_shape sh;
+    sh.batch = B;
+    sh.seq_q = Sq;
+    sh.seq_kv = Sk;
+    sh.heads_q = Hq;
+    sh.heads_kv = Hkv;
+    sh.head_dim = D;
+    sh.layout = attention_layout::bhsd;
+    attention_options o;
+    o.scale = scale;
+    o.causal = causal;
+    o.align = mask_align::bottom_right;
+    const std::size_t nq = B * Hq * Sq * D, nk = B * Hkv * Sk * D;
+    if (compute == dtype::bf16) {
+      const auto q16 = to_bf16(s.dev, qp, nq), k16 = to_bf16(s.dev, kp, nk), v16 = to_bf16(s.dev, vp, nk);
+      attention_forward(s.dev, sh, std::span<const bf16>(q16.data(), nq), std::span<const bf16>(k16.data(), nk), std::span<const bf16>(v16.data(), nk),
+                        std::span<float>(op, nq), std::span<float>{}, o);
+    } else {
+      attention_forward(s.dev, sh, std::span<const float>(qp, nq), std::span<const float>(kp, nk), std::span<const float>(vp, nk), std::span<float>(op, nq),
+                        std::span<float>{}, o);
+    }
+  };
+}
+
+template <class Dev>
+step_fn<Dev> build_gelu(const build_ctx& c) {
+  c.need_f32(0);
+  const gelu_approx ap = c.n.get_string("approximate", "none") == "tanh" ? gelu_approx::tanh : gelu_approx::erf;
+  const value_id x = c.in(0), y = c.out();
+  const std::size_t n = numel_of(c.in_shape(0));
+  return [=](const run_state<Dev>& s) {
+    gelu_forward(s.dev, std::span<const float>(s.template as<float>(x), n), std::span<float>(s.template as<float>(y), n), ap);
+  };
+}
+
+// ---- CNN ops (their kernels: exec_cnn.hpp, the seam for ops::conv2d) --------------------------------
+
+// The 2-D window of a Conv or pool node over input shape `xs` (1-D spatial runs as H = 1).
+inline window2d window_of(const build_ctx& c, const shape_t& xs, const shape_t& ys, const shape_t& kernel) {
+  const std::size_t ns = xs.size() - 2;
+  if (ns != 1 && ns != 2) c.fail("only 1-D and 2-D windows are supported (input rank " + std::to_string(xs.size()) + ")");
+  const ints strides = c.n.get_ints("strides", ints(ns, 1)), dil = c.n.get_ints("dilations", ints(ns, 1));
+  ints pads = c.n.get_ints("pads", ints(2 * ns, 0));
+  const std::string auto_pad = c.n.get_string("auto_pad", "NOTSET");
+  if (auto_pad == "VALID") pads.assign(2 * ns, 0);
+  if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER")
+    for (std::size_t i = 0; i < ns; ++i) {
+      const auto in = static_cast<std::int64_t>(xs[2 + i]), out = static_cast<std::int64_t>(ys[2 + i]);
+      const std::int64_t total = std::max<std::int64_t>(0, (out - 1) * strides[i] + (static_cast<std::int64_t>(kernel[i]) - 1) * dil[i] + 1 - in);
+      const std::int64_t small = total / 2, large = total - small;
+      pads[i] = auto_pad == "SAME_UPPER" ? small : large;
+      pads[ns + i] = total - pads[i];
+    }
+  window2d g;
+  g.n = xs[0];
+  g.c = xs[1];
+  const std::size_t o = ns == 2 ? 0 : 1;  // 1-D: the only axis is W
+  auto u = [](std::int64_t v) { return static_cast<std::size_t>(v); };
+  g.h = ns == 2 ? xs[2] : 1;
+  g.w = xs[xs.size() - 1];
+  g.oh = ns == 2 ? ys[2] : 1;
+  g.ow = ys[ys.size() - 1];
+  if (ns == 2) {
+    g.kh = kernel[0];
+    g.sh = u(strides[0]);
+    g.dh = u(dil[0]);
+    g.ph = static_cast<std::ptrdiff_t>(pads[0]);
+    g.ph_end = static_cast<std::ptrdiff_t>(pads[2]);
+  }
+  g.kw = kernel[1 - o];
+  g.sw = u(strides[1 - o]);
+  g.dw = u(dil[1 - o]);
+  g.pw = static_cast<std::ptrdiff_t>(pads[1 - o]);
+  g.pw_end = static_cast<std::ptrdiff_t>(pads[ns + 1 - o]);
+  return g;
+}
+
+// Conv and FusedConv (Y = act(Conv(X, W, B) + Z)).
+template <class Dev>
+step_fn<Dev> build_conv(const build_ctx& c) {
+  for (std::size_t i = 0; i < c.n.inputs.size(); ++i)
+    if (c.has(i)) c.need_f32(i);
+  const shape_t& xs = c.in_shape(0);
+  const shape_t& ws = c.in_shape(1);
+  const shape_t ys = c.shape(c.out());
+  const shape_t kernel(ws.begin() + 2, ws.end());
+  const window2d g = window_of(c, xs, ys, kernel);
+  const auto group = static_cast<std::size_t>(c.n.get_int("group", 1));
+  const std::size_t m = ws[0];
+  const bool fused = c.n.op == "FusedConv";
+  const act_kind act = fused ? parse_act(c) : act_kind::none;
+  const value_id x = c.in(0), w = c.in(1), y = c.out();
+  const value_id b = c.has(2) ? c.in(2) : value_id::none;
+  const value_id z = fused && c.has(3) ? c.in(3) : value_id::none;
+  return [=](const run_state<Dev>& s) {
+    float* yp = s.template as<float>(y);
+    conv_nchw(s.dev, g, m, group, s.template as<float>(x), s.template as<float>(w), b == value_id::none ? nullptr : s.template as<float>(b), yp);
+    if (z != value_id::none || act != act_kind::none)
+      tail_pass(s.dev, yp, ys, nullptr, shape_t{}, z == value_id::none ? nullptr : s.template as<float>(z), ys, act);
+  };
+}
+
+template <class Dev>
+step_fn<Dev> build_pool(const build_ctx& c) {
+  c.need_f32(0);
+  const std::string& op = c.n.op;
+  const value_id x = c.in(0), y = c.out();
+  const shape_t& xs = c.in_shape(0);
+  if (op == "GlobalAveragePool" || op == "GlobalMaxPool") {
+    const std::size_t planes = xs[0] * xs[1], hw = prod(xs, 2, xs.size());
+    const bool max = op == "GlobalMaxPool";
+    return [=](const run_state<Dev>& s) { global_pool_nchw(s.dev, planes, hw, max, s.template as<float>(x), s.template as<float>(y)); };
+  }
+  if (c.has_out(1)) c.fail("MaxPool's indices output is not supported");
+  const ints k = c.n.get_ints("kernel_shape");
+  const window2d g = window_of(c, xs, c.shape(y), shape_t(k.begin(), k.end()));
+  const bool max = op == "MaxPool", include_pad = c.n.get_int("count_include_pad", 0) != 0;
+  return [=](const run_state<Dev>& s) { pool_nchw(s.dev, g, max, include_pad, s.template as<float>(x), s.template as<float>(y)); };
+}
+
+template <class Dev>
+step_fn<Dev> build_batch_norm(const build_ctx& c) {
+  for (std::size_t i = 0; i < 5; ++i) c.need_f32(i);
+  const shape_t& xs = c.in_shape(0);
+  const std::size_t n = xs[0], ch = xs[1], hw = prod(xs, 2, xs.size());
+  const double eps = c.n.get_float("epsilon", 1e-5);
+  const value_id x = c.in(0), sc = c.in(1), b = c.in(2), mean = c.in(3), var = c.in(4), y = c.out();
+  return [=](const run_state<Dev>& s) {
+    batch_norm_nchw(s.dev, n, ch, hw, eps, s.template as<float>(x), s.template as<float>(sc), s.template as<float>(b), s.template as<float>(mean),
+                    s.template as<float>(var), s.template as<float>(y));
+  };
+}
+
+// ---- dispatch ------------------------------------------------------------------------------------------
+
+template <class Dev>
+step_fn<Dev> build_step(const build_ctx& c) {
+  const std::string& op = c.n.op;
+  if (c.n.domain == fused_domain) {
+    if (op == "FusedMatMul") return build_matmul<Dev>(c);
+    if (op == "Attention") return build_attention<Dev>(c);
+    if (op == "RMSNormalization" || op == "SkipLayerNormalization" || op == "SkipRMSNormalization") return build_norm<Dev>(c);
+    if (op == "FusedConv") return build_conv<Dev>(c);
+    c.fail("no kernel for tessel::" + op);
+  }
+  if (!c.n.domain.empty() && c.n.domain != "ai.onnx") c.fail("no kernel for domain '" + c.n.domain + "'");
+  static constexpr std::string_view unary[] = {"Abs", "Ceil", "Cos", "Erf", "Exp", "Floor", "Log", "Neg", "Reciprocal", "Relu", "Sigmoid", "Sin",
+                                               "Sqrt", "Tanh"};
+  static constexpr std::string_view bcast_ops[] = {"Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "Mean", "Equal", "Less", "Greater", "Pow", "Where"};
+  static constexpr std::string_view copies[] = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"};
+  auto in = [&](const auto& list) { return std::find(std::begin(list), std::end(list), std::string_view(op)) != std::end(list); };
+  if (in(unary)) return build_unary<Dev>(c);
+  if (in(bcast_ops)) return build_broadcast<Dev>(c);
+  if (in(copies)) return build_copy<Dev>(c);
+  if (op == "Cast") return build_cast<Dev>(c);
+  if (op == "Gelu") return build_gelu<Dev>(c);
+  if (op == "Transpose") return build_transpose<Dev>(c);
+  if (op == "Expand") return build_expand<Dev>(c);
+  if (op == "Slice") return build_slice<Dev>(c);
+  if (op == "Concat") return build_concat<Dev>(c);
+  if (op == "Split") return build_split<Dev>(c);
+  if (op == "Gather") return build_gather<Dev>(c);
+  if (op == "Shape") return build_shape<Dev>(c);
+  if (op == "Constant") return build_constant<Dev>(c);
+  if (op.rfind("Reduce", 0) == 0) return build_reduce<Dev>(c);
+  if (op == "Softmax" || op == "LogSoftmax") return build_softmax<Dev>(c);
+  if (op == "LayerNormalization") return build_norm<Dev>(c);
+  if (op == "MatMul") return build_matmul<Dev>(c);
+  if (op == "Gemm") return build_gemm<Dev>(c);
+  if (op == "Conv") return build_conv<Dev>(c);
+  if (op == "MaxPool" || op == "AveragePool" || op == "GlobalAveragePool" || op == "GlobalMaxPool") return build_pool<Dev>(c);
+  if (op == "BatchNormalization") return build_batch_norm<Dev>(c);
+  c.fail("no kernel for op '" + op + "'");
+}
+
+}  // namespace detail::exec
+}  // namespace graph
+}  // namespace v0
+}  // namespace tessel
