@@ -198,7 +198,7 @@ TEST_CASE("conv2d: integer-valued inputs give the exact sum", "[ops][conv]") {
   CHECK(bad == 0);
 }
 
-TEST_CASE("conv2d: NCHW and NHWC give the same bits; 1 vs 2 threads vs an emulated card bitwise", "[ops][conv]") {
+TEST_CASE("conv2d: NCHW and NHWC give the same bits, and 1 vs 2 threads vs an emulated card bitwise", "[ops][conv]") {
   host_device one(1), two(2);
   executor ex(2);
   emu::card_spec spec;
