@@ -407,15 +407,20 @@ struct conv_pack_filter_program {
   std::size_t kg, cg, kh, kw;
   bool for_data_grad;
   kernel_cost cost(const grid& gr) const {
-    const double n = double(kg) * double(cg) * double(kh) * double(kw) * double(gr.size());
+    const double n = double(kg) * double(cg) * double(kh) * double(kw) * double(gr.size()) / double(ceil_div(kg, OB));  // the groups' filters
     return {0.0, n * double(sizeof(T) + sizeof(S)), math_precision::f32};
   }
+  // block (g, b) packs output channels [16b, 16b + 16) of group g: their 16 filter rows stay in
+  // cache while every (r, s, c) of them is written (one block per group ran a 512-channel filter
+  // on one thread, longer than the convolution of a 7x7 image)
+  static constexpr std::size_t OB = 16;
   void operator()(block_ctx& ctx) const {
-    const std::size_t g = ctx.block_index3()[0], rs_n = kh * kw, per = kg * cg * rs_n;
+    const auto idx = ctx.block_index3();
+    const std::size_t g = idx[0], o0 = idx[1] * OB, on = std::min(OB, kg - o0), rs_n = kh * kw, per = kg * cg * rs_n;
     S* o = out + g * per;
-    for (std::size_t oc = 0; oc < kg; ++oc)
+    for (std::size_t rs = 0; rs < rs_n; ++rs)
       for (std::size_t c = 0; c < cg; ++c)
-        for (std::size_t rs = 0; rs < rs_n; ++rs) {
+        for (std::size_t oc = o0; oc < o0 + on; ++oc) {
           const S v = convert_elem<S>(w[((g * kg + oc) * cg + c) * rs_n + rs], 1.0f, false);
           if (!for_data_grad) o[(rs * cg + c) * kg + oc] = v;
           else o[(rs * kg + oc) * cg + c] = v;
@@ -428,7 +433,8 @@ S* conv_pack_filter(Dev& dev, const conv_geom& g, const T* w, bool for_data_grad
   const std::size_t n = mul_checked(g.fil().size(), sizeof(S), "conv packed filter");
   S* p = static_cast<S*>(dev.allocate(std::max<std::size_t>(n, 1)));
   try {
-    gemm_run(dev, grid{g.groups}, conv_pack_filter_program<T, S>{w, p, g.kg, g.cg, g.kh, g.kw, for_data_grad}, 0.0);
+    using P = conv_pack_filter_program<T, S>;
+    gemm_run(dev, grid{g.groups, ceil_div(g.kg, P::OB)}, P{w, p, g.kg, g.cg, g.kh, g.kw, for_data_grad}, double(g.fil().size()) * 8.0);
   } catch (...) {
     dev.deallocate(p);
     throw;
