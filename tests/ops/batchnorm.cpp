@@ -252,7 +252,7 @@ TEST_CASE("batchnorm backward: dx, dγ, dβ against the fp64 formulas", "[ops][b
     }
 }
 
-TEST_CASE("batchnorm: NCHW and NHWC give the same bits; 1 vs 2 threads vs an emulated card bitwise", "[ops][batchnorm]") {
+TEST_CASE("batchnorm: NCHW and NHWC give the same bits, and 1 vs 2 threads vs an emulated card bitwise", "[ops][batchnorm]") {
   host_device one(1), two(2);
   executor ex(2);
   emu::card_spec spec;

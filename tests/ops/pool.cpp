@@ -253,7 +253,7 @@ TEST_CASE("pool2d output extents follow ONNX with PyTorch's ceil_mode rule", "[o
   CHECK(pool2d_output({1, 1, 112, 112}, geo(3, 3, 2, 1, 1, 1, 1, 1, false, false)).h == 56);  // ResNet's stem pool
 }
 
-TEST_CASE("pool2d: NCHW and NHWC give the same bits; 1 vs 2 threads vs an emulated card bitwise", "[ops][pool]") {
+TEST_CASE("pool2d: NCHW and NHWC give the same bits, and 1 vs 2 threads vs an emulated card bitwise", "[ops][pool]") {
   host_device one(1), two(2);
   executor ex(2);
   emu::card_spec spec;
