@@ -1,7 +1,7 @@
 // bench_conv: conv2d forward on ResNet-50's 3x3 layers (64 channels at 56x56, 128 at 28x28, 256 at
 // 14x14, 512 at 7x7; stride 1, pad 1), a 1x1 (256 -> 64 at 56x56) and the 7x7 stride-2 stem
 // (3 -> 64 at 224x224), batch 1 and 8, f32 and bf16 inputs (f32 output), NHWC, 2 threads.
-// Impls: tessel (the implicit GEMM), onednn (oneDNN's convolution; its preferred weight layout is
+// Impls: tessel (the implicit GEMM), tessel_prepacked (the same with the filter packed once, untimed), onednn (oneDNN's convolution; its preferred weight layout is
 // reordered once outside the timing, which favours it), gemm (tessel's own GEMM on the implicit
 // GEMM's M x N x K = N·OH·OW x O x C·KH·KW with a materialised, untimed im2col A: the rate the
 // conv is held to). Counters: flops (rate, 2·M·N·K), of_limit against the measured peak.
@@ -83,6 +83,25 @@ void conv_tessel(benchmark::State& st) {
   set_flops(st, conv2d_cost<T, float>(xd, fd, p).flops, peak<T>(threads));
 }
 
+// tessel with the filter packed once outside the timing (conv2d_packed_filter), as the oneDNN run
+// reorders its weights once: the inference setting, where weights do not change between calls.
+template <class T>
+void conv_tessel_prepacked(benchmark::State& st) {
+  const auto c = from(st);
+  const std::size_t o = out_hw(c);
+  const image_dims xd{c.n, c.c, c.hw, c.hw}, yd{c.n, c.k, o, o};
+  const filter_dims fd{c.k, c.c, c.kh, c.kh};
+  auto x = random_buffer<T>(xd.size(), 1), w = random_buffer<T>(fd.size(), 2);
+  tessel_bench::huge_buffer<float> y(yd.size(), 2);
+  const auto p = params_of(c);
+  const conv2d_packed_filter<T, host_device> pw(dev(), filter<const T>{w.data(), fd}, 1);
+  for (auto _ : st) {
+    conv2d(dev(), image<const T>{x.data(), xd}, pw, {}, image<float>{y.data(), yd}, p);
+    benchmark::ClobberMemory();
+  }
+  set_flops(st, conv2d_cost<T, float>(xd, fd, p).flops, peak<T>(threads));
+}
+
 // tessel's GEMM on the implicit GEMM's shape: A (M,K) is an im2col of x built once, untimed.
 template <class T>
 void conv_gemm(benchmark::State& st) {
@@ -144,8 +163,10 @@ void shapes(benchmark::internal::Benchmark* b) {
 }  // namespace
 
 BENCHMARK(conv_tessel<float>)->Name("conv2d/tessel/f32")->Apply(shapes);
+BENCHMARK(conv_tessel_prepacked<float>)->Name("conv2d/tessel_prepacked/f32")->Apply(shapes);
 BENCHMARK(conv_gemm<float>)->Name("conv2d/gemm/f32")->Apply(shapes);
 BENCHMARK(conv_tessel<bf16>)->Name("conv2d/tessel/bf16")->Apply(shapes);
+BENCHMARK(conv_tessel_prepacked<bf16>)->Name("conv2d/tessel_prepacked/bf16")->Apply(shapes);
 BENCHMARK(conv_gemm<bf16>)->Name("conv2d/gemm/bf16")->Apply(shapes);
 #if defined(TESSEL_HAVE_ONEDNN)
 BENCHMARK(conv_onednn<float>)->Name("conv2d/onednn/f32")->Apply(shapes);

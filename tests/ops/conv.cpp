@@ -226,6 +226,49 @@ TEST_CASE("conv2d: NCHW and NHWC give the same bits, and 1 vs 2 threads vs an em
   }
 }
 
+TEST_CASE("conv2d with a prepacked filter gives the bits of conv2d with the plain filter (both layouts, f32 and bf16, host and card)", "[ops][conv]") {
+  host_device two(2);
+  executor ex(2);
+  emu::card_spec spec;
+  spec.memory_bytes = std::size_t{1} << 30;
+  emu::card card(0, spec, ex, false, nullptr);
+  for (const auto& base : sweep())
+    for (conv_layout l : {conv_layout::nchw, conv_layout::nhwc}) {
+      shape s = base;
+      s.p.layout = l;
+      INFO(s.name << (l == conv_layout::nchw ? " NCHW" : " NHWC"));
+      const bool gemm_path = l == conv_layout::nhwc && s.kh == 1 && s.kw == 1 && s.p.stride_h == 1 && s.p.groups == 1;  // the plain call's GEMM
+      const auto d = dims_of(s);
+      const auto x = random<float>(d.x.size(), 51), w = random<float>(d.f.size(), 52), bias = random<float>(s.k, 53);
+      const auto xb = random<bf16>(d.x.size(), 54), wb = random<bf16>(d.f.size(), 55);
+      const conv2d_packed_filter<float, host_device> pw(two, filter<const float>{w.data(), d.f}, s.p.groups);
+      const conv2d_packed_filter<bf16, host_device> pwb(two, filter<const bf16>{wb.data(), d.f}, s.p.groups);
+      std::vector<float> y(d.y.size()), yb(d.y.size());
+      conv2d(two, image<const float>{x.data(), d.x}, pw, std::span<const float>(bias), image<float>{y.data(), d.y}, s.p);
+      conv2d(two, image<const bf16>{xb.data(), d.x}, pwb, std::span<const float>(bias), image<float>{yb.data(), d.y}, s.p);
+      if (!gemm_path) {
+        CHECK(same_bits(y, run_conv<float, float>(two, s, x, w, bias)));
+        CHECK(same_bits(yb, run_conv<bf16, float>(two, s, xb, wb, bias)));
+      }
+      std::vector<double> want, mag;
+      conv_ref(s, x, w, bias, want, mag);
+      CHECK(over_bound(y, want, mag, s.c / s.p.groups * s.kh * s.kw) == 0);
+      const conv2d_packed_filter<float, emu::card> pc(card, filter<const float>{w.data(), d.f}, s.p.groups);
+      std::vector<float> yc(d.y.size());
+      conv2d(card, image<const float>{x.data(), d.x}, pc, std::span<const float>(bias), image<float>{yc.data(), d.y}, s.p);
+      CHECK(same_bits(y, yc));
+    }
+  host_device dev(1);
+  std::vector<float> x(2 * 4 * 8 * 8), w(6 * 4 * 3 * 3), y(2 * 6 * 8 * 8);
+  const conv2d_packed_filter<float, host_device> pw(dev, filter<const float>{w.data(), {6, 4, 3, 3}}, 1);
+  conv2d_params p = geo(1, 1, 1, 1, 1, 1, 1);
+  p.groups = 2;
+  CHECK_THROWS_MATCHES(conv2d(dev, image<const float>{x.data(), {2, 4, 8, 8}}, pw, {}, image<float>{y.data(), {2, 6, 8, 8}}, p), conv_error,
+                       is_error(errc::invalid_argument, "conv", "packed for 1 groups"));
+  CHECK_THROWS_MATCHES((conv2d_packed_filter<float, host_device>(dev, filter<const float>{w.data(), {6, 4, 3, 3}}, 4)), conv_error,
+                       is_error(errc::invalid_argument, "conv", "groups 4 must divide the output channels 6"));
+}
+
 TEST_CASE("conv2d: the fused bias + residual + ReLU epilogue equals the unfused composition bitwise", "[ops][conv]") {
   host_device dev(2);
   for (conv_layout l : {conv_layout::nchw, conv_layout::nhwc})

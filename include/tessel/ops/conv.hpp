@@ -15,6 +15,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include <tessel/ops/gemm.hpp>
 #include <tessel/ops/errors.hpp>
@@ -257,6 +258,15 @@ struct conv_matrix {
   tensor<const S, 2> view(std::size_t g) const { return tensor<const S, 2>::strided(p + g * rows * cols, rows, cols, cols, 1); }
 };
 
+// B already in the atoms' (KC,NB) panel tiles: tile (g, column block nb, depth chunk k) at
+// p + ((g·nblocks + nb)·nk + k)·tile (a prepacked filter; see conv2d_pack).
+template <class S>
+struct conv_panels {
+  const S* p;
+  std::size_t nblocks, nk, tile;
+  const S* at(std::size_t g, std::size_t nb, std::size_t k) const { return p + ((g * nblocks + nb) * nk + k) * tile; }
+};
+
 // ---- output writers: the accumulator slab (rows, cols) with leading dimension lda ----
 
 // Into an image: GEMM rows are its pixels, columns channel g·cpg + col (the forward's y, the data
@@ -313,6 +323,7 @@ struct conv_gemm_program {
   static constexpr std::size_t MR = cfg::MR, NR = cfg::NR, KP = cfg::KP, KC = cfg::KC, NB = cfg::NB, MC = cfg::MC;
   static constexpr std::size_t KS_max = 4096;
   static constexpr bool b_matrix = std::is_same_v<BSrc, conv_matrix<S>>;
+  static constexpr bool b_panels = std::is_same_v<BSrc, conv_panels<S>>;
   std::size_t M, N, K, groups, MB;
   ASrc a;
   BSrc b;
@@ -332,17 +343,19 @@ struct conv_gemm_program {
     const std::size_t g = idx[2], m0 = idx[0] * MB, rows = std::min(MB, M - m0), n0 = idx[1] * NB, cols = std::min(NB, N - n0);
     using b_stage = staged<S, KC, NB, typename cfg::b_layout>;
     const std::size_t nk = ceil_div(K, KC), chunks = std::min(nk, KS_max / KC);
-    S* strip = ctx.scratch().allocate_array<S>(chunks * b_stage::elements);  // chunks x (KC,NB)
+    S* strip = b_panels ? nullptr : ctx.scratch().allocate_array<S>(chunks * b_stage::elements);  // chunks x (KC,NB)
     const std::size_t rows_pad = ceil_div(rows, MC) * MC;
     float* acc = ctx.scratch().allocate_array<float>((nk > chunks ? rows_pad : MC) * NB);  // (MB,NB) or one (MC,NB) slab
     staged<S, MC, KC, layout::row> at{ctx};                                               // (MC,KC) A by im2col addressing
-    S* bsrc = b_matrix ? nullptr : ctx.scratch().allocate_array<S>(KC * NB);              // (KC,NB) gathered B
+    S* bsrc = b_matrix || b_panels ? nullptr : ctx.scratch().allocate_array<S>(KC * NB);  // (KC,NB) gathered B
     for (std::size_t kq = 0; kq < nk; kq += chunks) {
       const std::size_t kn = std::min(chunks, nk - kq);
-      for (std::size_t k = 0; k < kn; ++k) {
+      for (std::size_t k = 0; k < kn && !b_panels; ++k) {
         b_stage bk(strip + k * b_stage::elements);
         const std::size_t k0 = (kq + k) * KC, kv = std::min(KC, K - k0);
-        if constexpr (b_matrix) {
+        if constexpr (b_panels) {
+          (void)bk, (void)k0, (void)kv;
+        } else if constexpr (b_matrix) {
           load(b.view(g).template tile_at<KC, NB>(k0, n0), bk, tile_extent{kv, cols});
         } else {
           b.gather(bsrc, NB, k0, kv, n0, cols, g);
@@ -363,7 +376,9 @@ struct conv_gemm_program {
           p.ldc = NB;
           p.accumulate = kq + k > 0;
           p.a_rs = KC;
-          const S* bkp = strip + k * b_stage::elements;
+          const S* bkp;
+          if constexpr (b_panels) bkp = b.at(g, idx[1], kq + k);
+          else bkp = strip + k * b_stage::elements;
           for (std::size_t jp = 0; jp * NR < cols; ++jp) {
             p.b = bkp + jp * NR * layout::col_panel<NR, KP>::padded_rows(KC);
             for (std::size_t ip = 0; ip * MR < r; ++ip) {
@@ -442,6 +457,26 @@ S* conv_pack_filter(Dev& dev, const conv_geom& g, const T* w, bool for_data_grad
   return p;
 }
 
+// Packs the per-group (K,N) matrices of conv_pack_filter into the program's (KC,NB) panel tiles
+// with GEMM's own B load, block (g, nb, k) writing tile (g, nb, k): the tile a block of
+// conv_gemm_program would pack for itself, so a prepacked filter gives the same bits.
+template <class S>
+struct conv_panel_pack_program {
+  using cfg = gemm_config<S, S>;
+  using b_stage = staged<S, cfg::KC, cfg::NB, typename cfg::b_layout>;
+  static constexpr std::size_t KC = cfg::KC, NB = cfg::NB;
+  conv_matrix<S> b;
+  S* out;
+  std::size_t nblocks, nk;
+  kernel_cost cost(const grid& gr) const { return {0.0, double(gr.size()) * double(b_stage::elements) * 2.0 * sizeof(S), math_precision::f32}; }
+  void operator()(block_ctx& ctx) const {
+    const auto idx = ctx.block_index3();
+    const std::size_t g = idx[0], nb = idx[1], k = idx[2], k0 = k * KC, kv = std::min(KC, b.rows - k0), n0 = nb * NB, cols = std::min(NB, b.cols - n0);
+    b_stage bk(out + ((g * nblocks + nb) * nk + k) * b_stage::elements);  // (KC,NB)
+    load(b.view(g).template tile_at<KC, NB>(k0, n0), bk, tile_extent{kv, cols});
+  }
+};
+
 template <class Dev>
 struct conv_workspace {
   Dev& d;
@@ -506,6 +541,97 @@ void conv2d(Dev& dev, image<const T> x, filter<const T> w, std::span<const float
   };
   if (bias.empty()) launch(chain);
   else launch(epilogue::bias(bias) | chain);
+}
+
+// A forward filter packed once into the implicit GEMM's B panel tiles (the layout the atoms read),
+// for repeated conv2d calls with the same weights (inference): a call then neither transposes nor
+// packs the filter, which on deep layers with few output pixels (512 channels at 7x7: a 9 MiB
+// filter against 49 rows) is most of the work. Owns device memory; move-only. conv2d with it gives
+// the bits of conv2d with the plain filter, except for the NHWC 1x1 GEMM shortcut that the plain
+// call takes (the packed call stays on the implicit GEMM).
+template <conv_element T, class Dev>
+class conv2d_packed_filter {
+ public:
+  using stage = typename mma_traits<T>::stage_type;
+  conv2d_packed_filter(Dev& dev, filter<const T> w, std::size_t groups) : dev_(&dev), dims_(w.dims), groups_(groups) {
+    detail::conv_check(groups >= 1 && w.dims.out % groups == 0,
+                       [&] { return "packed filter: groups " + std::to_string(groups) + " must divide the output channels " + std::to_string(w.dims.out); });
+    detail::conv_check(w.dims.in >= 1 && w.dims.kh >= 1 && w.dims.kw >= 1, [&] { return "packed filter: empty filter " + detail::dims_str(w.dims); });
+    detail::conv_check_buffer("w", w.data, w.dims.size());
+    conv2d_params p;
+    p.groups = groups;
+    const auto g = detail::conv_geometry({1, w.dims.in * groups, w.dims.kh, w.dims.kw}, w.dims, p);  // any image the kernel fits
+    using P = detail::conv_panel_pack_program<stage>;
+    nblocks_ = ceil_div(g.kg, P::NB);
+    nk_ = ceil_div(g.depth(), P::KC);
+    const std::size_t n = detail::mul_checked(detail::mul_checked(detail::mul_checked(groups, nblocks_, "packed filter"), nk_, "packed filter"),
+                                              detail::mul_checked(P::b_stage::elements, sizeof(stage), "packed filter"), "packed filter");
+    stage* tmp = detail::conv_pack_filter<stage>(dev, g, w.data, false);
+    detail::conv_workspace<Dev> guard{dev, tmp};
+    p_ = static_cast<stage*>(dev.allocate(n));
+    try {
+      detail::gemm_run(dev, grid{groups, nblocks_, nk_}, P{detail::conv_matrix<stage>{tmp, g.depth(), g.kg}, p_, nblocks_, nk_}, double(n));
+    } catch (...) {
+      dev.deallocate(p_);
+      throw;
+    }
+  }
+  conv2d_packed_filter(conv2d_packed_filter&& o) noexcept
+      : dev_(o.dev_), p_(std::exchange(o.p_, nullptr)), dims_(o.dims_), groups_(o.groups_), nblocks_(o.nblocks_), nk_(o.nk_) {}
+  conv2d_packed_filter& operator=(conv2d_packed_filter&& o) noexcept {
+    if (this != &o) {
+      release();
+      dev_ = o.dev_, p_ = std::exchange(o.p_, nullptr), dims_ = o.dims_, groups_ = o.groups_, nblocks_ = o.nblocks_, nk_ = o.nk_;
+    }
+    return *this;
+  }
+  conv2d_packed_filter(const conv2d_packed_filter&) = delete;
+  conv2d_packed_filter& operator=(const conv2d_packed_filter&) = delete;
+  ~conv2d_packed_filter() { release(); }
+
+  const filter_dims& dims() const { return dims_; }
+  std::size_t groups() const { return groups_; }
+  detail::conv_panels<stage> panels() const {
+    return {p_, nblocks_, nk_, detail::conv_panel_pack_program<stage>::b_stage::elements};
+  }
+
+ private:
+  void release() {
+    if (!p_) return;
+    dev_->synchronize();
+    dev_->deallocate(p_);
+    p_ = nullptr;
+  }
+  Dev* dev_;
+  stage* p_ = nullptr;
+  filter_dims dims_;
+  std::size_t groups_, nblocks_ = 0, nk_ = 0;
+};
+
+// conv2d with a prepacked filter (its groups must be p.groups); otherwise as conv2d above.
+template <class Dev, conv_element T, conv_element TY, class Chain = epilogue::chain<>>
+void conv2d(Dev& dev, image<const T> x, const conv2d_packed_filter<T, Dev>& w, std::span<const float> bias, image<TY> y, const conv2d_params& p,
+            const Chain& ep = {}) {
+  detail::conv_check(w.groups() == p.groups, [&] {
+    return "packed filter was packed for " + std::to_string(w.groups()) + " groups, the convolution has " + std::to_string(p.groups);
+  });
+  const auto g = detail::conv_geometry(x.dims, w.dims(), p);
+  detail::conv_check(y.dims == g.out(), [&] {
+    return "output " + detail::dims_str(y.dims) + " does not match input " + detail::dims_str(x.dims) + " and filter " + detail::dims_str(w.dims()) +
+           ", which give " + detail::dims_str(g.out());
+  });
+  detail::conv_check(bias.empty() || bias.size() == g.k,
+                     [&] { return "bias has " + std::to_string(bias.size()) + " values for " + std::to_string(g.k) + " output channels"; });
+  detail::conv_check_buffer("x", x.data, x.dims.size());
+  detail::conv_check_buffer("y", y.data, y.dims.size());
+  if (g.pixels() == 0) return;
+  const auto chain = epilogue::detail::as_chain<Chain>::make(ep);
+  const auto work = conv2d_cost<T, TY>(x.dims, w.dims(), p);
+  using S = typename mma_traits<T>::stage_type;
+  const detail::conv_gather<T> a{x.data, g.layout, g.c, g.h, g.w, g.oh, g.ow, g.cg, g.kh, g.kw, g.sh, g.sw, g.pt, g.pl, g.dh, g.dw, false};
+  const detail::conv_image_out<TY> out{y.data, g.layout, g.k, g.oh * g.ow, g.kg};
+  if (bias.empty()) detail::conv_gemm_run<S>(dev, g.pixels(), g.kg, g.depth(), g.groups, a, w.panels(), out, chain, work, "conv2d");
+  else detail::conv_gemm_run<S>(dev, g.pixels(), g.kg, g.depth(), g.groups, a, w.panels(), out, epilogue::bias(bias) | chain, work, "conv2d");
 }
 
 // The data gradient: dx = conv2d's transpose applied to dy (same params; dx is (N, C, H, W)). An
