@@ -226,6 +226,37 @@ TEST_CASE("conv2d: NCHW and NHWC give the same bits, and 1 vs 2 threads vs an em
   }
 }
 
+namespace {
+// The one-pass packer (OIHW straight into the B panel tiles) against GEMM's B load of the
+// transposed (K,N) filter matrix, tile by tile: the same bits where the load writes.
+template <class T>
+bool direct_pack_matches_load(host_device& dev, filter_dims f, std::size_t groups) {
+  using S = typename mma_traits<T>::stage_type;
+  conv2d_params p;
+  p.groups = groups;
+  const auto g = detail::conv_geometry({1, f.in * groups, f.kh, f.kw}, f, p);
+  const auto w = random<T>(f.size(), 61);
+  using D = detail::conv_panel_direct_pack_program<T, S>;
+  using P = detail::conv_panel_pack_program<S>;
+  const std::size_t nb = ceil_div(g.kg, D::NB), nk = ceil_div(g.depth(), D::KC), n = groups * nb * nk * D::b_stage::elements;
+  std::vector<S> a(n, detail::zero_elem<S>()), b(n, S(std::nanf("")));
+  S* km = detail::conv_pack_filter<S>(dev, g, w.data(), false);
+  detail::gemm_run(dev, grid{groups, nb, nk}, P{detail::conv_matrix<S>{km, g.depth(), g.kg}, a.data(), nb, nk}, 1.0);
+  dev.deallocate(km);
+  detail::gemm_run(dev, grid{groups, nb, nk}, D{w.data(), b.data(), g.kg, g.cg, g.kh * g.kw, nb, nk}, 1.0);
+  return same_bits(a, b);
+}
+}  // namespace
+
+TEST_CASE("conv2d: the one-pass filter packer writes the tiles GEMM's B load packs from the transposed filter, bit for bit", "[ops][conv]") {
+  host_device dev(2);
+  for (auto [f, groups] : {std::pair<filter_dims, std::size_t>{{7, 5, 3, 3}, 1}, {{300, 6, 2, 3}, 2}, {{9, 520, 3, 3}, 1}, {{16, 1, 3, 3}, 16}, {{512, 512, 3, 3}, 1}}) {
+    INFO(f.out << "x" << f.in << "x" << f.kh << "x" << f.kw << " groups " << groups);
+    CHECK(direct_pack_matches_load<float>(dev, f, groups));
+    CHECK(direct_pack_matches_load<bf16>(dev, f, groups));
+  }
+}
+
 TEST_CASE("conv2d with a prepacked filter gives the bits of conv2d with the plain filter (both layouts, f32 and bf16, host and card)", "[ops][conv]") {
   host_device two(2);
   executor ex(2);

@@ -477,6 +477,40 @@ struct conv_panel_pack_program {
   }
 };
 
+// The same tiles straight from the OIHW filter in one pass (no (K,N) matrix in between): element
+// (k, n) of tile (g, nb, kc), k = kc·KC + kk = (r·KW + s)·cg + c, n = nb·NB + nn, is
+// W[g·kg + n][c][r][s] at the b_layout's offset, zero beyond the filter. Writes run in panel order;
+// one output channel's filter row is read per column.
+template <class T, class S>
+struct conv_panel_direct_pack_program {
+  using cfg = gemm_config<S, S>;
+  using b_layout = typename cfg::b_layout;
+  using b_stage = staged<S, cfg::KC, cfg::NB, b_layout>;
+  static constexpr std::size_t KC = cfg::KC, NB = cfg::NB;
+  const T* w;
+  S* out;
+  std::size_t kg, cg, rs_n, nblocks, nk;
+  kernel_cost cost(const grid& gr) const {  // the tiles written, the groups' filters read once
+    const double groups = double(gr.size()) / double(std::max<std::size_t>(1, nblocks * nk));
+    return {0.0, double(gr.size()) * double(b_stage::elements) * sizeof(S) + groups * double(kg * cg * rs_n) * sizeof(T), math_precision::f32};
+  }
+  void operator()(block_ctx& ctx) const {
+    const auto idx = ctx.block_index3();
+    const std::size_t g = idx[0], nb = idx[1], kc = idx[2], K = cg * rs_n, k0 = kc * KC, kv = std::min(KC, K - k0), n0 = nb * NB,
+                      cols = std::min(NB, kg - n0);
+    S* t = out + ((g * nblocks + nb) * nk + kc) * b_stage::elements;
+    std::fill_n(t, b_stage::elements, zero_elem<S>());
+    for (std::size_t nn = 0; nn < cols; ++nn) {
+      const T* row = w + (g * kg + n0 + nn) * K;  // the filter of one output channel, (c, r, s)
+      std::size_t rs = k0 / cg, c = k0 % cg;
+      for (std::size_t kk = 0; kk < kv; ++kk) {
+        t[b_layout::offset(kk, nn, KC, NB)] = convert_elem<S>(row[c * rs_n + rs], 1.0f, false);
+        if (++c == cg) c = 0, ++rs;
+      }
+    }
+  }
+};
+
 template <class Dev>
 struct conv_workspace {
   Dev& d;
@@ -531,11 +565,18 @@ void conv2d(Dev& dev, image<const T> x, filter<const T> w, std::span<const float
            tensor<TY, 2>::strided(y.data, g.pixels(), g.k, g.k, 1), 1.0f, 0.0f, ch);
       return;
     }
+    // the filter packed once per call, in parallel over its (KC,NB) tiles, straight into the panels
+    // the atoms read: no block repacks it (the few row blocks of a deep 7x7 layer each did)
     using S = typename mma_traits<T>::stage_type;
-    S* wp = detail::conv_pack_filter<S>(dev, g, w.data, false);
+    using D = detail::conv_panel_direct_pack_program<T, S>;
+    const std::size_t nblocks = ceil_div(g.kg, D::NB), nk = ceil_div(g.depth(), D::KC);
+    const std::size_t bytes = detail::mul_checked(detail::mul_checked(detail::mul_checked(g.groups, nblocks, "conv packed filter"), nk, "conv packed filter"),
+                                                  D::b_stage::elements * sizeof(S), "conv packed filter");
+    S* wp = static_cast<S*>(dev.allocate(bytes));
     detail::conv_workspace<Dev> guard{dev, wp};
+    detail::gemm_run(dev, grid{g.groups, nblocks, nk}, D{w.data, wp, g.kg, g.cg, g.kh * g.kw, nblocks, nk}, double(bytes));
     const detail::conv_gather<T> a{x.data, g.layout, g.c, g.h, g.w, g.oh, g.ow, g.cg, g.kh, g.kw, g.sh, g.sw, g.pt, g.pl, g.dh, g.dw, false};
-    const detail::conv_matrix<S> b{wp, g.depth(), g.kg};
+    const detail::conv_panels<S> b{wp, nblocks, nk, D::b_stage::elements};
     const detail::conv_image_out<TY> out{y.data, g.layout, g.k, g.oh * g.ow, g.kg};
     detail::conv_gemm_run<S>(dev, g.pixels(), g.kg, g.depth(), g.groups, a, b, out, ch, work, "conv2d");
   };
@@ -566,11 +607,10 @@ class conv2d_packed_filter {
     nk_ = ceil_div(g.depth(), P::KC);
     const std::size_t n = detail::mul_checked(detail::mul_checked(detail::mul_checked(groups, nblocks_, "packed filter"), nk_, "packed filter"),
                                               detail::mul_checked(P::b_stage::elements, sizeof(stage), "packed filter"), "packed filter");
-    stage* tmp = detail::conv_pack_filter<stage>(dev, g, w.data, false);
-    detail::conv_workspace<Dev> guard{dev, tmp};
     p_ = static_cast<stage*>(dev.allocate(n));
     try {
-      detail::gemm_run(dev, grid{groups, nblocks_, nk_}, P{detail::conv_matrix<stage>{tmp, g.depth(), g.kg}, p_, nblocks_, nk_}, double(n));
+      using D = detail::conv_panel_direct_pack_program<T, stage>;
+      detail::gemm_run(dev, grid{groups, nblocks_, nk_}, D{w.data, p_, g.kg, g.cg, g.kh * g.kw, nblocks_, nk_}, double(n));
     } catch (...) {
       dev.deallocate(p_);
       throw;
