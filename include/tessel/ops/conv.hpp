@@ -477,7 +477,9 @@ struct conv_panel_pack_program {
   }
 };
 
-// The same tiles straight from the OIHW filter in one pass (no (K,N) matrix in between): element
+// The same tiles straight from the OIHW filter in one pass (no (K,N) matrix in between; used by
+// conv2d_packed_filter — per call, the two-pass pack measured faster: bf16 n=1 512@7x7 147 vs 114
+// GFLOP/s, the element-wise panel writes of bf16 pairs being slow): element
 // (k, n) of tile (g, nb, kc), k = kc·KC + kk = (r·KW + s)·cg + c, n = nb·NB + nn, is
 // W[g·kg + n][c][r][s] at the b_layout's offset, zero beyond the filter. Writes run in panel order;
 // one output channel's filter row is read per column.
@@ -565,18 +567,11 @@ void conv2d(Dev& dev, image<const T> x, filter<const T> w, std::span<const float
            tensor<TY, 2>::strided(y.data, g.pixels(), g.k, g.k, 1), 1.0f, 0.0f, ch);
       return;
     }
-    // the filter packed once per call, in parallel over its (KC,NB) tiles, straight into the panels
-    // the atoms read: no block repacks it (the few row blocks of a deep 7x7 layer each did)
     using S = typename mma_traits<T>::stage_type;
-    using D = detail::conv_panel_direct_pack_program<T, S>;
-    const std::size_t nblocks = ceil_div(g.kg, D::NB), nk = ceil_div(g.depth(), D::KC);
-    const std::size_t bytes = detail::mul_checked(detail::mul_checked(detail::mul_checked(g.groups, nblocks, "conv packed filter"), nk, "conv packed filter"),
-                                                  D::b_stage::elements * sizeof(S), "conv packed filter");
-    S* wp = static_cast<S*>(dev.allocate(bytes));
+    S* wp = detail::conv_pack_filter<S>(dev, g, w.data, false);
     detail::conv_workspace<Dev> guard{dev, wp};
-    detail::gemm_run(dev, grid{g.groups, nblocks, nk}, D{w.data, wp, g.kg, g.cg, g.kh * g.kw, nblocks, nk}, double(bytes));
     const detail::conv_gather<T> a{x.data, g.layout, g.c, g.h, g.w, g.oh, g.ow, g.cg, g.kh, g.kw, g.sh, g.sw, g.pt, g.pl, g.dh, g.dw, false};
-    const detail::conv_panels<S> b{wp, nblocks, nk, D::b_stage::elements};
+    const detail::conv_matrix<S> b{wp, g.depth(), g.kg};
     const detail::conv_image_out<TY> out{y.data, g.layout, g.k, g.oh * g.ow, g.kg};
     detail::conv_gemm_run<S>(dev, g.pixels(), g.kg, g.depth(), g.groups, a, b, out, ch, work, "conv2d");
   };
