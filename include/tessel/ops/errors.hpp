@@ -31,5 +31,11 @@ struct layer_error : error_of<layer_error> {
   static constexpr const char area_name[] = "layers";
 };
 
+// Bad convolution or pooling input (shapes, strides, padding, groups, layouts, buffers).
+struct conv_error : error_of<conv_error> {
+  using error_of::error_of;
+  static constexpr const char area_name[] = "conv";
+};
+
 }  // namespace v0
 }  // namespace tessel

@@ -33,6 +33,7 @@
 #include <tessel/emulator/card.hpp>
 #include <tessel/ops/activation.hpp>
 #include <tessel/ops/attention.hpp>
+#include <tessel/ops/conv.hpp>
 #include <tessel/ops/embedding.hpp>
 #include <tessel/ops/gemm.hpp>
 #include <tessel/ops/loss.hpp>
@@ -953,6 +954,124 @@ inline void convert_entry(suite& s, const run_options& o) {
   convert_entry_of<e5m2>(s, o, "e5m2");
 }
 
+// ---- conv2d (implicit GEMM) ----
+struct conv_case {
+  image_dims x;
+  filter_dims f;
+  conv2d_params p;
+};
+inline std::vector<conv_case> conv_cases(conv_layout l) {
+  auto geo = [l](std::size_t s, std::size_t pt, std::size_t pl, std::size_t pb, std::size_t pr, std::size_t d, std::size_t g) {
+    conv2d_params p;
+    p.stride_h = p.stride_w = s;
+    p.pad_top = pt, p.pad_left = pl, p.pad_bottom = pb, p.pad_right = pr;
+    p.dilation_h = p.dilation_w = d;
+    p.groups = g;
+    p.layout = l;
+    return p;
+  };
+  return {{{1, 3, 9, 9}, {5, 3, 3, 3}, geo(1, 1, 1, 1, 1, 1, 1)},    {{2, 6, 11, 10}, {9, 2, 3, 3}, geo(2, 1, 0, 2, 1, 1, 3)},
+          {{1, 5, 12, 12}, {7, 5, 3, 3}, geo(1, 2, 2, 2, 2, 2, 1)},  {{2, 13, 6, 5}, {17, 13, 1, 1}, geo(1, 0, 0, 0, 0, 1, 1)},
+          {{1, 3, 19, 19}, {8, 3, 7, 7}, geo(2, 3, 3, 3, 3, 1, 1)},  {{1, 70, 5, 5}, {67, 70, 3, 3}, geo(1, 1, 1, 1, 1, 1, 1)}};
+}
+inline std::size_t conv_at(conv_layout l, const image_dims& d, std::size_t n, std::size_t c, std::size_t y, std::size_t x) {
+  return l == conv_layout::nchw ? ((n * d.c + c) * d.h + y) * d.w + x : ((n * d.h + y) * d.w + x) * d.c + c;
+}
+// fp64 conv: for each output and (input, weight) pair of its sum, f(out index, x index, w index).
+template <class F>
+void conv_taps(const conv_case& cc, const image_dims& y, const F& f) {
+  const auto& p = cc.p;
+  const std::size_t kg = cc.f.out / p.groups;
+  for (std::size_t n = 0; n < y.n; ++n)
+    for (std::size_t o = 0; o < y.c; ++o)
+      for (std::size_t oy = 0; oy < y.h; ++oy)
+        for (std::size_t ox = 0; ox < y.w; ++ox)
+          for (std::size_t c = 0; c < cc.f.in; ++c)
+            for (std::size_t r = 0; r < cc.f.kh; ++r)
+              for (std::size_t q = 0; q < cc.f.kw; ++q) {
+                const long iy = long(oy * p.stride_h + r * p.dilation_h) - long(p.pad_top), ix = long(ox * p.stride_w + q * p.dilation_w) - long(p.pad_left);
+                if (iy < 0 || ix < 0 || iy >= long(cc.x.h) || ix >= long(cc.x.w)) continue;
+                f(conv_at(p.layout, y, n, o, oy, ox), conv_at(p.layout, cc.x, n, o / kg * cc.f.in + c, std::size_t(iy), std::size_t(ix)),
+                  ((o * cc.f.in + c) * cc.f.kh + r) * cc.f.kw + q);
+              }
+}
+inline std::string conv_name(const conv_case& cc) {
+  return std::string(cc.p.layout == conv_layout::nchw ? "nchw " : "nhwc ") + dims({cc.x.n, cc.x.c, cc.x.h, cc.x.w}) + " * " +
+         dims({cc.f.out, cc.f.in, cc.f.kh, cc.f.kw}) + " s" + std::to_string(cc.p.stride_h) + " d" + std::to_string(cc.p.dilation_h) + " g" +
+         std::to_string(cc.p.groups);
+}
+
+template <class T, class TY>
+void conv_entry(suite& s, const run_options& o) {
+  host_device dev(o.threads);
+  for (conv_layout l : {conv_layout::nchw, conv_layout::nhwc}) {
+    const auto cases = conv_cases(l);
+    for (std::size_t i = 0; i < cases.size(); ++i) {
+      if (o.quick && i % 2 == 1) continue;
+      const auto& cc = cases[i];
+      const auto yd = tessel::detail::conv_geometry(cc.x, cc.f, cc.p).out();
+      const auto x = filled<T>(cc.x.size(), fill::uniform, o.seed + i), w = filled<T>(cc.f.size(), fill::uniform, o.seed + 100 + i);
+      const auto bias = filled<float>(cc.f.out, fill::uniform, o.seed + 200 + i);
+      std::vector<double> want(yd.size()), mag(yd.size());
+      conv_taps(cc, yd, [&](std::size_t yi, std::size_t xi, std::size_t wi) {
+        const double t = to_double(x[xi]) * to_double(w[wi]);
+        want[yi] += t;
+        mag[yi] += std::fabs(t);
+      });
+      const std::size_t plane = yd.h * yd.w;
+      for (std::size_t yi = 0; yi < want.size(); ++yi) {
+        const std::size_t c = l == conv_layout::nchw ? yi / plane % yd.c : yi % yd.c;
+        want[yi] += bias[c];
+        mag[yi] += std::fabs(bias[c]);
+      }
+      auto run = [&](auto& d) {
+        auto y = poisoned<TY>(yd.size());
+        conv2d(d, image<const T>{x.data(), cc.x}, filter<const T>{w.data(), cc.f}, std::span<const float>(bias), image<TY>{y.data(), yd}, cc.p);
+        return y;
+      };
+      const std::string name = "conv2d " + conv_name(cc);
+      s.add(compare(name, std::span<const TY>(run(dev)), std::span<const double>(want),
+                    tolerance::reduction(cc.f.in * cc.f.kh * cc.f.kw + 1, dtype::f32, tessel::detail::dtype_of_v<TY>), std::span<const double>(mag)));
+      if (i == 1) determinism<TY>(s, name, run, o);
+    }
+  }
+}
+
+inline void conv_backward_entry(suite& s, const run_options& o) {
+  host_device dev(o.threads);
+  for (conv_layout l : {conv_layout::nchw, conv_layout::nhwc}) {
+    const auto cc = conv_cases(l)[1];
+    const auto yd = tessel::detail::conv_geometry(cc.x, cc.f, cc.p).out();
+    const auto x = filled<double>(cc.x.size(), fill::normal, o.seed + 7), w = filled<double>(cc.f.size(), fill::normal, o.seed + 8);
+    const std::vector<float> xf(x.begin(), x.end()), wf(w.begin(), w.end());
+    auto forward = [&](std::span<const double> xs, std::span<const double> ws) {
+      std::vector<double> y(yd.size());
+      conv_taps(cc, yd, [&](std::size_t yi, std::size_t xi, std::size_t wi) { y[yi] += xs[xi] * ws[wi]; });
+      return y;
+    };
+    gradcheck_options go;
+    go.mode = grad_mode::random_directions;
+    go.seed = o.seed;
+    const std::string name = conv_name(cc);
+    s.add(as_report(gradcheck(
+        "conv2d_backward_data " + name, [&](std::span<const double> xs) { return forward(xs, w); },
+        [&](std::span<const double>, std::span<const double> dy) {
+          std::vector<float> dyf(dy.begin(), dy.end()), gx(cc.x.size());
+          conv2d_backward_data(dev, image<const float>{dyf.data(), yd}, filter<const float>{wf.data(), cc.f}, image<float>{gx.data(), cc.x}, cc.p);
+          return std::vector<double>(gx.begin(), gx.end());
+        },
+        x, go)));
+    s.add(as_report(gradcheck(
+        "conv2d_backward_weight " + name, [&](std::span<const double> ws) { return forward(x, ws); },
+        [&](std::span<const double>, std::span<const double> dy) {
+          std::vector<float> dyf(dy.begin(), dy.end()), gw(cc.f.size());
+          conv2d_backward_weight(dev, image<const float>{xf.data(), cc.x}, image<const float>{dyf.data(), yd}, filter<float>{gw.data(), cc.f}, cc.p);
+          return std::vector<double>(gw.begin(), gw.end());
+        },
+        w, go)));
+  }
+}
+
 // ---- cross-entropy backward as a gradcheck of the mean loss ----
 inline void cross_entropy_grad_entry(suite& s, const run_options& o) {
   host_device dev(o.threads);
@@ -989,6 +1108,9 @@ inline const std::vector<entry>& library() {
       {"gemm/e4m3_block", "FP8 E4M3 GEMM with 1x128 / 128x128 block scales (DeepSeek-V3 recipe)", detail::gemm_fp8_entry},
       {"gemm/epilogue", "bf16 GEMM with a fused bias + exact GELU + bf16 cast epilogue", detail::gemm_epilogue_entry},
       {"gemm/batched", "strided-batched f32 GEMM (NT), batch 1, 3, 8", detail::gemm_batched_entry},
+      {"conv2d/f32", "f32 conv2d (implicit GEMM) + bias, NCHW and NHWC: padding, stride 2, dilation 2, groups, 1x1, 7x7 stem", detail::conv_entry<float, float>},
+      {"conv2d/bf16", "bf16 conv2d into bf16 (one rounding of the f32 sum), NCHW and NHWC", detail::conv_entry<bf16, bf16>},
+      {"conv2d/backward", "conv2d data and weight gradients (groups 3, stride 2, asymmetric padding) by gradcheck, both layouts", detail::conv_backward_entry},
       {"convert", "bulk f32 -> bf16/fp16/e4m3/e5m2 with and without a scale, adversarial values, bit for bit", detail::convert_entry},
       {"softmax", "softmax forward over row lengths 1..1031; backward gradcheck", detail::softmax_entry},
       {"rmsnorm", "RMSNorm forward; backward (dx) gradcheck", [](suite& s, const run_options& o) { detail::norm_entry(s, o, true); }},

@@ -1,0 +1,787 @@
+// conv2d as an implicit GEMM tile program: the output pixels are the rows of a GEMM, the output
+// channels its columns and (kernel row, kernel column, input channel) its depth. The A tiles are
+// loaded with im2col addressing straight from the image (no im2col buffer), multiplied with GEMM's
+// own atoms, and stored through GEMM's epilogue chains (bias, activation, residual add), so
+// Conv+BN(folded)+ReLU(+residual) is one kernel. The data and weight gradients are the same
+// program with other operand loaders. Images are NCHW or NHWC, filters OIHW, f32 or bf16 inputs
+// with f32 accumulation. Each output element is one chain in a K order fixed by the shape, so the
+// bits never depend on the thread count or the device.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include <tessel/ops/gemm.hpp>
+#include <tessel/ops/errors.hpp>
+
+namespace tessel {
+inline namespace v0 {
+
+enum class conv_layout : std::uint8_t { nchw, nhwc };
+
+// Geometry of a convolution. Padding may be asymmetric (ONNX pads: top/left and bottom/right).
+struct conv2d_params {
+  std::size_t stride_h = 1, stride_w = 1;
+  std::size_t pad_top = 0, pad_left = 0, pad_bottom = 0, pad_right = 0;
+  std::size_t dilation_h = 1, dilation_w = 1;
+  std::size_t groups = 1;
+  conv_layout layout = conv_layout::nchw;
+};
+
+// Logical image dimensions (N, C, H, W), whatever the memory layout (conv2d_params::layout).
+struct image_dims {
+  std::size_t n = 0, c = 0, h = 0, w = 0;
+  std::size_t size() const {
+    return detail::mul_checked(detail::mul_checked(detail::mul_checked(n, c, "image size"), h, "image size"), w, "image size");
+  }
+  friend bool operator==(const image_dims&, const image_dims&) = default;
+};
+// A dense image: NCHW or NHWC as the operation's params say.
+template <class T>
+struct image {
+  T* data = nullptr;
+  image_dims dims;
+  operator image<const T>() const requires(!std::is_const_v<T>) { return {data, dims}; }
+};
+// Filter dimensions (O, I/groups, KH, KW); filters are OIHW.
+struct filter_dims {
+  std::size_t out = 0, in = 0, kh = 0, kw = 0;
+  std::size_t size() const {
+    return detail::mul_checked(detail::mul_checked(detail::mul_checked(out, in, "filter size"), kh, "filter size"), kw, "filter size");
+  }
+  friend bool operator==(const filter_dims&, const filter_dims&) = default;
+};
+template <class T>
+struct filter {
+  T* data = nullptr;
+  filter_dims dims;
+  operator filter<const T>() const requires(!std::is_const_v<T>) { return {data, dims}; }
+};
+
+template <class T>
+concept conv_element = std::is_same_v<T, float> || std::is_same_v<T, bf16>;
+
+// The residual of a conv output in the image's own layout, as an epilogue op: the GEMM row is
+// the output pixel (n, oh, ow) and the column the output channel, which NCHW does not store with
+// one stride (epilogue::residual's 2-D view is enough for NHWC: (N·OH·OW, C) row-major).
+template <class T>
+struct conv_residual : epilogue::op_base {
+  const T* r = nullptr;
+  image_dims dims;
+  conv_layout layout = conv_layout::nchw;
+  conv_residual(image<const T> x, conv_layout l) : r(x.data), dims(x.dims), layout(l) {}
+  void apply(float* v, std::size_t n, const epilogue::row_info& ri) const {
+    const std::size_t plane = dims.h * dims.w;
+    if (ri.row >= dims.n * plane || ri.col0 + n > dims.c)
+      throw conv_error(errc::out_of_range, "conv_residual: a residual of " + std::to_string(dims.n) + "x" + std::to_string(dims.c) + "x" +
+                                               std::to_string(dims.h) + "x" + std::to_string(dims.w) + " is smaller than the output");
+    if (layout == conv_layout::nhwc) {
+      const T* p = r + ri.row * dims.c + ri.col0;
+      for (std::size_t j = 0; j < n; ++j) v[j] += arch::to_f32(p[j]);
+    } else {
+      const std::size_t img = ri.row / plane, q = ri.row % plane;
+      const T* p = r + (img * dims.c + ri.col0) * plane + q;
+      for (std::size_t j = 0; j < n; ++j) v[j] += arch::to_f32(p[j * plane]);
+    }
+  }
+};
+
+}  // namespace v0
+
+namespace detail {
+
+template <class Message>
+void conv_check(bool ok, const Message& message) {
+  if (!ok) [[unlikely]] throw conv_error(message());
+}
+
+inline std::string dims_str(const image_dims& d) {
+  return std::to_string(d.n) + "x" + std::to_string(d.c) + "x" + std::to_string(d.h) + "x" + std::to_string(d.w);
+}
+inline std::string dims_str(const filter_dims& d) {
+  return std::to_string(d.out) + "x" + std::to_string(d.in) + "x" + std::to_string(d.kh) + "x" + std::to_string(d.kw);
+}
+
+// The checked geometry of one convolution.
+struct conv_geom {
+  std::size_t n, c, h, w, k, kh, kw, oh, ow, groups, cg, kg;
+  std::size_t sh, sw, pt, pl, dh, dw;
+  conv_layout layout;
+  std::size_t pixels() const { return n * oh * ow; }  // GEMM rows of the forward
+  std::size_t depth() const { return cg * kh * kw; }  // GEMM depth of the forward
+  image_dims out() const { return {n, k, oh, ow}; }
+  image_dims in() const { return {n, c, h, w}; }
+  filter_dims fil() const { return {k, cg, kh, kw}; }
+};
+
+// Output extent of one axis: (in + pads − dilation·(kernel − 1) − 1) / stride + 1, checked.
+inline std::size_t conv_out_extent(const char* axis, std::size_t in, std::size_t pa, std::size_t pb, std::size_t k, std::size_t dil,
+                                   std::size_t st) {
+  const std::size_t padded = add_checked(add_checked(in, pa, "conv padded extent"), pb, "conv padded extent");
+  const std::size_t span = add_checked(mul_checked(k - 1, dil, "conv kernel extent"), 1, "conv kernel extent");
+  conv_check(padded >= span, [&] {
+    return std::string("kernel ") + axis + " extent " + std::to_string(span) + " (kernel " + std::to_string(k) + ", dilation " + std::to_string(dil) +
+           ") exceeds the padded input " + axis + " " + std::to_string(padded);
+  });
+  return (padded - span) / st + 1;
+}
+
+inline conv_geom conv_geometry(const image_dims& x, const filter_dims& f, const conv2d_params& p) {
+  conv_check(p.layout == conv_layout::nchw || p.layout == conv_layout::nhwc, [] { return std::string("unknown layout"); });
+  conv_check(p.stride_h >= 1 && p.stride_w >= 1, [&] { return "stride must be at least 1, got " + std::to_string(p.stride_h) + "x" + std::to_string(p.stride_w); });
+  conv_check(p.dilation_h >= 1 && p.dilation_w >= 1,
+             [&] { return "dilation must be at least 1, got " + std::to_string(p.dilation_h) + "x" + std::to_string(p.dilation_w); });
+  conv_check(p.groups >= 1, [] { return std::string("groups must be at least 1"); });
+  conv_check(f.kh >= 1 && f.kw >= 1, [&] { return "empty kernel " + dims_str(f); });
+  conv_check(x.c >= 1 && f.out >= 1, [&] { return "no channels: input " + dims_str(x) + ", filter " + dims_str(f); });
+  conv_check(x.c % p.groups == 0 && f.out % p.groups == 0, [&] {
+    return "groups " + std::to_string(p.groups) + " must divide the input channels " + std::to_string(x.c) + " and the output channels " + std::to_string(f.out);
+  });
+  conv_check(f.in == x.c / p.groups, [&] {
+    return "filter " + dims_str(f) + " (OIHW) needs I = C/groups = " + std::to_string(x.c / p.groups) + " for input " + dims_str(x) + " and groups " +
+           std::to_string(p.groups);
+  });
+  (void)x.size();
+  (void)f.size();
+  conv_geom g{};
+  g.n = x.n, g.c = x.c, g.h = x.h, g.w = x.w, g.k = f.out, g.kh = f.kh, g.kw = f.kw;
+  g.groups = p.groups, g.cg = x.c / p.groups, g.kg = f.out / p.groups;
+  g.sh = p.stride_h, g.sw = p.stride_w, g.pt = p.pad_top, g.pl = p.pad_left, g.dh = p.dilation_h, g.dw = p.dilation_w;
+  g.layout = p.layout;
+  g.oh = conv_out_extent("height", x.h, p.pad_top, p.pad_bottom, f.kh, p.dilation_h, p.stride_h);
+  g.ow = conv_out_extent("width", x.w, p.pad_left, p.pad_right, f.kw, p.dilation_w, p.stride_w);
+  (void)g.out().size();
+  (void)mul_checked(mul_checked(g.pixels(), g.depth(), "conv implicit GEMM size"), g.groups, "conv implicit GEMM size");
+  return g;
+}
+
+template <class T>
+void conv_check_buffer(const char* name, const T* p, std::size_t elements) {
+  conv_check(p != nullptr || elements == 0, [&] { return std::string("null ") + name + " with " + std::to_string(elements) + " elements"; });
+}
+
+// ---- operand loaders of the implicit GEMM ----
+// Each writes a row-major (rows, cols) tile of the stage type S at dst (rows ld apart) for GEMM
+// rows [r0, r0 + rows), columns [c0, c0 + cols) of group g, with zeros where the image has none.
+
+// im2col addressing. Rows are the pixels (n, y, x) of a (rh, rw) grid; columns (r, s, ch) with ch
+// fastest over cpg channels of group g (so an NHWC row is runs of contiguous channels). Forward
+// (im2col): source pixel y·sh + r·dh − pt. Transposed (the data gradient gathers the output
+// gradient): (y + pt − r·dh) / sh where that is a whole pixel of the source grid.
+template <class T>
+struct conv_gather {
+  const T* src;
+  conv_layout layout;
+  std::size_t src_c, src_h, src_w;  // the source image's channels and extent
+  std::size_t rh, rw;               // the row grid
+  std::size_t cpg;                  // channels of a group in the GEMM depth
+  std::size_t kh, kw, sh, sw, pt, pl, dh, dw;
+  bool transposed;
+
+  static std::ptrdiff_t coord(std::size_t o, std::size_t r, std::size_t st, std::size_t pad, std::size_t dil, std::size_t extent, bool tr) {
+    std::ptrdiff_t v;
+    if (!tr) {
+      v = static_cast<std::ptrdiff_t>(o * st + r * dil) - static_cast<std::ptrdiff_t>(pad);
+    } else {
+      v = static_cast<std::ptrdiff_t>(o + pad) - static_cast<std::ptrdiff_t>(r * dil);
+      if (v < 0 || v % static_cast<std::ptrdiff_t>(st) != 0) return -1;
+      v /= static_cast<std::ptrdiff_t>(st);
+    }
+    return v >= 0 && v < static_cast<std::ptrdiff_t>(extent) ? v : -1;
+  }
+
+  template <class S>
+  void gather(S* dst, std::size_t ld, std::size_t r0, std::size_t rows, std::size_t c0, std::size_t cols, std::size_t g) const {
+    const std::size_t grid = rh * rw, plane = src_h * src_w;
+    for (std::size_t i = 0; i < rows; ++i) {
+      const std::size_t m = r0 + i, img = m / grid, q = m % grid, y = q / rw, x = q % rw;
+      S* d = dst + i * ld;
+      std::size_t kk = c0, rs = c0 / cpg, ch = c0 % cpg;
+      while (kk < c0 + cols) {
+        const std::size_t r = rs / kw, s = rs % kw, len = std::min(cpg - ch, c0 + cols - kk);
+        const std::ptrdiff_t iy = coord(y, r, sh, pt, dh, src_h, transposed), ix = iy < 0 ? -1 : coord(x, s, sw, pl, dw, src_w, transposed);
+        S* o = d + (kk - c0);
+        if (ix < 0) {
+          std::fill_n(o, len, zero_elem<S>());
+        } else if (layout == conv_layout::nhwc) {
+          arch::widen(src + ((img * src_h + std::size_t(iy)) * src_w + std::size_t(ix)) * src_c + g * cpg + ch, o, len);
+        } else {
+          const T* p = src + (img * src_c + g * cpg + ch) * plane + std::size_t(iy) * src_w + std::size_t(ix);
+          for (std::size_t j = 0; j < len; ++j) o[j] = convert_elem<S>(p[j * plane], 1.0f, false);
+        }
+        kk += len;
+        ch = 0;
+        ++rs;
+      }
+    }
+  }
+};
+
+// An image's channels of group g as the rows of a (cpg, pixels) matrix (the weight gradient's A:
+// the output gradient transposed).
+template <class T>
+struct conv_channel_rows {
+  const T* src;
+  conv_layout layout;
+  std::size_t channels, plane, cpg;
+  template <class S>
+  void gather(S* dst, std::size_t ld, std::size_t r0, std::size_t rows, std::size_t c0, std::size_t cols, std::size_t g) const {
+    if (layout == conv_layout::nhwc) {
+      for (std::size_t j = 0; j < cols; ++j) {  // one pixel's channels are contiguous
+        const T* p = src + (c0 + j) * channels + g * cpg + r0;
+        for (std::size_t i = 0; i < rows; ++i) dst[i * ld + j] = convert_elem<S>(p[i], 1.0f, false);
+      }
+      return;
+    }
+    for (std::size_t i = 0; i < rows; ++i) {
+      const std::size_t ch = g * cpg + r0 + i;
+      for (std::size_t j = 0; j < cols;) {
+        const std::size_t m = c0 + j, img = m / plane, q = m % plane, len = std::min(plane - q, cols - j);
+        arch::widen(src + (img * channels + ch) * plane + q, dst + i * ld + j, len);
+        j += len;
+      }
+    }
+  }
+};
+
+// A dense row-major (rows, cols) matrix per group (packed filters), loaded as GEMM loads B.
+template <class S>
+struct conv_matrix {
+  const S* p;
+  std::size_t rows, cols;
+  tensor<const S, 2> view(std::size_t g) const { return tensor<const S, 2>::strided(p + g * rows * cols, rows, cols, cols, 1); }
+};
+
+// B already in the atoms' (KC,NB) panel tiles: tile (g, column block nb, depth chunk k) at
+// p + ((g·nblocks + nb)·nk + k)·tile (a prepacked filter; see conv2d_pack).
+template <class S>
+struct conv_panels {
+  const S* p;
+  std::size_t nblocks, nk, tile;
+  const S* at(std::size_t g, std::size_t nb, std::size_t k) const { return p + ((g * nblocks + nb) * nk + k) * tile; }
+};
+
+// ---- output writers: the accumulator slab (rows, cols) with leading dimension lda ----
+
+// Into an image: GEMM rows are its pixels, columns channel g·cpg + col (the forward's y, the data
+// gradient's dx), through the epilogue chain with row = pixel, col = channel.
+template <class TY>
+struct conv_image_out {
+  TY* y;
+  conv_layout layout;
+  std::size_t channels, plane, cpg;
+  template <class Chain>
+  void store(const float* acc, std::size_t lda, std::size_t m0, std::size_t rows, std::size_t n0, std::size_t cols, std::size_t g,
+             const Chain& ep) const {
+    const std::size_t col = g * cpg + n0;
+    if (layout == conv_layout::nhwc) return store_rows<TY>(acc, lda, rows, cols, y + m0 * channels + col, channels, 1, m0, col, ep);
+    for (std::size_t i = 0; i < rows;) {  // NCHW: rows split at image boundaries
+      const std::size_t m = m0 + i, img = m / plane, q = m % plane, len = std::min(plane - q, rows - i);
+      store_rows<TY>(acc + i * lda, lda, len, cols, y + (img * channels + col) * plane + q, 1, plane, m, col, ep);
+      i += len;
+    }
+  }
+};
+
+// Into an OIHW filter gradient: rows are output channels of group g, columns (r, s, c).
+struct conv_filter_out {
+  float* dw;
+  std::size_t kg, cg, kh, kw;
+  template <class Chain>
+  void store(const float* acc, std::size_t lda, std::size_t m0, std::size_t rows, std::size_t n0, std::size_t cols, std::size_t g,
+             const Chain&) const {
+    for (std::size_t i = 0; i < rows; ++i) {
+      float* o = dw + (g * kg + m0 + i) * cg * kh * kw;
+      for (std::size_t j = 0; j < cols; ++j) {
+        const std::size_t k = n0 + j, rs = k / cg, c = k % cg;
+        o[c * kh * kw + rs] = acc[i * lda + j];
+      }
+    }
+  }
+};
+
+template <class T>
+constexpr math_precision conv_precision() {
+  return std::is_same_v<T, float> ? math_precision::f32 : math_precision::bf16;
+}
+
+// The implicit GEMM: C(M,N) of group g = A(M,K)·B(K,N), A and B from their loaders. The blocking
+// is GEMM's (gemm_config: MC-row slabs, KC-deep chunks, NB-wide B strips packed once per block in
+// pieces of at most KS_max, the same atoms); each element's chunks add in K order, so the result
+// does not depend on the block shape or the thread count.
+template <class S, class ASrc, class BSrc, class Out, class Chain>
+struct conv_gemm_program {
+  using cfg = gemm_config<S, S>;
+  using atom = typename cfg::atom;
+  static_assert(std::is_same_v<typename cfg::stage, S>, "conv_gemm_program: S must be the atoms' stage type");
+  static constexpr std::size_t MR = cfg::MR, NR = cfg::NR, KP = cfg::KP, KC = cfg::KC, NB = cfg::NB, MC = cfg::MC;
+  static constexpr std::size_t KS_max = 4096;
+  static constexpr bool b_matrix = std::is_same_v<BSrc, conv_matrix<S>>;
+  static constexpr bool b_panels = std::is_same_v<BSrc, conv_panels<S>>;
+  std::size_t M, N, K, groups, MB;
+  ASrc a;
+  BSrc b;
+  Out out;
+  Chain ep;
+  kernel_cost work;
+  const char* what = "conv2d";
+
+  kernel_cost cost(const grid&) const { return work; }
+  std::string shape() const {
+    return std::string(what) + " as GEMM (M,N,K)=(" + std::to_string(M) + "," + std::to_string(N) + "," + std::to_string(K) + ") x groups " +
+           std::to_string(groups);
+  }
+
+  void operator()(block_ctx& ctx) const {
+    const auto idx = ctx.block_index3();
+    const std::size_t g = idx[2], m0 = idx[0] * MB, rows = std::min(MB, M - m0), n0 = idx[1] * NB, cols = std::min(NB, N - n0);
+    using b_stage = staged<S, KC, NB, typename cfg::b_layout>;
+    const std::size_t nk = ceil_div(K, KC), chunks = std::min(nk, KS_max / KC);
+    S* strip = b_panels ? nullptr : ctx.scratch().allocate_array<S>(chunks * b_stage::elements);  // chunks x (KC,NB)
+    const std::size_t rows_pad = ceil_div(rows, MC) * MC;
+    float* acc = ctx.scratch().allocate_array<float>((nk > chunks ? rows_pad : MC) * NB);  // (MB,NB) or one (MC,NB) slab
+    staged<S, MC, KC, layout::row> at{ctx};                                               // (MC,KC) A by im2col addressing
+    S* bsrc = b_matrix || b_panels ? nullptr : ctx.scratch().allocate_array<S>(KC * NB);  // (KC,NB) gathered B
+    for (std::size_t kq = 0; kq < nk; kq += chunks) {
+      const std::size_t kn = std::min(chunks, nk - kq);
+      for (std::size_t k = 0; k < kn && !b_panels; ++k) {
+        b_stage bk(strip + k * b_stage::elements);
+        const std::size_t k0 = (kq + k) * KC, kv = std::min(KC, K - k0);
+        if constexpr (b_panels) {
+          (void)bk, (void)k0, (void)kv;
+        } else if constexpr (b_matrix) {
+          load(b.view(g).template tile_at<KC, NB>(k0, n0), bk, tile_extent{kv, cols});
+        } else {
+          b.gather(bsrc, NB, k0, kv, n0, cols, g);
+          load(tensor<const S, 2>::strided(bsrc, kv, cols, NB, 1).template tile_at<KC, NB>(0, 0), bk, tile_extent{kv, cols});
+        }
+      }
+      const bool last_piece = kq + kn == nk;
+      for (std::size_t mc = 0; mc < rows; mc += MC) {
+        const std::size_t r = std::min(MC, rows - mc);
+        float* accm = acc + (nk > chunks ? mc * NB : 0);
+        for (std::size_t k = 0; k < kn; ++k) {
+          const std::size_t k0 = (kq + k) * KC, kv = std::min(KC, K - k0), kvp = ceil_div(kv, KP) * KP;
+          a.gather(at.data(), KC, m0 + mc, r, k0, kv, g);
+          if (kvp != kv)
+            for (std::size_t i = 0; i < r; ++i) std::fill(at.data() + i * KC + kv, at.data() + i * KC + kvp, zero_elem<S>());
+          arch::ukernel_args p;
+          p.k = kvp / KP;
+          p.ldc = NB;
+          p.accumulate = kq + k > 0;
+          p.a_rs = KC;
+          const S* bkp;
+          if constexpr (b_panels) bkp = b.at(g, idx[1], kq + k);
+          else bkp = strip + k * b_stage::elements;
+          for (std::size_t jp = 0; jp * NR < cols; ++jp) {
+            p.b = bkp + jp * NR * layout::col_panel<NR, KP>::padded_rows(KC);
+            for (std::size_t ip = 0; ip * MR < r; ++ip) {
+              p.c = accm + ip * MR * NB + jp * NR;
+              p.a = at.data() + ip * MR * KC;
+              arch::run_rows<atom>(static_cast<int>(std::min(MR, r - ip * MR)), p);
+            }
+          }
+        }
+        if (last_piece) out.store(accm, NB, m0 + mc, r, n0, cols, g, ep);
+      }
+    }
+  }
+};
+
+// Rows per block: at least one slab, at most GEMM's MB_max, and enough blocks for ~4 per worker.
+template <class S>
+std::size_t conv_block_rows(std::size_t M, std::size_t nblocks, unsigned workers) {
+  using cfg = gemm_config<S, S>;
+  const std::size_t want = std::max<std::size_t>(1, ceil_div(4 * std::size_t(std::max(1u, workers)), std::max<std::size_t>(nblocks, 1)));
+  const std::size_t mb = ceil_div(ceil_div(M, want), cfg::MC) * cfg::MC;
+  return std::clamp<std::size_t>(mb, cfg::MC, cfg::MB_max);
+}
+
+template <class S, class ASrc, class BSrc, class Out, class Chain, class Dev>
+void conv_gemm_run(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::size_t groups, const ASrc& a, const BSrc& b, const Out& out,
+                   const Chain& ep, const kernel_cost& work, const char* what) {
+  using P = conv_gemm_program<S, ASrc, BSrc, Out, Chain>;
+  const std::size_t nb = ceil_div(N, P::NB) * groups;
+  const std::size_t MB = conv_block_rows<S>(M, nb, dev.capabilities().workers);
+  P prog{M, N, K, groups, MB, a, b, out, ep, work, what};
+  gemm_run(dev, grid{ceil_div(M, MB), ceil_div(N, P::NB), groups}, prog, work.flops);
+}
+
+// Packs an OIHW filter into per-group dense (K, N) matrices of the stage type: forward
+// B[g][(r,s,c)][o] = W[g·kg + o][c][r][s]; the data gradient's B[g][(r,s,o)][c] = the same weight.
+template <class T, class S>
+struct conv_pack_filter_program {
+  const T* w;
+  S* out;
+  std::size_t kg, cg, kh, kw;
+  bool for_data_grad;
+  kernel_cost cost(const grid& gr) const {
+    const double n = double(kg) * double(cg) * double(kh) * double(kw) * double(gr.size()) / double(ceil_div(kg, OB));  // the groups' filters
+    return {0.0, n * double(sizeof(T) + sizeof(S)), math_precision::f32};
+  }
+  // block (g, b) packs output channels [16b, 16b + 16) of group g: their 16 filter rows stay in
+  // cache while every (r, s, c) of them is written (one block per group ran a 512-channel filter
+  // on one thread, longer than the convolution of a 7x7 image)
+  static constexpr std::size_t OB = 16;
+  void operator()(block_ctx& ctx) const {
+    const auto idx = ctx.block_index3();
+    const std::size_t g = idx[0], o0 = idx[1] * OB, on = std::min(OB, kg - o0), rs_n = kh * kw, per = kg * cg * rs_n;
+    S* o = out + g * per;
+    for (std::size_t rs = 0; rs < rs_n; ++rs)
+      for (std::size_t c = 0; c < cg; ++c)
+        for (std::size_t oc = o0; oc < o0 + on; ++oc) {
+          const S v = convert_elem<S>(w[((g * kg + oc) * cg + c) * rs_n + rs], 1.0f, false);
+          if (!for_data_grad) o[(rs * cg + c) * kg + oc] = v;
+          else o[(rs * kg + oc) * cg + c] = v;
+        }
+  }
+};
+
+template <class S, class T, class Dev>
+S* conv_pack_filter(Dev& dev, const conv_geom& g, const T* w, bool for_data_grad) {
+  const std::size_t n = mul_checked(g.fil().size(), sizeof(S), "conv packed filter");
+  S* p = static_cast<S*>(dev.allocate(std::max<std::size_t>(n, 1)));
+  try {
+    using P = conv_pack_filter_program<T, S>;
+    gemm_run(dev, grid{g.groups, ceil_div(g.kg, P::OB)}, P{w, p, g.kg, g.cg, g.kh, g.kw, for_data_grad}, double(g.fil().size()) * 8.0);
+  } catch (...) {
+    dev.deallocate(p);
+    throw;
+  }
+  return p;
+}
+
+// Packs the per-group (K,N) matrices of conv_pack_filter into the program's (KC,NB) panel tiles
+// with GEMM's own B load, block (g, nb, k) writing tile (g, nb, k): the tile a block of
+// conv_gemm_program would pack for itself, so a prepacked filter gives the same bits.
+template <class S>
+struct conv_panel_pack_program {
+  using cfg = gemm_config<S, S>;
+  using b_stage = staged<S, cfg::KC, cfg::NB, typename cfg::b_layout>;
+  static constexpr std::size_t KC = cfg::KC, NB = cfg::NB;
+  conv_matrix<S> b;
+  S* out;
+  std::size_t nblocks, nk;
+  kernel_cost cost(const grid& gr) const { return {0.0, double(gr.size()) * double(b_stage::elements) * 2.0 * sizeof(S), math_precision::f32}; }
+  void operator()(block_ctx& ctx) const {
+    const auto idx = ctx.block_index3();
+    const std::size_t g = idx[0], nb = idx[1], k = idx[2], k0 = k * KC, kv = std::min(KC, b.rows - k0), n0 = nb * NB, cols = std::min(NB, b.cols - n0);
+    b_stage bk(out + ((g * nblocks + nb) * nk + k) * b_stage::elements);  // (KC,NB)
+    load(b.view(g).template tile_at<KC, NB>(k0, n0), bk, tile_extent{kv, cols});
+  }
+};
+
+// The same tiles straight from the OIHW filter in one pass (no (K,N) matrix in between; used by
+// conv2d_packed_filter — per call, the two-pass pack measured faster: bf16 n=1 512@7x7 147 vs 114
+// GFLOP/s, the element-wise panel writes of bf16 pairs being slow): element
+// (k, n) of tile (g, nb, kc), k = kc·KC + kk = (r·KW + s)·cg + c, n = nb·NB + nn, is
+// W[g·kg + n][c][r][s] at the b_layout's offset, zero beyond the filter. Writes run in panel order;
+// one output channel's filter row is read per column.
+template <class T, class S>
+struct conv_panel_direct_pack_program {
+  using cfg = gemm_config<S, S>;
+  using b_layout = typename cfg::b_layout;
+  using b_stage = staged<S, cfg::KC, cfg::NB, b_layout>;
+  static constexpr std::size_t KC = cfg::KC, NB = cfg::NB;
+  const T* w;
+  S* out;
+  std::size_t kg, cg, rs_n, nblocks, nk;
+  kernel_cost cost(const grid& gr) const {  // the tiles written, the groups' filters read once
+    const double groups = double(gr.size()) / double(std::max<std::size_t>(1, nblocks * nk));
+    return {0.0, double(gr.size()) * double(b_stage::elements) * sizeof(S) + groups * double(kg * cg * rs_n) * sizeof(T), math_precision::f32};
+  }
+  void operator()(block_ctx& ctx) const {
+    const auto idx = ctx.block_index3();
+    const std::size_t g = idx[0], nb = idx[1], kc = idx[2], K = cg * rs_n, k0 = kc * KC, kv = std::min(KC, K - k0), n0 = nb * NB,
+                      cols = std::min(NB, kg - n0);
+    S* t = out + ((g * nblocks + nb) * nk + kc) * b_stage::elements;
+    std::fill_n(t, b_stage::elements, zero_elem<S>());
+    for (std::size_t nn = 0; nn < cols; ++nn) {
+      const T* row = w + (g * kg + n0 + nn) * K;  // the filter of one output channel, (c, r, s)
+      std::size_t rs = k0 / cg, c = k0 % cg;
+      for (std::size_t kk = 0; kk < kv; ++kk) {
+        t[b_layout::offset(kk, nn, KC, NB)] = convert_elem<S>(row[c * rs_n + rs], 1.0f, false);
+        if (++c == cg) c = 0, ++rs;
+      }
+    }
+  }
+};
+
+template <class Dev>
+struct conv_workspace {
+  Dev& d;
+  void* p;
+  ~conv_workspace() {
+    d.synchronize();  // the launch that reads it finished before it goes back to the pool
+    d.deallocate(p);
+  }
+};
+
+}  // namespace detail
+
+inline namespace v0 {
+
+// What a conv2d does (declared before it runs, as every operator): 2·N·OH·OW·O·(C/groups)·KH·KW
+// FLOPs and the bytes of x, w and y once each; the launch's precision is the input's.
+template <conv_element T, conv_element TY = float>
+kernel_cost conv2d_cost(const image_dims& x, const filter_dims& f, const conv2d_params& p) {
+  const auto g = detail::conv_geometry(x, f, p);
+  kernel_cost c;
+  c.flops = 2.0 * double(g.pixels()) * double(g.k) * double(g.depth());
+  c.bytes = double(g.in().size()) * sizeof(T) + double(g.fil().size()) * sizeof(T) + double(g.out().size()) * sizeof(TY);
+  c.precision = detail::conv_precision<T>();
+  return c;
+}
+
+// y = conv2d(x, w) + bias, then `ep` (the epilogue sees row = output pixel n·OH·OW + oh·OW + ow and
+// column = output channel; conv_residual adds a residual in either layout). x is (N, C, H, W) and y
+// (N, O, OH, OW) in the layout of p; w is OIHW (O, C/groups, KH, KW); bias has O values or none.
+// A 1x1, stride-1, unpadded NHWC convolution without groups is a GEMM and runs as one.
+template <class Dev, conv_element T, conv_element TY, class Chain = epilogue::chain<>>
+void conv2d(Dev& dev, image<const T> x, filter<const T> w, std::span<const float> bias, image<TY> y, const conv2d_params& p,
+            const Chain& ep = {}) {
+  const auto g = detail::conv_geometry(x.dims, w.dims, p);
+  detail::conv_check(y.dims == g.out(), [&] {
+    return "output " + detail::dims_str(y.dims) + " does not match input " + detail::dims_str(x.dims) + " and filter " + detail::dims_str(w.dims) +
+           ", which give " + detail::dims_str(g.out());
+  });
+  detail::conv_check(bias.empty() || bias.size() == g.k,
+                     [&] { return "bias has " + std::to_string(bias.size()) + " values for " + std::to_string(g.k) + " output channels"; });
+  detail::conv_check_buffer("x", x.data, x.dims.size());
+  detail::conv_check_buffer("w", w.data, w.dims.size());
+  detail::conv_check_buffer("y", y.data, y.dims.size());
+  if (g.pixels() == 0) return;
+  const auto chain = epilogue::detail::as_chain<Chain>::make(ep);
+  const auto work = conv2d_cost<T, TY>(x.dims, w.dims, p);
+  auto launch = [&](const auto& ch) {
+    if (g.kh == 1 && g.kw == 1 && g.sh == 1 && g.sw == 1 && g.pt == 0 && g.pl == 0 && g.oh == g.h && g.ow == g.w && g.groups == 1 &&
+        p.layout == conv_layout::nhwc) {
+      // 1x1: y(pixels, O) = x(pixels, C) · wᵀ, w being (O, C) row-major
+      gemm(dev, tensor<const T, 2>::strided(x.data, g.pixels(), g.c, g.c, 1), tensor<const T, 2>::strided(w.data, g.c, g.k, 1, g.c),
+           tensor<TY, 2>::strided(y.data, g.pixels(), g.k, g.k, 1), 1.0f, 0.0f, ch);
+      return;
+    }
+    using S = typename mma_traits<T>::stage_type;
+    S* wp = detail::conv_pack_filter<S>(dev, g, w.data, false);
+    detail::conv_workspace<Dev> guard{dev, wp};
+    const detail::conv_gather<T> a{x.data, g.layout, g.c, g.h, g.w, g.oh, g.ow, g.cg, g.kh, g.kw, g.sh, g.sw, g.pt, g.pl, g.dh, g.dw, false};
+    const detail::conv_matrix<S> b{wp, g.depth(), g.kg};
+    const detail::conv_image_out<TY> out{y.data, g.layout, g.k, g.oh * g.ow, g.kg};
+    detail::conv_gemm_run<S>(dev, g.pixels(), g.kg, g.depth(), g.groups, a, b, out, ch, work, "conv2d");
+  };
+  if (bias.empty()) launch(chain);
+  else launch(epilogue::bias(bias) | chain);
+}
+
+// A forward filter packed once into the implicit GEMM's B panel tiles (the layout the atoms read),
+// for repeated conv2d calls with the same weights (inference): a call then neither transposes nor
+// packs the filter, which on deep layers with few output pixels (512 channels at 7x7: a 9 MiB
+// filter against 49 rows) is most of the work. Owns device memory; move-only. conv2d with it gives
+// the bits of conv2d with the plain filter, except for the NHWC 1x1 GEMM shortcut that the plain
+// call takes (the packed call stays on the implicit GEMM).
+template <conv_element T, class Dev>
+class conv2d_packed_filter {
+ public:
+  using stage = typename mma_traits<T>::stage_type;
+  conv2d_packed_filter(Dev& dev, filter<const T> w, std::size_t groups) : dev_(&dev), dims_(w.dims), groups_(groups) {
+    detail::conv_check(groups >= 1 && w.dims.out % groups == 0,
+                       [&] { return "packed filter: groups " + std::to_string(groups) + " must divide the output channels " + std::to_string(w.dims.out); });
+    detail::conv_check(w.dims.in >= 1 && w.dims.kh >= 1 && w.dims.kw >= 1, [&] { return "packed filter: empty filter " + detail::dims_str(w.dims); });
+    detail::conv_check_buffer("w", w.data, w.dims.size());
+    conv2d_params p;
+    p.groups = groups;
+    const auto g = detail::conv_geometry({1, w.dims.in * groups, w.dims.kh, w.dims.kw}, w.dims, p);  // any image the kernel fits
+    using P = detail::conv_panel_pack_program<stage>;
+    nblocks_ = ceil_div(g.kg, P::NB);
+    nk_ = ceil_div(g.depth(), P::KC);
+    const std::size_t n = detail::mul_checked(detail::mul_checked(detail::mul_checked(groups, nblocks_, "packed filter"), nk_, "packed filter"),
+                                              detail::mul_checked(P::b_stage::elements, sizeof(stage), "packed filter"), "packed filter");
+    p_ = static_cast<stage*>(dev.allocate(n));
+    try {
+      using D = detail::conv_panel_direct_pack_program<T, stage>;
+      detail::gemm_run(dev, grid{groups, nblocks_, nk_}, D{w.data, p_, g.kg, g.cg, g.kh * g.kw, nblocks_, nk_}, double(n));
+    } catch (...) {
+      dev.deallocate(p_);
+      throw;
+    }
+  }
+  conv2d_packed_filter(conv2d_packed_filter&& o) noexcept
+      : dev_(o.dev_), p_(std::exchange(o.p_, nullptr)), dims_(o.dims_), groups_(o.groups_), nblocks_(o.nblocks_), nk_(o.nk_) {}
+  conv2d_packed_filter& operator=(conv2d_packed_filter&& o) noexcept {
+    if (this != &o) {
+      release();
+      dev_ = o.dev_, p_ = std::exchange(o.p_, nullptr), dims_ = o.dims_, groups_ = o.groups_, nblocks_ = o.nblocks_, nk_ = o.nk_;
+    }
+    return *this;
+  }
+  conv2d_packed_filter(const conv2d_packed_filter&) = delete;
+  conv2d_packed_filter& operator=(const conv2d_packed_filter&) = delete;
+  ~conv2d_packed_filter() { release(); }
+
+  const filter_dims& dims() const { return dims_; }
+  std::size_t groups() const { return groups_; }
+  detail::conv_panels<stage> panels() const {
+    return {p_, nblocks_, nk_, detail::conv_panel_pack_program<stage>::b_stage::elements};
+  }
+
+ private:
+  void release() {
+    if (!p_) return;
+    dev_->synchronize();
+    dev_->deallocate(p_);
+    p_ = nullptr;
+  }
+  Dev* dev_;
+  stage* p_ = nullptr;
+  filter_dims dims_;
+  std::size_t groups_, nblocks_ = 0, nk_ = 0;
+};
+
+// conv2d with a prepacked filter (its groups must be p.groups); otherwise as conv2d above.
+template <class Dev, conv_element T, conv_element TY, class Chain = epilogue::chain<>>
+void conv2d(Dev& dev, image<const T> x, const conv2d_packed_filter<T, Dev>& w, std::span<const float> bias, image<TY> y, const conv2d_params& p,
+            const Chain& ep = {}) {
+  detail::conv_check(w.groups() == p.groups, [&] {
+    return "packed filter was packed for " + std::to_string(w.groups()) + " groups, the convolution has " + std::to_string(p.groups);
+  });
+  const auto g = detail::conv_geometry(x.dims, w.dims(), p);
+  detail::conv_check(y.dims == g.out(), [&] {
+    return "output " + detail::dims_str(y.dims) + " does not match input " + detail::dims_str(x.dims) + " and filter " + detail::dims_str(w.dims()) +
+           ", which give " + detail::dims_str(g.out());
+  });
+  detail::conv_check(bias.empty() || bias.size() == g.k,
+                     [&] { return "bias has " + std::to_string(bias.size()) + " values for " + std::to_string(g.k) + " output channels"; });
+  detail::conv_check_buffer("x", x.data, x.dims.size());
+  detail::conv_check_buffer("y", y.data, y.dims.size());
+  if (g.pixels() == 0) return;
+  const auto chain = epilogue::detail::as_chain<Chain>::make(ep);
+  const auto work = conv2d_cost<T, TY>(x.dims, w.dims(), p);
+  using S = typename mma_traits<T>::stage_type;
+  const detail::conv_gather<T> a{x.data, g.layout, g.c, g.h, g.w, g.oh, g.ow, g.cg, g.kh, g.kw, g.sh, g.sw, g.pt, g.pl, g.dh, g.dw, false};
+  const detail::conv_image_out<TY> out{y.data, g.layout, g.k, g.oh * g.ow, g.kg};
+  if (bias.empty()) detail::conv_gemm_run<S>(dev, g.pixels(), g.kg, g.depth(), g.groups, a, w.panels(), out, chain, work, "conv2d");
+  else detail::conv_gemm_run<S>(dev, g.pixels(), g.kg, g.depth(), g.groups, a, w.panels(), out, epilogue::bias(bias) | chain, work, "conv2d");
+}
+
+// The data gradient: dx = conv2d's transpose applied to dy (same params; dx is (N, C, H, W)). An
+// implicit GEMM over the input pixels whose A gathers dy at (ih + pad − r·dil) / stride.
+template <class Dev, conv_element T, conv_element TX>
+void conv2d_backward_data(Dev& dev, image<const T> dy, filter<const T> w, image<TX> dx, const conv2d_params& p) {
+  const auto g = detail::conv_geometry(dx.dims, w.dims, p);
+  detail::conv_check(dy.dims == g.out(), [&] {
+    return "output gradient " + detail::dims_str(dy.dims) + " does not match input " + detail::dims_str(dx.dims) + " and filter " +
+           detail::dims_str(w.dims) + ", which give " + detail::dims_str(g.out());
+  });
+  detail::conv_check_buffer("dy", dy.data, dy.dims.size());
+  detail::conv_check_buffer("w", w.data, w.dims.size());
+  detail::conv_check_buffer("dx", dx.data, dx.dims.size());
+  if (g.n == 0) return;
+  using S = typename mma_traits<T>::stage_type;
+  S* wp = detail::conv_pack_filter<S>(dev, g, w.data, true);
+  detail::conv_workspace<Dev> guard{dev, wp};
+  const std::size_t K = g.kg * g.kh * g.kw, M = g.n * g.h * g.w;
+  const detail::conv_gather<T> a{dy.data, g.layout, g.k, g.oh, g.ow, g.h, g.w, g.kg, g.kh, g.kw, g.sh, g.sw, g.pt, g.pl, g.dh, g.dw, true};
+  const detail::conv_matrix<S> b{wp, K, g.cg};
+  const detail::conv_image_out<TX> out{dx.data, g.layout, g.c, g.h * g.w, g.cg};
+  kernel_cost work{2.0 * double(M) * double(g.c) * double(K), double(g.out().size() + g.fil().size()) * sizeof(T) + double(g.in().size()) * sizeof(TX),
+                   detail::conv_precision<T>()};
+  detail::conv_gemm_run<S>(dev, M, g.cg, K, g.groups, a, b, out, epilogue::chain<>{}, work, "conv2d_backward_data");
+}
+
+// The weight gradient: dw(o, c, r, s) = Σ over pixels dy(o) · x(c at the pixel's tap (r, s)); dw is
+// f32 OIHW. An implicit GEMM (O/groups, C/groups·KH·KW) whose depth is the N·OH·OW output pixels.
+template <class Dev, conv_element T>
+void conv2d_backward_weight(Dev& dev, image<const T> x, image<const T> dy, filter<float> dw, const conv2d_params& p) {
+  const auto g = detail::conv_geometry(x.dims, dw.dims, p);
+  detail::conv_check(dy.dims == g.out(), [&] {
+    return "output gradient " + detail::dims_str(dy.dims) + " does not match input " + detail::dims_str(x.dims) + " and filter " +
+           detail::dims_str(dw.dims) + ", which give " + detail::dims_str(g.out());
+  });
+  detail::conv_check_buffer("x", x.data, x.dims.size());
+  detail::conv_check_buffer("dy", dy.data, dy.dims.size());
+  detail::conv_check_buffer("dw", dw.data, dw.dims.size());
+  if (g.pixels() == 0) {
+    std::fill_n(dw.data, dw.dims.size(), 0.0f);
+    return;
+  }
+  using S = typename mma_traits<T>::stage_type;
+  const detail::conv_channel_rows<T> a{dy.data, g.layout, g.k, g.oh * g.ow, g.kg};
+  const detail::conv_gather<T> b{x.data, g.layout, g.c, g.h, g.w, g.oh, g.ow, g.cg, g.kh, g.kw, g.sh, g.sw, g.pt, g.pl, g.dh, g.dw, false};
+  const detail::conv_filter_out out{dw.data, g.kg, g.cg, g.kh, g.kw};
+  kernel_cost work{2.0 * double(g.pixels()) * double(g.k) * double(g.depth()),
+                   double(g.in().size() + g.out().size()) * sizeof(T) + double(g.fil().size()) * sizeof(float), detail::conv_precision<T>()};
+  detail::conv_gemm_run<S>(dev, g.kg, g.depth(), g.pixels(), g.groups, a, b, out, epilogue::chain<>{}, work, "conv2d_backward_weight");
+}
+
+}  // namespace v0
+
+namespace detail {
+// db[o] = Σ over pixels dy(o): block b owns channels [64b, 64b + 64), summed in pixel order.
+template <class T>
+struct conv_bias_grad_program {
+  const T* dy;
+  float* db;
+  image_dims d;
+  conv_layout layout;
+  static constexpr std::size_t CB = 64;
+  kernel_cost cost(const grid&) const { return {double(d.size()), double(d.size()) * sizeof(T), math_precision::f32}; }
+  void operator()(block_ctx& ctx) const {
+    const std::size_t c0 = ctx.block_index3()[0] * CB, nc = std::min(CB, d.c - c0), plane = d.h * d.w;
+    float s[CB] = {};
+    for (std::size_t img = 0; img < d.n; ++img) {
+      if (layout == conv_layout::nhwc) {
+        for (std::size_t q = 0; q < plane; ++q) {
+          const T* p = dy + (img * plane + q) * d.c + c0;
+          for (std::size_t j = 0; j < nc; ++j) s[j] += arch::to_f32(p[j]);
+        }
+      } else {
+        for (std::size_t j = 0; j < nc; ++j) {
+          const T* p = dy + (img * d.c + c0 + j) * plane;
+          for (std::size_t q = 0; q < plane; ++q) s[j] += arch::to_f32(p[q]);
+        }
+      }
+    }
+    std::copy_n(s, nc, db + c0);
+  }
+};
+}  // namespace detail
+
+inline namespace v0 {
+// The bias gradient: db[o] = Σ_{n, oh, ow} dy(n, o, oh, ow), in f32, in pixel order.
+template <class Dev, conv_element T>
+void conv2d_backward_bias(Dev& dev, image<const T> dy, std::span<float> db, conv_layout layout) {
+  detail::conv_check(db.size() == dy.dims.c, [&] { return "bias gradient has " + std::to_string(db.size()) + " values for " + std::to_string(dy.dims.c) + " channels"; });
+  detail::conv_check_buffer("dy", dy.data, dy.dims.size());
+  if (dy.dims.c == 0) return;
+  using P = detail::conv_bias_grad_program<T>;
+  detail::gemm_run(dev, grid{ceil_div(dy.dims.c, P::CB)}, P{dy.data, db.data(), dy.dims, layout}, double(dy.dims.size()));
+}
+
+// Folds an inference batch norm y = γ·(z − μ)/√(σ² + ε) + β after a convolution z = w∗x + b into the
+// convolution: w'(o) = w(o)·γ_o/√(σ²_o + ε), b'_o = (b_o − μ_o)·γ_o/√(σ²_o + ε) + β_o (b empty: 0).
+// w and bias_out are written in place of / next to the caller's f32 filter.
+inline void fold_batchnorm(filter<float> w, std::span<const float> bias, std::span<const float> gamma, std::span<const float> beta,
+                           std::span<const float> mean, std::span<const float> var, float eps, std::span<float> bias_out) {
+  const std::size_t o = w.dims.out;
+  detail::conv_check(gamma.size() == o && beta.size() == o && mean.size() == o && var.size() == o && bias_out.size() == o &&
+                         (bias.empty() || bias.size() == o),
+                     [&] { return "fold_batchnorm: every per-channel vector needs " + std::to_string(o) + " values (the filter's output channels)"; });
+  detail::conv_check(eps >= 0.0f, [] { return std::string("fold_batchnorm: eps must be non-negative"); });
+  detail::conv_check_buffer("w", w.data, w.dims.size());
+  const std::size_t per = w.dims.in * w.dims.kh * w.dims.kw;
+  for (std::size_t c = 0; c < o; ++c) {
+    detail::conv_check(var[c] + eps > 0.0f, [&] { return "fold_batchnorm: variance + eps of channel " + std::to_string(c) + " is not positive"; });
+    const double sc = double(gamma[c]) / std::sqrt(double(var[c]) + double(eps));
+    for (std::size_t i = 0; i < per; ++i) w.data[c * per + i] = static_cast<float>(double(w.data[c * per + i]) * sc);
+    bias_out[c] = static_cast<float>(((bias.empty() ? 0.0 : double(bias[c])) - double(mean[c])) * sc + double(beta[c]));
+  }
+}
+
+}  // namespace v0
+}  // namespace tessel

@@ -1,0 +1,355 @@
+// 2-D pooling over NCHW or NHWC images as tile programs: max and average pooling (ONNX MaxPool /
+// AveragePool geometry: kernel, stride, asymmetric padding, dilation, ceil_mode, count_include_pad),
+// global average and global max pooling, each forward and backward, f32 or bf16 with f32 arithmetic.
+// Every output sums (or compares) its window's taps in the order (kernel row, kernel column), and
+// every input gradient adds its contributions in output-pixel order, so the bits depend neither on
+// the layout, nor on the thread count, nor on the device. Bad geometry throws conv_error (the
+// convolution-and-pooling family of ops/errors.hpp).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <type_traits>
+
+#include <tessel/ops/conv.hpp>
+#include <tessel/ops/errors.hpp>
+
+namespace tessel {
+inline namespace v0 {
+
+// Geometry of a pooling (ONNX MaxPool/AveragePool attributes). ceil_mode rounds the output extent
+// up, but a window must start inside the input or its leading padding (as PyTorch and the ONNX
+// reference do). count_include_pad (average only): the divisor counts the taps inside the padded
+// input [−pad_begin, extent + pad_end) instead of those inside the input; taps a ceil_mode window
+// has beyond the padding never count.
+struct pool2d_params {
+  std::size_t kernel_h = 1, kernel_w = 1;
+  std::size_t stride_h = 1, stride_w = 1;
+  std::size_t pad_top = 0, pad_left = 0, pad_bottom = 0, pad_right = 0;
+  std::size_t dilation_h = 1, dilation_w = 1;
+  bool ceil_mode = false;
+  bool count_include_pad = false;
+  conv_layout layout = conv_layout::nchw;
+};
+
+enum class pool_kind : std::uint8_t { max, average };
+
+}  // namespace v0
+
+namespace detail {
+
+// One spatial axis of a pooling: window o starts at o·stride − pad_begin; its taps r (coordinate
+// start + r·dilation) in [lo, hi) lie inside the input, the first `padded` inside the padded input.
+struct pool_axis {
+  std::size_t in = 0, out = 0, k = 1, st = 1, pa = 0, pb = 0, dil = 1;
+  struct taps {
+    std::size_t lo, hi, padded;
+  };
+  taps window(std::size_t o) const {
+    const std::ptrdiff_t start = static_cast<std::ptrdiff_t>(o * st) - static_cast<std::ptrdiff_t>(pa), d = static_cast<std::ptrdiff_t>(dil);
+    const auto below = [&](std::ptrdiff_t end) {  // taps with coordinate < end
+      if (end <= start) return std::size_t{0};
+      return std::min(k, static_cast<std::size_t>((end - start + d - 1) / d));
+    };
+    const std::size_t lo = start >= 0 ? 0 : std::min(k, static_cast<std::size_t>((-start + d - 1) / d));
+    const std::size_t hi = std::max(lo, below(static_cast<std::ptrdiff_t>(in)));
+    return {lo, hi, below(static_cast<std::ptrdiff_t>(in + pb))};
+  }
+  std::size_t coord(std::size_t o, std::size_t r) const { return o * st + r * dil - pa; }  // for taps in [lo, hi)
+};
+
+struct pool_geom {
+  std::size_t n, c;
+  pool_axis y, x;
+  conv_layout layout;
+  bool include_pad;
+  image_dims in() const { return {n, c, y.in, x.in}; }
+  image_dims out() const { return {n, c, y.out, x.out}; }
+  std::size_t taps() const { return y.k * x.k; }
+};
+
+inline pool_axis pool_axis_of(const char* axis, std::size_t in, std::size_t k, std::size_t st, std::size_t pa, std::size_t pb, std::size_t dil,
+                              bool ceil_mode) {
+  conv_check(k >= 1, [&] { return std::string("pool: empty kernel ") + axis; });
+  conv_check(st >= 1, [&] { return std::string("pool: stride ") + axis + " must be at least 1"; });
+  conv_check(dil >= 1, [&] { return std::string("pool: dilation ") + axis + " must be at least 1"; });
+  const std::size_t padded = add_checked(add_checked(in, pa, "pool padded extent"), pb, "pool padded extent");
+  const std::size_t span = add_checked(mul_checked(k - 1, dil, "pool kernel extent"), 1, "pool kernel extent");
+  conv_check(padded >= span, [&] {
+    return std::string("pool: kernel ") + axis + " extent " + std::to_string(span) + " (kernel " + std::to_string(k) + ", dilation " +
+           std::to_string(dil) + ") exceeds the padded input " + axis + " " + std::to_string(padded);
+  });
+  pool_axis a{in, 0, k, st, pa, pb, dil};
+  a.out = (padded - span + (ceil_mode ? st - 1 : 0)) / st + 1;
+  if (ceil_mode && (a.out - 1) * st >= in + pa) --a.out;  // the last window would start in the trailing padding
+  for (std::size_t o = 0; o < a.out; ++o) {
+    const auto t = a.window(o);
+    conv_check(t.lo < t.hi, [&] {
+      return std::string("pool: window ") + std::to_string(o) + " along the " + axis + " has no tap inside the input of " + axis + " " + std::to_string(in) +
+             " (padding " + std::to_string(pa) + "/" + std::to_string(pb) + ", kernel " + std::to_string(k) + ", dilation " + std::to_string(dil) + ")";
+    });
+  }
+  return a;
+}
+
+inline pool_geom pool_geometry(const image_dims& x, const pool2d_params& p) {
+  conv_check(p.layout == conv_layout::nchw || p.layout == conv_layout::nhwc, [] { return std::string("pool: unknown layout"); });
+  conv_check(x.c >= 1, [&] { return "pool: no channels in input " + dims_str(x); });
+  (void)x.size();
+  pool_geom g{};
+  g.n = x.n, g.c = x.c, g.layout = p.layout, g.include_pad = p.count_include_pad;
+  g.y = pool_axis_of("height", x.h, p.kernel_h, p.stride_h, p.pad_top, p.pad_bottom, p.dilation_h, p.ceil_mode);
+  g.x = pool_axis_of("width", x.w, p.kernel_w, p.stride_w, p.pad_left, p.pad_right, p.dilation_w, p.ceil_mode);
+  (void)g.out().size();
+  (void)mul_checked(g.out().size(), g.taps(), "pool work");
+  return g;
+}
+
+template <class T>
+inline T pool_from_f32(float v) {
+  if constexpr (std::is_same_v<T, float>) return v;
+  else return T(v);
+}
+
+// The max of a window keeps its first tap on ties; a NaN tap wins over numbers (the first NaN).
+inline bool pool_better(float v, float best) { return v > best || (v != v && best == best); }
+
+// Rows of output per block: about 4 blocks per worker over all images and channel blocks.
+inline std::size_t pool_rows_per_block(std::size_t out_rows, std::size_t other_blocks, unsigned workers) {
+  const std::size_t want = std::max<std::size_t>(1, ceil_div(4 * std::size_t(std::max(1u, workers)), std::max<std::size_t>(other_blocks, 1)));
+  return std::max<std::size_t>(1, ceil_div(out_rows, want));
+}
+
+// Forward: block (image, channel block of CB, output-row block of RB).
+template <class T, pool_kind Kind>
+struct pool_fwd_program {
+  static constexpr std::size_t CB = 64;
+  const T* x;
+  T* y;
+  pool_geom g;
+  std::size_t rb;
+
+  kernel_cost cost(const grid&) const {
+    return {double(g.out().size()) * double(g.taps()), double(g.in().size() + g.out().size()) * sizeof(T), math_precision::f32};
+  }
+
+  void operator()(block_ctx& ctx) const {
+    const auto idx = ctx.block_index3();
+    const std::size_t img = idx[0], c0 = idx[1] * CB, cn = std::min(CB, g.c - c0), oy0 = idx[2] * rb, oy1 = std::min(g.y.out, oy0 + rb);
+    const std::size_t H = g.y.in, W = g.x.in, OW = g.x.out;
+    for (std::size_t oy = oy0; oy < oy1; ++oy) {
+      const auto ty = g.y.window(oy);
+      for (std::size_t ox = 0; ox < OW; ++ox) {
+        const auto tx = g.x.window(ox);
+        const float div = float(g.include_pad ? ty.padded * tx.padded : (ty.hi - ty.lo) * (tx.hi - tx.lo));
+        if (g.layout == conv_layout::nchw) {
+          for (std::size_t ch = c0; ch < c0 + cn; ++ch) {
+            const T* p = x + (img * g.c + ch) * H * W;
+            float acc = Kind == pool_kind::max ? arch::to_f32(p[g.y.coord(oy, ty.lo) * W + g.x.coord(ox, tx.lo)]) : 0.0f;
+            for (std::size_t r = ty.lo; r < ty.hi; ++r)
+              for (std::size_t s = tx.lo; s < tx.hi; ++s) {
+                const float v = arch::to_f32(p[g.y.coord(oy, r) * W + g.x.coord(ox, s)]);
+                if constexpr (Kind == pool_kind::max) acc = pool_better(v, acc) ? v : acc;
+                else acc += v;
+              }
+            y[((img * g.c + ch) * g.y.out + oy) * OW + ox] = pool_from_f32<T>(Kind == pool_kind::max ? acc : acc / div);
+          }
+        } else {
+          float acc[CB];
+          const T* first = x + ((img * H + g.y.coord(oy, ty.lo)) * W + g.x.coord(ox, tx.lo)) * g.c + c0;
+          for (std::size_t j = 0; j < cn; ++j) acc[j] = Kind == pool_kind::max ? arch::to_f32(first[j]) : 0.0f;
+          for (std::size_t r = ty.lo; r < ty.hi; ++r)
+            for (std::size_t s = tx.lo; s < tx.hi; ++s) {
+              const T* p = x + ((img * H + g.y.coord(oy, r)) * W + g.x.coord(ox, s)) * g.c + c0;
+              for (std::size_t j = 0; j < cn; ++j) {
+                const float v = arch::to_f32(p[j]);
+                if constexpr (Kind == pool_kind::max) acc[j] = pool_better(v, acc[j]) ? v : acc[j];
+                else acc[j] += v;
+              }
+            }
+          T* o = y + ((img * g.y.out + oy) * OW + ox) * g.c + c0;
+          for (std::size_t j = 0; j < cn; ++j) o[j] = pool_from_f32<T>(Kind == pool_kind::max ? acc[j] : acc[j] / div);
+        }
+      }
+    }
+  }
+};
+
+// Backward: block (image, channel block of CB) owns its input-gradient planes whole. It adds, in
+// output-pixel order, dy/divisor to every tap of an average window, or dy to the argmax of a max
+// window (found as the forward finds it), into an f32 buffer in scratch, then writes dx once.
+template <class T, class TX, pool_kind Kind>
+struct pool_bwd_program {
+  static constexpr std::size_t CB = 16;
+  const T* x;  // max only
+  const T* dy;
+  TX* dx;
+  pool_geom g;
+
+  kernel_cost cost(const grid&) const {
+    const double xs = Kind == pool_kind::max ? double(g.in().size()) * sizeof(T) : 0.0;
+    return {double(g.out().size()) * double(g.taps()), xs + double(g.out().size()) * sizeof(T) + double(g.in().size()) * sizeof(TX), math_precision::f32};
+  }
+
+  // The argmax (r, s) of window (oy, ox) of channel j, `at(iy, ix)` giving the input value.
+  template <class At>
+  static void argmax(const pool_axis::taps& ty, const pool_axis::taps& tx, const pool_axis& ay, const pool_axis& ax, std::size_t oy, std::size_t ox,
+                     const At& at, std::size_t& by, std::size_t& bx) {
+    by = ay.coord(oy, ty.lo), bx = ax.coord(ox, tx.lo);
+    float best = at(by, bx);
+    for (std::size_t r = ty.lo; r < ty.hi; ++r)
+      for (std::size_t s = tx.lo; s < tx.hi; ++s) {
+        const std::size_t iy = ay.coord(oy, r), ix = ax.coord(ox, s);
+        const float v = at(iy, ix);
+        if (pool_better(v, best)) best = v, by = iy, bx = ix;
+      }
+  }
+
+  void operator()(block_ctx& ctx) const {
+    const auto idx = ctx.block_index3();
+    const std::size_t img = idx[0], c0 = idx[1] * CB, cn = std::min(CB, g.c - c0);
+    const std::size_t H = g.y.in, W = g.x.in, OH = g.y.out, OW = g.x.out, plane = H * W;
+    const bool nchw = g.layout == conv_layout::nchw;
+    // (plane, cn) accumulators: channel j of pixel q at q·cn + j in both layouts
+    float* acc = ctx.scratch().template allocate_array<float>(plane * cn);
+    std::fill_n(acc, plane * cn, 0.0f);
+    for (std::size_t oy = 0; oy < OH; ++oy) {
+      const auto ty = g.y.window(oy);
+      for (std::size_t ox = 0; ox < OW; ++ox) {
+        const auto tx = g.x.window(ox);
+        for (std::size_t j = 0; j < cn; ++j) {
+          const std::size_t ch = c0 + j;
+          const float gv = arch::to_f32(nchw ? dy[((img * g.c + ch) * OH + oy) * OW + ox] : dy[((img * OH + oy) * OW + ox) * g.c + ch]);
+          if constexpr (Kind == pool_kind::max) {
+            std::size_t by, bx;
+            if (nchw) {
+              const T* p = x + (img * g.c + ch) * plane;
+              argmax(ty, tx, g.y, g.x, oy, ox, [&](std::size_t iy, std::size_t ix) { return arch::to_f32(p[iy * W + ix]); }, by, bx);
+            } else {
+              const T* p = x + img * plane * g.c + ch;
+              argmax(ty, tx, g.y, g.x, oy, ox, [&](std::size_t iy, std::size_t ix) { return arch::to_f32(p[(iy * W + ix) * g.c]); }, by, bx);
+            }
+            acc[(by * W + bx) * cn + j] += gv;
+          } else {
+            const float div = float(g.include_pad ? ty.padded * tx.padded : (ty.hi - ty.lo) * (tx.hi - tx.lo));
+            const float v = gv / div;
+            for (std::size_t r = ty.lo; r < ty.hi; ++r)
+              for (std::size_t s = tx.lo; s < tx.hi; ++s) acc[(g.y.coord(oy, r) * W + g.x.coord(ox, s)) * cn + j] += v;
+          }
+        }
+      }
+    }
+    for (std::size_t q = 0; q < plane; ++q)
+      for (std::size_t j = 0; j < cn; ++j) {
+        const std::size_t o = nchw ? (img * g.c + c0 + j) * plane + q : (img * plane + q) * g.c + c0 + j;
+        dx[o] = pool_from_f32<TX>(acc[q * cn + j]);
+      }
+  }
+};
+
+template <class T>
+void pool_check_out(const char* what, const image_dims& got, const image_dims& want, const image_dims& x) {
+  conv_check(got == want, [&] {
+    return std::string("pool: ") + what + " " + dims_str(got) + " does not match input " + dims_str(x) + ", whose pooling gives " + dims_str(want);
+  });
+}
+
+template <pool_kind Kind, class Dev, class T>
+void pool_forward(Dev& dev, image<const T> x, image<T> y, const pool2d_params& p) {
+  const auto g = pool_geometry(x.dims, p);
+  pool_check_out<T>("output", y.dims, g.out(), x.dims);
+  conv_check_buffer("x", x.data, x.dims.size());
+  conv_check_buffer("y", y.data, y.dims.size());
+  if (g.out().size() == 0) return;
+  using P = pool_fwd_program<T, Kind>;
+  const std::size_t cb = ceil_div(g.c, P::CB);
+  const std::size_t rb = pool_rows_per_block(g.y.out, g.n * cb, dev.capabilities().workers);
+  const P prog{x.data, y.data, g, rb};
+  gemm_run(dev, grid{g.n, cb, ceil_div(g.y.out, rb)}, prog, prog.cost(grid{1}).flops);
+}
+
+template <pool_kind Kind, class Dev, class T, class TX>
+void pool_backward(Dev& dev, const T* x, image<const T> dy, image<TX> dx, const pool2d_params& p) {
+  const auto g = pool_geometry(dx.dims, p);
+  pool_check_out<T>("output gradient", dy.dims, g.out(), dx.dims);
+  if constexpr (Kind == pool_kind::max) conv_check_buffer("x", x, dx.dims.size());
+  conv_check_buffer("dy", dy.data, dy.dims.size());
+  conv_check_buffer("dx", dx.data, dx.dims.size());
+  if (g.in().size() == 0) return;
+  using P = pool_bwd_program<T, TX, Kind>;
+  const P prog{x, dy.data, dx.data, g};
+  gemm_run(dev, grid{g.n, ceil_div(g.c, P::CB)}, prog, prog.cost(grid{1}).flops);
+}
+
+inline pool2d_params global_pool_params(const image_dims& x, conv_layout layout) {
+  pool2d_params p;
+  p.kernel_h = x.h, p.kernel_w = x.w, p.layout = layout;
+  return p;
+}
+
+}  // namespace detail
+
+inline namespace v0 {
+
+// The output dimensions of a pooling of x (N, C, OH, OW); throws conv_error for bad geometry.
+inline image_dims pool2d_output(const image_dims& x, const pool2d_params& p) { return detail::pool_geometry(x, p).out(); }
+
+// What a pooling does: one operation per output and tap, the bytes of x and y once each.
+template <conv_element T>
+kernel_cost pool2d_cost(pool_kind, const image_dims& x, const pool2d_params& p) {
+  const auto g = detail::pool_geometry(x, p);
+  return {double(g.out().size()) * double(g.taps()), double(g.in().size() + g.out().size()) * sizeof(T), math_precision::f32};
+}
+
+// y = max over each window of x (y is pool2d_output(x.dims, p), in p.layout).
+template <class Dev, conv_element T>
+void max_pool2d(Dev& dev, image<const T> x, image<T> y, const pool2d_params& p) {
+  detail::pool_forward<pool_kind::max>(dev, x, y, p);
+}
+
+// y = the mean of each window's taps inside the input (or inside the padded input with
+// p.count_include_pad).
+template <class Dev, conv_element T>
+void avg_pool2d(Dev& dev, image<const T> x, image<T> y, const pool2d_params& p) {
+  detail::pool_forward<pool_kind::average>(dev, x, y, p);
+}
+
+// dx = the gradient of max_pool2d: each output's dy goes to its window's argmax (the first tap in
+// (kernel row, kernel column) order on ties), recomputed from x. dx is overwritten.
+template <class Dev, conv_element T, conv_element TX>
+void max_pool2d_backward(Dev& dev, image<const T> x, image<const T> dy, image<TX> dx, const pool2d_params& p) {
+  detail::conv_check(x.dims == dx.dims, [&] { return "pool: input " + detail::dims_str(x.dims) + " and its gradient " + detail::dims_str(dx.dims) + " differ"; });
+  detail::pool_backward<pool_kind::max>(dev, x.data, dy, dx, p);
+}
+
+// dx = the gradient of avg_pool2d: each output's dy / divisor to every tap it averaged.
+template <class Dev, conv_element T, conv_element TX>
+void avg_pool2d_backward(Dev& dev, image<const T> dy, image<TX> dx, const pool2d_params& p) {
+  detail::pool_backward<pool_kind::average>(dev, static_cast<const T*>(nullptr), dy, dx, p);
+}
+
+// Global pooling: y is (N, C, 1, 1), the mean (or max) of each channel's H·W plane.
+template <class Dev, conv_element T>
+void global_avg_pool2d(Dev& dev, image<const T> x, image<T> y, conv_layout layout) {
+  detail::pool_forward<pool_kind::average>(dev, x, y, detail::global_pool_params(x.dims, layout));
+}
+template <class Dev, conv_element T>
+void global_max_pool2d(Dev& dev, image<const T> x, image<T> y, conv_layout layout) {
+  detail::pool_forward<pool_kind::max>(dev, x, y, detail::global_pool_params(x.dims, layout));
+}
+template <class Dev, conv_element T, conv_element TX>
+void global_avg_pool2d_backward(Dev& dev, image<const T> dy, image<TX> dx, conv_layout layout) {
+  detail::pool_backward<pool_kind::average>(dev, static_cast<const T*>(nullptr), dy, dx, detail::global_pool_params(dx.dims, layout));
+}
+template <class Dev, conv_element T, conv_element TX>
+void global_max_pool2d_backward(Dev& dev, image<const T> x, image<const T> dy, image<TX> dx, conv_layout layout) {
+  detail::conv_check(x.dims == dx.dims, [&] { return "pool: input " + detail::dims_str(x.dims) + " and its gradient " + detail::dims_str(dx.dims) + " differ"; });
+  detail::pool_backward<pool_kind::max>(dev, x.data, dy, dx, detail::global_pool_params(dx.dims, layout));
+}
+
+}  // namespace v0
+}  // namespace tessel
