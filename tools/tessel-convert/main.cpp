@@ -28,6 +28,11 @@
 
 #include "../common/args.hpp"
 
+// GCC 12 at -O3 reports a false -Wrestrict inside std::string's operator+ (GCC bug 105329).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wrestrict"
+#endif
+
 using namespace tessel;
 using tessel_tools::parse_int;
 
@@ -139,7 +144,7 @@ int run_model(Dev& dev, const graph::graph& g, const graph::compile_options& cop
   for (const auto& [name, t] : out) {
     std::printf("output %s: %s%s", name.c_str(), std::string(dtype_name(t.type)).c_str(), shape_string(t.shape).c_str());
     if (t.type == dtype::f32 && !t.data.empty()) {
-      const auto v = t.values<float>();
+      const auto v = t.template values<float>();
       std::printf(" first");
       for (std::size_t i = 0; i < std::min<std::size_t>(4, v.size()); ++i) std::printf(" %.6g", static_cast<double>(v[i]));
     }

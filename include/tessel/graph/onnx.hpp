@@ -35,9 +35,14 @@
 #include <vector>
 
 #include <google/protobuf/io/coded_stream.h>
+// <sys/mman.h> (tessel's file mapping) defines MAP_TYPE, a name ONNX's parser.h uses as an enumerator:
+// hide the macro while ONNX's headers are read, so the include order does not matter.
+#pragma push_macro("MAP_TYPE")
+#undef MAP_TYPE
 #include <onnx/checker.h>
 #include <onnx/onnx_pb.h>
 #include <onnx/version_converter/convert.h>
+#pragma pop_macro("MAP_TYPE")
 
 #include <tessel/detail/checked.hpp>
 #include <tessel/graph/ir.hpp>
