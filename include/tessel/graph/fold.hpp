@@ -40,7 +40,7 @@ namespace detail {
 
 // A constant on the host, exact: integer dtypes (and bool, u8) as int64, f32 and f64 as double (an f32
 // result is rounded to float when stored, so float arithmetic folds to the float result).
-struct host_tensor {
+struct folded_tensor {
   dtype type = dtype::f32;
   std::vector<std::int64_t> dims;
   std::vector<double> f;
@@ -75,7 +75,7 @@ inline std::size_t numel_of(const std::vector<std::int64_t>& dims) {
 }
 
 template <class T>
-inline void read_elems(const std::vector<std::byte>& b, std::size_t n, host_tensor& t) {
+inline void read_elems(const std::vector<std::byte>& b, std::size_t n, folded_tensor& t) {
   for (std::size_t k = 0; k < n; ++k) {
     T x;
     std::memcpy(&x, b.data() + k * sizeof(T), sizeof(T));
@@ -85,9 +85,9 @@ inline void read_elems(const std::vector<std::byte>& b, std::size_t n, host_tens
 }
 
 // The constant's values, or nullopt for a dtype the evaluator does not take.
-inline std::optional<host_tensor> read_constant(const value& x) {
+inline std::optional<folded_tensor> read_constant(const value& x) {
   if (x.role != value_role::constant || !x.data || !x.type || !foldable_dtype(*x.type) || !x.shape.fully_known()) return std::nullopt;
-  host_tensor t;
+  folded_tensor t;
   t.type = *x.type;
   for (const dim& d : x.shape.dims) t.dims.push_back(d.size);
   const std::size_t n = *x.shape.numel();
@@ -108,7 +108,7 @@ inline std::optional<host_tensor> read_constant(const value& x) {
 }
 
 template <class T>
-inline void write_elems(const host_tensor& t, std::vector<std::byte>& b) {
+inline void write_elems(const folded_tensor& t, std::vector<std::byte>& b) {
   for (std::size_t k = 0; k < t.numel(); ++k) {
     T x;
     if constexpr (std::is_floating_point_v<T>) x = static_cast<T>(t.f[k]);
@@ -117,7 +117,7 @@ inline void write_elems(const host_tensor& t, std::vector<std::byte>& b) {
   }
 }
 
-inline std::shared_ptr<const std::vector<std::byte>> to_bytes(const host_tensor& t) {
+inline std::shared_ptr<const std::vector<std::byte>> to_bytes(const folded_tensor& t) {
   auto b = std::make_shared<std::vector<std::byte>>(tessel::detail::mul_checked(t.numel(), dtype_size(t.type), "graph: folded bytes"));
   switch (t.type) {
     case dtype::f32: write_elems<float>(t, *b); break;
@@ -150,21 +150,21 @@ inline bool fits(dtype t, std::int64_t x) {
 // The evaluator's state for one node: its inputs, the cap, and typed failures that name the node.
 struct evaluator {
   const node& n;
-  const std::vector<std::optional<host_tensor>>& in;
+  const std::vector<std::optional<folded_tensor>>& in;
   std::size_t max_bytes;
 
   [[noreturn]] void fail(const std::string& msg, errc code = errc::invalid_argument) const {
     throw graph_error(code, n.label() + ": " + msg);
   }
-  const host_tensor& arg(std::size_t k) const {
+  const folded_tensor& arg(std::size_t k) const {
     if (k >= in.size() || !in[k]) throw not_foldable{};
     return *in[k];
   }
   bool has(std::size_t k) const { return k < in.size() && in[k].has_value(); }
 
   // An empty result of `t` and `dims`, within the cap.
-  host_tensor make(dtype t, std::vector<std::int64_t> dims) const {
-    host_tensor r;
+  folded_tensor make(dtype t, std::vector<std::int64_t> dims) const {
+    folded_tensor r;
     r.type = t;
     r.dims = std::move(dims);
     const std::size_t n_el = numel_of(r.dims);
@@ -173,7 +173,7 @@ struct evaluator {
     return r;
   }
   // Rounds an f32 result to float; checks integer results fit their dtype.
-  void finish(host_tensor& r) const {
+  void finish(folded_tensor& r) const {
     if (r.type == dtype::f32)
       for (double& x : r.f) x = static_cast<double>(static_cast<float>(x));
     if (!r.floating())
@@ -181,7 +181,7 @@ struct evaluator {
         if (!fits(r.type, x)) throw not_foldable{};
   }
 
-  std::vector<std::int64_t> ints_of(const host_tensor& t) const {
+  std::vector<std::int64_t> ints_of(const folded_tensor& t) const {
     if (t.floating()) fail("expected an integer tensor");
     return t.i;
   }
@@ -243,8 +243,8 @@ struct evaluator {
 
   // Elementwise over broadcast inputs; `fn(values...)` per element, doubles in, a double out.
   template <class F>
-  host_tensor map_binary(dtype out_t, const host_tensor& a, const host_tensor& b, F fn) const {
-    host_tensor r = make(out_t, broadcast_dims({a.dims, b.dims}));
+  folded_tensor map_binary(dtype out_t, const folded_tensor& a, const folded_tensor& b, F fn) const {
+    folded_tensor r = make(out_t, broadcast_dims({a.dims, b.dims}));
     const auto ma = broadcast_map(r.dims, a.dims), mb = broadcast_map(r.dims, b.dims);
     for (std::size_t e = 0; e < ma.size(); ++e) {
       if (r.floating()) r.f[e] = fn(a, ma[e], b, mb[e]);
@@ -253,20 +253,20 @@ struct evaluator {
     return r;
   }
 
-  host_tensor arith() const {
-    const host_tensor& a = arg(0);
-    const host_tensor& b = arg(1);
+  folded_tensor arith() const {
+    const folded_tensor& a = arg(0);
+    const folded_tensor& b = arg(1);
     if (a.type != b.type) fail("input dtypes differ");
     const std::string& op = n.op;
     if (a.floating()) {
-      host_tensor r = map_binary(a.type, a, b, [&](const host_tensor& x, std::size_t i, const host_tensor& y, std::size_t j) {
+      folded_tensor r = map_binary(a.type, a, b, [&](const folded_tensor& x, std::size_t i, const folded_tensor& y, std::size_t j) {
         const double p = x.f[i], q = y.f[j];
         return op == "Add" ? p + q : op == "Sub" ? p - q : op == "Mul" ? p * q : p / q;
       });
       finish(r);
       return r;
     }
-    host_tensor r = make(a.type, broadcast_dims({a.dims, b.dims}));
+    folded_tensor r = make(a.type, broadcast_dims({a.dims, b.dims}));
     const auto ma = broadcast_map(r.dims, a.dims), mb = broadcast_map(r.dims, b.dims);
     for (std::size_t e = 0; e < ma.size(); ++e) {
       const std::int64_t p = a.i[ma[e]], q = b.i[mb[e]];
@@ -286,12 +286,12 @@ struct evaluator {
     return r;
   }
 
-  host_tensor compare() const {
-    const host_tensor& a = arg(0);
-    const host_tensor& b = arg(1);
+  folded_tensor compare() const {
+    const folded_tensor& a = arg(0);
+    const folded_tensor& b = arg(1);
     if (a.type != b.type) fail("input dtypes differ");
     const std::string& op = n.op;
-    return map_binary(bool_dtype, a, b, [&](const host_tensor& x, std::size_t i, const host_tensor& y, std::size_t j) {
+    return map_binary(bool_dtype, a, b, [&](const folded_tensor& x, std::size_t i, const folded_tensor& y, std::size_t j) {
       // Integers compare exactly (not through double).
       const bool lt = x.floating() ? x.f[i] < y.f[j] : x.i[i] < y.i[j];
       const bool gt = x.floating() ? x.f[i] > y.f[j] : x.i[i] > y.i[j];
@@ -300,10 +300,10 @@ struct evaluator {
     });
   }
 
-  host_tensor unary() const {
-    const host_tensor& a = arg(0);
+  folded_tensor unary() const {
+    const folded_tensor& a = arg(0);
     const std::string& op = n.op;
-    host_tensor r = make(a.type, a.dims);
+    folded_tensor r = make(a.type, a.dims);
     if (!a.floating()) {
       for (std::size_t e = 0; e < a.i.size(); ++e) {
         const std::int64_t x = a.i[e];
@@ -342,11 +342,11 @@ struct evaluator {
     return r;
   }
 
-  host_tensor pow() const {
-    const host_tensor& a = arg(0);
-    const host_tensor& b = arg(1);
+  folded_tensor pow() const {
+    const folded_tensor& a = arg(0);
+    const folded_tensor& b = arg(1);
     if (!a.floating()) throw not_foldable{};
-    host_tensor r = map_binary(a.type, a, b, [](const host_tensor& x, std::size_t i, const host_tensor& y, std::size_t j) {
+    folded_tensor r = map_binary(a.type, a, b, [](const folded_tensor& x, std::size_t i, const folded_tensor& y, std::size_t j) {
       return std::pow(x.f[i], y.get(j));
     });
     finish(r);
@@ -366,13 +366,13 @@ struct evaluator {
     return *d;
   }
 
-  host_tensor cast() const {
-    const host_tensor& a = arg(0);
+  folded_tensor cast() const {
+    const folded_tensor& a = arg(0);
     const dtype to = cast_target();
     if (!foldable_dtype(to)) throw not_foldable{};
     const auto it = n.attributes.find("to");
     const bool to_bool = it != n.attributes.end() && std::holds_alternative<std::int64_t>(it->second) && std::get<std::int64_t>(it->second) == 9;
-    host_tensor r = make(to, a.dims);
+    folded_tensor r = make(to, a.dims);
     for (std::size_t e = 0; e < a.numel(); ++e) {
       if (r.floating()) {
         r.f[e] = a.get(e);
@@ -390,12 +390,12 @@ struct evaluator {
     return r;
   }
 
-  host_tensor where() const {
-    const host_tensor& c = arg(0);
-    const host_tensor& x = arg(1);
-    const host_tensor& y = arg(2);
+  folded_tensor where() const {
+    const folded_tensor& c = arg(0);
+    const folded_tensor& x = arg(1);
+    const folded_tensor& y = arg(2);
     if (c.floating() || x.type != y.type) fail("condition must be bool and the branches of one dtype");
-    host_tensor r = make(x.type, broadcast_dims({c.dims, x.dims, y.dims}));
+    folded_tensor r = make(x.type, broadcast_dims({c.dims, x.dims, y.dims}));
     const auto mc = broadcast_map(r.dims, c.dims), mx = broadcast_map(r.dims, x.dims), my = broadcast_map(r.dims, y.dims);
     for (std::size_t e = 0; e < mc.size(); ++e) {
       const bool pick = c.i[mc[e]] != 0;
@@ -406,8 +406,8 @@ struct evaluator {
   }
 
   // Copies elements by a list of source indices.
-  host_tensor gather_flat(const host_tensor& a, std::vector<std::int64_t> dims, const std::vector<std::size_t>& src) const {
-    host_tensor r = make(a.type, std::move(dims));
+  folded_tensor gather_flat(const folded_tensor& a, std::vector<std::int64_t> dims, const std::vector<std::size_t>& src) const {
+    folded_tensor r = make(a.type, std::move(dims));
     for (std::size_t e = 0; e < src.size(); ++e) {
       if (r.floating()) r.f[e] = a.f[src[e]];
       else r.i[e] = a.i[src[e]];
@@ -415,8 +415,8 @@ struct evaluator {
     return r;
   }
 
-  host_tensor gather() const {
-    const host_tensor& a = arg(0);
+  folded_tensor gather() const {
+    const folded_tensor& a = arg(0);
     const auto idx = ints_of(arg(1));
     if (a.dims.empty()) fail("Gather needs rank >= 1");
     const std::size_t ax = axis(n.get_int("axis", 0), a.dims.size());
@@ -437,26 +437,26 @@ struct evaluator {
     return gather_flat(a, std::move(dims), src);
   }
 
-  host_tensor concat() const {
-    const host_tensor& a0 = arg(0);
+  folded_tensor concat() const {
+    const folded_tensor& a0 = arg(0);
     if (a0.dims.empty()) fail("Concat needs rank >= 1");
     const std::size_t ax = axis(n.get_int("axis"), a0.dims.size());
     std::vector<std::int64_t> dims = a0.dims;
     dims[ax] = 0;
     for (std::size_t k = 0; k < n.inputs.size(); ++k) {
-      const host_tensor& a = arg(k);
+      const folded_tensor& a = arg(k);
       if (a.type != a0.type || a.dims.size() != dims.size()) fail("inputs differ in dtype or rank");
       for (std::size_t j = 0; j < dims.size(); ++j)
         if (j != ax && a.dims[j] != a0.dims[j]) fail("inputs differ off the concat axis");
       dims[ax] += a.dims[ax];
     }
-    host_tensor r = make(a0.type, dims);
+    folded_tensor r = make(a0.type, dims);
     std::size_t outer = 1;
     for (std::size_t k = 0; k < ax; ++k) outer *= static_cast<std::size_t>(dims[k]);
     std::size_t at = 0;
     for (std::size_t o = 0; o < outer; ++o)
       for (std::size_t k = 0; k < n.inputs.size(); ++k) {
-        const host_tensor& a = arg(k);
+        const folded_tensor& a = arg(k);
         const std::size_t chunk = a.numel() / std::max<std::size_t>(outer, 1);
         for (std::size_t e = 0; e < chunk; ++e, ++at) {
           if (r.floating()) r.f[at] = a.f[o * chunk + e];
@@ -466,15 +466,15 @@ struct evaluator {
     return r;
   }
 
-  host_tensor with_dims(const host_tensor& a, std::vector<std::int64_t> dims) const {
+  folded_tensor with_dims(const folded_tensor& a, std::vector<std::int64_t> dims) const {
     if (numel_of(dims) != a.numel()) fail("element counts differ");
-    host_tensor r = a;
+    folded_tensor r = a;
     r.dims = std::move(dims);
     return r;
   }
 
-  host_tensor unsqueeze() const {
-    const host_tensor& a = arg(0);
+  folded_tensor unsqueeze() const {
+    const folded_tensor& a = arg(0);
     const auto ax = axes_of(1);
     const std::size_t r = a.dims.size() + ax.size();
     std::vector<char> at(r, 0);
@@ -489,8 +489,8 @@ struct evaluator {
     return with_dims(a, dims);
   }
 
-  host_tensor squeeze() const {
-    const host_tensor& a = arg(0);
+  folded_tensor squeeze() const {
+    const folded_tensor& a = arg(0);
     const auto ax = axes_of(1);
     std::vector<char> drop(a.dims.size(), 0);
     if (ax.empty())
@@ -506,8 +506,8 @@ struct evaluator {
     return with_dims(a, dims);
   }
 
-  host_tensor reshape() const {
-    const host_tensor& a = arg(0);
+  folded_tensor reshape() const {
+    const folded_tensor& a = arg(0);
     std::vector<std::int64_t> t = ints_of(arg(1));
     const bool allow_zero = n.get_int("allowzero", 0) != 0;
     std::optional<std::size_t> infer;
@@ -532,15 +532,15 @@ struct evaluator {
     return with_dims(a, t);
   }
 
-  host_tensor expand() const {
-    const host_tensor& a = arg(0);
+  folded_tensor expand() const {
+    const folded_tensor& a = arg(0);
     const auto shape = ints_of(arg(1));
-    host_tensor r = make(a.type, broadcast_dims({a.dims, shape}));
+    folded_tensor r = make(a.type, broadcast_dims({a.dims, shape}));
     return gather_flat(a, r.dims, broadcast_map(r.dims, a.dims));
   }
 
-  host_tensor transpose() const {
-    const host_tensor& a = arg(0);
+  folded_tensor transpose() const {
+    const folded_tensor& a = arg(0);
     const std::size_t r = a.dims.size();
     ints perm(r);
     for (std::size_t k = 0; k < r; ++k) perm[k] = static_cast<std::int64_t>(r - 1 - k);
@@ -575,8 +575,8 @@ struct evaluator {
     return gather_flat(a, dims, src);
   }
 
-  host_tensor slice() const {
-    const host_tensor& a = arg(0);
+  folded_tensor slice() const {
+    const folded_tensor& a = arg(0);
     const std::size_t r = a.dims.size();
     std::vector<std::int64_t> starts, ends, axes, steps;
     if (n.inputs.size() > 1) {
@@ -621,16 +621,16 @@ struct evaluator {
     return gather_flat(a, dims, src);
   }
 
-  host_tensor range() const {
-    const host_tensor& s = arg(0);
-    const host_tensor& l = arg(1);
-    const host_tensor& d = arg(2);
+  folded_tensor range() const {
+    const folded_tensor& s = arg(0);
+    const folded_tensor& l = arg(1);
+    const folded_tensor& d = arg(2);
     if (s.numel() != 1 || l.numel() != 1 || d.numel() != 1 || s.type != l.type || s.type != d.type) fail("start, limit and delta must be scalars of one dtype");
     if (s.floating()) {
       if (d.f[0] == 0) fail("delta 0");
       const double count = std::max(std::ceil((l.f[0] - s.f[0]) / d.f[0]), 0.0);
       if (!(count < 1e12)) throw not_foldable{};
-      host_tensor r = make(s.type, {static_cast<std::int64_t>(count)});
+      folded_tensor r = make(s.type, {static_cast<std::int64_t>(count)});
       for (std::size_t k = 0; k < r.f.size(); ++k) r.f[k] = s.f[0] + static_cast<double>(k) * d.f[0];
       finish(r);
       return r;
@@ -640,13 +640,13 @@ struct evaluator {
     const long double span = static_cast<long double>(li) - static_cast<long double>(st);
     const long double q = span / static_cast<long double>(de);
     const std::int64_t count = q <= 0 ? 0 : static_cast<std::int64_t>(std::ceil(q));
-    host_tensor r = make(s.type, {count});
+    folded_tensor r = make(s.type, {count});
     for (std::int64_t k = 0; k < count; ++k) r.i[static_cast<std::size_t>(k)] = st + k * de;
     finish(r);
     return r;
   }
 
-  host_tensor constant_of_shape() const {
+  folded_tensor constant_of_shape() const {
     const auto shape = ints_of(arg(0));
     dtype t = dtype::f32;
     double fv = 0;
@@ -656,17 +656,17 @@ struct evaluator {
       else if (const auto* q = std::get_if<std::int64_t>(&it->second)) t = dtype::i64, iv = *q;
       else throw not_foldable{};
     }
-    host_tensor r = make(t, shape);
+    folded_tensor r = make(t, shape);
     std::fill(r.f.begin(), r.f.end(), fv);
     std::fill(r.i.begin(), r.i.end(), iv);
     finish(r);
     return r;
   }
 
-  host_tensor constant_node() const {
+  folded_tensor constant_node() const {
     if (n.attributes.size() != 1) throw not_foldable{};
     const auto& [key, a] = *n.attributes.begin();
-    host_tensor r;
+    folded_tensor r;
     if (key == "value_int") r.type = dtype::i64, r.i = {std::get<std::int64_t>(a)};
     else if (key == "value_ints") r.type = dtype::i64, r.i = std::get<ints>(a), r.dims = {static_cast<std::int64_t>(r.i.size())};
     else if (key == "value_float") r.type = dtype::f32, r.f = {std::get<double>(a)};
@@ -676,7 +676,7 @@ struct evaluator {
     return r;
   }
 
-  host_tensor run() const {
+  folded_tensor run() const {
     const std::string& op = n.op;
     if (n.outputs.size() != 1) throw not_foldable{};
     try {
@@ -757,14 +757,14 @@ inline std::int64_t bound_size(const dim& d, const fold_options& opt) {
 }
 
 // Shape(x) {start, end} as constant dims, when every selected dim is known (or bound).
-inline std::optional<host_tensor> fold_shape(const graph& g, const node& n, const fold_options& opt) {
+inline std::optional<folded_tensor> fold_shape(const graph& g, const node& n, const fold_options& opt) {
   if (n.inputs.size() != 1 || n.inputs[0] == value_id::none) return std::nullopt;
   const tensor_shape& s = g.get(n.inputs[0]).shape;
   if (!s.rank_known) return std::nullopt;
   const auto r = static_cast<std::int64_t>(s.rank());
   auto clampi = [r](std::int64_t x) { return std::clamp<std::int64_t>(x < 0 ? x + r : x, 0, r); };
   const std::int64_t b = clampi(n.get_int("start", 0)), e = clampi(n.get_int("end", r));
-  host_tensor t;
+  folded_tensor t;
   t.type = dtype::i64;
   for (std::int64_t k = b; k < e; ++k) {
     const std::int64_t d = bound_size(s.dims[static_cast<std::size_t>(k)], opt);
@@ -777,7 +777,7 @@ inline std::optional<host_tensor> fold_shape(const graph& g, const node& n, cons
 
 // Gather(Shape(x), constant indices) when the gathered dims are known even though others are not
 // (the exporter reads the sequence length of a [batch, seq, d] input this way).
-inline std::optional<host_tensor> fold_gather_of_shape(const graph& g, const node& n, const fold_options& opt) {
+inline std::optional<folded_tensor> fold_gather_of_shape(const graph& g, const node& n, const fold_options& opt) {
   if (n.inputs.size() != 2 || n.inputs[0] == value_id::none || n.inputs[1] == value_id::none) return std::nullopt;
   const value& data = g.get(n.inputs[0]);
   if (data.role != value_role::node_output) return std::nullopt;
@@ -786,7 +786,7 @@ inline std::optional<host_tensor> fold_gather_of_shape(const graph& g, const nod
   const tensor_shape& s = g.get(sh.inputs[0]).shape;
   const auto idx = read_constant(g.get(n.inputs[1]));
   if (!s.rank_known || !idx || idx->floating() || n.get_int("axis", 0) != 0) return std::nullopt;
-  host_tensor t;
+  folded_tensor t;
   t.type = dtype::i64;
   t.dims = idx->dims;
   const auto r = static_cast<std::int64_t>(s.rank());
@@ -850,7 +850,7 @@ inline std::optional<ints> reshape_copy_dims(const graph& g, const node& rs) {
 }
 
 // Replaces value `old` by a new constant holding `t`, which then takes `old`'s name.
-inline value_id install_constant(graph& g, value_id old, const host_tensor& t) {
+inline value_id install_constant(graph& g, value_id old, const folded_tensor& t) {
   const std::string name = g.get(old).name;
   const value_id c = g.add_constant(fresh_value_name(g, name + "_folded"), t.type, t.dims, to_bytes(t));
   g.replace_all_uses(old, c);
@@ -871,11 +871,11 @@ inline std::size_t fold_sweep(graph& g, const fold_options& opt) {
     if (!g.contains(id)) continue;
     const node& n = g.get(id);
     if (!detail::onnx_op(n) || n.outputs.size() != 1 || n.outputs[0] == value_id::none) continue;
-    std::optional<detail::host_tensor> result;
+    std::optional<detail::folded_tensor> result;
     if (n.op == "Shape") {
       result = detail::fold_shape(g, n, opt);
     } else {
-      std::vector<std::optional<detail::host_tensor>> in;
+      std::vector<std::optional<detail::folded_tensor>> in;
       bool all = true;
       for (value_id v : n.inputs) {
         if (v == value_id::none) {

@@ -534,7 +534,7 @@ inline epilogue_match match_epilogue(const matcher& m, value_id product, bool wa
 inline std::optional<value_id> transposed_constant(graph& g, value_id w) {
   auto t = read_constant(g.get(w));
   if (!t || t->dims.size() != 2) return std::nullopt;
-  host_tensor r = *t;
+  folded_tensor r = *t;
   const auto rows = static_cast<std::size_t>(t->dims[0]), cols = static_cast<std::size_t>(t->dims[1]);
   r.dims = {t->dims[1], t->dims[0]};
   for (std::size_t i = 0; i < rows; ++i)
@@ -834,7 +834,7 @@ inline std::size_t fuse_conv(graph& g) {
       for (std::size_t k = 1; ok && k < bnn.outputs.size(); ++k) ok = bnn.outputs[k] == value_id::none;
       if (ok) bn = b;
     }
-    std::optional<detail::host_tensor> w, bias, sc, sh, mean, var;
+    std::optional<detail::folded_tensor> w, bias, sc, sh, mean, var;
     if (bn) {
       const node& bnn = g.get(*bn);
       w = detail::read_constant(g.get(W));
@@ -862,7 +862,7 @@ inline std::size_t fuse_conv(graph& g) {
       const double eps = g.get(*bn).get_float("epsilon", 1e-5);
       const std::size_t ch = static_cast<std::size_t>(w->dims[0]);
       const std::size_t per = w->numel() / std::max<std::size_t>(ch, 1);
-      detail::host_tensor w2 = *w, b2;
+      detail::folded_tensor w2 = *w, b2;
       b2.type = w->type;
       b2.dims = {static_cast<std::int64_t>(ch)};
       b2.f.resize(ch);
