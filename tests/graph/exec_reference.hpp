@@ -489,6 +489,19 @@ inline std::map<std::string, rt> reference(const tg::graph& g, const std::map<st
       const bool rms = op == "SkipRMSNormalization";
       y = norm_ref(sum, &in[2], !rms && present.size() > 3 && present[3] ? &in[3] : nullptr, n.get_int("axis", -1), n.get_float("epsilon", 1e-5), rms);
       if (out.size() > 1) out[1] = sum;
+    } else if (op == "RotaryEmbedding") {  // written from the contract: pairs along the last axis
+      const rt& x = in[0];
+      const std::size_t d = x.s.back();
+      const bool inter = n.get_int("interleaved", 0) != 0;
+      y = rt{x.t, x.s, std::vector<double>(x.v.size())};
+      for (std::size_t i = 0; i < x.v.size(); ++i) {
+        const std::size_t j = i % d, row = i - j;
+        const std::size_t partner = inter ? (j ^ 1u) : (j + d / 2) % d;
+        const bool first = inter ? j % 2 == 0 : j < d / 2;
+        const double rot = (first ? -1.0 : 1.0) * x.v[row + partner];
+        const auto idx = unravel(i, x.s);
+        y.v[i] = x.v[i] * bat(in[1], idx) + rot * bat(in[2], idx);
+      }
     } else if (op == "Attention") {
       const rt &q = in[0], &k = in[1], &v = in[2];
       const std::size_t B = q.s[0], Hq = q.s[1], Sq = q.s[2], D = q.s[3], Hkv = k.s[1], Sk = k.s[2], Dv = v.s[3];

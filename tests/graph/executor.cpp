@@ -532,6 +532,44 @@ TEST_CASE("RMS and skip norms equal their ONNX equivalents", "[graph][executor][
     }
 }
 
+TEST_CASE("RotaryEmbedding matches fp64, rotate-half and interleaved, and equals its unfused spelling", "[graph][executor][fused]") {
+  const std::vector<std::size_t> xs{2, 3, 5, 8};
+  // Inputs in [-2, 2]: both products and the sum are at most 8 in size, and each of the three
+  // roundings (or two, when the compiler contracts to an FMA) errs by at most 8·u.
+  const double bound = 3 * 8 * u32;
+  for (std::int64_t inter : {0, 1})
+    for (const auto& cs : {std::vector<std::size_t>{5, 8}, std::vector<std::size_t>{1, 1, 5, 8}, std::vector<std::size_t>{2, 1, 5, 8}}) {
+      CAPTURE(inter, cs);
+      tg::graph f = one_node("RotaryEmbedding", {xs, cs, cs}, {{"interleaved", inter}}, 1, "tessel");
+      run_and_check(f, rand_inputs({xs, cs, cs}, 11, -2, 2), 0, bound);
+    }
+  // x·cos + Concat(-x[4:], x[:4])·sin as ONNX ops, after optimize(): one RotaryEmbedding, same values.
+  tg::graph u("rope_unfused");
+  u.add_input("x0", dtype::f32, {2, 3, 5, 8});
+  u.add_input("x1", dtype::f32, {5, 8});
+  u.add_input("x2", dtype::f32, {5, 8});
+  u.add_constant_ints("s0", {0});
+  u.add_constant_ints("s4", {4});
+  u.add_constant_ints("s8", {8});
+  u.add_constant_ints("ax", {-1});
+  u.add_node("Slice", "lo", {"x0", "s0", "s4", "ax"}, {"x_lo"});
+  u.add_node("Slice", "hi", {"x0", "s4", "s8", "ax"}, {"x_hi"});
+  u.add_node("Neg", "neg", {"x_hi"}, {"x_nhi"});
+  u.add_node("Concat", "cat", {"x_nhi", "x_lo"}, {"rot"}, {{"axis", std::int64_t{-1}}});
+  u.add_node("Mul", "mc", {"x0", "x1"}, {"a"});
+  u.add_node("Mul", "ms", {"rot", "x2"}, {"b"});
+  u.add_node("Add", "add", {"a", "b"}, {"y"});
+  u.mark_output("y");
+  const auto in = rand_inputs({xs, {5, 8}, {5, 8}}, 12, -2, 2);
+  const auto yu = run_and_check(u, in, 0, bound);
+  tg::graph fused = u;
+  const auto report = tg::optimize(fused);
+  CHECK(report.pattern("RotaryEmbedding") == 1);
+  CHECK(fused.node_count() == 1);
+  const auto yf = run_and_check(fused, in, 0, bound);
+  check_close(yf.at("y"), from_host(yu.at("y")), 0, 2 * bound, "fused vs unfused");
+}
+
 TEST_CASE("FusedConv equals Conv + Add + activation", "[graph][executor][fused]") {
   for (const char* act : {"", "Relu", "Silu"}) {
     tg::graph f = one_node("FusedConv", {{2, 3, 6, 6}, {4, 3, 3, 3}, {4}, {2, 4, 6, 6}}, {{"pads", tg::ints{1, 1, 1, 1}}, {"activation", std::string(act)}}, 1, "tessel");

@@ -550,6 +550,103 @@ TEST_CASE("graph fusion: attention near misses stay unfused", "[graph][fusion]")
 
 // ---- Skip norms ---------------------------------------------------------------------------------------
 
+// ---- rotary embedding -------------------------------------------------------------------------------
+
+struct rotary_case {
+  bool swap_mul = false, swap_add = false, axis_positive = false, end_max = true, cos_4d = false, steps_one = false;
+  // near misses
+  bool halves_swapped = false, split_off_centre = false, extra_reader = false, other_x = false;
+  bool cos_wrong = false;  // cos widens the result (rank 5): it does not broadcast one way to q
+};
+
+// q [batch, 2, 6, 8] rotated as HF's apply_rotary_pos_emb: q·cos + rotate_half(q)·sin.
+tg::graph rotary_graph(const rotary_case& c) {
+  constexpr std::int64_t RD = 8, RS = 6;
+  tg::graph g("rotary");
+  builder b{g};
+  g.add_input("q", dtype::f32, {"batch", 2, RS, RD});
+  g.add_input("p", dtype::f32, {"batch", 2, RS, RD});
+  const std::vector<std::int64_t> cs = c.cos_wrong ? std::vector<std::int64_t>{2, 1, 1, RS, RD} : c.cos_4d ? std::vector<std::int64_t>{1, 1, RS, RD}
+                                                                                                   : std::vector<std::int64_t>{RS, RD};
+  weight(g, "cos", cs);
+  weight(g, "sin", {RS, RD});
+  const std::int64_t last = c.axis_positive ? 3 : -1;
+  auto slice = [&](const std::string& x, std::int64_t from, std::int64_t to) {
+    std::vector<std::string> in{x, b.i64s({from}), b.i64s({to}), b.i64s({last})};
+    if (c.steps_one) in.push_back(b.i64s({1}));
+    return b.op("Slice", in);
+  };
+  const std::int64_t end = c.end_max ? std::numeric_limits<std::int64_t>::max() : RD;
+  const std::int64_t split = c.split_off_centre ? RD / 2 - 1 : RD / 2;  // rotates pairs (i, i + 3): not the contract
+  const std::string x1 = slice("q", 0, split);
+  const std::string x2 = slice(c.other_x ? "p" : "q", split, end);
+  const std::string rot = c.halves_swapped ? b.op("Concat", {b.op("Neg", {x1}), x2}, {{"axis", last}})
+                                           : b.op("Concat", {b.op("Neg", {x2}), x1}, {{"axis", last}});
+  const std::string a = c.swap_mul ? b.op("Mul", {"cos", "q"}) : b.op("Mul", {"q", "cos"});
+  const std::string r = c.swap_mul ? b.op("Mul", {"sin", rot}) : b.op("Mul", {rot, "sin"});
+  g.add_node("Add", "rope", c.swap_add ? std::vector<std::string>{r, a} : std::vector<std::string>{a, r}, {"y"});
+  g.mark_output("y");
+  if (c.extra_reader) {
+    g.add_node("Neg", "extra", {rot}, {"e"});
+    g.mark_output("e");
+  }
+  return g;
+}
+
+TEST_CASE("graph fusion: rotate-half rotary embedding becomes tessel's RotaryEmbedding", "[graph][fusion]") {
+  const rotary_case cases[] = {{}, {.swap_mul = true}, {.swap_add = true, .axis_positive = true}, {.end_max = false, .cos_4d = true, .steps_one = true}};
+  for (const rotary_case& c : cases) {
+    CAPTURE(c.swap_mul, c.swap_add, c.axis_positive, c.end_max, c.cos_4d, c.steps_one);
+    tg::graph g = rotary_graph(c);
+    CHECK(run(g, tg::fuse_rotary) == 1);
+    CHECK(g.node_count() == 1);
+    const tg::node& n = only(g, "RotaryEmbedding");
+    CHECK(n.domain == "tessel");
+    CHECK(input_names(g, n) == std::vector<std::string>{"q", "cos", "sin"});
+    CHECK(n.get_int("interleaved", -1) == 0);
+    CHECK(g.get(n.outputs[0]).name == "y");
+    CHECK(g.get(n.outputs[0]).type_info().to_string() == "f32[batch,2,6,8]");
+  }
+}
+
+TEST_CASE("graph fusion: rotary near misses stay unfused", "[graph][fusion]") {
+  const rotary_case cases[] = {{.halves_swapped = true}, {.split_off_centre = true}, {.extra_reader = true}, {.cos_wrong = true}, {.other_x = true}};
+  for (const rotary_case& c : cases) {
+    CAPTURE(c.halves_swapped, c.split_off_centre, c.extra_reader, c.cos_wrong, c.other_x);
+    tg::graph g = rotary_graph(c);
+    const std::size_t before = g.node_count();
+    CHECK(run(g, tg::fuse_rotary) == 0);
+    CHECK(g.node_count() == before);
+  }
+}
+
+TEST_CASE("graph fusion: RotaryEmbedding's shape rule names what is wrong", "[graph][fusion]") {
+  auto make = [](std::vector<tg::dim> x, std::vector<tg::dim> cs, std::int64_t interleaved) {
+    tg::graph g("r");
+    g.add_input("x", dtype::f32, tg::tensor_shape(std::move(x)));
+    g.add_input("c", dtype::f32, tg::tensor_shape(cs));
+    g.add_input("s", dtype::f32, tg::tensor_shape(cs));
+    g.add_node("RotaryEmbedding", "rot", {"x", "c", "s"}, {"y"}, {{"interleaved", interleaved}}, "tessel");
+    g.mark_output("y");
+    return g;
+  };
+  tg::graph ok = make({"batch", 4, 6}, {4, 6}, 1);
+  ok.infer_shapes();
+  CHECK(ok.get(ok.outputs()[0]).type_info().to_string() == "f32[batch,4,6]");
+  auto fails = [&](tg::graph g, const std::string& what) {
+    CAPTURE(what);
+    try {
+      g.infer_shapes();
+      FAIL("no error");
+    } catch (const tg::graph_error& e) {
+      CHECK_THAT(e.what(), Catch::Contains(what));
+    }
+  };
+  fails(make({2, 5}, {2, 5}, 0), "odd last axis");
+  fails(make({2, 6}, {3, 6}, 0), "cos 'c' [3,6] does not broadcast");
+  fails(make({2, 6}, {2, 6}, 2), "'interleaved' is 2");
+}
+
 TEST_CASE("graph fusion: Add + LayerNormalization becomes SkipLayerNormalization", "[graph][fusion]") {
   for (bool sum_read : {false, true}) {
     CAPTURE(sum_read);

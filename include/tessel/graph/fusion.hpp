@@ -641,6 +641,82 @@ inline std::size_t fuse_skip_norm(graph& g, std::size_t* rms_count = nullptr) {
 
 namespace detail {
 
+// A Slice of the last axis with constant starts, ends and axes (steps absent or 1): its data and the
+// range it keeps, clamped to the axis's known length.
+struct last_axis_range {
+  value_id data = value_id::none;
+  std::int64_t begin = 0, end = 0;
+};
+
+inline std::optional<last_axis_range> slice_of_last_axis(const matcher& m, node_id id) {
+  const node& s = m.g.get(id);
+  if (s.inputs.size() < 4 || s.inputs[3] == value_id::none) return std::nullopt;
+  const tensor_shape& x = m.shape(s.inputs[0]);
+  if (!x.rank_known || x.rank() == 0 || !x.dims.back().known()) return std::nullopt;
+  const std::int64_t rank = static_cast<std::int64_t>(x.rank()), d = x.dims.back().size;
+  const auto starts = m.g.constant_ints(s.inputs[1]), ends = m.g.constant_ints(s.inputs[2]), axes = m.g.constant_ints(s.inputs[3]);
+  if (!starts || !ends || !axes || starts->size() != 1 || ends->size() != 1 || axes->size() != 1) return std::nullopt;
+  if ((*axes)[0] != -1 && (*axes)[0] != rank - 1) return std::nullopt;
+  if (s.inputs.size() > 4 && s.inputs[4] != value_id::none) {
+    const auto steps = m.g.constant_ints(s.inputs[4]);
+    if (!steps || steps->size() != 1 || (*steps)[0] != 1) return std::nullopt;
+  }
+  auto clamp = [d](std::int64_t i) { return i < 0 ? std::max<std::int64_t>(i + d, 0) : std::min(i, d); };
+  return last_axis_range{s.inputs[0], clamp((*starts)[0]), clamp((*ends)[0])};
+}
+
+}  // namespace detail
+
+// x·cos + rotate_half(x)·sin with rotate_half(x) = Concat(-x[..., D/2:], x[..., :D/2]) along the last
+// axis (Hugging Face's Llama and GPT-NeoX spelling; Mul and Add operands in either order), cos and sin
+// broadcasting one way to x -> tessel's RotaryEmbedding.
+inline std::size_t fuse_rotary(graph& g) {
+  std::size_t fused = 0;
+  for (node_id a : detail::anchors(g, "Concat")) {
+    if (!g.contains(a)) continue;
+    const detail::matcher m{g};
+    const node& cat = g.get(a);
+    if (cat.inputs.size() != 2 || !m.single_use(cat.inputs[0]) || !m.single_use(cat.inputs[1])) continue;
+    const auto neg = m.producer(cat.inputs[0], "Neg");
+    if (!neg) continue;
+    const value_id high_v = g.get(*neg).inputs[0];
+    const auto high = m.producer(high_v, "Slice");
+    const auto low = m.producer(cat.inputs[1], "Slice");
+    if (!high || !low || !m.single_use(high_v)) continue;
+    const auto hr = detail::slice_of_last_axis(m, *high), lr = detail::slice_of_last_axis(m, *low);
+    if (!hr || !lr || hr->data != lr->data) continue;
+    const value_id x = hr->data;
+    const tensor_shape xs = m.shape(x);
+    const std::int64_t d = xs.dims.back().size, half = d / 2;
+    const std::int64_t axis = cat.get_int("axis", 0);
+    if (d == 0 || d % 2 != 0 || (axis != -1 && axis != static_cast<std::int64_t>(xs.rank()) - 1)) continue;
+    if (lr->begin != 0 || lr->end != half || hr->begin != half || hr->end != d) continue;
+    const auto mul_sin = m.sole_consumer(cat.outputs[0], "Mul");
+    if (!mul_sin) continue;
+    const value_id sin = detail::matcher::other(g.get(*mul_sin), cat.outputs[0]);
+    const value_id rotated = g.get(*mul_sin).outputs[0];
+    const auto add = m.sole_consumer(rotated, "Add");
+    if (sin == value_id::none || !add) continue;
+    const value_id straight = detail::matcher::other(g.get(*add), rotated);
+    const auto mul_cos = m.producer(straight, "Mul");
+    if (straight == value_id::none || !mul_cos || !m.single_use(straight)) continue;
+    const value_id cos = detail::matcher::other(g.get(*mul_cos), x);
+    const value_id result = g.get(*add).outputs[0];
+    if (cos == value_id::none || cos == x || sin == x) continue;
+    if (!detail::broadcasts_to(m.shape(cos), xs) || !detail::broadcasts_to(m.shape(sin), xs) || !detail::same_shape(m.shape(result), xs))
+      continue;
+    detail::rewriter rw{g};
+    const auto f = rw.add("RotaryEmbedding", std::string(detail::fused_domain), g.get(*add).name + "_rotary", {x, cos, sin}, {result},
+                          {{"interleaved", std::int64_t{0}}});
+    if (!f) continue;
+    rw.commit(*f, {result}, {*high, *low, *neg, a, *mul_sin, *mul_cos, *add});
+    ++fused;
+  }
+  return fused;
+}
+
+namespace detail {
+
 // The value before HF's repeat_kv: Reshape(Expand(Unsqueeze(base, axes [2]), [B, Hkv, n, S, D]),
 // [B, Hkv·n, S, D]) with single-use intermediates; appends the three nodes to `interior`.
 inline value_id strip_repeat_kv(const matcher& m, value_id v, std::vector<node_id>& interior) {

@@ -118,6 +118,7 @@ inline fusion_report optimize(graph& g, const optimize_options& opt = {}) {
       step(record("RMSNormalization", fuse_rms_norm(g)));
       step(record("Gelu", fuse_gelu_erf(g)));
       step(record("GeluTanh", fuse_gelu_tanh(g)));
+      step(record("RotaryEmbedding", fuse_rotary(g)));
       step(record("Attention", fuse_attention(g)));
       std::size_t rms = 0;
       const std::size_t skip = fuse_skip_norm(g, &rms);

@@ -947,6 +947,10 @@ inline void rule_layer_norm(infer_ctx& c) {
 //       mask is added to the scores and broadcasts one way to [B, Hq, Sq, Sk]; causal keeps key j for
 //       query i when j <= i + Sk - Sq (aligned bottom-right: a decode step sees the whole cache).
 //       Y = softmax(scale·Q·Kᵀ + mask) · V, [B, Hq, Sq, Dv].
+//   RotaryEmbedding(X, cos, sin) {interleaved = 0}: Y = X·cos + rotate(X)·sin; cos and sin broadcast one way
+//       to X, whose last axis D is even. rotate pairs element i < D/2 of the last axis with i + D/2:
+//       rotate(X) = [-X[D/2:], X[:D/2]] (GPT-NeoX / Llama); with interleaved = 1 it pairs 2i with 2i+1:
+//       rotate(X)[2i] = -X[2i+1], rotate(X)[2i+1] = X[2i] (GPT-J).
 inline constexpr std::string_view fused_domain = "tessel";
 
 inline void check_activation(const infer_ctx& c) {
@@ -1048,6 +1052,20 @@ inline void rule_attention(infer_ctx& c) {
   const tensor_shape y{b, q.dims[1], q.dims[2], v.dims[3]};
   if (c.has(3)) check_broadcasts_to(c, 3, tensor_shape{b, q.dims[1], q.dims[2], k.dims[2]}, "mask");
   c.set_shape(0, y);
+}
+
+inline void rule_rotary(infer_ctx& c) {
+  c.arity(3, 3, 1, 1);
+  const std::int64_t inter = c.n.get_int("interleaved", 0);
+  if (inter != 0 && inter != 1) c.fail(std::string("attribute 'interleaved' is ") + std::to_string(inter) + ", expected 0 or 1");
+  c.set_type(0, c.same_type({0, 1, 2}));
+  const tensor_shape& x = c.ranked(0);
+  if (x.rank() == 0) c.fail("input " + c.quoted(0) + " is a scalar; RotaryEmbedding rotates pairs along the last axis");
+  const dim& d = x.dims.back();
+  if (d.known() && d.size % 2 != 0) c.fail("input " + c.quoted(0) + " " + x.to_string() + " has an odd last axis; rotation needs pairs");
+  check_broadcasts_to(c, 1, x, "cos");
+  check_broadcasts_to(c, 2, x, "sin");
+  c.set_shape(0, x);
 }
 
 // The values of a constant f32 input (Resize's scales), nullopt when they are not known here.
@@ -1206,6 +1224,7 @@ inline constexpr rule_entry fused_shape_rules[] = {
     {"FusedConv", rule_fused_conv},
     {"FusedMatMul", rule_fused_matmul},
     {"RMSNormalization", rule_rms_norm},
+    {"RotaryEmbedding", rule_rotary},
     {"SkipLayerNormalization", rule_skip_norm},
     {"SkipRMSNormalization", rule_skip_norm},
 };

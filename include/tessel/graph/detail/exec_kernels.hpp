@@ -981,6 +981,34 @@ step_fn<Dev> build_gelu(const build_ctx& c) {
   };
 }
 
+// RotaryEmbedding (tessel's contract in shape_inference.hpp): y = x·cos + rotate(x)·sin, cos and sin
+// broadcast to x; rotate pairs i with i + D/2 along the last axis (or 2i with 2i + 1 when interleaved).
+template <class Dev>
+step_fn<Dev> build_rotary(const build_ctx& c) {
+  for (std::size_t i : {0, 1, 2}) c.need_f32(i);
+  const value_id x = c.in(0), cv = c.in(1), sv = c.in(2), y = c.out();
+  const shape_t& ys = c.shape(y);
+  if (ys.empty() || ys.back() % 2 != 0) c.fail("the last axis of the input must be even", errc::invalid_argument);
+  const bool interleaved = c.n.get_int("interleaved", 0) != 0;
+  const bcast bc(ys, {c.in_shape(1), c.in_shape(2)});
+  const std::size_t n = numel_of(ys), d = ys.back(), half = d / 2;
+  return [=](const run_state<Dev>& s) {
+    const float* xp = s.template as<float>(x);
+    const float* cp = s.template as<float>(cv);
+    const float* sp = s.template as<float>(sv);
+    float* yp = s.template as<float>(y);
+    parallel_for(s.dev, n, 4096, [&](std::size_t lo, std::size_t hi) {
+      bc.for_range(lo, hi, [&](std::size_t i, const std::size_t* off) {
+        const std::size_t j = i % d;
+        float rot;
+        if (interleaved) rot = j % 2 == 0 ? -xp[i + 1] : xp[i - 1];
+        else rot = j < half ? -xp[i + half] : xp[i - half];
+        yp[i] = xp[i] * cp[off[0]] + rot * sp[off[1]];
+      });
+    });
+  };
+}
+
 // ---- CNN ops (their kernels: exec_cnn.hpp, the seam for ops::conv2d) --------------------------------
 
 // The 2-D window of a Conv or pool node over input shape `xs` (1-D spatial runs as H = 1).
@@ -1087,6 +1115,7 @@ step_fn<Dev> build_step(const build_ctx& c) {
   if (c.n.domain == fused_domain) {
     if (op == "FusedMatMul") return build_matmul<Dev>(c);
     if (op == "Attention") return build_attention<Dev>(c);
+    if (op == "RotaryEmbedding") return build_rotary<Dev>(c);
     if (op == "RMSNormalization" || op == "SkipLayerNormalization" || op == "SkipRMSNormalization") return build_norm<Dev>(c);
     if (op == "FusedConv") return build_conv<Dev>(c);
     c.fail("no kernel for tessel::" + op);
