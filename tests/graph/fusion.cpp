@@ -416,12 +416,14 @@ enum class mask_kind { none, causal_add, causal_where, causal_where_inverted, in
 struct attn_case {
   mask_kind mask = mask_kind::causal_add;
   bool div_scale = false, gqa = false, bshd_key = false, softmax_axis2 = false, scores_read = false, scale_input = false;
+  bool gqa_gather = false, gather_tiled = false;  // index_select's repeat: [0, 0, 1, 1] (or [0, 1, 0, 1]: not GQA's order)
+  bool q_scaled = false;                          // Q times 0.5 before the product
 };
 
 tg::graph attention_graph(const attn_case& c) {
   tg::graph g("attn");
   builder b{g};
-  const std::int64_t hkv = c.gqa ? 2 : AH;
+  const std::int64_t hkv = c.gqa || c.gqa_gather ? 2 : AH;
   g.add_input("q", dtype::f32, {AB, AH, AS, AD});
   if (c.bshd_key) g.add_input("k", dtype::f32, {AB, AS, hkv, AD});
   else g.add_input("k", dtype::f32, {AB, hkv, AS, AD});
@@ -438,8 +440,14 @@ tg::graph attention_graph(const attn_case& c) {
     k = repeat(k);
     v = repeat(v);
   }
+  if (c.gqa_gather) {
+    const std::string idx = c.gather_tiled ? b.i64s({0, 1, 0, 1}) : b.i64s({0, 0, 1, 1});
+    k = b.op("Gather", {k, idx}, {{"axis", std::int64_t{1}}});
+    v = b.op("Gather", {v, idx}, {{"axis", std::int64_t{1}}});
+  }
+  const std::string q = c.q_scaled ? b.op("Mul", {"q", b.f32(0.5f)}) : std::string("q");
   const std::string kt = b.op("Transpose", {k}, {{"perm", c.bshd_key ? tg::ints{0, 2, 3, 1} : tg::ints{0, 1, 3, 2}}});
-  const std::string s = b.op("MatMul", {"q", kt});
+  const std::string s = b.op("MatMul", {q, kt});
   std::string w = c.scale_input ? b.op("Mul", {s, "sc"})
                   : c.div_scale ? b.op("Div", {s, b.f32(std::sqrt(static_cast<float>(AD)))})
                                 : b.op("Mul", {b.f32(0.35355339f), s});
@@ -525,6 +533,25 @@ TEST_CASE("graph fusion: scaled masked softmax attention becomes tessel's Attent
     const tg::node& a = only(g, "Attention");
     CHECK(input_names(g, a) == std::vector<std::string>{"q", "k", "v"});
     CHECK(g.get(a.outputs[0]).shape.to_string() == "[2,4,6,8]");
+  }
+  SECTION("GQA by index_select: the Gathers of K and V go; heads repeated out of GQA's order stay") {
+    for (bool tiled : {false, true}) {
+      CAPTURE(tiled);
+      tg::graph g = attention_graph({.gqa_gather = true, .gather_tiled = tiled});
+      CHECK(run(g, tg::fuse_attention) == 1);
+      CHECK(g.node_count() == (tiled ? 3u : 1u));
+      const tg::node& a = only(g, "Attention");
+      CHECK((input_names(g, a) == std::vector<std::string>{"q", "k", "v"}) == !tiled);
+      CHECK(g.get(a.inputs[1]).shape.to_string() == (tiled ? "[2,4,6,8]" : "[2,2,6,8]"));
+    }
+  }
+  SECTION("a scale on Q before the product joins the scale") {
+    tg::graph g = attention_graph({.q_scaled = true});
+    CHECK(run(g, tg::fuse_attention) == 1);
+    CHECK(g.node_count() == 1);
+    const tg::node& a = only(g, "Attention");
+    CHECK(input_names(g, a) == std::vector<std::string>{"q", "k", "v"});
+    CHECK(a.get_float("scale") == Approx(0.5 * static_cast<double>(0.35355339f)).epsilon(1e-12));
   }
   SECTION("K in [B, S, H, D] transposed straight to Kᵀ: one Transpose to [B, H, S, D] stays") {
     tg::graph g = attention_graph({.bshd_key = true});

@@ -717,9 +717,28 @@ inline std::size_t fuse_rotary(graph& g) {
 
 namespace detail {
 
-// The value before HF's repeat_kv: Reshape(Expand(Unsqueeze(base, axes [2]), [B, Hkv, n, S, D]),
-// [B, Hkv·n, S, D]) with single-use intermediates; appends the three nodes to `interior`.
+// The value before a repeat of key/value heads, appending the nodes it strips to `interior`: HF's
+// repeat_kv, Reshape(Expand(Unsqueeze(base, axes [2]), [B, Hkv, n, S, D]), [B, Hkv·n, S, D]) with
+// single-use intermediates; or index_select, Gather(base, [0, .., 0, 1, .., 1, ..], axis 1) where
+// head h reads base head h / n. Either way Attention's GQA contract reads base the same way.
 inline value_id strip_repeat_kv(const matcher& m, value_id v, std::vector<node_id>& interior) {
+  if (const auto ga = m.producer(v, "Gather")) {
+    const node& gn = m.g.get(*ga);
+    const value_id base = gn.inputs[0];
+    const tensor_shape& b = m.shape(base);
+    const tensor_shape& o = m.shape(v);
+    if (!b.rank_known || b.rank() != 4 || !o.rank_known || o.rank() != 4 || !b.dims[1].known() || !o.dims[1].known()) return v;
+    const std::int64_t axis = gn.get_int("axis", 0);
+    const tensor_shape& is = m.shape(gn.inputs[1]);
+    const auto idx = m.g.constant_ints(gn.inputs[1]);
+    const std::int64_t hkv = b.dims[1].size, hq = o.dims[1].size;
+    if ((axis != 1 && axis != -3) || !idx || !is.rank_known || is.rank() != 1 || hkv <= 0 || hq % hkv != 0) return v;
+    if (static_cast<std::int64_t>(idx->size()) != hq) return v;
+    for (std::int64_t h = 0; h < hq; ++h)
+      if ((*idx)[static_cast<std::size_t>(h)] != h / (hq / hkv)) return v;
+    interior.push_back(*ga);
+    return base;
+  }
   const auto rs = m.producer(v, "Reshape");
   if (!rs) return v;
   const value_id ev = m.g.get(*rs).inputs[0];
@@ -848,8 +867,28 @@ inline std::size_t fuse_attention(graph& g) {
     const auto qk = m.producer(cur, "MatMul");
     if (!qk || !m.single_use(cur)) continue;
     interior.push_back(*qk);
-    const value_id q = g.get(*qk).inputs[0], kt = g.get(*qk).inputs[1];
+    value_id q = g.get(*qk).inputs[0];
+    const value_id kt = g.get(*qk).inputs[1];
     value_id v = g.get(*pv).inputs[1];
+    // A scale applied to Q before the product (q · s or q / s, s a constant scalar) joins `scale`.
+    if (m.single_use(q)) {
+      if (const auto mq = m.producer(q, "Mul")) {
+        const node& mn = g.get(*mq);
+        for (std::size_t k : {1, 0})
+          if (const auto sv = m.scalar(mn.inputs[k]); sv && mn.inputs[1 - k] != value_id::none) {
+            scale *= *sv;
+            q = mn.inputs[1 - k];
+            interior.push_back(*mq);
+            break;
+          }
+      } else if (const auto dq = m.producer(q, "Div")) {
+        if (const auto sv = m.scalar(g.get(*dq).inputs[1]); sv && *sv != 0.0) {
+          scale /= *sv;
+          q = g.get(*dq).inputs[0];
+          interior.push_back(*dq);
+        }
+      }
+    }
     if (!m.shape(q).rank_known || m.shape(q).rank() != 4 || !m.shape(kt).rank_known || m.shape(kt).rank() != 4) continue;
     // K = Transpose(kt, [0,1,3,2]); a Transpose producing kt composes with it.
     value_id k = value_id::none;
