@@ -178,6 +178,7 @@ def main():
         if tm and sm:
             q = statistics.median(tm) / statistics.median(sm)
             ratios.setdefault(r["dtype"], []).append(q)
+            ratios.setdefault(f"{r['dtype']}, {r['threads']} thread(s)", []).append(q)
             cells.append(f"{q:.2f}")
         else:
             cells.append("-")
@@ -188,11 +189,15 @@ def main():
         else:
             cells += ["-", "-"]
         print("| " + " | ".join(cells) + " |")
-    allq = [q for qs in ratios.values() for q in qs]
-    for d, qs in sorted(ratios.items()):
-        print(f"\ngeomean torch/tessel ({d}, {len(qs)} cases): {math.exp(sum(map(math.log, qs)) / len(qs)):.3f}", end="")
+    def geomean(qs):
+        return math.exp(sum(map(math.log, qs)) / len(qs))
+
+    allq = [q for d in dtypes for q in ratios.get(d, [])]
+    print()
+    for d, qs in sorted(ratios.items()):  # per dtype, and per dtype and thread count
+        print(f"geomean torch/tessel ({d}, {len(qs)} cases): {geomean(qs):.3f}")
     if allq:
-        print(f"\ngeomean torch/tessel (all, {len(allq)} cases): {math.exp(sum(map(math.log, allq)) / len(allq)):.3f}")
+        print(f"geomean torch/tessel (all, {len(allq)} cases): {geomean(allq):.3f}")
     for name, e in errors.items():
         print(f"tessel cannot run {name}: {e}")
     for r in rows:
