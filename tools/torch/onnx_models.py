@@ -4,6 +4,14 @@ PyTorch, exported with torch.onnx.export at opsets 14 and 17 with a dynamic batc
 
 Usage: onnx_models.py OUTDIR [--models gpt2,bert,llama,resnet,vit,unet] [--check]
        onnx_models.py tests/graph/onnx --tiny      (the few-KB models committed for tests and fuzz seeds)
+       onnx_models.py OUTDIR --size bench          (realistic sizes for the speed table, opset 17 only)
+
+--size bench (see BENCH): BERT-base-like (768, 12 heads, ffn 3072, 4 layers, seq 128), GPT-2-small-like
+(768, 12 heads, 4 layers, seq 128), Llama-like (768, 12 heads, 4 kv heads, SwiGLU 2048, 4 layers, seq 128),
+ResNet-18 at 224x224, ViT-S/16-like (384, 6 heads, 6 layers, 224x224), U-Net (width 32) at 128x128; the
+token models' vocabulary is 8192 so that the head does not dominate. Each <model>_op17.json then also holds
+"flops_per_sample": 2 x the multiply-adds of every matmul and convolution PyTorch runs for one sample
+(counted at the dispatcher, so attention's two matmuls are in), and the size's configuration.
 
 Per model and opset, OUTDIR/<model>_op<opset>.onnx and <model>_op<opset>.json (ONNX's own op histogram
 and initializer count of the file, for the C++ tests to compare with); per model, OUTDIR/<model>.io.safetensors holds
@@ -87,12 +95,13 @@ class GPT2(nn.Module):
 
 
 class BERTLayer(nn.Module):
-    def __init__(self, d, h, seq):
+    def __init__(self, d, h, seq, ffn=None):
         super().__init__()
         self.h, self.d, self.seq = h, d, seq
         self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
         self.ln1, self.ln2 = nn.LayerNorm(d, eps=1e-12), nn.LayerNorm(d, eps=1e-12)
-        self.fc, self.out = nn.Linear(d, 2 * d), nn.Linear(2 * d, d)
+        ffn = ffn or 2 * d
+        self.fc, self.out = nn.Linear(d, ffn), nn.Linear(ffn, d)
 
     def forward(self, x, mask):
         S, H, D = self.seq, self.h, self.d // self.h
@@ -105,11 +114,11 @@ class BERTLayer(nn.Module):
 class BERT(nn.Module):
     inputs = {"ids": ((BATCH, 8), torch.int64), "attention_mask": ((BATCH, 8), torch.int64)}
 
-    def __init__(self, vocab=61, d=32, h=4, seq=8, layers=2):
+    def __init__(self, vocab=61, d=32, h=4, seq=8, layers=2, ffn=None):
         super().__init__()
         self.tok, self.pos, self.typ = nn.Embedding(vocab, d), nn.Embedding(seq, d), nn.Embedding(2, d)
         self.ln = nn.LayerNorm(d, eps=1e-12)
-        self.layers = nn.ModuleList(BERTLayer(d, h, seq) for _ in range(layers))
+        self.layers = nn.ModuleList(BERTLayer(d, h, seq, ffn) for _ in range(layers))
         self.pool = nn.Linear(d, d)
         self.register_buffer("positions", torch.arange(seq), persistent=False)
 
@@ -122,7 +131,7 @@ class BERT(nn.Module):
 
 
 class LlamaLayer(nn.Module):
-    def __init__(self, d, h, kv, seq):
+    def __init__(self, d, h, kv, seq, ffn=48):
         super().__init__()
         self.d, self.h, self.kv, self.hd, self.seq = d, h, kv, d // h, seq
         self.n1, self.n2 = RMSNorm(d), RMSNorm(d)
@@ -130,8 +139,8 @@ class LlamaLayer(nn.Module):
         self.k = nn.Linear(d, kv * self.hd, bias=False)
         self.v = nn.Linear(d, kv * self.hd, bias=False)
         self.o = nn.Linear(h * self.hd, d, bias=False)
-        self.gate, self.up = nn.Linear(d, 48, bias=False), nn.Linear(d, 48, bias=False)
-        self.down = nn.Linear(48, d, bias=False)
+        self.gate, self.up = nn.Linear(d, ffn, bias=False), nn.Linear(d, ffn, bias=False)
+        self.down = nn.Linear(ffn, d, bias=False)
         self.register_buffer("kv_of_head", torch.arange(h) // (h // kv), persistent=False)
 
     def rope(self, x, cos, sin):
@@ -157,10 +166,10 @@ class LlamaLayer(nn.Module):
 class Llama(nn.Module):
     inputs = {"ids": ((BATCH, 8), torch.int64)}
 
-    def __init__(self, vocab=61, d=32, h=4, kv=2, seq=8, layers=2, theta=1e4):
+    def __init__(self, vocab=61, d=32, h=4, kv=2, seq=8, layers=2, theta=1e4, ffn=48):
         super().__init__()
         self.tok = nn.Embedding(vocab, d)
-        self.layers = nn.ModuleList(LlamaLayer(d, h, kv, seq) for _ in range(layers))
+        self.layers = nn.ModuleList(LlamaLayer(d, h, kv, seq, ffn) for _ in range(layers))
         self.norm = RMSNorm(d)
         self.head = nn.Linear(d, vocab, bias=False)
         hd = d // h
@@ -219,14 +228,14 @@ class ResNet(nn.Module):
 class ViT(nn.Module):
     inputs = {"image": ((BATCH, 3, 16, 16), torch.float32)}
 
-    def __init__(self, patch=4, d=32, h=4, layers=2, classes=10):
+    def __init__(self, patch=4, d=32, h=4, layers=2, classes=10, image=16, ffn=None):
         super().__init__()
-        n = (16 // patch) ** 2
+        n = (image // patch) ** 2
         self.n, self.d = n, d
         self.patch = nn.Conv2d(3, d, patch, patch)
         self.cls = nn.Parameter(0.02 * torch.randn(1, 1, d))
         self.pos = nn.Parameter(0.02 * torch.randn(1, n + 1, d))
-        self.layers = nn.ModuleList(ViTLayer(d, h, n + 1) for _ in range(layers))
+        self.layers = nn.ModuleList(ViTLayer(d, h, n + 1, ffn) for _ in range(layers))
         self.ln = nn.LayerNorm(d)
         self.head = nn.Linear(d, classes)
 
@@ -240,12 +249,13 @@ class ViT(nn.Module):
 
 
 class ViTLayer(nn.Module):
-    def __init__(self, d, h, seq):
+    def __init__(self, d, h, seq, ffn=None):
         super().__init__()
         self.d, self.h, self.seq = d, h, seq
         self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
         self.qkv, self.o = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.fc, self.out = nn.Linear(d, 2 * d), nn.Linear(2 * d, d)
+        ffn = ffn or 2 * d
+        self.fc, self.out = nn.Linear(d, ffn), nn.Linear(ffn, d)
 
     def forward(self, x):
         S, H, D = self.seq, self.h, self.d // self.h
@@ -283,6 +293,18 @@ MODELS = {"gpt2": GPT2, "bert": BERT, "llama": Llama, "resnet": ResNet, "vit": V
 MODEL_SEED = {name: SEED + 101 * i for i, name in enumerate(MODELS)}
 MODEL_SEED.update({"gpt2_tiny": SEED + 7, "llama_tiny": SEED + 8, "unet_tiny": SEED + 9})
 OUTPUTS = {"bert": ["hidden", "pooled"]}
+I64 = torch.int64
+# --size bench: name -> (model, constructor arguments, inputs at batch 1); the seeds are the default size's.
+BENCH = {
+    "gpt2": (GPT2, dict(vocab=8192, d=768, h=12, seq=128, layers=4), {"ids": ((1, 128), I64)}),
+    "bert": (BERT, dict(vocab=8192, d=768, h=12, seq=128, layers=4, ffn=3072),
+             {"ids": ((1, 128), I64), "attention_mask": ((1, 128), I64)}),
+    "llama": (Llama, dict(vocab=8192, d=768, h=12, kv=4, seq=128, layers=4, ffn=2048), {"ids": ((1, 128), I64)}),
+    "resnet": (ResNet, dict(widths=(64, 128, 256, 512), classes=1000), {"image": ((1, 3, 224, 224), torch.float32)}),
+    "vit": (ViT, dict(patch=16, d=384, h=6, layers=6, classes=1000, image=224, ffn=1536),
+            {"image": ((1, 3, 224, 224), torch.float32)}),
+    "unet": (UNet, dict(w=32, classes=4), {"image": ((1, 3, 128, 128), torch.float32)}),
+}
 # The few-KB models committed under tests/graph/onnx/ (--tiny DIR): importer tests and the fuzz seeds.
 # name -> (model, constructor arguments, inputs, opsets); opset 11 is there for the version converter.
 TINY = {
@@ -292,9 +314,12 @@ TINY = {
 }
 
 
-def build(name):
+def build(name, size="test"):
     torch.manual_seed(MODEL_SEED[name])
-    if name in TINY:
+    if size == "bench":
+        cls, kw, _ = BENCH[name]
+        m = cls(**kw)
+    elif name in TINY:
         cls, kw, _, _ = TINY[name]
         m = cls(**kw)
     else:
@@ -307,7 +332,7 @@ def build(name):
     m.eval()
     g = torch.Generator().manual_seed(MODEL_SEED[name] + 1)
     inputs = {}
-    spec = TINY[name][2] if name in TINY else MODELS[name].inputs
+    spec = BENCH[name][2] if size == "bench" else TINY[name][2] if name in TINY else MODELS[name].inputs
     for k, (shape, dt) in spec.items():
         if dt == torch.int64:
             hi = 2 if k == "attention_mask" else m.tok.num_embeddings
@@ -319,8 +344,8 @@ def build(name):
     return m, inputs
 
 
-def export(name, outdir, opset):
-    m, inputs = build(name)
+def export(name, outdir, opset, size="test"):
+    m, inputs = build(name, size)
     names = list(inputs)
     outs = OUTPUTS.get(name, ["output"])
     dyn = {k: {0: "batch"} for k in names + outs}
@@ -331,7 +356,46 @@ def export(name, outdir, opset):
     return m, inputs, outs, path
 
 
-def write_manifest(path):
+def count_flops(m, inputs):
+    """2 x the multiply-adds of the matmuls and convolutions one forward runs, counted at the dispatcher
+    (so matmuls written as `@` and attention's two batched matmuls are in; elementwise ops, norms and
+    softmax are not)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    aten = torch.ops.aten
+
+    def prod(xs):
+        n = 1
+        for x in xs:
+            n *= int(x)
+        return n
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.macs = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            p = func.overloadpacket
+            if p in (aten.mm, aten.bmm):
+                a, b = args[0], args[1]
+                self.macs += prod(a.shape) * b.shape[-1]
+            elif p in (aten.addmm, aten.baddbmm):
+                a, b = args[1], args[2]
+                self.macs += prod(a.shape) * b.shape[-1]
+            elif p == aten.convolution:
+                w = args[1]  # (O, C/groups, KH, KW): each output element takes C/groups*KH*KW MACs
+                self.macs += prod(out.shape) * prod(w.shape[1:])
+            return out
+
+    c = Count()
+    with torch.no_grad(), c:
+        m(*inputs.values())
+    return 2 * c.macs
+
+
+def write_manifest(path, extra=None):
     """<model>_op<opset>.json beside the model: ONNX's own count of each op type (Constant included)
     and the initializer count, read back with onnx.load, for the C++ side to compare its import with."""
     import onnx
@@ -342,6 +406,7 @@ def write_manifest(path):
     manifest = {"ops": dict(sorted(ops.items())), "nodes": len(m.graph.node),
                 "initializers": len(m.graph.initializer),
                 "opset": [i.version for i in m.opset_import if i.domain in ("", "ai.onnx")][0]}
+    manifest.update(extra or {})
     with open(path[:-len(".onnx")] + ".json", "w") as f:
         json.dump(manifest, f, indent=1, sort_keys=True)
         f.write("\n")
@@ -353,9 +418,30 @@ def main():
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--tiny", action="store_true", help="write the tiny committed models (tests/graph/onnx/) instead")
+    ap.add_argument("--size", choices=["test", "bench"], default="test",
+                    help="test: the small models the tests use (default); bench: realistic sizes, opset 17, no io file")
     a = ap.parse_args()
+    if a.tiny and a.size != "test":
+        sys.exit("onnx_models.py: --tiny and --size bench exclude each other")
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
+    if a.size == "bench":
+        os.makedirs(a.outdir, exist_ok=True)
+        for name in a.models.split(","):
+            if name not in BENCH:
+                sys.exit(f"onnx_models.py: unknown model '{name}' (known: {', '.join(BENCH)})")
+            m, inputs, _, path = export(name, a.outdir, 17, "bench")
+            one = {k: v[:1] for k, v in inputs.items()}
+            flops = count_flops(m, one)
+            cls, kw, _ = BENCH[name]
+            write_manifest(path, {"flops_per_sample": flops, "size": "bench", "model": name,
+                                  "config": {k: list(v) if isinstance(v, tuple) else v for k, v in kw.items()},
+                                  "inputs": {k: list(s[1:]) for k, (s, _) in BENCH[name][2].items()}})
+            if a.check:
+                import onnx
+                onnx.checker.check_model(onnx.load(path), full_check=True)
+            print(f"{name}: {os.path.getsize(path) / 1e6:.1f} MB, {flops / 1e9:.2f} GFLOP per sample", flush=True)
+        return
     if a.tiny:
         os.makedirs(a.outdir, exist_ok=True)
         for name, (_, _, _, opsets) in TINY.items():
