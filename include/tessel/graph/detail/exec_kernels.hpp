@@ -424,6 +424,7 @@ step_fn<Dev> build_broadcast(const build_ctx& c) {
     else c.fail("no kernel");
     const std::size_t k = ins.size();
     const std::string label = c.n.label();
+    const std::size_t s0 = k == 2 ? bc.inner(0) : 2, s1 = k == 2 ? bc.inner(1) : 2;
     fn = [=](const run_state<Dev>& s) {
       std::vector<const T*> p(k);
       for (std::size_t j = 0; j < k; ++j) p[j] = s.template as<T>(ins[j]);
@@ -432,6 +433,34 @@ step_fn<Dev> build_broadcast(const build_ctx& c) {
           for (std::size_t i = 0, m = numel_of(shapes[1]); i < m; ++i)
             if (p[1][i] == T(0)) throw graph_error(errc::invalid_argument, label + ": integer division by zero");
       T* out = s.template as<T>(y);
+      if (k == 2 && s0 <= 1 && s1 <= 1 && kind <= 3) {
+        // Two operands each contiguous or broadcast along the innermost axis: loops the compiler
+        // vectorizes, one per operation and stride pattern (the same operation per element).
+        parallel_for(s.dev, n, 4096, [&](std::size_t lo, std::size_t hi) {
+          bc.for_runs(lo, hi, [&](std::size_t i, const std::size_t* off, std::size_t len) {
+            const T* a = p[0] + off[0];
+            const T* b = p[1] + off[1];
+            T* o = out + i;
+            auto loop = [&](auto f) {
+              if (s0 == 1 && s1 == 1)
+                for (std::size_t t = 0; t < len; ++t) o[t] = f(a[t], b[t]);
+              else if (s0 == 1)
+                for (std::size_t t = 0; t < len; ++t) o[t] = f(a[t], b[0]);
+              else if (s1 == 1)
+                for (std::size_t t = 0; t < len; ++t) o[t] = f(a[0], b[t]);
+              else
+                for (std::size_t t = 0; t < len; ++t) o[t] = f(a[0], b[0]);
+            };
+            switch (kind) {
+              case 0: loop([](T u, T v) { return T(u + v); }); break;
+              case 1: loop([](T u, T v) { return T(u - v); }); break;
+              case 2: loop([](T u, T v) { return T(u * v); }); break;
+              default: loop([](T u, T v) { return T(u / v); }); break;
+            }
+          });
+        });
+        return;
+      }
       parallel_for(s.dev, n, 4096, [&](std::size_t lo, std::size_t hi) {
         bc.for_range(lo, hi, [&](std::size_t i, const std::size_t* off) {
           T acc = p[0][off[0]];
@@ -493,11 +522,26 @@ step_fn<Dev> build_gather_strided(value_id x, value_id y, shape_t out, shape_t s
   bcast bc(out, {shape_t{}});
   bc.strides[0] = std::move(strides);
   const std::size_t n = numel_of(out);
+  const std::size_t step = bc.inner(0);
   return [=](const run_state<Dev>& s) {
     const std::byte* xp = s.at(x);
     std::byte* yp = s.at(y);
     parallel_for(s.dev, n, 4096, [&](std::size_t lo, std::size_t hi) {
-      bc.for_range(lo, hi, [&](std::size_t i, const std::size_t* off) { copy_elem(yp, i, xp, base + off[0], es); });
+      bc.for_runs(lo, hi, [&](std::size_t i, const std::size_t* off, std::size_t len) {
+        const std::size_t from = base + off[0];
+        if (step == 1) return static_cast<void>(std::memcpy(yp + i * es, xp + from * es, len * es));
+        auto run = [&]<class W>(W) {  // whole elements as one word each (offsets wrap mod 2^64 for negative steps)
+          for (std::size_t t = 0; t < len; ++t) std::memcpy(yp + (i + t) * sizeof(W), xp + (from + t * step) * sizeof(W), sizeof(W));
+        };
+        switch (es) {
+          case 1: run(std::uint8_t{}); break;
+          case 2: run(std::uint16_t{}); break;
+          case 4: run(std::uint32_t{}); break;
+          case 8: run(std::uint64_t{}); break;
+          default:
+            for (std::size_t t = 0; t < len; ++t) copy_elem(yp, i + t, xp, from + t * step, es);
+        }
+      });
     });
   };
 }

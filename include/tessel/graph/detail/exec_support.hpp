@@ -93,6 +93,44 @@ struct bcast {
       }
     }
   }
+
+  // f(i, offs, len): output elements [i, i + len) read input j at offs[j] + t * inner(j), t < len; a
+  // run ends at the end of the innermost axis or at `end`. The kernels' loops run along these runs.
+  template <class F>
+  void for_runs(std::size_t begin, std::size_t end, F&& f) const {
+    const std::size_t r = out.size(), k = strides.size();
+    std::vector<std::size_t> idx(r, 0), off(k, 0);
+    if (r == 0) {
+      if (begin < end) f(begin, off.data(), end - begin);
+      return;
+    }
+    std::size_t rem = begin;
+    for (std::size_t a = r; a-- > 0;) {
+      idx[a] = out[a] ? rem % out[a] : 0;
+      rem = out[a] ? rem / out[a] : 0;
+    }
+    for (std::size_t j = 0; j < k; ++j)
+      for (std::size_t a = 0; a < r; ++a) off[j] += idx[a] * strides[j][a];
+    const std::size_t last = out[r - 1];
+    for (std::size_t i = begin; i < end;) {
+      const std::size_t len = std::min(last - idx[r - 1], end - i);
+      f(i, off.data(), len);
+      i += len;
+      idx[r - 1] += len;
+      for (std::size_t j = 0; j < k; ++j) off[j] += len * strides[j][r - 1];
+      if (idx[r - 1] < last) continue;  // only at `end`
+      for (std::size_t j = 0; j < k; ++j) off[j] -= last * strides[j][r - 1];
+      idx[r - 1] = 0;
+      for (std::size_t a = r - 1; a-- > 0;) {  // odometer step of the outer axes
+        for (std::size_t j = 0; j < k; ++j) off[j] += strides[j][a];
+        if (++idx[a] < out[a]) break;
+        for (std::size_t j = 0; j < k; ++j) off[j] -= strides[j][a] * out[a];
+        idx[a] = 0;
+      }
+    }
+  }
+  // Input j's stride along the innermost axis (a run's step).
+  std::size_t inner(std::size_t j) const { return out.empty() ? 0 : strides[j].back(); }
 };
 
 // Row-major strides of a shape.
