@@ -619,7 +619,7 @@ TEST_CASE("resnet: one forward+backward matches fp64 finite differences for ever
 
 // (b) and (c). Seeds 1-8 were run locally (the hidden test below) to check the margins: the loss
 // factor 20 has 4x margin over the worst seed (89), the accuracies 0.95/0.9 hold at half the steps.
-TEST_CASE("resnet: SGD-momentum training lowers the loss and reaches the accuracy; inference agrees", "[ops][resnet_train]") {
+TEST_CASE("resnet: SGD-momentum training lowers the loss and reaches the accuracy, inference agrees", "[ops][resnet_train]") {
   host_device dev(2);
   const unsigned seed = 1;
   const dataset data(train_count, seed);
