@@ -2,8 +2,11 @@
 // below), backward vs fp64 finite differences, bf16 output = rounding of the f32 output, bad input.
 #include <catch2/catch.hpp>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <functional>
+#include <limits>
 #include <vector>
 
 #include <tessel/device/host_device.hpp>
@@ -94,6 +97,62 @@ TEST_CASE("swiglu forward/backward", "[ops][activation]") {
   std::vector<float> short_b(n - 1);
   CHECK_THROWS_AS(swiglu_forward(dev, std::span<const float>(a), std::span<const float>(short_b), std::span<float>(y)), layer_error);
   CHECK_THROWS_MATCHES(gelu_forward(dev, std::span<const float>(a), std::span<float>(short_b)), layer_error, is_error(errc::invalid_argument, "layers"));
+}
+
+// ReLU and the elementwise sum are exact in f32: every element equals its definition bitwise, in
+// both the vector body and the scalar tail (n is not a multiple of any vector width), with NaN
+// propagated by the forward, an infinite dy masked to exactly 0 where x <= 0, and aliasing allowed.
+TEST_CASE("relu forward/backward and add are exact", "[ops][activation]") {
+  host_device dev(2);
+  auto x = train_ref::randn(10007, 5, 2.0f);
+  auto g = train_ref::randn(x.size(), 6);
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  x[3] = 0.0f, x[4] = -0.0f, x[5] = nan, x[6] = -1e-30f, x[7] = 1e-30f, x[8] = -inf, x[9] = inf;
+  g[10] = inf, x[10] = -1.0f, g[11] = -inf, x[11] = 2.0f, x[x.size() - 1] = -3.0f, x[x.size() - 2] = 3.0f;
+  const std::size_t n = x.size();
+  std::vector<float> y(n), dx(n), s(n);
+  relu_forward(dev, std::span<const float>(x), std::span<float>(y));
+  relu_backward(dev, std::span<const float>(g), std::span<const float>(x), std::span<float>(dx));
+  add_forward(dev, std::span<const float>(x), std::span<const float>(g), std::span<float>(s));
+  std::size_t bad_y = 0, bad_dx = 0, bad_s = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    // max(0, x) as vmaxps: x unless 0 > x, so NaN and -0 come through as themselves
+    const float want = 0.0f > x[i] ? 0.0f : x[i];
+    bad_y += std::bit_cast<std::uint32_t>(y[i]) != std::bit_cast<std::uint32_t>(want);
+    bad_dx += !(x[i] > 0.0f ? (dx[i] == g[i]) : (dx[i] == 0.0f));
+    bad_s += s[i] != x[i] + g[i] && !(std::isnan(s[i]) && std::isnan(x[i] + g[i]));
+  }
+  CHECK(bad_y == 0);
+  CHECK(bad_dx == 0);
+  CHECK(bad_s == 0);
+  // backward from the output gives the same gradient (y > 0 exactly where x > 0)
+  std::vector<float> dx2(n);
+  relu_backward(dev, std::span<const float>(g), std::span<const float>(y), std::span<float>(dx2));
+  CHECK(dx2 == dx);
+  // in place: y = relu(y), dy overwritten by dx, a += b
+  std::vector<float> xi = x, gi = g, si = x;
+  relu_forward(dev, std::span<const float>(xi), std::span<float>(xi));
+  relu_backward(dev, std::span<const float>(gi), std::span<const float>(x), std::span<float>(gi));
+  add_forward(dev, std::span<const float>(si), std::span<const float>(g), std::span<float>(si));
+  for (std::size_t i = 0; i < n; ++i) {
+    if (std::isnan(x[i])) continue;
+    REQUIRE(xi[i] == y[i]);
+    REQUIRE(gi[i] == dx[i]);
+    REQUIRE(si[i] == s[i]);
+  }
+  // bf16 output: the rounding of the exact f32 result
+  std::vector<bf16> sb(n);
+  add_forward(dev, std::span<const float>(x), std::span<const float>(g), std::span<bf16>(sb));
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < n; ++i) bad += !std::isnan(s[i]) && sb[i].bits() != bf16(s[i]).bits();
+  CHECK(bad == 0);
+  std::vector<float> shorter(n - 1);
+  CHECK_THROWS_MATCHES(relu_forward(dev, std::span<const float>(x), std::span<float>(shorter)), layer_error, is_error(errc::invalid_argument, "layers"));
+  CHECK_THROWS_MATCHES(relu_backward(dev, std::span<const float>(shorter), std::span<const float>(x), std::span<float>(dx)), layer_error,
+                       is_error(errc::invalid_argument, "layers"));
+  CHECK_THROWS_MATCHES(add_forward(dev, std::span<const float>(x), std::span<const float>(shorter), std::span<float>(s)), layer_error,
+                       is_error(errc::invalid_argument, "layers"));
+  CHECK_THROWS_AS(relu_backward(dev, std::span<const float>(g), std::span<const float>(static_cast<const float*>(nullptr), n), std::span<float>(dx)), layer_error);
 }
 
 }  // namespace tessel_test_ops_activation

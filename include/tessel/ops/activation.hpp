@@ -1,5 +1,6 @@
 // Elementwise activations as streaming tile programs, forward and backward: GELU (tanh and erf
-// forms), SiLU, and SwiGLU (silu(a)·b, the gated unit of LLaMA-style MLPs). Spans of f32 or bf16,
+// forms), SiLU, SwiGLU (silu(a)·b, the gated unit of LLaMA-style MLPs), ReLU, and the elementwise
+// sum a + b (a residual join, or two gradients of one tensor accumulated). Spans of f32 or bf16,
 // cut into fixed chunks (one block each) so that results never depend on the worker count.
 // The logistic pieces use arch::stream::exp_fast (<= 2 ulp); GELU-tanh is written as
 // x / (1 + exp(-2u)), exact in form and free of the cancellation of 1 + tanh(u) for negative x.
@@ -65,6 +66,14 @@ inline V gelu_erf_grad(V x) {
 }
 template <class V>
 inline V silu(V x) { return x / (V(1.0f) + st::exp_fast(-x)); }
+// ReLU as max(0, x): vmaxps returns its second operand for a NaN lane, so NaN propagates.
+template <class V>
+inline V relu(V x) { return st::max(V(0.0f), x); }
+// dy where x > 0, else exactly 0 (also for an infinite dy, which a product with a 0/1 mask would
+// turn into NaN).
+inline float relu_grad(float dy, float x) { return x > 0.0f ? dy : 0.0f; }
+inline st::vf relu_grad(st::vf dy, st::vf x) { return xsimd::select(x > st::vf(0.0f), dy, st::vf(0.0f)); }
+
 template <class V>
 inline V silu_grad(V x) {
   const V s = sigmoid(x);
@@ -218,6 +227,59 @@ void swiglu_backward(Dev& dev, std::span<const Dy> dy, std::span<const In> a, st
     const V s = sigmoid(x);
     typed_store_nt<Dx, V>(dap, i, g * u * (s * st::fma(x, V(1.0f) - s, V(1.0f))), nt);
     typed_store_nt<Dx, V>(dbp, i, g * (x * s), nt);
+  });
+}
+
+// y = max(0, x). y may be x's own storage.
+template <class Dev, class In, class Out>
+void relu_forward(Dev& dev, std::span<const In> x, std::span<Out> y) {
+  using namespace detail::act;
+  static_assert(row_io_type<In> && row_io_type<Out>, "tessel::relu_forward: f32 or bf16 spans");
+  check_same(x.size(), y.size(), "relu_forward", "y");
+  check_ptr(x, "relu_forward", "x");
+  check_ptr(y, "relu_forward", "y");
+  const In* xp = x.data();
+  Out* yp = y.data();
+  launch_map<Out>(dev, x.size(), (const void*)yp == (const void*)xp, [=](std::size_t i, auto v0, bool nt) { using V = decltype(v0); typed_store_nt<Out, V>(yp, i, relu(typed_load<In, V>(xp, i)), nt); });
+}
+
+// dx = dy where x > 0, else 0. `x` may be the forward's input or its output y = relu(x) (both are
+// positive at the same elements), so a network need keep only one of them. dx may alias dy.
+template <class Dev, class Dy, class In, class Dx>
+void relu_backward(Dev& dev, std::span<const Dy> dy, std::span<const In> x, std::span<Dx> dx) {
+  using namespace detail::act;
+  static_assert(row_io_type<Dy> && row_io_type<In> && row_io_type<Dx>, "tessel::relu_backward: f32 or bf16 spans");
+  check_same(x.size(), dy.size(), "relu_backward", "dy");
+  check_same(x.size(), dx.size(), "relu_backward", "dx");
+  check_ptr(x, "relu_backward", "x");
+  check_ptr(dy, "relu_backward", "dy");
+  check_ptr(dx, "relu_backward", "dx");
+  const Dy* gp = dy.data();
+  const In* xp = x.data();
+  Dx* dp = dx.data();
+  launch_map<Dx>(dev, x.size(), (const void*)dp == (const void*)xp || (const void*)dp == (const void*)gp, [=](std::size_t i, auto v0, bool nt) {
+    using V = decltype(v0);
+    typed_store_nt<Dx, V>(dp, i, relu_grad(typed_load<Dy, V>(gp, i), typed_load<In, V>(xp, i)), nt);
+  });
+}
+
+// y = a + b elementwise (a residual join; or the two gradients of a tensor read by two branches).
+// y may alias a or b.
+template <class Dev, class In, class Out>
+void add_forward(Dev& dev, std::span<const In> a, std::span<const In> b, std::span<Out> y) {
+  using namespace detail::act;
+  static_assert(row_io_type<In> && row_io_type<Out>, "tessel::add_forward: f32 or bf16 spans");
+  check_same(a.size(), b.size(), "add_forward", "b");
+  check_same(a.size(), y.size(), "add_forward", "y");
+  check_ptr(a, "add_forward", "a");
+  check_ptr(b, "add_forward", "b");
+  check_ptr(y, "add_forward", "y");
+  const In* ap = a.data();
+  const In* bp = b.data();
+  Out* yp = y.data();
+  launch_map<Out>(dev, a.size(), (const void*)yp == (const void*)ap || (const void*)yp == (const void*)bp, [=](std::size_t i, auto v0, bool nt) {
+    using V = decltype(v0);
+    typed_store_nt<Out, V>(yp, i, typed_load<In, V>(ap, i) + typed_load<In, V>(bp, i), nt);
   });
 }
 
