@@ -304,7 +304,7 @@ executable<Dev> compile(const graph& source, Dev& dev, const compile_options& op
     const node& n = g.get(id);
     const detail::exec::build_ctx c{g, n, e.shapes_, opt.compute};
     try {
-      e.steps_.push_back(detail::exec::build_step<Dev>(c));
+      e.steps_.push_back(detail::exec::build_step<Dev>(c, dev));
       e.labels_.push_back(n.label());
     } catch (const graph_error&) {
       throw;
