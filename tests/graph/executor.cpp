@@ -799,7 +799,7 @@ TEST_CASE("Conv with a constant filter (prepacked at compile) gives the bits of 
   }
 }
 
-TEST_CASE("pools whose windows ops/pool.hpp refuses run on the fallback loop; batch norm with epsilon 0 too", "[graph][executor][conv]") {
+TEST_CASE("pools whose windows ops/pool.hpp refuses run on the fallback loop, as does batch norm with epsilon 0", "[graph][executor][conv]") {
   // pads as large as the kernel: the first and last windows lie wholly in the padding (max: -inf;
   // average counting the padding: 0). ops::max_pool2d refuses such a window, the fallback takes it.
   for (const char* op : {"MaxPool", "AveragePool"}) {
