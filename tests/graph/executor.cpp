@@ -327,7 +327,7 @@ TEST_CASE("Gemm with transposes, alpha, beta and a broadcast C", "[graph][execut
   run_and_check(one_node("Gemm", {{4, 6}, {6, 3}}), rand_inputs({{4, 6}, {6, 3}}, 82, 0, 1), gamma(6, u32) + u32, 0);
 }
 
-// ---- CNN ops (behind the conv seam) ----------------------------------------------------------------------------
+// ---- CNN ops (ops::conv2d, ops/pool.hpp, ops/batchnorm.hpp) -------------------------------------------------------------------------
 
 TEST_CASE("Conv with pads, strides, dilations, groups and auto_pad, then pools and global pools", "[graph][executor]") {
   struct conv_case {
@@ -787,6 +787,253 @@ TEST_CASE("bad inputs are typed graph_errors naming the input", "[graph][executo
   k.add_node("Reshape", "r", {"x", "s"}, {"y"});
   k.mark_output("y");
   CHECK_THROWS_MATCHES(tg::compile(k, dev), graph_error, is_error(errc::unsupported, "graph", "value 'y'"));
+}
+
+// ---- CNN ops on ops/: the packed filter, the fallbacks, bf16 constants -----------------------------------------
+
+// A graph whose Conv (or FusedConv) filter and bias are constants (packed once at compile time) and
+// the same graph with them as inputs (the plain ops::conv2d call): same bits, NCHW, any geometry.
+TEST_CASE("Conv with a constant filter (prepacked at compile) gives the bits of the filter as an input", "[graph][executor][conv]") {
+  struct conv_case {
+    std::vector<std::size_t> x, w;
+    tg::attribute_map a;
+    bool fused;
+  };
+  const std::vector<conv_case> cases = {
+      {{2, 3, 7, 6}, {4, 3, 3, 3}, {{"pads", tg::ints{1, 1, 1, 1}}}, false},
+      {{1, 4, 9, 8}, {6, 2, 3, 2}, {{"group", std::int64_t{2}}, {"pads", tg::ints{1, 0, 2, 1}}, {"strides", tg::ints{2, 1}}}, false},
+      {{2, 3, 10}, {5, 3, 4}, {{"pads", tg::ints{1, 2}}, {"strides", tg::ints{3}}}, false},
+      {{2, 3, 6, 6}, {4, 3, 3, 3}, {{"pads", tg::ints{1, 1, 1, 1}}, {"activation", std::string("Relu")}}, true},
+  };
+  host_device dev(2);
+  for (const auto& c : cases) {
+    const std::vector<std::size_t> ys = c.fused ? std::vector<std::size_t>{2, 4, 6, 6} : std::vector<std::size_t>{};
+    const auto in = rand_inputs({c.x, c.w, {c.w[0]}, ys}, 401, -1, 1);
+    tg::graph as_inputs = c.fused ? one_node("FusedConv", {c.x, c.w, {c.w[0]}, ys}, c.a, 1, "tessel") : one_node("Conv", {c.x, c.w, {c.w[0]}}, c.a);
+    tg::graph as_consts(as_inputs.name());
+    {
+      tg::tensor_shape xs;
+      for (auto d : c.x) xs.dims.emplace_back(d);
+      as_consts.add_input("x0", dtype::f32, xs);
+      std::vector<float> wv(in.at("x1").v.begin(), in.at("x1").v.end()), bv(in.at("x2").v.begin(), in.at("x2").v.end());
+      as_consts.add_constant<float>("x1", i64s(c.w), wv);
+      as_consts.add_constant<float>("x2", {static_cast<std::int64_t>(c.w[0])}, bv);
+      std::vector<std::string> ins{"x0", "x1", "x2"};
+      if (c.fused) {
+        as_consts.add_input("x3", dtype::f32, {2, 4, 6, 6});
+        ins.push_back("x3");
+      }
+      as_consts.add_node(c.fused ? "FusedConv" : "Conv", "n", ins, {"y"}, c.a, c.fused ? "tessel" : "");
+      as_consts.mark_output("y");
+    }
+    tg::tensor_map hin{{"x0", to_host(in.at("x0"))}}, all = hin;
+    all.emplace("x1", to_host(in.at("x1")));
+    all.emplace("x2", to_host(in.at("x2")));
+    if (c.fused) {
+      hin.emplace("x3", to_host(in.at("x3")));
+      all.emplace("x3", to_host(in.at("x3")));
+    }
+    check_same_bits(run_on(dev, as_consts, hin, {}), run_on(dev, as_inputs, all, {}));
+  }
+}
+
+TEST_CASE("pools whose windows ops/pool.hpp refuses run on the fallback loop, as does batch norm with epsilon 0", "[graph][executor][conv]") {
+  // pads as large as the kernel: the first and last windows lie wholly in the padding (max: -inf;
+  // average counting the padding: 0). ops::max_pool2d refuses such a window, the fallback takes it.
+  for (const char* op : {"MaxPool", "AveragePool"}) {
+    tg::attribute_map a{{"kernel_shape", tg::ints{2, 2}}, {"pads", tg::ints{2, 2, 2, 2}}, {"strides", tg::ints{1, 1}}};
+    if (std::string(op) == "AveragePool") a["count_include_pad"] = std::int64_t{1};
+    const auto out = run_and_check(one_node(op, {{1, 2, 3, 4}}, a), rand_inputs({{1, 2, 3, 4}}, 411), 4 * u32, 1e-7);
+    const auto y = out.at("y").values<float>();
+    REQUIRE(out.at("y").shape == std::vector<std::int64_t>{1, 2, 6, 7});
+    CHECK(y[0] == (std::string(op) == "MaxPool" ? -INFINITY : 0.0f));  // window (0, 0): padding only
+  }
+  // dilations and a 1-D pool go through ops (H = 1)
+  run_and_check(one_node("MaxPool", {{2, 3, 9, 8}}, {{"kernel_shape", tg::ints{2, 3}}, {"dilations", tg::ints{2, 2}}, {"pads", tg::ints{1, 1, 1, 1}}}),
+                rand_inputs({{2, 3, 9, 8}}, 412), 0, 0);
+  run_and_check(one_node("AveragePool", {{2, 3, 11}}, {{"kernel_shape", tg::ints{3}}, {"strides", tg::ints{2}}, {"ceil_mode", std::int64_t{1}}}),
+                rand_inputs({{2, 3, 11}}, 413), 4 * u32, 1e-7);
+  for (double eps : {0.0, 1e-3}) {
+    tg::graph g = one_node("BatchNormalization", {{2, 3, 4, 5}, {3}, {3}, {3}, {3}}, {{"epsilon", eps}});
+    auto in = rand_inputs({{2, 3, 4, 5}, {3}, {3}, {3}, {3}}, 414);
+    for (double& v : in["x4"].v) v = std::fabs(v) + 0.1;
+    run_and_check(g, in, 1e-5, 1e-6);
+  }
+  // 3-D batch norm input (N, C, L) and global pools of a 1-D input
+  tg::graph g3 = one_node("BatchNormalization", {{2, 3, 7}, {3}, {3}, {3}, {3}});
+  auto in3 = rand_inputs({{2, 3, 7}, {3}, {3}, {3}, {3}}, 415);
+  for (double& v : in3["x4"].v) v = std::fabs(v) + 0.1;
+  run_and_check(g3, in3, 1e-5, 1e-6);
+  for (const char* op : {"GlobalAveragePool", "GlobalMaxPool"}) run_and_check(one_node(op, {{2, 3, 7}}), rand_inputs({{2, 3, 7}}, 416), 2 * u32, 0);
+}
+
+TEST_CASE("bf16 compute converts constant weights once at compile time, with the bits of converting them each run", "[graph][executor][bf16]") {
+  // MatMul and Gemm with B a constant vs B an input: the same rounding, so the same bits
+  host_device dev(2);
+  tg::compile_options bf;
+  bf.compute = dtype::bf16;
+  const rt a = rand_rt({5, 24}, 421), b = rand_rt({24, 7}, 422);
+  for (const char* op : {"MatMul", "Gemm"}) {
+    tg::graph with_input = one_node(op, {{5, 24}, {24, 7}});
+    tg::graph with_const(op);
+    with_const.add_input("x0", dtype::f32, {5, 24});
+    with_const.add_constant<float>("x1", {24, 7}, std::vector<float>(b.v.begin(), b.v.end()));
+    with_const.add_node(op, "n", {"x0", "x1"}, {"y"});
+    with_const.mark_output("y");
+    const auto yc = run_on(dev, with_const, {{"x0", to_host(a)}}, bf);
+    check_same_bits(yc, run_on(dev, with_input, {{"x0", to_host(a)}, {"x1", to_host(b)}}, bf));
+    // and it is bf16: it differs from the f32 run (inputs with more than 8 significant bits)
+    CHECK(yc.at("y").data != run_on(dev, with_const, {{"x0", to_host(a)}}, {}).at("y").data);
+  }
+}
+
+// ---- Resize ------------------------------------------------------------------------------------------------------
+
+// The fp64 reference of ONNX Resize (opset 13 to 17), written from the operator's definition: each
+// output coordinate maps back through coordinate_transformation_mode; nearest picks one input
+// index by nearest_mode, linear interpolates between the two neighbours of the clamped coordinate.
+rt resize_reference(const rt& x, const std::vector<std::size_t>& ys, const std::vector<double>& scales, const std::string& mode,
+                    const std::string& ctm, const std::string& nearest_mode) {
+  const std::size_t r = x.s.size();
+  auto source = [&](std::size_t a, std::size_t o) {
+    const double s = scales[a], xo = double(o), in = double(x.s[a]), out = double(ys[a]);
+    if (ctm == "asymmetric") return xo / s;
+    if (ctm == "align_corners") return out == 1 ? 0.0 : xo * (in - 1) / (out - 1);
+    if (ctm == "pytorch_half_pixel" && out == 1) return 0.0;
+    return (xo + 0.5) / s - 0.5;  // half_pixel, pytorch_half_pixel
+  };
+  auto pick = [&](double v, std::size_t n) {
+    double k;
+    const double fl = std::floor(v);
+    if (nearest_mode == "floor") k = fl;
+    else if (nearest_mode == "ceil") k = std::ceil(v);
+    else if (v - fl == 0.5) k = nearest_mode == "round_prefer_ceil" ? fl + 1 : fl;
+    else k = std::floor(v + 0.5);
+    return static_cast<std::size_t>(std::clamp(k, 0.0, double(n - 1)));
+  };
+  rt y{x.t, ys, std::vector<double>(count(ys))};
+  std::vector<std::size_t> xstride(r, 1);
+  for (std::size_t a = r - 1; a-- > 0;) xstride[a] = xstride[a + 1] * x.s[a + 1];
+  for (std::size_t i = 0; i < y.v.size(); ++i) {
+    std::vector<std::size_t> o(r);
+    std::size_t rem = i;
+    for (std::size_t a = r; a-- > 0;) o[a] = rem % ys[a], rem /= ys[a];
+    if (mode == "nearest") {
+      std::size_t off = 0;
+      for (std::size_t a = 0; a < r; ++a) off += pick(source(a, o[a]), x.s[a]) * xstride[a];
+      y.v[i] = x.v[off];
+      continue;
+    }
+    // linear over every axis: sum over the 2^r corners of the product of the axis weights
+    double acc = 0;
+    for (std::size_t corner = 0; corner < (std::size_t{1} << r); ++corner) {
+      double w = 1;
+      std::size_t off = 0;
+      for (std::size_t a = 0; a < r; ++a) {
+        const double c = std::clamp(source(a, o[a]), 0.0, double(x.s[a] - 1));
+        const auto lo = static_cast<std::size_t>(std::floor(c));
+        const std::size_t hi = std::min(lo + 1, x.s[a] - 1);
+        const double f = c - double(lo);
+        const bool up = (corner >> a) & 1;
+        w *= up ? f : 1 - f;
+        off += (up ? hi : lo) * xstride[a];
+      }
+      acc += w * x.v[off];
+    }
+    y.v[i] = acc;
+  }
+  return y;
+}
+
+tg::graph resize_graph(const std::vector<std::size_t>& xs, const std::vector<float>& scales, const std::vector<std::int64_t>& sizes,
+                       tg::attribute_map a) {
+  tg::graph g("resize");
+  tg::tensor_shape s;
+  for (auto d : xs) s.dims.emplace_back(d);
+  g.add_input("x", dtype::f32, s);
+  g.add_constant<float>("roi", {0}, std::vector<float>{});
+  if (!scales.empty()) {
+    g.add_constant<float>("scales", {static_cast<std::int64_t>(scales.size())}, scales);
+    g.add_node("Resize", "rs", {"x", "roi", "scales"}, {"y"}, std::move(a));
+  } else {
+    g.add_constant<float>("scales", {0}, std::vector<float>{});
+    g.add_constant<std::int64_t>("sizes", {static_cast<std::int64_t>(sizes.size())}, sizes);
+    g.add_node("Resize", "rs", {"x", "roi", "scales", "sizes"}, {"y"}, std::move(a));
+  }
+  g.mark_output("y");
+  return g;
+}
+
+TEST_CASE("Resize: nearest and linear, every coordinate mode PyTorch exports, scales or sizes, against fp64", "[graph][executor][resize]") {
+  host_device dev(2);
+  struct mode_case {
+    std::string mode, ctm, nearest;
+  };
+  const std::vector<mode_case> modes = {
+      {"nearest", "asymmetric", "floor"},           // nn.Upsample(mode="nearest")
+      {"nearest", "half_pixel", "round_prefer_floor"}, {"nearest", "half_pixel", "round_prefer_ceil"},
+      {"nearest", "align_corners", "round_prefer_floor"}, {"nearest", "pytorch_half_pixel", "ceil"},
+      {"linear", "half_pixel", ""}, {"linear", "pytorch_half_pixel", ""},  // bilinear, align_corners=False
+      {"linear", "align_corners", ""}, {"linear", "asymmetric", ""},
+  };
+  const std::vector<std::size_t> xs = {2, 3, 5, 4};
+  const rt x = rand_rt(xs, 431);
+  // (scales, sizes): upsampling by 2, a fractional up and down scale, an output of one pixel
+  const std::vector<std::pair<std::vector<float>, std::vector<std::int64_t>>> shapes = {
+      {{1, 1, 2, 2}, {}}, {{1, 1, 1.5f, 0.5f}, {}}, {{}, {2, 3, 7, 3}}, {{}, {2, 3, 1, 9}}};
+  for (const auto& m : modes)
+    for (const auto& [sc, sz] : shapes) {
+      tg::attribute_map a{{"mode", m.mode}, {"coordinate_transformation_mode", m.ctm}};
+      if (!m.nearest.empty()) a["nearest_mode"] = m.nearest;
+      const tg::graph g = resize_graph(xs, sc, sz, a);
+      auto exe = tg::compile(g, dev);
+      const auto out = exe.run({{"x", to_host(x)}});
+      std::vector<std::size_t> ys;
+      std::vector<double> scales;
+      for (std::size_t k = 0; k < xs.size(); ++k) {
+        ys.push_back(sc.empty() ? std::size_t(sz[k]) : std::size_t(std::floor(double(xs[k]) * sc[k])));
+        scales.push_back(sc.empty() ? double(ys[k]) / double(xs[k]) : double(sc[k]));
+      }
+      // nearest copies an input element: exact. Linear: a few f32 roundings of values in [-1, 1].
+      check_close(out.at("y"), resize_reference(x, ys, scales, m.mode, m.ctm, m.nearest), 0, m.mode == "nearest" ? 0.0 : 8 * u32,
+                  m.mode + "/" + m.ctm + "/" + m.nearest + nm(" ys[2]=", ys[2]));
+    }
+  // nearest on every axis, a rank-3 input and an i64 tensor (copied, any dtype)
+  {
+    tg::graph g("resize_i64");
+    g.add_input("x", dtype::i64, {2, 3, 2});
+    g.add_constant<float>("roi", {0}, std::vector<float>{});
+    g.add_constant<float>("scales", {3}, std::vector<float>{2, 1, 3});
+    g.add_node("Resize", "rs", {"x", "roi", "scales"}, {"y"}, {{"mode", std::string("nearest")}, {"coordinate_transformation_mode", std::string("asymmetric")},
+                                                                {"nearest_mode", std::string("floor")}});
+    g.mark_output("y");
+    std::vector<std::int64_t> xv(12);
+    for (std::size_t i = 0; i < 12; ++i) xv[i] = std::int64_t(i) * 7 - 20;
+    const auto y = tg::compile(g, dev).run({{"x", tg::host_tensor::of<std::int64_t>({2, 3, 2}, xv)}}).at("y");
+    REQUIRE(y.shape == std::vector<std::int64_t>{4, 3, 6});
+    const auto yv = y.values<std::int64_t>();
+    for (std::size_t i = 0; i < 4; ++i)
+      for (std::size_t j = 0; j < 3; ++j)
+        for (std::size_t k = 0; k < 6; ++k) CHECK(yv[(i * 3 + j) * 6 + k] == xv[((i / 2) * 3 + j) * 2 + k / 3]);
+  }
+}
+
+TEST_CASE("Resize's unsupported attribute values are graph_error(unsupported) naming the node", "[graph][executor][resize][errors]") {
+  host_device dev(1);
+  const std::vector<std::size_t> xs = {1, 1, 4, 4};
+  const std::vector<std::pair<tg::attribute_map, std::string>> bad = {
+      {{{"mode", std::string("cubic")}}, "mode 'cubic'"},
+      {{{"coordinate_transformation_mode", std::string("tf_crop_and_resize")}}, "coordinate_transformation_mode 'tf_crop_and_resize'"},
+      {{{"coordinate_transformation_mode", std::string("half_pixel_symmetric")}}, "coordinate_transformation_mode 'half_pixel_symmetric'"},
+      {{{"nearest_mode", std::string("round_half_even")}}, "nearest_mode 'round_half_even'"},
+      {{{"antialias", std::int64_t{1}}}, "antialias"},
+  };
+  for (const auto& [a, what] : bad)
+    CHECK_THROWS_MATCHES(tg::compile(resize_graph(xs, {1, 1, 2, 2}, {}, a), dev), graph_error,
+                         is_error(errc::unsupported, "graph", "Resize 'rs': " + what));
+  // linear on a leading axis is not bilinear on the last two
+  CHECK_THROWS_MATCHES(tg::compile(resize_graph(xs, {1, 2, 2, 2}, {}, {{"mode", std::string("linear")}}), dev), graph_error,
+                       is_error(errc::unsupported, "graph", "Resize 'rs': linear resize of axis 1"));
 }
 
 }  // namespace tessel_test_graph_executor

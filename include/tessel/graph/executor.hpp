@@ -8,8 +8,9 @@
 //
 // Dtypes: values keep their graph dtypes (f32 activations; i64/i32 shape and index operands; u8
 // bools). compile_options::compute = bf16 rounds GEMM and attention inputs (MatMul, Gemm,
-// FusedMatMul, Attention) to bf16 and accumulates in f32; every other op and every stored
-// activation stays f32. Graph inputs are copied into device memory for a run; constants are read in
+// FusedMatMul, Attention) to bf16 and accumulates in f32 (constant operands — weights — are
+// converted once, at compile; Conv stays f32); every other op and every stored activation stays f32.
+// Conv filters that are constants are packed for ops::conv2d once, at compile. Graph inputs are copied into device memory for a run; constants are read in
 // place; graph outputs are written to device buffers of their own and copied out.
 // An executable is not reentrant: one run at a time (its arena is shared by the runs).
 #pragma once
@@ -304,7 +305,7 @@ executable<Dev> compile(const graph& source, Dev& dev, const compile_options& op
     const node& n = g.get(id);
     const detail::exec::build_ctx c{g, n, e.shapes_, opt.compute};
     try {
-      e.steps_.push_back(detail::exec::build_step<Dev>(c));
+      e.steps_.push_back(detail::exec::build_step<Dev>(c, dev));
       e.labels_.push_back(n.label());
     } catch (const graph_error&) {
       throw;

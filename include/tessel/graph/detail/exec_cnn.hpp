@@ -1,12 +1,14 @@
-// The executor's CNN kernels, each behind ONE function, so that the lead can switch each to
-// tessel's operator (ops::conv2d and its pooling/batch-norm siblings, being written on the conv
-// branch) in one place:
-//   conv_nchw        Conv and FusedConv: im2col per image and group + tessel's GEMM (bias as a row
-//                    epilogue). THE SEAM for ops::conv2d.
-//   pool_nchw        MaxPool / AveragePool (1-D or 2-D windows, pads, strides, dilations, count_include_pad).
-//   global_pool_nchw GlobalAveragePool / GlobalMaxPool.
-//   batch_norm_nchw  BatchNormalization in inference mode.
-// All take f32 NCHW data (1-D spatial inputs run as H = 1) and launch on the executor's device.
+// The executor's CNN kernels. Conv and FusedConv run on ops::conv2d (exec_kernels.hpp's
+// build_conv; the filter, a graph constant, prepacked once at compile time), pooling on
+// ops/pool.hpp and inference batch norm on ops/batchnorm.hpp. What stays here is the geometry those
+// builders share and the two fallbacks for ONNX semantics that ops/ does not take:
+//   pool_nchw        MaxPool / AveragePool when ops::max_pool2d/avg_pool2d refuse the geometry (a
+//                    window with no tap inside the input: pads as large as the kernel) or give
+//                    another output extent than ONNX's shape rule.
+//   batch_norm_nchw  BatchNormalization with epsilon <= 0 (ONNX allows it; ops::batchnorm wants > 0).
+//   global_avg_nchw  GlobalAveragePool: the plane summed in fp64 (ops::global_avg_pool2d sums in f32,
+//                    up to (H·W − 1)·u·Σ|x| off: 2 ulps of the mean fail on a 5x4 plane of signed values).
+// Both take f32 NCHW data (1-D spatial inputs run as H = 1) and launch on the executor's device.
 #pragma once
 
 #include <algorithm>
@@ -18,7 +20,6 @@
 
 #include <tessel/device/device_buffer.hpp>
 #include <tessel/graph/detail/exec_support.hpp>
-#include <tessel/ops/gemm.hpp>
 
 namespace tessel {
 inline namespace v0 {
@@ -33,50 +34,6 @@ struct window2d {
   std::ptrdiff_t ph = 0, pw = 0;             // padding before (top, left)
   std::ptrdiff_t ph_end = 0, pw_end = 0;     // padding after (bottom, right)
 };
-
-// Conv over NCHW: y[n, m, oh, ow] = sum_{c in group, kh, kw} x[n, c, ...] * w[m, c, kh, kw] + b[m].
-// x (n, c, h, w), w (m, c / group, kh, kw), y (n, m, oh, ow); bias: m values or null.
-template <class Dev>
-void conv_nchw(Dev& dev, const window2d& g, std::size_t m, std::size_t group, const float* x, const float* w, const float* bias,
-               float* y) {
-  const std::size_t cg = g.c / group, mg = m / group;
-  const std::size_t kk = tessel::detail::mul_checked(cg, g.kh * g.kw, "conv: im2col rows");
-  const std::size_t ohw = tessel::detail::mul_checked(g.oh, g.ow, "conv: output pixels");
-  device_buffer<float, Dev> col(dev, std::max<std::size_t>(tessel::detail::mul_checked(kk, ohw, "conv: im2col size"), 1));
-  float* cp = col.data();
-  for (std::size_t img = 0; img < g.n; ++img)
-    for (std::size_t gi = 0; gi < group; ++gi) {
-      const float* xg = x + (img * g.c + gi * cg) * g.h * g.w;
-      // im2col: row (c, i, j) of `col` holds the input pixel each output pixel's window reads there
-      auto fill = [&](std::size_t b, std::size_t e) {
-        for (std::size_t r = b; r < e; ++r) {
-          const std::size_t ci = r / (g.kh * g.kw), i = r / g.kw % g.kh, j = r % g.kw;
-          float* dst = cp + r * ohw;
-          for (std::size_t oy = 0; oy < g.oh; ++oy) {
-            const std::ptrdiff_t iy = static_cast<std::ptrdiff_t>(oy * g.sh + i * g.dh) - g.ph;
-            for (std::size_t ox = 0; ox < g.ow; ++ox) {
-              const std::ptrdiff_t ix = static_cast<std::ptrdiff_t>(ox * g.sw + j * g.dw) - g.pw;
-              const bool in = iy >= 0 && ix >= 0 && iy < static_cast<std::ptrdiff_t>(g.h) && ix < static_cast<std::ptrdiff_t>(g.w);
-              dst[oy * g.ow + ox] = in ? xg[(ci * g.h + static_cast<std::size_t>(iy)) * g.w + static_cast<std::size_t>(ix)] : 0.0f;
-            }
-          }
-        }
-      };
-      parallel_for(dev, kk, 4, fill);
-      float* yg = y + (img * m + gi * mg) * ohw;
-      const float* wg = w + gi * mg * kk;
-      if (kk == 0) {
-        for (std::size_t r = 0; r < mg; ++r)
-          for (std::size_t p = 0; p < ohw; ++p) yg[r * ohw + p] = bias ? bias[gi * mg + r] : 0.0f;
-        continue;
-      }
-      if (bias)
-        gemm(dev, transpose::none, transpose::none, mg, ohw, kk, 1.0f, wg, kk, static_cast<const float*>(cp), ohw, 0.0f, yg, ohw,
-             epilogue::bias_row(std::span<const float>(bias + gi * mg, mg)));
-      else
-        gemm(dev, transpose::none, transpose::none, mg, ohw, kk, 1.0f, wg, kk, static_cast<const float*>(cp), ohw, 0.0f, yg, ohw);
-    }
-}
 
 // MaxPool (max = true) or AveragePool over NCHW windows clipped to the input.
 template <class Dev>
@@ -116,22 +73,17 @@ void pool_nchw(Dev& dev, const window2d& g, bool max, bool count_include_pad, co
   parallel_for(dev, planes, 1, body);
 }
 
-// GlobalAveragePool / GlobalMaxPool: one value per (n, c) plane of `hw` pixels.
+// GlobalAveragePool: one mean per (n, c) plane of `hw` pixels, summed in fp64.
 template <class Dev>
-void global_pool_nchw(Dev& dev, std::size_t planes, std::size_t hw, bool max, const float* x, float* y) {
-  auto body = [&](std::size_t b, std::size_t e) {
-    for (std::size_t p = b; p < e; ++p) {
+void global_avg_nchw(Dev& dev, std::size_t planes, std::size_t hw, const float* x, float* y) {
+  parallel_for(dev, planes, 16, [&](std::size_t lo, std::size_t hi) {
+    for (std::size_t p = lo; p < hi; ++p) {
       const float* xp = x + p * hw;
-      double acc = max ? -std::numeric_limits<double>::infinity() : 0.0;
-      for (std::size_t i = 0; i < hw; ++i) {
-        const double v = xp[i];
-        if (max) acc = (v > acc || v != v) ? v : acc;
-        else acc += v;
-      }
-      y[p] = static_cast<float>(max ? acc : (hw ? acc / static_cast<double>(hw) : 0.0));
+      double acc = 0.0;
+      for (std::size_t i = 0; i < hw; ++i) acc += xp[i];
+      y[p] = static_cast<float>(hw ? acc / static_cast<double>(hw) : 0.0);
     }
-  };
-  parallel_for(dev, planes, 16, body);
+  });
 }
 
 // y = (x - mean[c]) / sqrt(var[c] + eps) * scale[c] + b[c] over (n, c, hw).

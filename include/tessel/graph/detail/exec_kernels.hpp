@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <limits>
 #include <numeric>
 #include <span>
@@ -25,8 +27,11 @@
 #include <tessel/graph/shape_inference.hpp>
 #include <tessel/ops/activation.hpp>
 #include <tessel/ops/attention.hpp>
+#include <tessel/ops/batchnorm.hpp>
+#include <tessel/ops/conv.hpp>
 #include <tessel/ops/gemm.hpp>
 #include <tessel/ops/norm.hpp>
+#include <tessel/ops/pool.hpp>
 #include <tessel/ops/softmax.hpp>
 
 namespace tessel {
@@ -71,6 +76,13 @@ struct build_ctx {
   void need_f32(std::size_t i) const {
     if (in_type(i) != dtype::f32)
       fail(std::string("input '") + g.get(in(i)).name + "' is " + std::string(dtype_name(in_type(i))) + "; the executor runs this op on f32");
+  }
+  // The f32 values of input i when it is a graph constant (weights), else null.
+  const float* const_f32(std::size_t i) const {
+    if (!has(i)) return nullptr;
+    const value& v = g.get(in(i));
+    if (v.role != value_role::constant || !v.data || !v.type || *v.type != dtype::f32) return nullptr;
+    return reinterpret_cast<const float*>(v.data->data());
   }
   // A constant integer operand (Slice's starts, Reduce's axes, ...).
   ints const_operand(std::size_t i, std::string_view what) const {
@@ -170,13 +182,23 @@ device_buffer<bf16, Dev> to_bf16(Dev& dev, const float* x, std::size_t n) {
   return b;
 }
 
+// A constant f32 operand converted to bf16 once, at compile time, when the compute dtype is bf16
+// (weights are graph constants: a run then converts only its activations). Shared by the step's copies.
+template <class Dev>
+std::shared_ptr<const device_buffer<bf16, Dev>> const_bf16(const build_ctx& c, Dev& dev, std::size_t i, std::size_t n) {
+  const float* p = c.compute == dtype::bf16 ? c.const_f32(i) : nullptr;
+  if (!p || n == 0) return nullptr;
+  return std::make_shared<const device_buffer<bf16, Dev>>(to_bf16(dev, p, n));
+}
+
 // C[b] (M,N) = alpha·A[b]·B[b] for b < batch, C contiguous; A[b] at A + a_off[b] (ld K), B[b] at
 // B + b_off[b] (ld N). bf16 compute: A and B rounded to bf16 first, accumulated in f32. K == 0 gives
-// zeros without the epilogue (callers run their tail as a pass then).
+// zeros without the epilogue (callers run their tail as a pass then). a16p / b16p, when given, are
+// A and B already in bf16 (constant weights converted at compile time).
 template <class Dev, class Chain = epilogue::chain<>>
 void matmul_run(Dev& dev, dtype compute, std::size_t M, std::size_t N, std::size_t K, float alpha, const float* A, std::size_t a_numel,
                 const std::vector<std::size_t>& a_off, const float* B, std::size_t b_numel, const std::vector<std::size_t>& b_off,
-                float* C, const Chain& ep = {}) {
+                float* C, const Chain& ep = {}, const bf16* a16p = nullptr, const bf16* b16p = nullptr) {
   const std::size_t batch = a_off.size();
   if (K == 0) {
     std::fill_n(C, batch * M * N, 0.0f);
@@ -196,10 +218,11 @@ void matmul_run(Dev& dev, dtype compute, std::size_t M, std::size_t N, std::size
     }
     gemm_batched(dev, transpose::none, transpose::none, M, N, K, alpha, ap.data(), K, bp.data(), N, 0.0f, cp.data(), N, batch, ep);
   };
-  if (compute == dtype::bf16) {
-    const auto a16 = to_bf16(dev, A, a_numel);
-    const auto b16 = to_bf16(dev, B, b_numel);
-    go(a16.data(), b16.data());
+  if (compute == dtype::bf16) {  // a16p / b16p: operands converted once at compile time (constants)
+    std::optional<device_buffer<bf16, Dev>> a16, b16;
+    if (!a16p) a16p = a16.emplace(to_bf16(dev, A, a_numel)).data();
+    if (!b16p) b16p = b16.emplace(to_bf16(dev, B, b_numel)).data();
+    go(a16p, b16p);
   } else {
     go(A, B);
   }
@@ -885,7 +908,7 @@ inline bool per_column(const shape_t& bs, std::size_t N) {
 // batch folds into the rows), the bias is per column and the residual has Y's shape, the tail runs
 // as one epilogue op of the GEMM; otherwise the GEMM writes the product and one pass adds the tail.
 template <class Dev>
-step_fn<Dev> build_matmul(const build_ctx& c) {
+step_fn<Dev> build_matmul(const build_ctx& c, Dev& dev) {
   const bool fused = c.n.op == "FusedMatMul";
   for (std::size_t i = 0; i < c.n.inputs.size(); ++i)
     if (c.has(i)) c.need_f32(i);
@@ -902,7 +925,10 @@ step_fn<Dev> build_matmul(const build_ctx& c) {
   const bool in_epilogue = geom.a_off.size() == 1 && geom.K > 0 && (bias == value_id::none || per_column(bs, geom.N)) &&
                            (res == value_id::none || numel_of(rs) == numel_of(ys));
   const bool tail = bias != value_id::none || res != value_id::none || act != act_kind::none;
+  const auto a16c = const_bf16(c, dev, 0, an), b16c = const_bf16(c, dev, 1, bn);
   return [=](const run_state<Dev>& s) {
+    const bf16* a16p = a16c ? a16c->data() : nullptr;
+    const bf16* b16p = b16c ? b16c->data() : nullptr;
     const float* ap = s.template as<float>(a);
     const float* bp = s.template as<float>(b);
     float* yp = s.template as<float>(y);
@@ -914,17 +940,18 @@ step_fn<Dev> build_matmul(const build_ctx& c) {
       ft.res = resp;
       ft.ld = geom.N;
       ft.act = act;
-      matmul_run(s.dev, compute, geom.M, geom.N, geom.K, alpha, ap, an, geom.a_off, bp, bn, geom.b_off, yp, epilogue::chain<fused_tail>{std::tuple<fused_tail>(ft)});
+      matmul_run(s.dev, compute, geom.M, geom.N, geom.K, alpha, ap, an, geom.a_off, bp, bn, geom.b_off, yp, epilogue::chain<fused_tail>{std::tuple<fused_tail>(ft)},
+                 a16p, b16p);
       return;
     }
-    matmul_run(s.dev, compute, geom.M, geom.N, geom.K, alpha, ap, an, geom.a_off, bp, bn, geom.b_off, yp);
+    matmul_run(s.dev, compute, geom.M, geom.N, geom.K, alpha, ap, an, geom.a_off, bp, bn, geom.b_off, yp, epilogue::chain<>{}, a16p, b16p);
     if (tail) tail_pass(s.dev, yp, ys, biasp, bs, resp, rs, act);
   };
 }
 
 // Gemm: Y = alpha·op(A)·op(B) + beta·C, C broadcast one way to (M, N).
 template <class Dev>
-step_fn<Dev> build_gemm(const build_ctx& c) {
+step_fn<Dev> build_gemm(const build_ctx& c, Dev& dev) {
   for (std::size_t i = 0; i < c.n.inputs.size(); ++i)
     if (c.has(i)) c.need_f32(i);
   const bool ta = c.n.get_int("transA", 0) != 0, tb = c.n.get_int("transB", 0) != 0;
@@ -937,6 +964,7 @@ step_fn<Dev> build_gemm(const build_ctx& c) {
   const shape_t cs = cv == value_id::none ? shape_t{} : c.shape(cv);
   const std::size_t an = numel_of(as), bn = numel_of(bs);
   const dtype compute = c.compute;
+  const auto a16c = const_bf16(c, dev, 0, an), b16c = const_bf16(c, dev, 1, bn);
   return [=](const run_state<Dev>& s) {
     float* yp = s.template as<float>(y);
     if (cv != value_id::none) {  // Y = C (broadcast), then the GEMM adds alpha·AB to beta·Y
@@ -954,8 +982,10 @@ step_fn<Dev> build_gemm(const build_ctx& c) {
     const transpose tA = ta ? transpose::yes : transpose::none, tB = tb ? transpose::yes : transpose::none;
     const std::size_t lda = ta ? M : K, ldb = tb ? K : N;
     if (compute == dtype::bf16) {
-      const auto a16 = to_bf16(s.dev, s.template as<float>(a), an), b16 = to_bf16(s.dev, s.template as<float>(b), bn);
-      gemm(s.dev, tA, tB, M, N, K, alpha, static_cast<const bf16*>(a16.data()), lda, static_cast<const bf16*>(b16.data()), ldb, bt, yp, N);
+      std::optional<device_buffer<bf16, Dev>> a16, b16;  // non-constant operands: converted per run
+      const bf16* a16p = a16c ? a16c->data() : a16.emplace(to_bf16(s.dev, s.template as<float>(a), an)).data();
+      const bf16* b16p = b16c ? b16c->data() : b16.emplace(to_bf16(s.dev, s.template as<float>(b), bn)).data();
+      gemm(s.dev, tA, tB, M, N, K, alpha, a16p, lda, b16p, ldb, bt, yp, N);
     } else {
       gemm(s.dev, tA, tB, M, N, K, alpha, static_cast<const float*>(s.template as<float>(a)), lda, static_cast<const float*>(s.template as<float>(b)), ldb, bt, yp, N);
     }
@@ -1053,7 +1083,7 @@ step_fn<Dev> build_rotary(const build_ctx& c) {
   };
 }
 
-// ---- CNN ops (their kernels: exec_cnn.hpp, the seam for ops::conv2d) --------------------------------
+// ---- CNN ops (ops::conv2d, ops/pool.hpp, ops/batchnorm.hpp; fallbacks in exec_cnn.hpp) --------------
 
 // The 2-D window of a Conv or pool node over input shape `xs` (1-D spatial runs as H = 1).
 inline window2d window_of(const build_ctx& c, const shape_t& xs, const shape_t& ys, const shape_t& kernel) {
@@ -1095,73 +1125,316 @@ inline window2d window_of(const build_ctx& c, const shape_t& xs, const shape_t& 
   return g;
 }
 
-// Conv and FusedConv (Y = act(Conv(X, W, B) + Z)).
+// FusedConv's activation as the last op of ops::conv2d's epilogue chain.
+struct act_op : epilogue::op_base {
+  act_kind act = act_kind::none;
+  explicit act_op(act_kind a) : act(a) {}
+  void apply(float* v, std::size_t n, const epilogue::row_info&) const { apply_act(v, n, act); }
+};
+
+inline void check_pads(const build_ctx& c, const window2d& g) {
+  if (g.ph < 0 || g.pw < 0 || g.ph_end < 0 || g.pw_end < 0) c.fail("negative pads are not supported", errc::invalid_argument);
+}
+
+// Conv and FusedConv (Y = act(Conv(X, W, B) + Z)) on ops::conv2d, NCHW. A constant filter is packed
+// into the implicit GEMM's panels once, here (conv2d_packed_filter); a filter computed at run time
+// takes the plain call. The bias, FusedConv's residual Z (when it has Y's shape: conv_residual) and
+// its activation all run in conv2d's epilogue chain; a Z that broadcasts takes one pass after.
 template <class Dev>
-step_fn<Dev> build_conv(const build_ctx& c) {
+step_fn<Dev> build_conv(const build_ctx& c, Dev& dev) {
   for (std::size_t i = 0; i < c.n.inputs.size(); ++i)
     if (c.has(i)) c.need_f32(i);
   const shape_t& xs = c.in_shape(0);
   const shape_t& ws = c.in_shape(1);
   const shape_t ys = c.shape(c.out());
+  if (ws.size() != xs.size() || xs.size() < 3) c.fail("filter rank " + std::to_string(ws.size()) + " for input rank " + std::to_string(xs.size()), errc::invalid_argument);
   const shape_t kernel(ws.begin() + 2, ws.end());
   const window2d g = window_of(c, xs, ys, kernel);
-  const auto group = static_cast<std::size_t>(c.n.get_int("group", 1));
+  check_pads(c, g);
+  const std::int64_t group_attr = c.n.get_int("group", 1);
   const std::size_t m = ws[0];
+  if (group_attr < 1 || g.c % static_cast<std::size_t>(group_attr) != 0 || m % static_cast<std::size_t>(group_attr) != 0 ||
+      ws[1] * static_cast<std::size_t>(group_attr) != g.c)
+    c.fail("group " + std::to_string(group_attr) + " does not fit " + std::to_string(g.c) + " input channels, filter " + std::to_string(m) + "x" +
+               std::to_string(ws[1]), errc::invalid_argument);
   const bool fused = c.n.op == "FusedConv";
   const act_kind act = fused ? parse_act(c) : act_kind::none;
   const value_id x = c.in(0), w = c.in(1), y = c.out();
   const value_id b = c.has(2) ? c.in(2) : value_id::none;
   const value_id z = fused && c.has(3) ? c.in(3) : value_id::none;
+  if (b != value_id::none && numel_of(c.shape(b)) != m) c.fail("bias has " + std::to_string(numel_of(c.shape(b))) + " values for " + std::to_string(m) + " output channels", errc::invalid_argument);
+  const shape_t zs = z == value_id::none ? shape_t{} : c.shape(z);
+  const bool z_in_chain = z != value_id::none && zs == ys;
+  conv2d_params p;
+  p.stride_h = g.sh, p.stride_w = g.sw, p.dilation_h = g.dh, p.dilation_w = g.dw;
+  p.pad_top = static_cast<std::size_t>(g.ph), p.pad_left = static_cast<std::size_t>(g.pw);
+  p.pad_bottom = static_cast<std::size_t>(g.ph_end), p.pad_right = static_cast<std::size_t>(g.pw_end);
+  p.groups = static_cast<std::size_t>(group_attr);
+  p.layout = conv_layout::nchw;
+  const image_dims xd{g.n, g.c, g.h, g.w}, yd{g.n, m, g.oh, g.ow};
+  const filter_dims fd{m, ws[1], g.kh, g.kw};
+  // the output extent ops::conv2d will compute must be the one shape inference gave Y
+  auto extent = [](std::size_t in, std::size_t pa, std::size_t pb, std::size_t k, std::size_t d, std::size_t st) -> std::size_t {
+    const std::size_t padded = in + pa + pb, span = (k - 1) * d + 1;
+    return padded < span ? 0 : (padded - span) / st + 1;
+  };
+  if (extent(g.h, p.pad_top, p.pad_bottom, g.kh, g.dh, g.sh) != g.oh || extent(g.w, p.pad_left, p.pad_right, g.kw, g.dw, g.sw) != g.ow)
+    c.fail("output " + std::to_string(g.oh) + "x" + std::to_string(g.ow) + " does not follow from the window", errc::invalid_argument);
+  std::shared_ptr<const conv2d_packed_filter<float, Dev>> packed;
+  if (const float* wc = c.const_f32(1); wc && numel_of(ws) > 0)
+    packed = std::make_shared<const conv2d_packed_filter<float, Dev>>(dev, tessel::filter<const float>{wc, fd}, p.groups);
   return [=](const run_state<Dev>& s) {
     float* yp = s.template as<float>(y);
-    conv_nchw(s.dev, g, m, group, s.template as<float>(x), s.template as<float>(w), b == value_id::none ? nullptr : s.template as<float>(b), yp);
-    if (z != value_id::none || act != act_kind::none)
-      tail_pass(s.dev, yp, ys, nullptr, shape_t{}, z == value_id::none ? nullptr : s.template as<float>(z), ys, act);
+    const tessel::image<const float> xi{s.template as<float>(x), xd};
+    const tessel::image<float> yi{yp, yd};
+    const std::span<const float> bias = b == value_id::none ? std::span<const float>{} : std::span<const float>(s.template as<float>(b), m);
+    auto run = [&](const auto& chain) {
+      if (packed) conv2d(s.dev, xi, *packed, bias, yi, p, chain);
+      else conv2d(s.dev, xi, tessel::filter<const float>{s.template as<float>(w), fd}, bias, yi, p, chain);
+    };
+    if (z_in_chain) run(conv_residual<float>(tessel::image<const float>{s.template as<float>(z), yd}, conv_layout::nchw) | act_op(act));
+    else if (z == value_id::none) run(epilogue::chain<act_op>{std::tuple<act_op>(act_op(act))});
+    else {  // a Z that broadcasts to Y: one pass adds it, then the activation
+      run(epilogue::chain<>{});
+      tail_pass(s.dev, yp, ys, nullptr, shape_t{}, s.template as<float>(z), zs, act);
+    }
   };
 }
 
+// MaxPool / AveragePool on ops::max_pool2d / avg_pool2d (ceil_mode, count_include_pad, pads,
+// dilations: ONNX's semantics), unless ops refuses the geometry (a window with no tap inside the
+// input) or computes another output extent: then the fallback loop pool_nchw. GlobalMaxPool on
+// ops::global_max_pool2d, GlobalAveragePool on the fp64 loop global_avg_nchw (any spatial rank as one plane).
 template <class Dev>
 step_fn<Dev> build_pool(const build_ctx& c) {
   c.need_f32(0);
   const std::string& op = c.n.op;
   const value_id x = c.in(0), y = c.out();
   const shape_t& xs = c.in_shape(0);
+  if (xs.size() < 3) c.fail("input rank " + std::to_string(xs.size()) + " has no spatial axis", errc::invalid_argument);
   if (op == "GlobalAveragePool" || op == "GlobalMaxPool") {
-    const std::size_t planes = xs[0] * xs[1], hw = prod(xs, 2, xs.size());
-    const bool max = op == "GlobalMaxPool";
-    return [=](const run_state<Dev>& s) { global_pool_nchw(s.dev, planes, hw, max, s.template as<float>(x), s.template as<float>(y)); };
+    const image_dims xd{xs[0], xs[1], 1, prod(xs, 2, xs.size())}, yd{xs[0], xs[1], 1, 1};
+    if (xd.c == 0 || xd.n == 0) return [](const run_state<Dev>&) {};
+    if (op == "GlobalAveragePool")  // fp64 sums (see exec_cnn.hpp)
+      return [=](const run_state<Dev>& s) { global_avg_nchw(s.dev, xd.n * xd.c, xd.w, s.template as<float>(x), s.template as<float>(y)); };
+    return [=](const run_state<Dev>& s) {
+      global_max_pool2d(s.dev, tessel::image<const float>{s.template as<float>(x), xd}, tessel::image<float>{s.template as<float>(y), yd}, conv_layout::nchw);
+    };
   }
   if (c.has_out(1)) c.fail("MaxPool's indices output is not supported");
   const ints k = c.n.get_ints("kernel_shape");
+  for (std::int64_t v : k)
+    if (v < 1) c.fail("kernel_shape " + ints_to_string(k) + " holds a size below 1", errc::invalid_argument);
+  if (k.size() + 2 != xs.size()) c.fail("kernel_shape " + ints_to_string(k) + " for input rank " + std::to_string(xs.size()), errc::invalid_argument);
   const window2d g = window_of(c, xs, c.shape(y), shape_t(k.begin(), k.end()));
+  check_pads(c, g);
   const bool max = op == "MaxPool", include_pad = c.n.get_int("count_include_pad", 0) != 0;
-  return [=](const run_state<Dev>& s) { pool_nchw(s.dev, g, max, include_pad, s.template as<float>(x), s.template as<float>(y)); };
+  pool2d_params p;
+  p.kernel_h = g.kh, p.kernel_w = g.kw, p.stride_h = g.sh, p.stride_w = g.sw, p.dilation_h = g.dh, p.dilation_w = g.dw;
+  p.pad_top = static_cast<std::size_t>(g.ph), p.pad_left = static_cast<std::size_t>(g.pw);
+  p.pad_bottom = static_cast<std::size_t>(g.ph_end), p.pad_right = static_cast<std::size_t>(g.pw_end);
+  p.ceil_mode = c.n.get_int("ceil_mode", 0) != 0;
+  p.count_include_pad = include_pad;
+  p.layout = conv_layout::nchw;
+  const image_dims xd{g.n, g.c, g.h, g.w}, yd{g.n, g.c, g.oh, g.ow};
+  bool on_ops = false;
+  try {
+    on_ops = xd.c > 0 && pool2d_output(xd, p) == yd;
+  } catch (const conv_error&) {
+    on_ops = false;  // a window ops does not take (no tap inside the input): the fallback's semantics
+  }
+  if (!on_ops) return [=](const run_state<Dev>& s) { pool_nchw(s.dev, g, max, include_pad, s.template as<float>(x), s.template as<float>(y)); };
+  return [=](const run_state<Dev>& s) {
+    const tessel::image<const float> xi{s.template as<float>(x), xd};
+    const tessel::image<float> yi{s.template as<float>(y), yd};
+    if (max) max_pool2d(s.dev, xi, yi, p);
+    else avg_pool2d(s.dev, xi, yi, p);
+  };
 }
 
+// BatchNormalization (inference) on ops::batchnorm_forward_inference, the spatial axes as one plane;
+// epsilon <= 0 (which ops refuses) takes the fallback loop batch_norm_nchw.
 template <class Dev>
 step_fn<Dev> build_batch_norm(const build_ctx& c) {
   for (std::size_t i = 0; i < 5; ++i) c.need_f32(i);
+  if (c.n.get_int("training_mode", 0) != 0) c.fail("training_mode = 1 is not supported (inference only)");
   const shape_t& xs = c.in_shape(0);
+  if (xs.size() < 2) c.fail("input rank " + std::to_string(xs.size()) + " has no channel axis", errc::invalid_argument);
   const std::size_t n = xs[0], ch = xs[1], hw = prod(xs, 2, xs.size());
+  for (std::size_t i = 1; i < 5; ++i)
+    if (numel_of(c.in_shape(i)) != ch) c.fail("input " + std::to_string(i) + " has " + std::to_string(numel_of(c.in_shape(i))) + " values for " + std::to_string(ch) + " channels", errc::invalid_argument);
   const double eps = c.n.get_float("epsilon", 1e-5);
   const value_id x = c.in(0), sc = c.in(1), b = c.in(2), mean = c.in(3), var = c.in(4), y = c.out();
+  const float eps_f = static_cast<float>(eps);
+  if (!(std::isfinite(eps_f) && eps_f > 0.0f))
+    return [=](const run_state<Dev>& s) {
+      batch_norm_nchw(s.dev, n, ch, hw, eps, s.template as<float>(x), s.template as<float>(sc), s.template as<float>(b), s.template as<float>(mean),
+                      s.template as<float>(var), s.template as<float>(y));
+    };
+  batchnorm_params p;
+  p.eps = eps_f;
+  p.layout = conv_layout::nchw;
+  const image_dims d{n, ch, 1, hw};
   return [=](const run_state<Dev>& s) {
-    batch_norm_nchw(s.dev, n, ch, hw, eps, s.template as<float>(x), s.template as<float>(sc), s.template as<float>(b), s.template as<float>(mean),
-                    s.template as<float>(var), s.template as<float>(y));
+    auto span = [&](value_id v) { return std::span<const float>(s.template as<float>(v), ch); };
+    batchnorm_forward_inference(s.dev, tessel::image<const float>{s.template as<float>(x), d}, span(sc), span(b), span(mean), span(var),
+                                tessel::image<float>{s.template as<float>(y), d}, p);
+  };
+}
+
+// ---- Resize (opset 13 to 17) ------------------------------------------------------------------------------
+
+// Where output coordinate `o` of an axis reads the input (ONNX coordinate_transformation_mode).
+enum class resize_coord : std::uint8_t { half_pixel, pytorch_half_pixel, align_corners, asymmetric };
+enum class resize_nearest : std::uint8_t { round_prefer_floor, round_prefer_ceil, floor, ceil };
+
+inline double resize_source(resize_coord m, std::size_t o, double scale, std::size_t in, std::size_t out) {
+  const double x = static_cast<double>(o);
+  switch (m) {
+    case resize_coord::half_pixel: return (x + 0.5) / scale - 0.5;
+    case resize_coord::pytorch_half_pixel: return out > 1 ? (x + 0.5) / scale - 0.5 : 0.0;
+    case resize_coord::align_corners: return out == 1 ? 0.0 : x * static_cast<double>(in - 1) / static_cast<double>(out - 1);
+    case resize_coord::asymmetric: return x / scale;
+  }
+  return x;
+}
+
+inline std::size_t resize_nearest_index(resize_nearest m, double x, std::size_t in) {
+  double r = 0;
+  switch (m) {
+    case resize_nearest::round_prefer_floor: r = (x - std::floor(x) == 0.5) ? std::floor(x) : std::round(x); break;
+    case resize_nearest::round_prefer_ceil: r = (x - std::floor(x) == 0.5) ? std::ceil(x) : std::round(x); break;
+    case resize_nearest::floor: r = std::floor(x); break;
+    case resize_nearest::ceil: r = std::ceil(x); break;
+  }
+  if (!(r > 0)) return 0;  // also NaN
+  return std::min(static_cast<std::size_t>(r), in - 1);
+}
+
+// Resize: mode nearest (any axes, any dtype: the element is copied) or linear (f32, bilinear on the
+// last two axes — the others must keep their size at scale 1); scales or sizes constant. The
+// per-axis source indices (and linear weights) are computed here, once; a row of the output (all
+// axes but the last) then reads one (nearest) or two (linear) input rows. Cubic, tf_crop_and_resize,
+// half_pixel_symmetric, antialias and axes are graph_error(unsupported) naming the node.
+template <class Dev>
+step_fn<Dev> build_resize(const build_ctx& c) {
+  const std::string mode = c.n.get_string("mode", "nearest");
+  if (mode != "nearest" && mode != "linear") c.fail("mode '" + mode + "' is not supported (nearest, linear)");
+  const std::string ctm = c.n.get_string("coordinate_transformation_mode", "half_pixel");
+  resize_coord coord;
+  if (ctm == "half_pixel") coord = resize_coord::half_pixel;
+  else if (ctm == "pytorch_half_pixel") coord = resize_coord::pytorch_half_pixel;
+  else if (ctm == "align_corners") coord = resize_coord::align_corners;
+  else if (ctm == "asymmetric") coord = resize_coord::asymmetric;
+  else c.fail("coordinate_transformation_mode '" + ctm + "' is not supported (half_pixel, pytorch_half_pixel, align_corners, asymmetric)");
+  const std::string nm = c.n.get_string("nearest_mode", "round_prefer_floor");
+  resize_nearest near;
+  if (nm == "round_prefer_floor") near = resize_nearest::round_prefer_floor;
+  else if (nm == "round_prefer_ceil") near = resize_nearest::round_prefer_ceil;
+  else if (nm == "floor") near = resize_nearest::floor;
+  else if (nm == "ceil") near = resize_nearest::ceil;
+  else c.fail("nearest_mode '" + nm + "' is not supported (round_prefer_floor, round_prefer_ceil, floor, ceil)");
+  if (c.n.get_int("antialias", 0) != 0) c.fail("antialias = 1 is not supported");
+  if (c.n.has_attribute("axes")) c.fail("attribute 'axes' is not supported");
+  if (c.n.get_string("keep_aspect_ratio_policy", "stretch") != "stretch") c.fail("keep_aspect_ratio_policy other than stretch is not supported");
+  const shape_t& xs = c.in_shape(0);
+  const value_id x = c.in(0), y = c.out();
+  const shape_t ys = c.shape(y);
+  const std::size_t r = xs.size();
+  if (r == 0 || ys.size() != r) c.fail("input and output ranks differ or are 0", errc::invalid_argument);
+  // the scale of each axis: the scales input when given (non-empty), else out / in
+  std::vector<double> scale(r);
+  const bool has_scales = c.has(2) && numel_of(c.in_shape(2)) > 0;
+  if (has_scales) {
+    const float* sp = c.const_f32(2);
+    if (!sp) c.fail("scales must be a constant f32 tensor");
+    if (numel_of(c.in_shape(2)) != r) c.fail("scales has " + std::to_string(numel_of(c.in_shape(2))) + " values for rank " + std::to_string(r), errc::invalid_argument);
+    for (std::size_t a = 0; a < r; ++a) {
+      scale[a] = static_cast<double>(sp[a]);
+      if (!(scale[a] > 0.0) || !std::isfinite(scale[a])) c.fail("scale " + std::to_string(scale[a]) + " at axis " + std::to_string(a) + " is not positive and finite", errc::invalid_argument);
+    }
+  } else {
+    for (std::size_t a = 0; a < r; ++a) scale[a] = xs[a] ? static_cast<double>(ys[a]) / static_cast<double>(xs[a]) : 1.0;
+  }
+  const std::size_t ny = numel_of(ys);
+  for (std::size_t a = 0; a < r; ++a)
+    if (xs[a] == 0 && ys[a] != 0) c.fail("axis " + std::to_string(a) + " resizes an empty axis to " + std::to_string(ys[a]), errc::invalid_argument);
+  if (ny == 0) return [](const run_state<Dev>&) {};
+  const shape_t xst = strides_of(xs);
+  const std::size_t W = ys[r - 1], rows = ny / W;
+  if (mode == "nearest") {
+    std::vector<std::vector<std::size_t>> src(r);  // [axis][output index] -> input element offset along the axis
+    for (std::size_t a = 0; a < r; ++a)
+      for (std::size_t o = 0; o < ys[a]; ++o) src[a].push_back(resize_nearest_index(near, resize_source(coord, o, scale[a], xs[a], ys[a]), xs[a]) * xst[a]);
+    const std::size_t es = dtype_size(c.in_type(0));
+    return [=](const run_state<Dev>& s) {
+      const std::byte* xp = s.at(x);
+      std::byte* yp = s.at(y);
+      parallel_for(s.dev, rows, 16, [&](std::size_t lo, std::size_t hi) {
+        for (std::size_t row = lo; row < hi; ++row) {
+          std::size_t off = 0, rem = row;
+          for (std::size_t a = r - 1; a-- > 0;) {
+            off += src[a][rem % ys[a]];
+            rem /= ys[a];
+          }
+          for (std::size_t o = 0; o < W; ++o) copy_elem(yp, row * W + o, xp, off + src[r - 1][o], es);
+        }
+      });
+    };
+  }
+  c.need_f32(0);
+  // linear: bilinear on the last two axes (linear on the last one for rank 1); others unchanged
+  const std::size_t lin0 = r >= 2 ? r - 2 : 0;
+  for (std::size_t a = 0; a < lin0; ++a)
+    if (xs[a] != ys[a] || scale[a] != 1.0)
+      c.fail("linear resize of axis " + std::to_string(a) + " is not supported (only the last two axes)");
+  struct tap {
+    std::size_t i0, i1;
+    float w;  // weight of i1
+  };
+  auto taps = [&](std::size_t a) {
+    std::vector<tap> t;
+    for (std::size_t o = 0; o < ys[a]; ++o) {
+      const double xin = std::clamp(resize_source(coord, o, scale[a], xs[a], ys[a]), 0.0, static_cast<double>(xs[a] - 1));
+      const auto i0 = static_cast<std::size_t>(std::floor(xin));
+      t.push_back({i0, std::min(i0 + 1, xs[a] - 1), static_cast<float>(xin - static_cast<double>(i0))});
+    }
+    return t;
+  };
+  const std::vector<tap> tx = taps(r - 1), ty = r >= 2 ? taps(r - 2) : std::vector<tap>{{0, 0, 0.0f}};
+  const std::size_t H = r >= 2 ? ys[r - 2] : 1, IW = xs[r - 1], IH = r >= 2 ? xs[r - 2] : 1;
+  return [=](const run_state<Dev>& s) {
+    const float* xp = s.template as<float>(x);
+    float* yp = s.template as<float>(y);
+    parallel_for(s.dev, rows, 8, [&](std::size_t lo, std::size_t hi) {
+      for (std::size_t row = lo; row < hi; ++row) {
+        const std::size_t plane = row / H, oy = row % H;
+        const float* r0 = xp + (plane * IH + ty[oy].i0) * IW;
+        const float* r1 = xp + (plane * IH + ty[oy].i1) * IW;
+        const float wy = ty[oy].w;
+        float* out = yp + row * W;
+        for (std::size_t o = 0; o < W; ++o) {
+          const tap& t = tx[o];
+          const float top = r0[t.i0] + t.w * (r0[t.i1] - r0[t.i0]);
+          const float bot = r1[t.i0] + t.w * (r1[t.i1] - r1[t.i0]);
+          out[o] = top + wy * (bot - top);
+        }
+      }
+    });
   };
 }
 
 // ---- dispatch ------------------------------------------------------------------------------------------
 
 template <class Dev>
-step_fn<Dev> build_step(const build_ctx& c) {
+step_fn<Dev> build_step(const build_ctx& c, Dev& dev) {
   const std::string& op = c.n.op;
   if (c.n.domain == fused_domain) {
-    if (op == "FusedMatMul") return build_matmul<Dev>(c);
+    if (op == "FusedMatMul") return build_matmul<Dev>(c, dev);
     if (op == "Attention") return build_attention<Dev>(c);
     if (op == "RotaryEmbedding") return build_rotary<Dev>(c);
     if (op == "RMSNormalization" || op == "SkipLayerNormalization" || op == "SkipRMSNormalization") return build_norm<Dev>(c);
-    if (op == "FusedConv") return build_conv<Dev>(c);
+    if (op == "FusedConv") return build_conv<Dev>(c, dev);
     c.fail("no kernel for tessel::" + op);
   }
   if (!c.n.domain.empty() && c.n.domain != "ai.onnx") c.fail("no kernel for domain '" + c.n.domain + "'");
@@ -1186,9 +1459,10 @@ step_fn<Dev> build_step(const build_ctx& c) {
   if (op.rfind("Reduce", 0) == 0) return build_reduce<Dev>(c);
   if (op == "Softmax" || op == "LogSoftmax") return build_softmax<Dev>(c);
   if (op == "LayerNormalization") return build_norm<Dev>(c);
-  if (op == "MatMul") return build_matmul<Dev>(c);
-  if (op == "Gemm") return build_gemm<Dev>(c);
-  if (op == "Conv") return build_conv<Dev>(c);
+  if (op == "MatMul") return build_matmul<Dev>(c, dev);
+  if (op == "Gemm") return build_gemm<Dev>(c, dev);
+  if (op == "Conv") return build_conv<Dev>(c, dev);
+  if (op == "Resize") return build_resize<Dev>(c);
   if (op == "MaxPool" || op == "AveragePool" || op == "GlobalAveragePool" || op == "GlobalMaxPool") return build_pool<Dev>(c);
   if (op == "BatchNormalization") return build_batch_norm<Dev>(c);
   c.fail("no kernel for op '" + op + "'");
