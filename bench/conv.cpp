@@ -1,6 +1,7 @@
 // bench_conv: conv2d forward on ResNet-50's 3x3 layers (64 channels at 56x56, 128 at 28x28, 256 at
 // 14x14, 512 at 7x7; stride 1, pad 1), a 1x1 (256 -> 64 at 56x56) and the 7x7 stride-2 stem
-// (3 -> 64 at 224x224), batch 1 and 8, f32 and bf16 inputs (f32 output), NHWC, 2 threads.
+// (3 -> 64 at 224x224), batch 1 and 8, f32 and bf16 inputs (f32 output), NHWC; the 3x3 layers on 1
+// and 2 threads (argument `threads`), the others on 2.
 // Impls: tessel (the implicit GEMM), tessel_prepacked (the same with the filter packed once, untimed), onednn (oneDNN's convolution; its preferred weight layout is
 // reordered once outside the timing, which favours it), gemm (tessel's own GEMM on the implicit
 // GEMM's M x N x K = N·OH·OW x O x C·KH·KW with a materialised, untimed im2col A: the rate the
@@ -26,11 +27,10 @@ using namespace tessel;
 
 namespace {
 
-constexpr unsigned threads = 2;
-
-host_device& dev() {
-  static host_device d(threads);
-  return d;
+// one device per thread count, kept across cases (its workers and scratch stay warm)
+host_device& dev(unsigned threads) {
+  static host_device d1(1), d2(2);
+  return threads == 1 ? d1 : d2;
 }
 
 template <class T>
@@ -44,10 +44,11 @@ tessel_bench::huge_buffer<T> random_buffer(std::size_t n, unsigned seed) {
 
 struct conv_case {
   std::size_t n, c, hw, k, kh, stride, pad;
+  unsigned threads;
 };
 conv_case from(const benchmark::State& st) {
   return {std::size_t(st.range(0)), std::size_t(st.range(1)), std::size_t(st.range(2)), std::size_t(st.range(3)), std::size_t(st.range(4)),
-          std::size_t(st.range(5)), std::size_t(st.range(6))};
+          std::size_t(st.range(5)), std::size_t(st.range(6)), unsigned(st.range(7))};
 }
 conv2d_params params_of(const conv_case& c) {
   conv2d_params p;
@@ -77,10 +78,10 @@ void conv_tessel(benchmark::State& st) {
   tessel_bench::huge_buffer<float> y(yd.size(), 2);
   const auto p = params_of(c);
   for (auto _ : st) {
-    conv2d(dev(), image<const T>{x.data(), xd}, filter<const T>{w.data(), fd}, {}, image<float>{y.data(), yd}, p);
+    conv2d(dev(c.threads), image<const T>{x.data(), xd}, filter<const T>{w.data(), fd}, {}, image<float>{y.data(), yd}, p);
     benchmark::ClobberMemory();
   }
-  set_flops(st, conv2d_cost<T, float>(xd, fd, p).flops, peak<T>(threads));
+  set_flops(st, conv2d_cost<T, float>(xd, fd, p).flops, peak<T>(c.threads));
 }
 
 // tessel with the filter packed once outside the timing (conv2d_packed_filter), as the oneDNN run
@@ -94,12 +95,12 @@ void conv_tessel_prepacked(benchmark::State& st) {
   auto x = random_buffer<T>(xd.size(), 1), w = random_buffer<T>(fd.size(), 2);
   tessel_bench::huge_buffer<float> y(yd.size(), 2);
   const auto p = params_of(c);
-  const conv2d_packed_filter<T, host_device> pw(dev(), filter<const T>{w.data(), fd}, 1);
+  const conv2d_packed_filter<T, host_device> pw(dev(c.threads), filter<const T>{w.data(), fd}, 1);
   for (auto _ : st) {
-    conv2d(dev(), image<const T>{x.data(), xd}, pw, {}, image<float>{y.data(), yd}, p);
+    conv2d(dev(c.threads), image<const T>{x.data(), xd}, pw, {}, image<float>{y.data(), yd}, p);
     benchmark::ClobberMemory();
   }
-  set_flops(st, conv2d_cost<T, float>(xd, fd, p).flops, peak<T>(threads));
+  set_flops(st, conv2d_cost<T, float>(xd, fd, p).flops, peak<T>(c.threads));
 }
 
 // tessel's GEMM on the implicit GEMM's shape: A (M,K) is an im2col of x built once, untimed.
@@ -110,10 +111,10 @@ void conv_gemm(benchmark::State& st) {
   auto A = random_buffer<T>(M * K, 1), B = random_buffer<T>(K * N, 2);
   tessel_bench::huge_buffer<float> C(M * N, 2);
   for (auto _ : st) {
-    gemm(dev(), transpose::none, transpose::none, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C.data(), N);
+    gemm(dev(c.threads), transpose::none, transpose::none, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C.data(), N);
     benchmark::ClobberMemory();
   }
-  set_flops(st, 2.0 * double(M) * double(N) * double(K), peak<T>(threads));
+  set_flops(st, 2.0 * double(M) * double(N) * double(K), peak<T>(c.threads));
 }
 
 #if defined(TESSEL_HAVE_ONEDNN)
@@ -122,7 +123,7 @@ void conv_onednn(benchmark::State& st) {
   using namespace dnnl;
   const auto c = from(st);
   const std::size_t o = out_hw(c);
-  if (omp_set_num_threads) omp_set_num_threads(int(threads));
+  if (omp_set_num_threads) omp_set_num_threads(int(c.threads));
   constexpr auto DT = std::is_same_v<T, float> ? memory::data_type::f32 : memory::data_type::bf16;
   const auto d = [](std::size_t v) { return static_cast<memory::dim>(v); };
   engine eng(engine::kind::cpu, 0);
@@ -145,17 +146,18 @@ void conv_onednn(benchmark::State& st) {
     prim.execute(s, {{DNNL_ARG_SRC, src_m}, {DNNL_ARG_WEIGHTS, w_m}, {DNNL_ARG_DST, dst_m}});
     s.wait();
   }
-  set_flops(st, 2.0 * double(c.n * o * o) * double(c.k) * double(c.c * c.kh * c.kh), peak<T>(threads));
+  set_flops(st, 2.0 * double(c.n * o * o) * double(c.k) * double(c.c * c.kh * c.kh), peak<T>(c.threads));
 }
 #endif
 
-// (n, c, hw, k, kh, stride, pad)
+// (n, c, hw, k, kh, stride, pad, threads)
 void shapes(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"n", "c", "hw", "k", "kh", "stride", "pad"});
+  b->ArgNames({"n", "c", "hw", "k", "kh", "stride", "pad", "threads"});
   for (long n : {1, 8}) {
-    for (auto [ch, hw] : {std::pair<long, long>{64, 56}, {128, 28}, {256, 14}, {512, 7}}) b->Args({n, ch, hw, ch, 3, 1, 1});
-    b->Args({n, 256, 56, 64, 1, 1, 0});  // 1x1
-    b->Args({n, 3, 224, 64, 7, 2, 3});   // the stem
+    for (long th : {1, 2})
+      for (auto [ch, hw] : {std::pair<long, long>{64, 56}, {128, 28}, {256, 14}, {512, 7}}) b->Args({n, ch, hw, ch, 3, 1, 1, th});
+    b->Args({n, 256, 56, 64, 1, 1, 0, 2});  // 1x1
+    b->Args({n, 3, 224, 64, 7, 2, 3, 2});   // the stem
   }
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }

@@ -55,6 +55,11 @@ std::vector<shape> sweep() {
       {1, 520, 4, 4, 9, 3, 3, geo(1, 1, 1, 1, 1, 1, 1), "K = 4680 (K pieces)"},
       {3, 8, 30, 30, 16, 3, 3, geo(1, 1, 1, 1, 1, 1, 1), "N = 3, M = 2700 (row blocks)"},
       {2, 12, 7, 5, 300, 2, 3, geo(1, 0, 1, 1, 0, 1, 2), "300 outputs (column blocks), 2x3 kernel, groups 2"},
+      // small M, wide N: blocks split the columns into narrower strips (ResNet's 7x7 and 14x14 layers)
+      {1, 40, 7, 7, 260, 3, 3, geo(1, 1, 1, 1, 1, 1, 1), "M = 49, N = 260 (column split)"},
+      {1, 33, 9, 9, 130, 3, 3, geo(2, 1, 1, 1, 1, 1, 1), "M = 25, N = 130, K = 297, stride 2 (column split)"},
+      {1, 14, 6, 7, 200, 3, 3, geo(1, 2, 2, 2, 2, 2, 2), "M = 42, 100 outputs per group, dilation 2, groups 2 (column split)"},
+      {2, 10, 8, 8, 12, 1, 1, geo(1, 0, 0, 0, 0, 1, 2), "1x1 groups 2 (the filter is B as it lies)"},
   };
 }
 
@@ -241,7 +246,7 @@ bool direct_pack_matches_load(host_device& dev, filter_dims f, std::size_t group
   const std::size_t nb = ceil_div(g.kg, D::NB), nk = ceil_div(g.depth(), D::KC), n = groups * nb * nk * D::b_stage::elements;
   std::vector<S> a(n, detail::zero_elem<S>()), b(n, S(std::nanf("")));
   S* km = detail::conv_pack_filter<S>(dev, g, w.data(), false);
-  detail::gemm_run(dev, grid{groups, nb, nk}, P{detail::conv_matrix<S>{km, g.depth(), g.kg}, a.data(), nb, nk}, 1.0);
+  detail::gemm_run(dev, grid{groups, nb, nk}, P{detail::conv_matrix<S>{km, g.depth(), g.kg, true}, a.data(), nb, nk}, 1.0);
   dev.deallocate(km);
   detail::gemm_run(dev, grid{groups, nb, nk}, D{w.data(), b.data(), g.kg, g.cg, g.kh * g.kw, nb, nk}, 1.0);
   return same_bits(a, b);
@@ -255,6 +260,35 @@ TEST_CASE("conv2d: the one-pass filter packer writes the tiles GEMM's B load pac
     CHECK(direct_pack_matches_load<float>(dev, f, groups));
     CHECK(direct_pack_matches_load<bf16>(dev, f, groups));
   }
+}
+
+TEST_CASE("conv2d: the block shape keeps every worker busy on small M and stays inside one B tile", "[ops][conv]") {
+  auto check = [](auto tag) {
+    using S = decltype(tag);
+    using cfg = detail::gemm_config<S, S>;
+    for (std::size_t M : {1, 7, 49, 50, 196, 392, 784, 3136, 25088})
+      for (std::size_t N : {1, 64, 130, 256, 512})
+        for (std::size_t K : {9, 576, 4608})
+          for (unsigned w : {1u, 2u, 3u}) {
+            const auto b = detail::conv_block_shape<S>(M, N, K, 1, w, true);
+            INFO("M " << M << " N " << N << " K " << K << " workers " << w << " -> MB " << b.MB << " NW " << b.NW);
+            CHECK(b.MB >= 1);
+            CHECK(b.MB <= cfg::MB_max);
+            CHECK(b.NW % cfg::NR == 0);
+            CHECK(cfg::NB % b.NW == 0);  // a block's columns never straddle two (KC,NB) tiles
+            const std::size_t blocks = ceil_div(M, b.MB) * ceil_div(N, b.NW);
+            // enough (MR,NR) tiles and work to share: no worker idles (3 workers: at least 2 busy,
+            // as 3 uneven blocks may take no fewer rounds than 2 wider ones)
+            if (ceil_div(M, cfg::MR) * ceil_div(N, cfg::NR) >= w && double(M) * double(N) * double(K) >= 4e6) CHECK(blocks >= std::min(w, 2u));
+            if (w == 1) CHECK(b.NW == cfg::NB);  // one worker: full-width blocks
+          }
+    // ResNet-50's 256 channels at 14x14 (M = 196, N = 256) on 2 workers: two column halves, not
+    // three row blocks of which one worker runs two
+    const auto r = detail::conv_block_shape<S>(196, 256, 2304, 1, 2, true);
+    CHECK(ceil_div(196, r.MB) * ceil_div(256, r.NW) % 2 == 0);
+  };
+  check(float{});
+  check(bf16{});
 }
 
 TEST_CASE("conv2d with a prepacked filter gives the bits of conv2d with the plain filter (both layouts, f32 and bf16, host and card)", "[ops][conv]") {

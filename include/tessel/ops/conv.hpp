@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -250,12 +251,18 @@ struct conv_channel_rows {
   }
 };
 
-// A dense row-major (rows, cols) matrix per group (packed filters), loaded as GEMM loads B.
+// A dense (rows, cols) matrix per group (packed filters), loaded as GEMM loads B: row-major, or
+// transposed (each column contiguous: an OHWI filter, whose output channel's (r, s, c) taps are one
+// run, which GEMM's B load packs with 16x16 register transposes).
 template <class S>
 struct conv_matrix {
   const S* p;
   std::size_t rows, cols;
-  tensor<const S, 2> view(std::size_t g) const { return tensor<const S, 2>::strided(p + g * rows * cols, rows, cols, cols, 1); }
+  bool transposed = false;
+  tensor<const S, 2> view(std::size_t g) const {
+    return transposed ? tensor<const S, 2>::strided(p + g * rows * cols, rows, cols, 1, rows)
+                      : tensor<const S, 2>::strided(p + g * rows * cols, rows, cols, cols, 1);
+  }
 };
 
 // B already in the atoms' (KC,NB) panel tiles: tile (g, column block nb, depth chunk k) at
@@ -325,6 +332,7 @@ struct conv_gemm_program {
   static constexpr bool b_matrix = std::is_same_v<BSrc, conv_matrix<S>>;
   static constexpr bool b_panels = std::is_same_v<BSrc, conv_panels<S>>;
   std::size_t M, N, K, groups, MB;
+  std::size_t NW = NB;  // columns per block: NB, or NB/2^i (whole NR panels, never straddling an (KC,NB) tile) when M is small
   ASrc a;
   BSrc b;
   Out out;
@@ -340,8 +348,10 @@ struct conv_gemm_program {
 
   void operator()(block_ctx& ctx) const {
     const auto idx = ctx.block_index3();
-    const std::size_t g = idx[2], m0 = idx[0] * MB, rows = std::min(MB, M - m0), n0 = idx[1] * NB, cols = std::min(NB, N - n0);
+    const std::size_t g = idx[2], m0 = idx[0] * MB, rows = std::min(MB, M - m0), n0 = idx[1] * NW, cols = std::min(NW, N - n0);
     using b_stage = staged<S, KC, NB, typename cfg::b_layout>;
+    constexpr std::size_t panel_elems = NR * layout::col_panel<NR, KP>::padded_rows(KC);  // one (KC,NR) panel of a B tile
+    const std::size_t p0 = (n0 % NB) / NR;  // a prepacked tile's first panel of this block
     const std::size_t nk = ceil_div(K, KC), chunks = std::min(nk, KS_max / KC);
     S* strip = b_panels ? nullptr : ctx.scratch().allocate_array<S>(chunks * b_stage::elements);  // chunks x (KC,NB)
     const std::size_t rows_pad = ceil_div(rows, MC) * MC;
@@ -377,10 +387,10 @@ struct conv_gemm_program {
           p.accumulate = kq + k > 0;
           p.a_rs = KC;
           const S* bkp;
-          if constexpr (b_panels) bkp = b.at(g, idx[1], kq + k);
+          if constexpr (b_panels) bkp = b.at(g, n0 / NB, kq + k) + p0 * panel_elems;
           else bkp = strip + k * b_stage::elements;
           for (std::size_t jp = 0; jp * NR < cols; ++jp) {
-            p.b = bkp + jp * NR * layout::col_panel<NR, KP>::padded_rows(KC);
+            p.b = bkp + jp * panel_elems;
             for (std::size_t ip = 0; ip * MR < r; ++ip) {
               p.c = accm + ip * MR * NB + jp * NR;
               p.a = at.data() + ip * MR * KC;
@@ -394,27 +404,60 @@ struct conv_gemm_program {
   }
 };
 
-// Rows per block: at least one slab, at most GEMM's MB_max, and enough blocks for ~4 per worker.
+// The block shape (rows MB, columns NW) of a launch, from a cost model in multiply-add units: a
+// block computes its rows and columns rounded up to the atom (MR, NR), gathers its rows' A
+// (~8 per element: A is re-gathered by each column block) and, unless B comes prepacked, packs
+// its columns' B (~8 per element: re-packed by each row block), plus a fixed cost per block; the
+// launch takes ceil(blocks / workers) rounds of its largest block. Candidates: columns NB, NB/2,
+// ... down to NR (whole panels of one B tile), rows whole MR-row panels up to MB_max. Small M
+// (ResNet's 7x7 and 14x14 layers: 49..196 rows) then splits the columns instead of leaving a
+// worker idle or running thin row blocks; large M keeps GEMM's full-width blocks. The shape
+// never changes an element's arithmetic (one chain over the same K chunks), only who computes it.
+struct conv_blocking {
+  std::size_t MB, NW;
+};
 template <class S>
-std::size_t conv_block_rows(std::size_t M, std::size_t nblocks, unsigned workers) {
+conv_blocking conv_block_shape(std::size_t M, std::size_t N, std::size_t K, std::size_t groups, unsigned workers, bool packs_b) {
   using cfg = gemm_config<S, S>;
-  const std::size_t want = std::max<std::size_t>(1, ceil_div(4 * std::size_t(std::max(1u, workers)), std::max<std::size_t>(nblocks, 1)));
-  const std::size_t mb = ceil_div(ceil_div(M, want), cfg::MC) * cfg::MC;
-  return std::clamp<std::size_t>(mb, cfg::MC, cfg::MB_max);
+  const std::size_t w = std::max(1u, workers);
+  const double a_cost = 8.0, b_cost = packs_b ? 8.0 : 0.0, block_cost = 2.0e4;
+  conv_blocking best{std::min(M, cfg::MB_max), cfg::NB};
+  double best_t = -1.0;
+  for (std::size_t nw = cfg::NB; nw >= cfg::NR; nw /= 2) {
+    if (nw % cfg::NR != 0) continue;
+    const std::size_t nblocks = ceil_div(N, nw) * groups, cols = ceil_div(std::min(nw, N), cfg::NR) * cfg::NR;
+    // row blocks: from the fewest that fit MB_max up to one per MR panel (at most 64 per worker)
+    const std::size_t mb_min = ceil_div(M, cfg::MB_max), mb_max = std::max(mb_min, std::min(ceil_div(M, cfg::MR), 64 * w));
+    for (std::size_t mb = mb_min; mb <= mb_max; ++mb) {
+      const std::size_t MB = std::min(M, ceil_div(ceil_div(M, mb), cfg::MR) * cfg::MR);
+      if (MB > cfg::MB_max) continue;
+      const std::size_t blocks = ceil_div(M, MB) * nblocks;
+      const double one = double(ceil_div(MB, cfg::MR) * cfg::MR) * double(cols) * double(K) + a_cost * double(MB) * double(K) +
+                         b_cost * double(cols) * double(K) + block_cost;
+      const double t = double(ceil_div(blocks, w)) * one;
+      if (best_t < 0 || t < best_t * 0.999) best_t = t, best = {MB, nw};
+    }
+    if (nw == cfg::NR) break;
+  }
+  return best;
 }
 
 template <class S, class ASrc, class BSrc, class Out, class Chain, class Dev>
 void conv_gemm_run(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::size_t groups, const ASrc& a, const BSrc& b, const Out& out,
                    const Chain& ep, const kernel_cost& work, const char* what) {
   using P = conv_gemm_program<S, ASrc, BSrc, Out, Chain>;
-  const std::size_t nb = ceil_div(N, P::NB) * groups;
-  const std::size_t MB = conv_block_rows<S>(M, nb, dev.capabilities().workers);
-  P prog{M, N, K, groups, MB, a, b, out, ep, work, what};
-  gemm_run(dev, grid{ceil_div(M, MB), ceil_div(N, P::NB), groups}, prog, work.flops);
+  const auto bs = conv_block_shape<S>(M, N, K, groups, dev.capabilities().workers, !P::b_panels);
+  P prog{M, N, K, groups, bs.MB, bs.NW, a, b, out, ep, work, what};
+  gemm_run(dev, grid{ceil_div(M, bs.MB), ceil_div(N, bs.NW), groups}, prog, work.flops);
 }
 
-// Packs an OIHW filter into per-group dense (K, N) matrices of the stage type: forward
-// B[g][(r,s,c)][o] = W[g·kg + o][c][r][s]; the data gradient's B[g][(r,s,o)][c] = the same weight.
+// Packs an OIHW filter into per-group dense (K, N) matrices of the stage type: the data
+// gradient's B[g][(r,s,o)][c] = W[g·kg + o][c][r][s]; the forward's transposed, OHWI:
+// Bᵀ[g][o][(r,s,c)] = W[g·kg + o][c][r][s], a reorder within each output channel's filter (read
+// once in order, written to KH·KW runs in L1) rather than a transpose of the whole filter, which
+// GEMM's B load then packs with register transposes (the (K, N) transpose, element by element 16
+// channels at a time, was most of a plain call on the deep layers: 128 channels at 28x28, n=1,
+// 283 against 348 GFLOP/s prepacked).
 template <class T, class S>
 struct conv_pack_filter_program {
   const T* w;
@@ -433,12 +476,33 @@ struct conv_pack_filter_program {
     const auto idx = ctx.block_index3();
     const std::size_t g = idx[0], o0 = idx[1] * OB, on = std::min(OB, kg - o0), rs_n = kh * kw, per = kg * cg * rs_n;
     S* o = out + g * per;
+    if (!for_data_grad) {
+      const std::size_t total = kg * cg * rs_n * (g + 1);  // elements of the filter up to this group's end
+      for (std::size_t oc = o0; oc < o0 + on; ++oc) {
+        const std::size_t row0 = (g * kg + oc) * cg * rs_n;
+        const T* src = w + row0;
+        S* dst = o + oc * cg * rs_n;
+        std::size_t c = 0;
+        if constexpr (std::is_same_v<T, S> && sizeof(S) == 4) {
+          // (cg, rs_n) -> (rs_n, cg) in 16x16 register transposes: 16 channels by 16 taps (the
+          // reads of a block run up to 16 words into the next channels; never past the filter)
+          alignas(64) S t[16 * 16];
+          // whole blocks whose last read (channel c + 15, taps up to rs0 + 15 < rs_n + 15) stays in the filter
+          for (; c + 16 <= cg && row0 + (c + 16) * rs_n + 15 <= total; c += 16)
+            for (std::size_t rs0 = 0; rs0 < rs_n; rs0 += 16) {
+              arch::transpose16_b32(src + c * rs_n + rs0, rs_n * sizeof(S), t, 16 * sizeof(S));
+              for (std::size_t q = 0; q < std::min<std::size_t>(16, rs_n - rs0); ++q) std::memcpy(dst + (rs0 + q) * cg + c, t + q * 16, 16 * sizeof(S));
+            }
+        }
+        for (; c < cg; ++c)
+          for (std::size_t rs = 0; rs < rs_n; ++rs) dst[rs * cg + c] = convert_elem<S>(src[c * rs_n + rs], 1.0f, false);
+      }
+      return;
+    }
     for (std::size_t rs = 0; rs < rs_n; ++rs)
       for (std::size_t c = 0; c < cg; ++c)
         for (std::size_t oc = o0; oc < o0 + on; ++oc) {
-          const S v = convert_elem<S>(w[((g * kg + oc) * cg + c) * rs_n + rs], 1.0f, false);
-          if (!for_data_grad) o[(rs * cg + c) * kg + oc] = v;
-          else o[(rs * kg + oc) * cg + c] = v;
+          o[(rs * kg + oc) * cg + c] = convert_elem<S>(w[((g * kg + oc) * cg + c) * rs_n + rs], 1.0f, false);
         }
   }
 };
@@ -568,11 +632,16 @@ void conv2d(Dev& dev, image<const T> x, filter<const T> w, std::span<const float
       return;
     }
     using S = typename mma_traits<T>::stage_type;
+    static_assert(std::is_same_v<S, T>, "conv2d: the stage type is the input type (f32, bf16)");
+    const detail::conv_gather<T> a{x.data, g.layout, g.c, g.h, g.w, g.oh, g.ow, g.cg, g.kh, g.kw, g.sh, g.sw, g.pt, g.pl, g.dh, g.dw, false};
+    const detail::conv_image_out<TY> out{y.data, g.layout, g.k, g.oh * g.ow, g.kg};
+    if (g.kh * g.kw == 1) {  // a 1x1 OIHW filter is already OHWI: B is the filter itself, transposed
+      const detail::conv_matrix<S> b{w.data, g.depth(), g.kg, true};
+      return detail::conv_gemm_run<S>(dev, g.pixels(), g.kg, g.depth(), g.groups, a, b, out, ch, work, "conv2d");
+    }
     S* wp = detail::conv_pack_filter<S>(dev, g, w.data, false);
     detail::conv_workspace<Dev> guard{dev, wp};
-    const detail::conv_gather<T> a{x.data, g.layout, g.c, g.h, g.w, g.oh, g.ow, g.cg, g.kh, g.kw, g.sh, g.sw, g.pt, g.pl, g.dh, g.dw, false};
-    const detail::conv_matrix<S> b{wp, g.depth(), g.kg};
-    const detail::conv_image_out<TY> out{y.data, g.layout, g.k, g.oh * g.ow, g.kg};
+    const detail::conv_matrix<S> b{wp, g.depth(), g.kg, true};
     detail::conv_gemm_run<S>(dev, g.pixels(), g.kg, g.depth(), g.groups, a, b, out, ch, work, "conv2d");
   };
   if (bias.empty()) launch(chain);
