@@ -200,6 +200,7 @@ struct conv_gather {
   template <class S>
   void gather(S* dst, std::size_t ld, std::size_t r0, std::size_t rows, std::size_t c0, std::size_t cols, std::size_t g) const {
     const std::size_t grid = rh * rw, plane = src_h * src_w;
+    if (layout == conv_layout::nchw && !transposed) return gather_nchw_columns(dst, ld, r0, rows, c0, cols, g);
     for (std::size_t i = 0; i < rows; ++i) {
       const std::size_t m = r0 + i, img = m / grid, q = m % grid, y = q / rw, x = q % rw;
       S* d = dst + i * ld;
@@ -219,6 +220,42 @@ struct conv_gather {
         kk += len;
         ch = 0;
         ++rs;
+      }
+    }
+  }
+
+  // The forward NCHW gather column by column: a column (r, s, ch) of consecutive rows (pixels along
+  // x) reads a run of one input row (stride sw), where the row-by-row order read each pixel's
+  // channels a whole plane apart (a page per element on large images: U-Net's 128x128 layers were
+  // bound by it). The rows of the tile stay in L1 while its columns fill in. The tile holds the same
+  // values as the row order wrote: only the order of the copies changes.
+  template <class S>
+  void gather_nchw_columns(S* dst, std::size_t ld, std::size_t r0, std::size_t rows, std::size_t c0, std::size_t cols, std::size_t g) const {
+    const std::size_t grid = rh * rw, plane = src_h * src_w;
+    constexpr std::size_t chunk = 128;
+    std::ptrdiff_t yy[chunk], xx[chunk];
+    std::size_t base[chunk];
+    const auto H = static_cast<std::ptrdiff_t>(src_h), W = static_cast<std::ptrdiff_t>(src_w);
+    for (std::size_t i0 = 0; i0 < rows; i0 += chunk) {
+      const std::size_t n = std::min(chunk, rows - i0);
+      for (std::size_t i = 0; i < n; ++i) {  // each row's window origin and image
+        const std::size_t m = r0 + i0 + i, img = m / grid, q = m % grid, y = q / rw, x = q % rw;
+        yy[i] = static_cast<std::ptrdiff_t>(y * sh) - static_cast<std::ptrdiff_t>(pt);
+        xx[i] = static_cast<std::ptrdiff_t>(x * sw) - static_cast<std::ptrdiff_t>(pl);
+        base[i] = (img * src_c + g * cpg) * plane;
+      }
+      S* d0 = dst + i0 * ld;
+      for (std::size_t kk = c0; kk < c0 + cols; ++kk) {
+        const std::size_t rs = kk / cpg, ch = kk % cpg, r = rs / kw, sx = rs % kw;
+        const std::ptrdiff_t dy = static_cast<std::ptrdiff_t>(r * dh), dx = static_cast<std::ptrdiff_t>(sx * dw);
+        const T* src_ch = src + ch * plane;
+        S* d = d0 + (kk - c0);
+        for (std::size_t i = 0; i < n; ++i) {
+          const std::ptrdiff_t iy = yy[i] + dy, ix = xx[i] + dx;
+          d[i * ld] = iy >= 0 && iy < H && ix >= 0 && ix < W
+                          ? convert_elem<S>(src_ch[base[i] + static_cast<std::size_t>(iy * W + ix)], 1.0f, false)
+                          : zero_elem<S>();
+        }
       }
     }
   }
@@ -632,12 +669,13 @@ void conv2d(Dev& dev, image<const T> x, filter<const T> w, std::span<const float
       return;
     }
     using S = typename mma_traits<T>::stage_type;
-    static_assert(std::is_same_v<S, T>, "conv2d: the stage type is the input type (f32, bf16)");
     const detail::conv_gather<T> a{x.data, g.layout, g.c, g.h, g.w, g.oh, g.ow, g.cg, g.kh, g.kw, g.sh, g.sw, g.pt, g.pl, g.dh, g.dw, false};
     const detail::conv_image_out<TY> out{y.data, g.layout, g.k, g.oh * g.ow, g.kg};
-    if (g.kh * g.kw == 1) {  // a 1x1 OIHW filter is already OHWI: B is the filter itself, transposed
-      const detail::conv_matrix<S> b{w.data, g.depth(), g.kg, true};
-      return detail::conv_gemm_run<S>(dev, g.pixels(), g.kg, g.depth(), g.groups, a, b, out, ch, work, "conv2d");
+    if constexpr (std::is_same_v<S, T>) {  // without a conversion to the stage type (bf16 stages in f32 without AVX512-BF16)
+      if (g.kh * g.kw == 1) {  // a 1x1 OIHW filter is already OHWI: B is the filter itself, transposed
+        const detail::conv_matrix<S> b{w.data, g.depth(), g.kg, true};
+        return detail::conv_gemm_run<S>(dev, g.pixels(), g.kg, g.depth(), g.groups, a, b, out, ch, work, "conv2d");
+      }
     }
     S* wp = detail::conv_pack_filter<S>(dev, g, w.data, false);
     detail::conv_workspace<Dev> guard{dev, wp};
