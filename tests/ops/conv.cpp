@@ -60,6 +60,14 @@ std::vector<shape> sweep() {
       {1, 33, 9, 9, 130, 3, 3, geo(2, 1, 1, 1, 1, 1, 1), "M = 25, N = 130, K = 297, stride 2 (column split)"},
       {1, 14, 6, 7, 200, 3, 3, geo(1, 2, 2, 2, 2, 2, 2), "M = 42, 100 outputs per group, dilation 2, groups 2 (column split)"},
       {2, 10, 8, 8, 12, 1, 1, geo(1, 0, 0, 0, 0, 1, 2), "1x1 groups 2 (the filter is B as it lies)"},
+      // wide rows at stride 1: NCHW moves 16 neighbouring pixels by 16 columns at a time (runs that
+      // touch the padding, a K tail that is not a multiple of 16, rows that straddle image rows)
+      {2, 20, 13, 40, 24, 3, 3, geo(1, 1, 2, 1, 0, 1, 1), "W = 40, K = 180, asymmetric pad"},
+      {1, 9, 11, 37, 5, 3, 3, geo(1, 2, 2, 2, 2, 2, 1), "W = 37, dilation 2"},
+      {2, 24, 3, 32, 10, 1, 1, geo(1, 0, 0, 0, 0, 1, 1), "1x1 W = 32"},
+      // one-row images of one channel: the last pixels of an image and the first of the next lie
+      // side by side in memory, but are not neighbours
+      {3, 1, 1, 20, 2, 1, 17, geo(1, 0, 8, 0, 8, 1, 1), "1x17 on 1x20 images, one channel"},
   };
 }
 

@@ -227,34 +227,68 @@ struct conv_gather {
   // The forward NCHW gather column by column: a column (r, s, ch) of consecutive rows (pixels along
   // x) reads a run of one input row (stride sw), where the row-by-row order read each pixel's
   // channels a whole plane apart (a page per element on large images: U-Net's 128x128 layers were
-  // bound by it). The rows of the tile stay in L1 while its columns fill in. The tile holds the same
-  // values as the row order wrote: only the order of the copies changes.
+  // bound by it). Sixteen rows that are sixteen neighbours of one output row, at stride 1, move
+  // sixteen columns at a time: each column's run is copied whole (64 bytes of f32) and the 16x16
+  // block transposed into the tile's rows. The tile holds the same values as the row order wrote:
+  // only the order of the copies changes.
   template <class S>
   void gather_nchw_columns(S* dst, std::size_t ld, std::size_t r0, std::size_t rows, std::size_t c0, std::size_t cols, std::size_t g) const {
     const std::size_t grid = rh * rw, plane = src_h * src_w;
-    constexpr std::size_t chunk = 128;
-    std::ptrdiff_t yy[chunk], xx[chunk];
-    std::size_t base[chunk];
+    constexpr std::size_t chunk = 128, batch = 64, V = 16;
+    constexpr bool blocks = std::is_same_v<S, T> && sizeof(S) == 4;
+    // rows: window origin (yy, xx) and the source offset of its (0, 0) tap; columns: the tap's (dy,
+    // dx) and its offset from the origin (channel plane, row, column), so an element is one add
+    std::ptrdiff_t yy[chunk], xx[chunk], ro[chunk], dy[batch], dx[batch], co[batch];
     const auto H = static_cast<std::ptrdiff_t>(src_h), W = static_cast<std::ptrdiff_t>(src_w);
     for (std::size_t i0 = 0; i0 < rows; i0 += chunk) {
       const std::size_t n = std::min(chunk, rows - i0);
-      for (std::size_t i = 0; i < n; ++i) {  // each row's window origin and image
+      for (std::size_t i = 0; i < n; ++i) {
         const std::size_t m = r0 + i0 + i, img = m / grid, q = m % grid, y = q / rw, x = q % rw;
         yy[i] = static_cast<std::ptrdiff_t>(y * sh) - static_cast<std::ptrdiff_t>(pt);
         xx[i] = static_cast<std::ptrdiff_t>(x * sw) - static_cast<std::ptrdiff_t>(pl);
-        base[i] = (img * src_c + g * cpg) * plane;
+        ro[i] = static_cast<std::ptrdiff_t>((img * src_c + g * cpg) * plane) + yy[i] * W + xx[i];
       }
-      S* d0 = dst + i0 * ld;
-      for (std::size_t kk = c0; kk < c0 + cols; ++kk) {
-        const std::size_t rs = kk / cpg, ch = kk % cpg, r = rs / kw, sx = rs % kw;
-        const std::ptrdiff_t dy = static_cast<std::ptrdiff_t>(r * dh), dx = static_cast<std::ptrdiff_t>(sx * dw);
-        const T* src_ch = src + ch * plane;
-        S* d = d0 + (kk - c0);
-        for (std::size_t i = 0; i < n; ++i) {
-          const std::ptrdiff_t iy = yy[i] + dy, ix = xx[i] + dx;
-          d[i * ld] = iy >= 0 && iy < H && ix >= 0 && ix < W
-                          ? convert_elem<S>(src_ch[base[i] + static_cast<std::size_t>(iy * W + ix)], 1.0f, false)
-                          : zero_elem<S>();
+      for (std::size_t j0 = 0; j0 < cols; j0 += batch) {
+        const std::size_t nc = std::min(batch, cols - j0);
+        for (std::size_t j = 0; j < nc; ++j) {
+          const std::size_t kk = c0 + j0 + j, rs = kk / cpg, ch = kk % cpg;
+          dy[j] = static_cast<std::ptrdiff_t>((rs / kw) * dh), dx[j] = static_cast<std::ptrdiff_t>((rs % kw) * dw);
+          co[j] = static_cast<std::ptrdiff_t>(ch * plane) + dy[j] * W + dx[j];
+        }
+        for (std::size_t i1 = 0; i1 < n; i1 += V) {  // sixteen rows at a time
+          const std::size_t nv = std::min(V, n - i1);
+          S* d0 = dst + (i0 + i1) * ld + j0;
+          std::size_t j = 0;
+          if constexpr (blocks) {
+            // the sixteen rows are neighbours along one output row: the same image, row and stride 1
+            bool run = nv == V && sw == 1;
+            for (std::size_t i = i1 + 1; run && i < i1 + V; ++i) run = xx[i] == xx[i - 1] + 1 && yy[i] == yy[i1];  // (so ro too)
+            if (run) {
+              alignas(64) S t[V * V];
+              for (; j + V <= nc; j += V) {
+                for (std::size_t v = 0; v < V; ++v) {  // column j + v's sixteen values in row v of the block
+                  S* tv = t + v * V;
+                  const std::ptrdiff_t iy = yy[i1] + dy[j + v], ix = xx[i1] + dx[j + v];
+                  const std::ptrdiff_t lo = std::max<std::ptrdiff_t>(0, -ix), hi = std::min<std::ptrdiff_t>(static_cast<std::ptrdiff_t>(V), W - ix);
+                  if (iy < 0 || iy >= H || lo >= hi) {
+                    std::fill_n(tv, V, zero_elem<S>());
+                    continue;
+                  }
+                  std::fill(tv, tv + lo, zero_elem<S>());
+                  std::memcpy(tv + lo, src + (ro[i1] + co[j + v] + lo), static_cast<std::size_t>(hi - lo) * sizeof(S));
+                  std::fill(tv + hi, tv + V, zero_elem<S>());
+                }
+                arch::transpose16_b32(t, V * sizeof(S), d0 + j, ld * sizeof(S));
+              }
+            }
+          }
+          for (; j < nc; ++j) {  // the rest, element by element
+            S* d = d0 + j;
+            for (std::size_t i = 0; i < nv; ++i) {
+              const std::ptrdiff_t iy = yy[i1 + i] + dy[j], ix = xx[i1 + i] + dx[j];
+              d[i * ld] = iy >= 0 && iy < H && ix >= 0 && ix < W ? convert_elem<S>(src[ro[i1 + i] + co[j]], 1.0f, false) : zero_elem<S>();
+            }
+          }
         }
       }
     }
