@@ -608,6 +608,17 @@ TEST_CASE("bf16 compute rounds GEMM and attention inputs to bf16 and stays withi
   }
   run_and_check(one_node("Gemm", {{5, 12}, {7, 12}, {7}}, {{"transB", std::int64_t{1}}}), rand_inputs({{5, 12}, {7, 12}, {7}}, 112, 0, 1),
                 2 * u16 + u16 * u16 + gamma(12, u32) + 2 * u32, 0, bf);
+  // Conv: image and filter rounded, f32 accumulation of K = C·KH·KW products plus the bias; a wide
+  // image (16-pixel runs) and a narrow one, a 3x3 and a strided 1x1
+  for (const auto& [x, w, a] : std::vector<std::tuple<std::vector<std::size_t>, std::vector<std::size_t>, tg::attribute_map>>{
+           {{1, 8, 5, 20}, {6, 8, 3, 3}, {{"pads", tg::ints{1, 1, 1, 1}}}},
+           {{2, 5, 7, 6}, {4, 5, 1, 1}, {{"strides", tg::ints{2, 2}}}}}) {
+    const std::size_t K = w[1] * w[2] * w[3];
+    const auto in = rand_inputs({x, w, {w[0]}}, 113, 0, 1);
+    const auto y16 = run_and_check(one_node("Conv", {x, w, {w[0]}}, a), in, 2 * u16 + u16 * u16 + gamma(K + 1, u32) + u32, 0, bf);
+    const auto y32 = run_and_check(one_node("Conv", {x, w, {w[0]}}, a), in, gamma(K + 1, u32) + u32, 0);
+    CHECK(y16.at("y").data != y32.at("y").data);  // bf16 really ran
+  }
   for (std::size_t D : {16, 8}) {  // the fused operator and the by-parts path
     tg::graph f("attn16");
     f.add_input("q", dtype::f32, {1, 2, 5, D});
@@ -834,6 +845,9 @@ TEST_CASE("Conv with a constant filter (prepacked at compile) gives the bits of 
       all.emplace("x3", to_host(in.at("x3")));
     }
     check_same_bits(run_on(dev, as_consts, hin, {}), run_on(dev, as_inputs, all, {}));
+    tg::compile_options bf;  // bf16: the filter rounded and packed at compile time, or rounded per run
+    bf.compute = dtype::bf16;
+    check_same_bits(run_on(dev, as_consts, hin, bf), run_on(dev, as_inputs, all, bf));
   }
 }
 

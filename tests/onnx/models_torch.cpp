@@ -301,8 +301,8 @@ TEST_CASE("onnx: the six PyTorch models run on tessel's operators, on the host a
       CHECK(e32.max_rel <= bound32);
       // bf16 bound: each GEMM's inputs are rounded to bf16 (relative u16 each, so a product is off
       // by ≤ 2·u16 and a dot product by ≤ 2·u16·Σ|a·b|, independently of K as accumulation stays
-      // f32; the f32 part is negligible next to it). Conv stays f32 (only GEMM and attention inputs
-      // are rounded). Over `layers` GEMMs, in quadrature as above, with the same factor 2 for the
+      // f32; the f32 part is negligible next to it); convolution inputs are rounded as GEMM's
+      // and attention's. Over `layers` such layers, in quadrature as above, with the same factor 2 for the
       // normalizations: 2·2·u16·√layers, relative to max|y| (PyTorch's f32 result adds nothing).
       tg::compile_options bf = o;
       bf.compute = tessel::dtype::bf16;

@@ -7,9 +7,9 @@
 //   graph::tensor_map out = exe.run({{"x", graph::host_tensor::of<float>({8, 16}, x)}});
 //
 // Dtypes: values keep their graph dtypes (f32 activations; i64/i32 shape and index operands; u8
-// bools). compile_options::compute = bf16 rounds GEMM and attention inputs (MatMul, Gemm,
-// FusedMatMul, Attention) to bf16 and accumulates in f32 (constant operands — weights — are
-// converted once, at compile; Conv stays f32); every other op and every stored activation stays f32.
+// bools). compile_options::compute = bf16 rounds GEMM, attention and convolution inputs (MatMul,
+// Gemm, FusedMatMul, Attention, Conv, FusedConv) to bf16 and accumulates in f32 (constant operands —
+// weights, filters — are converted once, at compile); every other op and every stored activation stays f32.
 // Conv filters that are constants are packed for ops::conv2d once, at compile. Graph inputs are copied into device memory for a run; constants are read in
 // place; graph outputs are written to device buffers of their own and copied out.
 // An executable is not reentrant: one run at a time (its arena is shared by the runs).

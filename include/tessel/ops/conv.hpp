@@ -235,7 +235,7 @@ struct conv_gather {
   void gather_nchw_columns(S* dst, std::size_t ld, std::size_t r0, std::size_t rows, std::size_t c0, std::size_t cols, std::size_t g) const {
     const std::size_t grid = rh * rw, plane = src_h * src_w;
     constexpr std::size_t chunk = 128, batch = 64, V = 16;
-    constexpr bool blocks = std::is_same_v<S, T> && sizeof(S) == 4;
+    constexpr bool blocks = std::is_same_v<S, T> && (sizeof(S) == 4 || sizeof(S) == 2);
     // rows: window origin (yy, xx) and the source offset of its (0, 0) tap; columns: the tap's (dy,
     // dx) and its offset from the origin (channel plane, row, column), so an element is one add
     std::ptrdiff_t yy[chunk], xx[chunk], ro[chunk], dy[batch], dx[batch], co[batch];
@@ -264,21 +264,34 @@ struct conv_gather {
             bool run = nv == V && sw == 1;
             for (std::size_t i = i1 + 1; run && i < i1 + V; ++i) run = xx[i] == xx[i - 1] + 1 && yy[i] == yy[i1];  // (so ro too)
             if (run) {
-              alignas(64) S t[V * V];
+              // 16-bit values travel as the low halves of 32-bit words through the same transpose
+              using word = std::conditional_t<sizeof(S) == 4, std::uint32_t, std::uint16_t>;
+              alignas(64) word t[V * V];
               for (; j + V <= nc; j += V) {
                 for (std::size_t v = 0; v < V; ++v) {  // column j + v's sixteen values in row v of the block
-                  S* tv = t + v * V;
+                  word* tv = t + v * V;
                   const std::ptrdiff_t iy = yy[i1] + dy[j + v], ix = xx[i1] + dx[j + v];
                   const std::ptrdiff_t lo = std::max<std::ptrdiff_t>(0, -ix), hi = std::min<std::ptrdiff_t>(static_cast<std::ptrdiff_t>(V), W - ix);
-                  if (iy < 0 || iy >= H || lo >= hi) {
-                    std::fill_n(tv, V, zero_elem<S>());
+                  if (iy < 0 || iy >= H || lo >= hi) {  // zero_elem is all-zero bits for f32 and bf16
+                    std::fill_n(tv, V, word{0});
                     continue;
                   }
-                  std::fill(tv, tv + lo, zero_elem<S>());
+                  std::fill(tv, tv + lo, word{0});
                   std::memcpy(tv + lo, src + (ro[i1] + co[j + v] + lo), static_cast<std::size_t>(hi - lo) * sizeof(S));
-                  std::fill(tv + hi, tv + V, zero_elem<S>());
+                  std::fill(tv + hi, tv + V, word{0});
                 }
-                arch::transpose16_b32(t, V * sizeof(S), d0 + j, ld * sizeof(S));
+                if constexpr (sizeof(S) == 4) {
+                  arch::transpose16_b32(t, V * sizeof(S), d0 + j, ld * sizeof(S));
+                } else {
+                  alignas(64) std::uint32_t wide[V * V], tr[V * V];
+                  word row[V];
+                  for (std::size_t q = 0; q < V * V; ++q) wide[q] = t[q];
+                  arch::transpose16_b32(wide, V * 4, tr, V * 4);
+                  for (std::size_t i = 0; i < V; ++i) {
+                    for (std::size_t q = 0; q < V; ++q) row[q] = static_cast<word>(tr[i * V + q]);
+                    std::memcpy(d0 + i * ld + j, row, sizeof row);
+                  }
+                }
               }
             }
           }

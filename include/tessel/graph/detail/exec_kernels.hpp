@@ -1180,15 +1180,32 @@ step_fn<Dev> build_conv(const build_ctx& c, Dev& dev) {
   };
   if (extent(g.h, p.pad_top, p.pad_bottom, g.kh, g.dh, g.sh) != g.oh || extent(g.w, p.pad_left, p.pad_right, g.kw, g.dw, g.sw) != g.ow)
     c.fail("output " + std::to_string(g.oh) + "x" + std::to_string(g.ow) + " does not follow from the window", errc::invalid_argument);
+  // bf16 compute: the filter rounded to bf16 and packed at compile time, the image rounded per run;
+  // products accumulate in f32 and Y (with its epilogue) stays f32, as MatMul's
+  const bool low = c.compute == dtype::bf16;
   std::shared_ptr<const conv2d_packed_filter<float, Dev>> packed;
-  if (const float* wc = c.const_f32(1); wc && numel_of(ws) > 0)
-    packed = std::make_shared<const conv2d_packed_filter<float, Dev>>(dev, tessel::filter<const float>{wc, fd}, p.groups);
+  std::shared_ptr<const conv2d_packed_filter<bf16, Dev>> packed16;
+  if (const float* wc = c.const_f32(1); wc && numel_of(ws) > 0) {
+    if (low) {
+      const auto w16 = to_bf16(dev, wc, numel_of(ws));
+      packed16 = std::make_shared<const conv2d_packed_filter<bf16, Dev>>(dev, tessel::filter<const bf16>{w16.data(), fd}, p.groups);
+    } else {
+      packed = std::make_shared<const conv2d_packed_filter<float, Dev>>(dev, tessel::filter<const float>{wc, fd}, p.groups);
+    }
+  }
   return [=](const run_state<Dev>& s) {
     float* yp = s.template as<float>(y);
     const tessel::image<const float> xi{s.template as<float>(x), xd};
     const tessel::image<float> yi{yp, yd};
     const std::span<const float> bias = b == value_id::none ? std::span<const float>{} : std::span<const float>(s.template as<float>(b), m);
     auto run = [&](const auto& chain) {
+      if (low) {
+        const auto x16 = to_bf16(s.dev, xi.data, xd.size());
+        const tessel::image<const bf16> xb{x16.data(), xd};
+        if (packed16) return conv2d(s.dev, xb, *packed16, bias, yi, p, chain);
+        const auto w16 = to_bf16(s.dev, s.template as<float>(w), fd.size());
+        return conv2d(s.dev, xb, tessel::filter<const bf16>{w16.data(), fd}, bias, yi, p, chain);
+      }
       if (packed) conv2d(s.dev, xi, *packed, bias, yi, p, chain);
       else conv2d(s.dev, xi, tessel::filter<const float>{s.template as<float>(w), fd}, bias, yi, p, chain);
     };
