@@ -71,18 +71,23 @@ struct bcast {
     }
   }
 
+  // The output index of flat element `begin` (idx, per axis) and each input's offset there (off).
+  void seek(std::size_t begin, std::vector<std::size_t>& idx, std::vector<std::size_t>& off) const {
+    std::size_t rem = begin;
+    for (std::size_t a = out.size(); a-- > 0;) {
+      idx[a] = out[a] ? rem % out[a] : 0;
+      rem = out[a] ? rem / out[a] : 0;
+    }
+    for (std::size_t j = 0; j < strides.size(); ++j)
+      for (std::size_t a = 0; a < out.size(); ++a) off[j] += idx[a] * strides[j][a];
+  }
+
   // f(i, offs): output element i reads input j at offs[j]; called for i in [begin, end) in order.
   template <class F>
   void for_range(std::size_t begin, std::size_t end, F&& f) const {
     const std::size_t r = out.size(), k = strides.size();
     std::vector<std::size_t> idx(r, 0), off(k, 0);
-    std::size_t rem = begin;
-    for (std::size_t a = r; a-- > 0;) {
-      idx[a] = out[a] ? rem % out[a] : 0;
-      rem = out[a] ? rem / out[a] : 0;
-    }
-    for (std::size_t j = 0; j < k; ++j)
-      for (std::size_t a = 0; a < r; ++a) off[j] += idx[a] * strides[j][a];
+    seek(begin, idx, off);
     for (std::size_t i = begin; i < end; ++i) {
       f(i, off.data());
       for (std::size_t a = r; a-- > 0;) {  // odometer step
@@ -104,13 +109,7 @@ struct bcast {
       if (begin < end) f(begin, off.data(), end - begin);
       return;
     }
-    std::size_t rem = begin;
-    for (std::size_t a = r; a-- > 0;) {
-      idx[a] = out[a] ? rem % out[a] : 0;
-      rem = out[a] ? rem / out[a] : 0;
-    }
-    for (std::size_t j = 0; j < k; ++j)
-      for (std::size_t a = 0; a < r; ++a) off[j] += idx[a] * strides[j][a];
+    seek(begin, idx, off);
     const std::size_t last = out[r - 1];
     for (std::size_t i = begin; i < end;) {
       const std::size_t len = std::min(last - idx[r - 1], end - i);
