@@ -67,7 +67,7 @@ std::vector<shape> sweep() {
       {2, 24, 3, 32, 10, 1, 1, geo(1, 0, 0, 0, 0, 1, 1), "1x1 W = 32"},
       // one-row images of one channel: the last pixels of an image and the first of the next lie
       // side by side in memory, but are not neighbours
-      {3, 1, 1, 20, 2, 1, 17, geo(1, 0, 8, 0, 8, 1, 1), "1x17 on 1x20 images, one channel"},
+      {3, 1, 1, 40, 2, 1, 17, geo(1, 0, 8, 0, 8, 1, 1), "1x17 on 1x40 images, one channel"},
   };
 }
 
