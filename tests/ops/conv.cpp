@@ -65,6 +65,11 @@ std::vector<shape> sweep() {
       {2, 20, 13, 40, 24, 3, 3, geo(1, 1, 2, 1, 0, 1, 1), "W = 40, K = 180, asymmetric pad"},
       {1, 9, 11, 37, 5, 3, 3, geo(1, 2, 2, 2, 2, 2, 1), "W = 37, dilation 2"},
       {2, 24, 3, 32, 10, 1, 1, geo(1, 0, 0, 0, 0, 1, 1), "1x1 W = 32"},
+      // output channels per group past a multiple of 64 by more than 32 run on the 64-column f32
+      // atom, the others on the 32-column one (conv_narrow): both, with padding and row blocks
+      {2, 12, 9, 10, 128, 3, 3, geo(1, 1, 1, 1, 1, 1, 1), "128 outputs (64-column atom)"},
+      {1, 6, 8, 37, 48, 3, 3, geo(1, 1, 1, 1, 1, 1, 1), "48 outputs (64-column atom, a part panel)"},
+      {1, 7, 12, 34, 32, 3, 3, geo(1, 1, 1, 1, 1, 1, 1), "32 outputs (32-column atom, whole panels)"},
       // one-row images of one channel: the last pixels of an image and the first of the next lie
       // side by side in memory, but are not neighbours
       {3, 1, 1, 40, 2, 1, 17, geo(1, 0, 8, 0, 8, 1, 1), "1x17 on 1x40 images, one channel"},
@@ -242,15 +247,15 @@ TEST_CASE("conv2d: NCHW and NHWC give the same bits, and 1 vs 2 threads vs an em
 namespace {
 // The one-pass packer (OIHW straight into the B panel tiles) against GEMM's B load of the
 // transposed (K,N) filter matrix, tile by tile: the same bits where the load writes.
-template <class T>
+template <class T, bool Narrow = false>
 bool direct_pack_matches_load(host_device& dev, filter_dims f, std::size_t groups) {
   using S = typename mma_traits<T>::stage_type;
   conv2d_params p;
   p.groups = groups;
   const auto g = detail::conv_geometry({1, f.in * groups, f.kh, f.kw}, f, p);
   const auto w = random<T>(f.size(), 61);
-  using D = detail::conv_panel_direct_pack_program<T, S>;
-  using P = detail::conv_panel_pack_program<S>;
+  using D = detail::conv_panel_direct_pack_program<T, S, Narrow>;
+  using P = detail::conv_panel_pack_program<S, Narrow>;
   const std::size_t nb = ceil_div(g.kg, D::NB), nk = ceil_div(g.depth(), D::KC), n = groups * nb * nk * D::b_stage::elements;
   std::vector<S> a(n, detail::zero_elem<S>()), b(n, S(std::nanf("")));
   S* km = detail::conv_pack_filter<S>(dev, g, w.data(), false);
@@ -266,19 +271,21 @@ TEST_CASE("conv2d: the one-pass filter packer writes the tiles GEMM's B load pac
   for (auto [f, groups] : {std::pair<filter_dims, std::size_t>{{7, 5, 3, 3}, 1}, {{300, 6, 2, 3}, 2}, {{9, 520, 3, 3}, 1}, {{16, 1, 3, 3}, 16}, {{512, 512, 3, 3}, 1}}) {
     INFO(f.out << "x" << f.in << "x" << f.kh << "x" << f.kw << " groups " << groups);
     CHECK(direct_pack_matches_load<float>(dev, f, groups));
+    CHECK(direct_pack_matches_load<float, true>(dev, f, groups));  // the narrow atom's panels
     CHECK(direct_pack_matches_load<bf16>(dev, f, groups));
   }
 }
 
 TEST_CASE("conv2d: the block shape keeps every worker busy on small M and stays inside one B tile", "[ops][conv]") {
-  auto check = [](auto tag) {
+  auto check = [](auto tag, auto narrow) {
     using S = decltype(tag);
-    using cfg = detail::gemm_config<S, S>;
+    constexpr bool Narrow = decltype(narrow)::value;
+    using cfg = detail::gemm_config<S, S, false, Narrow>;
     for (std::size_t M : {1, 7, 49, 50, 196, 392, 784, 3136, 25088})
       for (std::size_t N : {1, 64, 130, 256, 512})
         for (std::size_t K : {9, 576, 4608})
           for (unsigned w : {1u, 2u, 3u}) {
-            const auto b = detail::conv_block_shape<S>(M, N, K, 1, w, true);
+            const auto b = detail::conv_block_shape<S, Narrow>(M, N, K, 1, w, true);
             INFO("M " << M << " N " << N << " K " << K << " workers " << w << " -> MB " << b.MB << " NW " << b.NW);
             CHECK(b.MB >= 1);
             CHECK(b.MB <= cfg::MB_max);
@@ -292,11 +299,26 @@ TEST_CASE("conv2d: the block shape keeps every worker busy on small M and stays 
           }
     // ResNet-50's 256 channels at 14x14 (M = 196, N = 256) on 2 workers: two column halves, not
     // three row blocks of which one worker runs two
-    const auto r = detail::conv_block_shape<S>(196, 256, 2304, 1, 2, true);
+    const auto r = detail::conv_block_shape<S, Narrow>(196, 256, 2304, 1, 2, true);
     CHECK(ceil_div(196, r.MB) * ceil_div(256, r.NW) % 2 == 0);
   };
-  check(float{});
-  check(bf16{});
+  check(float{}, std::false_type{});
+  check(float{}, std::true_type{});
+  check(bf16{}, std::false_type{});
+}
+
+TEST_CASE("conv2d: f32 groups of 32 or fewer output channels (mod 64) take the 32-column atom, where it exists", "[ops][conv]") {
+  using wide = detail::gemm_config<float, float>;
+  using thin = detail::gemm_config<float, float, false, true>;
+  if constexpr (detail::conv_has_narrow<float>) {
+    CHECK(thin::NR * 2 == wide::NR);
+    for (std::size_t n : {1, 4, 31, 32, 65, 96, 130, 160}) CHECK(detail::conv_narrow<float>(n));
+    for (std::size_t n : {33, 48, 64, 100, 128, 256, 512}) CHECK_FALSE(detail::conv_narrow<float>(n));
+  } else {
+    CHECK(thin::NR == wide::NR);
+    CHECK_FALSE(detail::conv_narrow<float>(32));
+  }
+  if constexpr (arch::has_pair_atom) CHECK_FALSE(detail::conv_narrow<bf16>(32));  // the bf16 pair atom is 32 columns wide already
 }
 
 TEST_CASE("conv2d with a prepacked filter gives the bits of conv2d with the plain filter (both layouts, f32 and bf16, host and card)", "[ops][conv]") {

@@ -203,8 +203,8 @@ struct conv_gather {
     // NCHW: whole rows of at least 32 output pixels at stride 1 go column by column in 16x16 blocks
     // (U-Net b1 on 1 thread 120 -> 83 ms); narrower rows stay on this row order (ResNet-18 b1, whose
     // 7x7 to 56x56 rows mostly straddle image rows, ran 37.5 ms column by column, 34.4 ms so)
-    if (layout == conv_layout::nchw && !transposed && sw == 1 && rw >= 32 && std::is_same_v<S, T>)
-      return gather_nchw_columns(dst, ld, r0, rows, c0, cols, g);
+    if constexpr (std::is_same_v<S, T>)
+      if (layout == conv_layout::nchw && !transposed && sw == 1 && rw >= 32) return gather_nchw_columns(dst, ld, r0, rows, c0, cols, g);
     for (std::size_t i = 0; i < rows; ++i) {
       const std::size_t m = r0 + i, img = m / grid, q = m % grid, y = q / rw, x = q % rw;
       S* d = dst + i * ld;
@@ -229,21 +229,27 @@ struct conv_gather {
   }
 
   // The forward NCHW gather column by column: a column (r, s, ch) of consecutive rows (pixels along
-  // x) reads a run of one input row (stride sw), where the row-by-row order read each pixel's
-  // channels a whole plane apart (a page per element on large images: U-Net's 128x128 layers were
-  // bound by it). Sixteen rows that are sixteen neighbours of one output row, at stride 1, move
-  // sixteen columns at a time: each column's run is copied whole (64 bytes of f32) and the 16x16
-  // block transposed into the tile's rows. The tile holds the same values as the row order wrote:
-  // only the order of the copies changes.
+  // x) reads a run of one input row, where the row-by-row order read each pixel's channels a whole
+  // plane apart (a page per element on large images: U-Net's 128x128 layers were bound by it). At
+  // stride 1, sixteen rows by sixteen columns move at a time: each column's sixteen values are one
+  // or two runs (two where the rows cross an output row; the dispatch guarantees rows of 32+
+  // pixels), each copied whole, and the 16x16 block transposed into the tile's rows; blocks cut
+  // short by the tile's edge go through a scratch block. The tile holds the same values as the row
+  // order wrote: only the order of the copies changes.
   template <class S>
   void gather_nchw_columns(S* dst, std::size_t ld, std::size_t r0, std::size_t rows, std::size_t c0, std::size_t cols, std::size_t g) const {
+    static_assert(std::is_same_v<S, T> && (sizeof(S) == 4 || sizeof(S) == 2), "gather_nchw_columns: no conversion on this path");
     const std::size_t grid = rh * rw, plane = src_h * src_w;
     constexpr std::size_t chunk = 128, batch = 64, V = 16;
-    constexpr bool blocks = std::is_same_v<S, T> && (sizeof(S) == 4 || sizeof(S) == 2);
     // rows: window origin (yy, xx) and the source offset of its (0, 0) tap; columns: the tap's (dy,
     // dx) and its offset from the origin (channel plane, row, column), so an element is one add
     std::ptrdiff_t yy[chunk], xx[chunk], ro[chunk], dy[batch], dx[batch], co[batch];
     const auto H = static_cast<std::ptrdiff_t>(src_h), W = static_cast<std::ptrdiff_t>(src_w);
+    const auto extent = static_cast<std::ptrdiff_t>(((r0 + rows - 1) / grid + 1) * src_c * plane);  // through the last row's image
+    // 16-bit values travel as the low halves of 32-bit words through the same transpose
+    using word = std::conditional_t<sizeof(S) == 4, std::uint32_t, std::uint16_t>;
+    alignas(64) word t[V * V];
+    alignas(64) std::uint32_t wide[V * V], tr[V * V];
     for (std::size_t i0 = 0; i0 < rows; i0 += chunk) {
       const std::size_t n = std::min(chunk, rows - i0);
       for (std::size_t i = 0; i < n; ++i) {
@@ -259,51 +265,64 @@ struct conv_gather {
           dy[j] = static_cast<std::ptrdiff_t>((rs / kw) * dh), dx[j] = static_cast<std::ptrdiff_t>((rs % kw) * dw);
           co[j] = static_cast<std::ptrdiff_t>(ch * plane) + dy[j] * W + dx[j];
         }
-        for (std::size_t i1 = 0; i1 < n; i1 += V) {  // sixteen rows at a time
+        for (std::size_t i1 = 0; i1 < n; i1 += V) {
           const std::size_t nv = std::min(V, n - i1);
-          S* d0 = dst + (i0 + i1) * ld + j0;
-          std::size_t j = 0;
-          if constexpr (blocks) {
-            // the sixteen rows are neighbours along one output row: the same image, row and stride 1
-            bool run = nv == V && sw == 1;
-            for (std::size_t i = i1 + 1; run && i < i1 + V; ++i) run = xx[i] == xx[i - 1] + 1 && yy[i] == yy[i1];  // (so ro too)
-            if (run) {
-              // 16-bit values travel as the low halves of 32-bit words through the same transpose
-              using word = std::conditional_t<sizeof(S) == 4, std::uint32_t, std::uint16_t>;
-              alignas(64) word t[V * V];
-              for (; j + V <= nc; j += V) {
-                for (std::size_t v = 0; v < V; ++v) {  // column j + v's sixteen values in row v of the block
-                  word* tv = t + v * V;
-                  const std::ptrdiff_t iy = yy[i1] + dy[j + v], ix = xx[i1] + dx[j + v];
-                  const std::ptrdiff_t lo = std::max<std::ptrdiff_t>(0, -ix), hi = std::min<std::ptrdiff_t>(static_cast<std::ptrdiff_t>(V), W - ix);
-                  if (iy < 0 || iy >= H || lo >= hi) {  // zero_elem is all-zero bits for f32 and bf16
-                    std::fill_n(tv, V, word{0});
-                    continue;
-                  }
-                  std::fill(tv, tv + lo, word{0});
-                  std::memcpy(tv + lo, src + (ro[i1] + co[j + v] + lo), static_cast<std::size_t>(hi - lo) * sizeof(S));
-                  std::fill(tv + hi, tv + V, word{0});
-                }
-                if constexpr (sizeof(S) == 4) {
-                  arch::transpose16_b32(t, V * sizeof(S), d0 + j, ld * sizeof(S));
-                } else {
-                  alignas(64) std::uint32_t wide[V * V], tr[V * V];
-                  word row[V];
-                  for (std::size_t q = 0; q < V * V; ++q) wide[q] = t[q];
-                  arch::transpose16_b32(wide, V * 4, tr, V * 4);
-                  for (std::size_t i = 0; i < V; ++i) {
-                    for (std::size_t q = 0; q < V; ++q) row[q] = static_cast<word>(tr[i * V + q]);
-                    std::memcpy(d0 + i * ld + j, row, sizeof row);
-                  }
-                }
-              }
-            }
+          // the block's rows as runs of neighbours along one output row of one image: [seg[u], seg[u + 1])
+          // (stride 1: the next x one on means the same output row, rw >= 32 keeps a wrap from looking like that)
+          std::size_t seg[V + 1], ns = 0;
+          seg[ns++] = 0;
+          for (std::size_t i = 1; i < nv; ++i) {
+            const std::size_t a = i1 + i;
+            if (!(xx[a] == xx[a - 1] + 1 && ro[a] == ro[a - 1] + 1)) seg[ns++] = i;
           }
-          for (; j < nc; ++j) {  // the rest, element by element
-            S* d = d0 + j;
+          seg[ns] = nv;
+          for (std::size_t j = 0; j < nc; j += V) {
+            const std::size_t ncv = std::min(V, nc - j);
+            for (std::size_t v = 0; v < V; ++v) {  // column j + v's values for the block's rows, in row v of t
+              word* tv = t + v * V;
+              if (v >= ncv) {
+                std::fill_n(tv, V, word{0});
+                continue;
+              }
+              // the run two blocks on (the hardware prefetchers lose track of this many streams:
+              // the loads stalled on memory)
+              const std::ptrdiff_t ahead = ro[i1] + co[j + v] + static_cast<std::ptrdiff_t>(2 * V);
+              if (ahead >= 0 && ahead < extent) __builtin_prefetch(src + ahead);
+              for (std::size_t u = 0; u < ns; ++u) {
+                const std::size_t a = seg[u], len = seg[u + 1] - a;
+                const std::ptrdiff_t iy = yy[i1 + a] + dy[j + v], ix = xx[i1 + a] + dx[j + v];
+                const std::ptrdiff_t lo = std::max<std::ptrdiff_t>(0, -ix), hi = std::min<std::ptrdiff_t>(static_cast<std::ptrdiff_t>(len), W - ix);
+                if (len == V && lo == 0 && hi == static_cast<std::ptrdiff_t>(V) && iy >= 0 && iy < H) {
+                  std::memcpy(tv, src + (ro[i1] + co[j + v]), V * sizeof(S));  // inside the image: one fixed-size copy
+                  continue;
+                }
+                word* ta = tv + a;
+                if (iy < 0 || iy >= H || lo >= hi) {  // zero_elem is all-zero bits for f32 and bf16
+                  std::fill_n(ta, len, word{0});
+                  continue;
+                }
+                std::fill(ta, ta + lo, word{0});
+                std::memcpy(ta + lo, src + (ro[i1 + a] + co[j + v] + lo), static_cast<std::size_t>(hi - lo) * sizeof(S));
+                std::fill(ta + hi, ta + len, word{0});
+              }
+              std::fill(tv + nv, tv + V, word{0});
+            }
+            S* d0 = dst + (i0 + i1) * ld + j0 + j;
+            const bool whole = nv == V && ncv == V;
+            if constexpr (sizeof(S) == 4) {
+              if (whole) {
+                arch::transpose16_b32(t, V * sizeof(S), d0, ld * sizeof(S));
+                continue;
+              }
+              arch::transpose16_b32(t, V * sizeof(S), tr, V * 4);
+            } else {
+              for (std::size_t q = 0; q < V * V; ++q) wide[q] = t[q];
+              arch::transpose16_b32(wide, V * 4, tr, V * 4);
+            }
             for (std::size_t i = 0; i < nv; ++i) {
-              const std::ptrdiff_t iy = yy[i1 + i] + dy[j], ix = xx[i1 + i] + dx[j];
-              d[i * ld] = iy >= 0 && iy < H && ix >= 0 && ix < W ? convert_elem<S>(src[ro[i1 + i] + co[j]], 1.0f, false) : zero_elem<S>();
+              word row[V];
+              for (std::size_t q = 0; q < ncv; ++q) row[q] = static_cast<word>(tr[i * V + q]);
+              std::memcpy(d0 + i * ld, row, ncv * sizeof(S));
             }
           }
         }
@@ -359,6 +378,7 @@ template <class S>
 struct conv_panels {
   const S* p;
   std::size_t nblocks, nk, tile;
+  bool narrow = false;  // packed for the narrow atom's panels (conv_narrow)
   const S* at(std::size_t g, std::size_t nb, std::size_t k) const { return p + ((g * nblocks + nb) * nk + k) * tile; }
 };
 
@@ -378,8 +398,45 @@ struct conv_image_out {
     if (layout == conv_layout::nhwc) return store_rows<TY>(acc, lda, rows, cols, y + m0 * channels + col, channels, 1, m0, col, ep);
     for (std::size_t i = 0; i < rows;) {  // NCHW: rows split at image boundaries
       const std::size_t m = m0 + i, img = m / plane, q = m % plane, len = std::min(plane - q, rows - i);
-      store_rows<TY>(acc + i * lda, lda, len, cols, y + (img * channels + col) * plane + q, 1, plane, m, col, ep);
+      if constexpr (std::is_same_v<TY, float>) store_nchw(acc + i * lda, lda, len, cols, y + (img * channels + col) * plane + q, m, col, ep);
+      else store_rows<TY>(acc + i * lda, lda, len, cols, y + (img * channels + col) * plane + q, 1, plane, m, col, ep);
       i += len;
+    }
+  }
+
+  // An f32 NCHW slab of one image: rows are consecutive pixels, columns channels a plane apart.
+  // Sixteen pixels at a time, the chain runs on each pixel's channels in a buffer (as store_rows
+  // does), then 16x16 transposes write sixteen channels' runs of sixteen pixels: store_rows wrote
+  // one element per channel plane (a store per element, most of the conv's store on U-Net).
+  template <class Chain>
+  void store_nchw(const float* acc, std::size_t lda, std::size_t rows, std::size_t cols, float* d, std::size_t m, std::size_t col,
+                  const Chain& ep) const {
+    constexpr std::size_t V = 16, W = 256;
+    alignas(64) float buf[V * W];
+    for (std::size_t j0 = 0; j0 < cols; j0 += W) {
+      const std::size_t nc = std::min(W, cols - j0);
+      for (std::size_t i0 = 0; i0 < rows; i0 += V) {
+        const std::size_t nv = std::min(V, rows - i0);
+        float* o = d + j0 * plane + i0;  // channel j0's pixel i0
+        for (std::size_t v = 0; v < nv; ++v) {
+          float* b = buf + v * W;
+          std::memcpy(b, acc + (i0 + v) * lda + j0, nc * sizeof(float));
+          if constexpr (!Chain::empty) {
+            epilogue::row_info ri;
+            ri.row = m + i0 + v;
+            ri.col0 = col + j0;
+            ri.old = o + v;
+            ri.old_stride = plane;
+            ri.old_at = &read_as_f32<float>;
+            ep.apply(b, nc, ri);
+          }
+        }
+        std::size_t j = 0;
+        if (nv == V)
+          for (; j + V <= nc; j += V) arch::transpose16_b32(buf + j, W * sizeof(float), o + j * plane, plane * sizeof(float));
+        for (; j < nc; ++j)
+          for (std::size_t v = 0; v < nv; ++v) o[j * plane + v] = buf[v * W + j];
+      }
     }
   }
 };
@@ -410,9 +467,9 @@ constexpr math_precision conv_precision() {
 // is GEMM's (gemm_config: MC-row slabs, KC-deep chunks, NB-wide B strips packed once per block in
 // pieces of at most KS_max, the same atoms); each element's chunks add in K order, so the result
 // does not depend on the block shape or the thread count.
-template <class S, class ASrc, class BSrc, class Out, class Chain>
+template <class S, class ASrc, class BSrc, class Out, class Chain, bool Narrow = false>
 struct conv_gemm_program {
-  using cfg = gemm_config<S, S>;
+  using cfg = gemm_config<S, S, false, Narrow>;
   using atom = typename cfg::atom;
   static_assert(std::is_same_v<typename cfg::stage, S>, "conv_gemm_program: S must be the atoms' stage type");
   static constexpr std::size_t MR = cfg::MR, NR = cfg::NR, KP = cfg::KP, KC = cfg::KC, NB = cfg::NB, MC = cfg::MC;
@@ -504,9 +561,9 @@ struct conv_gemm_program {
 struct conv_blocking {
   std::size_t MB, NW;
 };
-template <class S>
+template <class S, bool Narrow = false>
 conv_blocking conv_block_shape(std::size_t M, std::size_t N, std::size_t K, std::size_t groups, unsigned workers, bool packs_b) {
-  using cfg = gemm_config<S, S>;
+  using cfg = gemm_config<S, S, false, Narrow>;
   const std::size_t w = std::max(1u, workers);
   const double a_cost = 8.0, b_cost = packs_b ? 8.0 : 0.0, block_cost = 2.0e4;
   conv_blocking best{std::min(M, cfg::MB_max), cfg::NB};
@@ -530,13 +587,42 @@ conv_blocking conv_block_shape(std::size_t M, std::size_t N, std::size_t K, std:
   return best;
 }
 
+// Whether a group of n output columns runs on the narrow atom (gemm_config's Narrow): when its
+// 32-column panels cover n with fewer columns than the 64-column panels do (n mod 64 in 1..32:
+// U-Net's 32-channel layers ran at half the f32 rate, the final 1x1 to 4 classes at 1/16). Only
+// f32 stages with AVX-512 have two atoms; the choice depends on the shape alone, so a shape's bits
+// never depend on the device or the thread count (a prepacked filter records the choice).
+template <class S>
+inline constexpr bool conv_has_narrow = !std::is_same_v<typename gemm_config<S, S>::atom, typename gemm_config<S, S, false, true>::atom>;
+template <class S>
+bool conv_narrow(std::size_t n) {
+  if constexpr (!conv_has_narrow<S>) {
+    (void)n;
+    return false;
+  } else {
+    constexpr std::size_t wide = gemm_config<S, S>::NR, thin = gemm_config<S, S, false, true>::NR;
+    return ceil_div(n, thin) * thin < ceil_div(n, wide) * wide;
+  }
+}
+
+template <class S, bool Narrow, class ASrc, class BSrc, class Out, class Chain, class Dev>
+void conv_gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::size_t groups, const ASrc& a, const BSrc& b, const Out& out,
+                      const Chain& ep, const kernel_cost& work, const char* what) {
+  using P = conv_gemm_program<S, ASrc, BSrc, Out, Chain, Narrow>;
+  const auto bs = conv_block_shape<S, Narrow>(M, N, K, groups, dev.capabilities().workers, !P::b_panels);
+  P prog{M, N, K, groups, bs.MB, bs.NW, a, b, out, ep, work, what};
+  gemm_run(dev, grid{ceil_div(M, bs.MB), ceil_div(N, bs.NW), groups}, prog, work.flops);
+}
+
 template <class S, class ASrc, class BSrc, class Out, class Chain, class Dev>
 void conv_gemm_run(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::size_t groups, const ASrc& a, const BSrc& b, const Out& out,
                    const Chain& ep, const kernel_cost& work, const char* what) {
-  using P = conv_gemm_program<S, ASrc, BSrc, Out, Chain>;
-  const auto bs = conv_block_shape<S>(M, N, K, groups, dev.capabilities().workers, !P::b_panels);
-  P prog{M, N, K, groups, bs.MB, bs.NW, a, b, out, ep, work, what};
-  gemm_run(dev, grid{ceil_div(M, bs.MB), ceil_div(N, bs.NW), groups}, prog, work.flops);
+  bool narrow = false;
+  if constexpr (std::is_same_v<BSrc, conv_panels<S>>) narrow = b.narrow;  // as packed
+  else narrow = conv_narrow<S>(N);
+  if constexpr (conv_has_narrow<S>)
+    if (narrow) return conv_gemm_launch<S, true>(dev, M, N, K, groups, a, b, out, ep, work, what);
+  conv_gemm_launch<S, false>(dev, M, N, K, groups, a, b, out, ep, work, what);
 }
 
 // Packs an OIHW filter into per-group dense (K, N) matrices of the stage type: the data
@@ -612,9 +698,9 @@ S* conv_pack_filter(Dev& dev, const conv_geom& g, const T* w, bool for_data_grad
 // Packs the per-group (K,N) matrices of conv_pack_filter into the program's (KC,NB) panel tiles
 // with GEMM's own B load, block (g, nb, k) writing tile (g, nb, k): the tile a block of
 // conv_gemm_program would pack for itself, so a prepacked filter gives the same bits.
-template <class S>
+template <class S, bool Narrow = false>
 struct conv_panel_pack_program {
-  using cfg = gemm_config<S, S>;
+  using cfg = gemm_config<S, S, false, Narrow>;
   using b_stage = staged<S, cfg::KC, cfg::NB, typename cfg::b_layout>;
   static constexpr std::size_t KC = cfg::KC, NB = cfg::NB;
   conv_matrix<S> b;
@@ -635,9 +721,9 @@ struct conv_panel_pack_program {
 // (k, n) of tile (g, nb, kc), k = kc·KC + kk = (r·KW + s)·cg + c, n = nb·NB + nn, is
 // W[g·kg + n][c][r][s] at the b_layout's offset, zero beyond the filter. Writes run in panel order;
 // one output channel's filter row is read per column.
-template <class T, class S>
+template <class T, class S, bool Narrow = false>
 struct conv_panel_direct_pack_program {
-  using cfg = gemm_config<S, S>;
+  using cfg = gemm_config<S, S, false, Narrow>;
   using b_layout = typename cfg::b_layout;
   using b_stage = staged<S, cfg::KC, cfg::NB, b_layout>;
   static constexpr std::size_t KC = cfg::KC, NB = cfg::NB;
@@ -755,26 +841,22 @@ class conv2d_packed_filter {
     conv2d_params p;
     p.groups = groups;
     const auto g = detail::conv_geometry({1, w.dims.in * groups, w.dims.kh, w.dims.kw}, w.dims, p);  // any image the kernel fits
-    using P = detail::conv_panel_pack_program<stage>;
-    nblocks_ = ceil_div(g.kg, P::NB);
-    nk_ = ceil_div(g.depth(), P::KC);
-    const std::size_t n = detail::mul_checked(detail::mul_checked(detail::mul_checked(groups, nblocks_, "packed filter"), nk_, "packed filter"),
-                                              detail::mul_checked(P::b_stage::elements, sizeof(stage), "packed filter"), "packed filter");
-    p_ = static_cast<stage*>(dev.allocate(n));
-    try {
-      using D = detail::conv_panel_direct_pack_program<T, stage>;
-      detail::gemm_run(dev, grid{groups, nblocks_, nk_}, D{w.data, p_, g.kg, g.cg, g.kh * g.kw, nblocks_, nk_}, double(n));
-    } catch (...) {
-      dev.deallocate(p_);
-      throw;
-    }
+    narrow_ = detail::conv_narrow<stage>(g.kg);  // the atom conv2d picks for these output channels
+    if constexpr (detail::conv_has_narrow<stage>)
+      if (narrow_) {
+        pack<true>(dev, w.data, g);
+        return;
+      }
+    pack<false>(dev, w.data, g);
   }
   conv2d_packed_filter(conv2d_packed_filter&& o) noexcept
-      : dev_(o.dev_), p_(std::exchange(o.p_, nullptr)), dims_(o.dims_), groups_(o.groups_), nblocks_(o.nblocks_), nk_(o.nk_) {}
+      : dev_(o.dev_), p_(std::exchange(o.p_, nullptr)), dims_(o.dims_), groups_(o.groups_), nblocks_(o.nblocks_), nk_(o.nk_), tile_(o.tile_),
+        narrow_(o.narrow_) {}
   conv2d_packed_filter& operator=(conv2d_packed_filter&& o) noexcept {
     if (this != &o) {
       release();
       dev_ = o.dev_, p_ = std::exchange(o.p_, nullptr), dims_ = o.dims_, groups_ = o.groups_, nblocks_ = o.nblocks_, nk_ = o.nk_;
+      tile_ = o.tile_, narrow_ = o.narrow_;
     }
     return *this;
   }
@@ -784,11 +866,26 @@ class conv2d_packed_filter {
 
   const filter_dims& dims() const { return dims_; }
   std::size_t groups() const { return groups_; }
-  detail::conv_panels<stage> panels() const {
-    return {p_, nblocks_, nk_, detail::conv_panel_pack_program<stage>::b_stage::elements};
-  }
+  detail::conv_panels<stage> panels() const { return {p_, nblocks_, nk_, tile_, narrow_}; }
 
  private:
+  template <bool Narrow>
+  void pack(Dev& dev, const T* w, const detail::conv_geom& g) {
+    using D = detail::conv_panel_direct_pack_program<T, stage, Narrow>;
+    nblocks_ = ceil_div(g.kg, D::NB);
+    nk_ = ceil_div(g.depth(), D::KC);
+    tile_ = D::b_stage::elements;
+    const std::size_t n = detail::mul_checked(detail::mul_checked(detail::mul_checked(g.groups, nblocks_, "packed filter"), nk_, "packed filter"),
+                                              detail::mul_checked(tile_, sizeof(stage), "packed filter"), "packed filter");
+    p_ = static_cast<stage*>(dev.allocate(n));
+    try {
+      detail::gemm_run(dev, grid{g.groups, nblocks_, nk_}, D{w, p_, g.kg, g.cg, g.kh * g.kw, nblocks_, nk_}, double(n));
+    } catch (...) {
+      dev.deallocate(p_);
+      p_ = nullptr;
+      throw;
+    }
+  }
   void release() {
     if (!p_) return;
     dev_->synchronize();
@@ -798,7 +895,8 @@ class conv2d_packed_filter {
   Dev* dev_;
   stage* p_ = nullptr;
   filter_dims dims_;
-  std::size_t groups_, nblocks_ = 0, nk_ = 0;
+  std::size_t groups_, nblocks_ = 0, nk_ = 0, tile_ = 0;
+  bool narrow_ = false;
 };
 
 // conv2d with a prepacked filter (its groups must be p.groups); otherwise as conv2d above.

@@ -53,13 +53,16 @@ concept gemm_output = std::is_same_v<T, float> || std::is_same_v<T, bf16> || std
 
 namespace detail {
 
-template <class TA, class TB, bool Skinny = false>
+// Narrow: the f32 atom of tile programs (best_f32_atom, 32 columns with AVX-512) instead of the
+// GEMM's 64-column one, for operands whose columns come in groups of 32 or fewer (conv2d's output
+// channels per group; see conv_narrow): a 6x64 atom on 32 columns computes half zeros.
+template <class TA, class TB, bool Skinny = false, bool Narrow = false>
 struct gemm_config {
   static_assert(mma_traits<TA>::pair == mma_traits<TB>::pair,
                 "tessel::gemm: A and B must both be 16/8-bit floats (bf16/e4m3/e5m2) or both f32/fp16 on this target");
   using traits = mma_traits<TA>;
   using stage = typename traits::stage_type;
-  using atom = std::conditional_t<traits::pair, typename traits::atom, arch::best_f32_gemm_atom>;
+  using atom = std::conditional_t<traits::pair, typename traits::atom, std::conditional_t<Narrow, arch::best_f32_atom, arch::best_f32_gemm_atom>>;
   static constexpr std::size_t MR = atom::mr, NR = atom::nr, KP = atom::k_pack;
   using a_layout = layout::panel<MR, KP>;      // (MC,KC) A as MR-row panels
   using b_layout = layout::col_panel<NR, KP>;  // (KC,NB) B as NR-column panels
