@@ -141,14 +141,18 @@ struct pool_fwd_program {
     const auto idx = ctx.block_index3();
     const std::size_t img = idx[0], c0 = idx[1] * CB, cn = std::min(CB, g.c - c0), oy0 = idx[2] * rb, oy1 = std::min(g.y.out, oy0 + rb);
     const std::size_t H = g.y.in, W = g.x.in, OW = g.x.out;
-    for (std::size_t oy = oy0; oy < oy1; ++oy) {
-      const auto ty = g.y.window(oy);
-      for (std::size_t ox = 0; ox < OW; ++ox) {
-        const auto tx = g.x.window(ox);
-        const float div = float(g.include_pad ? ty.padded * tx.padded : (ty.hi - ty.lo) * (tx.hi - tx.lo));
-        if (g.layout == conv_layout::nchw) {
-          for (std::size_t ch = c0; ch < c0 + cn; ++ch) {
-            const T* p = x + (img * g.c + ch) * H * W;
+    if (g.layout == conv_layout::nchw) {
+      // plane by plane, a row of outputs at a time (each output's taps in the same order as the
+      // NHWC path): an output pixel's channels lie a plane apart, and the channel-inner order
+      // read a page per element on U-Net's 128x128 planes
+      for (std::size_t ch = c0; ch < c0 + cn; ++ch) {
+        const T* p = x + (img * g.c + ch) * H * W;
+        for (std::size_t oy = oy0; oy < oy1; ++oy) {
+          const auto ty = g.y.window(oy);
+          T* o = y + ((img * g.c + ch) * g.y.out + oy) * OW;
+          for (std::size_t ox = 0; ox < OW; ++ox) {
+            const auto tx = g.x.window(ox);
+            const float div = float(g.include_pad ? ty.padded * tx.padded : (ty.hi - ty.lo) * (tx.hi - tx.lo));
             float acc = Kind == pool_kind::max ? arch::to_f32(p[g.y.coord(oy, ty.lo) * W + g.x.coord(ox, tx.lo)]) : 0.0f;
             for (std::size_t r = ty.lo; r < ty.hi; ++r)
               for (std::size_t s = tx.lo; s < tx.hi; ++s) {
@@ -156,24 +160,31 @@ struct pool_fwd_program {
                 if constexpr (Kind == pool_kind::max) acc = pool_better(v, acc) ? v : acc;
                 else acc += v;
               }
-            y[((img * g.c + ch) * g.y.out + oy) * OW + ox] = pool_from_f32<T>(Kind == pool_kind::max ? acc : acc / div);
+            o[ox] = pool_from_f32<T>(Kind == pool_kind::max ? acc : acc / div);
           }
-        } else {
-          float acc[CB];
-          const T* first = x + ((img * H + g.y.coord(oy, ty.lo)) * W + g.x.coord(ox, tx.lo)) * g.c + c0;
-          for (std::size_t j = 0; j < cn; ++j) acc[j] = Kind == pool_kind::max ? arch::to_f32(first[j]) : 0.0f;
-          for (std::size_t r = ty.lo; r < ty.hi; ++r)
-            for (std::size_t s = tx.lo; s < tx.hi; ++s) {
-              const T* p = x + ((img * H + g.y.coord(oy, r)) * W + g.x.coord(ox, s)) * g.c + c0;
-              for (std::size_t j = 0; j < cn; ++j) {
-                const float v = arch::to_f32(p[j]);
-                if constexpr (Kind == pool_kind::max) acc[j] = pool_better(v, acc[j]) ? v : acc[j];
-                else acc[j] += v;
-              }
-            }
-          T* o = y + ((img * g.y.out + oy) * OW + ox) * g.c + c0;
-          for (std::size_t j = 0; j < cn; ++j) o[j] = pool_from_f32<T>(Kind == pool_kind::max ? acc[j] : acc[j] / div);
         }
+      }
+      return;
+    }
+    for (std::size_t oy = oy0; oy < oy1; ++oy) {
+      const auto ty = g.y.window(oy);
+      for (std::size_t ox = 0; ox < OW; ++ox) {
+        const auto tx = g.x.window(ox);
+        const float div = float(g.include_pad ? ty.padded * tx.padded : (ty.hi - ty.lo) * (tx.hi - tx.lo));
+        float acc[CB];
+        const T* first = x + ((img * H + g.y.coord(oy, ty.lo)) * W + g.x.coord(ox, tx.lo)) * g.c + c0;
+        for (std::size_t j = 0; j < cn; ++j) acc[j] = Kind == pool_kind::max ? arch::to_f32(first[j]) : 0.0f;
+        for (std::size_t r = ty.lo; r < ty.hi; ++r)
+          for (std::size_t s = tx.lo; s < tx.hi; ++s) {
+            const T* p = x + ((img * H + g.y.coord(oy, r)) * W + g.x.coord(ox, s)) * g.c + c0;
+            for (std::size_t j = 0; j < cn; ++j) {
+              const float v = arch::to_f32(p[j]);
+              if constexpr (Kind == pool_kind::max) acc[j] = pool_better(v, acc[j]) ? v : acc[j];
+              else acc[j] += v;
+            }
+          }
+        T* o = y + ((img * g.y.out + oy) * OW + ox) * g.c + c0;
+        for (std::size_t j = 0; j < cn; ++j) o[j] = pool_from_f32<T>(Kind == pool_kind::max ? acc[j] : acc[j] / div);
       }
     }
   }
