@@ -73,6 +73,11 @@ std::vector<shape> sweep() {
       // one-row images of one channel: the last pixels of an image and the first of the next lie
       // side by side in memory, but are not neighbours
       {3, 1, 1, 40, 2, 1, 17, geo(1, 0, 8, 0, 8, 1, 1), "1x17 on 1x40 images, one channel"},
+      // f32 NCHW rows of 32+ pixels at stride 1 run with output channels as rows (conv_use_channel_rows):
+      // two panels of filter rows, depth chunks, K pieces, groups
+      {1, 60, 4, 36, 100, 3, 3, geo(1, 1, 1, 1, 1, 1, 1), "W = 36, 100 outputs, K = 540 (two depth chunks)"},
+      {1, 460, 2, 33, 6, 3, 3, geo(1, 1, 1, 1, 1, 1, 1), "W = 33, K = 4140 (K pieces)"},
+      {2, 8, 5, 36, 12, 3, 3, geo(1, 1, 1, 1, 1, 1, 2), "W = 36, groups 2"},
   };
 }
 
@@ -367,21 +372,22 @@ TEST_CASE("conv2d with a prepacked filter gives the bits of conv2d with the plai
 TEST_CASE("conv2d: the fused bias + residual + ReLU epilogue equals the unfused composition bitwise", "[ops][conv]") {
   host_device dev(2);
   for (conv_layout l : {conv_layout::nchw, conv_layout::nhwc})
-    for (std::size_t kh : {1u, 3u}) {
-      shape s{2, 16, 12, 12, 16, kh, kh, geo(1, kh / 2, kh / 2, kh / 2, kh / 2, 1, 1), "residual"};
-      s.p.layout = l;
-      const auto d = dims_of(s);
-      const auto x = random<float>(d.x.size(), 11), w = random<float>(d.f.size(), 12), res = random<float>(d.y.size(), 13);
-      const auto bias = random<float>(s.k, 14);
-      const auto fused = run_conv<float, float>(dev, s, x, w, bias, conv_residual<float>(image<const float>{res.data(), d.y}, l) | epilogue::relu);
-      auto plain = run_conv<float, float>(dev, s, x, w, bias);
-      for (std::size_t i = 0; i < plain.size(); ++i) plain[i] = std::max(plain[i] + res[i], 0.0f);
-      CHECK(same_bits(fused, plain));
-      std::size_t zeros = 0;
-      for (float v : fused) zeros += v == 0.0f;
-      CHECK(zeros > 0);  // the ReLU did something
-      CHECK(zeros < fused.size());
-    }
+    for (std::size_t kh : {1u, 3u})
+      for (std::size_t wd : {12u, 40u}) {  // 40: f32 NCHW runs the chain on channel rows
+        shape s{2, 16, 12, wd, 16, kh, kh, geo(1, kh / 2, kh / 2, kh / 2, kh / 2, 1, 1), "residual"};
+        s.p.layout = l;
+        const auto d = dims_of(s);
+        const auto x = random<float>(d.x.size(), 11), w = random<float>(d.f.size(), 12), res = random<float>(d.y.size(), 13);
+        const auto bias = random<float>(s.k, 14);
+        const auto fused = run_conv<float, float>(dev, s, x, w, bias, conv_residual<float>(image<const float>{res.data(), d.y}, l) | epilogue::relu);
+        auto plain = run_conv<float, float>(dev, s, x, w, bias);
+        for (std::size_t i = 0; i < plain.size(); ++i) plain[i] = std::max(plain[i] + res[i], 0.0f);
+        CHECK(same_bits(fused, plain));
+        std::size_t zeros = 0;
+        for (float v : fused) zeros += v == 0.0f;
+        CHECK(zeros > 0);  // the ReLU did something
+        CHECK(zeros < fused.size());
+      }
 }
 
 TEST_CASE("conv2d: folding an inference batch norm into the filter and bias matches BN(conv(x))", "[ops][conv]") {

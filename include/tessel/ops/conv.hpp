@@ -382,6 +382,83 @@ struct conv_panels {
   const S* at(std::size_t g, std::size_t nb, std::size_t k) const { return p + ((g * nblocks + nb) * nk + k) * tile; }
 };
 
+// Whether the stage type has the narrow atom (see conv_narrow).
+template <class S>
+inline constexpr bool conv_has_narrow = !std::is_same_v<typename gemm_config<S, S>::atom, typename gemm_config<S, S, false, true>::atom>;
+
+// ---- the channel-rows orientation (f32 NCHW at horizontal stride 1) ----
+// The same product transposed: Cᵀ(O/groups, pixels) = Wᵀ(O/groups, K) · im2colᵀ(K, pixels). An NCHW
+// output row of pixels is a run of one input row at stride 1, so B (K rows of pixels) is plain
+// copies of the image, no transposes, and the output channels' rows go to their planes as they
+// lie. U-Net's 32-channel layers at 128x128 spent most of their time transposing 16x16 blocks in
+// the pixel-rows orientation (im2col rows and the NCHW store). The depth runs in the same (r, s, c)
+// order, in the same depth chunks (conv_channel_rows_run), so both orientations give the same bits.
+
+// B: row k = (r, s, ch) of group g over output pixels (n, y, x) of an (rh, rw) grid; zeros outside.
+template <class T>
+struct conv_pixel_cols {
+  const T* src;
+  std::size_t src_c, H, W, rh, rw, cpg, kw, sh, pt, pl, dh, dw;
+  // Writes straight into the (KC, NB) B tile of NR-column panels (panel_elems apart; K pairs are
+  // not supported: f32 only), zeros in the last panel's columns past cols.
+  static constexpr bool writes_panels = true;
+  template <std::size_t NR, class S>
+  void gather_panels(S* tile, std::size_t panel_elems, std::size_t k0, std::size_t kv, std::size_t n0, std::size_t cols, std::size_t g) const {
+    static_assert(std::is_same_v<S, T>, "conv_pixel_cols: copies the image as it lies");
+    const std::size_t pad = ceil_div(cols, NR) * NR;
+    for (std::size_t i = 0; i < kv; ++i)
+      for (std::size_t j = 0; j < pad; j += NR) {
+        const std::size_t n = std::min(NR, cols - std::min(cols, j));
+        S* d = tile + (j / NR) * panel_elems + i * NR;
+        row(d, k0 + i, n0 + j, n, g);
+        std::fill(d + n, d + NR, zero_elem<S>());
+      }
+  }
+  template <class S>
+  void gather(S* dst, std::size_t ld, std::size_t k0, std::size_t kv, std::size_t n0, std::size_t cols, std::size_t g) const {
+    static_assert(std::is_same_v<S, T>, "conv_pixel_cols: copies the image as it lies");
+    for (std::size_t i = 0; i < kv; ++i) row(dst + i * ld, k0 + i, n0, cols, g);
+  }
+  // row k's pixels [n0, n0 + cols) at d
+  template <class S>
+  void row(S* d, std::size_t k, std::size_t n0, std::size_t cols, std::size_t g) const {
+    const std::size_t grid = rh * rw, plane = H * W;
+    {
+      const std::size_t rs = k / cpg, ch = k % cpg;
+      const std::ptrdiff_t dy = static_cast<std::ptrdiff_t>((rs / kw) * dh) - static_cast<std::ptrdiff_t>(pt);
+      const std::ptrdiff_t dx = static_cast<std::ptrdiff_t>((rs % kw) * dw) - static_cast<std::ptrdiff_t>(pl);
+      for (std::size_t j = 0; j < cols;) {  // runs along one output row
+        const std::size_t m = n0 + j, img = m / grid, q = m % grid, y = q / rw, x = q % rw, len = std::min(rw - x, cols - j);
+        const std::ptrdiff_t iy = static_cast<std::ptrdiff_t>(y * sh) + dy, ix = static_cast<std::ptrdiff_t>(x) + dx;
+        S* o = d + j;
+        j += len;
+        if (iy < 0 || iy >= static_cast<std::ptrdiff_t>(H)) {
+          std::fill_n(o, len, zero_elem<S>());
+          continue;
+        }
+        const std::ptrdiff_t n = static_cast<std::ptrdiff_t>(len), lo = std::min(n, std::max<std::ptrdiff_t>(0, -ix)),
+                             hi = std::max(lo, std::min(n, static_cast<std::ptrdiff_t>(W) - ix));
+        std::fill(o, o + lo, zero_elem<S>());
+        std::memcpy(o + lo, src + (img * src_c + g * cpg + ch) * plane + static_cast<std::size_t>(iy) * W + static_cast<std::size_t>(ix + lo),
+                    static_cast<std::size_t>(hi - lo) * sizeof(S));
+        std::fill(o + hi, o + n, zero_elem<S>());
+      }
+    }
+  }
+};
+
+// A: the filter's output channels of group g as rows over the depth (r, s, c): the OHWI matrix
+// (kg rows of K taps per group; conv_pack_filter, or conv_filter_rows_program from a prepacked filter).
+template <class S>
+struct conv_filter_rows {
+  const S* p;
+  std::size_t K, kg;
+  void gather(S* dst, std::size_t ld, std::size_t r0, std::size_t rows, std::size_t c0, std::size_t cols, std::size_t g) const {
+    const S* w = p + g * kg * K;
+    for (std::size_t i = 0; i < rows; ++i) std::memcpy(dst + i * ld, w + (r0 + i) * K + c0, cols * sizeof(S));
+  }
+};
+
 // ---- output writers: the accumulator slab (rows, cols) with leading dimension lda ----
 
 // Into an image: GEMM rows are its pixels, columns channel g·cpg + col (the forward's y, the data
@@ -441,6 +518,64 @@ struct conv_image_out {
   }
 };
 
+// Into an f32 NCHW image from the channel-rows orientation: rows are output channels g·cpg + row,
+// columns consecutive pixels, so each row is a run of its plane. The chain sees what it sees in
+// the pixel-rows orientation (row = pixel, col = channel): sixteen pixels at a time are turned to
+// pixel rows in a buffer, run through it, and turned back.
+struct conv_nchw_rows_out {
+  float* y;
+  std::size_t channels, plane, cpg;
+  template <class Chain>
+  void store(const float* acc, std::size_t lda, std::size_t m0, std::size_t rows, std::size_t n0, std::size_t cols, std::size_t g,
+             const Chain& ep) const {
+    const std::size_t ch0 = g * cpg + m0;
+    for (std::size_t j = 0; j < cols;) {  // runs of pixels inside one image
+      const std::size_t m = n0 + j, img = m / plane, q = m % plane, len = std::min(plane - q, cols - j);
+      float* d = y + (img * channels + ch0) * plane + q;
+      if constexpr (Chain::empty) {
+        for (std::size_t i = 0; i < rows; ++i) std::memcpy(d + i * plane, acc + i * lda + j, len * sizeof(float));
+      } else {
+        run_chain(acc + j, lda, rows, len, d, m, ch0, ep);
+      }
+      j += len;
+    }
+  }
+
+  template <class Chain>
+  void run_chain(const float* acc, std::size_t lda, std::size_t rows, std::size_t len, float* d, std::size_t m, std::size_t ch0,
+                 const Chain& ep) const {
+    constexpr std::size_t V = 16, CW = 64;
+    alignas(64) float buf[V * CW];
+    for (std::size_t p0 = 0; p0 < len; p0 += V) {
+      const std::size_t np = std::min(V, len - p0);
+      for (std::size_t c0 = 0; c0 < rows; c0 += CW) {
+        const std::size_t nc = std::min(CW, rows - c0);
+        const float* a = acc + c0 * lda + p0;
+        float* o = d + c0 * plane + p0;
+        std::size_t c = 0;
+        if (np == V)
+          for (; c + V <= nc; c += V) arch::transpose16_b32(a + c * lda, lda * sizeof(float), buf + c, CW * sizeof(float));
+        for (; c < nc; ++c)
+          for (std::size_t v = 0; v < np; ++v) buf[v * CW + c] = a[c * lda + v];
+        for (std::size_t v = 0; v < np; ++v) {
+          epilogue::row_info ri;
+          ri.row = m + p0 + v;
+          ri.col0 = ch0 + c0;
+          ri.old = o + v;
+          ri.old_stride = plane;
+          ri.old_at = &read_as_f32<float>;
+          ep.apply(buf + v * CW, nc, ri);
+        }
+        c = 0;
+        if (np == V)
+          for (; c + V <= nc; c += V) arch::transpose16_b32(buf + c, CW * sizeof(float), o + c * plane, plane * sizeof(float));
+        for (; c < nc; ++c)
+          for (std::size_t v = 0; v < np; ++v) o[c * plane + v] = buf[v * CW + c];
+      }
+    }
+  }
+};
+
 // Into an OIHW filter gradient: rows are output channels of group g, columns (r, s, c).
 struct conv_filter_out {
   float* dw;
@@ -476,6 +611,7 @@ struct conv_gemm_program {
   static constexpr std::size_t KS_max = 4096;
   static constexpr bool b_matrix = std::is_same_v<BSrc, conv_matrix<S>>;
   static constexpr bool b_panels = std::is_same_v<BSrc, conv_panels<S>>;
+  static constexpr bool b_direct = requires { BSrc::writes_panels; } && KP == 1;  // B gathered straight into its panels
   std::size_t M, N, K, groups, MB;
   std::size_t NW = NB;  // columns per block: NB, or NB/2^i (whole NR panels, never straddling an (KC,NB) tile) when M is small
   ASrc a;
@@ -502,7 +638,7 @@ struct conv_gemm_program {
     const std::size_t rows_pad = ceil_div(rows, MC) * MC;
     float* acc = ctx.scratch().allocate_array<float>((nk > chunks ? rows_pad : MC) * NB);  // (MB,NB) or one (MC,NB) slab
     staged<S, MC, KC, layout::row> at{ctx};                                               // (MC,KC) A by im2col addressing
-    S* bsrc = b_matrix || b_panels ? nullptr : ctx.scratch().allocate_array<S>(KC * NB);  // (KC,NB) gathered B
+    S* bsrc = b_matrix || b_panels || b_direct ? nullptr : ctx.scratch().allocate_array<S>(KC * NB);  // (KC,NB) gathered B
     for (std::size_t kq = 0; kq < nk; kq += chunks) {
       const std::size_t kn = std::min(chunks, nk - kq);
       for (std::size_t k = 0; k < kn && !b_panels; ++k) {
@@ -512,6 +648,8 @@ struct conv_gemm_program {
           (void)bk, (void)k0, (void)kv;
         } else if constexpr (b_matrix) {
           load(b.view(g).template tile_at<KC, NB>(k0, n0), bk, tile_extent{kv, cols});
+        } else if constexpr (b_direct) {
+          b.template gather_panels<NR>(bk.data(), panel_elems, k0, kv, n0, cols, g);
         } else {
           b.gather(bsrc, NB, k0, kv, n0, cols, g);
           load(tensor<const S, 2>::strided(bsrc, kv, cols, NB, 1).template tile_at<KC, NB>(0, 0), bk, tile_extent{kv, cols});
@@ -593,8 +731,6 @@ conv_blocking conv_block_shape(std::size_t M, std::size_t N, std::size_t K, std:
 // f32 stages with AVX-512 have two atoms; the choice depends on the shape alone, so a shape's bits
 // never depend on the device or the thread count (a prepacked filter records the choice).
 template <class S>
-inline constexpr bool conv_has_narrow = !std::is_same_v<typename gemm_config<S, S>::atom, typename gemm_config<S, S, false, true>::atom>;
-template <class S>
 bool conv_narrow(std::size_t n) {
   if constexpr (!conv_has_narrow<S>) {
     (void)n;
@@ -612,6 +748,90 @@ void conv_gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std
   const auto bs = conv_block_shape<S, Narrow>(M, N, K, groups, dev.capabilities().workers, !P::b_panels);
   P prog{M, N, K, groups, bs.MB, bs.NW, a, b, out, ep, work, what};
   gemm_run(dev, grid{ceil_div(M, bs.MB), ceil_div(N, bs.NW), groups}, prog, work.flops);
+}
+
+template <class Dev>
+struct conv_workspace {
+  Dev& d;
+  void* p;
+  ~conv_workspace() {
+    d.synchronize();  // the launch that reads it finished before it goes back to the pool
+    d.deallocate(p);
+  }
+};
+
+// The filter rows (kg, K) of every group written out once per call from a prepacked filter's
+// panels, for conv_filter_rows to copy per block: block (g, p) unpacks panel p's NR output
+// channels of group g, 16x16 transposes of (depth, channel) blocks where whole (f32 panels).
+template <class S, bool Narrow>
+struct conv_filter_rows_program {
+  using cfg = gemm_config<S, S, false, Narrow>;
+  static constexpr std::size_t NR = cfg::NR, KP = cfg::KP, panel = NR * layout::col_panel<NR, KP>::padded_rows(cfg::KC);
+  conv_panels<S> pk;
+  S* out;
+  std::size_t kg, K;
+  kernel_cost cost(const grid& gr) const {
+    return {0.0, 2.0 * double(std::min(NR, kg)) * double(K) * double(gr.size()) * double(sizeof(S)), math_precision::f32};
+  }
+  void operator()(block_ctx& ctx) const {
+    const auto idx = ctx.block_index3();
+    const std::size_t g = idx[0], o0 = idx[1] * NR, no = std::min(NR, kg - o0), nb = o0 / cfg::NB, pan = (o0 % cfg::NB) / NR;
+    S* d = out + (g * kg + o0) * K;
+    for (std::size_t kc = 0; kc * cfg::KC < K; ++kc) {
+      const std::size_t kv = std::min(cfg::KC, K - kc * cfg::KC);
+      const S* t = pk.at(g, nb, kc) + pan * panel;
+      std::size_t k = 0;
+      if constexpr (KP == 1 && sizeof(S) == 4) {
+        for (; k + 16 <= kv; k += 16)
+          for (std::size_t l = 0; l + 16 <= no; l += 16)
+            arch::transpose16_b32(t + k * NR + l, NR * sizeof(S), d + l * K + kc * cfg::KC + k, K * sizeof(S));
+        for (std::size_t l = no / 16 * 16; l < no; ++l)  // channels past the last whole 16
+          for (std::size_t kk = 0; kk < k; ++kk) d[l * K + kc * cfg::KC + kk] = t[kk * NR + l];
+      }
+      for (; k < kv; ++k)
+        for (std::size_t l = 0; l < no; ++l) d[l * K + kc * cfg::KC + k] = t[(k / KP) * NR * KP + l * KP + k % KP];
+    }
+  }
+};
+
+// Whether conv2d runs in the channel-rows orientation (conv_pixel_cols): f32 NCHW in and out at
+// horizontal stride 1, output rows of 32 pixels or more (shorter runs are not worth a copy each;
+// ResNet's 28x28 and smaller layers stay on the pixel rows). A function of the shape alone.
+template <class T, class TY>
+bool conv_use_channel_rows(const conv_geom& g) {
+  if constexpr (std::is_same_v<T, float> && std::is_same_v<TY, float> && std::is_same_v<typename mma_traits<T>::stage_type, float>)
+    return g.layout == conv_layout::nchw && g.sw == 1 && g.ow >= 32;
+  else
+    return (void)g, false;
+}
+
+// The forward in the channel-rows orientation from the filter's OHWI rows, on the 64-column atom
+// (the columns are pixels, plenty of them; 32 output channels as rows: 8.9 against 11.5 ms on
+// the 32-row atom, 96 -> 32 channels at 128x128). Both f32 atoms sum the same depth chunks
+// (gemm_config's KC), so the bits are those of the pixel-rows orientation on either.
+template <class S, class Chain, class Dev>
+void conv_channel_rows_run(Dev& dev, const conv_geom& g, const float* x, const S* rows, float* y, const Chain& ep, const kernel_cost& work) {
+  const conv_filter_rows<S> a{rows, g.depth(), g.kg};
+  const conv_pixel_cols<float> b{x, g.c, g.h, g.w, g.oh, g.ow, g.cg, g.kw, g.sh, g.pt, g.pl, g.dh, g.dw};
+  const conv_nchw_rows_out out{y, g.k, g.oh * g.ow, g.kg};
+  conv_gemm_launch<S, false>(dev, g.kg, g.pixels(), g.depth(), g.groups, a, b, out, ep, work, "conv2d");
+}
+
+// The same from a prepacked filter: its panels unpacked into rows once per call (one pass over
+// the filter, against a strided walk of the panels by every block).
+template <class S, class Chain, class Dev>
+void conv_channel_rows_run(Dev& dev, const conv_geom& g, const float* x, const conv_panels<S>& pk, float* y, const Chain& ep,
+                           const kernel_cost& work) {
+  S* rows = static_cast<S*>(dev.allocate(mul_checked(g.fil().size(), sizeof(S), "conv filter rows")));
+  conv_workspace<Dev> guard{dev, rows};
+  auto unpack = [&]<bool Narrow>() {
+    using P = conv_filter_rows_program<S, Narrow>;
+    gemm_run(dev, grid{g.groups, ceil_div(g.kg, P::NR)}, P{pk, rows, g.kg, g.depth()}, double(g.fil().size()) * 8.0);
+  };
+  if constexpr (conv_has_narrow<S>)
+    if (pk.narrow) unpack.template operator()<true>();
+  if (!conv_has_narrow<S> || !pk.narrow) unpack.template operator()<false>();
+  conv_channel_rows_run<S>(dev, g, x, static_cast<const S*>(rows), y, ep, work);
 }
 
 template <class S, class ASrc, class BSrc, class Out, class Chain, class Dev>
@@ -751,15 +971,6 @@ struct conv_panel_direct_pack_program {
   }
 };
 
-template <class Dev>
-struct conv_workspace {
-  Dev& d;
-  void* p;
-  ~conv_workspace() {
-    d.synchronize();  // the launch that reads it finished before it goes back to the pool
-    d.deallocate(p);
-  }
-};
 
 }  // namespace detail
 
@@ -806,6 +1017,15 @@ void conv2d(Dev& dev, image<const T> x, filter<const T> w, std::span<const float
       return;
     }
     using S = typename mma_traits<T>::stage_type;
+    if constexpr (std::is_same_v<S, T> && std::is_same_v<T, float> && std::is_same_v<TY, float>) {
+      if (detail::conv_use_channel_rows<T, TY>(g)) {
+        if (g.kh * g.kw == 1)  // the 1x1 OIHW filter is the OHWI matrix
+          return detail::conv_channel_rows_run<S>(dev, g, x.data, w.data, y.data, ch, work);
+        S* wp = detail::conv_pack_filter<S>(dev, g, w.data, false);
+        detail::conv_workspace<Dev> guard{dev, wp};
+        return detail::conv_channel_rows_run<S>(dev, g, x.data, static_cast<const S*>(wp), y.data, ch, work);
+      }
+    }
     const detail::conv_gather<T> a{x.data, g.layout, g.c, g.h, g.w, g.oh, g.ow, g.cg, g.kh, g.kw, g.sh, g.sw, g.pt, g.pl, g.dh, g.dw, false};
     const detail::conv_image_out<TY> out{y.data, g.layout, g.k, g.oh * g.ow, g.kg};
     if constexpr (std::is_same_v<S, T>) {  // without a conversion to the stage type (bf16 stages in f32 without AVX512-BF16)
@@ -919,6 +1139,13 @@ void conv2d(Dev& dev, image<const T> x, const conv2d_packed_filter<T, Dev>& w, s
   const auto chain = epilogue::detail::as_chain<Chain>::make(ep);
   const auto work = conv2d_cost<T, TY>(x.dims, w.dims(), p);
   using S = typename mma_traits<T>::stage_type;
+  if constexpr (std::is_same_v<S, T> && std::is_same_v<T, float> && std::is_same_v<TY, float>) {
+    if (detail::conv_use_channel_rows<T, TY>(g)) {
+      if (bias.empty()) detail::conv_channel_rows_run<S>(dev, g, x.data, w.panels(), y.data, chain, work);
+      else detail::conv_channel_rows_run<S>(dev, g, x.data, w.panels(), y.data, epilogue::bias(bias) | chain, work);
+      return;
+    }
+  }
   const detail::conv_gather<T> a{x.data, g.layout, g.c, g.h, g.w, g.oh, g.ow, g.cg, g.kh, g.kw, g.sh, g.sw, g.pt, g.pl, g.dh, g.dw, false};
   const detail::conv_image_out<TY> out{y.data, g.layout, g.k, g.oh * g.ow, g.kg};
   if (bias.empty()) detail::conv_gemm_run<S>(dev, g.pixels(), g.kg, g.depth(), g.groups, a, w.panels(), out, chain, work, "conv2d");

@@ -77,7 +77,10 @@ struct gemm_config {
   // Skinny (small M) GEMMs are bound by reading B once: wide, short B tiles read B's rows
   // contiguously (few pages, long bursts) instead of tall column strips; 72 (not 64) rows keep
   // the staged panels from sitting 4 KiB apart, where their stores alias the source loads.
-  static constexpr std::size_t KC = Skinny ? 72 : (traits::pair ? 2048 : (NR >= 64 ? 512 : 1024));
+  // The narrow atom (conv's second f32 atom) takes the wide one's chunks: chunk sums that start
+  // from zero and add into C make the chunking part of the bits, and one chunking lets conv pick
+  // either atom, in either orientation, for the same result.
+  static constexpr std::size_t KC = Skinny ? 72 : (traits::pair ? 2048 : (Narrow ? gemm_config<TA, TB>::KC : (NR >= 64 ? 512 : 1024)));
   static constexpr std::size_t KC_scaled = Skinny ? 72 : 512;  // block-scaled (FP8) chunks
   static constexpr std::size_t NB = Skinny ? 1024 : 256;  // columns per block ((KC,NB) B tile in L3, its (KC,NR) micro-panels streamed from L2)
   // rows per mma step: the (MC,KC) A tile (f32 144 KiB, bf16 288 KiB), the B micro-panel
