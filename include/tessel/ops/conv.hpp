@@ -461,6 +461,51 @@ struct conv_filter_rows {
 
 // ---- output writers: the accumulator slab (rows, cols) with leading dimension lda ----
 
+// An f32 accumulator block of n pixels x nc channels (pixel p, channel j at acc[p·ps + j·cs]: the
+// pixel-rows orientation has cs = 1, the channel-rows one ps = 1) into NCHW channel planes at o
+// (pixel p of channel j at o[j·plane + p]) through the chain, which sees pixel rows (row = pixel
+// row + p, columns channels col0 ...) as store_rows gives them. Sixteen pixels by 64 channels at a
+// time through a buffer, with 16x16 register transposes where whole (one store per element into
+// the planes was most of a conv's store on U-Net).
+template <class Chain>
+void store_nchw_block(const float* acc, std::size_t ps, std::size_t cs, std::size_t n, std::size_t nc, float* o, std::size_t plane,
+                      std::size_t row, std::size_t col0, const Chain& ep) {
+  constexpr std::size_t V = 16, CW = 64;
+  alignas(64) float buf[V * CW];
+  for (std::size_t p0 = 0; p0 < n; p0 += V) {
+    const std::size_t np = std::min(V, n - p0);
+    for (std::size_t c0 = 0; c0 < nc; c0 += CW) {
+      const std::size_t cw = std::min(CW, nc - c0);
+      const float* a = acc + p0 * ps + c0 * cs;
+      float* d = o + c0 * plane + p0;
+      std::size_t j = 0;
+      if (cs == 1) {
+        for (std::size_t v = 0; v < np; ++v) std::memcpy(buf + v * CW, a + v * ps, cw * sizeof(float));
+      } else {
+        if (np == V && ps == 1)
+          for (; j + V <= cw; j += V) arch::transpose16_b32(a + j * cs, cs * sizeof(float), buf + j, CW * sizeof(float));
+        for (; j < cw; ++j)
+          for (std::size_t v = 0; v < np; ++v) buf[v * CW + j] = a[v * ps + j * cs];
+      }
+      if constexpr (!Chain::empty)
+        for (std::size_t v = 0; v < np; ++v) {
+          epilogue::row_info ri;
+          ri.row = row + p0 + v;
+          ri.col0 = col0 + c0;
+          ri.old = d + v;
+          ri.old_stride = plane;
+          ri.old_at = &read_as_f32<float>;
+          ep.apply(buf + v * CW, cw, ri);
+        }
+      j = 0;
+      if (np == V)
+        for (; j + V <= cw; j += V) arch::transpose16_b32(buf + j, CW * sizeof(float), d + j * plane, plane * sizeof(float));
+      for (; j < cw; ++j)
+        for (std::size_t v = 0; v < np; ++v) d[j * plane + v] = buf[v * CW + j];
+    }
+  }
+}
+
 // Into an image: GEMM rows are its pixels, columns channel g·cpg + col (the forward's y, the data
 // gradient's dx), through the epilogue chain with row = pixel, col = channel.
 template <class TY>
@@ -475,53 +520,17 @@ struct conv_image_out {
     if (layout == conv_layout::nhwc) return store_rows<TY>(acc, lda, rows, cols, y + m0 * channels + col, channels, 1, m0, col, ep);
     for (std::size_t i = 0; i < rows;) {  // NCHW: rows split at image boundaries
       const std::size_t m = m0 + i, img = m / plane, q = m % plane, len = std::min(plane - q, rows - i);
-      if constexpr (std::is_same_v<TY, float>) store_nchw(acc + i * lda, lda, len, cols, y + (img * channels + col) * plane + q, m, col, ep);
-      else store_rows<TY>(acc + i * lda, lda, len, cols, y + (img * channels + col) * plane + q, 1, plane, m, col, ep);
+      TY* d = y + (img * channels + col) * plane + q;
+      if constexpr (std::is_same_v<TY, float>) store_nchw_block(acc + i * lda, lda, 1, len, cols, d, plane, m, col, ep);
+      else store_rows<TY>(acc + i * lda, lda, len, cols, d, 1, plane, m, col, ep);
       i += len;
-    }
-  }
-
-  // An f32 NCHW slab of one image: rows are consecutive pixels, columns channels a plane apart.
-  // Sixteen pixels at a time, the chain runs on each pixel's channels in a buffer (as store_rows
-  // does), then 16x16 transposes write sixteen channels' runs of sixteen pixels: store_rows wrote
-  // one element per channel plane (a store per element, most of the conv's store on U-Net).
-  template <class Chain>
-  void store_nchw(const float* acc, std::size_t lda, std::size_t rows, std::size_t cols, float* d, std::size_t m, std::size_t col,
-                  const Chain& ep) const {
-    constexpr std::size_t V = 16, W = 256;
-    alignas(64) float buf[V * W];
-    for (std::size_t j0 = 0; j0 < cols; j0 += W) {
-      const std::size_t nc = std::min(W, cols - j0);
-      for (std::size_t i0 = 0; i0 < rows; i0 += V) {
-        const std::size_t nv = std::min(V, rows - i0);
-        float* o = d + j0 * plane + i0;  // channel j0's pixel i0
-        for (std::size_t v = 0; v < nv; ++v) {
-          float* b = buf + v * W;
-          std::memcpy(b, acc + (i0 + v) * lda + j0, nc * sizeof(float));
-          if constexpr (!Chain::empty) {
-            epilogue::row_info ri;
-            ri.row = m + i0 + v;
-            ri.col0 = col + j0;
-            ri.old = o + v;
-            ri.old_stride = plane;
-            ri.old_at = &read_as_f32<float>;
-            ep.apply(b, nc, ri);
-          }
-        }
-        std::size_t j = 0;
-        if (nv == V)
-          for (; j + V <= nc; j += V) arch::transpose16_b32(buf + j, W * sizeof(float), o + j * plane, plane * sizeof(float));
-        for (; j < nc; ++j)
-          for (std::size_t v = 0; v < nv; ++v) o[j * plane + v] = buf[v * W + j];
-      }
     }
   }
 };
 
 // Into an f32 NCHW image from the channel-rows orientation: rows are output channels g·cpg + row,
-// columns consecutive pixels, so each row is a run of its plane. The chain sees what it sees in
-// the pixel-rows orientation (row = pixel, col = channel): sixteen pixels at a time are turned to
-// pixel rows in a buffer, run through it, and turned back.
+// columns consecutive pixels, so each row is a run of its plane (copied as it lies without a
+// chain; with one, store_nchw_block turns sixteen pixels at a time to the pixel rows it sees).
 struct conv_nchw_rows_out {
   float* y;
   std::size_t channels, plane, cpg;
@@ -535,43 +544,9 @@ struct conv_nchw_rows_out {
       if constexpr (Chain::empty) {
         for (std::size_t i = 0; i < rows; ++i) std::memcpy(d + i * plane, acc + i * lda + j, len * sizeof(float));
       } else {
-        run_chain(acc + j, lda, rows, len, d, m, ch0, ep);
+        store_nchw_block(acc + j, 1, lda, len, rows, d, plane, m, ch0, ep);
       }
       j += len;
-    }
-  }
-
-  template <class Chain>
-  void run_chain(const float* acc, std::size_t lda, std::size_t rows, std::size_t len, float* d, std::size_t m, std::size_t ch0,
-                 const Chain& ep) const {
-    constexpr std::size_t V = 16, CW = 64;
-    alignas(64) float buf[V * CW];
-    for (std::size_t p0 = 0; p0 < len; p0 += V) {
-      const std::size_t np = std::min(V, len - p0);
-      for (std::size_t c0 = 0; c0 < rows; c0 += CW) {
-        const std::size_t nc = std::min(CW, rows - c0);
-        const float* a = acc + c0 * lda + p0;
-        float* o = d + c0 * plane + p0;
-        std::size_t c = 0;
-        if (np == V)
-          for (; c + V <= nc; c += V) arch::transpose16_b32(a + c * lda, lda * sizeof(float), buf + c, CW * sizeof(float));
-        for (; c < nc; ++c)
-          for (std::size_t v = 0; v < np; ++v) buf[v * CW + c] = a[c * lda + v];
-        for (std::size_t v = 0; v < np; ++v) {
-          epilogue::row_info ri;
-          ri.row = m + p0 + v;
-          ri.col0 = ch0 + c0;
-          ri.old = o + v;
-          ri.old_stride = plane;
-          ri.old_at = &read_as_f32<float>;
-          ep.apply(buf + v * CW, nc, ri);
-        }
-        c = 0;
-        if (np == V)
-          for (; c + V <= nc; c += V) arch::transpose16_b32(buf + c, CW * sizeof(float), o + c * plane, plane * sizeof(float));
-        for (; c < nc; ++c)
-          for (std::size_t v = 0; v < np; ++v) o[c * plane + v] = buf[v * CW + c];
-      }
     }
   }
 };
