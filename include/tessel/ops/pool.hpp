@@ -145,18 +145,25 @@ struct pool_fwd_program {
       // plane by plane, a row of outputs at a time (each output's taps in the same order as the
       // NHWC path): an output pixel's channels lie a plane apart, and the channel-inner order
       // read a page per element on U-Net's 128x128 planes
+      // the row's windows once per block (window() per output was most of the pool's time)
+      auto* wx = ctx.scratch().template allocate_array<pool_axis::taps>(OW);
+      for (std::size_t ox = 0; ox < OW; ++ox) wx[ox] = g.x.window(ox);
+      const std::size_t sx = g.x.st, dx = g.x.dil;
       for (std::size_t ch = c0; ch < c0 + cn; ++ch) {
         const T* p = x + (img * g.c + ch) * H * W;
         for (std::size_t oy = oy0; oy < oy1; ++oy) {
           const auto ty = g.y.window(oy);
           T* o = y + ((img * g.c + ch) * g.y.out + oy) * OW;
+          // row ty.lo less the left pad (unsigned: it may wrap below 0, the tap's index does not)
+          const std::size_t r0 = g.y.coord(oy, ty.lo) * W - g.x.pa, ry = g.y.dil * W;
           for (std::size_t ox = 0; ox < OW; ++ox) {
-            const auto tx = g.x.window(ox);
+            const auto tx = wx[ox];
             const float div = float(g.include_pad ? ty.padded * tx.padded : (ty.hi - ty.lo) * (tx.hi - tx.lo));
-            float acc = Kind == pool_kind::max ? arch::to_f32(p[g.y.coord(oy, ty.lo) * W + g.x.coord(ox, tx.lo)]) : 0.0f;
-            for (std::size_t r = ty.lo; r < ty.hi; ++r)
+            const std::size_t q = r0 + ox * sx;
+            float acc = Kind == pool_kind::max ? arch::to_f32(p[q + tx.lo * dx]) : 0.0f;
+            for (std::size_t r = 0; r < ty.hi - ty.lo; ++r)
               for (std::size_t s = tx.lo; s < tx.hi; ++s) {
-                const float v = arch::to_f32(p[g.y.coord(oy, r) * W + g.x.coord(ox, s)]);
+                const float v = arch::to_f32(p[q + r * ry + s * dx]);
                 if constexpr (Kind == pool_kind::max) acc = pool_better(v, acc) ? v : acc;
                 else acc += v;
               }
