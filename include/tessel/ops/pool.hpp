@@ -146,9 +146,16 @@ struct pool_fwd_program {
       // NHWC path): an output pixel's channels lie a plane apart, and the channel-inner order
       // read a page per element on U-Net's 128x128 planes
       // the row's windows once per block (window() per output was most of the pool's time)
+      // and the interior [ia, ib) of whole windows, which runs tap by tap across the row (the
+      // compiler vectorizes it over ox; each output still sees its taps in order)
       auto* wx = ctx.scratch().template allocate_array<pool_axis::taps>(OW);
+      float* acc = ctx.scratch().template allocate_array<float>(OW);
       for (std::size_t ox = 0; ox < OW; ++ox) wx[ox] = g.x.window(ox);
-      const std::size_t sx = g.x.st, dx = g.x.dil;
+      const std::size_t sx = g.x.st, dx = g.x.dil, kx = g.x.k;
+      const auto whole = [&](std::size_t ox) { return wx[ox].lo == 0 && wx[ox].hi == kx; };
+      std::size_t ia = 0, ib;
+      while (ia < OW && !whole(ia)) ++ia;
+      for (ib = ia; ib < OW && whole(ib);) ++ib;
       for (std::size_t ch = c0; ch < c0 + cn; ++ch) {
         const T* p = x + (img * g.c + ch) * H * W;
         for (std::size_t oy = oy0; oy < oy1; ++oy) {
@@ -156,7 +163,22 @@ struct pool_fwd_program {
           T* o = y + ((img * g.c + ch) * g.y.out + oy) * OW;
           // row ty.lo less the left pad (unsigned: it may wrap below 0, the tap's index does not)
           const std::size_t r0 = g.y.coord(oy, ty.lo) * W - g.x.pa, ry = g.y.dil * W;
+          const std::size_t nr = ty.hi - ty.lo;
+          for (std::size_t ox = ia; ox < ib; ++ox) acc[ox] = Kind == pool_kind::max ? arch::to_f32(p[r0 + ox * sx]) : 0.0f;
+          for (std::size_t r = 0; r < nr; ++r)
+            for (std::size_t s = 0; s < kx; ++s) {
+              const std::size_t b = r0 + r * ry + s * dx;
+              for (std::size_t ox = ia; ox < ib; ++ox) {
+                const float v = arch::to_f32(p[b + ox * sx]);
+                if constexpr (Kind == pool_kind::max) acc[ox] = pool_better(v, acc[ox]) ? v : acc[ox];
+                else acc[ox] += v;
+              }
+            }
+          const float div_whole = float(g.include_pad ? ty.padded * kx : nr * kx);
+          for (std::size_t ox = ia; ox < ib; ++ox) o[ox] = pool_from_f32<T>(Kind == pool_kind::max ? acc[ox] : acc[ox] / div_whole);
           for (std::size_t ox = 0; ox < OW; ++ox) {
+            if (ox == ia) ox = ib;  // the interior is done
+            if (ox >= OW) break;
             const auto tx = wx[ox];
             const float div = float(g.include_pad ? ty.padded * tx.padded : (ty.hi - ty.lo) * (tx.hi - tx.lo));
             const std::size_t q = r0 + ox * sx;
