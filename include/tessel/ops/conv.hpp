@@ -3,9 +3,12 @@
 // loaded with im2col addressing straight from the image (no im2col buffer), multiplied with GEMM's
 // own atoms, and stored through GEMM's epilogue chains (bias, activation, residual add), so
 // Conv+BN(folded)+ReLU(+residual) is one kernel. The data and weight gradients are the same
-// program with other operand loaders. Images are NCHW or NHWC, filters OIHW, f32 or bf16 inputs
-// with f32 accumulation. Each output element is one chain in a K order fixed by the shape, so the
-// bits never depend on the thread count or the device.
+// program with other operand loaders. f32 NCHW forwards with rows of 32+ output pixels at stride 1
+// run the same product transposed (output channels as rows, pixels as columns: see "the
+// channel-rows orientation"), where an im2col row is a copy of an image row. Images are NCHW or
+// NHWC, filters OIHW, f32 or bf16 inputs with f32 accumulation. Each output element is one chain
+// in a K order and depth chunking fixed by the shape, so the bits never depend on the thread
+// count, the device or the orientation.
 #pragma once
 
 #include <algorithm>
