@@ -248,7 +248,6 @@ struct conv_gather {
     // dx) and its offset from the origin (channel plane, row, column), so an element is one add
     std::ptrdiff_t yy[chunk], xx[chunk], ro[chunk], dy[batch], dx[batch], co[batch];
     const auto H = static_cast<std::ptrdiff_t>(src_h), W = static_cast<std::ptrdiff_t>(src_w);
-    const auto extent = static_cast<std::ptrdiff_t>(((r0 + rows - 1) / grid + 1) * src_c * plane);  // through the last row's image
     // 16-bit values travel as the low halves of 32-bit words through the same transpose
     using word = std::conditional_t<sizeof(S) == 4, std::uint32_t, std::uint16_t>;
     alignas(64) word t[V * V];
@@ -287,10 +286,6 @@ struct conv_gather {
                 std::fill_n(tv, V, word{0});
                 continue;
               }
-              // the run two blocks on (the hardware prefetchers lose track of this many streams:
-              // the loads stalled on memory)
-              const std::ptrdiff_t ahead = ro[i1] + co[j + v] + static_cast<std::ptrdiff_t>(2 * V);
-              if (ahead >= 0 && ahead < extent) __builtin_prefetch(src + ahead);
               for (std::size_t u = 0; u < ns; ++u) {
                 const std::size_t a = seg[u], len = seg[u + 1] - a;
                 const std::ptrdiff_t iy = yy[i1 + a] + dy[j + v], ix = xx[i1 + a] + dx[j + v];
@@ -408,44 +403,35 @@ struct conv_pixel_cols {
   template <std::size_t NR, class S>
   void gather_panels(S* tile, std::size_t panel_elems, std::size_t k0, std::size_t kv, std::size_t n0, std::size_t cols, std::size_t g) const {
     static_assert(std::is_same_v<S, T>, "conv_pixel_cols: copies the image as it lies");
-    const std::size_t pad = ceil_div(cols, NR) * NR;
     for (std::size_t i = 0; i < kv; ++i)
-      for (std::size_t j = 0; j < pad; j += NR) {
-        const std::size_t n = std::min(NR, cols - std::min(cols, j));
+      for (std::size_t j = 0; j < cols; j += NR) {
+        const std::size_t n = std::min(NR, cols - j);
         S* d = tile + (j / NR) * panel_elems + i * NR;
         row(d, k0 + i, n0 + j, n, g);
         std::fill(d + n, d + NR, zero_elem<S>());
       }
   }
-  template <class S>
-  void gather(S* dst, std::size_t ld, std::size_t k0, std::size_t kv, std::size_t n0, std::size_t cols, std::size_t g) const {
-    static_assert(std::is_same_v<S, T>, "conv_pixel_cols: copies the image as it lies");
-    for (std::size_t i = 0; i < kv; ++i) row(dst + i * ld, k0 + i, n0, cols, g);
-  }
   // row k's pixels [n0, n0 + cols) at d
   template <class S>
   void row(S* d, std::size_t k, std::size_t n0, std::size_t cols, std::size_t g) const {
-    const std::size_t grid = rh * rw, plane = H * W;
-    {
-      const std::size_t rs = k / cpg, ch = k % cpg;
-      const std::ptrdiff_t dy = static_cast<std::ptrdiff_t>((rs / kw) * dh) - static_cast<std::ptrdiff_t>(pt);
-      const std::ptrdiff_t dx = static_cast<std::ptrdiff_t>((rs % kw) * dw) - static_cast<std::ptrdiff_t>(pl);
-      for (std::size_t j = 0; j < cols;) {  // runs along one output row
-        const std::size_t m = n0 + j, img = m / grid, q = m % grid, y = q / rw, x = q % rw, len = std::min(rw - x, cols - j);
-        const std::ptrdiff_t iy = static_cast<std::ptrdiff_t>(y * sh) + dy, ix = static_cast<std::ptrdiff_t>(x) + dx;
-        S* o = d + j;
-        j += len;
-        if (iy < 0 || iy >= static_cast<std::ptrdiff_t>(H)) {
-          std::fill_n(o, len, zero_elem<S>());
-          continue;
-        }
-        const std::ptrdiff_t n = static_cast<std::ptrdiff_t>(len), lo = std::min(n, std::max<std::ptrdiff_t>(0, -ix)),
-                             hi = std::max(lo, std::min(n, static_cast<std::ptrdiff_t>(W) - ix));
-        std::fill(o, o + lo, zero_elem<S>());
-        std::memcpy(o + lo, src + (img * src_c + g * cpg + ch) * plane + static_cast<std::size_t>(iy) * W + static_cast<std::size_t>(ix + lo),
-                    static_cast<std::size_t>(hi - lo) * sizeof(S));
-        std::fill(o + hi, o + n, zero_elem<S>());
+    const std::size_t grid = rh * rw, plane = H * W, rs = k / cpg, ch = k % cpg;
+    const std::ptrdiff_t dy = static_cast<std::ptrdiff_t>((rs / kw) * dh) - static_cast<std::ptrdiff_t>(pt);
+    const std::ptrdiff_t dx = static_cast<std::ptrdiff_t>((rs % kw) * dw) - static_cast<std::ptrdiff_t>(pl);
+    for (std::size_t j = 0; j < cols;) {  // runs along one output row
+      const std::size_t m = n0 + j, img = m / grid, q = m % grid, y = q / rw, x = q % rw, len = std::min(rw - x, cols - j);
+      const std::ptrdiff_t iy = static_cast<std::ptrdiff_t>(y * sh) + dy, ix = static_cast<std::ptrdiff_t>(x) + dx;
+      S* o = d + j;
+      j += len;
+      if (iy < 0 || iy >= static_cast<std::ptrdiff_t>(H)) {
+        std::fill_n(o, len, zero_elem<S>());
+        continue;
       }
+      const std::ptrdiff_t n = static_cast<std::ptrdiff_t>(len), lo = std::min(n, std::max<std::ptrdiff_t>(0, -ix)),
+                           hi = std::max(lo, std::min(n, static_cast<std::ptrdiff_t>(W) - ix));
+      std::fill(o, o + lo, zero_elem<S>());
+      std::memcpy(o + lo, src + (img * src_c + g * cpg + ch) * plane + static_cast<std::size_t>(iy) * W + static_cast<std::size_t>(ix + lo),
+                  static_cast<std::size_t>(hi - lo) * sizeof(S));
+      std::fill(o + hi, o + n, zero_elem<S>());
     }
   }
 };

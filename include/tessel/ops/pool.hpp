@@ -142,12 +142,12 @@ struct pool_fwd_program {
     const std::size_t img = idx[0], c0 = idx[1] * CB, cn = std::min(CB, g.c - c0), oy0 = idx[2] * rb, oy1 = std::min(g.y.out, oy0 + rb);
     const std::size_t H = g.y.in, W = g.x.in, OW = g.x.out;
     if (g.layout == conv_layout::nchw) {
-      // plane by plane, a row of outputs at a time (each output's taps in the same order as the
+      // Plane by plane, a row of outputs at a time (each output's taps in the same order as the
       // NHWC path): an output pixel's channels lie a plane apart, and the channel-inner order
-      // read a page per element on U-Net's 128x128 planes
-      // the row's windows once per block (window() per output was most of the pool's time)
-      // and the interior [ia, ib) of whole windows, which runs tap by tap across the row (the
-      // compiler vectorizes it over ox; each output still sees its taps in order)
+      // read a page per element on U-Net's 128x128 planes. The row's windows are computed once
+      // per block (window() per output was most of the pool's time); the interior [ia, ib) of
+      // whole windows runs tap by tap across the row (vectorized over ox, each output still
+      // seeing its taps in order), the edges [0, ia) and [ib, OW) output by output.
       auto* wx = ctx.scratch().template allocate_array<pool_axis::taps>(OW);
       float* acc = ctx.scratch().template allocate_array<float>(OW);
       for (std::size_t ox = 0; ox < OW; ++ox) wx[ox] = g.x.window(ox);
@@ -176,21 +176,21 @@ struct pool_fwd_program {
             }
           const float div_whole = float(g.include_pad ? ty.padded * kx : nr * kx);
           for (std::size_t ox = ia; ox < ib; ++ox) o[ox] = pool_from_f32<T>(Kind == pool_kind::max ? acc[ox] : acc[ox] / div_whole);
-          for (std::size_t ox = 0; ox < OW; ++ox) {
-            if (ox == ia) ox = ib;  // the interior is done
-            if (ox >= OW) break;
+          const auto edge = [&](std::size_t ox) {
             const auto tx = wx[ox];
-            const float div = float(g.include_pad ? ty.padded * tx.padded : (ty.hi - ty.lo) * (tx.hi - tx.lo));
+            const float div = float(g.include_pad ? ty.padded * tx.padded : nr * (tx.hi - tx.lo));
             const std::size_t q = r0 + ox * sx;
-            float acc = Kind == pool_kind::max ? arch::to_f32(p[q + tx.lo * dx]) : 0.0f;
-            for (std::size_t r = 0; r < ty.hi - ty.lo; ++r)
+            float a = Kind == pool_kind::max ? arch::to_f32(p[q + tx.lo * dx]) : 0.0f;
+            for (std::size_t r = 0; r < nr; ++r)
               for (std::size_t s = tx.lo; s < tx.hi; ++s) {
                 const float v = arch::to_f32(p[q + r * ry + s * dx]);
-                if constexpr (Kind == pool_kind::max) acc = pool_better(v, acc) ? v : acc;
-                else acc += v;
+                if constexpr (Kind == pool_kind::max) a = pool_better(v, a) ? v : a;
+                else a += v;
               }
-            o[ox] = pool_from_f32<T>(Kind == pool_kind::max ? acc : acc / div);
-          }
+            o[ox] = pool_from_f32<T>(Kind == pool_kind::max ? a : a / div);
+          };
+          for (std::size_t ox = 0; ox < ia; ++ox) edge(ox);
+          for (std::size_t ox = ib; ox < OW; ++ox) edge(ox);
         }
       }
       return;
