@@ -16,6 +16,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
 import reference_models as rm  # noqa: E402
+import torch_threads  # noqa: E402
 
 # Keep in step with bench/model.cpp's small model.
 CONFIG = {"model_type": "llama", "vocab_size": 8192, "hidden_size": 512, "intermediate_size": 1408,
@@ -31,7 +32,7 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--dtype", default="both", choices=["f32", "bf16", "both"])
     a = ap.parse_args()
-    torch.set_num_threads(a.threads)
+    torch_threads.set_threads(a.threads)  # its BLAS too
     torch.manual_seed(0)
     d = rm.Dims(CONFIG)
     g = torch.Generator().manual_seed(1)

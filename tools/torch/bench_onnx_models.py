@@ -7,13 +7,14 @@ Usage: bench_onnx_models.py [--dir build/bench_models] [--binary build/default/b
                             [--dtypes f32,bf16] [--reps 3] [--out results.json]
 
 Models missing from --dir are written first (onnx_models.py DIR --size bench --models ...). Then, model
-by model: PyTorch eager (torch.inference_mode, torch.set_num_threads(t), bf16 as torch.autocast("cpu",
-bfloat16)) times one forward per repetition after a warm-up call, for every case of the model; then the
+by model: PyTorch eager (torch.inference_mode, t threads for its pool and its BLAS alike as
+torch_threads.set_threads pins them, bf16 as torch.autocast("cpu", bfloat16)) times one forward per repetition after a warm-up call, for every case of the model; then the
 tessel binary runs the same cases (--benchmark_format=json, one iteration per repetition after its own
 warm-up run) in a subprocess. Alternating per model keeps each pair close in time on a loaded machine.
 The table: min and median ms of each, ratio torch/tessel of the medians (> 1: tessel is faster), for
 low-precision rows also PyTorch's f32 median over tessel's (the issue's "≥ 2x PyTorch's f32 run"),
-tessel's GFLOP/s at its median time (flops_per_sample from the model's manifest x batch) and its share
+PyTorch's CPU time over wall time in its timed runs (about t when it kept to t threads; a warning names
+any case above t + 0.15), tessel's GFLOP/s at its median time (flops_per_sample from the model's manifest x batch) and its share
 of the machine's measured peak for the dtype (FP32 FMA for f32, the BF16 dot for bf16, as
 bench/common/limits.hpp measures it in the same process), and the geomean ratio over the cases both ran.
 A case tessel cannot run (an op without a kernel) is listed with the executor's message.
@@ -34,6 +35,7 @@ HERE = os.path.dirname(os.path.realpath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import onnx_models as om  # noqa: E402
+import torch_threads  # noqa: E402
 
 
 def csv(s, conv=str):
@@ -67,18 +69,20 @@ def torch_inputs(name, batch):
 
 
 def time_torch(m, name, batch, threads, dtype, reps):
-    """Per-repetition ms of one eager forward, or an error string."""
-    torch.set_num_threads(threads)
+    """(per-repetition ms of one eager forward, CPU seconds / wall seconds over them), or an error string."""
+    torch_threads.set_threads(threads)
     x = torch_inputs(name, batch)
     try:
         with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=(dtype == "bf16")):
             m(*x.values())  # warm-up
             ms = []
+            cpu0 = torch_threads.cpu_seconds()
             for _ in range(reps):
                 t0 = time.perf_counter()
                 m(*x.values())
                 ms.append((time.perf_counter() - t0) * 1e3)
-        return ms
+            cpu = torch_threads.cpu_seconds() - cpu0
+        return ms, cpu / (sum(ms) * 1e-3)
     except Exception as e:  # an op without a bf16 CPU kernel, say
         return f"{type(e).__name__}: {e}"
 
@@ -142,7 +146,9 @@ def main():
                  "(cmake --build build/default -j1 --target bench_graph_models)")
     flops = ensure_models(a.dir, models)
     cases = [(b, t, d) for b in csv(a.batches, int) for t in csv(a.threads, int) for d in dtypes]
-    print(f"torch {torch.__version__}, {os.cpu_count()} cpus, load average {os.getloadavg()[0]:.2f}; {a.reps} repetitions",
+    blas = torch_threads.set_threads(1)
+    print(f"torch {torch.__version__}, {os.cpu_count()} cpus, load average {os.getloadavg()[0]:.2f}; {a.reps} repetitions; "
+          f"BLAS thread counts set in {', '.join(blas) if blas else 'no library (torch.set_num_threads only)'}",
           flush=True)
     rows, errors = [], {}
     for name in models:
@@ -151,25 +157,26 @@ def main():
         for c in cases:
             tr[c] = time_torch(m, name, *c, a.reps)
             print(f"  torch  {name} b{c[0]} t{c[1]} {c[2]}: "
-                  f"{fmt(tr[c]) if isinstance(tr[c], list) else tr[c]}", flush=True)
+                  f"{fmt(tr[c][0]) + f'  cpu/wall {tr[c][1]:.2f}' if isinstance(tr[c], tuple) else tr[c]}", flush=True)
         te = time_tessel(a.binary, a.dir, name, cases, a.reps)
         for c in cases:
             t = te.get(c, "no result")
             print(f"  tessel {name} b{c[0]} t{c[1]} {c[2]}: {fmt(t['ms']) if isinstance(t, dict) else t}", flush=True)
             row = {"model": name, "batch": c[0], "threads": c[1], "dtype": c[2],
-                   "flops": flops[name] * c[0], "torch_ms": tr[c] if isinstance(tr[c], list) else None,
+                   "flops": flops[name] * c[0], "torch_ms": tr[c][0] if isinstance(tr[c], tuple) else None,
+                   "torch_cpu_per_wall": tr[c][1] if isinstance(tr[c], tuple) else None,
                    "tessel_ms": t["ms"] if isinstance(t, dict) else None,
                    "peak": t["peak"] if isinstance(t, dict) else None}
             if not isinstance(t, dict):
                 errors.setdefault(name, t)
-            if not isinstance(tr[c], list):
+            if not isinstance(tr[c], tuple):
                 row["torch_error"] = tr[c]
             rows.append(row)
 
     print(f"\nload average at the end {os.getloadavg()[0]:.2f} (the machine is shared: numbers are noisy)\n")
     print("| model | batch | thr | dtype | GFLOP | torch ms min | torch ms med | tessel ms min | tessel ms med "
-          "| torch/tessel | torch f32/tessel | tessel GFLOP/s | of peak |")
-    print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| torch cpu/wall | torch/tessel | torch f32/tessel | tessel GFLOP/s | of peak |")
+    print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     ratios = {}
     # issue 21's bf16 target is against PyTorch's f32 run: at the same thread count, and against its
     # best f32 time over the thread counts measured (its 2-thread f32 runs can be slower than 1-thread)
@@ -180,6 +187,7 @@ def main():
         cells = [r["model"], str(r["batch"]), str(r["threads"]), r["dtype"], f"{r['flops'] / 1e9:.2f}"]
         cells += [f"{min(tm):.2f}", f"{statistics.median(tm):.2f}"] if tm else ["n/a", "n/a"]
         cells += [f"{min(sm):.2f}", f"{statistics.median(sm):.2f}"] if sm else ["fail", "fail"]
+        cells.append(f"{r['torch_cpu_per_wall']:.2f}" if tm else "-")
         if tm and sm:
             q = statistics.median(tm) / statistics.median(sm)
             ratios.setdefault(r["dtype"], []).append(q)
@@ -214,6 +222,10 @@ def main():
         print(f"geomean torch/tessel (all, {len(allq)} cases): {geomean(allq):.3f}")
     for name, e in errors.items():
         print(f"tessel cannot run {name}: {e}")
+    for r in rows:
+        if r["torch_ms"] and r["torch_cpu_per_wall"] > r["threads"] + 0.15:
+            print(f"warning: torch {r['model']} b{r['batch']} t{r['threads']} {r['dtype']} used "
+                  f"{r['torch_cpu_per_wall']:.2f} CPUs on average, more than its {r['threads']} thread(s)")
     for r in rows:
         if "torch_error" in r:
             print(f"torch cannot run {r['model']} b{r['batch']} t{r['threads']} {r['dtype']}: {r['torch_error']}")

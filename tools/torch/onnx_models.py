@@ -34,6 +34,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from reference_models import st_read, st_write  # noqa: E402
+import torch_threads  # noqa: E402
 
 SEED = 21_2026
 OPSETS = (14, 17)
@@ -423,7 +424,7 @@ def main():
     a = ap.parse_args()
     if a.tiny and a.size != "test":
         sys.exit("onnx_models.py: --tiny and --size bench exclude each other")
-    torch.set_num_threads(1)
+    torch_threads.set_threads(1)  # its BLAS too
     torch.use_deterministic_algorithms(True)
     if a.size == "bench":
         os.makedirs(a.outdir, exist_ok=True)

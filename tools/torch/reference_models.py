@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import torch_threads  # the script's own directory is on sys.path
+
 SEED = 17_2024
 BATCH, SEQ = 2, 12
 IGNORE = -100
@@ -964,7 +966,7 @@ def main():
     unknown = [n for n in names if n not in CONFIGS]
     if unknown:
         ap.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(MODEL_NAMES)}")
-    torch.set_num_threads(1)  # deterministic reductions, and polite on a shared machine
+    torch_threads.set_threads(1)  # deterministic reductions, and polite on a shared machine (BLAS too)
     torch.use_deterministic_algorithms(True)
     t0 = time.time()
     os.makedirs(args.outdir, exist_ok=True)
