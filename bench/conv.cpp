@@ -1,7 +1,9 @@
 // bench_conv: conv2d forward on ResNet-50's 3x3 layers (64 channels at 56x56, 128 at 28x28, 256 at
 // 14x14, 512 at 7x7; stride 1, pad 1), a 1x1 (256 -> 64 at 56x56) and the 7x7 stride-2 stem
 // (3 -> 64 at 224x224), batch 1 and 8, f32 and bf16 inputs (f32 output), NHWC; the 3x3 layers on 1
-// and 2 threads (argument `threads`), the others on 2.
+// and 2 threads (argument `threads`), the others on 2. Then the bench U-Net's 3x3 layers as the graph
+// executor runs them (NCHW, batch 1, 1 and 2 threads: 96 -> 32 and 32 -> 32 at 128x128, 192 -> 64 and
+// 64 -> 64 at 64x64, 128 -> 128 at 32x32), argument `nchw` = 1.
 // Impls: tessel (the implicit GEMM), tessel_prepacked (the same with the filter packed once, untimed), onednn (oneDNN's convolution; its preferred weight layout is
 // reordered once outside the timing, which favours it), gemm (tessel's own GEMM on the implicit
 // GEMM's M x N x K = N·OH·OW x O x C·KH·KW with a materialised, untimed im2col A: the rate the
@@ -12,6 +14,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include <array>
 #include <random>
 #include <string>
 #include <vector>
@@ -45,16 +48,17 @@ tessel_bench::huge_buffer<T> random_buffer(std::size_t n, unsigned seed) {
 struct conv_case {
   std::size_t n, c, hw, k, kh, stride, pad;
   unsigned threads;
+  bool nchw;
 };
 conv_case from(const benchmark::State& st) {
   return {std::size_t(st.range(0)), std::size_t(st.range(1)), std::size_t(st.range(2)), std::size_t(st.range(3)), std::size_t(st.range(4)),
-          std::size_t(st.range(5)), std::size_t(st.range(6)), unsigned(st.range(7))};
+          std::size_t(st.range(5)), std::size_t(st.range(6)), unsigned(st.range(7)), st.range(8) != 0};
 }
 conv2d_params params_of(const conv_case& c) {
   conv2d_params p;
   p.stride_h = p.stride_w = c.stride;
   p.pad_top = p.pad_left = p.pad_bottom = p.pad_right = c.pad;
-  p.layout = conv_layout::nhwc;
+  p.layout = c.nchw ? conv_layout::nchw : conv_layout::nhwc;
   return p;
 }
 std::size_t out_hw(const conv_case& c) { return (c.hw + 2 * c.pad - c.kh) / c.stride + 1; }
@@ -130,8 +134,9 @@ void conv_onednn(benchmark::State& st) {
   stream s(eng);
   auto x = random_buffer<T>(c.n * c.c * c.hw * c.hw, 1), w = random_buffer<T>(c.k * c.c * c.kh * c.kh, 2);
   tessel_bench::huge_buffer<float> y(c.n * c.k * o * o, 2);
-  const memory::desc src_md({d(c.n), d(c.c), d(c.hw), d(c.hw)}, DT, memory::format_tag::nhwc);
-  const memory::desc dst_md({d(c.n), d(c.k), d(o), d(o)}, memory::data_type::f32, memory::format_tag::nhwc);
+  const auto tag = c.nchw ? memory::format_tag::nchw : memory::format_tag::nhwc;
+  const memory::desc src_md({d(c.n), d(c.c), d(c.hw), d(c.hw)}, DT, tag);
+  const memory::desc dst_md({d(c.n), d(c.k), d(o), d(o)}, memory::data_type::f32, tag);
   const memory::desc w_plain({d(c.k), d(c.c), d(c.kh), d(c.kh)}, DT, memory::format_tag::oihw);
   const memory::desc w_any({d(c.k), d(c.c), d(c.kh), d(c.kh)}, DT, memory::format_tag::any);
   const convolution_forward::desc desc(prop_kind::forward_inference, algorithm::convolution_direct, src_md, w_any, dst_md,
@@ -150,15 +155,18 @@ void conv_onednn(benchmark::State& st) {
 }
 #endif
 
-// (n, c, hw, k, kh, stride, pad, threads)
+// (n, c, hw, k, kh, stride, pad, threads, nchw)
 void shapes(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"n", "c", "hw", "k", "kh", "stride", "pad", "threads"});
+  b->ArgNames({"n", "c", "hw", "k", "kh", "stride", "pad", "threads", "nchw"});
   for (long n : {1, 8}) {
     for (long th : {1, 2})
-      for (auto [ch, hw] : {std::pair<long, long>{64, 56}, {128, 28}, {256, 14}, {512, 7}}) b->Args({n, ch, hw, ch, 3, 1, 1, th});
-    b->Args({n, 256, 56, 64, 1, 1, 0, 2});  // 1x1
-    b->Args({n, 3, 224, 64, 7, 2, 3, 2});   // the stem
+      for (auto [ch, hw] : {std::pair<long, long>{64, 56}, {128, 28}, {256, 14}, {512, 7}}) b->Args({n, ch, hw, ch, 3, 1, 1, th, 0});
+    b->Args({n, 256, 56, 64, 1, 1, 0, 2, 0});  // 1x1
+    b->Args({n, 3, 224, 64, 7, 2, 3, 2, 0});   // the stem
   }
+  for (long th : {1, 2})  // the bench U-Net (tools/torch/onnx_models.py, w = 32) as the executor runs it
+    for (auto [ci, hw, co] : {std::array<long, 3>{96, 128, 32}, {32, 128, 32}, {192, 64, 64}, {64, 64, 64}, {128, 32, 128}})
+      b->Args({1, ci, hw, co, 3, 1, 1, th, 1});
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 

@@ -127,6 +127,31 @@ inline void widen(const S* src, D* dst, std::size_t n) {
   }
 }
 
+// dst[0, n) = src[0, n) for 4-byte words, inline: whole vectors, then one masked vector for the
+// tail (a masked lane neither reads nor faults), where a call to memcpy of a short, variable
+// length cost as much as the copy (the convolution gathers copy runs of 1 to 64 pixels).
+template <class S>
+inline void copy_words(const S* src, S* dst, std::size_t n) {
+  static_assert(sizeof(S) == 4 && std::is_trivially_copyable_v<S>, "copy_words: 4-byte elements");
+  std::size_t j = 0;
+#if defined(__AVX512F__)
+  for (; j + 16 <= n; j += 16) _mm512_storeu_si512(dst + j, _mm512_loadu_si512(src + j));
+  if (j < n) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (n - j)) - 1u);
+    _mm512_mask_storeu_epi32(dst + j, m, _mm512_maskz_loadu_epi32(m, src + j));
+  }
+#elif defined(__AVX2__)
+  for (; j + 8 <= n; j += 8)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + j), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + j)));
+  if (j < n) {
+    const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n - j)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    _mm256_maskstore_epi32(reinterpret_cast<int*>(dst + j), m, _mm256_maskload_epi32(reinterpret_cast<const int*>(src + j), m));
+  }
+#else
+  std::memcpy(dst, src, n * sizeof(S));
+#endif
+}
+
 // out[2j] = r0[j], out[2j+1] = r1[j] for j < n: two rows of 16-bit codes into K-pairs (VNNI).
 // `prefetch`: the rows are streamed from memory (fetch ahead of the loads).
 inline void interleave_u16(const std::uint16_t* r0, const std::uint16_t* r1, std::uint16_t* out, std::size_t n, [[maybe_unused]] bool prefetch = true) {

@@ -21,6 +21,7 @@
 #include <type_traits>
 #include <utility>
 
+#include <tessel/arch/unpack.hpp>
 #include <tessel/ops/gemm.hpp>
 #include <tessel/ops/errors.hpp>
 
@@ -392,6 +393,16 @@ inline constexpr bool conv_has_narrow = !std::is_same_v<typename gemm_config<S, 
 // the pixel-rows orientation (im2col rows and the NCHW store). The depth runs in the same (r, s, c)
 // order, in the same depth chunks (conv_channel_rows_run), so both orientations give the same bits.
 
+// d[0, len) = the input row at columns [x, x + len), zeros where a column falls outside [0, W).
+template <class S>
+inline void conv_row_run(const S* row, std::size_t W, std::ptrdiff_t x, S* d, std::size_t len) {
+  const std::ptrdiff_t n = static_cast<std::ptrdiff_t>(len), lo = std::min(n, std::max<std::ptrdiff_t>(0, -x)),
+                       hi = std::max(lo, std::min(n, static_cast<std::ptrdiff_t>(W) - x));
+  std::fill(d, d + lo, zero_elem<S>());
+  if (hi > lo) arch::copy_words(row + (x + lo), d + lo, static_cast<std::size_t>(hi - lo));
+  std::fill(d + hi, d + n, zero_elem<S>());
+}
+
 // B: row k = (r, s, ch) of group g over output pixels (n, y, x) of an (rh, rw) grid; zeros outside.
 template <class T>
 struct conv_pixel_cols {
@@ -402,36 +413,50 @@ struct conv_pixel_cols {
   static constexpr bool writes_panels = true;
   template <std::size_t NR, class S>
   void gather_panels(S* tile, std::size_t panel_elems, std::size_t k0, std::size_t kv, std::size_t n0, std::size_t cols, std::size_t g) const {
-    static_assert(std::is_same_v<S, T>, "conv_pixel_cols: copies the image as it lies");
-    for (std::size_t i = 0; i < kv; ++i)
-      for (std::size_t j = 0; j < cols; j += NR) {
-        const std::size_t n = std::min(NR, cols - j);
-        S* d = tile + (j / NR) * panel_elems + i * NR;
-        row(d, k0 + i, n0 + j, n, g);
+    static_assert(std::is_same_v<S, T> && sizeof(S) == 4, "conv_pixel_cols: copies the f32 image as it lies");
+    constexpr std::size_t PF = 8;
+    const std::size_t grid = rh * rw, plane = H * W;
+    for (std::size_t j = 0; j < cols; j += NR) {
+      const std::size_t n = std::min(NR, cols - j);
+      // the panel's pixels as runs along one output row: (first column in the panel, length, the
+      // run's first input row and column at tap (0, 0), its image's first plane)
+      struct run {
+        std::size_t at, len;
+        std::ptrdiff_t y, x;
+        const S* img;
+      } runs[NR];
+      std::size_t nr = 0;
+      for (std::size_t t = 0; t < n;) {
+        const std::size_t m = n0 + j + t, q = m % grid, x = q % rw, len = std::min(rw - x, n - t);
+        runs[nr++] = {t, len, static_cast<std::ptrdiff_t>((q / rw) * sh) - static_cast<std::ptrdiff_t>(pt),
+                      static_cast<std::ptrdiff_t>(x) - static_cast<std::ptrdiff_t>(pl), src + ((m / grid) * src_c + g * cpg) * plane};
+        t += len;
+      }
+      S* d = tile + (j / NR) * panel_elems;
+      // depth k = (r·kw + s)·cpg + ch, stepped without divisions
+      std::size_t ch = k0 % cpg, s = (k0 / cpg) % kw, r = k0 / cpg / kw;
+      for (std::size_t i = 0; i < kv; ++i, d += NR) {
+        const std::ptrdiff_t dy = static_cast<std::ptrdiff_t>(r * dh), dx = static_cast<std::ptrdiff_t>(s * dw);
+        for (std::size_t u = 0; u < nr; ++u) {
+          const run& a = runs[u];
+          const std::ptrdiff_t iy = a.y + dy;
+          if (iy < 0 || iy >= static_cast<std::ptrdiff_t>(H)) {
+            std::fill_n(d + a.at, a.len, zero_elem<S>());
+            continue;
+          }
+          const S* rowp = a.img + ch * plane + static_cast<std::size_t>(iy) * W;
+          if (ch + PF < cpg) {  // the same run PF planes on (4·H·W bytes apart: too far for the hardware's prefetch)
+            const std::ptrdiff_t lo = std::max<std::ptrdiff_t>(0, a.x + dx), hi = std::min<std::ptrdiff_t>(static_cast<std::ptrdiff_t>(W), a.x + dx + static_cast<std::ptrdiff_t>(a.len));
+            for (std::ptrdiff_t l = lo; l < hi; l += 16) __builtin_prefetch(rowp + PF * plane + l, 0, 3);
+          }
+          conv_row_run(rowp, W, a.x + dx, d + a.at, a.len);
+        }
         std::fill(d + n, d + NR, zero_elem<S>());
+        if (++ch == cpg) {
+          ch = 0;
+          if (++s == kw) s = 0, ++r;
+        }
       }
-  }
-  // row k's pixels [n0, n0 + cols) at d
-  template <class S>
-  void row(S* d, std::size_t k, std::size_t n0, std::size_t cols, std::size_t g) const {
-    const std::size_t grid = rh * rw, plane = H * W, rs = k / cpg, ch = k % cpg;
-    const std::ptrdiff_t dy = static_cast<std::ptrdiff_t>((rs / kw) * dh) - static_cast<std::ptrdiff_t>(pt);
-    const std::ptrdiff_t dx = static_cast<std::ptrdiff_t>((rs % kw) * dw) - static_cast<std::ptrdiff_t>(pl);
-    for (std::size_t j = 0; j < cols;) {  // runs along one output row
-      const std::size_t m = n0 + j, img = m / grid, q = m % grid, y = q / rw, x = q % rw, len = std::min(rw - x, cols - j);
-      const std::ptrdiff_t iy = static_cast<std::ptrdiff_t>(y * sh) + dy, ix = static_cast<std::ptrdiff_t>(x) + dx;
-      S* o = d + j;
-      j += len;
-      if (iy < 0 || iy >= static_cast<std::ptrdiff_t>(H)) {
-        std::fill_n(o, len, zero_elem<S>());
-        continue;
-      }
-      const std::ptrdiff_t n = static_cast<std::ptrdiff_t>(len), lo = std::min(n, std::max<std::ptrdiff_t>(0, -ix)),
-                           hi = std::max(lo, std::min(n, static_cast<std::ptrdiff_t>(W) - ix));
-      std::fill(o, o + lo, zero_elem<S>());
-      std::memcpy(o + lo, src + (img * src_c + g * cpg + ch) * plane + static_cast<std::size_t>(iy) * W + static_cast<std::size_t>(ix + lo),
-                  static_cast<std::size_t>(hi - lo) * sizeof(S));
-      std::fill(o + hi, o + n, zero_elem<S>());
     }
   }
 };
