@@ -411,7 +411,7 @@ TEST_CASE("graph fusion: MatMul + bias + activation (+ residual) becomes FusedMa
 
 constexpr std::int64_t AB = 2, AH = 4, AS = 6, AD = 8;
 
-enum class mask_kind { none, causal_add, causal_where, causal_where_inverted, input, upper_where };
+enum class mask_kind { none, causal_add, causal_where, causal_where_inverted, input, upper_where, zero_scalar, zero_matrix };
 
 struct attn_case {
   mask_kind mask = mask_kind::causal_add;
@@ -480,6 +480,11 @@ tg::graph attention_graph(const attn_case& c) {
       w = b.op("Where", {"mask", w, b.f32(-1e9f)});
       break;
     case mask_kind::input: w = b.op("Add", {"m", w}); break;
+    case mask_kind::zero_scalar: w = b.op("Add", {w, b.f32(0.0f)}); break;  // a traced "no mask" (+ 0.0)
+    case mask_kind::zero_matrix:
+      g.add_constant<float>("mask", {AS, AS}, std::vector<float>(AS * AS, -0.0f));
+      w = b.op("Add", {"mask", w});
+      break;
   }
   const std::string p = b.op("Softmax", {w}, {{"axis", std::int64_t{c.softmax_axis2 ? 2 : -1}}});
   g.add_node("MatMul", "pv", {p, v}, {"y"});
@@ -517,6 +522,16 @@ TEST_CASE("graph fusion: scaled masked softmax attention becomes tessel's Attent
     const tg::node& a = only(g, "Attention");
     CHECK_FALSE(a.has_attribute("causal"));
     CHECK(a.has_attribute("scale"));
+  }
+  SECTION("an added constant of zeros (a traced '+ 0.0', or -0.0 everywhere) is no mask") {
+    for (mask_kind mk : {mask_kind::zero_scalar, mask_kind::zero_matrix}) {
+      CAPTURE(static_cast<int>(mk));
+      tg::graph g = attention_graph({.mask = mk});
+      CHECK(run(g, tg::fuse_attention) == 1);
+      const tg::node& a = only(g, "Attention");
+      CHECK(input_names(g, a) == std::vector<std::string>{"q", "k", "v"});
+      CHECK_FALSE(a.has_attribute("causal"));
+    }
   }
   SECTION("a mask input is Attention's input 3") {
     tg::graph g = attention_graph({.mask = mask_kind::input});

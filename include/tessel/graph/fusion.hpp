@@ -782,6 +782,22 @@ inline bool causal_constant(const matcher& m, value_id v, const dim& sq, const d
   return true;
 }
 
+// A constant of zeros (either sign) added to `scores` without broadcasting them to a larger shape
+// (`sum`'s): no mask at all. Softmax cannot tell the sum from the scores (s + 0 differs from s only
+// in the sign of a zero, and exp(-0) = exp(+0)), so dropping it keeps the bits; an exporter's
+// "no mask" (a traced `+ 0.0`) then takes the fused attention instead of the masked one by parts.
+inline bool zero_constant(const matcher& m, value_id v, value_id scores, value_id sum) {
+  const auto t = read_constant(m.g.get(v));
+  if (!t) return false;
+  const tensor_shape a = m.shape(scores), b = m.shape(sum);
+  if (!a.rank_known || !b.rank_known || a.rank() != b.rank()) return false;
+  for (std::size_t i = 0; i < a.rank(); ++i)
+    if (!a.dims[i].known() || !b.dims[i].known() || a.dims[i].size != b.dims[i].size) return false;
+  for (std::size_t i = 0; i < t->numel(); ++i)
+    if (t->get(i) != 0.0) return false;
+  return true;
+}
+
 }  // namespace detail
 
 // MatMul(Q, Kᵀ), Mul or Div by a scalar, Add mask or Where with a causal mask, Softmax over the last
@@ -823,7 +839,7 @@ inline std::size_t fuse_attention(graph& g) {
       const value_id mv = an.inputs[1 - *scores_at];
       if (detail::causal_constant(m, mv, sq, sk, [](double x) { return x == 0.0 ? 1 : detail::very_negative(x) ? 0 : -1; }))
         causal = 1;
-      else
+      else if (!detail::zero_constant(m, mv, an.inputs[*scores_at], logits))
         mask = mv;
       cur = an.inputs[*scores_at];
       interior.push_back(*add);
