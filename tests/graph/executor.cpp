@@ -543,6 +543,16 @@ TEST_CASE("RotaryEmbedding matches fp64, rotate-half and interleaved, and equals
       tg::graph f = one_node("RotaryEmbedding", {xs, cs, cs}, {{"interleaved", inter}}, 1, "tessel");
       run_and_check(f, rand_inputs({xs, cs, cs}, 11, -2, 2), 0, bound);
     }
+  // Rows of 10 over 15000 elements: the 4096-element blocks start inside a row (in either half of
+  // it), and a cos constant along the last axis (stride 0 there) beside a sin that is not.
+  const std::vector<std::size_t> xl{3, 5, 100, 10};
+  for (std::int64_t inter : {0, 1})
+    for (const auto& cs : {std::vector<std::size_t>{100, 10}, std::vector<std::size_t>{100, 1}}) {
+      CAPTURE(inter, cs);
+      const std::vector<std::size_t> ss{5, 1, 10};
+      tg::graph f = one_node("RotaryEmbedding", {xl, cs, ss}, {{"interleaved", inter}}, 1, "tessel");
+      run_and_check(f, rand_inputs({xl, cs, ss}, 13, -2, 2), 0, bound);
+    }
   // x·cos + Concat(-x[4:], x[:4])·sin as ONNX ops, after optimize(): one RotaryEmbedding, same values.
   tg::graph u("rope_unfused");
   u.add_input("x0", dtype::f32, {2, 3, 5, 8});

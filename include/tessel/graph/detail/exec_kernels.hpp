@@ -1071,13 +1071,33 @@ step_fn<Dev> build_rotary(const build_ctx& c) {
     const float* cp = s.template as<float>(cv);
     const float* sp = s.template as<float>(sv);
     float* yp = s.template as<float>(y);
+    // along runs of the last axis (cos and sin step by 0 or 1 there): one position per element,
+    // no odometer step, and the split halves as two plain loops the compiler vectorizes
+    const std::size_t ic = bc.inner(0), is = bc.inner(1);
     parallel_for(s.dev, n, 4096, [&](std::size_t lo, std::size_t hi) {
-      bc.for_range(lo, hi, [&](std::size_t i, const std::size_t* off) {
-        const std::size_t j = i % d;
-        float rot;
-        if (interleaved) rot = j % 2 == 0 ? -xp[i + 1] : xp[i - 1];
-        else rot = j < half ? -xp[i + half] : xp[i - half];
-        yp[i] = xp[i] * cp[off[0]] + rot * sp[off[1]];
+      bc.for_runs(lo, hi, [&](std::size_t i0, const std::size_t* off, std::size_t len) {
+        const std::size_t j0 = i0 % d;
+        const float* x = xp + i0;
+        const float* cr = cp + off[0];
+        const float* sr = sp + off[1];
+        float* yr = yp + i0;
+        if (interleaved) {
+          for (std::size_t t = 0; t < len; ++t) {
+            const auto u = static_cast<std::ptrdiff_t>(t);  // the partner is in the same row
+            const float rot = (j0 + t) % 2 == 0 ? -x[u + 1] : x[u - 1];
+            yr[t] = x[t] * cr[t * ic] + rot * sr[t * is];
+          }
+          return;
+        }
+        const std::size_t split = j0 < half ? std::min(len, half - j0) : 0;  // [0, split) in the first half
+        const auto h = static_cast<std::ptrdiff_t>(half);  // x[t - h] for t >= split lies in the same row
+        if (ic == 1 && is == 1) {
+          for (std::size_t t = 0; t < split; ++t) yr[t] = x[t] * cr[t] + (-x[t + half]) * sr[t];
+          for (std::size_t t = split; t < len; ++t) yr[t] = x[t] * cr[t] + x[static_cast<std::ptrdiff_t>(t) - h] * sr[t];
+        } else {
+          for (std::size_t t = 0; t < split; ++t) yr[t] = x[t] * cr[t * ic] + (-x[t + half]) * sr[t * is];
+          for (std::size_t t = split; t < len; ++t) yr[t] = x[t] * cr[t * ic] + x[static_cast<std::ptrdiff_t>(t) - h] * sr[t * is];
+        }
       });
     });
   };
