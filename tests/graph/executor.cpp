@@ -465,6 +465,7 @@ TEST_CASE("Attention (fused operator and by parts) equals the unfused graph: GQA
       {2, 4, 1, 4, 6, 8, false, true},    // by parts: a mask, head dim 8
       {1, 2, 2, 4, 4, 16, true, true},    // by parts: mask and causal
       {1, 1, 1, 6, 6, 12, true, false},   // by parts: head dim 12
+      {2, 3, 3, 40, 50, 12, true, true},  // by parts: 12000 mask elements, blocks of 4096 start inside rows of 50
   };
   for (const auto& c : cases) {
     INFO("B " << c.B << " Hq " << c.Hq << " Hkv " << c.Hkv << " Sq " << c.Sq << " Sk " << c.Sk << " D " << c.D << " causal " << c.causal << " mask " << c.mask);

@@ -302,12 +302,18 @@ void attention_by_parts(Dev& dev, dtype compute, std::size_t B, std::size_t Hq, 
   if (mask || causal) {
     const bcast bc({B, Hq, Sq, Sk}, {mask ? mask_shape : shape_t{}});
     float* mp = mk.data();
+    const std::size_t step = bc.inner(0);
     parallel_for(dev, rows * Sk, 4096, [&](std::size_t lo, std::size_t hi) {
-      bc.for_range(lo, hi, [&](std::size_t i, const std::size_t* off) {
-        float x = mask ? mask[off[0]] : 0.0f;
-        const std::size_t qi = i / Sk % Sq, kj = i % Sk;
-        if (causal && kj + Sq > qi + Sk) x = -std::numeric_limits<float>::infinity();  // kj > qi + Sk - Sq
-        mp[i] = x;
+      bc.for_runs(lo, hi, [&](std::size_t i, const std::size_t* off, std::size_t len) {  // a run lies in one row
+        float* row = mp + i;
+        if (mask)
+          for (std::size_t t = 0; t < len; ++t) row[t] = mask[off[0] + t * step];
+        else
+          std::fill_n(row, len, 0.0f);
+        if (!causal) return;
+        // column c is masked when c + Sq > qi + Sk (bottom-right): from c = qi + Sk + 1 - Sq on, or all of them
+        const std::size_t qi = i / Sk % Sq, kj = i % Sk, lim = qi + Sk + 1, first = lim > Sq ? lim - Sq : 0;
+        for (std::size_t t = first > kj ? first - kj : 0; t < len; ++t) row[t] = -std::numeric_limits<float>::infinity();
       });
     });
   }
