@@ -221,6 +221,11 @@ TEST_CASE("reshape family, transpose, concat, split, slice, gather, expand, shap
     run_and_check(one_node("Split", {{6, 6, 6}}, {{"axis", ax}, {"split", tg::ints{1, 2, 3}}}, 3), rand_inputs({{6, 6, 6}}, 34), 0, 0);
   }
   run_and_check(one_node("Split", {{4, 6}}, {{"axis", std::int64_t{1}}}, 2), rand_inputs({{4, 6}}, 35), 0, 0);
+  {  // rows of 320,004 bytes, copied in two pieces (256 KiB, then the end of the middle part and the last part)
+    const std::vector<std::vector<std::size_t>> s = {{2, 30000}, {2, 50000}, {2, 1}};
+    run_and_check(one_node("Concat", s, {{"axis", std::int64_t{1}}}), rand_inputs(s, 36), 0, 0);
+    run_and_check(one_node("Split", {{2, 80001}}, {{"axis", std::int64_t{1}}, {"split", tg::ints{30000, 50000, 1}}}, 3), rand_inputs({{2, 80001}}, 37), 0, 0);
+  }
   {  // Slice: negative starts, a negative step, an axis subset, clamped ends
     tg::graph g("slice");
     g.add_input("x0", dtype::f32, {5, 6, 7});
