@@ -179,6 +179,22 @@ void conv_check_buffer(const char* name, const T* p, std::size_t elements) {
 // fastest over cpg channels of group g (so an NHWC row is runs of contiguous channels). Forward
 // (im2col): source pixel y·sh + r·dh − pt. Transposed (the data gradient gathers the output
 // gradient): (y + pt − r·dh) / sh where that is a whole pixel of the source grid.
+// d[0, len) = an input row's elements at columns [x, x + len), zeros (all-zero bits: f32 and bf16)
+// where a column falls outside [0, W). D is S or an unsigned word of S's size (the gathers move
+// bits); 4-byte runs are copied inline (a memcpy call of a short run cost as much as the copy).
+template <class S, class D>
+inline void conv_row_run(const S* row, std::size_t W, std::ptrdiff_t x, D* d, std::size_t len) {
+  static_assert(sizeof(D) == sizeof(S), "conv_row_run: copies bits");
+  const std::ptrdiff_t n = static_cast<std::ptrdiff_t>(len), lo = std::min(n, std::max<std::ptrdiff_t>(0, -x)),
+                       hi = std::max(lo, std::min(n, static_cast<std::ptrdiff_t>(W) - x));
+  std::fill(d, d + lo, D{});
+  if (hi > lo) {
+    if constexpr (sizeof(D) == 4) arch::copy_words(reinterpret_cast<const D*>(row + (x + lo)), d + lo, static_cast<std::size_t>(hi - lo));
+    else std::memcpy(d + lo, row + (x + lo), static_cast<std::size_t>(hi - lo) * sizeof(D));
+  }
+  std::fill(d + hi, d + n, D{});
+}
+
 template <class T>
 struct conv_gather {
   const T* src;
@@ -296,13 +312,11 @@ struct conv_gather {
                   continue;
                 }
                 word* ta = tv + a;
-                if (iy < 0 || iy >= H || lo >= hi) {  // zero_elem is all-zero bits for f32 and bf16
+                if (iy < 0 || iy >= H) {  // zero_elem is all-zero bits for f32 and bf16
                   std::fill_n(ta, len, word{0});
                   continue;
                 }
-                std::fill(ta, ta + lo, word{0});
-                std::memcpy(ta + lo, src + (ro[i1 + a] + co[j + v] + lo), static_cast<std::size_t>(hi - lo) * sizeof(S));
-                std::fill(ta + hi, ta + len, word{0});
+                conv_row_run(src + (ro[i1 + a] + co[j + v] - ix), src_w, ix, ta, len);  // from the start of input row iy
               }
               std::fill(tv + nv, tv + V, word{0});
             }
@@ -392,16 +406,6 @@ inline constexpr bool conv_has_narrow = !std::is_same_v<typename gemm_config<S, 
 // lie. U-Net's 32-channel layers at 128x128 spent most of their time transposing 16x16 blocks in
 // the pixel-rows orientation (im2col rows and the NCHW store). The depth runs in the same (r, s, c)
 // order, in the same depth chunks (conv_channel_rows_run), so both orientations give the same bits.
-
-// d[0, len) = the input row at columns [x, x + len), zeros where a column falls outside [0, W).
-template <class S>
-inline void conv_row_run(const S* row, std::size_t W, std::ptrdiff_t x, S* d, std::size_t len) {
-  const std::ptrdiff_t n = static_cast<std::ptrdiff_t>(len), lo = std::min(n, std::max<std::ptrdiff_t>(0, -x)),
-                       hi = std::max(lo, std::min(n, static_cast<std::ptrdiff_t>(W) - x));
-  std::fill(d, d + lo, zero_elem<S>());
-  if (hi > lo) arch::copy_words(row + (x + lo), d + lo, static_cast<std::size_t>(hi - lo));
-  std::fill(d + hi, d + n, zero_elem<S>());
-}
 
 // B: row k = (r, s, ch) of group g over output pixels (n, y, x) of an (rh, rw) grid; zeros outside.
 template <class T>
