@@ -220,6 +220,60 @@ TEST_CASE("AdamW steps lower the loss of a decoder on a repeated batch", "[nn][d
   CHECK(last < 0.5 * first);
 }
 
+TEST_CASE("lazy rows: an AdamW step leaves the embedding rows no token used as they were", "[nn][decoder][train]") {
+  // Two copies of one model after a dense first step (so every moment is non-zero); a second batch
+  // that uses only some tokens; then one step lazy and one dense. Lazy: a row of the embedding no
+  // token used keeps its value and moments bit for bit, where the dense step moved it (weight decay);
+  // every used row, and every other parameter, is the dense step's, bit for bit (AdamW works
+  // element by element).
+  host_device dev(1);
+  nn::decoder_lm<host_device> lazy(dev, llama_config()), dense(dev, llama_config());
+  lazy.init(3);
+  dense.init(3);
+  nn::adamw_config h;
+  h.hyper.lr = 1e-2f;
+  h.hyper.weight_decay = 0.1f;
+  const auto x = make_batch(lazy.config().vocab_size, 41);
+  for (auto* m : {&lazy, &dense}) {
+    m->params().zero_grad();
+    (void)m->forward_backward(x.ids, x.targets, x.b, x.s);
+    m->adamw(h, 1);
+  }
+  batch y = make_batch(lazy.config().vocab_size, 42);
+  for (auto& id : y.ids) id = id % 5;  // tokens 0..4 only
+  for (auto& t : y.targets) t = t < 0 ? t : t % 5;
+  const auto& e = lazy.params().at("model.embed_tokens.weight");
+  const std::vector<float> before(e.value.data(), e.value.data() + e.numel), m_before(e.m.data(), e.m.data() + e.numel),
+      v_before(e.v.data(), e.v.data() + e.numel);
+  for (auto* m : {&lazy, &dense}) {
+    m->params().zero_grad();
+    (void)m->forward_backward(y.ids, y.targets, y.b, y.s);
+  }
+  h.lazy_rows = true;
+  lazy.adamw(h, 2);
+  h.lazy_rows = false;
+  dense.adamw(h, 2);
+  const std::size_t d = lazy.config().hidden_size;
+  std::size_t kept = 0, moved = 0;
+  for (auto& p : lazy.params()) {
+    const auto& q = dense.params().at(p.name);
+    const bool embed = p.name == "model.embed_tokens.weight";
+    CHECK(p.sparse_row == (embed ? d : 0));
+    for (std::size_t i = 0; i < p.numel; ++i) {
+      const bool used = !embed || i / d < 5;
+      if (used) {
+        moved += p.value.data()[i] == q.value.data()[i] && p.m.data()[i] == q.m.data()[i] && p.v.data()[i] == q.v.data()[i];
+      } else {
+        kept += p.value.data()[i] == before[i] && p.m.data()[i] == m_before[i] && p.v.data()[i] == v_before[i] &&
+                p.value.data()[i] != q.value.data()[i];  // weight decay moved the dense one
+      }
+    }
+  }
+  const std::size_t embed_numel = lazy.config().vocab_size * d;
+  CHECK(kept == embed_numel - 5 * d);
+  CHECK(moved == lazy.params().numel() - (embed_numel - 5 * d));
+}
+
 TEST_CASE("decoder input errors are typed and name the problem", "[nn][decoder][errors]") {
   host_device dev(1);
   nn::decoder_lm<host_device> m(dev, llama_config());

@@ -9,8 +9,18 @@
 //                         parameter, kind, global shape, shard (dim, offset, length), first, last.
 //   checkpoint.json       the manifest (written last, by world rank 0, once every file is on
 //                         disk): format, step, the caller's metadata (data-loader position, RNG
-//                         state, ...), the saving layout, and each file's size and content hash
-//                         (ckpt::content_hash: four FNV-1a 64 lanes over 8-byte words).
+//                         state, ...), the saving layout, each file's size and content hash
+//                         (ckpt::content_hash: four FNV-1a 64 lanes over 8-byte words), and for a
+//                         delta its "base": the checkpoint it changes, relative to this one, and
+//                         "base_hash", the content hash of the base's manifest (a base rewritten
+//                         since is refused at load).
+// A delta's files hold only the runs of blocks whose bytes changed since its base; loading reads
+// the delta's pieces before its base's (the newest piece covering an element wins), down the chain
+// to a full checkpoint.
+// Saves are synchronous (save_checkpoint) or asynchronous and optionally incremental
+// (checkpointer): the state is copied to host memory, the call returns, and a thread writes it.
+// Either way each rank writes its file and then a marker with the file's size and hash; world rank
+// 0 collects the markers into the manifest. The only collective is before the writing starts.
 // Replicas are not written twice: a parameter's values (and its moments at ZeRO stage 0) come from
 // dp rank 0 only (an expert's from its expert_dp rank 0); at ZeRO stage 1 every dp rank writes its
 // shard of the moments.
@@ -25,15 +35,22 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <span>
 #include <string>
+#include <thread>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -149,15 +166,6 @@ const std::vector<std::size_t>& global_shape_of(const nn::parameter<Dev>& p) {
   return p.shard.sharded() ? p.shard.global_shape : p.shape;
 }
 
-// A piece to write: [first, last) of parameter p's local shard, of one kind, from `data`.
-template <device Dev>
-struct out_piece {
-  const nn::parameter<Dev>* p;
-  std::string kind;
-  std::size_t first, last;
-  const float* data;  // element `first`
-};
-
 // A piece found in a checkpoint.
 struct in_piece {
   std::string kind;
@@ -167,51 +175,221 @@ struct in_piece {
   const float* data = nullptr;
 };
 
-// Each rank's file, then the manifest from world rank 0.
+// A piece to write: [first, last) of a parameter's local shard, of one kind. Its place is copied
+// out of the parameter (a background write must not read a model that may be gone by then);
+// `data` points at element `first`, in the live model or in a staged copy.
+struct out_piece {
+  std::string param, kind;
+  std::vector<std::size_t> shape;  // the global shape
+  std::size_t dim = 0, offset = 0, length = 1;
+  std::size_t first = 0, last = 0;
+  const float* data = nullptr;
+  std::string key() const { return kind + "/" + param + "/" + std::to_string(first); }
+};
 template <device Dev>
-void write(const std::filesystem::path& dir, communicator& world, const std::vector<out_piece<Dev>>& pieces, const checkpoint_state& st,
-           const nlohmann::json& layout) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) throw dist_error(errc::io, "checkpoint: cannot create " + dir.string() + ": " + ec.message());
+out_piece piece(const nn::parameter<Dev>& p, std::string kind, std::size_t first, std::size_t last, const float* data) {
+  const shard_geometry g = geometry_of(p);
+  return {p.name, std::move(kind), global_shape_of(p), p.shard.dim, g.offset, g.length, first, last, data};
+}
+
+// A rank's pieces with their data: borrowed from the model (a synchronous save) or copied into
+// `store` (staged: the model trains on while the copy is written).
+struct snapshot {
+  std::vector<out_piece> pieces;
+  std::unique_ptr<float[]> store;
+  std::size_t elements = 0, capacity = 0;  // in use; in store
+};
+// `reuse`: an earlier snapshot nobody else holds, whose store is taken when it is large enough (a
+// fresh allocation costs a page fault per 4 KiB on first touch: half the copy's time).
+inline std::shared_ptr<snapshot> stage(std::vector<out_piece> pieces, bool copy, std::shared_ptr<snapshot> reuse = nullptr) {
+  auto s = std::make_shared<snapshot>();
+  for (const auto& p : pieces) s->elements = tessel::detail::add_checked(s->elements, p.last - p.first, "checkpoint: staged elements");
+  s->pieces = std::move(pieces);
+  if (!copy) return s;
+  const std::size_t bytes = tessel::detail::mul_checked(s->elements, sizeof(float), "checkpoint: staged bytes");
+  if (reuse && reuse.use_count() == 1 && reuse->capacity >= s->elements) {
+    s->store = std::move(reuse->store), s->capacity = reuse->capacity;
+  } else {
+    s->store.reset(new float[s->elements]);  // not zeroed: every element is copied below
+    s->capacity = s->elements;
+  }
+  std::vector<std::size_t> at(s->pieces.size() + 1, 0);  // each piece's place in the store
+  for (std::size_t i = 0; i < s->pieces.size(); ++i) at[i + 1] = at[i] + (s->pieces[i].last - s->pieces[i].first);
+  // store[lo, hi) from the pieces; large states copy on up to 4 threads (one copy does not fill
+  // the memory bandwidth, and the copy is what the training waits for)
+  auto copy_range = [&](std::size_t lo, std::size_t hi) {
+    std::size_t i = std::size_t(std::upper_bound(at.begin(), at.end(), lo) - at.begin()) - 1;
+    for (; lo < hi; ++i) {
+      const std::size_t end = std::min(hi, at[i + 1]);
+      if (end > lo) std::memcpy(s->store.get() + lo, s->pieces[i].data + (lo - at[i]), (end - lo) * sizeof(float));
+      lo = std::max(lo, end);
+    }
+  };
+  const std::size_t n = bytes >= (std::size_t(32) << 20) ? std::clamp<std::size_t>(std::thread::hardware_concurrency(), 1, 4) : 1;
+  std::vector<std::thread> helpers;
+  for (std::size_t t = 1; t < n; ++t) helpers.emplace_back(copy_range, s->elements * t / n, s->elements * (t + 1) / n);
+  copy_range(0, s->elements / n);
+  for (auto& h : helpers) h.join();
+  for (std::size_t i = 0; i < s->pieces.size(); ++i) s->pieces[i].data = s->store.get() + at[i];
+  return s;
+}
+
+// What `cur` must write as a delta on `prev` (the same rank's previous snapshot): of each piece,
+// the blocks of `block` elements whose bytes differ, merged into runs; a piece `prev` does not hold
+// at the same place, whole. The comparison is of bytes, exact: an unchanged block is skipped only
+// when every bit of it is the same.
+inline std::vector<out_piece> changed(const snapshot& cur, const snapshot& prev, std::size_t block) {
+  std::unordered_map<std::string, const out_piece*> old;
+  for (const auto& p : prev.pieces) old.emplace(p.key(), &p);
+  std::vector<out_piece> out;
+  auto sub = [&](const out_piece& c, std::size_t a, std::size_t b) {
+    out_piece x = c;
+    x.first = c.first + a, x.last = c.first + b, x.data = c.data + a;
+    out.push_back(std::move(x));
+  };
+  for (const auto& c : cur.pieces) {
+    const auto it = old.find(c.key());
+    const out_piece* o = it == old.end() ? nullptr : it->second;
+    if (!o || o->last != c.last || o->shape != c.shape || o->dim != c.dim || o->offset != c.offset || o->length != c.length) {
+      out.push_back(c);
+      continue;
+    }
+    const std::size_t n = c.last - c.first;
+    std::size_t run = n;  // n: no open run
+    for (std::size_t i = 0; i < n; i += block) {
+      const std::size_t len = std::min(block, n - i);
+      const bool diff = std::memcmp(c.data + i, o->data + i, len * sizeof(float)) != 0;
+      if (diff && run == n) run = i;
+      if (!diff && run != n) sub(c, run, i), run = n;
+    }
+    if (run != n) sub(c, run, n);
+  }
+  return out;
+}
+
+inline constexpr std::size_t max_manifest_bytes = std::size_t(64) << 20;
+
+// A manifest's bytes (at most max_manifest_bytes) and their content hash.
+inline std::pair<std::string, std::string> manifest_text(const std::filesystem::path& mpath) {
+  std::ifstream f(mpath, std::ios::binary);
+  if (!f) throw dist_error(errc::io, "checkpoint: no manifest " + mpath.string());
+  std::string text;
+  char buf[1 << 16];
+  while (f) {
+    f.read(buf, sizeof buf);
+    text.append(buf, std::size_t(f.gcount()));
+    if (text.size() > max_manifest_bytes)
+      throw dist_error(errc::format, "checkpoint: " + mpath.string() + " is larger than " + std::to_string(max_manifest_bytes) + " bytes");
+  }
+  content_hash h;
+  h.add(std::as_bytes(std::span<const char>(text.data(), text.size())));
+  return {std::move(text), hex(h.value())};
+}
+
+inline std::string done_file(int w) { return rank_file(w) + ".done"; }
+
+// Polls for `f` (written by another rank or thread through a rename: it appears whole).
+inline void wait_for_file(const std::filesystem::path& f, std::chrono::steady_clock::time_point deadline, const std::string& what) {
+  auto nap = std::chrono::microseconds(50);
+  for (;;) {
+    std::error_code ec;
+    if (std::filesystem::exists(f, ec)) return;
+    if (std::chrono::steady_clock::now() > deadline) throw dist_error(errc::timeout, "checkpoint: " + what + ": " + f.string() + " did not appear in time");
+    std::this_thread::sleep_for(nap);
+    nap = std::min(nap * 2, std::chrono::microseconds(20000));
+  }
+}
+inline void write_small_file(const std::filesystem::path& f, const std::string& text) {
+  tessel::io::detail::atomic_file out(f);
+  out.write(std::as_bytes(std::span<const char>(text.data(), text.size())));
+  out.commit();
+}
+
+// One rank's part of a save after its state is staged: its file (tmp, fsync, rename), then a
+// marker with the file's size and hash. World rank 0 waits for every marker, writes the manifest
+// (the checkpoint exists once it does: written last, whole or not at all) and removes the markers;
+// the other ranks wait for the manifest. No collective runs here, so it can run on a thread of its
+// own beside the training's collectives.
+struct save_job {
+  std::filesystem::path dir;
+  int rank = 0, ranks = 1;
+  std::shared_ptr<const snapshot> snap;  // what to write (keeps a staged copy alive)
+  std::shared_ptr<const snapshot> base;  // a delta: the base's snapshot (only changed(snap, base) is written)
+  std::size_t block = 0;                 // a delta's block
+  nlohmann::json manifest;               // world rank 0: the manifest but its "files"
+  std::chrono::milliseconds timeout{};
+};
+inline std::uint64_t run_save(const save_job& j) {
+  const auto deadline = std::chrono::steady_clock::now() + j.timeout;
+  const std::vector<out_piece> write = j.base ? changed(*j.snap, *j.base, j.block) : j.snap->pieces;
   io::safetensors_writer w;
-  for (const auto& pc : pieces) {
-    const std::string name = pc.kind + "/" + pc.p->name + "/" + std::to_string(pc.first);
-    const shard_geometry g = geometry_of(*pc.p);
-    nlohmann::json m = {{"param", pc.p->name}, {"kind", pc.kind},           {"shape", global_shape_of(*pc.p)}, {"offset", g.offset},
-                        {"length", g.length},  {"dim", pc.p->shard.dim},    {"first", pc.first},                {"last", pc.last}};
+  for (const auto& pc : write) {
+    const std::string name = pc.key();
+    nlohmann::json m = {{"param", pc.param}, {"kind", pc.kind}, {"shape", pc.shape}, {"offset", pc.offset},
+                        {"length", pc.length}, {"dim", pc.dim}, {"first", pc.first}, {"last", pc.last}};
     w.add_metadata(name, m.dump());
     w.add<float>(name, {pc.last - pc.first}, std::span<const float>(pc.data, pc.last - pc.first));
   }
-  const std::string file = rank_file(world.rank());
   content_hash hash;
   std::uint64_t size = 0;
-  w.write(dir / file, [&](std::span<const std::byte> b) {
+  w.write(j.dir / rank_file(j.rank), [&](std::span<const std::byte> b) {
     hash.add(b);
     size += b.size();
   });
-  const std::uint64_t mine[2] = {size, hash.value()};
-  std::vector<std::uint64_t> all(2 * std::size_t(world.size()));
-  world.all_gather(std::span<const std::uint64_t>(mine, 2), std::span<std::uint64_t>(all));
-  if (world.rank() == 0) {
-    nlohmann::json j;
-    j["format"] = checkpoint_format;
-    j["step"] = st.step;
-    j["extra"] = st.extra;
-    j["layout"] = layout;
-    j["files"] = nlohmann::json::array();
-    for (int r = 0; r < world.size(); ++r)
-      j["files"].push_back({{"name", rank_file(r)}, {"bytes", all[2 * std::size_t(r)]}, {"hash", hex(all[2 * std::size_t(r) + 1])}});
-    const auto tmp = dir / (std::string(checkpoint_manifest) + ".tmp");
-    {
-      std::ofstream f(tmp, std::ios::trunc);
-      f << j.dump(1) << "\n";
-      if (!f) throw dist_error(errc::io, "checkpoint: cannot write " + tmp.string());
-    }
-    std::filesystem::rename(tmp, dir / checkpoint_manifest, ec);  // the manifest appears whole or not at all
-    if (ec) throw dist_error(errc::io, "checkpoint: cannot write " + (dir / checkpoint_manifest).string() + ": " + ec.message());
+  write_small_file(j.dir / done_file(j.rank), nlohmann::json{{"bytes", size}, {"hash", hex(hash.value())}}.dump());
+  if (j.rank != 0) {
+    wait_for_file(j.dir / checkpoint_manifest, deadline, "rank " + std::to_string(j.rank) + " waits for the manifest");
+    return size;
   }
-  world.barrier();
+  nlohmann::json man = j.manifest;
+  if (man.contains("base"))  // the base as it is now: a load refuses it once it is rewritten
+    man["base_hash"] = manifest_text((j.dir / man["base"].get<std::string>()) / checkpoint_manifest).second;
+  man["files"] = nlohmann::json::array();
+  for (int r = 0; r < j.ranks; ++r) {
+    const auto f = j.dir / done_file(r);
+    wait_for_file(f, deadline, "rank 0 waits for rank " + std::to_string(r) + "'s file");
+    std::ifstream in(f);
+    nlohmann::json d = nlohmann::json::parse(in, nullptr, false);
+    if (d.is_discarded() || !d.is_object() || !d.contains("bytes") || !d["bytes"].is_number_unsigned() || !d.contains("hash") || !d["hash"].is_string())
+      throw dist_error(errc::format, "checkpoint: " + f.string() + " is not a rank's size and hash");
+    man["files"].push_back({{"name", rank_file(r)}, {"bytes", d["bytes"]}, {"hash", d["hash"]}});
+  }
+  write_small_file(j.dir / checkpoint_manifest, man.dump(1) + "\n");
+  for (int r = 0; r < j.ranks; ++r) {
+    std::error_code ec;
+    std::filesystem::remove(j.dir / done_file(r), ec);
+  }
+  return size;
+}
+
+// Before a save's collective: the directory exists, and this rank's marker (and, on world rank 0,
+// the manifest) of an earlier save into it are gone, so no rank mistakes them for this save's.
+inline void clear_for_save(const std::filesystem::path& dir, int rank) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw dist_error(errc::io, "checkpoint: cannot create " + dir.string() + ": " + ec.message());
+  std::filesystem::remove(dir / done_file(rank), ec);
+  if (rank == 0) std::filesystem::remove(dir / checkpoint_manifest, ec);
+}
+inline nlohmann::json manifest_head(const checkpoint_state& st, const nlohmann::json& layout) {
+  nlohmann::json j;
+  j["format"] = checkpoint_format;
+  j["step"] = st.step;
+  j["extra"] = st.extra;
+  j["layout"] = layout;
+  return j;
+}
+
+// A synchronous save: the model's own memory is written (no staged copy).
+inline void write(const std::filesystem::path& dir, communicator& world, std::vector<out_piece> pieces, const checkpoint_state& st, const nlohmann::json& layout,
+                  std::chrono::milliseconds timeout) {
+  clear_for_save(dir, world.rank());
+  world.barrier();  // every rank has cleared its marker, rank 0 the manifest
+  save_job j;
+  j.dir = dir, j.rank = world.rank(), j.ranks = world.size(), j.timeout = timeout;
+  j.snap = stage(std::move(pieces), false);
+  if (j.rank == 0) j.manifest = manifest_head(st, layout);
+  run_save(j);
 }
 
 // The manifest and every file's pieces, by parameter (readers keep the mappings alive).
@@ -222,13 +400,21 @@ struct index {
   std::map<std::string, std::vector<in_piece>> pieces;
 };
 
-inline index read(const std::filesystem::path& dir) {
+// The deepest chain of deltas a load follows (a base named in a manifest is read like any input).
+inline constexpr std::size_t max_chain = 64;
+
+// One checkpoint of a chain: its pieces go after those of the newer checkpoints already in `ix`
+// (the first piece covering an element wins), then its base's, if it names one.
+// `expect`: the manifest's content hash a delta on it recorded (empty: the newest of the chain).
+inline void read_level(index& ix, const std::filesystem::path& dir, std::vector<std::filesystem::path>& seen, const std::string& expect = {}) {
   const auto mpath = dir / checkpoint_manifest;
-  std::ifstream f(mpath);
-  if (!f) throw dist_error(errc::io, "checkpoint: no manifest " + mpath.string());
+  const auto [text, text_hash] = manifest_text(mpath);
+  if (!expect.empty() && text_hash != expect)
+    throw dist_error(errc::format, "checkpoint: " + mpath.string() + " was rewritten after a delta was saved on it (hash " + text_hash + ", the delta's base_hash " +
+                                       expect + ")");
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(f);
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     throw dist_error(errc::format, "checkpoint: " + mpath.string() + " is not JSON: " + e.what());
   }
@@ -236,14 +422,29 @@ inline index read(const std::filesystem::path& dir) {
   if (!j.is_object() || j.value("format", std::string()) != checkpoint_format) throw bad("not a " + std::string(checkpoint_format) + " manifest");
   if (!j.contains("step") || !j["step"].is_number_unsigned()) throw bad("no step count");
   if (!j.contains("files") || !j["files"].is_array() || j["files"].empty()) throw bad("no files");
-  index ix;
-  ix.state.step = j["step"].get<std::uint64_t>();
-  if (j.contains("extra") && j["extra"].is_object())
-    for (const auto& [k, v] : j["extra"].items()) {
-      if (!v.is_string()) throw bad("extra '" + k + "' is not a string");
-      ix.state.extra[k] = v.get<std::string>();
-    }
-  ix.layout = j.value("layout", nlohmann::json::object());
+  const bool newest = seen.empty();
+  std::error_code ec;
+  seen.push_back(std::filesystem::weakly_canonical(dir, ec));
+  if (newest) {
+    ix.state.step = j["step"].get<std::uint64_t>();
+    if (j.contains("extra") && j["extra"].is_object())
+      for (const auto& [k, v] : j["extra"].items()) {
+        if (!v.is_string()) throw bad("extra '" + k + "' is not a string");
+        ix.state.extra[k] = v.get<std::string>();
+      }
+    ix.layout = j.value("layout", nlohmann::json::object());
+  }
+  std::filesystem::path base;
+  std::string base_hash;
+  if (j.contains("base")) {
+    if (!j["base"].is_string() || j["base"].get<std::string>().empty()) throw bad("'base' is not a directory name");
+    if (!j.contains("base_hash") || !j["base_hash"].is_string() || j["base_hash"].get<std::string>().empty()) throw bad("a 'base' without its 'base_hash'");
+    base_hash = j["base_hash"].get<std::string>();
+    base = (dir / j["base"].get<std::string>()).lexically_normal();
+    if (seen.size() >= max_chain) throw bad("a chain of more than " + std::to_string(max_chain) + " deltas");
+    const auto canon = std::filesystem::weakly_canonical(base, ec);
+    if (std::find(seen.begin(), seen.end(), canon) != seen.end()) throw bad("its chain of bases returns to " + base.string());
+  }
   for (const auto& e : j["files"]) {
     if (!e.is_object() || !e.contains("name") || !e["name"].is_string() || !e.contains("bytes") || !e["bytes"].is_number_unsigned() || !e.contains("hash") ||
         !e["hash"].is_string())
@@ -302,6 +503,14 @@ inline index read(const std::filesystem::path& dir) {
     }
     ix.files.push_back(std::move(r));
   }
+  if (!base.empty()) read_level(ix, base, seen, base_hash);
+}
+
+// A checkpoint and, for a delta, its chain of bases.
+inline index read(const std::filesystem::path& dir) {
+  index ix;
+  std::vector<std::filesystem::path> seen;
+  read_level(ix, dir, seen);
   return ix;
 }
 
@@ -376,49 +585,217 @@ void load_moments(const index& ix, nn::parameters<Dev>& reg) {
   }
 }
 template <device Dev>
-void add_values(std::vector<out_piece<Dev>>& out, nn::parameters<Dev>& reg, bool moments, auto&& writes) {
+void add_values(std::vector<out_piece>& out, nn::parameters<Dev>& reg, bool moments, auto&& writes) {
   for (auto& p : reg) {
     if (!writes(p)) continue;
-    out.push_back({&p, "value", 0, p.numel, p.value.data()});
+    out.push_back(piece(p, "value", 0, p.numel, p.value.data()));
     if (moments && p.m.size() == p.numel) {
-      out.push_back({&p, "adamw.m", 0, p.numel, p.m.data()});
-      out.push_back({&p, "adamw.v", 0, p.numel, p.v.data()});
+      out.push_back(piece(p, "adamw.m", 0, p.numel, p.m.data()));
+      out.push_back(piece(p, "adamw.v", 0, p.numel, p.v.data()));
     }
   }
 }
 
-}  // namespace ckpt
-
-// A model on one rank (or one replica's rank without data parallelism): every rank writes its
-// parameters and stage-0 moments. `world`: every rank of the job.
+// What a rank writes of a model, and the layout the manifest records.
+// A model on one rank (or one replica's rank without data parallelism): its parameters and
+// stage-0 moments.
 template <class Model>
-void save_checkpoint(const std::filesystem::path& dir, Model& model, communicator& world, const checkpoint_state& st = {}) {
+std::pair<std::vector<out_piece>, nlohmann::json> collect(Model& model) {
   using Dev = typename Model::device_type;
-  std::vector<ckpt::out_piece<Dev>> pieces;
-  ckpt::add_values(pieces, model.params(), true, [](const nn::parameter<Dev>&) { return true; });
-  ckpt::write(dir, world, pieces, st, nlohmann::json::object());
+  std::vector<out_piece> pieces;
+  add_values(pieces, model.params(), true, [](const nn::parameter<Dev>&) { return true; });
+  return {std::move(pieces), nlohmann::json::object()};
 }
-
 // A data-parallel job: values (and stage-0 moments) from dp rank 0 (experts: expert_dp rank 0),
 // stage-1 moments from every dp rank's shard.
 template <class Model>
-void save_checkpoint(const std::filesystem::path& dir, data_parallel<Model>& dp, communicator& world, const checkpoint_state& st = {}) {
+std::pair<std::vector<out_piece>, nlohmann::json> collect(data_parallel<Model>& dp) {
   using Dev = typename Model::device_type;
   auto& reg = dp.model().params();
-  std::vector<ckpt::out_piece<Dev>> pieces;
+  std::vector<out_piece> pieces;
   const bool first_dp = dp.dp().rank() == 0, first_edp = dp.options().expert_dp ? dp.options().expert_dp->rank() == 0 : first_dp;
-  ckpt::add_values(pieces, reg, dp.zero_stage() == 0, [&](const nn::parameter<Dev>& p) { return dp.expert(p) ? first_edp : first_dp; });
+  add_values(pieces, reg, dp.zero_stage() == 0, [&](const nn::parameter<Dev>& p) { return dp.expert(p) ? first_edp : first_dp; });
   if (dp.zero_stage() == 1 && dp.has_shard_moments()) {
     const auto moments = dp.shard_moments();  // (no structured binding: Clang 14 cannot capture one)
     const std::span<float> m = moments.first, v = moments.second;
     dp.for_owned([&](nn::parameter<Dev>& p, std::size_t off, std::size_t cnt, std::size_t at) {
-      pieces.push_back({&p, "adamw.m", off, off + cnt, m.data() + at});
-      pieces.push_back({&p, "adamw.v", off, off + cnt, v.data() + at});
+      pieces.push_back(piece(p, "adamw.m", off, off + cnt, m.data() + at));
+      pieces.push_back(piece(p, "adamw.v", off, off + cnt, v.data() + at));
     });
   }
-  const nlohmann::json layout = {{"dp", dp.dp().size()}, {"zero_stage", dp.zero_stage()}};
-  ckpt::write(dir, world, pieces, st, layout);
+  return {std::move(pieces), nlohmann::json{{"dp", dp.dp().size()}, {"zero_stage", dp.zero_stage()}}};
 }
+
+}  // namespace ckpt
+
+// Saves a checkpoint and returns once it is on disk, on every rank. `model`: a model (every rank
+// writes its parameters and stage-0 moments) or a data_parallel job (ckpt::collect). `world`: every
+// rank of the job; every rank calls it.
+template <class Model>
+void save_checkpoint(const std::filesystem::path& dir, Model& model, communicator& world, const checkpoint_state& st = {},
+                     std::chrono::milliseconds timeout = std::chrono::minutes(10)) {
+  auto plan = ckpt::collect(model);
+  ckpt::write(dir, world, std::move(plan.first), st, plan.second, timeout);
+}
+
+// ---- asynchronous and incremental saves ---------------------------------------------------------
+
+struct checkpointer_options {
+  // A save is a delta on this checkpointer's previous one (its base, named in the manifest) when
+  // every rank has a previous save that became durable and the directory is not one of the chain's
+  // (that would overwrite what the delta reads): only the blocks whose bytes changed are written,
+  // and loading reads the chain back to its full checkpoint. The chain's directories must be kept
+  // as long as a delta on them is.
+  bool incremental = false;
+  std::size_t delta_block = 1024;  // elements per compared block
+  std::size_t max_deltas = 16;     // deltas in a row before the next full checkpoint (bounds a load's chain)
+  std::chrono::milliseconds timeout = std::chrono::minutes(10);  // how long a save waits for the other ranks' files
+};
+
+// What one save did on this rank.
+struct save_report {
+  bool delta = false;                // written as a delta on the previous save
+  std::uint64_t staged_bytes = 0;    // this rank's state, copied before save() returned
+  std::uint64_t written_bytes = 0;   // this rank's file (once durable)
+  double stage_seconds = 0;          // save()'s own time (the copy): the training's stall
+  double write_seconds = 0;          // from staged to durable
+};
+
+// A save in flight. Every rank's durable() turns true once the whole checkpoint is on disk (its
+// manifest written); wait() blocks until then and rethrows the save's error on this rank.
+class checkpoint_future {
+ public:
+  checkpoint_future() = default;
+  bool valid() const { return st_ != nullptr; }
+  bool durable() const {
+    if (!st_) return false;
+    std::lock_guard lk(st_->mu);
+    return st_->done && !st_->err;
+  }
+  save_report wait() const {
+    if (!st_) throw dist_error(errc::invalid_argument, "checkpoint_future: no save");
+    std::unique_lock lk(st_->mu);
+    st_->cv.wait(lk, [&] { return st_->done; });
+    if (st_->err) std::rethrow_exception(st_->err);
+    return st_->report;
+  }
+
+ private:
+  friend class checkpointer;
+  struct state {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    std::exception_ptr err;
+    save_report report;
+  };
+  std::shared_ptr<state> st_;
+};
+
+// Asynchronous, optionally incremental, saves (PyTorch DCP's async_save with a delta on top): one
+// per rank, kept across the training. save() copies this rank's state into host memory (the stage;
+// the model may step on as soon as it returns), agrees with the other ranks whether this save is a
+// delta (one small all_gather: the only collective), and writes on a thread of its own. One save is
+// in flight at a time: the next save() first waits for the previous one. A save that failed is
+// never a delta's base: the next save is full.
+class checkpointer {
+ public:
+  explicit checkpointer(checkpointer_options o = {}) : o_(o) {
+    if (o_.delta_block == 0) throw dist_error(errc::invalid_argument, "checkpointer: delta_block must be > 0");
+  }
+  checkpointer(const checkpointer&) = delete;
+  checkpointer& operator=(const checkpointer&) = delete;
+  checkpointer(checkpointer&&) noexcept = default;  // (the writing thread holds no pointer to it)
+  checkpointer& operator=(checkpointer&&) = delete;
+  ~checkpointer() {
+    if (worker_.joinable()) worker_.join();  // its error stays in its future
+  }
+
+  template <class Model>
+  checkpoint_future save(const std::filesystem::path& dir, Model& model, communicator& world, const checkpoint_state& st = {}) {
+    auto plan = ckpt::collect(model);
+    return start(dir, std::move(plan.first), world, st, plan.second);
+  }
+  // The previous save's future (invalid before the first save).
+  const checkpoint_future& last() const { return last_; }
+
+ private:
+  checkpoint_future start(const std::filesystem::path& dir, std::vector<ckpt::out_piece> pieces, communicator& world, const checkpoint_state& st,
+                          const nlohmann::json& layout) {
+    if (worker_.joinable()) worker_.join();
+    if (last_.valid()) {
+      std::lock_guard lk(last_.st_->mu);
+      if (last_.st_->err) prev_.reset();
+    }
+    // the store to reuse: the previous save's (written), or with deltas the one before it (the
+    // previous save is this one's base)
+    std::shared_ptr<ckpt::snapshot> recycle = std::move(o_.incremental ? spare_ : last_snap_);
+    const auto t0 = std::chrono::steady_clock::now();
+    ckpt::clear_for_save(dir, world.rank());
+    const std::filesystem::path here = std::filesystem::absolute(dir).lexically_normal();
+    // may this rank write a delta, and on which base?
+    const std::uint64_t mine[2] = {o_.incremental && prev_ && deltas_ < o_.max_deltas ? 1u : 0u, std::hash<std::string>{}(prev_dir_.string())};
+    std::vector<std::uint64_t> all(2 * std::size_t(world.size()));
+    world.all_gather(std::span<const std::uint64_t>(mine, 2), std::span<std::uint64_t>(all));  // also: every rank has cleared
+    // a save into a directory of the current chain would overwrite what the delta reads: full
+    bool delta = std::find(chain_.begin(), chain_.end(), here) == chain_.end();
+    for (int r = 0; r < world.size(); ++r) delta = delta && all[2 * std::size_t(r)] == 1 && all[2 * std::size_t(r) + 1] == mine[1];
+
+    ckpt::save_job j;
+    j.dir = dir, j.rank = world.rank(), j.ranks = world.size(), j.timeout = o_.timeout;
+    auto snap = ckpt::stage(std::move(pieces), true, std::move(recycle));
+    if (delta) j.base = prev_, j.block = o_.delta_block;  // compared on the writing thread: both snapshots are immutable
+    if (j.rank == 0) {
+      j.manifest = ckpt::manifest_head(st, layout);
+      if (delta) {
+        std::filesystem::path rel = prev_dir_.lexically_relative(here);
+        j.manifest["base"] = (rel.empty() ? prev_dir_ : rel).generic_string();
+      }
+    }
+    j.snap = snap;
+    if (o_.incremental) spare_ = std::move(prev_);
+    prev_ = o_.incremental ? snap : nullptr;
+    last_snap_ = snap;
+    prev_dir_ = here;
+    deltas_ = delta ? deltas_ + 1 : 0;
+    if (!delta) chain_.clear();
+    chain_.push_back(here);
+
+    checkpoint_future f;
+    f.st_ = std::make_shared<checkpoint_future::state>();
+    f.st_->report.delta = delta;
+    f.st_->report.staged_bytes = snap->elements * sizeof(float);
+    const auto t1 = std::chrono::steady_clock::now();
+    f.st_->report.stage_seconds = std::chrono::duration<double>(t1 - t0).count();
+    last_ = f;
+    worker_ = std::thread([st = f.st_, j = std::move(j), t1]() {
+      std::exception_ptr err;
+      std::uint64_t bytes = 0;
+      try {
+        bytes = ckpt::run_save(j);
+      } catch (...) {
+        err = std::current_exception();
+      }
+      std::lock_guard lk(st->mu);
+      st->err = err;
+      st->report.written_bytes = bytes;
+      st->report.write_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+      st->done = true;
+      st->cv.notify_all();
+    });
+    return f;
+  }
+
+  checkpointer_options o_;
+  std::thread worker_;
+  checkpoint_future last_;
+  std::shared_ptr<ckpt::snapshot> prev_;       // the base of the next delta
+  std::shared_ptr<ckpt::snapshot> spare_;      // with deltas: the base before it (its store is reused)
+  std::shared_ptr<ckpt::snapshot> last_snap_;  // the last save's (its store is reused)
+  std::filesystem::path prev_dir_;
+  std::vector<std::filesystem::path> chain_;  // the directories of the current chain: its full save, then its deltas
+  std::size_t deltas_ = 0;
+};
 
 // Loads what this rank needs of a checkpoint saved on any layout; returns its state (step, extra).
 template <class Model>

@@ -244,6 +244,7 @@ class data_parallel {
   // one all-reduce), then the parameters all-gathered.
   step_result adamw(const nn::adamw_config& h, std::uint64_t step_no) {
     if (o_.zero_stage == 0) return m_->adamw(h, step_no);
+    if (h.lazy_rows) throw dist_error(errc::unsupported, "data_parallel: lazy rows (adamw_config::lazy_rows) with ZeRO-1: a shard's rows are not whole");
     // over every dp shard, and with a tensor-parallel model over its tp group too (the dp-averaged
     // gradients are the same on a tp rank's dp peers, so dp shards times tp shards are all of them)
     grad_check gc(h.max_grad_norm);

@@ -252,7 +252,7 @@ class tp_decoder_lm {
     so.storage = bf16_compute ? param_storage::bf16_master : param_storage::f32;
     so.check_finite = false;  // checked above, over every rank
     so.loss_scale = gc.clip_divisor();  // PyTorch's clip_grad_norm_, as the step's gradient multiplier
-    res = nn::adamw_update(*dev_, params_, h.hyper, step, so);
+    res = nn::adamw_update(*dev_, params_, h.hyper, step, so, h.lazy_rows);
     res.grad_norm = gc.norm();
     return res;
   }

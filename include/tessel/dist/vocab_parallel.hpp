@@ -88,6 +88,7 @@ class vocab_parallel_embedding {
       : tp_(&tp), vocab_(vocab), hidden_(hidden), rows_(detail::vocab_rows_of(vocab, tp)) {
     if (hidden == 0) throw dist_error(errc::invalid_argument, "vocab_parallel_embedding: hidden size 0");
     w_ = &reg.add_shard(name, {vocab, hidden}, 0, rows_.offset, rows_.length, with_bf16);
+    w_->sparse_row = hidden;
   }
   std::size_t vocab() const { return vocab_; }  // the full table's
   std::size_t hidden() const { return hidden_; }

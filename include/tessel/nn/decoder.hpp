@@ -89,13 +89,21 @@ inline std::vector<double> rope_frequencies(const io::model_config& c) {
 struct adamw_config {
   adamw_params hyper{};
   float max_grad_norm = 0.0f;  // > 0: clip the global gradient norm first
+  // Lazy rows (torch.optim.SparseAdam's, TF's LazyAdam): in a parameter with sparse_row > 0 (the
+  // token embedding) a row whose gradient is all zero is left as it is, value and moments (no
+  // weight decay, no moment decay), so a step changes only the rows its tokens used. Off: every
+  // row steps, as torch.optim.AdamW.
+  bool lazy_rows = false;
 };
 
 // One AdamW step over every parameter of a registry, in its order (the moments are created, zero,
 // on first use): parameters with a bf16 copy update their f32 master and refresh the copy. The
 // models' adamw() calls this; so does dist's tensor-parallel model, with its own global clipping.
+// lazy_rows: adamw_config::lazy_rows (each run of touched rows of a sparse_row parameter is a
+// tensor of its own).
 template <device Dev>
-step_result adamw_update(Dev& dev, parameters<Dev>& params, const adamw_params& hyper, std::uint64_t step, const step_options& so) {
+step_result adamw_update(Dev& dev, parameters<Dev>& params, const adamw_params& hyper, std::uint64_t step, const step_options& so,
+                         bool lazy_rows = false) {
   std::vector<optim_tensor<float, float>> ts;
   ts.reserve(params.size());
   for (auto& p : params) {
@@ -103,18 +111,38 @@ step_result adamw_update(Dev& dev, parameters<Dev>& params, const adamw_params& 
       p.m = device_buffer<float, Dev>::zeros(dev, p.numel);
       p.v = device_buffer<float, Dev>::zeros(dev, p.numel);
     }
-    optim_tensor<float, float> t;
-    if (!p.value_bf16.empty()) {
-      t.param_bf16 = p.value_bf16.span();
-      t.master = p.value.span();
-    } else {
-      t.param = p.value.span();
+    auto part = [&](std::size_t off, std::size_t cnt) {
+      optim_tensor<float, float> t;
+      if (!p.value_bf16.empty()) {
+        t.param_bf16 = p.value_bf16.span().subspan(off, cnt);
+        t.master = p.value.span().subspan(off, cnt);
+      } else {
+        t.param = p.value.span().subspan(off, cnt);
+      }
+      t.grad = p.grad.cspan().subspan(off, cnt);
+      t.m = p.m.span().subspan(off, cnt);
+      t.v = p.v.span().subspan(off, cnt);
+      ts.push_back(t);
+    };
+    const std::size_t r = p.sparse_row;
+    if (!lazy_rows || r == 0 || p.numel % r != 0) {
+      part(0, p.numel);
+      continue;
     }
-    t.grad = p.grad.cspan();
-    t.m = p.m.span();
-    t.v = p.v.span();
-    ts.push_back(t);
+    const float* g = p.grad.data();
+    auto touched = [&](std::size_t row) { return std::any_of(g + row * r, g + (row + 1) * r, [](float x) { return x != 0.0f; }); };
+    for (std::size_t row = 0, rows = p.numel / r; row < rows;) {
+      if (!touched(row)) {
+        ++row;
+        continue;
+      }
+      std::size_t end = row + 1;
+      while (end < rows && touched(end)) ++end;
+      part(row * r, (end - row) * r);
+      row = end;
+    }
   }
+  if (ts.empty()) return {};
   return adamw_step(dev, std::span<const optim_tensor<float, float>>(ts), hyper, step, so);
 }
 
@@ -312,7 +340,7 @@ class decoder_lm {
     step_options so;
     so.storage = bf16_compute ? param_storage::bf16_master : param_storage::f32;
     so.max_grad_norm = h.max_grad_norm;
-    return adamw_update(*dev_, params_, h.hyper, step, so);
+    return adamw_update(*dev_, params_, h.hyper, step, so, h.lazy_rows);
   }
 
  private:
@@ -360,6 +388,7 @@ class decoder_lm {
     if (gpt2()) {
       if (qd != d || kvd != d) throw nn_error(errc::unsupported, "decoder_lm: GPT-2 needs heads * head_dim == hidden size");
       embed_ = add("transformer.wte.weight", {c.vocab_size, d}, true);
+      embed_->sparse_row = d;
       pos_ = add("transformer.wpe.weight", {c.max_position_embeddings, d}, false);
       for (std::size_t l = 0; l < c.num_hidden_layers; ++l) {
         block& b = blocks_[l];
@@ -379,6 +408,7 @@ class decoder_lm {
       head_ = linear<Dev, T>(embed_, nullptr, d, c.vocab_size);  // GPT-2 always ties
     } else {
       embed_ = add("model.embed_tokens.weight", {c.vocab_size, d}, true);
+      embed_->sparse_row = d;
       for (std::size_t l = 0; l < c.num_hidden_layers; ++l) {
         block& b = blocks_[l];
         const std::string p = "model.layers." + std::to_string(l) + ".";

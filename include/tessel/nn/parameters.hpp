@@ -49,6 +49,7 @@ struct parameter {
   device_buffer<float, Dev> grad;       // d loss / d value, accumulated by backward passes
   device_buffer<bf16, Dev> value_bf16;  // what bf16 GEMMs read (empty for f32 models)
   device_buffer<float, Dev> m, v;       // AdamW moments (empty until the first step)
+  std::size_t sparse_row = 0;           // > 0: rows of this length that a step may leave untouched (an embedding table)
 
   std::string shape_string() const { return io::detail::shape_string(shape); }
 };
