@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include <tessel/collectives.hpp>
+#include <tessel/collectives/transport/emulated.hpp>
 #include <tessel/device/host_device.hpp>
 #include <tessel/dist.hpp>
 #include <tessel/nn.hpp>
@@ -82,11 +83,11 @@ bool same(const tensors& a, const tensors& b) {
 }
 
 // Trains a tiny Llama on dp x tp (ZeRO `zero`) for `steps` steps, calling at(step, dp, world)
-// after each.
+// after each; on threads, or on the emulated cluster.
 template <class At>
-void train(int dp_n, int tp_n, int zero, std::size_t steps, bool lazy, At&& at) {
+void train(int dp_n, int tp_n, int zero, std::size_t steps, bool lazy, At&& at, bool emulated = false) {
   const fs::path init = tessel_test::layout_run_checkpoint();
-  threads_world::run(dp_n * tp_n, [&](threads_transport t) {
+  auto rank = [&](auto t) {
     dist::process_groups grp(std::move(t), {.dp = dp_n, .tp = tp_n, .zero_stage = zero});
     host_device dv(1);
     dist::tp_decoder_lm<host_device> m(dv, tessel_test::layout_run_llama(), grp.tp());
@@ -107,7 +108,9 @@ void train(int dp_n, int tp_n, int zero, std::size_t steps, bool lazy, At&& at) 
       dp.adamw(h, step);
       at(step, dp, grp.world());
     }
-  });
+  };
+  if (emulated) emulated_world::run_default(dp_n * tp_n, rank, false);
+  else threads_world::run(dp_n * tp_n, rank);
 }
 
 // A recommendation-style model: a 20000 x 32 table whose rows a step looks up, and a small dense
@@ -129,16 +132,18 @@ struct sparse_model {
 }  // namespace
 
 TEST_CASE("an asynchronous save writes the state of the moment it was called, byte for byte as a synchronous save", "[dist][checkpoint]") {
-  for (const auto& [dp_n, tp_n, zero] : {std::tuple{2, 1, 1}, std::tuple{1, 2, 0}}) {
-    INFO("dp " << dp_n << " x tp " << tp_n << ", ZeRO-" << zero);
-    const fs::path sync = tmp_dir("sync"), async = tmp_dir("async");
+  // (the emulated cluster: the save's agreement runs over the fabric, and the layouts train to the
+  // same bits as on threads, so the files match the threads' synchronous save too)
+  for (const auto& [dp_n, tp_n, zero, emulated] : {std::tuple{2, 1, 1, false}, std::tuple{1, 2, 0, false}, std::tuple{2, 1, 1, true}}) {
+    INFO("dp " << dp_n << " x tp " << tp_n << ", ZeRO-" << zero << (emulated ? ", emulated cluster" : ", threads"));
+    const fs::path sync = tmp_dir("sync" + std::to_string(dp_n) + std::to_string(tp_n) + std::to_string(zero)), async = tmp_dir("async");
     std::mutex mu;
     std::vector<dist::save_report> reports;
     std::vector<dist::checkpointer> cks(std::size_t(dp_n * tp_n));  // one per rank
     train(dp_n, tp_n, zero, 2, false, [&](std::size_t step, auto& dp, communicator& world) {
       if (step != 2) return;
       const dist::checkpoint_state st{.step = step, .extra = {{"loader", "at 2"}}};
-      dist::save_checkpoint(sync, dp, world, st);
+      if (!emulated) dist::save_checkpoint(sync, dp, world, st);
       auto& ck = cks[std::size_t(world.rank())];
       auto f = ck.save(async, dp, world, st);  // returns once staged
       // the model changes while the save is written: every value and moment
@@ -155,7 +160,7 @@ TEST_CASE("an asynchronous save writes the state of the moment it was called, by
       TS_CHECK(f.durable());
       std::lock_guard lk(mu);
       reports.push_back(r);
-    });
+    }, emulated);
     REQUIRE(reports.size() == std::size_t(dp_n * tp_n));
     for (const auto& r : reports) {
       CHECK_FALSE(r.delta);
@@ -168,9 +173,9 @@ TEST_CASE("an asynchronous save writes the state of the moment it was called, by
       CHECK_FALSE(fs::exists(async / dist::ckpt::done_file(w)));  // the markers are gone
     }
     CHECK(file_bytes(sync / dist::checkpoint_manifest) == file_bytes(async / dist::checkpoint_manifest));
-    fs::remove_all(sync);
     fs::remove_all(async);
   }
+  for (const char* t : {"sync211", "sync120"}) fs::remove_all(tmp_dir(t));
   tessel_test::layout_run_cleanup();
 }
 

@@ -94,3 +94,42 @@ npy_dir = os.path.join(here, "..", "io", "fixtures", "npy")
 for name in sorted(os.listdir(npy_dir)):
     with open(os.path.join(npy_dir, name), "rb") as f:
         write(t, name[:-len(".npy")], f.read())
+
+# checkpoint_manifest: [flags][manifest length, u32 LE][checkpoint.json][rank-00000.safetensors]
+# (flags bit 0: the harness writes the rank file's true size and hash into the manifest).
+t = "checkpoint_manifest"
+
+
+def piece(param, kind, shape, first, last, values, dim=0, offset=0, length=None):
+    place = {"param": param, "kind": kind, "shape": shape, "offset": offset,
+             "length": (shape[dim] if shape else 1) if length is None else length, "dim": dim, "first": first, "last": last}
+    name = kind + "/" + param + "/" + str(first)
+    return name, json.dumps(place, separators=(",", ":")), struct.pack("<%df" % len(values), *values)
+
+
+def checkpoint(pieces, manifest_extra=None, fix=True, files=None):
+    meta = {name: place for name, place, _ in pieces}
+    rank = st_file([(name, "F32", [len(blob) // 4], blob) for name, _, blob in pieces], metadata=meta)
+    m = {"format": "tessel.checkpoint.v1", "step": 3, "extra": {"loader": "batch 3"}, "layout": {"dp": 1, "zero_stage": 0},
+         "files": files if files is not None else [{"name": "rank-00000.safetensors", "bytes": len(rank), "hash": "0" * 16}]}
+    m.update(manifest_extra or {})
+    mb = json.dumps(m, indent=1).encode()
+    return bytes([1 if fix else 0]) + struct.pack("<I", len(mb)) + mb + rank
+
+
+w6 = [0.5 * i for i in range(6)]
+write(t, "whole", checkpoint([piece("w", "value", [2, 3], 0, 6, w6), piece("w", "adamw.m", [2, 3], 0, 6, w6),
+                               piece("b", "value", [3], 0, 3, w6[:3])]))
+write(t, "shards", checkpoint([piece("w", "value", [4, 3], 0, 6, w6, dim=0, offset=2, length=2),
+                                piece("w", "value", [4, 3], 0, 6, w6, dim=0, offset=0, length=2),
+                                piece("u", "value", [2, 4], 0, 4, w6[:4], dim=1, offset=2, length=2)]))
+write(t, "ranges", checkpoint([piece("w", "value", [2, 3], 0, 2, w6[:2]), piece("w", "value", [2, 3], 2, 6, w6[2:])]))
+write(t, "gap", checkpoint([piece("w", "value", [2, 3], 0, 2, w6[:2]), piece("w", "value", [2, 3], 3, 6, w6[3:])]))
+write(t, "scalar", checkpoint([piece("s", "value", [], 0, 1, [1.0])]))
+write(t, "empty_dim", checkpoint([piece("e", "value", [0, 3], 0, 0, [])]))
+write(t, "unfixed", checkpoint([piece("w", "value", [2, 3], 0, 6, w6)], fix=False))
+write(t, "delta_self", checkpoint([piece("w", "value", [2, 3], 0, 6, w6)], {"base": "../c", "base_hash": "0123456789abcdef"}))
+write(t, "delta_missing", checkpoint([piece("w", "value", [2, 3], 0, 6, w6)], {"base": "../nowhere", "base_hash": "0"}))
+write(t, "bad_place", checkpoint([piece("w", "value", [2, 3], 4, 2, w6)]))
+write(t, "escape", checkpoint([piece("w", "value", [2, 3], 0, 6, w6)],
+                               files=[{"name": "../rank-00000.safetensors", "bytes": 1, "hash": "x"}]))

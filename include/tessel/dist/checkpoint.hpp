@@ -520,6 +520,7 @@ inline void assemble(const index& ix, const std::string& param, const std::vecto
                      std::size_t first, std::size_t last, float* dst) {
   const auto it = ix.pieces.find(param);
   if (it == ix.pieces.end()) throw dist_error(errc::out_of_range, "checkpoint: no tensor '" + param + "' in the checkpoint");
+  if (first >= last) return;  // nothing to fill (and an empty target has no rows to divide by)
   std::vector<char> done(last - first, 0);
   std::size_t filled = 0;
   for (const in_piece& s : it->second) {
