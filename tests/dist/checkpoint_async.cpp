@@ -5,6 +5,8 @@
 //  * Incremental saves: every checkpoint of a chain of deltas loads back to the state of its step
 //    byte for byte; a delta writes only the blocks that changed; max_deltas bounds the chain; a
 //    save after a failed one is full.
+//  * Tiers save at their intervals and keep their newest durable checkpoints and the bases those
+//    need; restorable_checkpoints lists what is on disk, newest first.
 //  * Staging copies every piece whole, on several threads for a large state, into a reused store.
 //  * A sparse model (an embedding table stepped with lazy rows): a delta is at least 6x smaller
 //    than a full checkpoint.
@@ -134,7 +136,10 @@ struct sparse_model {
 TEST_CASE("an asynchronous save writes the state of the moment it was called, byte for byte as a synchronous save", "[dist][checkpoint]") {
   // (the emulated cluster: the save's agreement runs over the fabric, and the layouts train to the
   // same bits as on threads, so the files match the threads' synchronous save too)
-  for (const auto& [dp_n, tp_n, zero, emulated] : {std::tuple{2, 1, 1, false}, std::tuple{1, 2, 0, false}, std::tuple{2, 1, 1, true}}) {
+  for (const auto& layout : {std::tuple{2, 1, 1, false}, std::tuple{1, 2, 0, false}, std::tuple{2, 1, 1, true}}) {
+    // (not a structured binding: Clang 14 cannot capture one in the lambdas below)
+    const int dp_n = std::get<0>(layout), tp_n = std::get<1>(layout), zero = std::get<2>(layout);
+    const bool emulated = std::get<3>(layout);
     INFO("dp " << dp_n << " x tp " << tp_n << ", ZeRO-" << zero << (emulated ? ", emulated cluster" : ", threads"));
     const fs::path sync = tmp_dir("sync" + std::to_string(dp_n) + std::to_string(tp_n) + std::to_string(zero)), async = tmp_dir("async");
     std::mutex mu;
@@ -287,6 +292,51 @@ TEST_CASE("checkpointer errors: a loop of bases, a bad option, and a failed save
     std::ofstream(m) << j.dump();
   }
   CHECK_THROWS_MATCHES(gather(root / "s3"), dist::dist_error, is_error(errc::format, "dist", "returns to"));
+  fs::remove_all(root);
+  tessel_test::layout_run_cleanup();
+}
+
+TEST_CASE("tiers: each saves at its interval, keeps its newest durable checkpoints and the bases they need", "[dist][checkpoint]") {
+  const fs::path root = tmp_dir("tiers");
+  const std::vector<dist::checkpoint_tier> tiers = {
+      {.dir = root / "fast", .every = 1, .keep = 3, .options = {.incremental = true, .delta_block = 64, .max_deltas = 2}},
+      {.dir = root / "slow", .every = 4, .keep = 2}};
+  std::vector<dist::tiered_checkpointer> tc;
+  for (int r = 0; r < 2; ++r) tc.emplace_back(tiers);
+  std::mutex mu;
+  std::vector<std::size_t> saved;
+  train(2, 1, 0, 10, false, [&](std::size_t step, auto& dp, communicator& world) {
+    auto& t = tc[std::size_t(world.rank())];
+    const std::size_t n = t.save(step, dp, world, {.extra = {{"loader", std::to_string(step)}}});
+    if (step == 10) t.wait(world);
+    if (world.rank() == 0) {
+      std::lock_guard lk(mu);
+      saved.push_back(n);
+    }
+  });
+  CHECK(saved == std::vector<std::size_t>{1, 1, 1, 2, 1, 1, 1, 2, 1, 1});
+  auto on_disk = [&](const fs::path& d) {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(d)) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  // fast: full at 1, 4, 7, 10 (two deltas at most in a row); the newest 3 are 8, 9, 10, and 8 and 9
+  // are deltas on 7: 7 stays
+  CHECK(on_disk(root / "fast") == std::vector<std::string>{"step-000000000007", "step-000000000008", "step-000000000009", "step-000000000010"});
+  CHECK(on_disk(root / "slow") == std::vector<std::string>{"step-000000000004", "step-000000000008"});
+  const auto r = dist::restorable_checkpoints(tiers);
+  REQUIRE(r.size() == 6);
+  CHECK(r[0] == dist::tier_checkpoint_dir(tiers[0], 10));
+  CHECK(r[3] == dist::tier_checkpoint_dir(tiers[1], 8));  // step 8 of both tiers: the faster tier's first
+  CHECK(r[5] == dist::tier_checkpoint_dir(tiers[1], 4));
+  // step 8 as a delta chain (fast) and as a full checkpoint (slow): the same state
+  CHECK(same(gather(r[2]), gather(r[3])));
+  for (const auto& d : r) CHECK_NOTHROW(gather(d));
+  CHECK_THROWS_MATCHES(dist::tiered_checkpointer({}), dist::dist_error, is_error(errc::invalid_argument, "dist", "no tiers"));
+  CHECK_THROWS_MATCHES(dist::tiered_checkpointer({{.dir = root, .every = 0}}), dist::dist_error, is_error(errc::invalid_argument, "dist", "interval > 0"));
+  CHECK_THROWS_MATCHES(dist::tiered_checkpointer({{.dir = root / "a"}, {.dir = root / "x" / ".." / "a"}}), dist::dist_error,
+                       is_error(errc::invalid_argument, "dist", "tiers 0 and 1 share"));
   fs::remove_all(root);
   tessel_test::layout_run_cleanup();
 }

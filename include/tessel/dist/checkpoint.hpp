@@ -673,6 +673,12 @@ class checkpoint_future {
     std::lock_guard lk(st_->mu);
     return st_->done && !st_->err;
   }
+  // The save has ended, durable or failed.
+  bool finished() const {
+    if (!st_) return false;
+    std::lock_guard lk(st_->mu);
+    return st_->done;
+  }
   save_report wait() const {
     if (!st_) throw dist_error(errc::invalid_argument, "checkpoint_future: no save");
     std::unique_lock lk(st_->mu);
@@ -719,6 +725,9 @@ class checkpointer {
   }
   // The previous save's future (invalid before the first save).
   const checkpoint_future& last() const { return last_; }
+  // The directories the previous save needs to load: its chain's full checkpoint, then its deltas,
+  // itself last.
+  const std::vector<std::filesystem::path>& chain() const { return chain_; }
 
  private:
   checkpoint_future start(const std::filesystem::path& dir, std::vector<ckpt::out_piece> pieces, communicator& world, const checkpoint_state& st,
@@ -828,6 +837,151 @@ checkpoint_state load_checkpoint(const std::filesystem::path& dir, data_parallel
     }
   }
   return ix.state;
+}
+
+// ---- tiers ------------------------------------------------------------------------------------
+
+// A tier of checkpoints: a directory with its own interval and retention. Tiers are how a job keeps
+// frequent cheap copies and rare durable ones, e.g. a tmpfs directory every step keeping 10, a local
+// disk every 100 steps keeping 3, a remote mount every 1000 steps keeping all.
+struct checkpoint_tier {
+  std::filesystem::path dir;          // each checkpoint in dir/step-<12 digits>
+  std::uint64_t every = 1;            // saves at the steps that are multiples of it
+  std::size_t keep = 1;               // the newest durable checkpoints kept (0: all)
+  checkpointer_options options = {};  // incremental or not, its blocks and chain length, the timeout
+};
+
+inline std::filesystem::path tier_checkpoint_dir(const checkpoint_tier& t, std::uint64_t step) {
+  char s[32];
+  std::snprintf(s, sizeof s, "step-%012llu", static_cast<unsigned long long>(step));
+  return t.dir / s;
+}
+
+// Saves to every tier due at a step (asynchronously, each tier through its own checkpointer) and
+// applies the tiers' retention: once a tier has `keep` durable checkpoints newer than an older one,
+// world rank 0 removes the older one, unless a kept delta (or a save in flight) reads it. Nothing
+// is removed before a newer checkpoint of its tier is on disk, and a failed save is removed with
+// its error kept for wait().
+class tiered_checkpointer {
+ public:
+  explicit tiered_checkpointer(std::vector<checkpoint_tier> tiers) {
+    if (tiers.empty()) throw dist_error(errc::invalid_argument, "tiered_checkpointer: no tiers");
+    for (std::size_t i = 0; i < tiers.size(); ++i) {
+      const auto& t = tiers[i];
+      if (t.dir.empty() || t.every == 0)
+        throw dist_error(errc::invalid_argument, "tiered_checkpointer: tier " + std::to_string(i) + " needs a directory and an interval > 0");
+      for (std::size_t k = 0; k < i; ++k)
+        if (std::filesystem::absolute(tiers[k].dir).lexically_normal() == std::filesystem::absolute(t.dir).lexically_normal())
+          throw dist_error(errc::invalid_argument, "tiered_checkpointer: tiers " + std::to_string(k) + " and " + std::to_string(i) + " share " + t.dir.string());
+      tiers_.push_back({t, checkpointer(t.options), {}});
+    }
+  }
+
+  // Every rank calls it at every step (a tier not due does nothing); returns how many tiers saved.
+  template <class Model>
+  std::size_t save(std::uint64_t step, Model& model, communicator& world, checkpoint_state st = {}) {
+    st.step = step;
+    std::size_t saved = 0;
+    for (auto& t : tiers_) {
+      if (step % t.spec.every != 0) continue;
+      const auto dir = tier_checkpoint_dir(t.spec, step);
+      auto f = t.ck.save(dir, model, world, st);
+      t.saves.push_back({step, dir, t.ck.chain(), std::move(f)});
+      ++saved;
+      prune(t, world.rank() == 0);
+    }
+    return saved;
+  }
+  // Waits for every save in flight, applies retention, and rethrows the first failed save's error.
+  void wait(communicator& world) {
+    std::exception_ptr first;
+    for (auto& t : tiers_) {
+      for (auto& s : t.saves) try {
+          s.f.wait();
+        } catch (...) {
+          if (!first) first = std::current_exception();
+        }
+      prune(t, world.rank() == 0);
+    }
+    if (first) std::rethrow_exception(first);
+  }
+  // What each tier holds on this rank's view: its checkpoints' directories, oldest first.
+  std::vector<std::filesystem::path> held(std::size_t tier) const {
+    if (tier >= tiers_.size()) throw dist_error(errc::out_of_range, "tiered_checkpointer: no tier " + std::to_string(tier));
+    std::vector<std::filesystem::path> out;
+    for (const auto& s : tiers_[tier].saves) out.push_back(s.dir);
+    return out;
+  }
+
+ private:
+  struct save_entry {
+    std::uint64_t step;
+    std::filesystem::path dir;
+    std::vector<std::filesystem::path> chain;  // what it needs to load, itself included
+    checkpoint_future f;
+  };
+  struct tier_state {
+    checkpoint_tier spec;
+    checkpointer ck;
+    std::vector<save_entry> saves;  // oldest first
+  };
+  // Drops failed saves, then the checkpoints older than the tier's newest `keep` durable ones that
+  // no newer save needs; world rank 0 removes their directories.
+  static void prune(tier_state& t, bool remover) {
+    auto gone = [&](const std::filesystem::path& d) {
+      if (!remover) return;
+      std::error_code ec;
+      std::filesystem::remove_all(d, ec);
+    };
+    std::vector<save_entry> kept;
+    for (auto& s : t.saves) {
+      if (s.f.finished() && !s.f.durable()) {  // failed
+        gone(s.dir);
+        continue;
+      }
+      kept.push_back(std::move(s));
+    }
+    t.saves = std::move(kept);
+    if (t.spec.keep == 0) return;
+    // the oldest of the newest `keep` durable ones: everything before it is a candidate
+    std::size_t durable = 0, cut = 0;
+    for (std::size_t i = t.saves.size(); i-- > 0;)
+      if (t.saves[i].f.durable() && ++durable == t.spec.keep) {
+        cut = i;
+        break;
+      }
+    if (durable < t.spec.keep) return;
+    std::vector<std::filesystem::path> needed;
+    for (std::size_t i = cut; i < t.saves.size(); ++i) needed.insert(needed.end(), t.saves[i].chain.begin(), t.saves[i].chain.end());
+    std::vector<save_entry> rest;
+    for (std::size_t i = 0; i < t.saves.size(); ++i) {
+      const bool need = i >= cut || std::find(needed.begin(), needed.end(), std::filesystem::absolute(t.saves[i].dir).lexically_normal()) != needed.end();
+      if (need) rest.push_back(std::move(t.saves[i]));
+      else gone(t.saves[i].dir);
+    }
+    t.saves = std::move(rest);
+  }
+
+  std::vector<tier_state> tiers_;
+};
+
+// The checkpoints the tiers hold on disk (every step-* directory with a manifest), newest step
+// first (for a step in several tiers, the earlier tier's first): what a restart tries in order.
+inline std::vector<std::filesystem::path> restorable_checkpoints(const std::vector<checkpoint_tier>& tiers) {
+  std::vector<std::pair<std::uint64_t, std::pair<std::size_t, std::filesystem::path>>> found;
+  for (std::size_t i = 0; i < tiers.size(); ++i) {
+    std::error_code ec;
+    for (std::filesystem::directory_iterator it(tiers[i].dir, ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      if (name.size() != 17 || name.rfind("step-", 0) != 0 || name.find_first_not_of("0123456789", 5) != std::string::npos) continue;
+      if (!std::filesystem::exists(it->path() / checkpoint_manifest)) continue;
+      found.push_back({std::stoull(name.substr(5)), {i, it->path()}});
+    }
+  }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first != b.first ? a.first > b.first : a.second.first < b.second.first; });
+  std::vector<std::filesystem::path> out;
+  for (auto& f : found) out.push_back(std::move(f.second.second));
+  return out;
 }
 
 }  // namespace dist
