@@ -6,7 +6,8 @@
 //    byte for byte; a delta writes only the blocks that changed; max_deltas bounds the chain; a
 //    save after a failed one is full.
 //  * Tiers save at their intervals and keep their newest durable checkpoints and the bases those
-//    need; restorable_checkpoints lists what is on disk, newest first.
+//    need; restorable_checkpoints lists what is on disk, newest first; resume loads the newest that
+//    loads on every rank.
 //  * Staging copies every piece whole, on several threads for a large state, into a reused store.
 //  * A sparse model (an embedding table stepped with lazy rows): a delta is at least 6x smaller
 //    than a full checkpoint.
@@ -333,6 +334,22 @@ TEST_CASE("tiers: each saves at its interval, keeps its newest durable checkpoin
   // step 8 as a delta chain (fast) and as a full checkpoint (slow): the same state
   CHECK(same(gather(r[2]), gather(r[3])));
   for (const auto& d : r) CHECK_NOTHROW(gather(d));
+  // resume: the newest that loads on every rank; one flipped byte in step 10's rank-1 file passes
+  // it over on both ranks (each checks every file), and step 9 (a delta on 8 on 7) loads
+  {
+    std::fstream io(r[0] / dist::ckpt::rank_file(1), std::ios::in | std::ios::out | std::ios::binary);
+    io.seekp(100);
+    io.put('\x7f');
+  }
+  std::vector<std::uint64_t> resumed(2, 0);
+  std::vector<fs::path> from(2);
+  train(2, 1, 0, 1, false, [&](std::size_t, auto& dp, communicator& world) {
+    const auto st = dist::resume(tiers, dp, world, &from[std::size_t(world.rank())]);
+    resumed[std::size_t(world.rank())] = st ? st->step : 0;
+  });
+  CHECK(resumed == std::vector<std::uint64_t>{9, 9});
+  CHECK(from[0] == r[1]);
+  CHECK(from[1] == r[1]);
   CHECK_THROWS_MATCHES(dist::tiered_checkpointer({}), dist::dist_error, is_error(errc::invalid_argument, "dist", "no tiers"));
   CHECK_THROWS_MATCHES(dist::tiered_checkpointer({{.dir = root, .every = 0}}), dist::dist_error, is_error(errc::invalid_argument, "dist", "interval > 0"));
   CHECK_THROWS_MATCHES(dist::tiered_checkpointer({{.dir = root / "a"}, {.dir = root / "x" / ".." / "a"}}), dist::dist_error,

@@ -47,6 +47,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -965,23 +966,62 @@ class tiered_checkpointer {
   std::vector<tier_state> tiers_;
 };
 
-// The checkpoints the tiers hold on disk (every step-* directory with a manifest), newest step
-// first (for a step in several tiers, the earlier tier's first): what a restart tries in order.
-inline std::vector<std::filesystem::path> restorable_checkpoints(const std::vector<checkpoint_tier>& tiers) {
-  std::vector<std::pair<std::uint64_t, std::pair<std::size_t, std::filesystem::path>>> found;
+// The checkpoints the tiers hold on disk (every step-* directory with a manifest) as (tier, step),
+// newest step first (for a step in several tiers, the earlier tier's first): what a restart tries
+// in order.
+inline std::vector<std::pair<std::size_t, std::uint64_t>> restorable(const std::vector<checkpoint_tier>& tiers) {
+  std::vector<std::pair<std::size_t, std::uint64_t>> found;
   for (std::size_t i = 0; i < tiers.size(); ++i) {
     std::error_code ec;
     for (std::filesystem::directory_iterator it(tiers[i].dir, ec), end; !ec && it != end; it.increment(ec)) {
       const std::string name = it->path().filename().string();
       if (name.size() != 17 || name.rfind("step-", 0) != 0 || name.find_first_not_of("0123456789", 5) != std::string::npos) continue;
       if (!std::filesystem::exists(it->path() / checkpoint_manifest)) continue;
-      found.push_back({std::stoull(name.substr(5)), {i, it->path()}});
+      found.push_back({i, std::stoull(name.substr(5))});
     }
   }
-  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first != b.first ? a.first > b.first : a.second.first < b.second.first; });
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.second != b.second ? a.second > b.second : a.first < b.first; });
+  return found;
+}
+inline std::vector<std::filesystem::path> restorable_checkpoints(const std::vector<checkpoint_tier>& tiers) {
   std::vector<std::filesystem::path> out;
-  for (auto& f : found) out.push_back(std::move(f.second.second));
+  for (const auto& [tier, step] : restorable(tiers)) out.push_back(tier_checkpoint_dir(tiers[tier], step));
   return out;
+}
+
+// Restarts from the tiers (recovery by restart: after a crash, or under MPI, which has no way to
+// shrink a job, relaunched by tools/mpirun-resume): loads the newest checkpoint the tiers hold that
+// loads on every rank. World rank 0 lists the candidates and sends their steps; a candidate that
+// fails on any rank (incomplete, corrupted, a base gone) is passed over by all, agreed through one
+// all_reduce. Returns its state, or nullopt when none loads (a fresh start); `from`, if given, is
+// set to the directory loaded. Every rank calls it.
+template <class Model>
+std::optional<checkpoint_state> resume(const std::vector<checkpoint_tier>& tiers, Model& model, communicator& world, std::filesystem::path* from = nullptr) {
+  std::vector<std::uint64_t> cand;  // (tier, step) pairs, newest first, as world rank 0 sees them
+  std::uint64_t n = 0;
+  if (world.rank() == 0) {
+    for (const auto& [tier, step] : restorable(tiers)) cand.push_back(tier), cand.push_back(step);
+    n = cand.size() / 2;
+  }
+  world.broadcast(std::span<std::uint64_t>(&n, 1), 0);
+  cand.resize(2 * n);
+  if (n > 0) world.broadcast(std::span<std::uint64_t>(cand), 0);
+  for (std::size_t c = 0; c < n; ++c) {
+    if (cand[2 * c] >= tiers.size()) throw dist_error(errc::out_of_range, "resume: rank 0 named tier " + std::to_string(cand[2 * c]));
+    const auto dir = tier_checkpoint_dir(tiers[cand[2 * c]], cand[2 * c + 1]);
+    std::optional<checkpoint_state> st;
+    try {
+      st = load_checkpoint(dir, model);
+    } catch (const tessel::error&) {
+    }
+    std::uint64_t ok = st ? 1 : 0;
+    world.all_reduce(std::span<std::uint64_t>(&ok, 1), reduce_op::min);
+    if (ok == 1) {
+      if (from) *from = dir;
+      return st;
+    }
+  }
+  return std::nullopt;
 }
 
 }  // namespace dist
