@@ -293,6 +293,19 @@ TEST_CASE("checkpointer errors: a loop of bases, a bad option, and a failed save
     std::ofstream(m) << j.dump();
   }
   CHECK_THROWS_MATCHES(gather(root / "s3"), dist::dist_error, is_error(errc::format, "dist", "returns to"));
+  // a rank that cannot prepare: it throws its own error, the other one naming it (neither waits)
+  std::vector<std::string> what(2);
+  train(2, 1, 0, 1, false, [&](std::size_t, auto& dp, communicator& world) {
+    const std::size_t w = std::size_t(world.rank());
+    dist::checkpointer c;
+    try {
+      c.save(w == 0 ? root / "ok" : root / "blocker" / "x", dp, world).wait();
+    } catch (const dist::dist_error& e) {
+      what[w] = e.what();
+    }
+  });
+  CHECK_THAT(what[0], Catch::Contains("rank 1 cannot prepare"));
+  CHECK_THAT(what[1], Catch::Contains("cannot create"));
   fs::remove_all(root);
   tessel_test::layout_run_cleanup();
 }

@@ -372,6 +372,25 @@ inline void clear_for_save(const std::filesystem::path& dir, int rank) {
   std::filesystem::remove(dir / done_file(rank), ec);
   if (rank == 0) std::filesystem::remove(dir / checkpoint_manifest, ec);
 }
+// A save's one collective: every rank clears (clear_for_save) and shares `words`; returns every
+// rank's words. A rank that could not clear throws its error, and the others a dist_error naming
+// it, so that no rank goes on to wait for a file that never comes.
+inline std::vector<std::uint64_t> prepare(const std::filesystem::path& dir, communicator& world, std::vector<std::uint64_t> words) {
+  std::exception_ptr err;
+  try {
+    clear_for_save(dir, world.rank());
+  } catch (...) {
+    err = std::current_exception();
+  }
+  words.push_back(err ? 0 : 1);
+  std::vector<std::uint64_t> all(words.size() * std::size_t(world.size()));
+  world.all_gather(std::span<const std::uint64_t>(words), std::span<std::uint64_t>(all));
+  if (err) std::rethrow_exception(err);
+  for (int r = 0; r < world.size(); ++r)
+    if (all[(std::size_t(r) + 1) * words.size() - 1] == 0)
+      throw dist_error(errc::io, "checkpoint: rank " + std::to_string(r) + " cannot prepare " + dir.string() + ": nothing was saved");
+  return all;
+}
 inline nlohmann::json manifest_head(const checkpoint_state& st, const nlohmann::json& layout) {
   nlohmann::json j;
   j["format"] = checkpoint_format;
@@ -384,8 +403,7 @@ inline nlohmann::json manifest_head(const checkpoint_state& st, const nlohmann::
 // A synchronous save: the model's own memory is written (no staged copy).
 inline void write(const std::filesystem::path& dir, communicator& world, std::vector<out_piece> pieces, const checkpoint_state& st, const nlohmann::json& layout,
                   std::chrono::milliseconds timeout) {
-  clear_for_save(dir, world.rank());
-  world.barrier();  // every rank has cleared its marker, rank 0 the manifest
+  prepare(dir, world, {});  // every rank has cleared its marker, rank 0 the manifest
   save_job j;
   j.dir = dir, j.rank = world.rank(), j.ranks = world.size(), j.timeout = timeout;
   j.snap = stage(std::move(pieces), false);
@@ -742,15 +760,14 @@ class checkpointer {
     // previous save is this one's base)
     std::shared_ptr<ckpt::snapshot> recycle = std::move(o_.incremental ? spare_ : last_snap_);
     const auto t0 = std::chrono::steady_clock::now();
-    ckpt::clear_for_save(dir, world.rank());
     const std::filesystem::path here = std::filesystem::absolute(dir).lexically_normal();
-    // may this rank write a delta, and on which base?
-    const std::uint64_t mine[2] = {o_.incremental && prev_ && deltas_ < o_.max_deltas ? 1u : 0u, std::hash<std::string>{}(prev_dir_.string())};
-    std::vector<std::uint64_t> all(2 * std::size_t(world.size()));
-    world.all_gather(std::span<const std::uint64_t>(mine, 2), std::span<std::uint64_t>(all));  // also: every rank has cleared
-    // a save into a directory of the current chain would overwrite what the delta reads: full
-    bool delta = std::find(chain_.begin(), chain_.end(), here) == chain_.end();
-    for (int r = 0; r < world.size(); ++r) delta = delta && all[2 * std::size_t(r)] == 1 && all[2 * std::size_t(r) + 1] == mine[1];
+    // may this rank write a delta, and on which base? Not into a directory of the current chain:
+    // that would overwrite what the delta reads.
+    const bool can = o_.incremental && prev_ && deltas_ < o_.max_deltas && std::find(chain_.begin(), chain_.end(), here) == chain_.end();
+    const std::uint64_t base_id = std::hash<std::string>{}(prev_dir_.string());
+    const auto all = ckpt::prepare(dir, world, {can ? 1u : 0u, base_id});  // (3 words a rank: can, base, prepared)
+    bool delta = true;
+    for (int r = 0; r < world.size(); ++r) delta = delta && all[3 * std::size_t(r)] == 1 && all[3 * std::size_t(r) + 1] == base_id;
 
     ckpt::save_job j;
     j.dir = dir, j.rank = world.rank(), j.ranks = world.size(), j.timeout = o_.timeout;
