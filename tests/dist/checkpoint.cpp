@@ -104,24 +104,8 @@ phase_result phase(const spec& sp, const fs::path& from, bool checkpoint, std::s
   return out;
 }
 
-// A checkpoint gathered onto one device: every parameter and its moments, by name.
-tensors gather(const fs::path& dir) {
-  tensors t;
-  threads_world::run(1, [&](threads_transport tr) {
-    dist::process_groups grp(std::move(tr), {});
-    host_device dv(1);
-    dist::tp_decoder_lm<host_device> m(dv, tessel_test::layout_run_llama(), grp.tp());
-    dist::load_checkpoint(dir, m);
-    for (auto& p : m.params()) {
-      t["value/" + p.name].assign(p.value.data(), p.value.data() + p.numel);
-      if (p.m.size() == p.numel) {
-        t["m/" + p.name].assign(p.m.data(), p.m.data() + p.numel);
-        t["v/" + p.name].assign(p.v.data(), p.v.data() + p.numel);
-      }
-    }
-  });
-  return t;
-}
+// A checkpoint gathered onto one device, by name (its values and moments).
+tensors gather(const fs::path& dir) { return tessel_test::checkpoint_gathered(dir); }
 
 std::size_t differing(const tensors& a, const tensors& b, std::string& first) {
   std::size_t n = 0;

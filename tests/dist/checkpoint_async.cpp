@@ -58,24 +58,8 @@ std::string file_bytes(const fs::path& f) {
 
 using tensors = std::map<std::string, std::vector<float>>;
 
-// A checkpoint (or a chain) gathered onto one device: every parameter and its moments.
-tensors gather(const fs::path& dir) {
-  tensors t;
-  threads_world::run(1, [&](threads_transport tr) {
-    dist::process_groups grp(std::move(tr), {});
-    host_device dv(1);
-    dist::tp_decoder_lm<host_device> m(dv, tessel_test::layout_run_llama(), grp.tp());
-    dist::load_checkpoint(dir, m);
-    for (auto& p : m.params()) {
-      t["value/" + p.name].assign(p.value.data(), p.value.data() + p.numel);
-      if (p.m.size() == p.numel) {
-        t["m/" + p.name].assign(p.m.data(), p.m.data() + p.numel);
-        t["v/" + p.name].assign(p.v.data(), p.v.data() + p.numel);
-      }
-    }
-  });
-  return t;
-}
+// A checkpoint gathered onto one device, by name (its values and moments).
+tensors gather(const fs::path& dir) { return tessel_test::checkpoint_gathered(dir); }
 bool same(const tensors& a, const tensors& b) {
   if (a.size() != b.size()) return false;
   for (const auto& [k, v] : a) {
@@ -356,13 +340,27 @@ TEST_CASE("tiers: each saves at its interval, keeps its newest durable checkpoin
   }
   std::vector<std::uint64_t> resumed(2, 0);
   std::vector<fs::path> from(2);
+  std::vector<std::size_t> adopted(2);
   train(2, 1, 0, 1, false, [&](std::size_t, auto& dp, communicator& world) {
-    const auto st = dist::resume(tiers, dp, world, &from[std::size_t(world.rank())]);
-    resumed[std::size_t(world.rank())] = st ? st->step : 0;
+    const std::size_t w = std::size_t(world.rank());
+    const auto st = dist::resume(tiers, dp, world, &from[w]);
+    resumed[w] = st ? st->step : 0;
+    // the restarted job's tiers keep what is on disk under their retention: after step 10 (full,
+    // rewritten) and 11 (a delta on it) the fast tier holds 9, 10, 11 and the 7, 8 that 9 reads;
+    // after 12 (a delta on 11), only 10, 11, 12
+    dist::tiered_checkpointer again(tiers);
+    for (std::uint64_t s = 10; s <= 11; ++s) again.save(s, dp, world);
+    again.wait(world);
+    adopted[w] = again.held(0).size();
+    again.save(12, dp, world);
+    again.wait(world);
   });
   CHECK(resumed == std::vector<std::uint64_t>{9, 9});
   CHECK(from[0] == r[1]);
   CHECK(from[1] == r[1]);
+  CHECK(adopted == std::vector<std::size_t>{5, 5});
+  CHECK(on_disk(root / "fast") == std::vector<std::string>{"step-000000000010", "step-000000000011", "step-000000000012"});
+  CHECK(on_disk(root / "slow") == std::vector<std::string>{"step-000000000008", "step-000000000012"});  // keep 2: the adopted 4 went
   CHECK_THROWS_MATCHES(dist::tiered_checkpointer({}), dist::dist_error, is_error(errc::invalid_argument, "dist", "no tiers"));
   CHECK_THROWS_MATCHES(dist::tiered_checkpointer({{.dir = root, .every = 0}}), dist::dist_error, is_error(errc::invalid_argument, "dist", "interval > 0"));
   CHECK_THROWS_MATCHES(dist::tiered_checkpointer({{.dir = root / "a"}, {.dir = root / "x" / ".." / "a"}}), dist::dist_error,

@@ -78,6 +78,27 @@ inline std::filesystem::path layout_run_checkpoint(bool moe = false) {
   return path;
 }
 
+// A checkpoint of the tiny Llama (saved on any layout; a delta with its chain) gathered onto one
+// device: every parameter ("value/<name>") and its moments ("m/<name>", "v/<name>").
+inline std::map<std::string, std::vector<float>> checkpoint_gathered(const std::filesystem::path& dir) {
+  using namespace tessel;
+  std::map<std::string, std::vector<float>> t;
+  threads_world::run(1, [&](threads_transport tr) {
+    dist::process_groups grp(std::move(tr), {});
+    host_device dv(1);
+    dist::tp_decoder_lm<host_device> m(dv, layout_run_llama(), grp.tp());
+    dist::load_checkpoint(dir, m);
+    for (auto& p : m.params()) {
+      t["value/" + p.name].assign(p.value.data(), p.value.data() + p.numel);
+      if (p.m.size() == p.numel) {
+        t["m/" + p.name].assign(p.m.data(), p.m.data() + p.numel);
+        t["v/" + p.name].assign(p.v.data(), p.v.data() + p.numel);
+      }
+    }
+  });
+  return t;
+}
+
 // This rank's part of the run: build the groups, the model stage and the schedule, train.
 // (`path`: layout_run_checkpoint(sp.ep > 1).)
 template <class Transport>

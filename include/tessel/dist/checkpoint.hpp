@@ -708,6 +708,7 @@ class checkpoint_future {
 
  private:
   friend class checkpointer;
+  friend class tiered_checkpointer;
   struct state {
     std::mutex mu;
     std::condition_variable cv;
@@ -875,11 +876,29 @@ inline std::filesystem::path tier_checkpoint_dir(const checkpoint_tier& t, std::
   return t.dir / s;
 }
 
+// The checkpoints the tiers hold on disk (every step-* directory with a manifest) as (tier, step),
+// newest step first (for a step in several tiers, the earlier tier's first): what a restart tries
+// in order.
+inline std::vector<std::pair<std::size_t, std::uint64_t>> restorable(const std::vector<checkpoint_tier>& tiers) {
+  std::vector<std::pair<std::size_t, std::uint64_t>> found;
+  for (std::size_t i = 0; i < tiers.size(); ++i) {
+    std::error_code ec;
+    for (std::filesystem::directory_iterator it(tiers[i].dir, ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      if (name.size() != 17 || name.rfind("step-", 0) != 0 || name.find_first_not_of("0123456789", 5) != std::string::npos) continue;
+      if (!std::filesystem::exists(it->path() / checkpoint_manifest)) continue;
+      found.push_back({i, std::stoull(name.substr(5))});
+    }
+  }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.second != b.second ? a.second > b.second : a.first < b.first; });
+  return found;
+}
 // Saves to every tier due at a step (asynchronously, each tier through its own checkpointer) and
 // applies the tiers' retention: once a tier has `keep` durable checkpoints newer than an older one,
 // world rank 0 removes the older one, unless a kept delta (or a save in flight) reads it. Nothing
 // is removed before a newer checkpoint of its tier is on disk, and a failed save is removed with
-// its error kept for wait().
+// its error kept for wait(). The checkpoints the tiers hold before its first save (a restarted
+// job's) are kept under the same rules.
 class tiered_checkpointer {
  public:
   explicit tiered_checkpointer(std::vector<checkpoint_tier> tiers) {
@@ -899,10 +918,12 @@ class tiered_checkpointer {
   template <class Model>
   std::size_t save(std::uint64_t step, Model& model, communicator& world, checkpoint_state st = {}) {
     st.step = step;
+    adopt(world);
     std::size_t saved = 0;
     for (auto& t : tiers_) {
       if (step % t.spec.every != 0) continue;
       const auto dir = tier_checkpoint_dir(t.spec, step);
+      std::erase_if(t.saves, [&](const save_entry& e) { return e.dir == dir; });  // rewritten (a restarted job's step again)
       auto f = t.ck.save(dir, model, world, st);
       t.saves.push_back({step, dir, t.ck.chain(), std::move(f)});
       ++saved;
@@ -912,6 +933,7 @@ class tiered_checkpointer {
   }
   // Waits for every save in flight, applies retention, and rethrows the first failed save's error.
   void wait(communicator& world) {
+    adopt(world);
     std::exception_ptr first;
     for (auto& t : tiers_) {
       for (auto& s : t.saves) try {
@@ -980,26 +1002,64 @@ class tiered_checkpointer {
     t.saves = std::move(rest);
   }
 
+  // A restarted job's tiers already hold checkpoints: at the first save (or wait) they are kept
+  // under the same retention, as durable saves with the chains their manifests name (the next save
+  // is full: no snapshot of them is in memory). World rank 0 reads the tiers and sends what it
+  // found to every rank (before any rank's save can change them), so all ranks hold the same list.
+  void adopt(communicator& world) {
+    if (adopted_) return;
+    adopted_ = true;
+    std::vector<std::uint64_t> words;  // per checkpoint: tier, step, chain length, the chain's steps (its full one first)
+    if (world.rank() == 0) {
+      std::vector<checkpoint_tier> specs;
+      for (const auto& t : tiers_) specs.push_back(t.spec);
+      auto found = restorable(specs);
+      std::reverse(found.begin(), found.end());  // oldest first
+      for (const auto& [tier, step] : found) {
+        std::vector<std::uint64_t> chain{step};
+        auto at = tier_checkpoint_dir(specs[tier], step);
+        while (chain.size() < ckpt::max_chain) {  // its bases: checkpoints of the same tier
+          nlohmann::json j;
+          try {
+            j = nlohmann::json::parse(ckpt::manifest_text(at / checkpoint_manifest).first);
+          } catch (const std::exception&) {
+            break;  // unreadable: it keeps itself only (a load refuses it)
+          }
+          if (!j.is_object() || !j.contains("base") || !j["base"].is_string()) break;
+          const auto base = (at / j["base"].get<std::string>()).lexically_normal();
+          const std::string name = base.filename().string();
+          if (base.parent_path() != at.parent_path() || name.size() != 17 || name.rfind("step-", 0) != 0 ||
+              name.find_first_not_of("0123456789", 5) != std::string::npos)
+            break;  // a base outside the tier is not the tier's to keep
+          chain.insert(chain.begin(), std::stoull(name.substr(5)));
+          at = base;
+        }
+        words.push_back(tier), words.push_back(step), words.push_back(chain.size());
+        words.insert(words.end(), chain.begin(), chain.end());
+      }
+    }
+    std::uint64_t n = words.size();
+    world.broadcast(std::span<std::uint64_t>(&n, 1), 0);
+    words.resize(n);
+    if (n > 0) world.broadcast(std::span<std::uint64_t>(words), 0);
+    for (std::size_t i = 0; i + 3 <= words.size();) {
+      const std::size_t tier = words[i], len = words[i + 2];
+      if (tier >= tiers_.size() || len > words.size() - i - 3) throw dist_error(errc::format, "tiered_checkpointer: rank 0 sent a bad list");
+      auto& t = tiers_[tier];
+      std::vector<std::filesystem::path> chain;
+      for (std::size_t k = 0; k < len; ++k) chain.push_back(std::filesystem::absolute(tier_checkpoint_dir(t.spec, words[i + 3 + k])).lexically_normal());
+      checkpoint_future f;
+      f.st_ = std::make_shared<checkpoint_future::state>();
+      f.st_->done = true;
+      t.saves.push_back({words[i + 1], tier_checkpoint_dir(t.spec, words[i + 1]), std::move(chain), std::move(f)});
+      i += 3 + len;
+    }
+  }
+
+  bool adopted_ = false;
   std::vector<tier_state> tiers_;
 };
 
-// The checkpoints the tiers hold on disk (every step-* directory with a manifest) as (tier, step),
-// newest step first (for a step in several tiers, the earlier tier's first): what a restart tries
-// in order.
-inline std::vector<std::pair<std::size_t, std::uint64_t>> restorable(const std::vector<checkpoint_tier>& tiers) {
-  std::vector<std::pair<std::size_t, std::uint64_t>> found;
-  for (std::size_t i = 0; i < tiers.size(); ++i) {
-    std::error_code ec;
-    for (std::filesystem::directory_iterator it(tiers[i].dir, ec), end; !ec && it != end; it.increment(ec)) {
-      const std::string name = it->path().filename().string();
-      if (name.size() != 17 || name.rfind("step-", 0) != 0 || name.find_first_not_of("0123456789", 5) != std::string::npos) continue;
-      if (!std::filesystem::exists(it->path() / checkpoint_manifest)) continue;
-      found.push_back({i, std::stoull(name.substr(5))});
-    }
-  }
-  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.second != b.second ? a.second > b.second : a.first < b.first; });
-  return found;
-}
 inline std::vector<std::filesystem::path> restorable_checkpoints(const std::vector<checkpoint_tier>& tiers) {
   std::vector<std::filesystem::path> out;
   for (const auto& [tier, step] : restorable(tiers)) out.push_back(tier_checkpoint_dir(tiers[tier], step));

@@ -262,17 +262,7 @@ class data_parallel {
     shard_moments();
     std::vector<optim_tensor<float, float>> ts;
     for_range(lo_, hi_, [&](nn::parameter<Dev>& p, std::size_t off, std::size_t cnt, std::size_t at) {
-      optim_tensor<float, float> t;
-      if (!p.value_bf16.empty()) {
-        t.param_bf16 = p.value_bf16.span().subspan(off, cnt);
-        t.master = p.value.span().subspan(off, cnt);
-      } else {
-        t.param = p.value.span().subspan(off, cnt);
-      }
-      t.grad = p.grad.cspan().subspan(off, cnt);
-      t.m = m_shard_.span().subspan(at, cnt);
-      t.v = v_shard_.span().subspan(at, cnt);
-      ts.push_back(t);
+      ts.push_back(nn::optim_part(p, off, cnt, m_shard_.span().subspan(at, cnt), v_shard_.span().subspan(at, cnt)));
     });
     step_options so;
     so.storage = std::is_same_v<T, bf16> ? param_storage::bf16_master : param_storage::f32;

@@ -99,6 +99,23 @@ struct adamw_config {
 // One AdamW step over every parameter of a registry, in its order (the moments are created, zero,
 // on first use): parameters with a bf16 copy update their f32 master and refresh the copy. The
 // models' adamw() calls this; so does dist's tensor-parallel model, with its own global clipping.
+// The optimizer's view of elements [off, off + cnt) of a parameter: its f32 value (or f32 master
+// and bf16 copy), its gradient, and the moments `m`, `v` of those elements (the parameter's own,
+// or a ZeRO shard's).
+template <device Dev>
+optim_tensor<float, float> optim_part(parameter<Dev>& p, std::size_t off, std::size_t cnt, std::span<float> m, std::span<float> v) {
+  optim_tensor<float, float> t;
+  if (!p.value_bf16.empty()) {
+    t.param_bf16 = p.value_bf16.span().subspan(off, cnt);
+    t.master = p.value.span().subspan(off, cnt);
+  } else {
+    t.param = p.value.span().subspan(off, cnt);
+  }
+  t.grad = p.grad.cspan().subspan(off, cnt);
+  t.m = m, t.v = v;
+  return t;
+}
+
 // lazy_rows: adamw_config::lazy_rows (each run of touched rows of a sparse_row parameter is a
 // tensor of its own).
 template <device Dev>
@@ -111,19 +128,7 @@ step_result adamw_update(Dev& dev, parameters<Dev>& params, const adamw_params& 
       p.m = device_buffer<float, Dev>::zeros(dev, p.numel);
       p.v = device_buffer<float, Dev>::zeros(dev, p.numel);
     }
-    auto part = [&](std::size_t off, std::size_t cnt) {
-      optim_tensor<float, float> t;
-      if (!p.value_bf16.empty()) {
-        t.param_bf16 = p.value_bf16.span().subspan(off, cnt);
-        t.master = p.value.span().subspan(off, cnt);
-      } else {
-        t.param = p.value.span().subspan(off, cnt);
-      }
-      t.grad = p.grad.cspan().subspan(off, cnt);
-      t.m = p.m.span().subspan(off, cnt);
-      t.v = p.v.span().subspan(off, cnt);
-      ts.push_back(t);
-    };
+    auto part = [&](std::size_t off, std::size_t cnt) { ts.push_back(optim_part(p, off, cnt, p.m.span().subspan(off, cnt), p.v.span().subspan(off, cnt))); };
     const std::size_t r = p.sparse_row;
     if (!lazy_rows || r == 0 || p.numel % r != 0) {
       part(0, p.numel);
