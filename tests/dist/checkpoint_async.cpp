@@ -290,6 +290,32 @@ TEST_CASE("checkpointer errors: a loop of bases, a bad option, and a failed save
   });
   CHECK_THAT(what[0], Catch::Contains("rank 1 cannot prepare"));
   CHECK_THAT(what[1], Catch::Contains("cannot create"));
+  // a rank whose write fails in the background: rank 0 learns it from its failure marker at once
+  // (not after the timeout) and names it; the failing rank has its own error
+  fs::create_directories(root / "two" / dist::ckpt::rank_file(1));  // a directory where rank 1's file would go
+  std::vector<std::string> late(2);
+  train(2, 1, 0, 1, false, [&](std::size_t, auto& dp, communicator& world) {
+    dist::checkpointer c({.timeout = std::chrono::seconds(100)});
+    try {
+      c.save(root / "two", dp, world).wait();
+    } catch (const tessel::error& e) {
+      late[std::size_t(world.rank())] = e.what();
+    }
+  });
+  CHECK_THAT(late[0], Catch::Contains("rank 1 could not write its file") && Catch::Contains("cannot rename"));
+  CHECK_THAT(late[1], Catch::Contains("cannot rename"));
+  // rank 0's write fails: the other rank learns it from checkpoint.failed instead of waiting for the manifest
+  fs::create_directories(root / "three" / dist::ckpt::rank_file(0));
+  train(2, 1, 0, 1, false, [&](std::size_t, auto& dp, communicator& world) {
+    dist::checkpointer c({.timeout = std::chrono::seconds(100)});
+    try {
+      c.save(root / "three", dp, world).wait();
+    } catch (const tessel::error& e) {
+      late[std::size_t(world.rank())] = e.what();
+    }
+  });
+  CHECK_THAT(late[0], Catch::Contains("cannot rename"));
+  CHECK_THAT(late[1], Catch::Contains("the save failed on another rank") && Catch::Contains("cannot rename"));
   fs::remove_all(root);
   tessel_test::layout_run_cleanup();
 }

@@ -20,7 +20,8 @@
 // Saves are synchronous (save_checkpoint) or asynchronous and optionally incremental
 // (checkpointer): the state is copied to host memory, the call returns, and a thread writes it.
 // Either way each rank writes its file and then a marker with the file's size and hash; world rank
-// 0 collects the markers into the manifest. The only collective is before the writing starts.
+// 0 collects the markers into the manifest. The only collective is before the writing starts; a
+// rank whose write fails leaves a failure marker, so the others fail at once instead of waiting.
 // Replicas are not written twice: a parameter's values (and its moments at ZeRO stage 0) come from
 // dp rank 0 only (an expert's from its expert_dp rank 0); at ZeRO stage 1 every dp rank writes its
 // shard of the moments.
@@ -290,15 +291,28 @@ inline std::pair<std::string, std::string> manifest_text(const std::filesystem::
 inline std::string done_file(int w) { return rank_file(w) + ".done"; }
 
 // Polls for `f` (written by another rank or thread through a rename: it appears whole).
-inline void wait_for_file(const std::filesystem::path& f, std::chrono::steady_clock::time_point deadline, const std::string& what) {
+inline std::string failed_file(int w) { return rank_file(w) + ".failed"; }
+inline constexpr const char* checkpoint_failed = "checkpoint.failed";
+
+// Polls until one of `files` appears (each written by another rank or thread through a rename: it
+// appears whole); returns its index.
+inline std::size_t wait_for_any(const std::vector<std::filesystem::path>& files, std::chrono::steady_clock::time_point deadline, const std::string& what) {
   auto nap = std::chrono::microseconds(50);
   for (;;) {
-    std::error_code ec;
-    if (std::filesystem::exists(f, ec)) return;
-    if (std::chrono::steady_clock::now() > deadline) throw dist_error(errc::timeout, "checkpoint: " + what + ": " + f.string() + " did not appear in time");
+    for (std::size_t i = 0; i < files.size(); ++i) {
+      std::error_code ec;
+      if (std::filesystem::exists(files[i], ec)) return i;
+    }
+    if (std::chrono::steady_clock::now() > deadline) throw dist_error(errc::timeout, "checkpoint: " + what + ": " + files[0].string() + " did not appear in time");
     std::this_thread::sleep_for(nap);
     nap = std::min(nap * 2, std::chrono::microseconds(20000));
   }
+}
+inline std::string small_file_text(const std::filesystem::path& f) {
+  std::ifstream in(f);
+  std::string t;
+  std::getline(in, t);
+  return t.substr(0, 1000);
 }
 inline void write_small_file(const std::filesystem::path& f, const std::string& text) {
   tessel::io::detail::atomic_file out(f);
@@ -320,7 +334,7 @@ struct save_job {
   nlohmann::json manifest;               // world rank 0: the manifest but its "files"
   std::chrono::milliseconds timeout{};
 };
-inline std::uint64_t run_save(const save_job& j) {
+inline std::uint64_t run_save_steps(const save_job& j) {
   const auto deadline = std::chrono::steady_clock::now() + j.timeout;
   const std::vector<out_piece> write = j.base ? changed(*j.snap, *j.base, j.block) : j.snap->pieces;
   io::safetensors_writer w;
@@ -339,7 +353,8 @@ inline std::uint64_t run_save(const save_job& j) {
   });
   write_small_file(j.dir / done_file(j.rank), nlohmann::json{{"bytes", size}, {"hash", hex(hash.value())}}.dump());
   if (j.rank != 0) {
-    wait_for_file(j.dir / checkpoint_manifest, deadline, "rank " + std::to_string(j.rank) + " waits for the manifest");
+    if (wait_for_any({j.dir / checkpoint_manifest, j.dir / checkpoint_failed}, deadline, "rank " + std::to_string(j.rank) + " waits for the manifest") == 1)
+      throw dist_error(errc::fault, "checkpoint: " + j.dir.string() + ": the save failed on another rank: " + small_file_text(j.dir / checkpoint_failed));
     return size;
   }
   nlohmann::json man = j.manifest;
@@ -348,7 +363,8 @@ inline std::uint64_t run_save(const save_job& j) {
   man["files"] = nlohmann::json::array();
   for (int r = 0; r < j.ranks; ++r) {
     const auto f = j.dir / done_file(r);
-    wait_for_file(f, deadline, "rank 0 waits for rank " + std::to_string(r) + "'s file");
+    if (wait_for_any({f, j.dir / failed_file(r)}, deadline, "rank 0 waits for rank " + std::to_string(r) + "'s file") == 1)
+      throw dist_error(errc::fault, "checkpoint: rank " + std::to_string(r) + " could not write its file: " + small_file_text(j.dir / failed_file(r)));
     std::ifstream in(f);
     nlohmann::json d = nlohmann::json::parse(in, nullptr, false);
     if (d.is_discarded() || !d.is_object() || !d.contains("bytes") || !d["bytes"].is_number_unsigned() || !d.contains("hash") || !d["hash"].is_string())
@@ -362,6 +378,21 @@ inline std::uint64_t run_save(const save_job& j) {
   }
   return size;
 }
+// A failing rank says so at once (best effort): rank 0 stops waiting for its file, and a failing
+// rank 0 tells every rank (checkpoint.failed) instead of leaving them to wait for the manifest.
+inline std::uint64_t run_save(const save_job& j) {
+  try {
+    return run_save_steps(j);
+  } catch (const std::exception& e) {
+    try {
+      const std::string why = std::string(e.what()).substr(0, 1000) + "\n";
+      write_small_file(j.dir / failed_file(j.rank), why);
+      if (j.rank == 0) write_small_file(j.dir / checkpoint_failed, why);
+    } catch (...) {
+    }
+    throw;
+  }
+}
 
 // Before a save's collective: the directory exists, and this rank's marker (and, on world rank 0,
 // the manifest) of an earlier save into it are gone, so no rank mistakes them for this save's.
@@ -370,7 +401,8 @@ inline void clear_for_save(const std::filesystem::path& dir, int rank) {
   std::filesystem::create_directories(dir, ec);
   if (ec) throw dist_error(errc::io, "checkpoint: cannot create " + dir.string() + ": " + ec.message());
   std::filesystem::remove(dir / done_file(rank), ec);
-  if (rank == 0) std::filesystem::remove(dir / checkpoint_manifest, ec);
+  std::filesystem::remove(dir / failed_file(rank), ec);
+  if (rank == 0) std::filesystem::remove(dir / checkpoint_manifest, ec), std::filesystem::remove(dir / checkpoint_failed, ec);
 }
 // A save's one collective: every rank clears (clear_for_save) and shares `words`; returns every
 // rank's words. A rank that could not clear throws its error, and the others a dist_error naming
@@ -973,9 +1005,13 @@ class tiered_checkpointer {
       std::error_code ec;
       std::filesystem::remove_all(d, ec);
     };
+    // a failed save goes once a newer save of the tier has started: every rank had ended the failed
+    // one's writing by then (a checkpointer's next save waits for its previous one), so nobody
+    // still writes into the directory removed
     std::vector<save_entry> kept;
-    for (auto& s : t.saves) {
-      if (s.f.finished() && !s.f.durable()) {  // failed
+    for (std::size_t i = 0; i < t.saves.size(); ++i) {
+      auto& s = t.saves[i];
+      if (s.f.finished() && !s.f.durable() && i + 1 < t.saves.size()) {
         gone(s.dir);
         continue;
       }
