@@ -470,7 +470,8 @@ inline void read_level(index& ix, const std::filesystem::path& dir, std::vector<
     throw dist_error(errc::format, "checkpoint: " + mpath.string() + " is not JSON: " + e.what());
   }
   auto bad = [&](const std::string& what) { return dist_error(errc::format, "checkpoint: " + mpath.string() + ": " + what); };
-  if (!j.is_object() || j.value("format", std::string()) != checkpoint_format) throw bad("not a " + std::string(checkpoint_format) + " manifest");
+  if (!j.is_object() || !j.contains("format") || !j["format"].is_string() || j["format"].get<std::string>() != checkpoint_format)
+    throw bad("not a " + std::string(checkpoint_format) + " manifest");
   if (!j.contains("step") || !j["step"].is_number_unsigned()) throw bad("no step count");
   if (!j.contains("files") || !j["files"].is_array() || j["files"].empty()) throw bad("no files");
   const bool newest = seen.empty();
@@ -561,7 +562,13 @@ inline void read_level(index& ix, const std::filesystem::path& dir, std::vector<
 inline index read(const std::filesystem::path& dir) {
   index ix;
   std::vector<std::filesystem::path> seen;
-  read_level(ix, dir, seen);
+  try {
+    read_level(ix, dir, seen);
+  } catch (const nlohmann::json::exception& e) {  // a field of an unexpected type the checks above missed: still a typed refusal
+    throw dist_error(errc::format, "checkpoint: " + dir.string() + ": a manifest or piece field of the wrong type: " + e.what());
+  } catch (const std::filesystem::filesystem_error& e) {
+    throw dist_error(errc::io, "checkpoint: " + dir.string() + ": " + e.what());
+  }
   return ix;
 }
 
