@@ -932,6 +932,13 @@ inline std::vector<std::pair<std::size_t, std::uint64_t>> restorable(const std::
   std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.second != b.second ? a.second > b.second : a.first < b.first; });
   return found;
 }
+// World rank 0's `words` (a list of any length) on every rank: its length, then the list.
+inline void broadcast_from_rank0(communicator& world, std::vector<std::uint64_t>& words) {
+  std::uint64_t n = words.size();
+  world.broadcast(std::span<std::uint64_t>(&n, 1), 0);
+  words.resize(n);
+  if (n > 0) world.broadcast(std::span<std::uint64_t>(words), 0);
+}
 // Saves to every tier due at a step (asynchronously, each tier through its own checkpointer) and
 // applies the tiers' retention: once a tier has `keep` durable checkpoints newer than an older one,
 // world rank 0 removes the older one, unless a kept delta (or a save in flight) reads it. Nothing
@@ -1081,10 +1088,7 @@ class tiered_checkpointer {
         words.insert(words.end(), chain.begin(), chain.end());
       }
     }
-    std::uint64_t n = words.size();
-    world.broadcast(std::span<std::uint64_t>(&n, 1), 0);
-    words.resize(n);
-    if (n > 0) world.broadcast(std::span<std::uint64_t>(words), 0);
+    broadcast_from_rank0(world, words);
     for (std::size_t i = 0; i + 3 <= words.size();) {
       const std::size_t tier = words[i], len = words[i + 2];
       if (tier >= tiers_.size() || len > words.size() - i - 3) throw dist_error(errc::format, "tiered_checkpointer: rank 0 sent a bad list");
@@ -1118,17 +1122,12 @@ inline std::vector<std::filesystem::path> restorable_checkpoints(const std::vect
 template <class Model>
 std::optional<checkpoint_state> resume(const std::vector<checkpoint_tier>& tiers, Model& model, communicator& world, std::filesystem::path* from = nullptr) {
   std::vector<std::uint64_t> cand;  // (tier, step) pairs, newest first, as world rank 0 sees them
-  std::uint64_t n = 0;
-  if (world.rank() == 0) {
+  if (world.rank() == 0)
     for (const auto& [tier, step] : restorable(tiers)) cand.push_back(tier), cand.push_back(step);
-    n = cand.size() / 2;
-  }
-  world.broadcast(std::span<std::uint64_t>(&n, 1), 0);
-  cand.resize(2 * n);
-  if (n > 0) world.broadcast(std::span<std::uint64_t>(cand), 0);
-  for (std::size_t c = 0; c < n; ++c) {
-    if (cand[2 * c] >= tiers.size()) throw dist_error(errc::out_of_range, "resume: rank 0 named tier " + std::to_string(cand[2 * c]));
-    const auto dir = tier_checkpoint_dir(tiers[cand[2 * c]], cand[2 * c + 1]);
+  broadcast_from_rank0(world, cand);
+  for (std::size_t c = 0; c + 1 < cand.size(); c += 2) {
+    if (cand[c] >= tiers.size()) throw dist_error(errc::out_of_range, "resume: rank 0 named tier " + std::to_string(cand[c]));
+    const auto dir = tier_checkpoint_dir(tiers[cand[c]], cand[c + 1]);
     std::optional<checkpoint_state> st;
     try {
       st = load_checkpoint(dir, model);
