@@ -343,4 +343,81 @@ TEST_CASE("emulated: the ring all_reduce keeps segments in flight (the hop laten
   CHECK(busbw > 0.72 * bound);
 }
 
+TEST_CASE("emulated: revoke ends every pending transfer at once, and agree returns every live rank's words without waiting for a dead one",
+          "[collectives][emulated][faults]") {
+  auto cfg = small_cluster(4, 1);
+  cfg.faults.op_timeout = 10e-3;
+  {
+    // ranks 0 and 1 wait on each other's sends that never come; rank 2 revokes at 1 us
+    emu::cluster cl(cfg, 1);
+    std::mutex mu;
+    std::vector<std::string> errs;
+    std::vector<double> ended(4, -1);
+    std::vector<std::vector<std::uint64_t>> got(4);
+    emulated_world(cl).run([&](emulated_transport t) {
+      const int me = t.rank();
+      auto fail = [&](const std::string& e) {
+        std::lock_guard lk(mu);
+        errs.push_back("rank " + std::to_string(me) + ": " + e);
+      };
+      if (me < 2) {
+        std::uint64_t x = 0;
+        try {
+          t.recv_into(1 - me, 5, std::as_writable_bytes(std::span(&x, 1)));
+          fail("the receive returned");
+        } catch (const comm_revoked_error&) {
+          ended[std::size_t(me)] = t.now();
+        } catch (const std::exception& e) {
+          fail(std::string("untyped or wrong error: ") + e.what());
+        }
+      } else if (me == 2) {
+        t.cluster().at(t.card()).advance_to(1e-6);
+        t.revoke(-1);
+        try {
+          const std::uint64_t x = 1;
+          auto r = t.isend(0, 6, std::as_bytes(std::span(&x, 1)));
+          fail("a post after the revoke was accepted");
+        } catch (const comm_revoked_error&) {
+        }
+      }
+      const std::uint64_t mine[2] = {std::uint64_t(me) * 10, 7};
+      const auto a = t.agree(mine);
+      std::lock_guard lk(mu);
+      if (a.members != std::vector<int>{0, 1, 2, 3}) errs.push_back("rank " + std::to_string(me) + ": members differ");
+      for (int r = 0; r < 4; ++r)
+        if (a.values[std::size_t(r)] != std::vector<std::uint64_t>{std::uint64_t(r) * 10, 7}) errs.push_back("rank " + std::to_string(me) + ": words differ");
+      got[std::size_t(me)] = {std::uint64_t(a.at * 1e12)};
+    });
+    CHECK(errs.empty());
+    for (const auto& e : errs) UNSCOPED_INFO(e);
+    // the revoke reached the waiting ranks a direct latency after rank 2's clock (or refused a
+    // receive posted after it), not at the 10 ms timeout
+    for (int r = 0; r < 2; ++r) {
+      CHECK(ended[std::size_t(r)] >= 0);
+      CHECK(ended[std::size_t(r)] <= (1e-6 + cfg.direct_latency()) * (1 + 1e-9));
+    }
+    for (int r = 1; r < 4; ++r) CHECK(got[std::size_t(r)] == got[0]);  // one agreement time for all
+  }
+  {
+    // card 3 is dead from the start: its rank's agree fails, the others' completes without it
+    emu::cluster cl(cfg, 1);
+    cl.schedule({0, emu::fault_kind::card_down, 3, 0, 0});
+    std::mutex mu;
+    int dead_refused = 0, agreed = 0;
+    emulated_world(cl).run([&](emulated_transport t) {
+      const std::uint64_t mine = std::uint64_t(t.rank());
+      try {
+        const auto a = t.agree(std::span(&mine, 1));
+        std::lock_guard lk(mu);
+        if (a.members == std::vector<int>{0, 1, 2} && a.values[3].empty() && a.values[2] == std::vector<std::uint64_t>{2}) ++agreed;
+      } catch (const peer_failed_error&) {
+        std::lock_guard lk(mu);
+        if (t.rank() == 3) ++dead_refused;
+      }
+    });
+    CHECK(dead_refused == 1);
+    CHECK(agreed == 3);
+  }
+}
+
 }  // namespace tessel_test_collectives_emulated

@@ -193,6 +193,20 @@ class communicator {
 
   // Releases every waiter (on every rank that shares the transport's world) with comm_aborted_error.
   void abort() { s_->tp->abort(); }
+  // While the returned guard lives, this rank waits on the host (a thread, a file another rank
+  // writes) and posts no transfer: on a simulated transport the other ranks' time runs on without
+  // it (otherwise a rank blocked on the host would hold back every card's simulated clock).
+  class host_wait_guard {
+   public:
+    explicit host_wait_guard(detail::transport_iface& t) : t_(&t) { t_->idle(true); }
+    host_wait_guard(const host_wait_guard&) = delete;
+    host_wait_guard& operator=(const host_wait_guard&) = delete;
+    ~host_wait_guard() { t_->idle(false); }
+
+   private:
+    detail::transport_iface* t_;
+  };
+  [[nodiscard]] host_wait_guard host_wait() { return host_wait_guard(*s_->tp); }
   // ULFM shrink: a communicator over the surviving ranks (throws if the transport cannot shrink).
   communicator shrink() {
     if (!s_->tp->can_shrink()) throw comm_error(errc::unsupported, "communicator: this transport cannot shrink");

@@ -65,6 +65,9 @@ concept transport = std::movable<typename T::send_request> &&
 //   t.node_size()  ranks per super-node (enables the hierarchical algorithm), 
 //   t.shrink()     a transport over the surviving ranks (ULFM shrink),
 //   t.revoke(int)  mark the world failed so every rank's waits end.
+//   t.idle(bool)   the rank starts (true) or stops (false) waiting on the host (a file, a thread)
+//                  and takes part in no transfer meanwhile: a simulated transport lets the other
+//                  ranks' simulated time run on without it (communicator::host_wait()).
 //   T::shared_address_space  true when every rank's buffers are readable and writable from every
 //                  other rank (threads of one process): the direct algorithms then read the peers'
 //                  buffers in place and write results straight into them. Such a transport
@@ -99,6 +102,7 @@ class transport_iface {
   virtual double now() const = 0;
   virtual int node_size() const = 0;
   virtual void revoke(int failed) = 0;
+  virtual void idle(bool on) = 0;
   virtual bool can_shrink() const = 0;
   virtual std::shared_ptr<transport_iface> shrink() = 0;
   virtual bool is_simulated() const = 0;
@@ -170,6 +174,9 @@ class transport_model final : public transport_iface {
   }
   void revoke(int failed) override {
     if constexpr (requires { t_.revoke(failed); }) t_.revoke(failed);
+  }
+  void idle(bool on) override {
+    if constexpr (requires { t_.idle(on); }) t_.idle(on);
   }
   bool can_shrink() const override { return requires(T& x) { x.shrink(); }; }
   std::shared_ptr<transport_iface> shrink() override {

@@ -440,6 +440,7 @@ inline void write(const std::filesystem::path& dir, communicator& world, std::ve
   j.dir = dir, j.rank = world.rank(), j.ranks = world.size(), j.timeout = timeout;
   j.snap = stage(std::move(pieces), false);
   if (j.rank == 0) j.manifest = manifest_head(st, layout);
+  const auto idle = world.host_wait();  // waits for the other ranks' files
   run_save(j);
 }
 
@@ -791,7 +792,10 @@ class checkpointer {
  private:
   checkpoint_future start(const std::filesystem::path& dir, std::vector<ckpt::out_piece> pieces, communicator& world, const checkpoint_state& st,
                           const nlohmann::json& layout) {
-    if (worker_.joinable()) worker_.join();
+    if (worker_.joinable()) {
+      const auto idle = world.host_wait();
+      worker_.join();
+    }
     if (last_.valid()) {
       std::lock_guard lk(last_.st_->mu);
       if (last_.st_->err) prev_.reset();
@@ -983,6 +987,7 @@ class tiered_checkpointer {
     std::exception_ptr first;
     for (auto& t : tiers_) {
       for (auto& s : t.saves) try {
+          const auto idle = world.host_wait();
           s.f.wait();
         } catch (...) {
           if (!first) first = std::current_exception();

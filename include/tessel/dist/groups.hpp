@@ -71,6 +71,11 @@ class group_transport {
   {
     w_->revoke(failed >= 0 && failed < size() ? world(failed) : failed);
   }
+  void idle(bool on)
+    requires requires(T& t) { t.idle(on); }
+  {
+    w_->idle(on);
+  }
   bool timing_only() const {
     if constexpr (requires(const T& t) { t.timing_only(); }) return w_->timing_only();
     else return false;

@@ -102,6 +102,15 @@ class card {
   std::size_t id() const { return id_; }
   const card_spec& spec() const { return spec_; }
   bool alive() const { return alive_.load(std::memory_order_acquire); }
+  // Dead now: reported dead by the fabric, or its clock inside a scheduled outage (the cards'
+  // clocks run ahead of the fabric simulation).
+  bool down() const {
+    const double t = clock();
+    std::lock_guard lk(mu_);
+    bool d = !alive();
+    for (auto [a, b] : down_) d = d || (t >= a && t < b);
+    return d;
+  }
   // Increments on every hot swap: pointers from an older incarnation are gone.
   std::uint64_t incarnation() const { return incarnation_.load(std::memory_order_acquire); }
 
@@ -308,13 +317,7 @@ class card {
   }
 
   void ensure_alive(const char* what) const {
-    const double t = clock();
-    bool down = !alive();
-    {
-      std::lock_guard lk(mu_);
-      for (auto [a, b] : down_) down = down || (t >= a && t < b);
-    }
-    if (down) throw card_failed_error(id_, t, std::string(what) + " on a failed card");
+    if (down()) throw card_failed_error(id_, clock(), std::string(what) + " on a failed card");
   }
 
   double stream_clock(std::size_t s) const { std::lock_guard lk(mu_); return clocks_.at(s); }

@@ -325,6 +325,31 @@ class cluster {
     std::lock_guard lk(mu_);
     return !aborted_.empty();
   }
+  // Ends every pending transfer between two of `cards` with a fault_error at simulated time
+  // max(its post, `at`): a revoke (ULFM) reaching the transfers of one group of cards, e.g. one
+  // communicator's, while other cards' transfers go on. Unlike abort() it is not sticky: later
+  // posts run (the caller's transport refuses them itself). Returns how many transfers it ended.
+  std::size_t cancel(const std::vector<std::size_t>& cards, double at, const std::string& why) {
+    std::lock_guard lk(mu_);
+    std::vector<char> in(cards_.size(), 0);
+    for (std::size_t c : cards) {
+      check_card(c, "cancel");
+      in[c] = 1;
+    }
+    std::size_t n = 0;
+    for (op& o : ops_)
+      if (o.state == op_pending && in[o.src] && in[o.dst]) {
+        o.state = op_failed;
+        o.done = std::max(o.posted, at);
+        o.err = std::make_exception_ptr(fault_error(why, o.done));
+        ++n;
+      }
+    for (auto& [k, q] : unmatched_)
+      if (in[std::get<0>(k)] && in[std::get<1>(k)]) q.sends.clear(), q.recvs.clear();
+    horizon_dirty_ = true;
+    cv_.notify_all();
+    return n;
+  }
 
   // ---- time ----
   double clock(std::size_t c) { return at(c).clock(); }

@@ -7,10 +7,17 @@
 // (communicator::all_to_allv_timing), so real metadata and timing-only payloads can mix.
 // Emulator faults become comm errors: a failed card -> peer_failed_error, a simulated timeout ->
 // comm_timeout_error, a lost link -> comm_error; shrink() keeps the cards not known to have failed.
+// ULFM's other two verbs: revoke() ends every pending transfer of the world at once (its message
+// reaches the others a direct latency after the revoking card's clock; later posts are refused),
+// and agree() is a fault-tolerant agreement: every live rank's contribution, returned to each
+// caller alike, which never waits for a rank whose card failed or whose thread has ended.
 #pragma once
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <map>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -18,6 +25,8 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <shared_mutex>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -46,6 +55,44 @@ struct emulated_shared {
   std::uint64_t cluster_tag(std::uint64_t tag) const { return context ? tag ^ (context * 0x9E3779B97F4A7C15ull) : tag; }
   std::shared_ptr<emulated_shared> successor;
   std::vector<int> successor_ranks;
+  // Posts hold it shared (check the state, then post); revoke holds it alone: a transfer is either
+  // posted before the revoke (and ended by it) or refused.
+  std::shared_mutex post_mu;
+  // agree(): the k-th call of every rank meets in rounds[k]; `left`: ranks whose thread has ended
+  std::mutex amu;
+  std::condition_variable acv;
+  std::vector<std::uint64_t> agree_calls;
+  std::vector<char> left;
+  struct agree_round {
+    std::vector<std::optional<std::vector<std::uint64_t>>> dep;
+    double latest = 0, end = 0;
+    bool closed = false;
+  };
+  std::map<std::uint64_t, agree_round> rounds;
+  void mark_left(int r) {
+    std::shared_ptr<emulated_shared> next;
+    int nr = -1;
+    {
+      std::lock_guard lk(amu);
+      if (left.size() != cards.size()) left.assign(cards.size(), 0);
+      left[std::size_t(r)] = 1;
+      acv.notify_all();
+    }
+    {
+      std::lock_guard lk(mu);
+      next = successor;
+      const auto it = std::find(successor_ranks.begin(), successor_ranks.end(), r);
+      if (it != successor_ranks.end()) nr = int(it - successor_ranks.begin());
+    }
+    if (next && nr >= 0) next->mark_left(nr);
+  }
+  // The world failed: refuse later posts, end the pending transfers between its cards at `at`.
+  void revoke(int failed, double at) {
+    std::unique_lock lk(post_mu);
+    if (revoked.exchange(true)) return;
+    revoked_by = failed;
+    cl->cancel(cards, at, "communicator revoked");
+  }
   int rank_of(std::size_t card) const {
     for (std::size_t r = 0; r < cards.size(); ++r)
       if (cards[r] == card) return static_cast<int>(r);
@@ -159,10 +206,9 @@ class emulated_transport {
 
   send_request isend(int peer, tag_t tag, std::span<const std::byte> src) {
     check_peer(peer);
-    check_state();
     send_request r;
     r.owner_ = s_.get();
-    guard([&] {
+    post([&] {
       r.done_ = s_->cl->send(card(), s_->cards[static_cast<std::size_t>(peer)], timing_only() ? nullptr : src.data(),
                              src.size(), s_->cluster_tag(tag));
     });
@@ -176,39 +222,94 @@ class emulated_transport {
   }
   void recv(int peer, tag_t tag, std::size_t bytes, recv_consumer fn) {
     check_peer(peer);
-    check_state();
+    emu::cluster::completion c{};
     if (timing_only()) {
-      guard([&] { s_->cl->wait(s_->cl->recv(card(), s_->cards[static_cast<std::size_t>(peer)], nullptr, bytes, s_->cluster_tag(tag))); });
+      post([&] { c = s_->cl->recv(card(), s_->cards[static_cast<std::size_t>(peer)], nullptr, bytes, s_->cluster_tag(tag)); });
+      guard([&] { s_->cl->wait(c); });
       fn(std::span<const std::byte>(static_cast<const std::byte*>(nullptr), 0), 0);
       return;
     }
     std::vector<std::byte> bounce(bytes);
-    guard([&] { s_->cl->wait(s_->cl->recv(card(), s_->cards[static_cast<std::size_t>(peer)], bounce.data(), bytes, s_->cluster_tag(tag))); });
+    post([&] { c = s_->cl->recv(card(), s_->cards[static_cast<std::size_t>(peer)], bounce.data(), bytes, s_->cluster_tag(tag)); });
+    guard([&] { s_->cl->wait(c); });
     fn(std::span<const std::byte>(bounce.data(), bytes), 0);
   }
   void recv_into(int peer, tag_t tag, std::span<std::byte> dst) {
     check_peer(peer);
-    check_state();
-    guard([&] {
-      s_->cl->wait(s_->cl->recv(card(), s_->cards[static_cast<std::size_t>(peer)], timing_only() ? nullptr : dst.data(),
-                                dst.size(), s_->cluster_tag(tag)));
+    emu::cluster::completion c{};
+    post([&] {
+      c = s_->cl->recv(card(), s_->cards[static_cast<std::size_t>(peer)], timing_only() ? nullptr : dst.data(), dst.size(), s_->cluster_tag(tag));
     });
+    guard([&] { s_->cl->wait(c); });
   }
   // A posted receive (waited with wait()): every receive of an exchange can be in flight at once.
   send_request irecv_into(int peer, tag_t tag, std::span<std::byte> dst) {
     check_peer(peer);
-    check_state();
     send_request r;
     r.owner_ = s_.get();
-    guard([&] {
+    post([&] {
       r.done_ = s_->cl->recv(card(), s_->cards[static_cast<std::size_t>(peer)], timing_only() ? nullptr : dst.data(), dst.size(), s_->cluster_tag(tag));
     });
     r.live_ = true;
     return r;
   }
   void abort() { s_->aborted = true; }
-  void revoke(int failed) {
-    if (!s_->revoked.exchange(true)) s_->revoked_by = failed;
+  // Marks the world failed and ends its pending transfers: a rank waiting on any of them, or
+  // posting later, gets comm_revoked_error (the revoke reaches it a direct latency after this
+  // card's clock).
+  void revoke(int failed) { s_->revoke(failed, s_->cl->clock(card()) + s_->cl->config().direct_latency()); }
+
+  // The rank waits on the host: its card stops holding back the simulation (the others' waits
+  // run on), and takes its place again after.
+  void idle(bool on) {
+    if (on) s_->cl->detach(card());
+    else s_->cl->attach(card());
+  }
+
+  // What agree() returns: `values[r]` is rank r's contribution, empty when r did not take part
+  // (its card failed, or its thread ended first); `members` lists the ranks that did.
+  struct agreement {
+    std::vector<int> members;
+    std::vector<std::vector<std::uint64_t>> values;
+    double at = 0;  // simulated time every member's clock moved to
+  };
+  // ULFM's agree: every live rank calls it (the k-th call of each rank meets the k-th of the
+  // others) with its words; each gets every member's, in rank order. It works on a revoked world,
+  // never waits for a rank whose card is known failed or whose thread has ended, and costs each
+  // member a reduce and a broadcast of small messages (2·ceil(log2 n) direct latencies after the
+  // latest member's clock). A rank whose own card failed gets peer_failed_error. While it waits,
+  // the card does not hold back the simulation (its driver steps aside), so the others' waits can
+  // end at their timeouts.
+  agreement agree(std::span<const std::uint64_t> mine) {
+    const std::size_t c = card();
+    if (s_->cl->failed(c) || s_->cl->at(c).down())
+      throw peer_failed_error(rank_, "emulated_transport: agree on rank " + std::to_string(rank_) + ", whose card " + std::to_string(c) + " failed");
+    const double t0 = s_->cl->clock(c);
+    const std::size_t n = s_->cards.size();
+    const double cost = 2 * std::ceil(std::log2(double(std::max<std::size_t>(n, 2)))) * s_->cl->config().direct_latency();
+    idle(true);
+    agreement out;
+    {
+      std::unique_lock lk(s_->amu);
+      if (s_->left.size() != n) s_->left.assign(n, 0);
+      if (s_->agree_calls.size() != n) s_->agree_calls.assign(n, 0);
+      auto& R = s_->rounds[s_->agree_calls[std::size_t(rank_)]++];
+      if (R.dep.size() != n) R.dep.resize(n);
+      R.dep[std::size_t(rank_)] = std::vector<std::uint64_t>(mine.begin(), mine.end());
+      R.latest = std::max(R.latest, t0);
+      s_->acv.notify_all();
+      auto dead = [&](std::size_t r) { return s_->left[r] || s_->cl->failed(s_->cards[r]); };
+      while (!std::all_of(R.dep.begin(), R.dep.end(), [&](const auto& d) { return d.has_value() || dead(std::size_t(&d - R.dep.data())); }))
+        s_->acv.wait_for(lk, std::chrono::milliseconds(1));  // (a failure the monitor reports has no notification here)
+      if (!R.closed) R.closed = true, R.end = R.latest + cost;
+      out.at = R.end;
+      out.values.resize(n);
+      for (std::size_t r = 0; r < n; ++r)
+        if (R.dep[r]) out.members.push_back(int(r)), out.values[r] = *R.dep[r];
+    }
+    idle(false);
+    s_->cl->at(c).advance_to(out.at);
+    return out;
   }
 
   // ULFM shrink: the ranks whose cards the cluster has not reported failed.
@@ -240,6 +341,22 @@ class emulated_transport {
       throw comm_error(errc::out_of_range, "emulated_transport: peer " + std::to_string(peer) + " outside [0, " +
                               std::to_string(size()) + ")");
   }
+  // Posts one transfer: the world is checked and the transfer posted under the revoke lock.
+  // (An error is mapped after the lock is released: the mapping may revoke.)
+  template <class F>
+  void post(F&& f) {
+    std::exception_ptr err;
+    {
+      std::shared_lock lk(s_->post_mu);
+      check_state();
+      try {
+        f();
+      } catch (...) {
+        err = std::current_exception();
+      }
+    }
+    if (err) guard([&] { std::rethrow_exception(err); });
+  }
   void check_state() const {
     if (s_->aborted) throw comm_aborted_error("emulated_transport: communicator aborted");
     if (s_->revoked)
@@ -260,6 +377,8 @@ class emulated_transport {
       revoke(who);
       throw comm_timeout_error(who, std::string("emulated_transport: ") + e.what());
     } catch (const emu::fault_error& e) {
+      if (s_->revoked)  // ended by a revoke
+        throw comm_revoked_error(s_->revoked_by, "emulated_transport: communicator revoked after rank " + std::to_string(s_->revoked_by.load()) + " failed");
       revoke(-1);
       throw comm_error(std::string("emulated_transport: ") + e.what());
     }
@@ -291,8 +410,9 @@ void emulated_world::run(F&& f) const {
         f(transport(r));
       } catch (...) {
         errs[static_cast<std::size_t>(r)] = std::current_exception();
-        s_->revoked = true;
+        s_->revoke(r, s_->cl->clock(s_->cards[static_cast<std::size_t>(r)]) + s_->cl->config().direct_latency());
       }
+      s_->mark_left(r);
     });
   for (auto& t : ts) t.join();
   for (auto& e : errs)
