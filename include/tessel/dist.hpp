@@ -5,6 +5,7 @@
 
 #include <tessel/dist/checkpoint.hpp>
 #include <tessel/dist/data_parallel.hpp>
+#include <tessel/dist/elastic.hpp>
 #include <tessel/dist/errors.hpp>
 #include <tessel/dist/expert_parallel.hpp>
 #include <tessel/dist/grad_check.hpp>
