@@ -44,6 +44,10 @@ bad 90_data_parallel_ubl128 8 0
 bad 90_data_parallel_ubl128 8x
 bad 90_data_parallel_ubl128 -1
 bad 90_data_parallel_ubl128 8 10 trace.json extra
+bad 91_elastic_ubl128 9
+bad 91_elastic_ubl128 100001
+bad 91_elastic_ubl128 12x
+bad 91_elastic_ubl128 300 extra
 bad 20_ubl128_experiments trace.json extra
 bad 33_emulated_all_reduce plot.svg extra
 bad 33_emulated_all_reduce /nonexistent-tessel-dir/plot.svg
