@@ -62,7 +62,8 @@ struct job_spec {
 // The tiny Llama on dp x tp (ZeRO-`zero`), snapshotting after every step.
 auto elastic_job(const job_spec& sp, outcome& out, std::mutex& mu) {
   return [&sp, &out, &mu](dist::elastic_rank& er) {
-    dist::process_groups grp(er.transport(), {.dp = sp.dp, .tp = sp.tp, .zero_stage = sp.zero});
+    const int dp_n = er.size() / sp.tp;  // (shrink: fewer replicas after a recovery, the same global batch)
+    dist::process_groups grp(er.transport(), {.dp = dp_n, .tp = sp.tp, .zero_stage = sp.zero});
     host_device dv(1);
     dist::tp_decoder_lm<host_device> m(dv, tessel_test::layout_run_llama(), grp.tp());
     nn::load_options lo;
@@ -81,7 +82,7 @@ auto elastic_job(const job_spec& sp, outcome& out, std::mutex& mu) {
       ++out.restores;
     }
     constexpr std::size_t B = 4, S = 6;
-    const std::size_t b = B / std::size_t(sp.dp), off = std::size_t(grp.coords().dp) * b * S;
+    const std::size_t b = B / std::size_t(dp_n), off = std::size_t(grp.coords().dp) * b * S;
     for (std::uint64_t step = st ? st->step : 0; step < sp.steps; ++step) {
       if (sp.throw_at_step3 && step == 3 && er.rank() == 1) throw std::logic_error("the job's own bug");
       const auto data = tessel_test::make_batch(300 + step, B, S, 37);
@@ -221,6 +222,43 @@ TEST_CASE("elastic: a rank and its buddy dying together leave no memory copy: th
   REQUIRE(rep.recoveries.size() == 2);
   for (const auto& r : rep.recoveries) CHECK(r.source == "peer memory");
   fs::remove_all(dir);
+}
+
+TEST_CASE("elastic: shrink drops the data-parallel replica that lost a card and trains on with the same global batch", "[dist][elastic]") {
+  job_spec sp;
+  sp.zero = 0;
+  const outcome want = reference(sp);
+  const double at = (want.step_end.at(2) + want.step_end.at(3)) / 2;
+  emu::cluster cl(cluster_of(4), 1);
+  cl.schedule({at, emu::fault_kind::card_down, 1, 0, 0});
+  dist::elastic_options o;
+  o.policy = dist::recovery_policy::shrink;
+  o.layout = {.dp = 2, .tp = 2};
+  dist::elastic_report rep;
+  const outcome got = run(cl, {0, 1, 2, 3}, o, sp, &rep);
+  REQUIRE(rep.recoveries.size() == 1);
+  CHECK(rep.recoveries[0].replacement_card == SIZE_MAX);
+  CHECK(rep.recoveries[0].source == "peer memory");
+  CHECK(rep.recoveries[0].step == 3);
+  CHECK(got.params.size() == 2);  // one replica of tp 2 left
+  CHECK(got.redo_mismatches == 0);
+  REQUIRE(got.loss.size() == want.loss.size());
+  for (const auto& [step, l] : want.loss) {
+    INFO("step " << step);
+    if (step < 3) CHECK(std::memcmp(&l, &got.loss.at(step), sizeof l) == 0);  // before the failure: the same world
+    else CHECK(got.loss.at(step) == Approx(l).epsilon(1e-5));  // one replica's mean over the whole batch: another summation order
+  }
+  // ZeRO-1's moment shards would need re-sharding over the new dp: refused by name
+  sp.zero = 1;
+  emu::cluster cl2(cluster_of(4), 1);
+  cl2.schedule({at, emu::fault_kind::card_down, 1, 0, 0});
+  CHECK_THROWS_MATCHES(run(cl2, {0, 1, 2, 3}, o, sp), dist::dist_error, is_error(errc::unsupported, "dist", "re-shards ZeRO-1"));
+  // every replica losing a card leaves nothing to shrink to
+  sp.zero = 0;
+  emu::cluster cl3(cluster_of(4), 1);
+  cl3.schedule({at, emu::fault_kind::card_down, 1, 0, 0});
+  cl3.schedule({at, emu::fault_kind::card_down, 2, 0, 0});
+  CHECK_THROWS_MATCHES(run(cl3, {0, 1, 2, 3}, o, sp), dist::dist_error, is_error(errc::fault, "dist", "every data-parallel replica"));
 }
 
 TEST_CASE("elastic: errors — no spare and no swap, a job's own error, bad cards", "[dist][elastic][errors]") {

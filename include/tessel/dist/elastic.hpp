@@ -20,16 +20,23 @@
 //            rank back to that step (survivors from their own memory, the new card from its
 //            buddy's copy, over the fabric): the training continues with no step lost beyond the
 //            snapshot, and the same bits as a run without the failure.
+//   shrink:  every data-parallel replica that lost a card is dropped (options.layout names the
+//            replicas; its live cards become spares) and the survivors, renumbered in order, roll
+//            back to the newest step all of them hold in their own memory; the job reads its new
+//            world size (dp shrinks; it keeps the global batch by giving each replica more). ZeRO-0
+//            only: ZeRO-1's moment shards would have to be re-sharded over the new dp.
 //   restart: (also when no memory copy survives: a rank and its buddy both dead) restore() loads
 //            the newest checkpoint of options.tiers that loads on every rank (dist::resume).
 // The report gives each recovery's parts in simulated seconds: detect (failure -> monitor's
-// report), agree (report -> plan: the revoke and the agreement), restore (plan -> every rank
+// report), agree (report -> plan: a survivor learns of the failure at its next message, so this
+// includes the kernel it was running, then the revoke and the agreement), restore (plan -> every rank
 // restored), warm-up (restored -> the first snapshot after it: the steps redone).
 // A job error that is not a fault (a bug, a bad argument) ends the run with that error.
 #pragma once
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -52,13 +59,14 @@
 #include <tessel/dist/checkpoint.hpp>
 #include <tessel/dist/data_parallel.hpp>
 #include <tessel/dist/errors.hpp>
+#include <tessel/dist/layout.hpp>
 #include <tessel/emulator/cluster.hpp>
 
 namespace tessel {
 inline namespace v0 {
 namespace dist {
 
-enum class recovery_policy : std::uint8_t { replace, restart };
+enum class recovery_policy : std::uint8_t { replace, shrink, restart };
 
 struct elastic_options {
   recovery_policy policy = recovery_policy::replace;
@@ -66,12 +74,13 @@ struct elastic_options {
   std::vector<std::size_t> spares;    // hot spare cards (outside the world), used in order
   std::vector<checkpoint_tier> tiers; // durable checkpoints for a restart (and for a fresh start's resume)
   std::size_t max_recoveries = 16;    // more failures than this end the run with the last one's error
+  parallel_layout layout = {};        // shrink: the job's layout (dp·tp·pp = the world); its dp shrinks with each recovery
 };
 
 // One recovery, times in simulated seconds.
 struct recovery_record {
   int rank = -1;                        // the dead rank (its place in the world)
-  std::size_t failed_card = 0, replacement_card = 0;
+  std::size_t failed_card = 0, replacement_card = 0;  // (shrink: no replacement, replacement_card = SIZE_MAX)
   std::uint64_t step = 0;               // the step the world rolled back to
   std::string source;                   // "peer memory", "durable tier" or "start" (nothing to restore)
   double happened = 0, detected = 0, agreed = 0, restored = 0, warmed = 0;
@@ -179,6 +188,7 @@ struct plan {
   std::uint64_t step = 0;
   std::map<int, int> from_peer;       // dead rank -> the rank holding its copy
   std::vector<int> dead;
+  bool shrunk = false;                // the world lost whole data-parallel replicas: no copies move
 };
 
 // State shared by the ranks of the run (the driver's).
@@ -195,6 +205,7 @@ struct shared {
   bool finished = false, fatal = false;
   std::optional<plan> next;
   double agreed_at = 0;
+  emulated_transport::agreement last;  // the round's final agreement
   std::vector<std::exception_ptr> fatal_errors;
   // a timing-only cluster moves no bytes: a message's sizes are posted here before it is sent
   std::map<int, std::array<std::uint64_t, 3>> posted;
@@ -396,6 +407,8 @@ class elastic_rank {
     for (auto& [r, gs] : mem.held) drop_newer(gs);
     generation* g = at_step(mem.own, pl.step);
     if (!g) throw dist_error(errc::fault, "elastic: rank " + std::to_string(rank()) + " holds no snapshot of step " + std::to_string(pl.step));
+    if (pl.shrunk && g->meta.find("\"zero1/m\"") != std::string::npos)
+      throw dist_error(errc::unsupported, "elastic: a shrunk world re-shards ZeRO-1's moments over its new dp, which is not built: use the replace policy, or ZeRO-0");
     t_.cluster().at(card()).charge(kernel_cost{0, 8.0 * double(g->elements)}, "elastic restore copy");
     if (timing) return checkpoint_state{.step = pl.step};  // nothing to copy on a timing-only cluster
     return apply(m, *g, "rank " + std::to_string(rank()));
@@ -454,6 +467,29 @@ inline plan plan_from(const emulated_transport::agreement& a, int n) {
   p.restart = true;
   return p;
 }
+
+// When card `c` failed (the newest of its card_down/hot_swap faults at or before `now`), when the
+// monitor reported it (its notice; before the fabric simulated it, the monitor's schedule: the
+// missed heartbeats after it) and, for a hot swap, when it is back.
+struct failure_times {
+  double happened = 0, detected = 0, back = -1;
+};
+inline failure_times failure_of(emu::cluster& cl, std::size_t c, double now) {
+  failure_times ft;
+  now = std::max(now, cl.clock(c));  // (a card whose clock ran into its outage ahead of the others)
+  const emu::fault* last = nullptr;
+  for (const auto& f : cl.net().faults())
+    if (f.card == c && (f.kind == emu::fault_kind::card_down || f.kind == emu::fault_kind::hot_swap) && f.at <= now * (1 + 1e-12) && (!last || f.at >= last->at))
+      last = &f;
+  if (!last) return ft;
+  const auto& fc = cl.config().faults;
+  ft.happened = last->at;
+  ft.detected = (std::floor(last->at / fc.heartbeat_interval) + double(fc.missed_heartbeats)) * fc.heartbeat_interval + 2 * cl.config().direct_latency();
+  for (const auto& nt : cl.notices())
+    if (nt.card == c && nt.kind == last->kind && nt.happened == last->at) ft.detected = nt.detected;
+  if (last->kind == emu::fault_kind::hot_swap) ft.back = last->at + last->duration;
+  return ft;
+}
 }  // namespace elastic_detail
 
 // Runs `job` elastically on `cards` of `cl` (see the header comment). The cluster's faults
@@ -479,8 +515,9 @@ elastic_report elastic_run(emu::cluster& cl, std::vector<std::size_t> cards, ela
   s->opt = opt;
   std::size_t next_spare = 0;
   elastic_report rep;
-  const int n = int(cards.size());
+  if (opt.policy == recovery_policy::shrink) opt.layout.validate(int(cards.size()));
   for (;;) {
+    const int n = int(cards.size());
     s->restored_at.assign(cards.size(), 0);
     s->first_snapshot_at.assign(cards.size(), -1);
     s->finished = s->fatal = false;
@@ -513,6 +550,7 @@ elastic_report elastic_run(emu::cluster& cl, std::vector<std::size_t> cards, ela
       if (fatal) s->fatal_errors[std::size_t(t.rank())] = fatal;
       if (t.rank() != a.members.front()) return;
       s->agreed_at = a.at;
+      s->last = a;
       bool all_ok = int(a.members.size()) == n, any_fatal = false;
       for (int r : a.members) all_ok = all_ok && a.values[std::size_t(r)][0] == 1, any_fatal = any_fatal || a.values[std::size_t(r)][1] == 1;
       if (any_fatal) s->fatal = true;
@@ -538,24 +576,81 @@ elastic_report elastic_run(emu::cluster& cl, std::vector<std::size_t> cards, ela
       throw dist_error(errc::fault, "elastic_run: more than " + std::to_string(opt.max_recoveries) + " failures");
     plan p = *s->next;
     if (opt.policy == recovery_policy::restart) p.restart = true;
+    if (opt.policy == recovery_policy::shrink) {
+      // drop every data-parallel replica that lost a card; the survivors keep their own snapshots
+      std::set<int> gone;
+      for (int d : p.dead) gone.insert(opt.layout.coords(d).dp);
+      if (int(gone.size()) >= opt.layout.dp)
+        throw dist_error(errc::fault, "elastic_run: every data-parallel replica lost a card: nothing to shrink to");
+      std::vector<int> keep;
+      for (int r = 0; r < n; ++r)
+        if (!gone.count(opt.layout.coords(r).dp)) keep.push_back(r);
+      const auto& a = s->last;
+      std::set<std::uint64_t, std::greater<>> cands;
+      for (int r : keep)
+        for (int k = 2; k < 4; ++k)
+          if (a.values[std::size_t(r)].size() > 3 && a.values[std::size_t(r)][std::size_t(k)] > 0) cands.insert(a.values[std::size_t(r)][std::size_t(k)] - 1);
+      p = plan{};
+      p.shrunk = true;
+      p.restart = true;
+      for (std::uint64_t st : cands)
+        if (std::all_of(keep.begin(), keep.end(), [&](int r) {
+              const auto& w = a.values[std::size_t(r)];
+              return w.size() > 3 && (w[2] == st + 1 || w[3] == st + 1);
+            })) {
+          p.step = st, p.restart = false;
+          break;
+        }
+      std::vector<recovery_record> recs;
+      for (int d : s->next->dead) {
+        recovery_record r;
+        r.rank = d;
+        r.failed_card = cards[std::size_t(d)];
+        r.replacement_card = SIZE_MAX;
+        const auto ft = failure_of(cl, r.failed_card, s->agreed_at);
+        r.happened = ft.happened, r.detected = ft.detected;
+        r.step = p.step;
+        r.source = p.restart ? (opt.tiers.empty() ? "start" : "durable tier") : "peer memory";
+        r.agreed = s->agreed_at;
+        r.restored = -1;
+        recs.push_back(r);
+        s->memory.erase(r.failed_card);
+      }
+      std::vector<std::size_t> next;
+      for (int r : keep) next.push_back(cards[std::size_t(r)]);
+      for (int r = 0; r < n; ++r) {  // the dropped replicas' live cards become spares
+        const bool dropped = gone.count(opt.layout.coords(r).dp) > 0;
+        const bool dead = std::find(s->next->dead.begin(), s->next->dead.end(), r) != s->next->dead.end();
+        if (dropped && !dead) opt.spares.push_back(cards[std::size_t(r)]), s->memory.erase(cards[std::size_t(r)]);
+      }
+      cards = std::move(next);
+      opt.layout.dp -= int(gone.size());
+      s->opt.layout = opt.layout;
+      for (auto& [c, mem] : s->memory) mem.held.clear();  // the copies are named by the old ranks
+      if (p.restart) s->memory.clear();
+      double ready = s->agreed_at;
+      for (std::size_t c : cards) ready = std::max(ready, cl.clock(c));
+      for (std::size_t c : cards) cl.at(c).advance_to(ready);
+      s->recovering = p;
+      ++s->round;
+      rep.recoveries.insert(rep.recoveries.end(), recs.begin(), recs.end());
+      continue;
+    }
     // the dead cards' memory is gone; each dead rank's place goes to a spare or its card once swapped back
-    const auto notices = cl.notices();
     std::vector<recovery_record> recs;
     double ready = s->agreed_at;
     for (int d : p.dead) {
       recovery_record r;
       r.rank = d;
       r.failed_card = cards[std::size_t(d)];
-      for (const auto& nt : notices)
-        if (nt.card == r.failed_card && (nt.kind == emu::fault_kind::card_down || nt.kind == emu::fault_kind::hot_swap)) r.happened = nt.happened, r.detected = nt.detected;
+      const auto ft = failure_of(cl, r.failed_card, s->agreed_at);
+      r.happened = ft.happened, r.detected = ft.detected;
       s->memory.erase(r.failed_card);
       if (next_spare < opt.spares.size()) {
         r.replacement_card = opt.spares[next_spare++];
       } else {
         // the same card, if a hot swap brings it back
-        double back = -1;
-        for (const auto& f : cl.net().faults())
-          if (f.card == r.failed_card && f.kind == emu::fault_kind::hot_swap && f.at <= r.detected + 1e-12) back = std::max(back, f.at + f.duration);
+        const double back = ft.back;
         if (back < 0)
           throw dist_error(errc::fault, "elastic_run: card " + std::to_string(r.failed_card) + " (rank " + std::to_string(d) +
                                                   ") failed and there is no spare card left and no hot swap of it");
