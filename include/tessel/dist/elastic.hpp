@@ -186,7 +186,7 @@ struct card_memory {
 struct plan {
   bool restart = false;               // from the tiers (no memory copy for some dead rank)
   std::uint64_t step = 0;
-  std::map<int, int> from_peer;       // dead rank -> the rank holding its copy
+  std::map<int, int> from_peer;       // rank restored from a copy (a dead rank's replacement, or a live rank without the step) -> the rank holding it
   std::vector<int> dead;
   bool shrunk = false;                // the world lost whole data-parallel replicas: no copies move
 };
@@ -430,8 +430,9 @@ inline std::vector<std::uint64_t> agreement_words(card_memory& mem, bool ok, boo
   }
   return w;
 }
-// The plan from an agreement: the newest step every surviving rank holds and every dead rank's
-// copy is held at by a survivor (restart when there is none).
+// The plan from an agreement: the newest step that every surviving rank holds, or that a survivor
+// holds a copy of for it, and that a survivor holds a copy of for every dead rank (restart when
+// there is none).
 inline plan plan_from(const emulated_transport::agreement& a, int n) {
   plan p;
   std::vector<char> member(std::size_t(n), 0);
@@ -452,12 +453,15 @@ inline plan plan_from(const emulated_transport::agreement& a, int n) {
     for (int k = 2; k < 4; ++k)
       if (a.values[std::size_t(r)][std::size_t(k)] > 0) cands.insert(a.values[std::size_t(r)][std::size_t(k)] - 1);
   for (std::uint64_t s : cands) {
-    bool ok = std::all_of(a.members.begin(), a.members.end(), [&](int r) { return own_has(r, s); });
+    // a live rank without the step in its own memory (a replacement that had not finished its
+    // restore) takes it from its copy like a dead rank's replacement
+    bool ok = true;
     std::map<int, int> from;
-    for (int d : p.dead) {
-      const int h = ok ? holder(d, s) : -1;
-      if (h < 0) ok = false;
-      else from[d] = h;
+    for (int r = 0; r < n && ok; ++r) {
+      if (member[std::size_t(r)] && own_has(r, s)) continue;
+      const int h = holder(r, s);
+      if (h < 0 || h == r) ok = false;
+      else from[r] = h;
     }
     if (ok) {
       p.step = s, p.from_peer = std::move(from);
@@ -513,7 +517,11 @@ elastic_report elastic_run(emu::cluster& cl, std::vector<std::size_t> cards, ela
   auto s = std::make_shared<shared>();
   s->cl = &cl;
   s->opt = opt;
-  std::size_t next_spare = 0;
+  // the spare cards, each with the simulated time from which it can join; a hot-swapped card
+  // joins the pool once it is back and its heartbeat seen
+  std::vector<std::pair<std::size_t, double>> pool;
+  for (std::size_t c : opt.spares) pool.push_back({c, 0.0});
+  const double seen_again = cl.config().faults.heartbeat_interval + cl.config().direct_latency() + 1e-9;
   elastic_report rep;
   if (opt.policy == recovery_policy::shrink) opt.layout.validate(int(cards.size()));
   for (;;) {
@@ -621,7 +629,7 @@ elastic_report elastic_run(emu::cluster& cl, std::vector<std::size_t> cards, ela
       for (int r = 0; r < n; ++r) {  // the dropped replicas' live cards become spares
         const bool dropped = gone.count(opt.layout.coords(r).dp) > 0;
         const bool dead = std::find(s->next->dead.begin(), s->next->dead.end(), r) != s->next->dead.end();
-        if (dropped && !dead) opt.spares.push_back(cards[std::size_t(r)]), s->memory.erase(cards[std::size_t(r)]);
+        if (dropped && !dead) pool.push_back({cards[std::size_t(r)], 0.0}), s->memory.erase(cards[std::size_t(r)]);
       }
       cards = std::move(next);
       opt.layout.dp -= int(gone.size());
@@ -646,18 +654,21 @@ elastic_report elastic_run(emu::cluster& cl, std::vector<std::size_t> cards, ela
       const auto ft = failure_of(cl, r.failed_card, s->agreed_at);
       r.happened = ft.happened, r.detected = ft.detected;
       s->memory.erase(r.failed_card);
-      if (next_spare < opt.spares.size()) {
-        r.replacement_card = opt.spares[next_spare++];
-      } else {
-        // the same card, if a hot swap brings it back
-        const double back = ft.back;
-        if (back < 0)
-          throw dist_error(errc::fault, "elastic_run: card " + std::to_string(r.failed_card) + " (rank " + std::to_string(d) +
-                                                  ") failed and there is no spare card left and no hot swap of it");
-        r.replacement_card = r.failed_card;
-        // back once the monitor has seen its heartbeat again (before, the others refuse its transfers)
-        ready = std::max(ready, back + cl.config().faults.heartbeat_interval + cl.config().direct_latency() + 1e-9);
+      if (ft.back >= 0) pool.push_back({r.failed_card, ft.back + seen_again});
+      // the spare ready first (one down now waits for its own return; one lost for good leaves)
+      std::size_t best = pool.size();
+      for (std::size_t i = 0; i < pool.size(); ++i) {
+        const auto f = failure_of(cl, pool[i].first, s->agreed_at);
+        if (f.happened > 0 && f.back < 0) continue;  // dead for good
+        if (f.back > s->agreed_at) pool[i].second = std::max(pool[i].second, f.back + seen_again);
+        if (best == pool.size() || pool[i].second < pool[best].second) best = i;
       }
+      if (best == pool.size())
+        throw dist_error(errc::fault, "elastic_run: card " + std::to_string(r.failed_card) + " (rank " + std::to_string(d) +
+                                          ") failed and there is no spare card left and no hot swap of it");
+      r.replacement_card = pool[best].first;
+      ready = std::max(ready, pool[best].second);
+      pool.erase(pool.begin() + std::ptrdiff_t(best));
       cards[std::size_t(d)] = r.replacement_card;
       s->memory.erase(r.replacement_card);
       r.step = p.step;
