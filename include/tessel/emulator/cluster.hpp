@@ -174,6 +174,15 @@ class cluster {
     attached_++;
     cv_.notify_all();
   }
+  // The driver of card `c` waits on the host (a thread, a file) and posts nothing meanwhile: it no
+  // longer holds back the others' simulated time, and their waits for a transfer it has not posted
+  // yet do not time out (it posts when it is back, at its clock).
+  void set_idle(std::size_t c, bool on) {
+    check_card(c, "set_idle");
+    std::lock_guard lk(mu_);
+    drivers_[c].idle = on;
+    cv_.notify_all();
+  }
   void detach(std::size_t c) {
     std::lock_guard lk(mu_);
     if (c < drivers_.size() && drivers_[c].attached) {
@@ -581,7 +590,7 @@ class cluster {
     double h = std::numeric_limits<double>::infinity();
     for (std::size_t c = 0; c < drivers_.size(); ++c) {
       const driver& d = drivers_[c];
-      if (!d.attached || c == me) continue;
+      if (!d.attached || c == me || d.idle) continue;
       if (d.waiting == UINT32_MAX) h = std::min(h, cards_[c]->clock());
       else if (ops_[d.waiting].state != op_pending) h = std::min(h, ops_[d.waiting].done);
       // An unmatched wait ends at its deadline (a timeout no fabric event marks), and that driver
@@ -604,7 +613,15 @@ class cluster {
       const double h = horizon(me);
       horizon_dirty_ = false;
       bool progressed = false;
-      if (ops_[id].msg < 0) {
+      const op& w = ops_[id];
+      const std::size_t peer = w.kind == op_send ? w.dst : w.src;
+      if (w.msg < 0 && drivers_[peer].attached && drivers_[peer].idle) {
+        // the peer waits on the host: its post comes when it is back, so this wait cannot time out
+        while (!horizon_dirty_ && before(net_.next_event_time(), h)) {
+          net_.step_once();
+          progressed = true;
+        }
+      } else if (ops_[id].msg < 0) {
         const double deadline = ops_[id].posted + cfg_.faults.op_timeout;
         // strictly before the horizon: a driver at clock h may still post at h, and what it posts
         // must be ordered among that instant's events by the fabric's keys, not by host timing
@@ -651,6 +668,7 @@ class cluster {
   std::vector<std::function<void(const failure_notice&)>> failure_cbs_;
   struct driver {
     bool attached = false;
+    bool idle = false;  // waiting on the host (set_idle)
     op_id waiting = UINT32_MAX;
   };
   std::vector<driver> drivers_;

@@ -259,12 +259,9 @@ class emulated_transport {
   // card's clock).
   void revoke(int failed) { s_->revoke(failed, s_->cl->clock(card()) + s_->cl->config().direct_latency()); }
 
-  // The rank waits on the host: its card stops holding back the simulation (the others' waits
-  // run on), and takes its place again after.
-  void idle(bool on) {
-    if (on) s_->cl->detach(card());
-    else s_->cl->attach(card());
-  }
+  // The rank waits on the host: its card stops holding back the simulation, and the others'
+  // waits for its transfers wait for it instead of timing out (emu::cluster::set_idle).
+  void idle(bool on) { s_->cl->set_idle(card(), on); }
 
   // What agree() returns: `values[r]` is rank r's contribution, empty when r did not take part
   // (its card failed, or its thread ended first); `members` lists the ranks that did.
@@ -287,7 +284,7 @@ class emulated_transport {
     const double t0 = s_->cl->clock(c);
     const std::size_t n = s_->cards.size();
     const double cost = 2 * std::ceil(std::log2(double(std::max<std::size_t>(n, 2)))) * s_->cl->config().direct_latency();
-    idle(true);
+    s_->cl->detach(c);  // (not idle(): a rank waiting on this one's transfer should time out and come to agree)
     agreement out;
     {
       std::unique_lock lk(s_->amu);
@@ -307,7 +304,7 @@ class emulated_transport {
       for (std::size_t r = 0; r < n; ++r)
         if (R.dep[r]) out.members.push_back(int(r)), out.values[r] = *R.dep[r];
     }
-    idle(false);
+    s_->cl->attach(c);
     s_->cl->at(c).advance_to(out.at);
     return out;
   }
