@@ -433,7 +433,9 @@ inline std::vector<std::uint64_t> agreement_words(card_memory& mem, bool ok, boo
 // The plan from an agreement: the newest step that every surviving rank holds, or that a survivor
 // holds a copy of for it, and that a survivor holds a copy of for every dead rank (restart when
 // there is none).
-inline plan plan_from(const emulated_transport::agreement& a, int n) {
+// `own_only`: these ranks must hold the step in their own memory and nobody else matters (a
+// shrink: no copies move, the other ranks are dropped).
+inline plan plan_from(const emulated_transport::agreement& a, int n, const std::vector<int>* own_only = nullptr) {
   plan p;
   std::vector<char> member(std::size_t(n), 0);
   for (int r : a.members) member[std::size_t(r)] = 1;
@@ -457,7 +459,8 @@ inline plan plan_from(const emulated_transport::agreement& a, int n) {
     // restore) takes it from its copy like a dead rank's replacement
     bool ok = true;
     std::map<int, int> from;
-    for (int r = 0; r < n && ok; ++r) {
+    if (own_only) ok = std::all_of(own_only->begin(), own_only->end(), [&](int r) { return member[std::size_t(r)] && own_has(r, s); });
+    for (int r = 0; r < n && ok && !own_only; ++r) {
       if (member[std::size_t(r)] && own_has(r, s)) continue;
       const int h = holder(r, s);
       if (h < 0 || h == r) ok = false;
@@ -593,22 +596,11 @@ elastic_report elastic_run(emu::cluster& cl, std::vector<std::size_t> cards, ela
       std::vector<int> keep;
       for (int r = 0; r < n; ++r)
         if (!gone.count(opt.layout.coords(r).dp)) keep.push_back(r);
-      const auto& a = s->last;
-      std::set<std::uint64_t, std::greater<>> cands;
-      for (int r : keep)
-        for (int k = 2; k < 4; ++k)
-          if (a.values[std::size_t(r)].size() > 3 && a.values[std::size_t(r)][std::size_t(k)] > 0) cands.insert(a.values[std::size_t(r)][std::size_t(k)] - 1);
+      const plan found = plan_from(s->last, n, &keep);
       p = plan{};
       p.shrunk = true;
-      p.restart = true;
-      for (std::uint64_t st : cands)
-        if (std::all_of(keep.begin(), keep.end(), [&](int r) {
-              const auto& w = a.values[std::size_t(r)];
-              return w.size() > 3 && (w[2] == st + 1 || w[3] == st + 1);
-            })) {
-          p.step = st, p.restart = false;
-          break;
-        }
+      p.restart = found.restart;
+      p.step = found.step;
       std::vector<recovery_record> recs;
       for (int d : s->next->dead) {
         recovery_record r;
