@@ -1,6 +1,6 @@
 // GEMM benchmarks: tessel vs OpenBLAS cblas_sgemm, oneDNN 2.6 matmul (f32, bf16) and Eigen, on the
 // square and transformer shapes, 1 and 2 threads; bf16, FP8 block-scaled, skinny (M=1/16) and
-// fused-epilogue variants. Counters: flops (rate) or bytes (rate), and of_limit against the
+// fused-epilogue variants, grouped (MoE expert) GEMM. Counters: flops (rate) or bytes (rate), and of_limit against the
 // machine limits of bench/common/limits.hpp.
 // OpenBLAS reads OPENBLAS_CORETYPE at load time: run this binary once as is and once with
 // OPENBLAS_CORETYPE=SkylakeX and compare against the faster.
@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <ctime>
 #include <functional>
 #include <thread>
@@ -21,6 +22,7 @@
 // tessel first: arch/target.hpp parses the intrinsic headers under a GCC 12 false-positive guard.
 #include <tessel/device.hpp>
 #include <tessel/ops/gemm.hpp>
+#include <tessel/ops/gemm_grouped.hpp>
 
 #include <Eigen/Core>
 
@@ -483,6 +485,83 @@ void gemm_direct_vs_packed(benchmark::State& st) {
   }
   st.counters["macs"] = double(M * N * K);
 }
+// ---- grouped ----
+// A mixture of experts' expert GEMMs as one grouped launch, against one GEMM with the same total
+// FLOPs (the bound: the group should run at >= 0.9 of its rate) and against one gemm call
+// per expert (what a caller does without the group), alternated in one loop (run_rotated).
+// Args: kind (0: forward, problem e is (rows_e, N) = (rows_e, K)·(K, N); 1: weight gradient,
+// problem e is (M, N) = X_eᵀ·dY_e over K = rows_e, X_e stored (rows_e, M)), experts, rows (all
+// experts' rows; their split is uneven, seeded: expert e is chosen with weight 1/sqrt(e+1)), the
+// two other dimensions, threads, bf16. vs_single = single time / grouped time (above 1: the group
+// is faster per FLOP), vs_loop = loop time / grouped time.
+template <class T>
+void gemm_grouped_bench(benchmark::State& st) {
+  const int kind = static_cast<int>(st.range(0));
+  const std::size_t E = st.range(1), rows = st.range(2), D1 = st.range(3), D2 = st.range(4);
+  const unsigned th = static_cast<unsigned>(st.range(5));
+  std::vector<std::size_t> per(E, 0);
+  {
+    std::vector<double> w(E);
+    for (std::size_t e = 0; e < E; ++e) w[e] = 1.0 / std::sqrt(double(e + 1));
+    std::mt19937 g(5);
+    std::discrete_distribution<std::size_t> pick(w.begin(), w.end());
+    for (std::size_t r = 0; r < rows; ++r) ++per[pick(g)];
+  }
+  // forward: X (rows, K=D2) times W_e (K, N=D1) per expert; gradient: X (rows, M=D1), dY (rows, N=D2)
+  const std::size_t a_cols = kind == 0 ? D2 : D1;
+  auto X = random_buffer<T>(rows * a_cols, 1);
+  auto W = random_buffer<T>(kind == 0 ? E * D2 * D1 : rows * D2, 2);
+  tessel_bench::huge_buffer<float> C(kind == 0 ? rows * D1 : E * D1 * D2, 2), C1(kind == 0 ? rows * D1 : D1 * D2, 2);
+  std::vector<gemm_problem<T, T, float>> q;
+  std::size_t off = 0;
+  for (std::size_t e = 0; e < E; ++e) {
+    if (kind == 0)
+      q.push_back({transpose::none, transpose::none, per[e], D1, D2, 1.0f, X.data() + off * D2, D2, W.data() + e * D2 * D1, D1, 0.0f,
+                   C.data() + off * D1, D1});
+    else
+      q.push_back({transpose::yes, transpose::none, D1, D2, per[e], 1.0f, X.data() + off * D1, D1, W.data() + off * D2, D2, 0.0f,
+                   C.data() + e * D1 * D2, D2});
+    off += per[e];
+  }
+  std::vector<std::function<void()>> calls;
+  calls.emplace_back([&] { gemm_grouped(dev(th), q); });
+  if (kind == 0)
+    calls.emplace_back([&] { gemm(dev(th), transpose::none, transpose::none, rows, D1, D2, 1.0f, X.data(), D2, W.data(), D1, 0.0f, C1.data(), D1); });
+  else
+    calls.emplace_back([&] { gemm(dev(th), transpose::yes, transpose::none, D1, D2, rows, 1.0f, X.data(), D1, W.data(), D2, 0.0f, C1.data(), D2); });
+  calls.emplace_back([&] {
+    for (const auto& p : q) gemm(dev(th), p.ta, p.tb, p.M, p.N, p.K, p.alpha, p.A, p.lda, p.B, p.ldb, p.beta, p.C, p.ldc);
+  });
+  for (auto& c : calls) c();
+  const auto r = tessel_bench::run_rotated(
+      calls, std::chrono::microseconds(0), [&](std::size_t, const std::vector<double>&, double) { return st.KeepRunning(); },
+      [&](std::size_t, double mine) {
+        benchmark::ClobberMemory();
+        st.SetIterationTime(mine);
+      });
+  const double flops = 2.0 * double(rows) * double(D1) * double(D2) * double(r.iterations);
+  st.counters["grouped_gflops"] = flops / r.seconds[0] / 1e9;
+  st.counters["single_gflops"] = flops / r.seconds[1] / 1e9;
+  st.counters["loop_gflops"] = flops / r.seconds[2] / 1e9;
+  st.counters["vs_single"] = r.seconds[1] / r.seconds[0];
+  st.counters["vs_loop"] = r.seconds[2] / r.seconds[0];
+  st.counters["fastest_vs_single"] = r.fastest[1] / r.fastest[0];
+  st.counters["of_limit"] = flops / r.seconds[0] / 1e9 / (std::is_same_v<T, bf16> ? tessel_bench::peak_bf16_gflops(th) : tessel_bench::peak_fp32_gflops(th));
+}
+
+// Mixtral-like (8 experts, hidden 1024, FFN 2816) and fine-grained (64 experts of FFN 512) groups,
+// forward and weight gradient, 1 and 2 threads.
+void grouped_shapes(benchmark::internal::Benchmark* b) {
+  for (long th : {1, 2}) {
+    b->Args({0, 8, 2048, 2816, 1024, th});  // up/gate projection
+    b->Args({0, 8, 2048, 1024, 2816, th});  // down projection
+    b->Args({1, 8, 2048, 1024, 2816, th});  // dW of the up projection: X_eᵀ·dY_e
+    b->Args({0, 64, 4096, 512, 1024, th});  // fine-grained experts, ~64 rows each
+    b->Args({1, 64, 4096, 1024, 512, th});
+  }
+  b->ArgNames({"kind", "E", "rows", "D1", "D2", "threads"})->Unit(benchmark::kMillisecond)->UseManualTime();
+}
+
 void direct_shapes(benchmark::internal::Benchmark* b) {
   for (long bf : {0, 1}) {
     for (long n : {4, 8, 16, 24, 32, 40, 48, 64, 96})
@@ -563,6 +642,8 @@ BENCHMARK(gemm_fused_vs_plain)
     ->Unit(benchmark::kMillisecond)
     ->UseManualTime()
     ->Iterations(6);
+BENCHMARK(gemm_grouped_bench<float>)->Name("gemm_grouped_f32")->Apply(grouped_shapes);
+BENCHMARK(gemm_grouped_bench<bf16>)->Name("gemm_grouped_bf16")->Apply(grouped_shapes);
 BENCHMARK(gemm_skinny_tessel)
     ->Name("gemm_skinny_bf16/tessel")
     ->ArgsProduct({{1, 16}, {4096}, {4096}, {1, 2}})

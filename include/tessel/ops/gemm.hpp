@@ -150,6 +150,9 @@ struct gemm_program {
   // tile of row slab s and K chunk c at a_packed + (s * a_chunks + c) * MC * KC.
   const S* a_packed = nullptr;
   std::size_t a_chunks = 0;
+  // Streams C like a large result whatever this product's own size (a grouped launch whose
+  // products together write more than stream_min_bytes). Changes how C is stored, not its bits.
+  bool stream_large = false;
 
   // For the profiler's trace: the product's shape.
   std::string shape() const { return detail::gemm_shape(M, N, K) + (batch > 1 ? std::string(" x batch ") + std::to_string(batch) : std::string()); }
@@ -275,7 +278,8 @@ struct gemm_program {
   // cached for the caller (they may fit in L3).
   static constexpr std::size_t stream_min_bytes = std::size_t{8} << 20;
   bool stream_output(const tensor<TC, 2>& Cz) const {
-    return std::is_same_v<TC, float> && beta == 0.0f && Cz.col_stride() == 1 && double(M) * double(N) * double(batch) * sizeof(TC) >= double(stream_min_bytes);
+    return std::is_same_v<TC, float> && beta == 0.0f && Cz.col_stride() == 1 &&
+           (stream_large || double(M) * double(N) * double(batch) * sizeof(TC) >= double(stream_min_bytes));
   }
   // store_rows' arithmetic (the chain on each row of the (r,cols) slab, in place) with the rows
   // then streamed out; the fence orders them before the launch publishes the block as done.

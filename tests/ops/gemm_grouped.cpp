@@ -1,0 +1,246 @@
+// Grouped GEMM: every product against the fp64 reference (gamma_K bound; integer inputs bitwise)
+// over transposes and edge sizes, bits independent of the thread count and of the group's other
+// products, gemm's bits on the packed path, the epilogue per product, typed errors.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include <tessel/device.hpp>
+#include <tessel/ops/gemm_grouped.hpp>
+
+#include "reference/gemm_ref.hpp"
+#include "error_match.hpp"
+
+
+
+namespace tessel_test_ops_gemm_grouped {
+
+using tessel_test::is_error;
+using tessel::errc;
+
+using namespace tessel;
+
+namespace {
+
+host_device& dev2() {
+  static host_device d(2);
+  return d;
+}
+host_device& dev1() {
+  static host_device d(1);
+  return d;
+}
+
+// One product's operands, stored with padded leading dimensions.
+template <class T, class TC = float>
+struct product {
+  std::size_t M, N, K;
+  bool ta, tb;
+  float alpha, beta;
+  std::size_t lda, ldb, ldc;
+  std::vector<T> A, B;
+  std::vector<TC> C, C0;
+  product(std::size_t m, std::size_t n, std::size_t k, bool a_t, bool b_t, float al = 1.0f, float be = 0.0f, std::size_t pad = 3)
+      : M(m), N(n), K(k), ta(a_t), tb(b_t), alpha(al), beta(be) {
+    lda = std::max<std::size_t>((ta ? M : K) + pad, 1);
+    ldb = std::max<std::size_t>((tb ? K : N) + pad, 1);
+    ldc = std::max<std::size_t>(N + pad, 1);
+    A.resize((ta ? K : M) * lda);
+    B.resize((tb ? N : K) * ldb);
+    C.resize(M * ldc);
+  }
+  gemm_problem<T, T, TC> problem() {
+    return {ta ? transpose::yes : transpose::none, tb ? transpose::yes : transpose::none, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta,
+            C.data(), ldc};
+  }
+  ref::gemm_result reference() const {
+    return ref::gemm(ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, C0.data(), ldc);
+  }
+};
+
+template <class T, class TC>
+std::vector<gemm_problem<T, T, TC>> problems_of(std::vector<product<T, TC>>& ps) {
+  std::vector<gemm_problem<T, T, TC>> q;
+  for (auto& p : ps) q.push_back(p.problem());
+  return q;
+}
+
+template <class TC>
+std::size_t violations(const std::vector<TC>& C, std::size_t ldc, const ref::gemm_result& r, std::size_t M, std::size_t N, std::size_t K,
+                       bool exact) {
+  const double g = ref::gamma(K + 2, std::ldexp(1.0, -24));
+  const double uo = std::is_same_v<TC, float> ? std::ldexp(1.0, -24) : ref::unit_roundoff<TC>();
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < M; ++i)
+    for (std::size_t j = 0; j < N; ++j) {
+      const double got = ref::to_d(C[i * ldc + j]), want = r.c[i * N + j];
+      const double tol = exact ? 0.0 : g * r.mag[i * N + j] + uo * std::fabs(want) + 1e-30;
+      if (!(std::fabs(got - want) <= tol)) ++bad;
+    }
+  return bad;
+}
+
+// A group over every transpose and the edge sizes 0, 1 and primes, skinny (M <= 32) and wide
+// products, K = 0 and K across chunks, alpha/beta.
+template <class T, class TC>
+std::vector<product<T, TC>> mixed_group(std::mt19937& g, bool integers) {
+  const std::size_t shapes[][3] = {{0, 5, 7},   {1, 1, 1},    {7, 33, 0},   {31, 97, 129}, {33, 260, 61}, {97, 31, 1},
+                                   {131, 7, 300}, {200, 300, 700}, {5, 1100, 37}, {73, 257, 2100}, {300, 0, 9},  {149, 151, 157}};
+  std::vector<product<T, TC>> ps;
+  std::size_t i = 0;
+  for (const auto& s : shapes) {
+    const bool ta = (i & 1) != 0, tb = (i & 2) != 0;
+    const float alpha = i % 3 == 0 ? 1.0f : 0.5f, beta = i % 4 == 1 ? 0.25f : 0.0f;
+    ps.emplace_back(s[0], s[1], s[2], ta, tb, alpha, beta);
+    auto& p = ps.back();
+    if (integers) {
+      ref::fill_int(p.A, g);
+      ref::fill_int(p.B, g);
+      ref::fill_int(p.C, g);
+    } else {
+      ref::fill_real(p.A, g);
+      ref::fill_real(p.B, g);
+      ref::fill_real(p.C, g);
+    }
+    p.C0 = p.C;
+    ++i;
+  }
+  return ps;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("grouped GEMM: every product within gamma_K of fp64 over transposes and edge sizes", "[ops][gemm][grouped]", float, bf16) {
+  std::mt19937 g(11);
+  auto ps = mixed_group<TestType, float>(g, false);
+  const auto q = problems_of(ps);
+  gemm_grouped(dev2(), q);
+  for (auto& p : ps) {
+    INFO("M " << p.M << " N " << p.N << " K " << p.K << " ta " << p.ta << " tb " << p.tb);
+    CHECK(violations(p.C, p.ldc, p.reference(), p.M, p.N, p.K, false) == 0);
+  }
+}
+
+TEMPLATE_TEST_CASE("grouped GEMM: integer inputs give the fp64 result bitwise", "[ops][gemm][grouped]", float, bf16, fp16, e4m3) {
+  std::mt19937 g(12);
+  auto ps = mixed_group<TestType, float>(g, true);
+  const auto q = problems_of(ps);
+  gemm_grouped(dev2(), q);
+  for (auto& p : ps) {
+    INFO("M " << p.M << " N " << p.N << " K " << p.K);
+    CHECK(violations(p.C, p.ldc, p.reference(), p.M, p.N, p.K, true) == 0);
+  }
+}
+
+TEMPLATE_TEST_CASE("grouped GEMM: bits independent of the thread count and of the other products", "[ops][gemm][grouped]", float, bf16) {
+  std::mt19937 g(13);
+  auto ps = mixed_group<TestType, float>(g, false);
+  auto one = ps, alone = ps;
+  const auto q2 = problems_of(ps), q1 = problems_of(one);
+  gemm_grouped(dev2(), q2);
+  gemm_grouped(dev1(), q1);
+  for (std::size_t i = 0; i < ps.size(); ++i) {
+    INFO("product " << i);
+    REQUIRE(std::memcmp(ps[i].C.data(), one[i].C.data(), ps[i].C.size() * sizeof(float)) == 0);
+    const std::vector<gemm_problem<TestType, TestType, float>> single{alone[i].problem()};
+    gemm_grouped(dev2(), single);
+    REQUIRE(std::memcmp(ps[i].C.data(), alone[i].C.data(), ps[i].C.size() * sizeof(float)) == 0);
+  }
+}
+
+// Shapes gemm runs on its packed path (above the direct path's size, K not split, no skinny-dot
+// path): a grouped product has the same bits, wide (M > 32) or skinny, with an epilogue that
+// reads the product's own row and column indices.
+TEMPLATE_TEST_CASE("grouped GEMM: gemm's bits on the packed path, epilogue per product", "[ops][gemm][grouped]", float, bf16) {
+  std::mt19937 g(14);
+  const std::size_t shapes[][3] = {{200, 300, 700}, {130, 520, 333}, {20, 600, 500}, {33, 257, 1500}, {75, 1030, 2200}};
+  std::vector<product<TestType, bf16>> ps;
+  std::vector<float> bias(1030);
+  ref::fill_real(bias, g);
+  const auto ep = epilogue::bias(std::span<const float>(bias)) | epilogue::gelu | epilogue::cast<bf16>;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (const auto& s : shapes) {
+        // bf16 gemm streams a row-major B for M <= 48 (its skinny rows path): those keep tb
+        if (std::is_same_v<TestType, bf16> && s[0] <= 48 && !tb) continue;
+        ps.emplace_back(s[0], s[1], s[2], ta, tb, 0.75f, 0.0f);
+        ref::fill_real(ps.back().A, g);
+        ref::fill_real(ps.back().B, g);
+      }
+  auto single = ps;
+  const auto q = problems_of(ps);
+  gemm_grouped(dev2(), q, ep);
+  for (std::size_t i = 0; i < ps.size(); ++i) {
+    auto& p = single[i];
+    gemm(dev2(), p.ta ? transpose::yes : transpose::none, p.tb ? transpose::yes : transpose::none, p.M, p.N, p.K, p.alpha, p.A.data(), p.lda,
+         p.B.data(), p.ldb, p.beta, p.C.data(), p.ldc, ep);
+    INFO("M " << p.M << " N " << p.N << " K " << p.K << " ta " << p.ta << " tb " << p.tb);
+    REQUIRE(std::memcmp(ps[i].C.data(), p.C.data(), p.C.size() * sizeof(bf16)) == 0);
+  }
+}
+
+TEST_CASE("grouped GEMM: an empty group and empty products do nothing", "[ops][gemm][grouped]") {
+  REQUIRE_NOTHROW(gemm_grouped(dev2(), std::vector<gemm_problem<float, float, float>>{}));
+  std::vector<float> C(4, 7.0f);
+  const std::vector<gemm_problem<float, float, float>> q{{transpose::none, transpose::none, 0, 4, 0, 1.0f, nullptr, 1, nullptr, 4, 0.0f, nullptr, 4},
+                                                         {transpose::none, transpose::none, 2, 2, 0, 1.0f, nullptr, 1, nullptr, 2, 0.5f, C.data(), 2}};
+  gemm_grouped(dev2(), q);
+  CHECK(C == std::vector<float>{3.5f, 3.5f, 3.5f, 3.5f});  // K = 0: beta·C
+}
+
+TEST_CASE("grouped GEMM: bad products give typed errors naming the product", "[ops][gemm][grouped][errors]") {
+  std::vector<float> A(100), B(100), C(100);
+  const auto N_ = transpose::none;
+  std::vector<gemm_problem<float, float, float>> q(3, {N_, N_, 5, 5, 5, 1.0f, A.data(), 5, B.data(), 5, 0.0f, C.data(), 5});
+  q[2].lda = 4;
+  REQUIRE_THROWS_MATCHES(gemm_grouped(dev2(), q), gemm_error, is_error(errc::invalid_argument, "gemm", "grouped product 2 of 3"));
+  REQUIRE_THROWS_MATCHES(gemm_grouped(dev2(), q), gemm_error, is_error(errc::invalid_argument, "gemm", "leading dimension of A"));
+  q[2].lda = 5;
+  q[1].C = nullptr;
+  REQUIRE_THROWS_MATCHES(gemm_grouped(dev2(), q), gemm_error, is_error(errc::invalid_argument, "gemm", "null C"));
+  q[1].C = C.data();
+  q[0].M = std::size_t{1} << 62;
+  q[0].lda = 5;
+  REQUIRE_THROWS_AS(gemm_grouped(dev2(), q), tessel::error);
+}
+
+TEST_CASE("gemm_problem_of: tensor views (transposed or not) as grouped products, gemm's tensor form's bits", "[ops][gemm][grouped]") {
+  std::mt19937 g(15);
+  const std::size_t M = 90, N = 300, K = 400;
+  std::vector<float> A(M * K), At(K * M), B(K * N), Bt(N * K);
+  for (auto* v : {&A, &B}) ref::fill_real(*v, g);
+  for (std::size_t i = 0; i < M; ++i)
+    for (std::size_t k = 0; k < K; ++k) At[k * M + i] = A[i * K + k];
+  for (std::size_t k = 0; k < K; ++k)
+    for (std::size_t j = 0; j < N; ++j) Bt[j * K + k] = B[k * N + j];
+  const tensor<const float, 2> a(A.data(), M, K), b(B.data(), K, N), at(At.data(), K, M), bt(Bt.data(), N, K);
+  std::vector<float> want(M * N), got(4 * M * N);
+  gemm(dev2(), a, b, tensor<float, 2>(want.data(), M, N), 0.5f);
+  std::vector<gemm_problem<float, float, float>> q;
+  q.push_back(gemm_problem_of(a, b, tensor<float, 2>(got.data(), M, N), 0.5f));
+  q.push_back(gemm_problem_of(at.transposed(), b, tensor<float, 2>(got.data() + M * N, M, N), 0.5f));
+  q.push_back(gemm_problem_of(a, bt.transposed(), tensor<float, 2>(got.data() + 2 * M * N, M, N), 0.5f));
+  q.push_back(gemm_problem_of(at.transposed(), bt.transposed(), tensor<float, 2>(got.data() + 3 * M * N, M, N), 0.5f));
+  CHECK(q[1].ta == transpose::yes);
+  CHECK(q[2].tb == transpose::yes);
+  gemm_grouped(dev2(), q);
+  for (std::size_t i = 0; i < 4; ++i) {
+    INFO("transposes " << i);
+    CHECK(std::memcmp(got.data() + i * M * N, want.data(), M * N * sizeof(float)) == 0);
+  }
+  // a view strided both ways, or shapes that do not chain, are typed errors
+  const auto every_other = tensor<const float, 2>::strided(A.data(), M / 2, K / 2, 2 * K, 2);
+  std::vector<float> C(M * N);
+  CHECK_THROWS_MATCHES(gemm_problem_of(every_other, tensor<const float, 2>(B.data(), K / 2, N), tensor<float, 2>(C.data(), M / 2, N)), gemm_error,
+                       is_error(errc::invalid_argument, "gemm", "neither unit row nor unit column stride"));
+  CHECK_THROWS_MATCHES(gemm_problem_of(a, a, tensor<float, 2>(C.data(), M, K)), gemm_error, is_error(errc::invalid_argument, "gemm", "mismatched shapes"));
+}
+
+TEST_CASE("grouped GEMM program declares its cost (costed_program)", "[ops][gemm][grouped]") {
+  using P = tessel::detail::gemm_grouped_program<float, float, float, epilogue::chain<epilogue::alpha_beta>>;
+  STATIC_REQUIRE(costed_program<P>);
+}
+
+}  // namespace tessel_test_ops_gemm_grouped
