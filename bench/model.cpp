@@ -1,7 +1,8 @@
 // bench_model: one training step of a ~20M-parameter Llama-style decoder (issue 17's small model:
 // d 512, 4 layers, 8 heads, 4 kv heads, vocab 8192, intermediate 1408, batch 4 x sequence 512):
 // zero_grad + forward + cross-entropy + backward + one fused AdamW step, in f32 and in bf16 (bf16
-// GEMMs/attention, f32 masters), on 1 and 2 threads; and the forward alone (prefill).
+// GEMMs/attention, f32 masters), on 1 and 2 threads; and the forward alone (prefill). The same for
+// its Mixtral-style twin (_moe: 8 experts of the same width, top 2).
 //
 // Counters: tokens/s, model FLOP/s = 6·N_matmul per token (N_matmul: every weight a GEMM reads,
 // the LM head included, embeddings' lookups excluded) + causal attention 6·S·q_dim per token and
@@ -33,11 +34,11 @@ double peak(unsigned threads) {
   return std::is_same_v<T, bf16> ? tessel_bench::peak_bf16_gflops(threads) : tessel_bench::peak_fp32_gflops(threads);
 }
 
-template <class T>
+template <class T, bool Moe = false>
 void BM_train_step(benchmark::State& st) {
   const unsigned threads = unsigned(st.range(0));
   host_device dev(threads);
-  const auto cfg = tessel_bench::small_llama();
+  const auto cfg = Moe ? tessel_bench::small_mixtral() : tessel_bench::small_llama();
   nn::decoder_lm<host_device, T> m(dev, cfg);
   m.init(1);
   const tessel_bench::small_batch_data b;
@@ -52,11 +53,11 @@ void BM_train_step(benchmark::State& st) {
   st.counters["params"] = double(m.params().numel());
 }
 
-template <class T>
+template <class T, bool Moe = false>
 void BM_prefill(benchmark::State& st) {
   const unsigned threads = unsigned(st.range(0));
   host_device dev(threads);
-  const auto cfg = tessel_bench::small_llama();
+  const auto cfg = Moe ? tessel_bench::small_mixtral() : tessel_bench::small_llama();
   nn::decoder_lm<host_device, T> m(dev, cfg);
   m.init(1);
   const tessel_bench::small_batch_data b;
@@ -73,6 +74,11 @@ BENCHMARK(BM_train_step<bf16>)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->U
 BENCHMARK(BM_train_step<float>)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_prefill<bf16>)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_prefill<float>)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+// the Mixtral-style model (8 experts, top 2): the experts' products are grouped GEMMs
+BENCHMARK(BM_train_step<bf16, true>)->Name("BM_train_step_moe<bf16>")->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_train_step<float, true>)->Name("BM_train_step_moe<float>")->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_prefill<bf16, true>)->Name("BM_prefill_moe<bf16>")->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_prefill<float, true>)->Name("BM_prefill_moe<float>")->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 

@@ -1,5 +1,5 @@
-// The small model of the training benchmarks (bench_model, bench_dist): issue 17's ~20M-parameter
-// Llama-style decoder (d 512, 4 layers, 8 heads, 4 kv heads, vocab 8192, intermediate 1408) on a
+// The small models of the training benchmarks (bench_model, bench_dist): issue 17's ~20M-parameter
+// Llama-style decoder (and a Mixtral-style one with 8 experts, top 2) (d 512, 4 layers, 8 heads, 4 kv heads, vocab 8192, intermediate 1408) on a
 // batch of 4 x 512 tokens, its FLOP count, a fixed batch, and one AdamW training step.
 //
 // FLOPs per token: training 6·N_matmul (N_matmul: every weight a GEMM reads, the LM head included,
@@ -27,13 +27,24 @@ inline tessel::io::model_config small_llama() {
     "hidden_act": "silu", "tie_word_embeddings": false})");
 }
 
+// The same decoder with a Mixtral MoE block in every layer: 8 experts of intermediate 1408, top 2
+// (each token's expert products are those of two dense MLPs).
+inline tessel::io::model_config small_mixtral() {
+  return tessel::io::parse_model_config(R"({"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "vocab_size": 8192,
+    "hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 4, "num_attention_heads": 8,
+    "num_key_value_heads": 4, "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+    "hidden_act": "silu", "tie_word_embeddings": false, "num_local_experts": 8, "num_experts_per_tok": 2})");
+}
+
 struct model_flops {
   double train = 0, prefill = 0;  // per token
 };
 inline model_flops flops_per_token(const tessel::io::model_config& c, std::size_t seq = small_seq) {
   const double d = double(c.hidden_size), I = double(c.intermediate_size), qd = double(c.num_attention_heads * c.head_dim),
                kvd = double(c.num_key_value_heads * c.head_dim), L = double(c.num_hidden_layers), V = double(c.vocab_size);
-  const double n_matmul = L * (d * qd + 2 * d * kvd + qd * d + 3 * d * I) + V * d;
+  // an MoE layer's weights read per token: its top-k experts' and the router's
+  const double mlp = c.is_moe() ? double(c.num_experts_per_tok) * 3 * d * I + d * double(c.num_local_experts) : 3 * d * I;
+  const double n_matmul = L * (d * qd + 2 * d * kvd + qd * d + mlp) + V * d;
   const double attn = L * double(seq) * qd;  // per token: 2 matmuls x 2 flops x S/2 keys x q_dim
   return {6 * n_matmul + 6 * attn, 2 * n_matmul + 2 * attn};
 }

@@ -19,6 +19,7 @@
 #include <tessel/nn/parameters.hpp>
 #include <tessel/ops/attention.hpp>
 #include <tessel/ops/gemm.hpp>
+#include <tessel/ops/gemm_grouped.hpp>
 #include <tessel/ops/norm.hpp>
 #include <tessel/tile/epilogue.hpp>
 #include <tessel/tile/tensor.hpp>
@@ -82,6 +83,26 @@ class linear {
     if (b_) gemm(dev, x, W.transposed(), y, 1.0f, 0.0f, epilogue::bias(std::span<const float>(b_->value.data() + col0_, out_)));
     else gemm(dev, x, W.transposed(), y);
   }
+  // The same products as problems for one grouped launch (gemm_grouped) with other layers' (a bank
+  // of experts): y = x Wᵀ (saving x when `save`), dx = dy W (+ dx when `accumulate_dx`) and
+  // dW += dyᵀ x for the saved x. A layer with a bias has no such form (its bias is an epilogue of
+  // its own).
+  template <class Y>
+  gemm_problem<T, T, Y> forward_problem(cview<T> x, mview<Y> y, bool save) {
+    if (b_) throw nn_error(errc::unsupported, "linear: a layer with a bias cannot run as a grouped product");
+    if (save) x_ = x;
+    return gemm_problem_of(x, weight_view<const T>(compute_data<T>(*w_)).transposed(), y);
+  }
+  template <class DX>
+  gemm_problem<T, T, DX> input_grad_problem(cview<T> dy, mview<DX> dx, bool accumulate_dx) const {
+    return gemm_problem_of(dy, weight_view<const T>(compute_data<T>(*w_)), dx, 1.0f, accumulate_dx ? 1.0f : 0.0f);
+  }
+  gemm_problem<T, T, float> weight_grad_problem(cview<T> dy) const {
+    if (x_.rows() != dy.rows()) throw nn_error(errc::invalid_argument, "linear: backward without a matching forward");
+    if (in_out_) return gemm_problem_of(x_.transposed(), dy, mview<float>::strided(w_->grad.data() + col0_, in_, out_, w_->shape[1], 1), 1.0f, 1.0f);
+    return gemm_problem_of(dy.transposed(), x_, mview<float>::strided(w_->grad.data(), out_, in_, in_, 1), 1.0f, 1.0f);
+  }
+
   // dx = dy W (accumulate: dx += dy W; DX: T or f32), dW += dyᵀ x, db += column sums of dy.
   // `dx` may be empty (the first layer's input needs no gradient).
   template <class DX>

@@ -148,35 +148,57 @@ class expert_bank {
   std::size_t experts() const { return w1_.size(); }
 
   // oe (rows, d) f32 = each expert applied to its rows of xe (rows, d); off has experts()+1 entries.
+  // The experts' products run as grouped launches (gemm_grouped): every expert's gate and up
+  // projections in one, their down projections in another. An expert's bits do not depend on the
+  // other experts or on how many a rank holds.
   void forward(Dev& dev, const T* xe, std::span<const std::size_t> off, float* oe, bool train) {
     if (off.size() != experts() + 1) throw nn_error(errc::invalid_argument, "sparse_moe: one row offset per expert and one past the end");
     off_.assign(off.begin(), off.end());
-    reserve(dev, off_.back());
+    for (std::size_t j = 0; j < experts(); ++j)
+      if (off_[j + 1] < off_[j]) throw nn_error(errc::invalid_argument, "sparse_moe: row offsets must not decrease");
+    const std::size_t rows = off_.back();
+    reserve(dev, rows);
+    std::vector<gemm_problem<T, T, T>> up;
+    std::vector<gemm_problem<T, T, float>> down;
     for (std::size_t j = 0; j < experts(); ++j) {
       const std::size_t o = off_[j], c = off_[j + 1] - o;
       if (c == 0) continue;
       const cview<T> xj(xe + o * d_, c, d_, d_);
-      w1_[j].forward(dev, xj, mview<T>(ge_.data() + o * I_, c, I_, I_), train);
-      w3_[j].forward(dev, xj, mview<T>(ue_.data() + o * I_, c, I_, I_), train);
-      swiglu_forward(dev, std::span<const T>(ge_.data() + o * I_, c * I_), std::span<const T>(ue_.data() + o * I_, c * I_),
-                     std::span<T>(he_.data() + o * I_, c * I_));
-      w2_[j].forward(dev, cview<T>(he_.data() + o * I_, c, I_, I_), mview<float>(oe + o * d_, c, d_, d_), train);
+      up.push_back(w1_[j].forward_problem(xj, mview<T>(ge_.data() + o * I_, c, I_, I_), train));
+      up.push_back(w3_[j].forward_problem(xj, mview<T>(ue_.data() + o * I_, c, I_, I_), train));
+      down.push_back(w2_[j].forward_problem(cview<T>(he_.data() + o * I_, c, I_, I_), mview<float>(oe + o * d_, c, d_, d_), train));
     }
+    if (up.empty()) return;
+    const std::size_t n = rows * I_;
+    gemm_grouped(dev, up);
+    swiglu_forward(dev, std::span<const T>(ge_.data(), n), std::span<const T>(ue_.data(), n), std::span<T>(he_.data(), n));
+    gemm_grouped(dev, down);
   }
   // dxe (rows, d) f32 = d loss / d xe from dye (rows, d) in the compute type, the rows of the last
   // forward; the experts' weight gradients accumulate.
   void backward(Dev& dev, const T* dye, float* dxe) {
+    std::vector<gemm_problem<T, T, T>> dh;
+    std::vector<gemm_problem<T, T, float>> dx1, dx3, dw;
     for (std::size_t j = 0; j < experts(); ++j) {
       const std::size_t o = off_[j], c = off_[j + 1] - o;
       if (c == 0) continue;
-      w2_[j].backward(dev, cview<T>(dye + o * d_, c, d_, d_), mview<T>(dhe_.data() + o * I_, c, I_, I_), false);
-      swiglu_backward(dev, std::span<const T>(dhe_.data() + o * I_, c * I_), std::span<const T>(ge_.data() + o * I_, c * I_),
-                      std::span<const T>(ue_.data() + o * I_, c * I_), std::span<T>(dge_.data() + o * I_, c * I_),
-                      std::span<T>(due_.data() + o * I_, c * I_));
+      const cview<T> dyj(dye + o * d_, c, d_, d_), dgj(dge_.data() + o * I_, c, I_, I_), duj(due_.data() + o * I_, c, I_, I_);
       const mview<float> dxj(dxe + o * d_, c, d_, d_);
-      w1_[j].backward(dev, cview<T>(dge_.data() + o * I_, c, I_, I_), dxj, false);
-      w3_[j].backward(dev, cview<T>(due_.data() + o * I_, c, I_, I_), dxj, true);
+      dh.push_back(w2_[j].input_grad_problem(dyj, mview<T>(dhe_.data() + o * I_, c, I_, I_), false));
+      dw.push_back(w2_[j].weight_grad_problem(dyj));
+      dx1.push_back(w1_[j].input_grad_problem(dgj, dxj, false));
+      dx3.push_back(w3_[j].input_grad_problem(duj, dxj, true));  // after dx1: adds into the same rows
+      dw.push_back(w1_[j].weight_grad_problem(dgj));
+      dw.push_back(w3_[j].weight_grad_problem(duj));
     }
+    if (dh.empty()) return;
+    const std::size_t n = off_.back() * I_;
+    gemm_grouped(dev, dh);
+    swiglu_backward(dev, std::span<const T>(dhe_.data(), n), std::span<const T>(ge_.data(), n), std::span<const T>(ue_.data(), n),
+                    std::span<T>(dge_.data(), n), std::span<T>(due_.data(), n));
+    gemm_grouped(dev, dx1);
+    gemm_grouped(dev, dx3);
+    gemm_grouped(dev, dw);
   }
 
  private:
