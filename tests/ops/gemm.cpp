@@ -816,10 +816,10 @@ TEST_CASE("direct path: taken by the product's size only", "[ops][gemm][direct]"
   }
 }
 
-// A transposed bf16/FP8 A is packed once for all column blocks when C has several (N > NB): the
-// result must be what each block packing its own rows gives (a narrower C, one column block, takes
-// that path), bitwise, and within gamma_K, integers exact, 1 vs 2 threads bitwise.
-TEMPLATE_TEST_CASE("transposed pair-type A packed once for all column blocks: same bits as per-block packing", "[ops][gemm]", bf16, e4m3) {
+// A transposed A (f32, bf16, FP8) is packed once for all column blocks when C has several (N > NB):
+// the result must be what each block packing its own rows gives (a narrower C, one column block,
+// takes that path), bitwise, and within gamma_K, integers exact, 1 vs 2 threads bitwise.
+TEMPLATE_TEST_CASE("transposed A packed once for all column blocks: same bits as per-block packing", "[ops][gemm]", float, bf16, e4m3) {
   std::mt19937 g(71);
   using cfg = tessel::detail::gemm_config<TestType, TestType>;
   for (bool tb : {false, true})
