@@ -220,7 +220,7 @@ std::vector<result>& results() {
 
 // Calls keep alternating until tessel has run `target` seconds (at least 3 rounds) or the case
 // has taken `wall_max` seconds; 2-thread rounds idle 1 ms between calls (every pool asleep:
-// tessel's workers spin 200 us, OpenBLAS's are told to sleep sooner by main).
+// tessel's workers spin 200 us, OpenBLAS's and OpenMP's are told to sleep sooner by main).
 constexpr double target = 0.05, wall_max = 0.6;
 
 template <class T>
@@ -333,6 +333,11 @@ int main(int argc, char** argv) {
     setenv("TESSEL_SWEEP_ENV", "1", 1);
     setenv("OPENBLAS_CORETYPE", "SkylakeX", 1);
     setenv("OPENBLAS_THREAD_TIMEOUT", "20", 0);
+    // oneDNN's OpenMP (libgomp) threads spin 300,000 rounds after a parallel region by default,
+    // several milliseconds here, past the 1 ms gap and into the next library's call: tessel alone
+    // ran NN 1024^3 on 2 threads at 194 GFLOP/s, alternated with oneDNN at 144. 10,000 rounds is
+    // about tessel's own 200 us spin.
+    setenv("GOMP_SPINCOUNT", "10000", 0);
     execv("/proc/self/exe", argv);  // on failure: run as is
   }
   bool quick = false;
