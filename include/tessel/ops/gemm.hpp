@@ -452,10 +452,16 @@ struct gemm_pack_a_program {
   S* out;
   std::size_t chunks;
   kernel_cost cost(const grid&) const { return {0.0, double(A.rows()) * double(A.cols()) * double(sizeof(TA) + sizeof(S)), math_precision::f32}; }
+  // Bytes of the packed tiles of an (M,K) A: whole (MC,KC) tiles, the last chunk padded.
+  static double bytes(std::size_t M, std::size_t K) { return double(ceil_div(M, MC)) * double(ceil_div(K, KC)) * double(MC * KC * sizeof(S)); }
   void operator()(block_ctx& ctx) const {
     const auto idx = ctx.block_index3();
-    const std::size_t m0 = idx[0] * MC, k0 = idx[1] * KC;
-    staged<S, MC, KC, typename Cfg::a_layout> t(out + (idx[0] * chunks + idx[1]) * MC * KC);
+    pack(idx[0], idx[1]);
+  }
+  // The tile of row slab s, K chunk c.
+  void pack(std::size_t s, std::size_t c) const {
+    const std::size_t m0 = s * MC, k0 = c * KC;
+    staged<S, MC, KC, typename Cfg::a_layout> t(out + (s * chunks + c) * MC * KC);
     load(A.template tile_at<MC, KC>(m0, k0), t, tile_extent{std::min(MC, A.rows() - m0), std::min(KC, A.cols() - k0)});
   }
 };
@@ -701,6 +707,17 @@ std::size_t gemm_k_split(std::size_t M, std::size_t N, std::size_t K) {
   if (ceil_div(M, cfg::MC) * ceil_div(N, cfg::NB) >= few_tiles) return 0;
   const std::size_t s = ceil_div(std::max(ceil_div(K, max_splits), min_split), cfg::KC) * cfg::KC;
   return K >= 2 * s ? s : 0;
+}
+
+// Whether a transposed A is packed once for all of C's column blocks (gemm_pack_a_program) rather
+// than by each block: when there are several column blocks and the packed tiles take at most twice
+// A's size plus 4 MiB. A function of the shape and layout only; a pure copy either way.
+template <class TA, class TB>
+bool gemm_pack_a_once(const tensor<const TA, 2>& A, std::size_t N) {
+  using cfg = gemm_config<TA, TB>;
+  const std::size_t M = A.rows(), K = A.cols();
+  return A.row_stride() == 1 && A.col_stride() != 1 && K > 1 && N > cfg::NB &&
+         gemm_pack_a_program<TA, cfg>::bytes(M, K) <= 2.0 * double(M) * double(K) * sizeof(TA) + double(4 << 20);
 }
 
 // Runs one launch of the GEMM. On the host, a launch that one worker would run anyway (a
@@ -1005,13 +1022,10 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
     if constexpr (!Scaled && !Skinny) {
       // A transposed A is packed once for all column blocks rather than by each of them (TN
       // 1024^3 on 1 thread: 4 column blocks each repacked all of A; f32 went from 0.80-0.87 of the
-      // best peer to 0.97-1.04 on bench_gemm_sweep's TN weight-gradient shapes). Only when there are
-      // several column blocks and the packed tiles (whole (MC,KC) tiles, the last chunk padded)
-      // take at most twice A's size plus 4 MiB.
+      // best peer to 0.97-1.04 on bench_gemm_sweep's TN weight-gradient shapes). When gemm_pack_a_once says so.
       const std::size_t slabs = ceil_div(M, cfg::MC), chunks = ceil_div(K, cfg::KC);
-      const double ws = double(slabs) * double(chunks) * double(cfg::MC * cfg::KC * sizeof(typename cfg::stage));
-      if (batch == 1 && !ap && A.row_stride() == 1 && A.col_stride() != 1 && K > 1 && N > cfg::NB &&
-          ws <= 2.0 * double(M) * double(K) * sizeof(TA) + double(4 << 20)) {
+      const double ws = gemm_pack_a_program<TA, cfg>::bytes(M, K);
+      if (batch == 1 && !ap && gemm_pack_a_once<TA, TB>(A, N)) {
         using S = typename cfg::stage;
         S* W = static_cast<S*>(dev.allocate(static_cast<std::size_t>(ws)));
         struct release {

@@ -100,6 +100,26 @@ struct gemm_grouped_program {
   }
 };
 
+// Packs the transposed A of every product that gemm would pack once (gemm_pack_a_once), as one
+// launch: block b packs tile tiles[b] = (product's packer, slab, chunk).
+template <class TA, class Cfg>
+struct gemm_grouped_pack_a_program {
+  struct tile {
+    std::size_t packer, slab, chunk;
+  };
+  struct tables {
+    std::vector<gemm_pack_a_program<TA, Cfg>> packers;
+    std::vector<tile> tiles;
+    double bytes = 0;
+  };
+  std::shared_ptr<const tables> t;
+  kernel_cost cost(const grid&) const { return {0.0, t->bytes, math_precision::f32}; }
+  void operator()(block_ctx& ctx) const {
+    const tile& x = t->tiles[ctx.block_linear()];
+    t->packers[x.packer].pack(x.slab, x.chunk);
+  }
+};
+
 }  // namespace detail
 
 inline namespace v0 {
@@ -159,6 +179,45 @@ void gemm_grouped(Dev& dev, std::span<const gemm_problem<TA, TB, TC>> problems, 
       }
   }
   if (order.empty()) return;
+  // transposed A's that gemm would pack once for all column blocks are packed once here too, all
+  // in one launch before the products' (a pure copy: the bits are the per-block packing's)
+  using packer = gemm_pack_a_program<TA, wide_cfg>;
+  using S = typename wide_cfg::stage;
+  auto pk = std::make_shared<typename gemm_grouped_pack_a_program<TA, wide_cfg>::tables>();
+  std::vector<std::pair<std::size_t, std::size_t>> packed;  // (wide program, offset in S elements)
+  std::size_t ws = 0;
+  for (std::size_t w = 0; w < t->wide.size(); ++w) {
+    const auto& p = t->wide[w];
+    if (!gemm_pack_a_once<TA, TB>(p.A, p.N)) continue;
+    const std::size_t slabs = ceil_div(p.M, wide_cfg::MC), chunks = ceil_div(p.K, wide_cfg::KC);
+    packed.emplace_back(w, ws);
+    ws = add_checked(ws, mul_checked(mul_checked(slabs, chunks, "gemm_grouped workspace"), wide_cfg::MC * wide_cfg::KC, "gemm_grouped workspace"),
+                     "gemm_grouped workspace");
+    pk->packers.push_back(packer{p.A, nullptr, chunks});
+    pk->bytes += double(p.M) * double(p.K) * double(sizeof(TA) + sizeof(S));
+    for (std::size_t s = 0; s < slabs; ++s)
+      for (std::size_t c = 0; c < chunks; ++c) pk->tiles.push_back({pk->packers.size() - 1, s, c});
+  }
+  S* W = nullptr;
+  struct release {
+    Dev& d;
+    void* p;
+    ~release() {
+      if (p) d.deallocate(p);
+    }
+  } guard{dev, nullptr};
+  if (ws > 0) {
+    W = static_cast<S*>(dev.allocate(mul_checked(ws, sizeof(S), "gemm_grouped workspace")));
+    guard.p = W;
+    for (std::size_t i = 0; i < packed.size(); ++i) {
+      pk->packers[i].out = W + packed[i].second;
+      t->wide[packed[i].first].a_packed = W + packed[i].second;
+      t->wide[packed[i].first].a_chunks = pk->packers[i].chunks;
+    }
+    const double bytes = pk->bytes;
+    const std::size_t tiles = pk->tiles.size();
+    gemm_run(dev, grid{tiles}, gemm_grouped_pack_a_program<TA, wide_cfg>{std::move(pk)}, bytes / 4);
+  }
   // largest first (ties in problem and block order): the last blocks to start are the short ones,
   // so the workers finish together. The order never changes a block's arithmetic.
   std::stable_sort(order.begin(), order.end(), [](const sized& a, const sized& b) { return a.work > b.work; });
@@ -174,6 +233,7 @@ void gemm_grouped(Dev& dev, std::span<const gemm_problem<TA, TB, TC>> problems, 
   const double flops = t->flops;
   const std::size_t nblocks = t->blocks.size();
   gemm_run(dev, grid{nblocks}, P{std::move(t)}, flops);
+  if (W) dev.synchronize();  // the workspace goes back to the pool only after both launches ran
 }
 
 // The same with the products in a vector or array.
