@@ -69,16 +69,7 @@ struct gemm_case {
 // Checks C against the reference with DESIGN's bound; returns the number of violations.
 template <class TC>
 std::size_t check_bound(const std::vector<TC>& C, std::size_t ldc, const ref::gemm_result& r, std::size_t M, std::size_t N, std::size_t K) {
-  const double g = ref::gamma(K + 2, std::ldexp(1.0, -24));
-  const double uo = std::is_same_v<TC, float> ? std::ldexp(1.0, -24) : ref::unit_roundoff<TC>();
-  std::size_t bad = 0;
-  for (std::size_t i = 0; i < M; ++i)
-    for (std::size_t j = 0; j < N; ++j) {
-      const double got = ref::to_d(C[i * ldc + j]), want = r.c[i * N + j];
-      const double tol = g * r.mag[i * N + j] + uo * std::fabs(want) + 1e-30;
-      if (!(std::fabs(got - want) <= tol)) ++bad;
-    }
-  return bad;
+  return ref::gemm_violations(C, ldc, r, M, N, K);
 }
 
 template <class TC>

@@ -69,6 +69,21 @@ double unit_roundoff() {
   else return std::ldexp(1.0, -3);
 }
 
+// Elements of C (M,N; leading dimension ldc) farther from the fp64 reference than DESIGN's bound
+// gamma_{K+2}·(|alpha||A||B| + |beta||C0|) + u_out·|C_ref| (u_out: C's unit roundoff, f32's for f32).
+template <class TC>
+std::size_t gemm_violations(const std::vector<TC>& C, std::size_t ldc, const gemm_result& r, std::size_t M, std::size_t N, std::size_t K) {
+  const double g = gamma(K + 2, std::ldexp(1.0, -24)), uo = unit_roundoff<TC>();
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < M; ++i)
+    for (std::size_t j = 0; j < N; ++j) {
+      const double got = to_d(C[i * ldc + j]), want = r.c[i * N + j];
+      const double tol = g * r.mag[i * N + j] + uo * std::fabs(want) + 1e-30;
+      if (!(std::fabs(got - want) <= tol)) ++bad;
+    }
+  return bad;
+}
+
 // Fills with integers in [-r, r] (exactly representable in every type for r <= 8 when the
 // products' partial sums stay small).
 template <class T>
