@@ -99,8 +99,8 @@ class linear {
   }
   gemm_problem<T, T, float> weight_grad_problem(cview<T> dy) const {
     if (x_.rows() != dy.rows()) throw nn_error(errc::invalid_argument, "linear: backward without a matching forward");
-    if (in_out_) return gemm_problem_of(x_.transposed(), dy, mview<float>::strided(w_->grad.data() + col0_, in_, out_, w_->shape[1], 1), 1.0f, 1.0f);
-    return gemm_problem_of(dy.transposed(), x_, mview<float>::strided(w_->grad.data(), out_, in_, in_, 1), 1.0f, 1.0f);
+    const auto g = weight_grad_operands(dy);
+    return gemm_problem_of(g.a, g.b, g.c, 1.0f, 1.0f);
   }
 
   // dx = dy W (accumulate: dx += dy W; DX: T or f32), dW += dyᵀ x, db += column sums of dy.
@@ -110,14 +110,8 @@ class linear {
     if (x_.rows() != dy.rows()) throw nn_error(errc::invalid_argument, "linear: backward without a matching forward");
     const auto W = weight_view<const T>(compute_data<T>(*w_));
     if (dx.data()) gemm(dev, dy, W, dx, 1.0f, accumulate_dx ? 1.0f : 0.0f);
-    if (in_out_) {
-      // dW stored (in, total): columns [col0, col0+out) += xᵀ dy
-      mview<float> G = mview<float>::strided(w_->grad.data() + col0_, in_, out_, w_->shape[1], 1);
-      gemm(dev, x_.transposed(), dy, G, 1.0f, 1.0f);
-    } else {
-      mview<float> G = mview<float>::strided(w_->grad.data(), out_, in_, in_, 1);
-      gemm(dev, dy.transposed(), x_, G, 1.0f, 1.0f);
-    }
+    const auto g = weight_grad_operands(dy);
+    gemm(dev, g.a, g.b, g.c, 1.0f, 1.0f);
     if (b_) {
       if (ones_.size() < dy.rows()) ones_ = device_buffer<T, Dev>(dev, dy.rows(), T(1.0f));
       mview<float> db = mview<float>::strided(b_->grad.data() + col0_, out_, 1, 1, 1);
@@ -126,6 +120,16 @@ class linear {
   }
 
  private:
+  // dW += a·b into c: dyᵀ·x into the (out, in) gradient, or, for a weight stored (in, total),
+  // xᵀ·dy into its columns [col0, col0 + out).
+  struct grad_operands {
+    cview<T> a, b;
+    mview<float> c;
+  };
+  grad_operands weight_grad_operands(cview<T> dy) const {
+    if (in_out_) return {x_.transposed(), dy, mview<float>::strided(w_->grad.data() + col0_, in_, out_, w_->shape[1], 1)};
+    return {dy.transposed(), x_, mview<float>::strided(w_->grad.data(), out_, in_, in_, 1)};
+  }
   template <class E>
   tensor<E, 2> weight_view(E* base) const {
     if (in_out_) return tensor<E, 2>::strided(base + col0_, out_, in_, 1, w_->shape[1]);  // (out, in) view of (in, total)

@@ -709,6 +709,15 @@ std::size_t gemm_k_split(std::size_t M, std::size_t N, std::size_t K) {
   return K >= 2 * s ? s : 0;
 }
 
+// Row blocks of an M-row product before any split for the workers: blocks of up to 2·MB_max rows
+// when a block holds one (MC,NB) slab of accumulators (the resident program), MB_max otherwise
+// (scaled and skinny programs hold the whole (MB,NB) block).
+template <class Cfg>
+std::size_t gemm_row_blocks(std::size_t M, bool resident) { return ceil_div(M, resident ? 2 * Cfg::MB_max : Cfg::MB_max); }
+// Rows per block for `mblocks` blocks: whole MC slabs.
+template <class Cfg>
+std::size_t gemm_block_rows(std::size_t M, std::size_t mblocks) { return ceil_div(ceil_div(M, mblocks), Cfg::MC) * Cfg::MC; }
+
 // Whether a transposed A is packed once for all of C's column blocks (gemm_pack_a_program) rather
 // than by each block: when there are several column blocks and the packed tiles take at most twice
 // A's size plus 4 MiB. A function of the shape and layout only; a pure copy either way.
@@ -1010,13 +1019,13 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
     // block packs its B strip itself, and fewer blocks per strip pack less (2 workers no longer
     // both pack every strip). Rows are split further when that shares the blocks more evenly
     // among the workers. Block shapes never change the arithmetic of an element.
-    std::size_t mblocks = ceil_div(M, Scaled || Skinny ? cfg::MB_max : 2 * cfg::MB_max);
+    std::size_t mblocks = gemm_row_blocks<cfg>(M, !Scaled && !Skinny);
     if constexpr (!Scaled && !Skinny) {
       const std::size_t w = std::max(1u, dev.capabilities().workers), nblocks = ceil_div(N, cfg::NB) * batch;
       auto spread = [&](std::size_t mbk) { return double(ceil_div(mbk * nblocks, w) * w) / double(mbk * nblocks); };
       if (spread(mblocks) > 1.02 && ceil_div(M, 2 * mblocks) >= cfg::MC && spread(2 * mblocks) < spread(mblocks)) mblocks *= 2;
     }
-    const std::size_t MB = ceil_div(ceil_div(M, mblocks), cfg::MC) * cfg::MC;
+    const std::size_t MB = gemm_block_rows<cfg>(M, mblocks);
     const grid g{ceil_div(M, MB), ceil_div(N, cfg::NB), batch};
     gemm_program<TA, TB, TC, chain_t, Scaled, Skinny> prog{M, N, K, batch, A, B, C, sa, sb, sc, ap, bp, cp, alpha, beta, s, MB, chain};
     if constexpr (!Scaled && !Skinny) {
@@ -1054,11 +1063,11 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
       void* p;
       ~release() { d.deallocate(p); }
     } guard{dev, P};
-    std::size_t mblocks = ceil_div(M, 2 * cfg::MB_max);
+    std::size_t mblocks = gemm_row_blocks<cfg>(M, true);
     const std::size_t w = std::max(1u, dev.capabilities().workers), nblocks = ceil_div(N, cfg::NB) * splits;
     auto spread = [&](std::size_t mbk) { return double(ceil_div(mbk * nblocks, w) * w) / double(mbk * nblocks); };
     if (spread(mblocks) > 1.02 && ceil_div(M, 2 * mblocks) >= cfg::MC && spread(2 * mblocks) < spread(mblocks)) mblocks *= 2;
-    const std::size_t MB = ceil_div(ceil_div(M, mblocks), cfg::MC) * cfg::MC;
+    const std::size_t MB = gemm_block_rows<cfg>(M, mblocks);
     gemm_program<TA, TB, float, epilogue::chain<>, false, false> part{M, N, K, 1, A, B, tensor<float, 2>::strided(P, M, N, N, 1), 0, 0, ps,
                                                                       nullptr, nullptr, nullptr, 1.0f, 0.0f, gemm_scales{}, MB, {}};
     part.k_split = ks;

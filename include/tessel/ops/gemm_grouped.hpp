@@ -156,9 +156,9 @@ void gemm_grouped(Dev& dev, std::span<const gemm_problem<TA, TB, TC>> problems, 
     const auto C = tensor<TC, 2>::strided(q.C, q.M, q.N, q.ldc, 1);
     const bool skinny = q.M <= wide_cfg::skinny_max_m;
     // rows per block as gemm's packed path picks them for one worker: a function of the shape only
-    const std::size_t mc = skinny ? skinny_cfg::MC : wide_cfg::MC, nbw = skinny ? skinny_cfg::NB : wide_cfg::NB;
-    const std::size_t mblocks = ceil_div(q.M, skinny ? skinny_cfg::MB_max : 2 * wide_cfg::MB_max);
-    const std::size_t MB = ceil_div(ceil_div(q.M, mblocks), mc) * mc;
+    const std::size_t nbw = skinny ? skinny_cfg::NB : wide_cfg::NB;
+    const std::size_t MB = skinny ? gemm_block_rows<skinny_cfg>(q.M, gemm_row_blocks<skinny_cfg>(q.M, false))
+                                  : gemm_block_rows<wide_cfg>(q.M, gemm_row_blocks<wide_cfg>(q.M, true));
     std::size_t index = 0;
     if (skinny) {
       index = t->skinny.size();
