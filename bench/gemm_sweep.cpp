@@ -7,7 +7,12 @@
 // B as the caller holds it) in turn inside one timed loop (bench/common/paired.hpp) and reports
 // vs_best_peer = best peer's time / tessel's time (above 1, tessel is faster).
 //
-//   build/default/bench/bench_gemm_sweep [--quick] [--peers=openblas,onednn] [--benchmark_filter=...] [--benchmark_out=f.json]
+//   build/default/bench/bench_gemm_sweep [--quick] [--peers=openblas,onednn] [--tessel_tune[=PATH]] [--benchmark_filter=...] [--benchmark_out=f.json]
+//
+// tessel runs with the plans of the GEMM tuning cache when one exists (gemm_tune.hpp; the context
+// line "gemm_plans" says which file and how many plans). --tessel_tune first tunes every selected
+// one-matrix shape (f32 and bf16, 1 and 2 threads), writes the cache (PATH, else the default) and
+// then runs the sweep with those plans; TESSEL_GEMM_TUNE=off runs the built-in heuristic alone.
 //
 // ends with a summary per (dtype, threads): geometric mean and minimum of vs_best_peer, and the
 // ten worst shapes. --quick runs every fourth shape plus the named ones (about a quarter of the
@@ -37,6 +42,7 @@
 // tessel first: arch/target.hpp parses the intrinsic headers under a GCC 12 false-positive guard.
 #include <tessel/device.hpp>
 #include <tessel/ops/gemm.hpp>
+#include <tessel/ops/gemm_autotune.hpp>
 
 #include "common/limits.hpp"
 #include "common/paired.hpp"
@@ -340,15 +346,43 @@ int main(int argc, char** argv) {
     setenv("GOMP_SPINCOUNT", "10000", 0);
     execv("/proc/self/exe", argv);  // on failure: run as is
   }
-  bool quick = false;
+  bool quick = false, tune = false;
+  std::string tune_path;
   int out = 1;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) quick = true;
     else if (std::strncmp(argv[i], "--peers=", 8) == 0) peer_filter() = argv[i] + 8;
+    else if (std::strcmp(argv[i], "--tessel_tune") == 0) tune = true;
+    else if (std::strncmp(argv[i], "--tessel_tune=", 14) == 0) tune = true, tune_path = argv[i] + 14;
     else argv[out++] = argv[i];
   }
   argc = out;
   const auto shapes = sweep_shapes();
+  std::string plans_note = "none (the built-in heuristic)";
+  if (tune) {
+    if (tune_path.empty()) tune_path = gemm_tune_path();
+    (void)load_gemm_tune(tune_path);  // keep the plans of shapes not tuned now
+    std::vector<gemm_tune_problem> problems;
+    for (std::size_t i = 0; i < shapes.size(); ++i)
+      if (shapes[i].batch == 1 && (!quick || shapes[i].named || i % 4 == 0))
+        problems.push_back({shapes[i].ta ? transpose::yes : transpose::none, shapes[i].tb ? transpose::yes : transpose::none, shapes[i].M, shapes[i].N, shapes[i].K});
+    gemm_tune_options opt;
+    opt.max_seconds = 1.0;
+    std::size_t tuned = 0, changed = 0;
+    double gain = 0;
+    for (unsigned th : {1u, 2u})
+      for (const auto& rs : {gemm_autotune<float, float, float>(dev(th), problems, opt), gemm_autotune<bf16, bf16, float>(dev(th), problems, opt)})
+        for (const auto& r : rs) {
+          tuned += r.tunable;
+          changed += !r.plan.is_default();
+          gain += std::log(r.speedup());
+        }
+    save_gemm_tune(tune_path);
+    std::printf("tuned %zu problems (%zu packed): %zu plans beat the heuristic, geomean gain x%.3f over all; wrote %s\n", 4 * problems.size(), tuned, changed,
+                std::exp(gain / double(std::max<std::size_t>(tuned, 1))), tune_path.c_str());
+  }
+  if (const auto plans = gemm_plans(); !plans.empty())
+    plans_note = std::to_string(plans.size()) + " plans" + (tune ? " from --tessel_tune, in " + tune_path : " from " + gemm_tune_path());
   std::size_t registered = 0;
   for (const char* dt : {"f32", "bf16"})
     for (unsigned th : {1u, 2u})
@@ -364,6 +398,7 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("sweep", std::to_string(shapes.size()) + " shapes" + (quick ? " (--quick subset)" : "") + ", " +
                                            std::to_string(registered) + " cases; OPENBLAS_CORETYPE=" +
                                            (std::getenv("OPENBLAS_CORETYPE") ? std::getenv("OPENBLAS_CORETYPE") : "unset"));
+  benchmark::AddCustomContext("gemm_plans", plans_note);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

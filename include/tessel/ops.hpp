@@ -6,6 +6,7 @@
 #include <tessel/ops/attention.hpp>
 #include <tessel/ops/embedding.hpp>
 #include <tessel/ops/gemm.hpp>
+#include <tessel/ops/gemm_autotune.hpp>
 #include <tessel/ops/gemm_grouped.hpp>
 #include <tessel/ops/loss.hpp>
 #include <tessel/ops/norm.hpp>

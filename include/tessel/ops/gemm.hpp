@@ -14,9 +14,11 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include <tessel/arch/target.hpp>  // first: parses the intrinsic headers under a GCC 12 false-positive guard
 #include <tessel/ops/errors.hpp>
+#include <tessel/ops/gemm_tune.hpp>
 #include <tessel/arch/copy.hpp>
 #include <tessel/arch/direct_atoms.hpp>
 #include <tessel/device/device.hpp>
@@ -86,8 +88,9 @@ struct gemm_config {
   // rows per mma step: the (MC,KC) A tile (f32 144 KiB, bf16 288 KiB), the B micro-panel
   // (128 KiB) and the (MC,NB) accumulators (72 KiB) share the 1 MiB L2 with room to spare; measured
   // against 96 with the deeper chunks: +0.8-2.8% f32, +0.4-0.8% bf16 (48 was no better than 72)
-  static constexpr std::size_t MC = 72;
+  static constexpr std::size_t MC = gemm_mc;
   static constexpr std::size_t MB_max = 1024;  // rows per block: packed B is reused by this many rows
+  static_assert(2 * MB_max == gemm_max_block_rows, "gemm_config: a plan's largest block is the resident program's");
   static constexpr std::size_t skinny_max_m = 32;
   static_assert(NB % NR == 0 && MC % MR == 0, "gemm_config: tile sizes must be multiples of the atom");
 };
@@ -718,6 +721,43 @@ std::size_t gemm_row_blocks(std::size_t M, bool resident) { return ceil_div(M, r
 template <class Cfg>
 std::size_t gemm_block_rows(std::size_t M, std::size_t mblocks) { return ceil_div(ceil_div(M, mblocks), Cfg::MC) * Cfg::MC; }
 
+// Row blocks shared out over `workers`: from `base` blocks, 2, 3 and 4 times as many are tried
+// (blocks of at least MC rows), each block's work taken as its rows times its columns, both
+// rounded up to the atom's tile (the last row and column blocks are short, but a 4-column block
+// still runs NR-wide atoms), and the blocks handed out in launch order (rows fastest) to the
+// first free worker, as the executor does. The count whose last worker finishes earliest, relative
+// to a perfect share, wins; more blocks must win by 2% (each one packs its B strip again).
+// (Counting blocks alone missed ragged blocks: 384^3 f32 on 2 workers made one 384x256 and one
+// 384x128 block, 0.75 of a perfect share; 4 blocks reach 0.96.) Never changes an element's arithmetic.
+template <class Cfg>
+std::size_t gemm_balanced_row_blocks(std::size_t M, std::size_t N, std::size_t layers, unsigned workers, std::size_t base) {
+  const std::size_t w = std::max(1u, workers), cblocks = ceil_div(N, Cfg::NB);
+  if (w == 1 || M == 0 || N == 0 || layers == 0 || base * cblocks * layers >= 32 * w) return base;
+  std::vector<double> busy(w);
+  auto share = [&](std::size_t mbk) {
+    const std::size_t MB = gemm_block_rows<Cfg>(M, mbk), rblocks = ceil_div(M, MB);
+    std::fill(busy.begin(), busy.end(), 0.0);
+    double total = 0;
+    for (std::size_t z = 0; z < layers; ++z)
+      for (std::size_t j = 0; j < cblocks; ++j)
+        for (std::size_t i = 0; i < rblocks; ++i) {
+          const double rows = double(ceil_div(std::min(MB, M - i * MB), Cfg::MR) * Cfg::MR);
+          const double work = rows * double(ceil_div(std::min(Cfg::NB, N - j * Cfg::NB), Cfg::NR) * Cfg::NR);
+          *std::min_element(busy.begin(), busy.end()) += work;
+          total += work;
+        }
+    return total / (double(w) * *std::max_element(busy.begin(), busy.end()));
+  };
+  std::size_t best = base;
+  double best_share = share(base);
+  for (std::size_t f = 2; f <= 4; ++f) {
+    const std::size_t mbk = f * base;
+    if (ceil_div(M, mbk) < Cfg::MC) break;
+    if (const double s = share(mbk); s > best_share * 1.02) best = mbk, best_share = s;
+  }
+  return best;
+}
+
 // Whether a transposed A is packed once for all of C's column blocks (gemm_pack_a_program) rather
 // than by each block: when there are several column blocks and the packed tiles take at most twice
 // A's size plus 4 MiB. A function of the shape and layout only; a pure copy either way.
@@ -733,12 +773,12 @@ bool gemm_pack_a_once(const tensor<const TA, 2>& A, std::size_t N) {
 // 1-worker device, a single block) or too small to share runs on the calling thread with a
 // scratch arena of its own: handing it to a pool worker costs a wake-up and a wait (tens of us,
 // far more on a loaded machine), more than a 64^3 product. The same blocks run the same
-// arithmetic, so the bits do not change.
+// arithmetic, so the bits do not change. A plan may ask for the calling thread at any size.
 inline constexpr double gemm_share_min_flops = 4e6;
 template <class Dev, class P>
-void gemm_run(Dev& dev, const grid& g, const P& prog, double flops) {
+void gemm_run(Dev& dev, const grid& g, const P& prog, double flops, bool calling_thread = false) {
   if constexpr (std::is_same_v<Dev, host_device>) {
-    if (g.size() == 1 || flops < gemm_share_min_flops || dev.capabilities().workers <= 1) {
+    if (g.size() == 1 || flops < gemm_share_min_flops || dev.capabilities().workers <= 1 || calling_thread) {
       auto inline_run = [&] {
         thread_local scratch_arena arena;
         for (std::size_t b = 0; b < g.size(); ++b) {
@@ -1005,6 +1045,7 @@ template <class TA, class TB, class TC, class Chain, class Dev>
 void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::size_t batch, tensor<const TA, 2> A, tensor<const TB, 2> B,
                  tensor<TC, 2> C, std::size_t sa, std::size_t sb, std::size_t sc, const TA* const* ap, const TB* const* bp, TC* const* cp,
                  float alpha, float beta, const gemm_scales& s, const Chain& ep) {
+  gemm_plan_consulted = false;
   // An empty product reads no scales: an empty operand's block scales may be null (an empty vector's data()).
   if (M == 0 || N == 0 || batch == 0) return;
   gemm_check(!(s.a_block == nullptr) == !(s.b_block == nullptr), [&] { return "block scales need both a_block and b_block, " + gemm_shape(M, N, K); });
@@ -1013,28 +1054,46 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
   const auto chain = epilogue::detail::as_chain<Chain>::make(ep);
   using chain_t = std::remove_cvref_t<decltype(chain)>;
   const double flops = 2.0 * double(M) * double(N) * double(K) * double(batch);
+  // A plan (gemm_tune.hpp) for this exact problem: the tuner's candidate, a cached plan or the
+  // heuristic's choices. Only one-matrix unscaled packed products have one.
+  auto plan_of = [&] {
+    const gemm_tune_key key{dtype_of<TA>, dtype_of<TB>, dtype_of<TC>, A.col_stride() != 1, B.col_stride() != 1, M, N, K, std::max(1u, dev.capabilities().workers)};
+    return gemm_plan_lookup(key);
+  };
+  // Row blocks: the plan's rows per block (whole MC slabs, at most the program's largest block),
+  // else the heuristic's count.
+  auto block_rows = [&]<class Cfg>(const gemm_plan& plan, std::size_t mblocks) {
+    if (plan.block_rows > 0 && plan.block_rows % Cfg::MC == 0 && plan.block_rows <= 2 * Cfg::MB_max)
+      return std::min(plan.block_rows, ceil_div(M, Cfg::MC) * Cfg::MC);
+    return gemm_block_rows<Cfg>(M, mblocks);
+  };
+  // whether gemm_run would hand a launch to the workers (for the record of the applied plan)
+  auto shares = [&](const grid& g, double f) {
+    return !std::is_same_v<Dev, host_device> || (g.size() > 1 && f >= gemm_share_min_flops && dev.capabilities().workers > 1);
+  };
   auto run = [&]<bool Scaled, bool Skinny>() {
     using cfg = gemm_config<TA, TB, Skinny>;
     // Unscaled blocks hold one (MC,NB) slab of accumulators, so they may be twice as tall: each
     // block packs its B strip itself, and fewer blocks per strip pack less (2 workers no longer
-    // both pack every strip). Rows are split further when that shares the blocks more evenly
-    // among the workers. Block shapes never change the arithmetic of an element.
+    // both pack every strip). Rows are split further when that shares the work more evenly
+    // among the workers (gemm_balanced_row_blocks). Block shapes never change the arithmetic of an element.
     std::size_t mblocks = gemm_row_blocks<cfg>(M, !Scaled && !Skinny);
-    if constexpr (!Scaled && !Skinny) {
-      const std::size_t w = std::max(1u, dev.capabilities().workers), nblocks = ceil_div(N, cfg::NB) * batch;
-      auto spread = [&](std::size_t mbk) { return double(ceil_div(mbk * nblocks, w) * w) / double(mbk * nblocks); };
-      if (spread(mblocks) > 1.02 && ceil_div(M, 2 * mblocks) >= cfg::MC && spread(2 * mblocks) < spread(mblocks)) mblocks *= 2;
-    }
-    const std::size_t MB = gemm_block_rows<cfg>(M, mblocks);
+    if constexpr (!Scaled && !Skinny) mblocks = gemm_balanced_row_blocks<cfg>(M, N, batch, dev.capabilities().workers, mblocks);
+    const gemm_plan plan = !Scaled && !Skinny && batch == 1 && !ap ? plan_of() : gemm_plan{};
+    const std::size_t MB = block_rows.template operator()<cfg>(plan, mblocks);
     const grid g{ceil_div(M, MB), ceil_div(N, cfg::NB), batch};
     gemm_program<TA, TB, TC, chain_t, Scaled, Skinny> prog{M, N, K, batch, A, B, C, sa, sb, sc, ap, bp, cp, alpha, beta, s, MB, chain};
     if constexpr (!Scaled && !Skinny) {
       // A transposed A is packed once for all column blocks rather than by each of them (TN
       // 1024^3 on 1 thread: 4 column blocks each repacked all of A; f32 went from 0.80-0.87 of the
-      // best peer to 0.97-1.04 on bench_gemm_sweep's TN weight-gradient shapes). When gemm_pack_a_once says so.
+      // best peer to 0.97-1.04 on bench_gemm_sweep's TN weight-gradient shapes). When gemm_pack_a_once
+      // says so, or a plan does (any transposed A deeper than 1: a pure copy either way).
       const std::size_t slabs = ceil_div(M, cfg::MC), chunks = ceil_div(K, cfg::KC);
       const double ws = gemm_pack_a_program<TA, cfg>::bytes(M, K);
-      if (batch == 1 && !ap && gemm_pack_a_once<TA, TB>(A, N)) {
+      const bool packable = A.row_stride() == 1 && A.col_stride() != 1 && K > 1;
+      const bool pack_once = plan.pack_a < 0 ? gemm_pack_a_once<TA, TB>(A, N) : plan.pack_a == 1 && packable;
+      gemm_plan_applied = {MB, packable ? int(pack_once) : -1, plan.calling_thread || !shares(g, flops)};
+      if (batch == 1 && !ap && pack_once) {
         using S = typename cfg::stage;
         S* W = static_cast<S*>(dev.allocate(static_cast<std::size_t>(ws)));
         struct release {
@@ -1042,15 +1101,15 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
           void* p;
           ~release() { d.deallocate(p); }
         } guard{dev, W};
-        gemm_run(dev, grid{slabs, chunks}, gemm_pack_a_program<TA, cfg>{A, W, chunks}, double(M) * double(K));
+        gemm_run(dev, grid{slabs, chunks}, gemm_pack_a_program<TA, cfg>{A, W, chunks}, double(M) * double(K), plan.calling_thread);
         prog.a_packed = W;
         prog.a_chunks = chunks;
-        gemm_run(dev, g, prog, flops);
+        gemm_run(dev, g, prog, flops, plan.calling_thread);
         dev.synchronize();  // the workspace goes back to the pool only after both launches ran
         return;
       }
     }
-    gemm_run(dev, g, prog, flops);
+    gemm_run(dev, g, prog, flops, plan.calling_thread);
   };
   // Split K: the partials go to a workspace from the device's caching pool (no page faults
   // after the first call), then one launch adds them in split order into C.
@@ -1063,17 +1122,17 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
       void* p;
       ~release() { d.deallocate(p); }
     } guard{dev, P};
-    std::size_t mblocks = gemm_row_blocks<cfg>(M, true);
-    const std::size_t w = std::max(1u, dev.capabilities().workers), nblocks = ceil_div(N, cfg::NB) * splits;
-    auto spread = [&](std::size_t mbk) { return double(ceil_div(mbk * nblocks, w) * w) / double(mbk * nblocks); };
-    if (spread(mblocks) > 1.02 && ceil_div(M, 2 * mblocks) >= cfg::MC && spread(2 * mblocks) < spread(mblocks)) mblocks *= 2;
-    const std::size_t MB = gemm_block_rows<cfg>(M, mblocks);
+    const std::size_t mblocks = gemm_balanced_row_blocks<cfg>(M, N, splits, dev.capabilities().workers, gemm_row_blocks<cfg>(M, true));
+    const gemm_plan plan = plan_of();
+    const std::size_t MB = block_rows.template operator()<cfg>(plan, mblocks);
+    gemm_plan_applied = {MB, -1, plan.calling_thread || !shares(grid{ceil_div(M, MB), ceil_div(N, cfg::NB), splits}, flops)};
     gemm_program<TA, TB, float, epilogue::chain<>, false, false> part{M, N, K, 1, A, B, tensor<float, 2>::strided(P, M, N, N, 1), 0, 0, ps,
                                                                       nullptr, nullptr, nullptr, 1.0f, 0.0f, gemm_scales{}, MB, {}};
     part.k_split = ks;
-    gemm_run(dev, grid{ceil_div(M, MB), ceil_div(N, cfg::NB), splits}, part, flops);
+    gemm_run(dev, grid{ceil_div(M, MB), ceil_div(N, cfg::NB), splits}, part, flops, plan.calling_thread);
     using R = gemm_splitk_reduce<TC, chain_t>;
-    gemm_run(dev, grid{ceil_div(M, R::rows_per_block), 1, 1}, R{P, M, N, splits, C, alpha * s.a * s.b, beta, chain}, double(ps) * double(splits));
+    gemm_run(dev, grid{ceil_div(M, R::rows_per_block), 1, 1}, R{P, M, N, splits, C, alpha * s.a * s.b, beta, chain}, double(ps) * double(splits),
+             plan.calling_thread);
     dev.synchronize();  // the workspace goes back to the pool only after both launches ran
   };
   constexpr bool pair_inputs = gemm_config<TA, TB>::traits::pair;
