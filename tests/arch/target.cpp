@@ -3,6 +3,8 @@
 // width follows the widest one, and target_name names the best.
 #include <catch2/catch.hpp>
 
+#include <fstream>
+#include <string>
 #include <string_view>
 
 #include <cpuid.h>
@@ -42,4 +44,21 @@ TEST_CASE("target flags nest like the ISA extensions and set the vector width", 
   constexpr std::string_view name = arch::target_name();
   constexpr std::string_view best = arch::has_avx512_bf16 ? "avx512_bf16" : arch::has_avx512 ? "avx512" : arch::has_avx2_fma ? "avx2_fma" : "scalar";
   STATIC_REQUIRE(name == best);
+}
+
+TEST_CASE("cpu_model names the processor as the kernel does, trimmed and stable", "[arch][target]") {
+  const std::string& m = arch::cpu_model();
+  REQUIRE_FALSE(m.empty());
+  CHECK(m.front() != ' ');
+  CHECK(m.back() != ' ');
+  CHECK(&arch::cpu_model() == &m);  // computed once
+  std::ifstream f("/proc/cpuinfo");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("model name", 0) == 0) {
+      std::string k = line.substr(line.find(':') + 1);
+      k.erase(0, k.find_first_not_of(" \t"));
+      k.erase(k.find_last_not_of(" \t") + 1);
+      CHECK(m == k);  // Linux reads the same brand string (CPUID 0x80000002-4)
+      break;
+    }
 }
