@@ -13,6 +13,7 @@
 
 #include "reference/gemm_ref.hpp"
 #include "error_match.hpp"
+#include "host_devices.hpp"
 
 
 
@@ -25,11 +26,7 @@ using namespace tessel;
 
 namespace {
 
-// The host with one worker or two, made once.
-host_device& host(unsigned threads) {
-  static host_device one(1), two(2);
-  return threads == 1 ? one : two;
-}
+using tessel_test::host;
 
 // One product's operands, stored with padded leading dimensions.
 template <class T, class TC = float>

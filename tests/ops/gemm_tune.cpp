@@ -18,6 +18,7 @@
 #include <tessel/ops/gemm_autotune.hpp>
 
 #include "error_match.hpp"
+#include "host_devices.hpp"
 #include "reference/gemm_ref.hpp"
 
 namespace tessel_test_ops_gemm_tune {
@@ -29,10 +30,7 @@ using namespace tessel;
 
 namespace {
 
-host_device& host(unsigned threads) {
-  static host_device one(1), two(2);
-  return threads == 1 ? one : two;
-}
+using tessel_test::host;
 
 // Leaves the process with no plans (and the default cache counted as read) however a test ends.
 struct clean_table {
