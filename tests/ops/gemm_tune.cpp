@@ -83,7 +83,7 @@ std::string cache_text(const std::string& cpu, const std::string& target, int re
          ", \"plans\": [" + plans + "]}";
 }
 const std::string good_plan =
-    R"({"a": "f32", "b": "f32", "c": "f32", "ta": "N", "tb": "T", "M": 300, "N": 520, "K": 200, "workers": 2, "block_rows": 144, "pack_a": -1, "calling_thread": false})";
+    R"({"a": "f32", "b": "f32", "c": "f32", "ta": "N", "tb": "T", "M": 300, "N": 520, "K": 200, "workers": 2, "block_rows": 144, "pack_a": -1, "calling_thread": false, "swap": -1})";
 
 }  // namespace
 
@@ -94,7 +94,8 @@ TEMPLATE_TEST_CASE("every candidate plan gives the heuristic's bits", "[ops][gem
   };
   // packed-path shapes: ragged row and column blocks, a prime, a split-K depth, a transposed A
   // packed once (N > 256), and one with a single row slab
-  const std::vector<shape> shapes = {{150, 300, 70}, {257, 521, 131}, {73, 600, 97}, {144, 130, 2100}, {400, 96, 64}};
+  // and narrow ones that run as their transpose (N <= 32) or may (N <= 64)
+  const std::vector<shape> shapes = {{150, 300, 70}, {257, 521, 131}, {73, 600, 97}, {144, 130, 2100}, {400, 96, 64}, {600, 8, 300}, {700, 24, 130}, {300, 61, 90}};
   for (const auto& s : shapes)
     for (int t = 0; t < 4; ++t) {
       const bool ta = t & 1, tb = t & 2;
@@ -112,9 +113,12 @@ TEMPLATE_TEST_CASE("every candidate plan gives the heuristic's bits", "[ops][gem
           INFO(s.M << "x" << s.N << "x" << s.K << " ta " << ta << " tb " << tb << " threads " << threads << " plan rows " << plan.block_rows << " pack "
                    << plan.pack_a << " calling " << plan.calling_thread);
           CHECK(std::memcmp(c.data(), ref.data(), ref.size() * sizeof(float)) == 0);
-          if (plan.block_rows > 0) CHECK(applied.block_rows == std::min(plan.block_rows, (s.M + 71) / 72 * 72));
+          // (rows of C, or of Cᵀ when the product ran as its transpose)
+          if (plan.block_rows > 0) CHECK(applied.block_rows == std::min(plan.block_rows, ((applied.swap == 1 ? s.N : s.M) + 71) / 72 * 72));
           if (plan.pack_a >= 0 && ta && applied.pack_a != -1) CHECK(applied.pack_a == plan.pack_a);  // (-1: the split-K path packs in its blocks)
           if (plan.calling_thread) CHECK(applied.calling_thread);
+          if (plan.swap == 1) CHECK(applied.swap == int(detail::gemm_swappable<TestType, TestType>(s.M, s.N, s.K)));  // (not on the skinny or split-K paths)
+          if (plan.swap == 0) CHECK(applied.swap == 0);
         }
       }
       if (integers) {  // and the bits are the exact product
@@ -125,6 +129,42 @@ TEMPLATE_TEST_CASE("every candidate plan gives the heuristic's bits", "[ops][gem
             for (std::size_t k = 0; k < s.K; ++k) acc += ad[ta ? k * s.M + i : i * s.K + k] * bd[tb ? j * s.K + k : k * s.N + j];
             REQUIRE(ref[i * s.N + j] == float(acc));
           }
+      }
+    }
+}
+
+TEST_CASE("a narrow product run as its transpose: alpha, beta, the epilogue and the output type as without", "[ops][gemm_tune]") {
+  clean_table clean;
+  // C's rows and columns index the epilogue (bias per column, bias_row per row) after the swap too
+  struct shape {
+    std::size_t M, N, K;
+  };
+  for (const shape& sh : {shape{600, 8, 300}, shape{333, 30, 177}, shape{520, 100, 64}})
+    for (int t = 0; t < 4; ++t) {
+      const std::size_t M = sh.M, N = sh.N, K = sh.K;  // (named copies: Clang 14 lambdas cannot capture structured bindings)
+      const bool ta = t & 1, tb = t & 2;
+      const auto a = values<float>(M * K, 5 + t, false), b = values<float>(K * N, 9 + t, false);
+      const auto ab = values<bf16>(M * K, 5 + t, false), bb = values<bf16>(K * N, 9 + t, false);
+      const auto bias = values<float>(N, 3, false), rbias = values<float>(M, 4, false);
+      const auto c0 = values<float>(M * N + 5, 7, false);
+      for (unsigned threads : {1u, 2u}) {
+        INFO(M << "x" << N << "x" << K << " ta " << ta << " tb " << tb << " threads " << threads);
+        auto one = [&](int swap, const auto& x, const auto& y, auto out) {
+          using TO = decltype(out);
+          std::vector<TO> c(M * (N + 5));
+          for (std::size_t i = 0; i < c.size(); ++i) c[i] = TO(c0[i % c0.size()]);
+          const gemm_plan plan{0, -1, false, swap};
+          detail::gemm_plan_forced = &plan;
+          gemm(host(threads), ta ? transpose::yes : transpose::none, tb ? transpose::yes : transpose::none, M, N, K, 0.75f, x.data(), ta ? M : K, y.data(),
+               tb ? K : N, 0.5f, c.data(), N + 5, epilogue::bias(bias) | epilogue::bias_row(rbias) | epilogue::gelu_tanh);
+          detail::gemm_plan_forced = nullptr;
+          CHECK(detail::gemm_plan_applied.swap == swap);
+          return c;
+        };
+        const auto f0 = one(0, a, b, float{}), f1 = one(1, a, b, float{});
+        CHECK(std::memcmp(f0.data(), f1.data(), f0.size() * sizeof(float)) == 0);
+        const auto h0 = one(0, ab, bb, bf16{}), h1 = one(1, ab, bb, bf16{});
+        CHECK(std::memcmp(h0.data(), h1.data(), h0.size() * sizeof(bf16)) == 0);
       }
     }
 }
@@ -157,6 +197,7 @@ TEST_CASE("a recorded plan is the plan a GEMM runs, and only for its own problem
   CHECK_THROWS_MATCHES(set_gemm_plan(key_of(false, true, M, N, K, 2), gemm_plan{72 * 30, -1, false}), gemm_error,
                        is_error(errc::invalid_argument, "gemm", "multiple of 72"));
   CHECK_THROWS_MATCHES(set_gemm_plan(key_of(false, true, M, N, K, 2), gemm_plan{72, 2, false}), gemm_error, is_error(errc::invalid_argument, "gemm", "pack_a"));
+  CHECK_THROWS_MATCHES(set_gemm_plan(key_of(false, true, M, N, K, 2), gemm_plan{72, 1, false, 3}), gemm_error, is_error(errc::invalid_argument, "gemm", "swap"));
   CHECK_THROWS_MATCHES(set_gemm_plan(key_of(false, true, 0, N, K, 2), gemm_plan{72, 1, false}), gemm_error, is_error(errc::invalid_argument, "gemm", "M, N, K"));
 }
 
@@ -168,7 +209,7 @@ TEST_CASE("the tuning cache: present, absent, stale, corrupt, off", "[ops][gemm_
   const std::string stale_path = (dir / "stale.json").string(), env_path = (dir / "env.json").string();
 
   SECTION("present: saved plans load back and run") {
-    const gemm_plan p1{144, -1, false}, p2{216, 1, true};
+    const gemm_plan p1{144, -1, false}, p2{216, 1, true, 0};
     set_gemm_plan(key_of(false, true, 300, 520, 200, 2), p1);
     set_gemm_plan(key_of(true, false, 500, 700, 300, 1, dtype::bf16), p2);
     save_gemm_tune(path);  // creates the folder
@@ -231,6 +272,7 @@ TEST_CASE("the tuning cache: present, absent, stale, corrupt, off", "[ops][gemm_
         {field("\"workers\": 2", "\"workers\": \"two\""), "plan 1: M, N, K or workers"},
         {field("\"pack_a\": -1", "\"pack_a\": 5"), "plan 1: pack_a"},
         {field("\"calling_thread\": false", "\"calling_thread\": 0"), "plan 1: calling_thread"},
+        {field("\"swap\": -1", "\"swap\": 2"), "plan 1: swap"},
         {std::string("\x00\xff\xfe garbage", 11), "not JSON"},
     };
     for (const auto& [text, why] : cases) {

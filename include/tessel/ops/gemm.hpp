@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <queue>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -700,6 +702,26 @@ struct gemm_splitk_reduce {
   }
 };
 
+// A narrow product computed as its transpose (see gemm_launch): C = alpha·Wᵀ + beta·C, then the
+// chain, W the (N,M) accumulators; blocks own rows of C, each gathered from W's columns.
+template <class TC, class Chain>
+struct gemm_transposed_store {
+  static constexpr std::size_t rows_per_block = 64;
+  const float* W;
+  std::size_t M, N;
+  tensor<TC, 2> C;
+  float alpha, beta;
+  Chain ep;
+  kernel_cost cost(const grid&) const { return {double(M) * N, double(M) * N * (4 + sizeof(TC) * (beta != 0 ? 2 : 1)), math_precision::f32}; }
+  void operator()(block_ctx& ctx) const {
+    const std::size_t m0 = ctx.block_index3()[0] * rows_per_block, rows = std::min(rows_per_block, M - m0);
+    float* t = ctx.scratch().allocate_array<float>(rows * N);
+    for (std::size_t j = 0; j < N; ++j)
+      for (std::size_t i = 0; i < rows; ++i) t[i * N + j] = W[j * M + m0 + i];
+    detail::store_rows<TC>(t, N, rows, N, C.data() + m0 * C.row_stride(), C.row_stride(), C.col_stride(), m0, 0, epilogue::alpha_beta(alpha, beta) | ep);
+  }
+};
+
 // K rows per split, or 0 for no split: a function of the shape only (never of the worker count),
 // so a shape's bits are the same on any device. Splits when C has few (MC,NB) tiles to share out
 // and K is deep enough for two splits of at least 1024 (and whole K chunks); at most 8 splits.
@@ -710,6 +732,26 @@ std::size_t gemm_k_split(std::size_t M, std::size_t N, std::size_t K) {
   if (ceil_div(M, cfg::MC) * ceil_div(N, cfg::NB) >= few_tiles) return 0;
   const std::size_t s = ceil_div(std::max(ceil_div(K, max_splits), min_split), cfg::KC) * cfg::KC;
   return K >= 2 * s ? s : 0;
+}
+
+// Whether a narrow product runs as its transpose, Cᵀ = op(B)ᵀ·op(A)ᵀ (C's rows at least 4 times
+// its columns). The f32 GEMM atom is 64 columns wide, so 8 columns of C computed 56 zeros
+// (4096x8x4096 f32 NN: 13.6 GFLOP/s on 1 thread, 18.7 swapped), and a transposed A in a single
+// column block is gathered inside the block, while swapped it is the row-major B operand (TN
+// 4096x8x4096: 5.3 -> 25; 4096x64x4096: 42 -> 75; 1024x128x1024: 62 -> 93). With a row-major A the
+// swap packs the large operand from a transposed source, which pays only below 32 columns of f32
+// (N=30: 51 -> 73, N=32: 54 -> 49, N=64: 108 -> 68) and never for bf16, whose pair atom is 32
+// columns wide (NN 4096x16x4096: 94 -> 68; TN: 22 -> 76, TN 4096x64x4096: 69 -> 140). Swapping the operands' roles keeps every element's
+// chain (fma(a, b, c) = fma(b, a, c), the same K chunks added into the accumulators in the same
+// order), so the bits are the same; only products on the plain packed path (not skinny, no split K
+// either way) qualify. A function of the shape and layout; a plan may say otherwise.
+template <class TA, class TB>
+bool gemm_swappable(std::size_t M, std::size_t N, std::size_t K) {
+  return M > gemm_config<TA, TB>::skinny_max_m && gemm_k_split<TA, TB>(M, N, K) == 0 && gemm_k_split<TB, TA>(N, M, K) == 0;
+}
+template <class TA, class TB>
+bool gemm_swap_narrow(std::size_t M, std::size_t N, std::size_t K, bool a_transposed) {
+  return (a_transposed ? N <= 128 : (!gemm_config<TA, TB>::traits::pair && N < 32)) && M >= 4 * N && gemm_swappable<TA, TB>(M, N, K);
 }
 
 // Row blocks of an M-row product before any split for the workers: blocks of up to 2·MB_max rows
@@ -732,21 +774,25 @@ std::size_t gemm_block_rows(std::size_t M, std::size_t mblocks) { return ceil_di
 template <class Cfg>
 std::size_t gemm_balanced_row_blocks(std::size_t M, std::size_t N, std::size_t layers, unsigned workers, std::size_t base) {
   const std::size_t w = std::max(1u, workers), cblocks = ceil_div(N, Cfg::NB);
-  if (w == 1 || M == 0 || N == 0 || layers == 0 || base * cblocks * layers >= 32 * w) return base;
-  std::vector<double> busy(w);
+  // (16 or more blocks per worker share well however ragged the last ones are)
+  if (w == 1 || M == 0 || N == 0 || layers == 0 || base * cblocks * layers >= 16 * w) return base;
   auto share = [&](std::size_t mbk) {
     const std::size_t MB = gemm_block_rows<Cfg>(M, mbk), rblocks = ceil_div(M, MB);
-    std::fill(busy.begin(), busy.end(), 0.0);
-    double total = 0;
+    std::priority_queue<double, std::vector<double>, std::greater<>> free_at;  // each worker's finish time, earliest on top
+    for (std::size_t k = 0; k < w; ++k) free_at.push(0.0);
+    double total = 0, last = 0;
     for (std::size_t z = 0; z < layers; ++z)
       for (std::size_t j = 0; j < cblocks; ++j)
         for (std::size_t i = 0; i < rblocks; ++i) {
           const double rows = double(ceil_div(std::min(MB, M - i * MB), Cfg::MR) * Cfg::MR);
           const double work = rows * double(ceil_div(std::min(Cfg::NB, N - j * Cfg::NB), Cfg::NR) * Cfg::NR);
-          *std::min_element(busy.begin(), busy.end()) += work;
+          const double done = free_at.top() + work;
+          free_at.pop();
+          free_at.push(done);
           total += work;
+          last = std::max(last, done);
         }
-    return total / (double(w) * *std::max_element(busy.begin(), busy.end()));
+    return total / (double(w) * last);
   };
   std::size_t best = base;
   double best_share = share(base);
@@ -1044,8 +1090,10 @@ tensor<const T, 2> op_view(const T* p, transpose t, std::size_t rows, std::size_
 template <class TA, class TB, class TC, class Chain, class Dev>
 void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::size_t batch, tensor<const TA, 2> A, tensor<const TB, 2> B,
                  tensor<TC, 2> C, std::size_t sa, std::size_t sb, std::size_t sc, const TA* const* ap, const TB* const* bp, TC* const* cp,
-                 float alpha, float beta, const gemm_scales& s, const Chain& ep) {
-  gemm_plan_consulted = false;
+                 float alpha, float beta, const gemm_scales& s, const Chain& ep, const gemm_plan* plan_in = nullptr) {
+  // plan_in: the transposed half of a swapped product (below): the plain packed program with the
+  // outer product's plan, nothing else
+  if (!plan_in) gemm_plan_consulted = false, gemm_plan_applied = {};
   // An empty product reads no scales: an empty operand's block scales may be null (an empty vector's data()).
   if (M == 0 || N == 0 || batch == 0) return;
   gemm_check(!(s.a_block == nullptr) == !(s.b_block == nullptr), [&] { return "block scales need both a_block and b_block, " + gemm_shape(M, N, K); });
@@ -1057,6 +1105,7 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
   // A plan (gemm_tune.hpp) for this exact problem: the tuner's candidate, a cached plan or the
   // heuristic's choices. Only one-matrix unscaled packed products have one.
   auto plan_of = [&] {
+    if (plan_in) return *plan_in;
     const gemm_tune_key key{dtype_of<TA>, dtype_of<TB>, dtype_of<TC>, A.col_stride() != 1, B.col_stride() != 1, M, N, K, std::max(1u, dev.capabilities().workers)};
     return gemm_plan_lookup(key);
   };
@@ -1092,7 +1141,7 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
       const double ws = gemm_pack_a_program<TA, cfg>::bytes(M, K);
       const bool packable = A.row_stride() == 1 && A.col_stride() != 1 && K > 1;
       const bool pack_once = plan.pack_a < 0 ? gemm_pack_a_once<TA, TB>(A, N) : plan.pack_a == 1 && packable;
-      gemm_plan_applied = {MB, packable ? int(pack_once) : -1, plan.calling_thread || !shares(g, flops)};
+      gemm_plan_applied = {MB, packable ? int(pack_once) : -1, plan.calling_thread || !shares(g, flops), 0};
       if (batch == 1 && !ap && pack_once) {
         using S = typename cfg::stage;
         S* W = static_cast<S*>(dev.allocate(static_cast<std::size_t>(ws)));
@@ -1125,7 +1174,7 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
     const std::size_t mblocks = gemm_balanced_row_blocks<cfg>(M, N, splits, dev.capabilities().workers, gemm_row_blocks<cfg>(M, true));
     const gemm_plan plan = plan_of();
     const std::size_t MB = block_rows.template operator()<cfg>(plan, mblocks);
-    gemm_plan_applied = {MB, -1, plan.calling_thread || !shares(grid{ceil_div(M, MB), ceil_div(N, cfg::NB), splits}, flops)};
+    gemm_plan_applied = {MB, -1, plan.calling_thread || !shares(grid{ceil_div(M, MB), ceil_div(N, cfg::NB), splits}, flops), 0};
     gemm_program<TA, TB, float, epilogue::chain<>, false, false> part{M, N, K, 1, A, B, tensor<float, 2>::strided(P, M, N, N, 1), 0, 0, ps,
                                                                       nullptr, nullptr, nullptr, 1.0f, 0.0f, gemm_scales{}, MB, {}};
     part.k_split = ks;
@@ -1135,6 +1184,10 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
              plan.calling_thread);
     dev.synchronize();  // the workspace goes back to the pool only after both launches ran
   };
+  if (plan_in) {
+    run.template operator()<false, false>();
+    return;
+  }
   constexpr bool pair_inputs = gemm_config<TA, TB>::traits::pair;
   const double macs = double(M) * double(N) * double(K);
   const double direct_max = pair_inputs ? gemm_tune().direct_max_macs_pair : gemm_tune().direct_max_macs;
@@ -1194,6 +1247,26 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
     if (M <= 3 && !s.a_block && unit && !ap && A.col_stride() == 1 && B.col_stride() == 1 && K > 0) {
       gemm_rows_program<TC, chain_t> prog{M, N, K, batch, A, B, C, sa, sb, sc, alpha, beta, chain};
       gemm_run(dev, grid{ceil_div(N, 128), 1, batch}, prog, flops);
+      return;
+    }
+  }
+  // A narrow C as its transpose (gemm_swap_narrow): Cᵀ = op(B)ᵀ·op(A)ᵀ into a workspace by the
+  // packed program with the roles swapped, then alpha, beta and the chain as C's rows are stored.
+  if (!s.a_block && batch == 1 && !ap && !skinny && gemm_swappable<TA, TB>(M, N, K)) {
+    const gemm_plan plan = plan_of();
+    if (plan.swap < 0 ? gemm_swap_narrow<TA, TB>(M, N, K, A.col_stride() != 1) : plan.swap == 1) {
+      float* W = static_cast<float*>(dev.allocate(mul_checked(mul_checked(M, N, "gemm size"), sizeof(float), "gemm workspace")));
+      struct release {
+        Dev& d;
+        void* p;
+        ~release() { d.deallocate(p); }
+      } guard{dev, W};
+      gemm_launch<TB, TA, float>(dev, N, M, K, 1, B.transposed(), A.transposed(), tensor<float, 2>::strided(W, N, M, M, 1), 0, 0, 0, nullptr, nullptr,
+                                 nullptr, 1.0f, 0.0f, gemm_scales{}, epilogue::chain<>{}, &plan);
+      gemm_plan_applied.swap = 1;
+      using T = gemm_transposed_store<TC, chain_t>;
+      gemm_run(dev, grid{ceil_div(M, T::rows_per_block)}, T{W, M, N, C, alpha * s.a * s.b, beta, chain}, double(M) * double(N), plan.calling_thread);
+      dev.synchronize();  // the workspace goes back to the pool only after both launches ran
       return;
     }
   }

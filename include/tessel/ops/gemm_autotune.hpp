@@ -52,7 +52,8 @@ namespace detail {
 
 // Candidate plans for one problem: row blocks of 1 to 8 per matrix (whole 72-row slabs, distinct,
 // at most 2048 rows), each with or without packing a transposed A once, and, with several workers,
-// on the calling thread. The default plan comes first.
+// on the calling thread; a C of at most 256 columns also as its transpose or not. The default plan
+// comes first.
 inline std::vector<gemm_plan> gemm_tune_candidates(const gemm_tune_key& k) {
   std::vector<gemm_plan> out{gemm_plan{}};
   auto add = [&](const gemm_plan& p) {
@@ -72,6 +73,16 @@ inline std::vector<gemm_plan> gemm_tune_candidates(const gemm_tune_key& k) {
       add({r, 1, false});
     }
     if (k.workers > 1) add({r, -1, true});
+  }
+  // a narrow-ish C as its transpose, or not (the launch ignores it where the product cannot swap);
+  // its packing choices apply to the swapped operands (a transposed op(B)ᵀ when B is not stored transposed)
+  if (k.N <= 256) {
+    for (int swap : {0, 1}) {
+      add({0, -1, false, swap});
+      add({0, 0, false, swap});
+      add({0, 1, false, swap});
+      if (k.workers > 1) add({0, -1, true, swap});
+    }
   }
   return out;
 }
@@ -143,7 +154,8 @@ std::vector<gemm_tune_result> gemm_autotune(Dev& dev, std::span<const gemm_tune_
       call(plan, c);
       if (std::memcmp(c.data(), ref.data(), c.size() * sizeof(TC)) != 0)
         throw gemm_error(errc::unsupported, "gemm_autotune: plan {block_rows " + std::to_string(plan.block_rows) + ", pack_a " + std::to_string(plan.pack_a) +
-                                                "} changed the result's bits, " + detail::gemm_shape(M, N, K) + " (a library bug)");
+                                                ", swap " + std::to_string(plan.swap) + "} changed the result's bits, " + detail::gemm_shape(M, N, K) +
+                                                " (a library bug)");
       if (std::find(cands.begin(), cands.end(), detail::gemm_plan_applied) == cands.end()) cands.push_back(detail::gemm_plan_applied);
     }
     r.candidates = cands.size();

@@ -51,11 +51,13 @@ inline constexpr std::size_t gemm_max_block_rows = 2048;
 
 inline namespace v0 {
 
-// The bit-neutral choices of one packed GEMM. Zero / -1 / false: the heuristic's choice.
+// The bit-neutral choices of one packed GEMM. Zero / -1 / false: the heuristic's choice. With
+// swap, block_rows counts rows of Cᵀ.
 struct gemm_plan {
   std::size_t block_rows = 0;   // rows of C per block: a multiple of 72, at most 2048; 0 = heuristic
   int pack_a = -1;              // a transposed A packed once for all column blocks: 1 yes, 0 no, -1 heuristic
   bool calling_thread = false;  // every block on the calling thread (no hand-off to workers)
+  int swap = -1;                // C computed as its transpose, Cᵀ = op(B)ᵀ·op(A)ᵀ (packed products only): 1 yes, 0 no, -1 heuristic
   bool operator==(const gemm_plan&) const = default;
   bool is_default() const { return *this == gemm_plan{}; }
 };
@@ -122,7 +124,8 @@ inline gemm_tune_table& gemm_tune_store() {
 inline thread_local const gemm_plan* gemm_plan_forced = nullptr;
 inline thread_local bool gemm_plan_consulted = false;
 // What that launch did, spelled as an explicit plan (rows per block, 1/0 for a transposed A packed
-// once or not, -1 where A is not transposed, whether it ran on the calling thread): the tuner
+// once or not, -1 where A is not transposed, whether it ran on the calling thread, whether it ran
+// as its transpose): the tuner
 // compares candidates by it, so two spellings of one blocking are timed once.
 inline thread_local gemm_plan gemm_plan_applied{};
 
@@ -232,6 +235,7 @@ inline gemm_tune_status parse_gemm_tune(std::string_view text, const std::string
     const auto M = count("M", 1, max_dim), N = count("N", 1, max_dim), K = count("K", 1, max_dim), workers = count("workers", 1, 1u << 16);
     const auto rows = count("block_rows", 0, detail::gemm_max_block_rows);
     const auto pack = e.find("pack_a");
+    const auto swap = e.find("swap");
     const auto calling = e.find("calling_thread");
     if (!a || !b || !c) return detail::gemm_tune_reject(state::corrupt, path, where + "a, b or c is not a GEMM element type");
     if (!ta || !tb) return detail::gemm_tune_reject(state::corrupt, path, where + "ta or tb is not \"N\" or \"T\"");
@@ -241,8 +245,10 @@ inline gemm_tune_status parse_gemm_tune(std::string_view text, const std::string
     if (pack == e.end() || !pack->is_number_integer() || pack->get<std::int64_t>() < -1 || pack->get<std::int64_t>() > 1)
       return detail::gemm_tune_reject(state::corrupt, path, where + "pack_a is not -1, 0 or 1");
     if (calling == e.end() || !calling->is_boolean()) return detail::gemm_tune_reject(state::corrupt, path, where + "calling_thread is not a boolean");
+    if (swap == e.end() || !swap->is_number_integer() || swap->get<std::int64_t>() < -1 || swap->get<std::int64_t>() > 1)
+      return detail::gemm_tune_reject(state::corrupt, path, where + "swap is not -1, 0 or 1");
     gemm_tune_key key{*a, *b, *c, *ta, *tb, *M, *N, *K, static_cast<unsigned>(*workers)};
-    gemm_plan plan{*rows, static_cast<int>(pack->get<std::int64_t>()), calling->get<bool>()};
+    gemm_plan plan{*rows, static_cast<int>(pack->get<std::int64_t>()), calling->get<bool>(), static_cast<int>(swap->get<std::int64_t>())};
     plans.emplace_back(key, plan);
   }
   out = std::move(plans);
@@ -334,6 +340,7 @@ inline void set_gemm_plan(const gemm_tune_key& key, const gemm_plan& plan) {
     throw gemm_error(errc::invalid_argument, "set_gemm_plan: block_rows " + std::to_string(plan.block_rows) + " is not a multiple of 72 in [0, 2048]");
   if (plan.pack_a < -1 || plan.pack_a > 1)
     throw gemm_error(errc::invalid_argument, "set_gemm_plan: pack_a " + std::to_string(plan.pack_a) + " is not -1, 0 or 1");
+  if (plan.swap < -1 || plan.swap > 1) throw gemm_error(errc::invalid_argument, "set_gemm_plan: swap " + std::to_string(plan.swap) + " is not -1, 0 or 1");
   auto& t = detail::gemm_tune_store();
   detail::gemm_tune_ensure_loaded();
   std::unique_lock lock(t.mu);
@@ -387,7 +394,8 @@ inline void save_gemm_tune(const std::string& path) {
                      {"workers", k.workers},
                      {"block_rows", p.block_rows},
                      {"pack_a", p.pack_a},
-                     {"calling_thread", p.calling_thread}});
+                     {"calling_thread", p.calling_thread},
+                     {"swap", p.swap}});
   const nlohmann::json j = {{"format", gemm_tune_format},
                             {"cpu", arch::cpu_model()},
                             {"target", arch::target_name()},
