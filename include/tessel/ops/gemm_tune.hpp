@@ -1,7 +1,8 @@
 // GEMM plans and the tuning cache. The built-in heuristic picks how a packed GEMM is cut into
 // blocks (gemm.hpp); a plan overrides the choices that never change a result's bits — rows of C
 // per block, whether a transposed A is packed once for all column blocks, whether the blocks run on
-// the calling thread — for one exact problem (types, transposes, M, N, K, worker count).
+// the calling thread, whether a narrow C is computed as its transpose — for one exact problem
+// (types, transposes, M, N, K, worker count).
 // gemm_autotune (gemm_autotune.hpp) times the candidates on this machine and records the winners;
 // the cache file keeps them per CPU model:
 //
@@ -125,8 +126,8 @@ inline thread_local const gemm_plan* gemm_plan_forced = nullptr;
 inline thread_local bool gemm_plan_consulted = false;
 // What that launch did, spelled as an explicit plan (rows per block, 1/0 for a transposed A packed
 // once or not, -1 where A is not transposed, whether it ran on the calling thread, whether it ran
-// as its transpose): the tuner
-// compares candidates by it, so two spellings of one blocking are timed once.
+// as its transpose): the tuner compares candidates by it, so two spellings of one blocking are
+// timed once.
 inline thread_local gemm_plan gemm_plan_applied{};
 
 inline std::string gemm_tune_cpu_slug() {
