@@ -743,16 +743,6 @@ void conv_gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std
   gemm_run(dev, grid{ceil_div(M, bs.MB), ceil_div(N, bs.NW), groups}, prog, work.flops);
 }
 
-template <class Dev>
-struct conv_workspace {
-  Dev& d;
-  void* p;
-  ~conv_workspace() {
-    d.synchronize();  // the launch that reads it finished before it goes back to the pool
-    d.deallocate(p);
-  }
-};
-
 // The filter rows (kg, K) of every group written out once per call from a prepacked filter's
 // panels, for conv_filter_rows to copy per block: block (g, p) unpacks panel p's NR output
 // channels of group g, 16x16 transposes of (depth, channel) blocks where whole (f32 panels).
@@ -816,7 +806,7 @@ template <class S, class Chain, class Dev>
 void conv_channel_rows_run(Dev& dev, const conv_geom& g, const float* x, const conv_panels<S>& pk, float* y, const Chain& ep,
                            const kernel_cost& work) {
   S* rows = static_cast<S*>(dev.allocate(mul_checked(g.fil().size(), sizeof(S), "conv filter rows")));
-  conv_workspace<Dev> guard{dev, rows};
+  const device_workspace<Dev> guard{dev, rows};
   auto unpack = [&]<bool Narrow>() {
     using P = conv_filter_rows_program<S, Narrow>;
     gemm_run(dev, grid{g.groups, ceil_div(g.kg, P::NR)}, P{pk, rows, g.kg, g.depth()}, double(g.fil().size()) * 8.0);
@@ -1015,7 +1005,7 @@ void conv2d(Dev& dev, image<const T> x, filter<const T> w, std::span<const float
         if (g.kh * g.kw == 1)  // the 1x1 OIHW filter is the OHWI matrix
           return detail::conv_channel_rows_run<S>(dev, g, x.data, w.data, y.data, ch, work);
         S* wp = detail::conv_pack_filter<S>(dev, g, w.data, false);
-        detail::conv_workspace<Dev> guard{dev, wp};
+        const detail::device_workspace<Dev> guard{dev, wp};
         return detail::conv_channel_rows_run<S>(dev, g, x.data, static_cast<const S*>(wp), y.data, ch, work);
       }
     }
@@ -1028,7 +1018,7 @@ void conv2d(Dev& dev, image<const T> x, filter<const T> w, std::span<const float
       }
     }
     S* wp = detail::conv_pack_filter<S>(dev, g, w.data, false);
-    detail::conv_workspace<Dev> guard{dev, wp};
+    const detail::device_workspace<Dev> guard{dev, wp};
     const detail::conv_matrix<S> b{wp, g.depth(), g.kg, true};
     detail::conv_gemm_run<S>(dev, g.pixels(), g.kg, g.depth(), g.groups, a, b, out, ch, work, "conv2d");
   };
@@ -1160,7 +1150,7 @@ void conv2d_backward_data(Dev& dev, image<const T> dy, filter<const T> w, image<
   if (g.n == 0) return;
   using S = typename mma_traits<T>::stage_type;
   S* wp = detail::conv_pack_filter<S>(dev, g, w.data, true);
-  detail::conv_workspace<Dev> guard{dev, wp};
+  const detail::device_workspace<Dev> guard{dev, wp};
   const std::size_t K = g.kg * g.kh * g.kw, M = g.n * g.h * g.w;
   const detail::conv_gather<T> a{dy.data, g.layout, g.k, g.oh, g.ow, g.h, g.w, g.kg, g.kh, g.kw, g.sh, g.sw, g.pt, g.pl, g.dh, g.dw, true};
   const detail::conv_matrix<S> b{wp, K, g.cg};

@@ -815,6 +815,22 @@ bool gemm_pack_a_once(const tensor<const TA, 2>& A, std::size_t N) {
          gemm_pack_a_program<TA, cfg>::bytes(M, K) <= 2.0 * double(M) * double(K) * sizeof(TA) + double(4 << 20);
 }
 
+// A workspace from the device's caching pool, returned when the scope ends, after the device has
+// finished every launch that reads it (also when a launch throws). Null: nothing to return.
+template <class Dev>
+struct device_workspace {
+  Dev& d;
+  void* p;
+  device_workspace(Dev& dev, void* ptr) : d(dev), p(ptr) {}
+  device_workspace(const device_workspace&) = delete;
+  device_workspace& operator=(const device_workspace&) = delete;
+  ~device_workspace() {
+    if (!p) return;
+    d.synchronize();
+    d.deallocate(p);
+  }
+};
+
 // Runs one launch of the GEMM. On the host, a launch that one worker would run anyway (a
 // 1-worker device, a single block) or too small to share runs on the calling thread with a
 // scratch arena of its own: handing it to a pool worker costs a wake-up and a wait (tens of us,
@@ -1145,16 +1161,11 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
       if (batch == 1 && !ap && pack_once) {
         using S = typename cfg::stage;
         S* W = static_cast<S*>(dev.allocate(static_cast<std::size_t>(ws)));
-        struct release {
-          Dev& d;
-          void* p;
-          ~release() { d.deallocate(p); }
-        } guard{dev, W};
+        const device_workspace<Dev> guard{dev, W};  // back to the pool after both launches ran
         gemm_run(dev, grid{slabs, chunks}, gemm_pack_a_program<TA, cfg>{A, W, chunks}, double(M) * double(K), plan.calling_thread);
         prog.a_packed = W;
         prog.a_chunks = chunks;
         gemm_run(dev, g, prog, flops, plan.calling_thread);
-        dev.synchronize();  // the workspace goes back to the pool only after both launches ran
         return;
       }
     }
@@ -1166,11 +1177,7 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
     using cfg = gemm_config<TA, TB>;
     const std::size_t splits = ceil_div(K, ks), ps = mul_checked(M, N, "gemm size");
     float* P = static_cast<float*>(dev.allocate(mul_checked(mul_checked(ps, splits, "gemm split-K workspace"), sizeof(float), "gemm split-K workspace")));
-    struct release {
-      Dev& d;
-      void* p;
-      ~release() { d.deallocate(p); }
-    } guard{dev, P};
+    const device_workspace<Dev> guard{dev, P};  // back to the pool after both launches ran
     const std::size_t mblocks = gemm_balanced_row_blocks<cfg>(M, N, splits, dev.capabilities().workers, gemm_row_blocks<cfg>(M, true));
     const gemm_plan plan = plan_of();
     const std::size_t MB = block_rows.template operator()<cfg>(plan, mblocks);
@@ -1182,7 +1189,6 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
     using R = gemm_splitk_reduce<TC, chain_t>;
     gemm_run(dev, grid{ceil_div(M, R::rows_per_block), 1, 1}, R{P, M, N, splits, C, alpha * s.a * s.b, beta, chain}, double(ps) * double(splits),
              plan.calling_thread);
-    dev.synchronize();  // the workspace goes back to the pool only after both launches ran
   };
   if (plan_in) {
     run.template operator()<false, false>();
@@ -1256,17 +1262,12 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
     const gemm_plan plan = plan_of();
     if (plan.swap < 0 ? gemm_swap_narrow<TA, TB>(M, N, K, A.col_stride() != 1) : plan.swap == 1) {
       float* W = static_cast<float*>(dev.allocate(mul_checked(mul_checked(M, N, "gemm size"), sizeof(float), "gemm workspace")));
-      struct release {
-        Dev& d;
-        void* p;
-        ~release() { d.deallocate(p); }
-      } guard{dev, W};
+      const device_workspace<Dev> guard{dev, W};  // back to the pool after both launches ran
       gemm_launch<TB, TA, float>(dev, N, M, K, 1, B.transposed(), A.transposed(), tensor<float, 2>::strided(W, N, M, M, 1), 0, 0, 0, nullptr, nullptr,
                                  nullptr, 1.0f, 0.0f, gemm_scales{}, epilogue::chain<>{}, &plan);
       gemm_plan_applied.swap = 1;
       using T = gemm_transposed_store<TC, chain_t>;
       gemm_run(dev, grid{ceil_div(M, T::rows_per_block)}, T{W, M, N, C, alpha * s.a * s.b, beta, chain}, double(M) * double(N), plan.calling_thread);
-      dev.synchronize();  // the workspace goes back to the pool only after both launches ran
       return;
     }
   }

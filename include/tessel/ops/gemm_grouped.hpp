@@ -199,13 +199,7 @@ void gemm_grouped(Dev& dev, std::span<const gemm_problem<TA, TB, TC>> problems, 
       for (std::size_t c = 0; c < chunks; ++c) pk->tiles.push_back({pk->packers.size() - 1, s, c});
   }
   S* W = nullptr;
-  struct release {
-    Dev& d;
-    void* p;
-    ~release() {
-      if (p) d.deallocate(p);
-    }
-  } guard{dev, nullptr};
+  device_workspace<Dev> guard{dev, nullptr};  // returned after both launches ran
   if (ws > 0) {
     W = static_cast<S*>(dev.allocate(mul_checked(ws, sizeof(S), "gemm_grouped workspace")));
     guard.p = W;
@@ -233,8 +227,7 @@ void gemm_grouped(Dev& dev, std::span<const gemm_problem<TA, TB, TC>> problems, 
   const double flops = t->flops;
   const std::size_t nblocks = t->blocks.size();
   gemm_run(dev, grid{nblocks}, P{std::move(t)}, flops);
-  if (W) dev.synchronize();  // the workspace goes back to the pool only after both launches ran
-}
+}  // (guard: the workspace goes back to the pool after both launches ran)
 
 // The same with the products in a vector or array.
 template <class Dev, gemm_input TA, gemm_input TB, gemm_output TC, class Chain = epilogue::chain<>>
