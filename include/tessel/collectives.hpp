@@ -4,6 +4,7 @@
 // (tessel/collectives/transport/emulated.hpp, pulls in the emulator) are included separately.
 #pragma once
 
+#include <tessel/collectives/algorithm.hpp>
 #include <tessel/collectives/communicator.hpp>
 #include <tessel/collectives/compression.hpp>
 #include <tessel/collectives/errors.hpp>

@@ -24,6 +24,7 @@
 
 #include <tessel/detail/checked.hpp>
 #include <tessel/device/profiler.hpp>
+#include <tessel/collectives/algorithm.hpp>
 #include <tessel/collectives/detail/algorithms.hpp>
 #include <tessel/collectives/errors.hpp>
 #include <tessel/collectives/reduce_op.hpp>

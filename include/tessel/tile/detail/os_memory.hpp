@@ -12,9 +12,9 @@
 
 #if defined(__linux__)
 #include <sys/mman.h>
+#endif
 
 #include <tessel/tile/errors.hpp>
-#endif
 
 namespace tessel::detail {
 
