@@ -10,6 +10,11 @@
 // the remaining planes or to a 2-hop path through another card. Super-nodes are joined by a
 // 2-level fat tree through per-card NICs. No payload moves here: the cluster copies bytes when a
 // message completes, and timing-only runs use this class alone.
+//
+// In parts: the fault types in emulator/faults.hpp, route choice in emulator/routing.hpp, the ports
+// (serialization, forwarding, shaping) in emulator/detail/fabric_ports.hpp, the fault model and
+// health monitor in emulator/detail/fabric_faults.hpp; here the class, its traffic API, the event
+// queue and the message lifecycle.
 #pragma once
 
 #include <algorithm>
@@ -28,43 +33,12 @@
 
 #include <tessel/emulator/config.hpp>
 #include <tessel/emulator/errors.hpp>
+#include <tessel/emulator/faults.hpp>
 #include <tessel/emulator/routing.hpp>
 
 namespace tessel {
 inline namespace v0 {
 namespace emu {
-
-enum class fault_kind : std::uint8_t { link_down, link_up, plane_down, plane_up, card_down, card_up, hot_swap };
-
-inline const char* fault_kind_name(fault_kind k) {
-  switch (k) {
-    case fault_kind::link_down: return "link_down";
-    case fault_kind::link_up: return "link_up";
-    case fault_kind::plane_down: return "plane_down";
-    case fault_kind::plane_up: return "plane_up";
-    case fault_kind::card_down: return "card_down";
-    case fault_kind::card_up: return "card_up";
-    case fault_kind::hot_swap: return "hot_swap";
-  }
-  return "?";
-}
-
-// A scheduled fault. `card`/`plane` name the target (a link is (card, plane)); hot_swap takes the
-// card down at `at` and brings it back empty at `at + duration`.
-struct fault {
-  double at = 0;
-  fault_kind kind = fault_kind::link_down;
-  std::size_t card = 0;
-  std::size_t plane = 0;
-  double duration = 0;
-};
-
-// What the health monitor reports to every card.
-struct failure_notice {
-  fault_kind kind;
-  std::size_t card, plane;
-  double happened, detected;  // simulated seconds
-};
 
 enum class msg_state : std::uint8_t { scheduled, active, done, failed };
 
@@ -208,7 +182,7 @@ class fabric {
   std::uint64_t bytes(msg_id id) const { check_msg(id); return msgs_[id].bytes; }
   std::size_t messages() const { return msgs_.size(); }
   // Which transit card a message was last routed through (or -1 for direct paths).
-  long via(msg_id id) const { check_msg(id); return msgs_[id].route.kind == route_transit ? static_cast<long>(msgs_[id].route.via) : -1; }
+  long via(msg_id id) const { check_msg(id); return msgs_[id].route.kind == route_kind::transit ? static_cast<long>(msgs_[id].route.via) : -1; }
 
   // Throws the typed error of a failed message (no-op otherwise).
   void rethrow_if_failed(msg_id id) const {
@@ -292,7 +266,16 @@ class fabric {
       if (ports_[q].st.busy > ports_[best].st.busy) best = q;
     return best;
   }
-  const topology_graph& graph() const { return graph_; }
+  const topology_graph& graph() const { return router_.graph(); }
+
+  // ---- what routing reads (emulator/routing.hpp's routing_state) ----
+  // Health as the monitor has reported it: what routing acts on.
+  bool known_alive(std::size_t c) const { return card_known_alive_[c] != 0; }
+  bool known_link(std::size_t c, std::size_t p) const { return link_known_ok_[c * planes_ + p] && plane_known_ok_[p] && card_known_alive_[c]; }
+  double port_latency(std::size_t q) const { return ports_[q].lat; }
+  // Bytes waiting at a port plus bytes already routed towards it, in seconds of its bandwidth (so
+  // simultaneous choices spread out instead of all picking the same idle port).
+  double port_backlog(std::size_t q) const { return static_cast<double>(ports_[q].queued + ports_[q].reserved) / ports_[q].bw; }
 
   // After run(): every port idle with empty queues, no bytes reserved or queued, every credit
   // back, no active message. Returns a description of the first violation, or "" (for tests).
@@ -310,20 +293,13 @@ class fabric {
       if (m.state == msg_state::active || m.state == msg_state::scheduled) return "a message never finished";
     return {};
   }
-  std::uint64_t route_computations() const { return route_computations_; }
+  std::uint64_t route_computations() const { return router_.computations(); }
 
  private:
   // ---------------------------------------------------------------- data
-  enum : std::uint8_t { route_none, route_direct, route_transit, route_scaleout };
   enum : std::uint8_t { err_none, err_card, err_link, err_timeout };
   enum : std::uint32_t { ev_post, ev_free, ev_arrive, ev_deliver, ev_fault, ev_detect, ev_timeout, ev_rejoin, ev_wake, ev_retry };
 
-  struct route_t {
-    std::uint8_t kind = route_none;
-    std::uint64_t mask1 = 0, mask2 = 0;  // planes usable on the first / second segment
-    std::uint32_t via = 0;
-    friend bool operator==(const route_t&, const route_t&) = default;
-  };
   struct message {
     std::uint32_t src = 0, dst = 0;
     std::uint64_t bytes = 0, tag = 0;
@@ -331,7 +307,7 @@ class fabric {
     msg_state state = msg_state::scheduled;
     std::uint8_t err = err_none;
     std::uint32_t err_card = 0, err_plane = 0;
-    route_t route;
+    emu::route route;
     std::uint32_t route_gen = 0;
     std::uint32_t nchunks = 0, next_chunk = 0, chunks_done = 0;
     std::uint64_t chunk_base = 0, chunk_extra = 0;  // first `extra` chunks carry one more byte
@@ -382,9 +358,7 @@ class fabric {
   std::vector<std::uint8_t> card_alive_, card_known_alive_, link_ok_, link_known_ok_, plane_ok_, plane_known_ok_;
   std::vector<fault> faults_;
   std::vector<failure_notice> notices_;
-  topology_graph graph_;
-  std::unordered_map<std::uint64_t, route_t> route_cache_;
-  std::uint64_t route_computations_ = 0;
+  router router_;
 
   // ---------------------------------------------------------------- helpers
   void check_card(std::size_t c, const char* what) const {
@@ -419,125 +393,37 @@ class fabric {
 
   std::uint64_t chunk_bytes(const message& m, std::uint32_t i) const { return m.chunk_base + (i < m.chunk_extra ? 1 : 0); }
 
-  // Known (detected) health of links: what routing acts on.
-  bool known_link(std::size_t c, std::size_t p) const { return link_known_ok_[c * planes_ + p] && plane_known_ok_[p] && card_known_alive_[c]; }
-  std::uint64_t pair_mask(std::size_t a, std::size_t b) const {
-    std::uint64_t m = 0;
-    for (std::size_t p = 0; p < planes_; ++p)
-      if (known_link(a, p) && known_link(b, p)) m |= std::uint64_t{1} << p;
-    return m;
-  }
-  std::uint64_t card_mask(std::size_t a) const {
-    std::uint64_t m = 0;
-    for (std::size_t p = 0; p < planes_; ++p)
-      if (known_link(a, p)) m |= std::uint64_t{1} << p;
-    return m;
-  }
-  // Bytes waiting at a port plus bytes already routed towards it (so simultaneous choices
-  // spread out instead of all picking the same idle port).
-  double port_backlog(std::size_t q) const { return static_cast<double>(ports_[q].queued + ports_[q].reserved) / ports_[q].bw; }
-
   void build_graph() {
     // nodes: cards, then plane switches per super-node, then leaves, then spines
     const std::size_t sw0 = n_, leaf0 = n_ + sn_ * planes_, spine0 = leaf0 + (sn_ > 1 ? sn_ : 0);
-    graph_.resize(spine0 + spines_);
+    router_.graph().resize(spine0 + spines_);
     for (std::size_t c = 0; c < n_; ++c) {
       std::size_t s = cfg_.supernode_of(c);
       for (std::size_t p = 0; p < planes_; ++p) {
         auto sw = static_cast<std::uint32_t>(sw0 + s * planes_ + p);
-        graph_.add_edge(static_cast<std::uint32_t>(c), sw, static_cast<std::uint32_t>(up(c, p)));
-        graph_.add_edge(sw, static_cast<std::uint32_t>(c), static_cast<std::uint32_t>(down(c, p)));
+        router_.graph().add_edge(static_cast<std::uint32_t>(c), sw, static_cast<std::uint32_t>(up(c, p)));
+        router_.graph().add_edge(sw, static_cast<std::uint32_t>(c), static_cast<std::uint32_t>(down(c, p)));
       }
       if (sn_ > 1) {
-        graph_.add_edge(static_cast<std::uint32_t>(c), static_cast<std::uint32_t>(leaf0 + s), static_cast<std::uint32_t>(nic_up(c)));
-        graph_.add_edge(static_cast<std::uint32_t>(leaf0 + s), static_cast<std::uint32_t>(c), static_cast<std::uint32_t>(nic_down(c)));
+        router_.graph().add_edge(static_cast<std::uint32_t>(c), static_cast<std::uint32_t>(leaf0 + s), static_cast<std::uint32_t>(nic_up(c)));
+        router_.graph().add_edge(static_cast<std::uint32_t>(leaf0 + s), static_cast<std::uint32_t>(c), static_cast<std::uint32_t>(nic_down(c)));
       }
     }
     for (std::size_t l = 0; l < (sn_ > 1 ? sn_ : 0); ++l)
       for (std::size_t k = 0; k < spines_; ++k) {
-        graph_.add_edge(static_cast<std::uint32_t>(leaf0 + l), static_cast<std::uint32_t>(spine0 + k), static_cast<std::uint32_t>(leaf_up(l, k)));
-        graph_.add_edge(static_cast<std::uint32_t>(spine0 + k), static_cast<std::uint32_t>(leaf0 + l), static_cast<std::uint32_t>(spine_down(k, l)));
+        router_.graph().add_edge(static_cast<std::uint32_t>(leaf0 + l), static_cast<std::uint32_t>(spine0 + k), static_cast<std::uint32_t>(leaf_up(l, k)));
+        router_.graph().add_edge(static_cast<std::uint32_t>(spine0 + k), static_cast<std::uint32_t>(leaf0 + l), static_cast<std::uint32_t>(spine_down(k, l)));
       }
   }
 
-  // ---------------------------------------------------------------- routing
-  // Chooses how message `m` travels, from the health the monitor has reported. Adaptive: stripe
-  // over every plane both ends can use; when the pair has lost planes the other end still has,
-  // Dijkstra (latency + load weights) looks for a 2-hop path through another card, and the
-  // cheaper of the two estimates wins. Cached per pair until the topology changes.
-  route_t choose_route(const message& m) {
-    route_t r;
-    const std::size_t s = m.src, d = m.dst;
-    if (cfg_.supernode_of(s) != cfg_.supernode_of(d)) {
-      if (card_known_alive_[s] && card_known_alive_[d]) r.kind = route_scaleout;
-      return r;
-    }
-    const std::uint64_t direct = pair_mask(s, d);
-    if (cfg_.fabric.routing == routing_policy::static_plane) {
-      const std::size_t p0 = (s + d) % planes_;
-      for (std::size_t i = 0; i < planes_; ++i) {
-        std::size_t p = (p0 + i) % planes_;
-        if (direct >> p & 1) { r.kind = route_direct; r.mask1 = std::uint64_t{1} << p; break; }
-      }
-      return r;
-    }
-    const int best_possible = std::min(std::popcount(card_mask(s)), std::popcount(card_mask(d)));
-    if (direct != 0 && (std::popcount(direct) >= best_possible || !cfg_.fabric.transit)) {
-      r.kind = route_direct;
-      r.mask1 = direct;
-      return r;
-    }
-    if (!cfg_.fabric.transit) return r;
-    const std::uint64_t key = (static_cast<std::uint64_t>(s) << 32) | d;
-    if (auto it = route_cache_.find(key); it != route_cache_.end()) return it->second;
-    route_computations_++;
-    // Dijkstra over the physical graph; cards may forward (they pay transit latency). A card's
-    // port weight also carries the message's serialization over the planes that card can use,
-    // so a path through a card with more healthy planes is preferred.
-    const double bytes = static_cast<double>(m.bytes);
-    auto weight = [&](std::uint32_t q) -> double {
-      if (q >= card_ports_) return topology_graph::unreachable;  // scale-out ports not used inside a super-node
-      std::size_t c = q / 2 / planes_, p = (q / 2) % planes_;
-      if (!known_link(c, p)) return topology_graph::unreachable;
-      double w = ports_[q].lat + port_backlog(q);
-      if (q % 2 == 0) w += cfg_.fabric.transit_latency * (c != s);
-      w += bytes / (ports_[q].bw * std::max(1, std::popcount(card_mask(c))));
-      return w;
-    };
-    auto through = [&](std::uint32_t node) { return node >= n_ || (card_known_alive_[node] && cfg_.supernode_of(node) == cfg_.supernode_of(s)); };
-    auto tree = graph_.dijkstra(static_cast<std::uint32_t>(s), weight, through);
-    route_t best;
-    double best_cost = topology_graph::unreachable;
-    if (direct != 0) {
-      best.kind = route_direct;
-      best.mask1 = direct;
-      best_cost = cfg_.direct_latency() + bytes / (cfg_.link_bandwidth() * std::popcount(direct));
-    }
-    // Transit candidates: the card Dijkstra reached d through, plus the best 2-hop by bandwidth.
-    auto consider = [&](std::size_t via) {
-      if (via == s || via == d || !card_known_alive_[via]) return;
-      std::uint64_t m1 = pair_mask(s, via), m2 = pair_mask(via, d);
-      if (!m1 || !m2) return;
-      double bw = cfg_.link_bandwidth() * std::min(std::popcount(m1), std::popcount(m2));
-      double load = 0;
-      for (std::size_t p = 0; p < planes_; ++p) load = std::max(load, port_backlog(up(via, p)));
-      double cost = 2 * cfg_.direct_latency() + cfg_.fabric.transit_latency + bytes / bw + load;
-      if (cost < best_cost) { best_cost = cost; best = route_t{route_transit, m1, m2, static_cast<std::uint32_t>(via)}; }
-    };
-    auto path = tree.path_to(static_cast<std::uint32_t>(d));
-    for (std::uint32_t q : path)
-      if (q % 2 == 0 && q < card_ports_) consider(q / 2 / planes_);
-    const std::size_t base = cfg_.supernode_of(s) * cfg_.cards_per_supernode;
-    for (std::size_t v = base; v < base + cfg_.cards_per_supernode; ++v) consider(v);
-    route_cache_[key] = best;
-    return best;
-  }
+  // ---------------------------------------------------------------- routing (emulator/routing.hpp)
+  route choose_route(const message& m) { return router_.choose(*this, m.src, m.dst, static_cast<double>(m.bytes)); }
 
   // Source ports a message pulls chunks from under its route.
   template <class F>
   void for_source_ports(const message& m, F&& f) const {
-    if (m.route.kind == route_scaleout) { f(nic_up(m.src)); return; }
-    if (m.route.kind == route_none) return;
+    if (m.route.kind == route_kind::scaleout) { f(nic_up(m.src)); return; }
+    if (m.route.kind == route_kind::none) return;
     for (std::size_t p = 0; p < planes_; ++p)
       if (m.route.mask1 >> p & 1) f(up(m.src, p));
   }
@@ -553,7 +439,7 @@ class fabric {
 
   void set_route(msg_id id) {
     message& m = msgs_[id];
-    route_t r = choose_route(m);
+    route r = choose_route(m);
     if (r == m.route && m.route_gen != 0) return;
     m.route = r;
     m.route_gen++;
@@ -576,7 +462,7 @@ class fabric {
     // plane carries an equal share (this is what makes one transfer take S/(planes x bw)).
     m.route = choose_route(m);
     std::uint64_t width = 1;
-    if (m.route.kind == route_direct || m.route.kind == route_transit) width = std::max(1, std::popcount(m.route.mask1));
+    if (m.route.kind == route_kind::direct || m.route.kind == route_kind::transit) width = std::max(1, std::popcount(m.route.mask1));
     std::uint64_t cb = cfg_.fabric.chunk_bytes;
     if (cfg_.fabric.shaping) cb = std::max<std::uint64_t>(1, std::min<std::uint64_t>(cb, cfg_.fabric.shaping_window / 4));
     if (cfg_.fabric.switch_buffer) cb = std::max<std::uint64_t>(1, std::min<std::uint64_t>(cb, cfg_.fabric.switch_buffer / 4));
@@ -651,172 +537,13 @@ class fabric {
   }
 
   // ---------------------------------------------------------------- ports
-  bool port_alive(std::size_t q) const {
-    if (q < card_ports_) {
-      std::size_t c = q / 2 / planes_, p = (q / 2) % planes_;
-      return link_ok_[c * planes_ + p] && plane_ok_[p] && card_alive_[c];
-    }
-    if (q < ls_base_) return card_alive_[(q - nic_base_) / 2] != 0;
-    return true;
-  }
-
-  // Builds the path of chunk `ci` of message `m` leaving through source port `q`.
-  void build_path(chunk& ch, const message& m, std::size_t q) {
-    if (m.route.kind == route_scaleout) {
-      std::size_t ls = cfg_.supernode_of(m.src), ld = cfg_.supernode_of(m.dst);
-      std::size_t best = 0;
-      if (cfg_.fabric.routing == routing_policy::static_plane) {
-        best = (m.src + m.dst) % spines_;
-      } else {  // least-loaded spine (ECMP with load awareness)
-        double bl = std::numeric_limits<double>::infinity();
-        const std::size_t off = (m.src + ch.index) % spines_;  // spreads ties
-        for (std::size_t i = 0; i < spines_; ++i) {
-          std::size_t k = (off + i) % spines_;
-          double l = port_backlog(leaf_up(ls, k)) + port_backlog(spine_down(k, ld));
-          if (l < bl) { bl = l; best = k; }
-        }
-      }
-      ch.ports[0] = static_cast<std::uint32_t>(q);
-      ch.ports[1] = static_cast<std::uint32_t>(leaf_up(ls, best));
-      ch.ports[2] = static_cast<std::uint32_t>(spine_down(best, ld));
-      ch.ports[3] = static_cast<std::uint32_t>(nic_down(m.dst));
-      ch.len = 4;
-      return;
-    }
-    const std::size_t p = (q / 2) % planes_;
-    if (m.route.kind == route_direct) {
-      ch.ports[0] = static_cast<std::uint32_t>(q);
-      ch.ports[1] = static_cast<std::uint32_t>(down(m.dst, p));
-      ch.len = 2;
-      return;
-    }
-    // transit: second plane = least backlog among the planes via -> dst can use
-    std::size_t best = planes_;
-    double bl = std::numeric_limits<double>::infinity();
-    for (std::size_t i = 0; i < planes_; ++i) {
-      const std::size_t p2 = (ch.index + i) % planes_;
-      if (!(m.route.mask2 >> p2 & 1)) continue;
-      double l = port_backlog(up(m.route.via, p2));
-      if (l < bl) { bl = l; best = p2; }
-    }
-    ch.ports[0] = static_cast<std::uint32_t>(q);
-    ch.ports[1] = static_cast<std::uint32_t>(down(m.route.via, p));
-    ch.ports[2] = static_cast<std::uint32_t>(up(m.route.via, best));
-    ch.ports[3] = static_cast<std::uint32_t>(down(m.dst, best));
-    ch.len = 4;
-  }
-
-  bool route_uses_source(const message& m, std::size_t q) const {
-    if (m.route.kind == route_scaleout) return q == nic_up(m.src);
-    if (m.route.kind == route_none || q >= card_ports_ || q % 2) return false;
-    return q / 2 / planes_ == m.src && (m.route.mask1 >> ((q / 2) % planes_) & 1);
-  }
-
-  void start(std::size_t q, std::uint32_t ci) {
-    port& pt = ports_[q];
-    chunk& ch = chunks_[ci];
-    // The port is occupied for the chunk's serialization only; its last byte cannot leave
-    // before it has arrived (cut-through), but a fast port keeps serving other chunks meanwhile,
-    // as a switch interleaving packets would.
-    const double ser = static_cast<double>(ch.bytes) / pt.bw;
-    const double finish = std::max(now_ + ser, ch.tail);
-    pt.busy = true;
-    pt.cur = ci;
-    pt.cur_gen = ch.gen;
-    pt.cur_start = now_;
-    pt.st.bytes += ch.bytes;
-    push_event(now_ + ser, ev_free, static_cast<std::uint32_t>(q), static_cast<std::uint32_t>(ch.bytes));
-    if (ch.hop + 1 < ch.len) {
-      double extra = 0;
-      std::size_t nq = ch.ports[ch.hop + 1];
-      if (ch.len == 4 && ch.ports[0] < card_ports_ && nq == ch.ports[2]) extra = cfg_.fabric.transit_latency;
-      ch.tail = finish + pt.lat + extra;
-      push_event(now_ + pt.lat + extra, ev_arrive, ci, ch.gen);
-    } else {
-      push_event(finish + pt.lat, ev_deliver, ci, ch.gen);
-    }
-  }
-
-  // Starts the next chunk on an idle port: forwarded chunks first (FIFO), then the card's own
-  // messages round-robin (a source port pulls the next chunk of the next message).
-  void try_start(std::size_t q) {
-    port& pt = ports_[q];
-    if (pt.busy || !port_alive(q)) return;
-    while (!pt.fifo.empty()) {
-      std::uint32_t ci = pt.fifo.front();
-      pt.fifo.pop_front();
-      if (chunks_[ci].lost) { pt.queued -= chunks_[ci].bytes; release_after(chunks_[ci]); free_chunk(ci); continue; }
-      start(q, ci);
-      return;
-    }
-    // Own messages are served in destination order, rotating on from the last destination served
-    // (ties: activation order). Activation order alone follows the host threads when cards are
-    // driven concurrently, so concurrent messages (an all-to-all) would collide at receivers by
-    // chance; in destination order an all-to-all sends one permutation per round, deterministically.
-    if (pt.rr.size() > 1) {
-      std::size_t best = SIZE_MAX, best_key = SIZE_MAX;
-      for (std::size_t i = 0; i < pt.rr.size(); ++i) {
-        const auto [id, gen] = pt.rr[i];
-        const message& m = msgs_[id];
-        if (m.state != msg_state::active || m.route_gen != gen || !m.has_more() || !route_uses_source(m, q)) continue;
-        const std::size_t from = pt.last_dst == UINT32_MAX ? m.src : pt.last_dst;
-        const std::size_t key = (m.dst + n_ - from - 1) % n_;
-        if (key < best_key) best_key = key, best = i;
-      }
-      if (best != SIZE_MAX && best != 0) {
-        const auto e = pt.rr[best];
-        pt.rr.erase(pt.rr.begin() + static_cast<std::ptrdiff_t>(best));
-        pt.rr.push_front(e);
-      }
-    }
-    std::size_t tries = pt.rr.size();
-    while (tries-- > 0 && !pt.rr.empty()) {
-      auto [id, gen] = pt.rr.front();
-      pt.rr.pop_front();
-      message& m = msgs_[id];
-      if (m.state != msg_state::active || m.route_gen != gen || !m.has_more() || !route_uses_source(m, q)) continue;
-      std::uint32_t index = m.retry.empty() ? m.next_chunk : m.retry.back();
-      std::uint32_t ci = new_chunk();
-      chunk& ch = chunks_[ci];
-      ch.msg = id;
-      ch.index = index;
-      ch.bytes = chunk_bytes(m, index);
-      ch.hop = 0;
-      ch.lost = false;
-      ch.credited = false;
-      ch.tail = now_;
-      build_path(ch, m, q);
-      for (std::uint8_t h = 1; h < ch.len; ++h) ports_[ch.ports[h]].reserved += ch.bytes;
-      if (cfg_.fabric.shaping) {
-        port& fin = ports_[ch.ports[ch.len - 1]];
-        const auto need = static_cast<std::int64_t>(ch.bytes);
-        if (fin.credit < need && fin.credit < static_cast<std::int64_t>(cfg_.fabric.shaping_window)) {
-          for (std::uint8_t h = 1; h < ch.len; ++h) ports_[ch.ports[h]].reserved -= ch.bytes;
-          free_chunk(ci);
-          pt.rr.emplace_back(id, gen);
-          if (std::find(fin.waiters.begin(), fin.waiters.end(), static_cast<std::uint32_t>(q)) == fin.waiters.end())
-            fin.waiters.push_back(static_cast<std::uint32_t>(q));
-          continue;
-        }
-        fin.credit -= need;
-        ch.credited = true;
-      }
-      if (m.retry.empty()) m.next_chunk++;
-      else m.retry.pop_back();
-      if (m.has_more()) pt.rr.emplace_back(id, gen);
-      // the rotation restarts after the source itself once the port has nothing more of its own,
-      // so every exchange starts in the same phase on every card (one permutation per round)
-      pt.last_dst = pt.rr.empty() ? UINT32_MAX : m.dst;
-      pt.queued += ch.bytes;
-      start(q, ci);
-      return;
-    }
-    // Nothing of its own left: the loop above has dropped the stale entries (messages whose last
-    // chunks left through another plane), so the next exchange starts its rotation after the
-    // source again. Without this a port kept the last destination of the previous exchange and
-    // later iterations of the same exchange started out of phase (MoE dispatch 89% -> 82%).
-    pt.last_dst = UINT32_MAX;
-  }
+  // Defined in emulator/detail/fabric_ports.hpp: port liveness, chunk paths, serialization and
+  // cut-through forwarding, round-robin over a card's messages, credit-based shaping.
+  bool port_alive(std::size_t q) const;
+  void build_path(chunk& ch, const message& m, std::size_t q);
+  bool route_uses_source(const message& m, std::size_t q) const;
+  void start(std::size_t q, std::uint32_t ci);
+  void try_start(std::size_t q);
 
   // ---------------------------------------------------------------- events
   void step() {
@@ -928,139 +655,22 @@ class fabric {
     fail(id, err_timeout, m.dst, 0);
   }
 
-  void set_link(std::size_t c, std::size_t p, bool ok) { link_ok_[c * planes_ + p] = ok; }
-
-  // Releases the reservations a chunk holds on the ports after the one it is at.
-  void release_after(const chunk& ch) {
-    for (std::uint8_t h = ch.hop + 1; h < ch.len; ++h) ports_[ch.ports[h]].reserved -= ch.bytes;
-  }
-
-  // Drops whatever is queued on or passing through a port that just died.
-  void kill_port(std::size_t q) {
-    port& pt = ports_[q];
-    if (pt.busy && chunks_[pt.cur].gen == pt.cur_gen) lose(pt.cur);
-    while (!pt.fifo.empty()) {
-      std::uint32_t ci = pt.fifo.front();
-      pt.fifo.pop_front();
-      pt.queued -= chunks_[ci].bytes;
-      release_after(chunks_[ci]);
-      lose(ci);
-      free_chunk(ci);
-    }
-  }
-  void kill_card_ports(std::size_t c, std::size_t only_plane = SIZE_MAX) {
-    for (std::size_t p = 0; p < planes_; ++p) {
-      if (only_plane != SIZE_MAX && p != only_plane) continue;
-      kill_port(up(c, p));
-      kill_port(down(c, p));
-    }
-    if (sn_ > 1 && only_plane == SIZE_MAX) { kill_port(nic_up(c)); kill_port(nic_down(c)); }
-  }
-  void wake_card_ports(std::size_t c) {
-    for (std::size_t p = 0; p < planes_; ++p) { try_start(up(c, p)); try_start(down(c, p)); }
-    if (sn_ > 1) { try_start(nic_up(c)); try_start(nic_down(c)); }
-  }
-
-  // `phase` 1 = the second half of a hot swap (the card comes back empty).
-  void apply_fault(const fault& f, std::uint32_t phase) {
-    double detect = now_ + cfg_.faults.link_detect + cfg_.direct_latency();
-    switch (f.kind) {
-      case fault_kind::link_down: set_link(f.card, f.plane, false); kill_card_ports(f.card, f.plane); break;
-      case fault_kind::link_up: set_link(f.card, f.plane, true); try_start(up(f.card, f.plane)); try_start(down(f.card, f.plane)); break;
-      case fault_kind::plane_down:
-        plane_ok_[f.plane] = 0;
-        for (std::size_t c = 0; c < n_; ++c) kill_card_ports(c, f.plane);
-        break;
-      case fault_kind::plane_up:
-        plane_ok_[f.plane] = 1;
-        for (std::size_t c = 0; c < n_; ++c) { try_start(up(c, f.plane)); try_start(down(c, f.plane)); }
-        break;
-      case fault_kind::card_down:
-      case fault_kind::hot_swap:
-        if (phase == 0) {
-          card_alive_[f.card] = 0;
-          kill_card_ports(f.card);
-          if (on_card_state) on_card_state(f.card, false, now_);
-          // heartbeat monitor: the last heartbeat left at floor(t/h)*h; `missed` more are missed.
-          const double h = cfg_.faults.heartbeat_interval;
-          detect = (std::floor(now_ / h) + cfg_.faults.missed_heartbeats) * h + 2 * cfg_.direct_latency();
-          if (detect <= now_) detect = now_ + h;
-          if (f.kind == fault_kind::hot_swap) push_event(now_ + std::max(f.duration, 0.0), ev_fault, static_cast<std::uint32_t>(&f - faults_.data()), 1);
-        } else {
-          card_alive_[f.card] = 1;
-          wake_card_ports(f.card);
-          if (on_card_state) on_card_state(f.card, true, now_);
-          push_event(now_, ev_rejoin, static_cast<std::uint32_t>(f.card));
-          detect = now_ + cfg_.faults.heartbeat_interval + cfg_.direct_latency();
-        }
-        break;
-      case fault_kind::card_up:
-        card_alive_[f.card] = 1;
-        wake_card_ports(f.card);
-        if (on_card_state) on_card_state(f.card, true, now_);
-        detect = now_ + cfg_.faults.heartbeat_interval + cfg_.direct_latency();
-        break;
-    }
-    // detection record index encodes the fault and phase
-    push_event(detect, ev_detect, static_cast<std::uint32_t>((&f - faults_.data()) * 2 + phase));
-  }
-
-  void on_rejoin_event(std::uint32_t c) {
-    if (on_rejoin) on_rejoin(c, now_);
-  }
-
-  void on_detect(std::uint32_t code) {
-    const fault& f = faults_[code / 2];
-    const bool second = code % 2;
-    bool down_now = false;
-    switch (f.kind) {
-      case fault_kind::link_down: link_known_ok_[f.card * planes_ + f.plane] = 0; down_now = true; break;
-      case fault_kind::link_up: link_known_ok_[f.card * planes_ + f.plane] = 1; break;
-      case fault_kind::plane_down: plane_known_ok_[f.plane] = 0; down_now = true; break;
-      case fault_kind::plane_up: plane_known_ok_[f.plane] = 1; break;
-      case fault_kind::card_down: card_known_alive_[f.card] = 0; down_now = true; break;
-      case fault_kind::card_up: card_known_alive_[f.card] = 1; break;
-      case fault_kind::hot_swap: card_known_alive_[f.card] = second ? 1 : 0; down_now = !second; break;
-    }
-    route_cache_.clear();
-    failure_notice note{second ? fault_kind::card_up : f.kind, f.card, f.plane, second ? f.at + f.duration : f.at, now_};
-    if (down_now) notices_.push_back(note);
-    // Messages to or from a card reported dead fail now; the rest are re-routed.
-    std::vector<std::uint32_t> act = active_;
-    for (std::uint32_t id : act) {
-      message& m = msgs_[id];
-      if (m.state != msg_state::active) continue;
-      if (!card_known_alive_[m.src] || !card_known_alive_[m.dst]) {
-        fail(id, err_card, card_known_alive_[m.src] ? m.dst : m.src, 0);
-        continue;
-      }
-      set_route(id);
-    }
-    if (on_failure && down_now) on_failure(note);
-  }
-
-  void schedule_random_faults() {
-    std::mt19937_64 rng(cfg_.faults.seed);
-    const auto& fs = cfg_.faults;
-    auto draw = [&](double rate, auto&& make) {
-      if (rate <= 0) return;
-      std::exponential_distribution<double> gap(rate);
-      for (double t = gap(rng); t < fs.horizon; t += gap(rng) + fs.repair_time) make(t);
-    };
-    for (std::size_t c = 0; c < n_; ++c)
-      for (std::size_t p = 0; p < planes_; ++p)
-        draw(fs.link_failure_rate, [&](double t) {
-          schedule_fault({t, fault_kind::link_down, c, p, 0});
-          if (fs.repair_time > 0) schedule_fault({t + fs.repair_time, fault_kind::link_up, c, p, 0});
-        });
-    for (std::size_t c = 0; c < n_; ++c)
-      draw(fs.card_failure_rate, [&](double t) {
-        if (fs.repair_time > 0) schedule_fault({t, fault_kind::hot_swap, c, 0, fs.repair_time});
-        else schedule_fault({t, fault_kind::card_down, c, 0, 0});
-      });
-  }
+  // Defined in emulator/detail/fabric_faults.hpp: link, card and plane faults, hot swap, the
+  // health monitor's detection and the seeded random fault schedule.
+  void set_link(std::size_t c, std::size_t p, bool ok);
+  void release_after(const chunk& ch);
+  void kill_port(std::size_t q);
+  void kill_card_ports(std::size_t c, std::size_t only_plane = SIZE_MAX);
+  void wake_card_ports(std::size_t c);
+  void apply_fault(const fault& f, std::uint32_t phase);
+  void on_rejoin_event(std::uint32_t c);
+  void on_detect(std::uint32_t code);
+  void schedule_random_faults();
 };
 
 }  // namespace emu
 }  // namespace v0
 }  // namespace tessel
+
+#include <tessel/emulator/detail/fabric_faults.hpp>
+#include <tessel/emulator/detail/fabric_ports.hpp>
