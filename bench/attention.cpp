@@ -57,7 +57,15 @@ struct qkv {
   huge_buffer<bf16> q, k, v, o, dout, dq, dk, dv;
   huge_buffer<float> lse;
   explicit qkv(std::size_t n = S * H * D)
-      : q(n, threads), k(n, threads), v(n, threads), o(n, threads), dout(n, threads), dq(n, threads), dk(n, threads), dv(n, threads), lse(n / D, threads) {
+      : q(n, threads),
+        k(n, threads),
+        v(n, threads),
+        o(n, threads),
+        dout(n, threads),
+        dq(n, threads),
+        dk(n, threads),
+        dv(n, threads),
+        lse(n / D, threads) {
     std::mt19937 g(1);
     std::normal_distribution<float> nd;
     for (std::size_t i = 0; i < n; ++i) {
@@ -71,7 +79,10 @@ struct qkv {
     static qkv x;
     return x;
   }
-  template <class T> static std::span<T> sp(const huge_buffer<T>& b) { return {b.data(), b.size()}; }
+  template <class T>
+  static std::span<T> sp(const huge_buffer<T>& b) {
+    return {b.data(), b.size()};
+  }
 };
 
 double fwd_flops(bool causal, std::size_t s = S, std::size_t h = H) { return 4.0 * double(s) * double(s) * double(D) * double(h) / (causal ? 2 : 1); }
@@ -90,7 +101,10 @@ void gemm_bf16(benchmark::State& state) {
   static bool init = [] {
     std::mt19937 g(2);
     std::normal_distribution<float> nd;
-    for (std::size_t i = 0; i < n * n; ++i) { a[i] = bf16(nd(g)); b[i] = bf16(nd(g)); }
+    for (std::size_t i = 0; i < n * n; ++i) {
+      a[i] = bf16(nd(g));
+      b[i] = bf16(nd(g));
+    }
     return true;
   }();
   (void)init;
@@ -148,7 +162,10 @@ void fwd_naive(benchmark::State& state) {
           m = std::max(m, row[j]);
         }
         float l = 0;
-        for (std::size_t j = 0; j < n; ++j) { row[j] = std::exp(row[j] - m); l += row[j]; }
+        for (std::size_t j = 0; j < n; ++j) {
+          row[j] = std::exp(row[j] - m);
+          l += row[j];
+        }
         float o[D] = {};
         for (std::size_t j = 0; j < n; ++j) {
           const float p = float(bf16(row[j] / l));
@@ -251,7 +268,10 @@ struct decode_case {
   decode_case() {
     std::mt19937 g(3);
     std::normal_distribution<float> nd;
-    for (std::size_t i = 0; i < kc.size(); ++i) { kc[i] = bf16(nd(g)); vc[i] = bf16(nd(g)); }
+    for (std::size_t i = 0; i < kc.size(); ++i) {
+      kc[i] = bf16(nd(g));
+      vc[i] = bf16(nd(g));
+    }
     for (std::size_t i = 0; i < q.size(); ++i) q[i] = bf16(nd(g));
   }
   static decode_case& get() {
@@ -261,8 +281,18 @@ struct decode_case {
   // The cache as contiguous (page 0) or paged: page > 0 with `table` as block table.
   static attention_decode_shape shape(std::size_t page) {
     attention_decode_shape s;
-    s.batch = 1; s.seq_q = 1; s.heads_q = HQ; s.heads_kv = HK; s.head_dim = D; s.max_kv = KV;
-    if (page > 0) { s.max_kv = 0; s.page_size = page; s.num_pages = KV / page; s.pages_per_seq = KV / page; }
+    s.batch = 1;
+    s.seq_q = 1;
+    s.heads_q = HQ;
+    s.heads_kv = HK;
+    s.head_dim = D;
+    s.max_kv = KV;
+    if (page > 0) {
+      s.max_kv = 0;
+      s.page_size = page;
+      s.num_pages = KV / page;
+      s.pages_per_seq = KV / page;
+    }
     return s;
   }
   void kernel(host_device& d, std::size_t page, std::span<const std::int32_t> table) {
@@ -397,14 +427,60 @@ auto min_of = [](const std::vector<double>& v) { return *std::min_element(v.begi
 }  // namespace
 
 BENCHMARK(gemm_bf16)->Name("gemm/tessel/bf16/4096x4096x4096")->Unit(benchmark::kMillisecond)->UseRealTime()->ComputeStatistics("min", min_of);
-BENCHMARK(fwd_tessel)->Name("attention/tessel/fwd/bf16/B1_H16_D128_S4096")->ArgName("causal")->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime()->ComputeStatistics("min", min_of);
-BENCHMARK(bwd_tessel)->Name("attention/tessel/bwd/bf16/B1_H16_D128_S4096")->ArgName("causal")->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime()->ComputeStatistics("min", min_of);
-BENCHMARK(fwd_naive)->Name("attention/naive/fwd/bf16/B1_H1_D128_S4096")->ArgName("causal")->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime()->ComputeStatistics("min", min_of);
+BENCHMARK(fwd_tessel)
+    ->Name("attention/tessel/fwd/bf16/B1_H16_D128_S4096")
+    ->ArgName("causal")
+    ->Arg(0)
+    ->Arg(1)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->ComputeStatistics("min", min_of);
+BENCHMARK(bwd_tessel)
+    ->Name("attention/tessel/bwd/bf16/B1_H16_D128_S4096")
+    ->ArgName("causal")
+    ->Arg(0)
+    ->Arg(1)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->ComputeStatistics("min", min_of);
+BENCHMARK(fwd_naive)
+    ->Name("attention/naive/fwd/bf16/B1_H1_D128_S4096")
+    ->ArgName("causal")
+    ->Arg(0)
+    ->Arg(1)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->ComputeStatistics("min", min_of);
 #if TESSEL_HAVE_ONEDNN
-BENCHMARK(fwd_onednn)->Name("attention/onednn/fwd/bf16/B1_H16_D128_S4096")->ArgName("causal")->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime()->ComputeStatistics("min", min_of);
+BENCHMARK(fwd_onednn)
+    ->Name("attention/onednn/fwd/bf16/B1_H16_D128_S4096")
+    ->ArgName("causal")
+    ->Arg(0)
+    ->Arg(1)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->ComputeStatistics("min", min_of);
 #endif
-BENCHMARK(decode_tessel)->Name("attention/tessel/decode/bf16/HQ32_HKV8_D128_KV32768")->ArgName("page")->Arg(0)->Arg(16)->Unit(benchmark::kMillisecond)->UseManualTime()->ComputeStatistics("min", min_of);
-BENCHMARK(decode_1thread)->Name("attention/tessel/decode_1thread/bf16/HQ32_HKV8_D128_KV32768")->Unit(benchmark::kMillisecond)->UseManualTime()->ComputeStatistics("min", min_of);
-BENCHMARK(fwd_memory)->Name("attention/tessel/fwd_memory/bf16/H1_D128")->ArgName("S")->Arg(8192)->Arg(32768)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
+BENCHMARK(decode_tessel)
+    ->Name("attention/tessel/decode/bf16/HQ32_HKV8_D128_KV32768")
+    ->ArgName("page")
+    ->Arg(0)
+    ->Arg(16)
+    ->Unit(benchmark::kMillisecond)
+    ->UseManualTime()
+    ->ComputeStatistics("min", min_of);
+BENCHMARK(decode_1thread)
+    ->Name("attention/tessel/decode_1thread/bf16/HQ32_HKV8_D128_KV32768")
+    ->Unit(benchmark::kMillisecond)
+    ->UseManualTime()
+    ->ComputeStatistics("min", min_of);
+BENCHMARK(fwd_memory)
+    ->Name("attention/tessel/fwd_memory/bf16/H1_D128")
+    ->ArgName("S")
+    ->Arg(8192)
+    ->Arg(32768)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Iterations(1);
 
 BENCHMARK_MAIN();

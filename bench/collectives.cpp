@@ -59,11 +59,10 @@ int iterations_for(std::size_t bytes) { return bytes >= (std::size_t{64} << 20) 
 void set_counters(benchmark::State& state, std::size_t bytes, int n) {
   state.SetBytesProcessed(static_cast<std::int64_t>(bytes) * state.iterations());
   const double factor = 2.0 * (n - 1) / n;
-  state.counters["busbw"] = benchmark::Counter(static_cast<double>(bytes) * factor, benchmark::Counter::kIsIterationInvariantRate,
-                                               benchmark::Counter::kIs1024);
+  state.counters["busbw"] =
+      benchmark::Counter(static_cast<double>(bytes) * factor, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1024);
   const double bound = tessel_bench::stream_copy_gbs(2) * 1e9 / 4;  // bytes/s
-  state.counters["of_limit"] = benchmark::Counter(static_cast<double>(bytes) * factor / bound,
-                                                  benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["of_limit"] = benchmark::Counter(static_cast<double>(bytes) * factor / bound, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["bound_GBps"] = bound / 1e9;
 }
 
@@ -74,13 +73,13 @@ double paired_copy_seconds(float* const in[2], float* const out[2], std::size_t 
   for (int streaming = 0; streaming < 2; ++streaming)
     for (int pass = 0; pass < 3; ++pass)
       best = std::min(best, tessel_bench::run_threads(2, [&](unsigned t) {
-               if (streaming) {
-                 tessel::arch::copy_streaming(out[t], in[t], bytes);
-                 tessel::arch::store_fence();
-               } else {
-                 std::memcpy(out[t], in[t], bytes);
-               }
-             }));
+                        if (streaming) {
+                          tessel::arch::copy_streaming(out[t], in[t], bytes);
+                          tessel::arch::store_fence();
+                        } else {
+                          std::memcpy(out[t], in[t], bytes);
+                        }
+                      }));
   return best;
 }
 
@@ -118,8 +117,8 @@ void bm_threads(benchmark::State& state, algorithm algo, bool streaming = true) 
   const double busbw = static_cast<double>(bytes) / t_ar;  // n = 2: factor 2(n-1)/n = 1
   const double bound = static_cast<double>(bytes) / t_copy;
   state.SetBytesProcessed(static_cast<std::int64_t>(bytes) * state.iterations());
-  state.counters["busbw"] = benchmark::Counter(static_cast<double>(bytes), benchmark::Counter::kIsIterationInvariantRate,
-                                               benchmark::Counter::kIs1024);
+  state.counters["busbw"] =
+      benchmark::Counter(static_cast<double>(bytes), benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1024);
   // same units as busbw (binary prefixes, as Google Benchmark prints rates with kIs1024)
   state.counters["bound"] = benchmark::Counter(bound, benchmark::Counter::kDefaults, benchmark::Counter::kIs1024);
   state.counters["of_limit"] = busbw / bound;
@@ -163,12 +162,21 @@ int main(int argc, char** argv) {
     for (std::size_t b : sizes) {
       const std::string tail = "/f32/" + std::to_string(b);
       benchmark::RegisterBenchmark(("all_reduce/tessel/threads2" + tail).c_str(), bm_threads, algorithm::automatic, true)
-          ->Arg(static_cast<std::int64_t>(b))->Iterations(iterations_for(b))->UseRealTime()->Unit(benchmark::kMicrosecond);
+          ->Arg(static_cast<std::int64_t>(b))
+          ->Iterations(iterations_for(b))
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
       benchmark::RegisterBenchmark(("all_reduce/tessel/threads2_ring" + tail).c_str(), bm_threads, algorithm::ring, true)
-          ->Arg(static_cast<std::int64_t>(b))->Iterations(iterations_for(b))->UseRealTime()->Unit(benchmark::kMicrosecond);
+          ->Arg(static_cast<std::int64_t>(b))
+          ->Iterations(iterations_for(b))
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
       if (b >= (std::size_t{16} << 20))
         benchmark::RegisterBenchmark(("all_reduce/tessel/threads2_nostream" + tail).c_str(), bm_threads, algorithm::automatic, false)
-            ->Arg(static_cast<std::int64_t>(b))->Iterations(iterations_for(b))->UseRealTime()->Unit(benchmark::kMicrosecond);
+            ->Arg(static_cast<std::int64_t>(b))
+            ->Iterations(iterations_for(b))
+            ->UseRealTime()
+            ->Unit(benchmark::kMicrosecond);
     }
     benchmark::Initialize(&argc, argv);
     benchmark::RunSpecifiedBenchmarks();
@@ -183,9 +191,15 @@ int main(int argc, char** argv) {
   for (std::size_t b : sizes) {
     const std::string tail = "/f32/" + std::to_string(b);
     benchmark::RegisterBenchmark(("all_reduce/mpi/mpi2" + tail).c_str(), bm_mpi_native)
-        ->Arg(static_cast<std::int64_t>(b))->Iterations(iterations_for(b))->UseRealTime()->Unit(benchmark::kMicrosecond);
+        ->Arg(static_cast<std::int64_t>(b))
+        ->Iterations(iterations_for(b))
+        ->UseRealTime()
+        ->Unit(benchmark::kMicrosecond);
     benchmark::RegisterBenchmark(("all_reduce/tessel/mpi2" + tail).c_str(), bm_mpi_tessel)
-        ->Arg(static_cast<std::int64_t>(b))->Iterations(iterations_for(b))->UseRealTime()->Unit(benchmark::kMicrosecond);
+        ->Arg(static_cast<std::int64_t>(b))
+        ->Iterations(iterations_for(b))
+        ->UseRealTime()
+        ->Unit(benchmark::kMicrosecond);
   }
   // only rank 0 reports: the others drop --benchmark_out* (they would truncate rank 0's file)
   std::vector<char*> args;

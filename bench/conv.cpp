@@ -52,7 +52,7 @@ struct conv_case {
 };
 conv_case from(const benchmark::State& st) {
   return {std::size_t(st.range(0)), std::size_t(st.range(1)), std::size_t(st.range(2)), std::size_t(st.range(3)), std::size_t(st.range(4)),
-          std::size_t(st.range(5)), std::size_t(st.range(6)), unsigned(st.range(7)), st.range(8) != 0};
+          std::size_t(st.range(5)), std::size_t(st.range(6)), unsigned(st.range(7)),    st.range(8) != 0};
 }
 conv2d_params params_of(const conv_case& c) {
   conv2d_params p;
@@ -139,8 +139,8 @@ void conv_onednn(benchmark::State& st) {
   const memory::desc dst_md({d(c.n), d(c.k), d(o), d(o)}, memory::data_type::f32, tag);
   const memory::desc w_plain({d(c.k), d(c.c), d(c.kh), d(c.kh)}, DT, memory::format_tag::oihw);
   const memory::desc w_any({d(c.k), d(c.c), d(c.kh), d(c.kh)}, DT, memory::format_tag::any);
-  const convolution_forward::desc desc(prop_kind::forward_inference, algorithm::convolution_direct, src_md, w_any, dst_md,
-                                       {d(c.stride), d(c.stride)}, {d(c.pad), d(c.pad)}, {d(c.pad), d(c.pad)});
+  const convolution_forward::desc desc(prop_kind::forward_inference, algorithm::convolution_direct, src_md, w_any, dst_md, {d(c.stride), d(c.stride)},
+                                       {d(c.pad), d(c.pad)}, {d(c.pad), d(c.pad)});
   const convolution_forward::primitive_desc pd(desc, eng);
   memory src_m(src_md, eng, x.data()), dst_m(dst_md, eng, y.data()), w_user(w_plain, eng, w.data()), w_m(pd.weights_desc(), eng);
   reorder(w_user, w_m).execute(s, w_user, w_m);

@@ -84,8 +84,12 @@ void launch_tiny_paired(benchmark::State& st) {
   const tessel::grid g{workers};
   const tiny_program p{&sink};
   std::vector<std::function<void()>> calls = {
-      [&] { for (int i = 0; i < batch; ++i) d.exec().run(g, p); },
-      [&] { for (int i = 0; i < batch; ++i) d.launch(g, p); },
+      [&] {
+        for (int i = 0; i < batch; ++i) d.exec().run(g, p);
+      },
+      [&] {
+        for (int i = 0; i < batch; ++i) d.launch(g, p);
+      },
       [&] {
         tessel::profiler::start();
         for (int i = 0; i < batch; ++i) d.launch(g, p);
@@ -94,8 +98,8 @@ void launch_tiny_paired(benchmark::State& st) {
   };
   tessel_bench::rotated_totals r;
   for (auto _ : st)
-    r = tessel_bench::run_rotated(calls, std::chrono::microseconds(0), [](std::size_t it, auto&, double wall) { return it < 30 || wall < 1.0; },
-                                  [](std::size_t, double) {});
+    r = tessel_bench::run_rotated(
+        calls, std::chrono::microseconds(0), [](std::size_t it, auto&, double wall) { return it < 30 || wall < 1.0; }, [](std::size_t, double) {});
   st.counters["off_vs_none"] = r.seconds[1] / r.seconds[0];
   st.counters["on_vs_none"] = r.seconds[2] / r.seconds[0];
   st.counters["off_vs_none_fastest"] = r.fastest[1] / r.fastest[0];
@@ -146,8 +150,12 @@ void launch_tiny_inline_paired(benchmark::State& st) {
   const tessel::grid g{1};
   const tiny_program p{&sink};
   std::vector<std::function<void()>> calls = {
-      [&] { for (int i = 0; i < inline_launches; ++i) d.exec().run(g, p); },
-      [&] { for (int i = 0; i < inline_launches; ++i) d.launch(g, p); },
+      [&] {
+        for (int i = 0; i < inline_launches; ++i) d.exec().run(g, p);
+      },
+      [&] {
+        for (int i = 0; i < inline_launches; ++i) d.launch(g, p);
+      },
       [&] {
         tessel::profiler::start();
         for (int i = 0; i < inline_launches; ++i) d.launch(g, p);
@@ -157,8 +165,8 @@ void launch_tiny_inline_paired(benchmark::State& st) {
   tessel_bench::rotated_totals r;
   for (auto _ : st)
     d.exec().run(tessel::grid{1}, [&](tessel::block_ctx&) {
-      r = tessel_bench::run_rotated(calls, std::chrono::microseconds(0), [](std::size_t it, auto&, double wall) { return it < 200 || wall < 1.0; },
-                                    [](std::size_t, double) {});
+      r = tessel_bench::run_rotated(
+          calls, std::chrono::microseconds(0), [](std::size_t it, auto&, double wall) { return it < 200 || wall < 1.0; }, [](std::size_t, double) {});
     });
   const double n = double(r.iterations) * inline_launches;
   st.counters["off_vs_none"] = r.seconds[1] / r.seconds[0];
@@ -203,8 +211,18 @@ void memory_plan_bench(benchmark::State& st, bool training) {
 }
 }  // namespace
 
-BENCHMARK_CAPTURE(memory_plan_bench, short, false)->Name("memory_plan/tessel/short")->ArgName("tensors")->RangeMultiplier(10)->Range(1000, 100000)->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(memory_plan_bench, training, true)->Name("memory_plan/tessel/training")->ArgName("tensors")->RangeMultiplier(10)->Range(1000, 100000)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(memory_plan_bench, short, false)
+    ->Name("memory_plan/tessel/short")
+    ->ArgName("tensors")
+    ->RangeMultiplier(10)
+    ->Range(1000, 100000)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(memory_plan_bench, training, true)
+    ->Name("memory_plan/tessel/training")
+    ->ArgName("tensors")
+    ->RangeMultiplier(10)
+    ->Range(1000, 100000)
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(launch_tiny_inline, none, hooks::none)->Name("launch/tessel/tiny_inline/profiler_hooks:none")->UseRealTime();
 BENCHMARK_CAPTURE(launch_tiny_inline, off, hooks::off)->Name("launch/tessel/tiny_inline/profiler:off")->UseRealTime();
 BENCHMARK_CAPTURE(launch_tiny_inline, on, hooks::on)->Name("launch/tessel/tiny_inline/profiler:on")->UseRealTime();
@@ -212,7 +230,14 @@ BENCHMARK(launch_tiny_inline_paired)->Name("launch/tessel/tiny_inline/profiler_p
 BENCHMARK_CAPTURE(launch_tiny, none, hooks::none)->Name("launch/tessel/tiny/profiler_hooks:none")->ArgName("workers")->Arg(1)->Arg(2)->UseRealTime();
 BENCHMARK_CAPTURE(launch_tiny, off, hooks::off)->Name("launch/tessel/tiny/profiler:off")->ArgName("workers")->Arg(1)->Arg(2)->UseRealTime();
 BENCHMARK_CAPTURE(launch_tiny, on, hooks::on)->Name("launch/tessel/tiny/profiler:on")->ArgName("workers")->Arg(1)->Arg(2)->UseRealTime();
-BENCHMARK(launch_tiny_paired)->Name("launch/tessel/tiny/profiler_paired")->ArgName("workers")->Arg(1)->Arg(2)->Iterations(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(launch_tiny_paired)
+    ->Name("launch/tessel/tiny/profiler_paired")
+    ->ArgName("workers")
+    ->Arg(1)
+    ->Arg(2)
+    ->Iterations(1)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(launch_empty)->Name("launch/tessel/empty")->ArgsProduct({{1, 2}, {1, 2, 64}})->ArgNames({"workers", "blocks"})->UseRealTime();
 BENCHMARK(pool_alloc)->Name("alloc/tessel/64MiB")->UseRealTime();
 

@@ -80,9 +80,7 @@ class rank_rig {
     runner_ = std::thread([this] {
       try {
         threads_world::run(ranks_, [this](threads_transport t) { rank_main(std::move(t)); });
-      } catch (...) {
-        fail(std::current_exception());
-      }
+      } catch (...) { fail(std::current_exception()); }
     });
     try {
       step();  // warm: buffers allocated, pages touched
@@ -146,7 +144,9 @@ class rank_rig {
 template <class T>
 struct tp_replica {
   tp_replica(threads_transport t, int tp, int pp, bool sp, std::size_t micro)
-      : grp(std::move(t), {.tp = tp, .pp = pp}), dev(1), m(dev, tessel_bench::small_llama(), grp.tp(), {.sequence_parallel = sp, .pp = pp > 1 ? &grp.pp() : nullptr}),
+      : grp(std::move(t), {.tp = tp, .pp = pp}),
+        dev(1),
+        m(dev, tessel_bench::small_llama(), grp.tp(), {.sequence_parallel = sp, .pp = pp > 1 ? &grp.pp() : nullptr}),
         pipe((m.init(1), m), {.micro_batches = micro}) {}
   dist::process_groups grp;
   host_device dev;
@@ -189,7 +189,6 @@ BENCHMARK(BM_pp<float>)->Args({2, 4})->Unit(benchmark::kMillisecond)->UseRealTim
 BENCHMARK(BM_one_device<bf16>)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_tp<bf16>)->Args({2, 0})->Args({2, 1})->Unit(benchmark::kMillisecond)->UseRealTime();
 
-
 // Expert parallelism: a Mixtral block (8 SwiGLU experts, top 2, hidden 512, intermediate 1024) in
 // f32, forward and backward on 1024 tokens per core:
 //   BM_moe_one_device   nn::sparse_moe on one thread, every expert;
@@ -211,8 +210,10 @@ struct moe_rank {
       ex.push_back({w1, w3, &reg.add(e + "w2.weight", {moe_d, moe_inter})});
     }
     reg.init_normal(first + 1, 0.05);
-    if constexpr (sizeof...(Extra) == 0) block = Block(&router, std::move(ex), moe_d, moe_inter, moe_top_k);
-    else block = Block(&router, std::move(ex), moe_d, moe_inter, moe_experts, moe_top_k, extra...);
+    if constexpr (sizeof...(Extra) == 0)
+      block = Block(&router, std::move(ex), moe_d, moe_inter, moe_top_k);
+    else
+      block = Block(&router, std::move(ex), moe_d, moe_inter, moe_experts, moe_top_k, extra...);
     nn::normal_rng g(first + 7);
     for (auto* v : {&x, &dy}) {
       v->resize(moe_tokens * moe_d);
@@ -259,7 +260,6 @@ void BM_ep(benchmark::State& st) {
 
 BENCHMARK(BM_moe_one_device)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_ep)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
-
 
 // Checkpoints (issue 20): the small Llama's training state after one AdamW step (f32 masters and
 // both moments: 12 bytes a parameter, ~242 MB) saved to and loaded from a directory under the temp

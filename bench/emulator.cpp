@@ -37,7 +37,8 @@ void alltoall_timing(benchmark::State& state) {
   }
   const double bound = static_cast<double>(n - 1) * static_cast<double>(per) / c.card_bandwidth();
   state.counters["events"] = benchmark::Counter(events, benchmark::Counter::kIsRate);
-  state.counters["bytes"] = benchmark::Counter(static_cast<double>(state.iterations()) * static_cast<double>(n * (n - 1) * per), benchmark::Counter::kIsRate);
+  state.counters["bytes"] =
+      benchmark::Counter(static_cast<double>(state.iterations()) * static_cast<double>(n * (n - 1) * per), benchmark::Counter::kIsRate);
   state.counters["flows"] = static_cast<double>(n * (n - 1));
   state.counters["sim_us"] = sim * 1e6;
   state.counters["of_limit"] = bound / sim;
@@ -78,7 +79,8 @@ void exchange_functional(benchmark::State& state) {
   }
   if (wrong) state.SkipWithError("exchange verification failed");
   state.counters["wrong"] = static_cast<double>(wrong);
-  state.counters["bytes"] = benchmark::Counter(static_cast<double>(state.iterations()) * static_cast<double>(n * (n - 1) * per), benchmark::Counter::kIsRate);
+  state.counters["bytes"] =
+      benchmark::Counter(static_cast<double>(state.iterations()) * static_cast<double>(n * (n - 1) * per), benchmark::Counter::kIsRate);
   state.counters["peak_rss_MiB"] = peak_rss_mib();
   state.counters["sim_us"] = sim * 1e6;
   state.counters["of_limit"] = (static_cast<double>(n - 1) * static_cast<double>(per) / c.card_bandwidth()) / sim;

@@ -96,13 +96,17 @@ void set_flops(benchmark::State& st, double flops, double peak_gflops, const cpu
 // std::vector memory (what most callers pass); the same values either way.
 template <bool Huge>
 auto f32_input(std::size_t n, unsigned seed) {
-  if constexpr (Huge) return random_buffer<float>(n, seed);
-  else return random_vector<float>(n, seed);
+  if constexpr (Huge)
+    return random_buffer<float>(n, seed);
+  else
+    return random_vector<float>(n, seed);
 }
 template <bool Huge>
 auto f32_output(std::size_t n) {
-  if constexpr (Huge) return tessel_bench::huge_buffer<float>(n, 2);
-  else return std::vector<float>(n);
+  if constexpr (Huge)
+    return tessel_bench::huge_buffer<float>(n, 2);
+  else
+    return std::vector<float>(n);
 }
 
 template <bool Huge>
@@ -130,8 +134,7 @@ void gemm_f32_openblas(benchmark::State& st) {
   st.SetLabel(openblas_get_corename());
   const cpu_timer ct;
   for (auto _ : st) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(M), int(N), int(K), 1.0f, A.data(), int(K), B.data(), int(N), 0.0f,
-                C.data(), int(N));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(M), int(N), int(K), 1.0f, A.data(), int(K), B.data(), int(N), 0.0f, C.data(), int(N));
     benchmark::ClobberMemory();
   }
   set_flops(st, 2.0 * M * N * K, tessel_bench::peak_fp32_gflops(th), ct, tessel_bench::peak_fp32_gflops(1));
@@ -149,7 +152,8 @@ void gemm_f32_eigen(benchmark::State& st) {
     c.noalias() = a * b;
     benchmark::ClobberMemory();
   }
-  set_flops(st, 2.0 * M * N * K, tessel_bench::peak_fp32_gflops(1), ct, tessel_bench::peak_fp32_gflops(1));  // Eigen is built without OpenMP: 1 thread
+  set_flops(st, 2.0 * M * N * K, tessel_bench::peak_fp32_gflops(1), ct,
+            tessel_bench::peak_fp32_gflops(1));  // Eigen is built without OpenMP: 1 thread
 }
 
 #if defined(TESSEL_HAVE_ONEDNN)
@@ -399,8 +403,14 @@ struct epilogue_case {
   tessel_bench::huge_buffer<float> bias;
   tessel_bench::huge_buffer<bf16> C;
   explicit epilogue_case(const benchmark::State& st)
-      : M(st.range(0)), N(st.range(1)), K(st.range(2)), th(static_cast<unsigned>(st.range(3))), A(random_buffer<bf16>(M * K, 1)),
-        B(random_buffer<bf16>(K * N, 2)), bias(random_buffer<float>(N, 3)), C(M * N, 2) {}
+      : M(st.range(0)),
+        N(st.range(1)),
+        K(st.range(2)),
+        th(static_cast<unsigned>(st.range(3))),
+        A(random_buffer<bf16>(M * K, 1)),
+        B(random_buffer<bf16>(K * N, 2)),
+        bias(random_buffer<float>(N, 3)),
+        C(M * N, 2) {}
   tensor<const bf16, 2> a() const { return tensor<const bf16, 2>(A.data(), M, K); }
   tensor<const bf16, 2> b() const { return tensor<const bf16, 2>(B.data(), K, N); }
   tensor<bf16, 2> c() { return tensor<bf16, 2>(C.data(), M, N); }
@@ -415,7 +425,8 @@ struct epilogue_case {
 // user program is faster).
 void gemm_user_vs_library(benchmark::State& st) {
   epilogue_case e(st);
-  const auto r = alternate(st, [&] { example::gemm_bias_gelu_launch(dev(e.th), e.a(), e.b(), e.c(), e.bs()); }, [&] { e.fused(); });
+  const auto r = alternate(
+      st, [&] { example::gemm_bias_gelu_launch(dev(e.th), e.a(), e.b(), e.c(), e.bs()); }, [&] { e.fused(); });
   const double flops = e.flops(r.iterations);
   st.counters["user_gflops"] = flops / r.mine / 1e9;
   st.counters["library_gflops"] = flops / r.other / 1e9;
@@ -427,7 +438,8 @@ void gemm_user_vs_library(benchmark::State& st) {
 // issue's bound is 0.03). The separate gemm_bf16_epilogue/tessel runs drift by as much.
 void gemm_fused_vs_plain(benchmark::State& st) {
   epilogue_case e(st);
-  const auto r = alternate(st, [&] { e.fused(); }, [&] { gemm(dev(e.th), e.a(), e.b(), e.c(), 1.0f, 0.0f); });
+  const auto r = alternate(
+      st, [&] { e.fused(); }, [&] { gemm(dev(e.th), e.a(), e.b(), e.c(), 1.0f, 0.0f); });
   const double flops = e.flops(r.iterations);
   st.counters["fused_gflops"] = flops / r.mine / 1e9;
   st.counters["plain_gflops"] = flops / r.other / 1e9;
@@ -454,8 +466,10 @@ void gemm_direct_vs_packed(benchmark::State& st) {
     return [&, threshold] {
       tune.direct_max_macs = tune.direct_max_macs_pair = threshold;
       for (std::size_t r = 0; r < reps; ++r) {
-        if (is_bf16) gemm(dev(1), oa, ob, M, N, K, 1.0f, Ah.data(), lda, Bh.data(), ldb, 0.0f, C.data(), N);
-        else gemm(dev(1), oa, ob, M, N, K, 1.0f, Af.data(), lda, Bf.data(), ldb, 0.0f, C.data(), N);
+        if (is_bf16)
+          gemm(dev(1), oa, ob, M, N, K, 1.0f, Ah.data(), lda, Bh.data(), ldb, 0.0f, C.data(), N);
+        else
+          gemm(dev(1), oa, ob, M, N, K, 1.0f, Af.data(), lda, Bf.data(), ldb, 0.0f, C.data(), N);
       }
       tune = saved;
     };
@@ -546,7 +560,8 @@ void gemm_grouped_bench(benchmark::State& st) {
   st.counters["vs_single"] = r.seconds[1] / r.seconds[0];
   st.counters["vs_loop"] = r.seconds[2] / r.seconds[0];
   st.counters["fastest_vs_single"] = r.fastest[1] / r.fastest[0];
-  st.counters["of_limit"] = flops / r.seconds[0] / 1e9 / (std::is_same_v<T, bf16> ? tessel_bench::peak_bf16_gflops(th) : tessel_bench::peak_fp32_gflops(th));
+  st.counters["of_limit"] =
+      flops / r.seconds[0] / 1e9 / (std::is_same_v<T, bf16> ? tessel_bench::peak_bf16_gflops(th) : tessel_bench::peak_fp32_gflops(th));
 }
 
 // Mixtral-like (8 experts, hidden 1024, FFN 2816) and fine-grained (64 experts of FFN 512) groups,
@@ -566,8 +581,17 @@ void direct_shapes(benchmark::internal::Benchmark* b) {
   for (long bf : {0, 1}) {
     for (long n : {4, 8, 16, 24, 32, 40, 48, 64, 96})
       for (long t : {0, 1, 2, 3}) b->Args({n, n, n, t, bf});
-    for (auto [m, n, k] : std::vector<std::array<long, 3>>{{1, 64, 64}, {1, 256, 128}, {1, 1024, 64}, {4, 512, 32}, {16, 64, 32}, {64, 16, 32},
-                                                            {128, 8, 32}, {2, 16, 1024}, {8, 128, 64}, {32, 256, 8}, {256, 256, 1}})
+    for (auto [m, n, k] : std::vector<std::array<long, 3>>{{1, 64, 64},
+                                                           {1, 256, 128},
+                                                           {1, 1024, 64},
+                                                           {4, 512, 32},
+                                                           {16, 64, 32},
+                                                           {64, 16, 32},
+                                                           {128, 8, 32},
+                                                           {2, 16, 1024},
+                                                           {8, 128, 64},
+                                                           {32, 256, 8},
+                                                           {256, 256, 1}})
       for (long t : {0, 1}) b->Args({m, n, k, t, bf});
   }
   b->ArgNames({"M", "N", "K", "trans", "bf16"})->Unit(benchmark::kMicrosecond)->UseManualTime()->MinTime(0.05);
@@ -612,7 +636,12 @@ BENCHMARK(gemm_f32_openblas<false>)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 #endif
-BENCHMARK(gemm_f32_eigen)->Name("gemm_f32/eigen")->Args({2048, 2048, 2048, 1})->ArgNames({"M", "N", "K", "threads"})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(gemm_f32_eigen)
+    ->Name("gemm_f32/eigen")
+    ->Args({2048, 2048, 2048, 1})
+    ->ArgNames({"M", "N", "K", "threads"})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 BENCHMARK(gemm_bf16_tessel)->Name("gemm_bf16/tessel")->Apply(bf16_shapes);
 #if defined(TESSEL_HAVE_ONEDNN)

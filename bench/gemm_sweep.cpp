@@ -88,10 +88,18 @@ std::vector<shape> sweep_shapes() {
     if (seen.insert(s.key()).second) out.push_back(std::move(s));
   };
   // Named: the reports and the tuned squares' small cousins.
-  for (auto [ta, tb, M, N, K] : std::vector<std::tuple<bool, bool, std::size_t, std::size_t, std::size_t>>{
-           {false, false, 1024, 1024, 1024}, {false, true, 1024, 1024, 1024}, {true, false, 1024, 1024, 1024}, {true, true, 1024, 1024, 1024},
-           {false, false, 3000, 200, 700}, {false, false, 64, 8192, 512}, {false, false, 256, 256, 256}, {false, true, 128, 128, 4096},
-           {true, false, 128, 128, 4096}, {false, false, 64, 64, 64}, {false, false, 512, 512, 512}, {true, false, 512, 512, 8192}}) {
+  for (auto [ta, tb, M, N, K] : std::vector<std::tuple<bool, bool, std::size_t, std::size_t, std::size_t>>{{false, false, 1024, 1024, 1024},
+                                                                                                           {false, true, 1024, 1024, 1024},
+                                                                                                           {true, false, 1024, 1024, 1024},
+                                                                                                           {true, true, 1024, 1024, 1024},
+                                                                                                           {false, false, 3000, 200, 700},
+                                                                                                           {false, false, 64, 8192, 512},
+                                                                                                           {false, false, 256, 256, 256},
+                                                                                                           {false, true, 128, 128, 4096},
+                                                                                                           {true, false, 128, 128, 4096},
+                                                                                                           {false, false, 64, 64, 64},
+                                                                                                           {false, false, 512, 512, 512},
+                                                                                                           {true, false, 512, 512, 8192}}) {
     add({"named", ta, tb, M, N, K, 1, true});
   }
   // Transformer training: a linear (in -> out) over T tokens is Y(T,out) = X(T,in)·W(in,out) (NN),
@@ -124,11 +132,10 @@ std::vector<shape> sweep_shapes() {
   for (std::size_t b : {8, 64, 512}) add({"batch64", false, false, 64, 64, 64, b});
   // ResNet-50 convolutions as im2col GEMMs: (images·Ho·Wo, Cout, Cin·kh·kw), 1 and 8 images.
   const std::vector<std::tuple<std::size_t, std::size_t, std::size_t>> convs{
-      {112 * 112, 64, 3 * 49},    {56 * 56, 64, 64},        {56 * 56, 64, 576},      {56 * 56, 256, 64},    {56 * 56, 64, 256},
-      {28 * 28, 128, 256},        {28 * 28, 128, 1152},     {28 * 28, 512, 128},     {28 * 28, 512, 256},   {28 * 28, 128, 512},
-      {14 * 14, 256, 512},        {14 * 14, 256, 2304},     {14 * 14, 1024, 256},    {14 * 14, 1024, 512},  {14 * 14, 256, 1024},
-      {7 * 7, 512, 1024},         {7 * 7, 512, 4608},       {7 * 7, 2048, 512},      {7 * 7, 2048, 1024},   {7 * 7, 512, 2048},
-      {1, 1000, 2048}};
+      {112 * 112, 64, 3 * 49}, {56 * 56, 64, 64},    {56 * 56, 64, 576},   {56 * 56, 256, 64},  {56 * 56, 64, 256},  {28 * 28, 128, 256},
+      {28 * 28, 128, 1152},    {28 * 28, 512, 128},  {28 * 28, 512, 256},  {28 * 28, 128, 512}, {14 * 14, 256, 512}, {14 * 14, 256, 2304},
+      {14 * 14, 1024, 256},    {14 * 14, 1024, 512}, {14 * 14, 256, 1024}, {7 * 7, 512, 1024},  {7 * 7, 512, 4608},  {7 * 7, 2048, 512},
+      {7 * 7, 2048, 1024},     {7 * 7, 512, 2048},   {1, 1000, 2048}};
   for (std::size_t images : {1, 8})
     for (auto [px, co, k] : convs) add({"resnet50", false, false, images * px, co, k});
   // Seeded random shapes: sizes log-uniform in [1, 4096], random transposes.
@@ -197,8 +204,8 @@ struct onednn_matmul {
 // cblas_sbgemm is declared by OpenBLAS's header but exported only by builds with BUILD_BFLOAT16
 // (Debian 12's 0.3.21 is built without it): looked up at run time, and bf16 runs without
 // OpenBLAS when it is absent.
-using sbgemm_fn = void (*)(CBLAS_ORDER, CBLAS_TRANSPOSE, CBLAS_TRANSPOSE, blasint, blasint, blasint, float, const bfloat16*, blasint,
-                           const bfloat16*, blasint, float, float*, blasint);
+using sbgemm_fn = void (*)(CBLAS_ORDER, CBLAS_TRANSPOSE, CBLAS_TRANSPOSE, blasint, blasint, blasint, float, const bfloat16*, blasint, const bfloat16*,
+                           blasint, float, float*, blasint);
 sbgemm_fn sbgemm() {
   static const auto f = reinterpret_cast<sbgemm_fn>(dlsym(RTLD_DEFAULT, "cblas_sbgemm"));
   return f;
@@ -241,24 +248,26 @@ void sweep_case(benchmark::State& st, shape sh, unsigned th) {
   std::vector<std::function<void()>> calls;
   std::vector<std::string> names;
   calls.emplace_back([&] {
-    if (batch == 1) gemm(dev(th), ta, tb, M, N, K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, C.data(), N);
-    else gemm_strided_batched(dev(th), ta, tb, M, N, K, 1.0f, A.data(), lda, sa, B.data(), ldb, sb, 0.0f, C.data(), N, sc, batch);
+    if (batch == 1)
+      gemm(dev(th), ta, tb, M, N, K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, C.data(), N);
+    else
+      gemm_strided_batched(dev(th), ta, tb, M, N, K, 1.0f, A.data(), lda, sa, B.data(), ldb, sb, 0.0f, C.data(), N, sc, batch);
   });
   names.emplace_back("tessel");
 #if defined(TESSEL_HAVE_OPENBLAS)
   openblas_set_num_threads(static_cast<int>(th));
   if (use_peer("openblas") && (!is_bf16 || sbgemm()))
     calls.emplace_back([&] {
-    const auto ota = sh.ta ? CblasTrans : CblasNoTrans, otb = sh.tb ? CblasTrans : CblasNoTrans;
-    for (std::size_t z = 0; z < batch; ++z) {  // OpenBLAS 0.3.21 has no batched GEMM
-      if constexpr (is_bf16)
-        sbgemm()(CblasRowMajor, ota, otb, int(M), int(N), int(K), 1.0f, reinterpret_cast<const bfloat16*>(A.data() + z * sa), int(lda),
-                     reinterpret_cast<const bfloat16*>(B.data() + z * sb), int(ldb), 0.0f, C.data() + z * sc, int(N));
-      else
-        cblas_sgemm(CblasRowMajor, ota, otb, int(M), int(N), int(K), 1.0f, A.data() + z * sa, int(lda), B.data() + z * sb, int(ldb), 0.0f,
-                    C.data() + z * sc, int(N));
-    }
-  });
+      const auto ota = sh.ta ? CblasTrans : CblasNoTrans, otb = sh.tb ? CblasTrans : CblasNoTrans;
+      for (std::size_t z = 0; z < batch; ++z) {  // OpenBLAS 0.3.21 has no batched GEMM
+        if constexpr (is_bf16)
+          sbgemm()(CblasRowMajor, ota, otb, int(M), int(N), int(K), 1.0f, reinterpret_cast<const bfloat16*>(A.data() + z * sa), int(lda),
+                   reinterpret_cast<const bfloat16*>(B.data() + z * sb), int(ldb), 0.0f, C.data() + z * sc, int(N));
+        else
+          cblas_sgemm(CblasRowMajor, ota, otb, int(M), int(N), int(K), 1.0f, A.data() + z * sa, int(lda), B.data() + z * sb, int(ldb), 0.0f,
+                      C.data() + z * sc, int(N));
+      }
+    });
   if (calls.size() > names.size()) names.emplace_back("openblas");
 #endif
 #if defined(TESSEL_HAVE_ONEDNN)
@@ -350,11 +359,16 @@ int main(int argc, char** argv) {
   std::string tune_path;
   int out = 1;
   for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--quick") == 0) quick = true;
-    else if (std::strncmp(argv[i], "--peers=", 8) == 0) peer_filter() = argv[i] + 8;
-    else if (std::strcmp(argv[i], "--tessel_tune") == 0) tune = true;
-    else if (std::strncmp(argv[i], "--tessel_tune=", 14) == 0) tune = true, tune_path = argv[i] + 14;
-    else argv[out++] = argv[i];
+    if (std::strcmp(argv[i], "--quick") == 0)
+      quick = true;
+    else if (std::strncmp(argv[i], "--peers=", 8) == 0)
+      peer_filter() = argv[i] + 8;
+    else if (std::strcmp(argv[i], "--tessel_tune") == 0)
+      tune = true;
+    else if (std::strncmp(argv[i], "--tessel_tune=", 14) == 0)
+      tune = true, tune_path = argv[i] + 14;
+    else
+      argv[out++] = argv[i];
   }
   argc = out;
   const auto shapes = sweep_shapes();
@@ -365,7 +379,8 @@ int main(int argc, char** argv) {
     std::vector<gemm_tune_problem> problems;
     for (std::size_t i = 0; i < shapes.size(); ++i)
       if (shapes[i].batch == 1 && (!quick || shapes[i].named || i % 4 == 0))
-        problems.push_back({shapes[i].ta ? transpose::yes : transpose::none, shapes[i].tb ? transpose::yes : transpose::none, shapes[i].M, shapes[i].N, shapes[i].K});
+        problems.push_back({shapes[i].ta ? transpose::yes : transpose::none, shapes[i].tb ? transpose::yes : transpose::none, shapes[i].M,
+                            shapes[i].N, shapes[i].K});
     gemm_tune_options opt;
     opt.max_seconds = 1.0;
     std::size_t tuned = 0, changed = 0;
@@ -378,8 +393,8 @@ int main(int argc, char** argv) {
           gain += std::log(r.speedup());
         }
     save_gemm_tune(tune_path);
-    std::printf("tuned %zu problems (%zu packed): %zu plans beat the heuristic, geomean gain x%.3f over all; wrote %s\n", 4 * problems.size(), tuned, changed,
-                std::exp(gain / double(std::max<std::size_t>(tuned, 1))), tune_path.c_str());
+    std::printf("tuned %zu problems (%zu packed): %zu plans beat the heuristic, geomean gain x%.3f over all; wrote %s\n", 4 * problems.size(), tuned,
+                changed, std::exp(gain / double(std::max<std::size_t>(tuned, 1))), tune_path.c_str());
   }
   if (const auto plans = gemm_plans(); !plans.empty())
     plans_note = std::to_string(plans.size()) + " plans" + (tune ? " from --tessel_tune, in " + tune_path : " from " + gemm_tune_path());
@@ -390,14 +405,15 @@ int main(int argc, char** argv) {
         const shape& s = shapes[i];
         if (quick && !s.named && i % 4 != 0) continue;
         const std::string name = std::string("gemm_sweep_") + dt + "/" + s.str() + "/threads:" + std::to_string(th);
-        auto* b = std::strcmp(dt, "f32") == 0 ? benchmark::RegisterBenchmark(name.c_str(), [s, th](benchmark::State& st) { sweep_case<float>(st, s, th); })
-                                              : benchmark::RegisterBenchmark(name.c_str(), [s, th](benchmark::State& st) { sweep_case<bf16>(st, s, th); });
+        auto* b = std::strcmp(dt, "f32") == 0
+                      ? benchmark::RegisterBenchmark(name.c_str(), [s, th](benchmark::State& st) { sweep_case<float>(st, s, th); })
+                      : benchmark::RegisterBenchmark(name.c_str(), [s, th](benchmark::State& st) { sweep_case<bf16>(st, s, th); });
         b->Iterations(1)->UseManualTime()->Unit(benchmark::kMillisecond);
         ++registered;
       }
-  benchmark::AddCustomContext("sweep", std::to_string(shapes.size()) + " shapes" + (quick ? " (--quick subset)" : "") + ", " +
-                                           std::to_string(registered) + " cases; OPENBLAS_CORETYPE=" +
-                                           (std::getenv("OPENBLAS_CORETYPE") ? std::getenv("OPENBLAS_CORETYPE") : "unset"));
+  benchmark::AddCustomContext("sweep",
+                              std::to_string(shapes.size()) + " shapes" + (quick ? " (--quick subset)" : "") + ", " + std::to_string(registered) +
+                                  " cases; OPENBLAS_CORETYPE=" + (std::getenv("OPENBLAS_CORETYPE") ? std::getenv("OPENBLAS_CORETYPE") : "unset"));
   benchmark::AddCustomContext("gemm_plans", plans_note);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

@@ -51,8 +51,8 @@ namespace fs = std::filesystem;
 
 struct model_file {
   fs::path path;
-  std::string name;              // the file's stem: bert_op17
-  double flops_per_sample = 0;   // 0: unknown (no manifest), no flops counters
+  std::string name;             // the file's stem: bert_op17
+  double flops_per_sample = 0;  // 0: unknown (no manifest), no flops counters
 };
 
 // flops_per_sample from <stem>.json beside the model, if it is there and says so.
@@ -86,8 +86,10 @@ graph::host_tensor make_input(const std::string& name, dtype type, const std::ve
     using T = decltype(tag);
     for (std::size_t i = 0; i < n; ++i) {
       T x;
-      if constexpr (std::is_floating_point_v<T>) x = static_cast<T>(u(rng));
-      else x = static_cast<T>(ones ? 1 : rng() % 8);
+      if constexpr (std::is_floating_point_v<T>)
+        x = static_cast<T>(u(rng));
+      else
+        x = static_cast<T>(ones ? 1 : rng() % 8);
       std::memcpy(t.data.data() + i * sizeof(T), &x, sizeof(T));
     }
   };
@@ -200,16 +202,20 @@ std::vector<dtype> parse_dtypes(std::string_view s) {
   while (at <= s.size()) {
     const std::size_t end = std::min(s.find(',', at), s.size());
     const std::string_view item = s.substr(at, end - at);
-    if (item == "f32") r.push_back(dtype::f32);
-    else if (item == "bf16") r.push_back(dtype::bf16);
-    else throw std::invalid_argument("--dtypes: '" + std::string(item) + "' is not f32 or bf16");
+    if (item == "f32")
+      r.push_back(dtype::f32);
+    else if (item == "bf16")
+      r.push_back(dtype::bf16);
+    else
+      throw std::invalid_argument("--dtypes: '" + std::string(item) + "' is not f32 or bf16");
     at = end + 1;
   }
   return r;
 }
 
 std::vector<model_file> find_models(const fs::path& dir) {
-  if (!fs::is_directory(dir)) throw std::invalid_argument("models directory '" + dir.string() + "' does not exist (make it: tools/torch/onnx_models.py DIR --size bench)");
+  if (!fs::is_directory(dir))
+    throw std::invalid_argument("models directory '" + dir.string() + "' does not exist (make it: tools/torch/onnx_models.py DIR --size bench)");
   std::vector<model_file> r;
   for (const auto& e : fs::directory_iterator(dir))
     if (e.is_regular_file() && e.path().extension() == ".onnx") r.push_back({e.path(), e.path().stem().string(), read_flops(e.path())});
@@ -253,8 +259,8 @@ int main(int argc, char** argv) {
     for (long b : bs)
       for (long t : ts)
         for (dtype d : ds) {
-          const std::string name = "graph_models/tessel/" + m.name + "/batch:" + std::to_string(b) + "/threads:" + std::to_string(t) + "/" +
-                                   std::string(dtype_name(d));
+          const std::string name =
+              "graph_models/tessel/" + m.name + "/batch:" + std::to_string(b) + "/threads:" + std::to_string(t) + "/" + std::string(dtype_name(d));
           benchmark::RegisterBenchmark(name.c_str(), [name, m, b, t, d](benchmark::State& st) { run_case(st, name, m, b, unsigned(t), d); })
               ->Unit(benchmark::kMillisecond)
               ->UseRealTime();

@@ -26,11 +26,9 @@ void peak(benchmark::State& state, peak_kind k, double flops_per_iter) {
   }
   double best = 0;
   for (auto _ : state) best = std::max(best, measure_peak(k, threads, iters));
-  state.counters["flops"] = benchmark::Counter(flops_per_iter * double(iters) * threads * double(state.iterations()),
-                                               benchmark::Counter::kIsRate);
+  state.counters["flops"] = benchmark::Counter(flops_per_iter * double(iters) * threads * double(state.iterations()), benchmark::Counter::kIsRate);
   state.counters["best_gflops"] = best;
-  state.counters["of_limit"] = best / std::max(1e-9, k == peak_kind::bf16_dot ? peak_bf16_gflops(threads)
-                                                                                : peak_fp32_gflops(threads));
+  state.counters["of_limit"] = best / std::max(1e-9, k == peak_kind::bf16_dot ? peak_bf16_gflops(threads) : peak_fp32_gflops(threads));
 }
 
 void stream(benchmark::State& state, stream_kind k) {
@@ -46,15 +44,40 @@ void stream(benchmark::State& state, stream_kind k) {
 }  // namespace
 
 BENCHMARK_CAPTURE(peak, fp32_fma_avx512, peak_kind::fp32_fma_avx512, 16 * 16 * 2)
-    ->Name("limits/fp32_fma/avx512")->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
+    ->Name("limits/fp32_fma/avx512")
+    ->ArgName("threads")
+    ->Arg(1)
+    ->Arg(2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(peak, fp32_fma_avx2, peak_kind::fp32_fma_avx2, 16 * 8 * 2)
-    ->Name("limits/fp32_fma/avx2")->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
+    ->Name("limits/fp32_fma/avx2")
+    ->ArgName("threads")
+    ->Arg(1)
+    ->Arg(2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(peak, bf16_dot, peak_kind::bf16_dot, 16 * 64)
-    ->Name("limits/bf16_dot/avx512bf16")->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
+    ->Name("limits/bf16_dot/avx512bf16")
+    ->ArgName("threads")
+    ->Arg(1)
+    ->Arg(2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(stream, copy, stream_kind::copy)
-    ->Name("limits/stream_copy/3x128MiB")->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
+    ->Name("limits/stream_copy/3x128MiB")
+    ->ArgName("threads")
+    ->Arg(1)
+    ->Arg(2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(stream, triad, stream_kind::triad)
-    ->Name("limits/stream_triad/3x128MiB")->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
+    ->Name("limits/stream_triad/3x128MiB")
+    ->ArgName("threads")
+    ->Arg(1)
+    ->Arg(2)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 namespace {
 // Writes the measured limits to `path` in the profiler's format; returns the exit code.
@@ -80,8 +103,8 @@ int write_limits_cache(std::string path) {
     std::fprintf(stderr, "bench_limits: %s\n", e.what());
     return 1;
   }
-  std::printf("limits written to %s: FP32 %.1f/%.1f GFLOP/s, BF16 dot %.1f/%.1f GFLOP/s, STREAM triad %.1f/%.1f GB/s (1/2 threads)\n",
-              path.c_str(), fp32[0], fp32[1], bf16[0], bf16[1], triad[0], triad[1]);
+  std::printf("limits written to %s: FP32 %.1f/%.1f GFLOP/s, BF16 dot %.1f/%.1f GFLOP/s, STREAM triad %.1f/%.1f GB/s (1/2 threads)\n", path.c_str(),
+              fp32[0], fp32[1], bf16[0], bf16[1], triad[0], triad[1]);
   return 0;
 }
 }  // namespace

@@ -44,8 +44,7 @@ struct buffers {
   huge_buffer<float> a, b, c, d, w, bias, mean, rstd;
   huge_buffer<bf16> a16, c16;  // real bf16 data (halves of f32 words would hold NaNs and subnormals)
   huge_buffer<std::int64_t> labels;
-  buffers()
-      : a(N, 2), b(N, 2), c(N, 2), d(N, 2), w(C, 1), bias(C, 1), mean(R, 1), rstd(R, 1), a16(N, 2), c16(N, 2), labels(ce_rows, 1) {
+  buffers() : a(N, 2), b(N, 2), c(N, 2), d(N, 2), w(C, 1), bias(C, 1), mean(R, 1), rstd(R, 1), a16(N, 2), c16(N, 2), labels(ce_rows, 1) {
     std::mt19937 rng(1);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     for (std::size_t i = 0; i < N; i += 1) a[i] = float(i % 977) * 1e-3f - 0.4f;
@@ -113,7 +112,8 @@ void layernorm_fwd_f32(benchmark::State& st) {
 }
 void layernorm_fwd_bf16(benchmark::State& st) {
   auto& b = buffers::get();
-  run(st, 4.0 * N, [&](auto& dev) { tessel::layernorm_forward(dev, cin16(b.a16), cs(b.w, C), cs(b.bias, C), out16(b.c16), ms(b.mean, R), ms(b.rstd, R)); });
+  run(st, 4.0 * N,
+      [&](auto& dev) { tessel::layernorm_forward(dev, cin16(b.a16), cs(b.w, C), cs(b.bias, C), out16(b.c16), ms(b.mean, R), ms(b.rstd, R)); });
 }
 void rmsnorm_bwd_f32(benchmark::State& st) {
   auto& b = buffers::get();
@@ -125,7 +125,8 @@ void layernorm_bwd_f32(benchmark::State& st) {
   std::vector<float> dw(C), db(C);
   tessel::layernorm_forward(device(1), cin(b.a), cs(b.w, C), cs(b.bias, C), out(b.c), ms(b.mean, R), ms(b.rstd, R));
   run(st, 12.0 * N, [&](auto& dev) {
-    tessel::layernorm_backward(dev, cin(b.b), cin(b.a), cs(b.w, C), cs(b.mean, R), cs(b.rstd, R), out(b.d), std::span<float>(dw), std::span<float>(db));
+    tessel::layernorm_backward(dev, cin(b.b), cin(b.a), cs(b.w, C), cs(b.mean, R), cs(b.rstd, R), out(b.d), std::span<float>(dw),
+                               std::span<float>(db));
   });
 }
 void softmax_fwd_f32(benchmark::State& st) {
@@ -152,8 +153,7 @@ void cross_entropy_f32(benchmark::State& st) {
 
 }  // namespace
 
-#define TESSEL_NORM_BENCH(fn, name) \
-  BENCHMARK(fn)->Name(name)->ArgName("threads")->Arg(1)->Arg(2)->UseManualTime()->Unit(benchmark::kMillisecond)
+#define TESSEL_NORM_BENCH(fn, name) BENCHMARK(fn)->Name(name)->ArgName("threads")->Arg(1)->Arg(2)->UseManualTime()->Unit(benchmark::kMillisecond)
 TESSEL_NORM_BENCH(rmsnorm_fwd_f32, "rmsnorm_fwd/tessel/f32/8192x8192");
 TESSEL_NORM_BENCH(rmsnorm_fwd_bf16, "rmsnorm_fwd/tessel/bf16/8192x8192");
 TESSEL_NORM_BENCH(rmsnorm_bwd_f32, "rmsnorm_bwd/tessel/f32/8192x8192");
@@ -163,6 +163,11 @@ TESSEL_NORM_BENCH(layernorm_bwd_f32, "layernorm_bwd/tessel/f32/8192x8192");
 TESSEL_NORM_BENCH(softmax_fwd_f32, "softmax_fwd/tessel/f32/8192x8192");
 TESSEL_NORM_BENCH(softmax_bwd_f32, "softmax_bwd/tessel/f32/8192x8192");
 TESSEL_NORM_BENCH(swiglu_fwd_f32, "swiglu_fwd/tessel/f32/64M");
-BENCHMARK(cross_entropy_f32)->Name("cross_entropy/tessel/f32/256x131072")->ArgsProduct({{1, 2}, {0, 1}})->ArgNames({"threads", "in_place"})->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(cross_entropy_f32)
+    ->Name("cross_entropy/tessel/f32/256x131072")
+    ->ArgsProduct({{1, 2}, {0, 1}})
+    ->ArgNames({"threads", "in_place"})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 
 BENCHMARK_MAIN();

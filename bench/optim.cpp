@@ -227,11 +227,38 @@ void adamw_eigen_bf16_master(benchmark::State& state) {
 
 }  // namespace
 
-BENCHMARK(adamw_tessel_bf16_master)->Name("adamw/tessel/bf16_master/64M")->ArgsProduct({{1, 2}, {0}})->ArgNames({"threads", "mode"})->UseManualTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(adamw_tessel_bf16_master)->Name("adamw/tessel/bf16_master_clip/64M")->ArgsProduct({{1, 2}, {1}})->ArgNames({"threads", "mode"})->UseManualTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(adamw_tessel_bf16_master)->Name("adamw/tessel/bf16_master_sr/64M")->ArgsProduct({{1, 2}, {2}})->ArgNames({"threads", "mode"})->UseManualTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(adamw_tessel_bf16_remainder)->Name("adamw/tessel/bf16_remainder/64M")->ArgName("threads")->Arg(1)->Arg(2)->UseManualTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(adamw_eigen_bf16_master)->Name("adamw/eigen/bf16_master/64M")->ArgName("threads")->Arg(1)->Arg(2)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(adamw_tessel_bf16_master)
+    ->Name("adamw/tessel/bf16_master/64M")
+    ->ArgsProduct({{1, 2}, {0}})
+    ->ArgNames({"threads", "mode"})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(adamw_tessel_bf16_master)
+    ->Name("adamw/tessel/bf16_master_clip/64M")
+    ->ArgsProduct({{1, 2}, {1}})
+    ->ArgNames({"threads", "mode"})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(adamw_tessel_bf16_master)
+    ->Name("adamw/tessel/bf16_master_sr/64M")
+    ->ArgsProduct({{1, 2}, {2}})
+    ->ArgNames({"threads", "mode"})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(adamw_tessel_bf16_remainder)
+    ->Name("adamw/tessel/bf16_remainder/64M")
+    ->ArgName("threads")
+    ->Arg(1)
+    ->Arg(2)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(adamw_eigen_bf16_master)
+    ->Name("adamw/eigen/bf16_master/64M")
+    ->ArgName("threads")
+    ->Arg(1)
+    ->Arg(2)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(adamw_tessel_f32)->Name("adamw/tessel/f32/64M")->ArgName("threads")->Arg(1)->Arg(2)->UseManualTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(lion_tessel_f32)->Name("lion/tessel/f32/64M")->ArgName("threads")->Arg(1)->Arg(2)->UseManualTime()->Unit(benchmark::kMillisecond);
 

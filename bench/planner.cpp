@@ -57,7 +57,16 @@ void BM_timing_step(benchmark::State& st) {
   st.counters["simulated_ms"] = simulated * 1e3;
   st.counters["planned_ms"] = dist::plan_evaluate(r, l).step_time * 1e3;
 }
-BENCHMARK(BM_timing_step)->Args({16, 1})->Args({64, 1})->Args({128, 1})->Args({16, 4})->Args({64, 4})->Args({128, 4})->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
+BENCHMARK(BM_timing_step)
+    ->Args({16, 1})
+    ->Args({64, 1})
+    ->Args({128, 1})
+    ->Args({16, 4})
+    ->Args({64, 4})
+    ->Args({128, 4})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Iterations(1);
 
 }  // namespace
 

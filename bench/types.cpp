@@ -21,14 +21,12 @@ struct buffers {
   huge_buffer<float> f32, f32_out, scales;
   huge_buffer<tessel::bf16> bf16;
   huge_buffer<tessel::e4m3> e4m3;
-  buffers()
-      : f32(n_floats, 2), f32_out(n_floats, 2), scales(n_floats / block, 2), bf16(n_floats, 2), e4m3(n_floats, 2) {
+  buffers() : f32(n_floats, 2), f32_out(n_floats, 2), scales(n_floats / block, 2), bf16(n_floats, 2), e4m3(n_floats, 2) {
     std::mt19937 g(1);
     std::normal_distribution<float> nd(0.0f, 50.0f);
     for (std::size_t i = 0; i < n_floats; ++i) f32[i] = nd(g);
     tessel::convert(std::span<const float>(f32.data(), n_floats), std::span<tessel::bf16>(bf16.data(), n_floats));
-    tessel::convert(std::span<const float>(f32.data(), n_floats), std::span<tessel::e4m3>(e4m3.data(), n_floats),
-                    tessel::overflow::saturate);
+    tessel::convert(std::span<const float>(f32.data(), n_floats), std::span<tessel::e4m3>(e4m3.data(), n_floats), tessel::overflow::saturate);
   }
   static buffers& get() {
     static buffers b;
@@ -74,8 +72,7 @@ void eigen_f32_bf16(benchmark::State& st) {
   auto& b = buffers::get();
   run(st, 4 + 2, [&](std::size_t lo, std::size_t hi) {
     Eigen::Map<const Eigen::ArrayXf> src(b.f32.data() + lo, Eigen::Index(hi - lo));
-    Eigen::Map<Eigen::Array<Eigen::bfloat16, Eigen::Dynamic, 1>> dst(reinterpret_cast<Eigen::bfloat16*>(b.bf16.data()) + lo,
-                                                                     Eigen::Index(hi - lo));
+    Eigen::Map<Eigen::Array<Eigen::bfloat16, Eigen::Dynamic, 1>> dst(reinterpret_cast<Eigen::bfloat16*>(b.bf16.data()) + lo, Eigen::Index(hi - lo));
     dst = src.cast<Eigen::bfloat16>();
   });
 }
@@ -86,17 +83,15 @@ void tessel_bf16_f32(benchmark::State& st) {
 void eigen_bf16_f32(benchmark::State& st) {
   auto& b = buffers::get();
   run(st, 2 + 4, [&](std::size_t lo, std::size_t hi) {
-    Eigen::Map<const Eigen::Array<Eigen::bfloat16, Eigen::Dynamic, 1>> src(
-        reinterpret_cast<const Eigen::bfloat16*>(b.bf16.data()) + lo, Eigen::Index(hi - lo));
+    Eigen::Map<const Eigen::Array<Eigen::bfloat16, Eigen::Dynamic, 1>> src(reinterpret_cast<const Eigen::bfloat16*>(b.bf16.data()) + lo,
+                                                                           Eigen::Index(hi - lo));
     Eigen::Map<Eigen::ArrayXf> dst(b.f32_out.data() + lo, Eigen::Index(hi - lo));
     dst = src.cast<float>();
   });
 }
 void tessel_f32_e4m3_sat(benchmark::State& st) {
   auto& b = buffers::get();
-  run(st, 4 + 1, [&](std::size_t lo, std::size_t hi) {
-    tessel::convert(csub(b.f32, lo, hi), sub(b.e4m3, lo, hi), tessel::overflow::saturate);
-  });
+  run(st, 4 + 1, [&](std::size_t lo, std::size_t hi) { tessel::convert(csub(b.f32, lo, hi), sub(b.e4m3, lo, hi), tessel::overflow::saturate); });
 }
 void tessel_e4m3_f32(benchmark::State& st) {
   auto& b = buffers::get();
@@ -139,8 +134,7 @@ BENCHMARK_TEMPLATE(in_cache, true, true)->Name("convert/eigen/f32_bf16/256KiB/th
 BENCHMARK_TEMPLATE(in_cache, false, false)->Name("convert/tessel/bf16_f32/256KiB/threads:1");
 BENCHMARK_TEMPLATE(in_cache, true, false)->Name("convert/eigen/bf16_f32/256KiB/threads:1");
 
-#define TESSEL_TYPES_BENCH(fn, name) \
-  BENCHMARK(fn)->Name(name)->ArgName("threads")->Arg(1)->Arg(2)->UseManualTime()->Unit(benchmark::kMillisecond)
+#define TESSEL_TYPES_BENCH(fn, name) BENCHMARK(fn)->Name(name)->ArgName("threads")->Arg(1)->Arg(2)->UseManualTime()->Unit(benchmark::kMillisecond)
 TESSEL_TYPES_BENCH(tessel_f32_bf16, "convert/tessel/f32_bf16/64MiB");
 TESSEL_TYPES_BENCH(eigen_f32_bf16, "convert/eigen/f32_bf16/64MiB");
 TESSEL_TYPES_BENCH(tessel_bf16_f32, "convert/tessel/bf16_f32/64MiB");

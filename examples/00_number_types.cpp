@@ -19,8 +19,7 @@ int main() {
   std::printf("%-6s 0x%02x       %-6g %g\n", "e5m2", e5m2(x).bits(), double(e5m2(x)), double(std::numeric_limits<e5m2>::max()));
 
   // 2. Overflow: value semantics give NaN (E4M3 has no Inf) or Inf; the bulk API can saturate.
-  std::printf("\ne4m3(500.f) is NaN: %s, e5m2(1e5f) is Inf: %s\n", isnan(e4m3(500.0f)) ? "yes" : "no",
-              isinf(e5m2(1e5f)) ? "yes" : "no");
+  std::printf("\ne4m3(500.f) is NaN: %s, e5m2(1e5f) is Inf: %s\n", isnan(e4m3(500.0f)) ? "yes" : "no", isinf(e5m2(1e5f)) ? "yes" : "no");
   const std::vector<float> big = {500.0f, -1e9f, 1.0f};
   std::vector<e4m3> sat(big.size());
   convert(std::span<const float>(big), std::span<e4m3>(sat), overflow::saturate);
@@ -28,8 +27,7 @@ int main() {
 
   // 3. Arithmetic goes through float and rounds once; comparisons follow IEEE (-0 == +0, NaN unordered).
   const bf16 a(1.0f), b(0.00390625f);  // b = 2^-8: exactly half an ulp of 1 in bf16
-  std::printf("\nbf16: 1 + 2^-8 = %g (tie -> even), -0 == +0: %s\n", double(a + b),
-              bf16(-0.0f) == bf16(0.0f) ? "true" : "false");
+  std::printf("\nbf16: 1 + 2^-8 = %g (tie -> even), -0 == +0: %s\n", double(a + b), bf16(-0.0f) == bf16(0.0f) ? "true" : "false");
 
   // 4. Block-scaled FP8: one scale per 128 values maps each block's largest |x| to 448.
   std::vector<float> acts(256);
@@ -38,13 +36,12 @@ int main() {
   const std::vector<float> scales = quantize_blocks(std::span<const float>(acts), std::span<e4m3>(q));
   std::vector<float> back(acts.size());
   dequantize_blocks(std::span<const e4m3>(q), std::span<const float>(scales), std::span<float>(back));
-  std::printf("\nblock scales: %g %g; x[5] = %g -> %g, x[131] = %g -> %g\n", double(scales[0]), double(scales[1]),
-              double(acts[5]), double(back[5]), double(acts[131]), double(back[131]));
+  std::printf("\nblock scales: %g %g; x[5] = %g -> %g, x[131] = %g -> %g\n", double(scales[0]), double(scales[1]), double(acts[5]), double(back[5]),
+              double(acts[131]), double(back[131]));
 
   // 5. Runtime dtypes: names, sizes and dispatch for code that handles any element type.
   for (dtype d : {dtype::f32, dtype::bf16, dtype::e4m3, dtype::i4x2})
-    std::printf("%s%.*s:%zu", d == dtype::f32 ? "\ndtypes " : " ", int(dtype_name(d).size()), dtype_name(d).data(),
-                dtype_size(d));
+    std::printf("%s%.*s:%zu", d == dtype::f32 ? "\ndtypes " : " ", int(dtype_name(d).size()), dtype_name(d).data(), dtype_size(d));
   std::printf(" (bytes)\n");
   return 0;
 }

@@ -14,11 +14,11 @@ struct scale_relu {
   tensor<const float, 2> X;
   tensor<float, 2> Y;
   void operator()(block_ctx& ctx) const {
-    auto [i, j] = ctx.block_index();                // which (R,C) tile
-    fragment<float, R, C> t;                         // (R,C)
+    auto [i, j] = ctx.block_index();  // which (R,C) tile
+    fragment<float, R, C> t;          // (R,C)
     load(X.tile<R, C>(i, j), t);
     map(t, [](float x) { return 2.0f * x; });
-    store(t, Y.tile<R, C>(i, j), epilogue::relu);    // clipped to Y's edge
+    store(t, Y.tile<R, C>(i, j), epilogue::relu);  // clipped to Y's edge
   }
 };
 

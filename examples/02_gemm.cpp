@@ -27,7 +27,5 @@ int main() {
   std::printf("bf16: C[0] = %g (expect silu(%g)), %.1f GFLOP/s\n", float(c[0]), 100.0 - 0.125 * K, 2.0 * M * N * K / s / 1e9);
   try {
     gemm(dev, transpose::none, transpose::none, M, N, K, 1.0f, A.data(), K - 1, B.data(), N, 0.0f, C.data(), N);
-  } catch (const gemm_error& e) {
-    std::printf("typed error: %s\n", e.what());
-  }
+  } catch (const gemm_error& e) { std::printf("typed error: %s\n", e.what()); }
 }

@@ -30,15 +30,13 @@ int main() {
     a.deallocate(x);
   }
   const auto m = a.memory();
-  std::printf("8 x 64 MiB allocations: %zu MiB requested, %zu MiB peak reserved, %zu pool hits\n", m.requested_total >> 20,
-              m.peak_reserved >> 20, m.pool_hits);
+  std::printf("8 x 64 MiB allocations: %zu MiB requested, %zu MiB peak reserved, %zu pool hits\n", m.requested_total >> 20, m.peak_reserved >> 20,
+              m.pool_hits);
   try {
     b.launch(grid{4}, [](block_ctx& ctx) {
       if (ctx.block_linear() == 2) throw std::runtime_error("block 2 says no");
     });
-  } catch (const std::exception& e) {
-    std::printf("exception from a block: %s\n", e.what());
-  }
+  } catch (const std::exception& e) { std::printf("exception from a block: %s\n", e.what()); }
   const int reps = 20000;
   auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < reps; ++i) b.launch(grid{2}, [](block_ctx&) {});

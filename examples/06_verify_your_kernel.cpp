@@ -48,7 +48,7 @@ int main() {
           return c;
         };
         verify::tolerance tol;
-        tol.mag = 1.13 * verify::gamma(k + 1, verify::unit_roundoff<float>());      // gelu' <= 1.13 carries the sum's error
+        tol.mag = 1.13 * verify::gamma(k + 1, verify::unit_roundoff<float>());          // gelu' <= 1.13 carries the sum's error
         tol.rel = verify::unit_roundoff<bf16>() + 64 * verify::unit_roundoff<float>();  // one bf16 rounding, the tanh
         tol.abs = 64 * verify::unit_roundoff<float>();
         const std::string shape = std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k);
@@ -60,10 +60,17 @@ int main() {
           emu::card_spec spec;
           spec.memory_bytes = std::size_t{1} << 30;
           emu::card card(0, spec, ex, false, nullptr);
-          const auto same = verify::same_bits<bf16>("gemm_bias_gelu " + shape,
-                                                    {{"1 thread", [&] { host_device d(1); return run(d); }},
-                                                     {"2 threads", [&] { host_device d(2); return run(d); }},
-                                                     {"emulated card", [&] { return run(card); }}});
+          const auto same = verify::same_bits<bf16>("gemm_bias_gelu " + shape, {{"1 thread",
+                                                                                 [&] {
+                                                                                   host_device d(1);
+                                                                                   return run(d);
+                                                                                 }},
+                                                                                {"2 threads",
+                                                                                 [&] {
+                                                                                   host_device d(2);
+                                                                                   return run(d);
+                                                                                 }},
+                                                                                {"emulated card", [&] { return run(card); }}});
           for (const auto& r : same.reports) checks.add(r);
         }
       }

@@ -54,8 +54,14 @@ int main() {
 
   // 4. Decode: one new token per sequence against a paged KV cache (pages of 16 tokens).
   attention_decode_shape ds;
-  ds.batch = 2; ds.seq_q = 1; ds.heads_q = 8; ds.heads_kv = 2; ds.head_dim = 128;
-  ds.page_size = 16; ds.num_pages = 64; ds.pages_per_seq = 32;
+  ds.batch = 2;
+  ds.seq_q = 1;
+  ds.heads_q = 8;
+  ds.heads_kv = 2;
+  ds.head_dim = 128;
+  ds.page_size = 16;
+  ds.num_pages = 64;
+  ds.pages_per_seq = 32;
   auto kc = randn(ds.num_pages * ds.page_size * ds.heads_kv * ds.head_dim), vc = randn(kc.size());
   std::vector<std::int32_t> table(ds.batch * ds.pages_per_seq);
   for (std::size_t i = 0; i < table.size(); ++i) table[i] = std::int32_t((i * 7) % ds.num_pages);  // any page order
@@ -70,8 +76,6 @@ int main() {
     attention_shape bad = s;
     bad.heads_kv = 3;
     attention_forward<host_device, bf16, bf16>(dev, bad, q, k, v, o);
-  } catch (const attention_error& e) {
-    std::printf("error: %s\n", e.what());
-  }
+  } catch (const attention_error& e) { std::printf("error: %s\n", e.what()); }
   return 0;
 }

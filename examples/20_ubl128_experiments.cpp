@@ -44,8 +44,8 @@ void incast_experiment(bool shaping) {
   for (std::size_t p = 0; p < c.fabric.planes; ++p) q = std::max(q, f.stats_of(f.down(0, p)).max_queue_bytes);
   const double p50 = fabric::percentile(lat, 50), p99 = fabric::percentile(lat, 99);
   std::printf("  shaping %-3s  p50 %7.2f us  p99 %7.2f us  p99-p50 %7.2f us  max %7.2f us  peak queue %5.1f KiB  drops %llu\n",
-              shaping ? "on" : "off", p50 * 1e6, p99 * 1e6, (p99 - p50) * 1e6, fabric::percentile(lat, 100) * 1e6,
-              static_cast<double>(q) / 1024.0, static_cast<unsigned long long>(f.drops()));
+              shaping ? "on" : "off", p50 * 1e6, p99 * 1e6, (p99 - p50) * 1e6, fabric::percentile(lat, 100) * 1e6, static_cast<double>(q) / 1024.0,
+              static_cast<unsigned long long>(f.drops()));
 }
 
 // 128 cards; plane 5 is down and 24 random links have failed (seeded). Every card sends 1 MiB to
@@ -73,7 +73,10 @@ void failed_links_experiment(routing_policy policy, bool failures) {
   std::vector<double> lat;
   std::size_t failed = 0, transit = 0;
   for (auto id : ids) {
-    if (f.state(id) != msg_state::done) { ++failed; continue; }
+    if (f.state(id) != msg_state::done) {
+      ++failed;
+      continue;
+    }
     lat.push_back(f.latency(id));
     transit += f.via(id) >= 0;
   }
@@ -81,8 +84,8 @@ void failed_links_experiment(routing_policy policy, bool failures) {
   for (double l : lat) mean += l;
   mean /= static_cast<double>(lat.size());
   std::printf("  %-8s %-12s mean %7.2f us  p50 %7.2f us  p99 %7.2f us  last done %7.2f us  2-hop %zu  failed %zu\n",
-              policy == routing_policy::adaptive ? "adaptive" : "static", failures ? "with faults" : "healthy", mean * 1e6, fabric::percentile(lat, 50) * 1e6,
-              fabric::percentile(lat, 99) * 1e6, (f.makespan() - t0) * 1e6, transit, failed);
+              policy == routing_policy::adaptive ? "adaptive" : "static", failures ? "with faults" : "healthy", mean * 1e6,
+              fabric::percentile(lat, 50) * 1e6, fabric::percentile(lat, 99) * 1e6, (f.makespan() - t0) * 1e6, transit, failed);
 }
 
 void alltoall_experiment() {
@@ -94,8 +97,8 @@ void alltoall_experiment() {
     for (std::size_t s = 0; s < 128; ++s) f.post(s, (s + i) % 128, per, 0);
   f.run();
   const double bound = 127.0 * static_cast<double>(per) / c.card_bandwidth();
-  std::printf("  simulated %8.2f us   port-bandwidth bound %8.2f us   ratio %.4f   (%llu events)\n", f.makespan() * 1e6,
-              bound * 1e6, f.makespan() / bound, static_cast<unsigned long long>(f.events_processed()));
+  std::printf("  simulated %8.2f us   port-bandwidth bound %8.2f us   ratio %.4f   (%llu events)\n", f.makespan() * 1e6, bound * 1e6,
+              f.makespan() / bound, static_cast<unsigned long long>(f.events_processed()));
 }
 
 // A tile program: scales a buffer in place; declares its roofline cost.
@@ -132,7 +135,7 @@ void traced_run(const std::string& path) {
       cs.push_back(cl.put(s, reinterpret_cast<char*>(x[s]) + d * per, d, reinterpret_cast<char*>(y[d]) + s * per, per));
       dst.push_back(d);
     }
-  cl.wait_all(cs);  // senders learn their puts are done
+  cl.wait_all(cs);                                                     // senders learn their puts are done
   for (std::size_t k = 0; k < cs.size(); ++k) cl.wait(cs[k], dst[k]);  // receivers learn their data arrived
   for (std::size_t r = 0; r < 16; ++r) cl[r].launch(grid{ceil_div(n, 4096)}, scale_prog{y[r], n, 0.5f});
   // check one value: card 3 got card 9's block, scaled by 2 then 0.5

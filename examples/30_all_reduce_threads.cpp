@@ -40,7 +40,7 @@ int main() {
 
     std::lock_guard lk(print);
     std::printf("rank %d: sum[1] = %g, all algorithms bitwise equal: %s, bf16 avg[1] = %g, ranks seen %d%d%d%d (%g)\n", r,
-                static_cast<double>(sum[1]), same ? "yes" : "NO", static_cast<double>(static_cast<float>(avg16[1])), ids[0], ids[1],
-                ids[2], ids[3], busy > 0 ? 1.0 : 0.0);
+                static_cast<double>(sum[1]), same ? "yes" : "NO", static_cast<double>(static_cast<float>(avg16[1])), ids[0], ids[1], ids[2], ids[3],
+                busy > 0 ? 1.0 : 0.0);
   });
 }

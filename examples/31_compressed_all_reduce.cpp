@@ -37,8 +37,9 @@ int main() {
       d_ef = std::max(d_ef, std::fabs(run_q4ef[i] - run_exact[i]));
     }
     if (comm.rank() == 0)
-      std::printf("bytes on the wire per element (both phases, per rank): f32 %.2f, e4m3 %.2f, int4 %.2f\n"
-                  "running-sum drift after 50 steps: int4 %.3f, int4 + error feedback %.3f\n",
-                  8.0 * 3 / 4, st8.wire_bytes_per_element, st4.wire_bytes_per_element, d_plain, d_ef);
+      std::printf(
+          "bytes on the wire per element (both phases, per rank): f32 %.2f, e4m3 %.2f, int4 %.2f\n"
+          "running-sum drift after 50 steps: int4 %.3f, int4 + error feedback %.3f\n",
+          8.0 * 3 / 4, st8.wire_bytes_per_element, st4.wire_bytes_per_element, d_plain, d_ef);
   });
 }

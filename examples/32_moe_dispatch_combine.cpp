@@ -33,6 +33,7 @@ int main() {
     std::lock_guard lk(print);
     std::printf("rank %d: received %zu rows (per local expert:", r, d.handle.rows());
     for (auto c : d.tokens_per_expert()) std::printf(" %zu", c);
-    std::printf("), token 0 channel 1: in %g -> out %g\n", static_cast<double>(static_cast<float>(x[1])), static_cast<double>(static_cast<float>(out[1])));
+    std::printf("), token 0 channel 1: in %g -> out %g\n", static_cast<double>(static_cast<float>(x[1])),
+                static_cast<double>(static_cast<float>(out[1])));
   });
 }

@@ -58,8 +58,7 @@ int main(int argc, char** argv) {
       });
       const double secs = *std::max_element(end.begin(), end.end()) - *std::max_element(start.begin(), start.end());
       busbw.push_back(static_cast<double>(bytes) / secs * factor / 1e9);
-      std::printf("%12zu %10s %12.2f %12.1f %14.1f\n", bytes, std::string(algorithm_name(algo)).c_str(), secs * 1e6, busbw.back(),
-                  closed[i]);
+      std::printf("%12zu %10s %12.2f %12.1f %14.1f\n", bytes, std::string(algorithm_name(algo)).c_str(), secs * 1e6, busbw.back(), closed[i]);
     }
     plot.add(std::string(algorithm_name(algo)), sizes, busbw);
     if (algo == algorithm::direct)

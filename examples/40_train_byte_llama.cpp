@@ -114,7 +114,7 @@ int main(int argc, char** argv) {
   fill(0, split);
   const double a = train_step(model, steps + 1), b = train_step(resumed, at + 1);
   const bool same = a == b;
-  std::printf("checkpoint %s (step %llu) reloaded: next step loss %.6f vs %.6f: %s\n", ckpt.string().c_str(), static_cast<unsigned long long>(at), a, b,
-              same ? "identical" : "DIFFERENT");
+  std::printf("checkpoint %s (step %llu) reloaded: next step loss %.6f vs %.6f: %s\n", ckpt.string().c_str(), static_cast<unsigned long long>(at), a,
+              b, same ? "identical" : "DIFFERENT");
   return same ? 0 : 1;
 }

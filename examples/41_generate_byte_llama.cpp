@@ -64,8 +64,7 @@ void train_briefly(model_t& m, std::uint64_t steps) {
     m.params().zero_grad();
     const double loss = m.forward_backward(ids, targets, batch, seq);
     m.adamw(opt, step);
-    if (step == 1 || step % 10 == 0 || step == steps)
-      std::printf("  train step %3llu  loss %.3f\n", static_cast<unsigned long long>(step), loss);
+    if (step == 1 || step % 10 == 0 || step == steps) std::printf("  train step %3llu  loss %.3f\n", static_cast<unsigned long long>(step), loss);
   }
 }
 
@@ -127,8 +126,9 @@ int main(int argc, char** argv) {
   for (std::size_t r = 0; r < out.size(); ++r) std::printf("---- [%zu] %s|%s\n", r, texts[r].c_str(), printable(out[r], prompts[r].size()).c_str());
   std::printf("----\nprefill: %zu tokens in %.2f ms (%.0f tokens/s)\n", st.prefill_tokens, st.prefill_seconds * 1e3,
               double(st.prefill_tokens) / st.prefill_seconds);
-  std::printf("decode:  %zu tokens in %zu steps, %.2f ms (%.0f tokens/s, %.2f ms per step)\n", st.decode_tokens, st.decode_steps, st.decode_seconds * 1e3,
-              double(st.decode_tokens) / st.decode_seconds, st.decode_seconds * 1e3 / double(std::max<std::size_t>(st.decode_steps, 1)));
+  std::printf("decode:  %zu tokens in %zu steps, %.2f ms (%.0f tokens/s, %.2f ms per step)\n", st.decode_tokens, st.decode_steps,
+              st.decode_seconds * 1e3, double(st.decode_tokens) / st.decode_seconds,
+              st.decode_seconds * 1e3 / double(std::max<std::size_t>(st.decode_steps, 1)));
 
   // The plain loop on the longest prompt, for comparison: the whole context for every token.
   const auto t0 = std::chrono::steady_clock::now();

@@ -25,9 +25,7 @@ void show(const char* name, const dist::plan_request& r, dist::plan_layout l) {
     const auto e = dist::plan_evaluate(r, l);
     std::printf("  %-34s %-58s %9.0f ms  MFU %5.1f%%  comm %5.1f%%  bubble %5.1f%%  %5.1f GiB/card\n", name, l.to_string().c_str(), e.step_time * 1e3,
                 100 * e.mfu, 100 * e.comm_share, 100 * e.bubble_share, e.memory.total() / double(1ull << 30));
-  } catch (const std::exception& ex) {
-    std::printf("  %-34s does not run: %s\n", name, ex.what());
-  }
+  } catch (const std::exception& ex) { std::printf("  %-34s does not run: %s\n", name, ex.what()); }
 }
 
 // The best plan among those with the given degrees (any micro-batching, ZeRO, recompute, ...).
@@ -69,8 +67,10 @@ int main(int argc, char** argv) {
     auto built = r;
     built.constraints.built_only = true;
     const auto b = dist::plan_search(built, 1);
-    if (!b.plans.empty()) show("best that dist/ runs today", r, b.plans[0].layout);
-    else std::printf("  nothing that dist/ runs today fits\n");
+    if (!b.plans.empty())
+      show("best that dist/ runs today", r, b.plans[0].layout);
+    else
+      std::printf("  nothing that dist/ runs today fits\n");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "50_plan_3d_parallelism: %s\n", e.what());
     return 1;

@@ -67,7 +67,7 @@ dataset make_task() {
 }
 
 struct replica_result {
-  std::vector<float> w1, w2;  // final master weights, to compare across cards
+  std::vector<float> w1, w2;   // final master weights, to compare across cards
   std::vector<double> losses;  // global mean loss per step (rank 0 prints it)
   double compute_s = 0, comm_s = 0;
 };
@@ -111,8 +111,7 @@ replica_result train_on_card(emu::card& card, communicator& comm, const dataset&
     gemm(card, view(xb, B, D), view(w1b, D, H), tensor<float, 2>(pre.data(), B, H));
     gelu_forward(card, pre.cspan(), hb.span());
     gemm(card, view(hb, B, H), view(w2b, H, C), tensor<float, 2>(logits.data(), B, C));
-    const double loss =
-        cross_entropy(card, tensor<const float, 2>(logits.data(), B, C), labels, tensor<bf16, 2>(dlog.data(), B, C)).loss;
+    const double loss = cross_entropy(card, tensor<const float, 2>(logits.data(), B, C), labels, tensor<bf16, 2>(dlog.data(), B, C)).loss;
     // backward: dW2 = h^T dlogits, dh = dlogits W2^T, dpre = dh * gelu'(pre), dW1 = x^T dpre
     gemm(card, view(hb, B, H).transposed(), view(dlog, B, C), tensor<float, 2>(g2.data(), H, C));
     gemm(card, view(dlog, B, C), view(w2b, H, C).transposed(), tensor<float, 2>(dh.data(), B, H));
@@ -166,8 +165,8 @@ int main(int argc, char** argv) {
 
   std::printf("tessel flagship: data-parallel MLP %zu-%zu-%zu on %zu emulated UBL128 cards\n", D, H, C, cards);
   std::printf("  per card: %zu rows/step, bf16 GEMMs + fused GELU + fused cross-entropy, AdamW (bf16 + f32 master)\n", B);
-  std::printf("  gradients: all-reduce (avg) over the emulated fabric, %zu planes x %.0f GB/s per card and plane\n",
-              cfg.fabric.planes, cfg.link_bandwidth() / 1e9);
+  std::printf("  gradients: all-reduce (avg) over the emulated fabric, %zu planes x %.0f GB/s per card and plane\n", cfg.fabric.planes,
+              cfg.link_bandwidth() / 1e9);
 
   std::vector<replica_result> results(cards);
   emulated_world(cluster).run([&](emulated_transport tp) {
@@ -181,11 +180,10 @@ int main(int argc, char** argv) {
     if (s == 0 || (s + 1) % 10 == 0 || s + 1 == steps) std::printf("  step %3d  global loss %.4f\n", s + 1, l[std::size_t(s)]);
 
   bool identical = true;
-  for (std::size_t r = 1; r < cards; ++r)
-    identical = identical && results[r].w1 == results[0].w1 && results[r].w2 == results[0].w2;
+  for (std::size_t r = 1; r < cards; ++r) identical = identical && results[r].w1 == results[0].w1 && results[r].w2 == results[0].w2;
   std::printf("replicas bitwise identical after %d steps: %s\n", steps, identical ? "yes" : "NO");
-  std::printf("simulated time per step on card 0: compute %.2f us, all-reduce %.2f us\n",
-              results[0].compute_s / steps * 1e6, results[0].comm_s / steps * 1e6);
+  std::printf("simulated time per step on card 0: compute %.2f us, all-reduce %.2f us\n", results[0].compute_s / steps * 1e6,
+              results[0].comm_s / steps * 1e6);
   std::printf("cluster report:\n%s\n", cluster.report().to_string().c_str());
   cluster.write_trace(trace_path);
   std::printf("Chrome trace written to %s (open in Perfetto)\n", trace_path.c_str());

@@ -94,7 +94,8 @@ bool recovery_7b() {
   };
   const auto rep = dist::elastic_run(cl, cards, o, job);
   const double state_gb = double(m.values() + 2 * m.moments()) * 4 / 1e9;
-  std::printf("part 1: a 7B-class model on %d of 128 emulated UBL128 cards (tp %d x dp %d, ZeRO-1), %.2f GB of state per card,\n", m.cards(), m.tp, m.dp, state_gb);
+  std::printf("part 1: a 7B-class model on %d of 128 emulated UBL128 cards (tp %d x dp %d, ZeRO-1), %.2f GB of state per card,\n", m.cards(), m.tp,
+              m.dp, state_gb);
   std::printf("        snapshots in peer memory every step (a copy on the next 8-card server), ports %.0f GB/s x %zu planes\n",
               cfg.fabric.port_bandwidth / 1e9, cfg.fabric.planes);
   const double step = step_end[1] - step_end[0];
@@ -102,8 +103,8 @@ bool recovery_7b() {
   std::printf("  step %.3f s simulated; snapshot stall %.1f ms = %.2f%% of the step\n", step, snap * 1e3, 100 * snap / step);
   bool ok = true;
   for (const auto& r : rep.recoveries) {
-    std::printf("  card %zu (rank %d) failed at %.3f s; spare %zu took its place; rolled back to step %llu from %s\n", r.failed_card, r.rank, r.happened,
-                r.replacement_card, static_cast<unsigned long long>(r.step), r.source.c_str());
+    std::printf("  card %zu (rank %d) failed at %.3f s; spare %zu took its place; rolled back to step %llu from %s\n", r.failed_card, r.rank,
+                r.happened, r.replacement_card, static_cast<unsigned long long>(r.step), r.source.c_str());
     std::printf("  %-10s %12s\n", "part", "seconds");
     std::printf("  %-10s %12.6f  (the monitor's bound: %.6f)\n", "detect", r.detect(), cl.net().detection_bound());
     std::printf("  %-10s %12.6f\n", "agree", r.agree());
@@ -181,7 +182,8 @@ int main(int argc, char** argv) {
   // between interruptions on 16k GPUs, sped up)
   const double rate = 1.0 / (60 * 0.05 * 20);
   const soak_result clean = soak(steps, 0), faulty = soak(steps, rate);
-  const bool same = clean.state.size() == faulty.state.size() && std::memcmp(clean.state.data(), faulty.state.data(), clean.state.size() * sizeof(float)) == 0;
+  const bool same =
+      clean.state.size() == faulty.state.size() && std::memcmp(clean.state.data(), faulty.state.data(), clean.state.size() * sizeof(float)) == 0;
   const double goodput = clean.end / faulty.end;
   std::printf("part 2: a soak of %llu steps on 16 cards + 4 spares, seeded Poisson card failures (hot swaps, 2 s repairs)\n",
               static_cast<unsigned long long>(steps));

@@ -29,9 +29,7 @@ class positional {
     if (i >= argc_) return fallback;
     try {
       return tessel_tools::parse_int(name, argv_[i], lo, hi);
-    } catch (const std::invalid_argument& e) {
-      fail(e.what());
-    }
+    } catch (const std::invalid_argument& e) { fail(e.what()); }
   }
   std::string text(int i, const std::string& fallback) const { return i < argc_ ? std::string(argv_[i]) : fallback; }
   // Argument i as a file the example will write: checked before any work (an unwritable path is a

@@ -26,7 +26,7 @@ struct gemm_bias_gelu {
   std::size_t slabs_per_block;
   void operator()(block_ctx& ctx) const {
     using tr = mma_traits<bf16>;
-    using S = tr::stage_type;                                            // bf16 pairs, or f32 without a pair atom
+    using S = tr::stage_type;  // bf16 pairs, or f32 without a pair atom
     using b_tile = staged<S, Cfg::BK, Cfg::BN, tr::b_layout>;
     auto [bm, bn] = ctx.block_index();
     const std::size_t nk = ceil_div(A.cols(), Cfg::BK);
@@ -35,8 +35,8 @@ struct gemm_bias_gelu {
       b_tile b(strip + k * b_tile::elements);
       load(B.tile<Cfg::BK, Cfg::BN>(k, bn), b);
     }
-    staged<float, Cfg::BM, Cfg::BN> acc{ctx};                            // (BM,BN) accumulators of one slab
-    staged<S, Cfg::BM, Cfg::BK> a{ctx};                                  // used only without a pair atom
+    staged<float, Cfg::BM, Cfg::BN> acc{ctx};                             // (BM,BN) accumulators of one slab
+    staged<S, Cfg::BM, Cfg::BK> a{ctx};                                   // used only without a pair atom
     const std::size_t cols = std::min(Cfg::BN, C.cols() - bn * Cfg::BN);  // the last strip may be narrower
     const std::size_t first = bm * slabs_per_block, last = std::min(first + slabs_per_block, ceil_div(A.rows(), Cfg::BM));
     for (std::size_t s = first; s < last; ++s) {

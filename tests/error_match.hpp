@@ -14,12 +14,10 @@ namespace tessel_test {
 
 class error_matcher : public Catch::MatcherBase<tessel::error> {
  public:
-  error_matcher(tessel::errc code, std::string area, std::string fragment)
-      : code_(code), area_(std::move(area)), fragment_(std::move(fragment)) {}
+  error_matcher(tessel::errc code, std::string area, std::string fragment) : code_(code), area_(std::move(area)), fragment_(std::move(fragment)) {}
   bool match(const tessel::error& e) const override {
     const std::string what = e.what();
-    return e.code() == code_ && area_ == e.area() && what.rfind("tessel::" + area_ + ": ", 0) == 0 &&
-           what.find(fragment_) != std::string::npos;
+    return e.code() == code_ && area_ == e.area() && what.rfind("tessel::" + area_ + ": ", 0) == 0 && what.find(fragment_) != std::string::npos;
   }
   std::string describe() const override {
     return "is a tessel error with code '" + std::string(tessel::to_string(code_)) + "', area '" + area_ + "'" +
@@ -31,8 +29,6 @@ class error_matcher : public Catch::MatcherBase<tessel::error> {
   std::string area_, fragment_;
 };
 
-inline error_matcher is_error(tessel::errc code, std::string area, std::string fragment = {}) {
-  return {code, std::move(area), std::move(fragment)};
-}
+inline error_matcher is_error(tessel::errc code, std::string area, std::string fragment = {}) { return {code, std::move(area), std::move(fragment)}; }
 
 }  // namespace tessel_test

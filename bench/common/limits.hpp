@@ -181,13 +181,22 @@ inline double measure_peak(peak_kind k, unsigned threads, std::uint64_t iters) {
   void (*fn)(std::uint64_t) = nullptr;
   switch (k) {
 #if defined(__AVX512F__)
-    case peak_kind::fp32_fma_avx512: fn = detail::fma_avx512; flops_per_iter = 16 * 16 * 2; break;
+    case peak_kind::fp32_fma_avx512:
+      fn = detail::fma_avx512;
+      flops_per_iter = 16 * 16 * 2;
+      break;
 #endif
 #if defined(__AVX2__) && defined(__FMA__)
-    case peak_kind::fp32_fma_avx2: fn = detail::fma_avx2; flops_per_iter = 16 * 8 * 2; break;
+    case peak_kind::fp32_fma_avx2:
+      fn = detail::fma_avx2;
+      flops_per_iter = 16 * 8 * 2;
+      break;
 #endif
 #if defined(__AVX512BF16__)
-    case peak_kind::bf16_dot: fn = detail::dot_bf16; flops_per_iter = 16 * 64; break;
+    case peak_kind::bf16_dot:
+      fn = detail::dot_bf16;
+      flops_per_iter = 16 * 64;
+      break;
 #endif
     default: return 0.0;
   }
@@ -239,7 +248,7 @@ inline double measure_stream(stream_kind k, unsigned threads) {
 // ---- cached limits -----------------------------------------------------------------------------
 struct machine_limits {
   double fp32_fma_avx512[2]{}, fp32_fma_avx2[2]{}, bf16_dot[2]{};  // GFLOP/s, [threads-1]
-  double stream_copy[2]{}, stream_triad[2]{};                       // GB/s,     [threads-1]
+  double stream_copy[2]{}, stream_triad[2]{};                      // GB/s,     [threads-1]
 };
 
 // Measured on first use (about 2 s): the best of many short trials each (a trial a few ms long

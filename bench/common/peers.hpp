@@ -12,7 +12,11 @@ namespace tessel_bench {
 
 inline std::string peer_list() {
   std::string s;
-  auto add = [&](const char* name, bool have) { s += s.empty() ? "" : ", "; s += name; s += have ? "" : " (absent)"; };
+  auto add = [&](const char* name, bool have) {
+    s += s.empty() ? "" : ", ";
+    s += name;
+    s += have ? "" : " (absent)";
+  };
 #if defined(TESSEL_HAVE_OPENBLAS)
   add("openblas", true);
 #else

@@ -53,7 +53,7 @@ std::vector<float> deciding_values() {
   for (std::size_t i = 0; i < finite.size(); ++i) {
     push(float(finite[i]));
     const double next = i + 1 < finite.size() ? finite[i + 1] : 2 * finite[i] - finite[i - 1];  // one step past max
-    push(float((finite[i] + next) / 2));  // exact in float: narrow values have few bits
+    push(float((finite[i] + next) / 2));                                                        // exact in float: narrow values have few bits
   }
   for (float f : {INFINITY, std::numeric_limits<float>::max(), std::numeric_limits<float>::min(), std::numeric_limits<float>::denorm_min(),
                   std::bit_cast<float>(0x7FC00000u), std::bit_cast<float>(0x7F800001u), std::bit_cast<float>(0x7FBFFFFFu),
@@ -136,8 +136,7 @@ TEST_CASE("encode then decode is the identity on every code's value (NaN as NaN)
     std::vector<St> codes(vals.size());
     arch::encode_f32<Fmt, overflow::propagate>(vals.data(), codes.data(), vals.size());
     std::size_t bad = 0;
-    for (std::uint32_t c = 0; c < code_count<Fmt>; ++c)
-      bad += std::isnan(vals[c]) ? !std::isnan(decoded<Fmt>(codes[c])) : codes[c] != c;
+    for (std::uint32_t c = 0; c < code_count<Fmt>; ++c) bad += std::isnan(vals[c]) ? !std::isnan(decoded<Fmt>(codes[c])) : codes[c] != c;
     return bad;
   };
   CHECK(round_trip(bf16_format{}) == 0);

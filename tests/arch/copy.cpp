@@ -39,8 +39,7 @@ TEST_CASE("copy_streaming of a buffer larger than the cache", "[arch][copy]") {
   CHECK(std::memcmp(b.data() + 3, a.data(), n) == 0);
 }
 
-TEMPLATE_TEST_CASE("sum_streaming equals the rank-order scalar sum bit for bit, any alignment, in place too",
-                   "[arch][copy]", float, double) {
+TEMPLATE_TEST_CASE("sum_streaming equals the rank-order scalar sum bit for bit, any alignment, in place too", "[arch][copy]", float, double) {
   using T = TestType;
   const std::size_t cap = 700;
   std::vector<std::vector<T>> src(5, std::vector<T>(cap + 16)), dst(4, std::vector<T>(cap + 16));
@@ -71,8 +70,7 @@ TEMPLATE_TEST_CASE("sum_streaming equals the rank-order scalar sum bit for bit, 
             if (in_place) d[0] = const_cast<T*>(s[0]);
             tessel::arch::sum_streaming(s.data(), nsrc, d.data(), ndst, count);
             tessel::arch::store_fence();
-            for (int k = 0; k < ndst; ++k)
-              bad += count && std::memcmp(d[k], want.data(), count * sizeof(T)) != 0;  // want.data() may be null at 0
+            for (int k = 0; k < ndst; ++k) bad += count && std::memcmp(d[k], want.data(), count * sizeof(T)) != 0;  // want.data() may be null at 0
           }
   CHECK(bad == 0);
 }

@@ -141,8 +141,10 @@ TEST_CASE("token-order atoms: qk_tok4(_seq) and pv_tok<4, 8> equal fp64 for inte
             pv[(2 * i + 1) * nh * 4 + c] = f(hi);
           }
         std::vector<float> o(nh * 4 * D, 0.0f), nat(D);
-        if (N == 4) dec::pv_tok_bf16<4>(pp.data(), ldp, nh, D, rp.data(), head, rp.data(), o.data());
-        else dec::pv_tok_bf16<8>(pp.data(), ldp, nh, D, rp.data(), head, rp.data(), o.data());
+        if (N == 4)
+          dec::pv_tok_bf16<4>(pp.data(), ldp, nh, D, rp.data(), head, rp.data(), o.data());
+        else
+          dec::pv_tok_bf16<8>(pp.data(), ldp, nh, D, rp.data(), head, rp.data(), o.data());
         for (std::size_t h = 0; h < nh; ++h)
           for (std::size_t r = 0; r < 4; ++r) {
             dec::from_pv_order(o.data() + (h * 4 + r) * D, nat.data(), D);

@@ -61,8 +61,8 @@ void check_rows(std::mt19937& g) {
 // the elements whose bits differ, the ones outside (rows, n) that changed, and, when `exact`, the
 // ones unequal to the fp64 dot (small integers give it in any order). to_f reads an operand element.
 template <class Atom, class Ref, class E, class ToF>
-std::size_t dot_mismatches(const std::vector<E>& a, const std::vector<E>& b, std::size_t lda, std::size_t ldb, std::size_t k, int rows, int n, bool exact,
-                           ToF to_f) {
+std::size_t dot_mismatches(const std::vector<E>& a, const std::vector<E>& b, std::size_t lda, std::size_t ldb, std::size_t k, int rows, int n,
+                           bool exact, ToF to_f) {
   constexpr int MR = Atom::mr;
   const std::size_t ldc = Atom::nr + 2;
   std::vector<float> c1(MR * ldc, -9.0f), c2 = c1;
@@ -167,7 +167,8 @@ void check_dot_bf16(std::mt19937& g) {
               for (auto& x : *v)
                 if ((x & 0x7F80) != 0) x = static_cast<std::uint16_t>((x & 0x807F) | 0x3F00);
           INFO("rows " << rows << " n " << n << " k " << k << " kind " << kind);
-          REQUIRE(dot_mismatches<Atom, Ref>(a, b, lda, ldb, k, rows, n, kind == 0, [](std::uint16_t x) { return arch::detail::bf16_bits_to_f32(x); }) == 0);
+          REQUIRE(dot_mismatches<Atom, Ref>(a, b, lda, ldb, k, rows, n, kind == 0,
+                                            [](std::uint16_t x) { return arch::detail::bf16_bits_to_f32(x); }) == 0);
         }
 }
 }  // namespace

@@ -29,12 +29,16 @@ void check_atom(bool integer, std::mt19937& g) {
           std::uniform_real_distribution<float> dr(0.5f, 2.0f);
           auto val = [&] { return integer ? static_cast<float>(di(g)) : dr(g); };
           for (auto& x : a) {
-            if constexpr (KP == 2) x = bf16(val()).bits();
-            else x = val();
+            if constexpr (KP == 2)
+              x = bf16(val()).bits();
+            else
+              x = val();
           }
           for (auto& x : b) {
-            if constexpr (KP == 2) x = bf16(val()).bits();
-            else x = val();
+            if constexpr (KP == 2)
+              x = bf16(val()).bits();
+            else
+              x = val();
           }
           std::vector<float> c1(MR * (NR + 3)), c2;
           for (auto& x : c1) x = integer ? static_cast<float>(di(g)) : dr(g);

@@ -24,10 +24,14 @@ TEST_CASE("gelu/silu/relu/exp span kernels match the scalar forms", "[arch][math
       REQUIRE(std::fabs(y[i] - want) <= tol * std::fabs(want) + 1e-6f);
     }
   };
-  check(m::gelu_tanh_inplace, [](float v) { return m::gelu_tanh(v); }, 1e-5f);
-  check(m::gelu_erf_inplace, [](float v) { return m::gelu_erf(v); }, 1e-5f);
-  check(m::silu_inplace, [](float v) { return m::silu(v); }, 1e-5f);
-  check(m::relu_inplace, [](float v) { return m::relu(v); }, 0.0f);
+  check(
+      m::gelu_tanh_inplace, [](float v) { return m::gelu_tanh(v); }, 1e-5f);
+  check(
+      m::gelu_erf_inplace, [](float v) { return m::gelu_erf(v); }, 1e-5f);
+  check(
+      m::silu_inplace, [](float v) { return m::silu(v); }, 1e-5f);
+  check(
+      m::relu_inplace, [](float v) { return m::relu(v); }, 0.0f);
   auto small = x;
   small.resize(1000);
   std::vector<float> e = small;

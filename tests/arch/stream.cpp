@@ -17,10 +17,25 @@ namespace st = tessel::arch::stream;
 
 namespace {
 std::vector<float> interesting() {
-  std::vector<float> v = {0.0f, -0.0f, 1.0f, -1.0f, std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
-                          std::numeric_limits<float>::quiet_NaN(), std::bit_cast<float>(0x7F800001u), std::bit_cast<float>(0xFFC12345u),
-                          std::bit_cast<float>(0x7F7FFFFFu), std::bit_cast<float>(0x00000001u), std::bit_cast<float>(0x3F808000u),
-                          std::bit_cast<float>(0x3F818000u), std::bit_cast<float>(0x3F808001u), -200.0f, 100.0f, 88.7f, -103.9f, -87.5f};
+  std::vector<float> v = {0.0f,
+                          -0.0f,
+                          1.0f,
+                          -1.0f,
+                          std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::quiet_NaN(),
+                          std::bit_cast<float>(0x7F800001u),
+                          std::bit_cast<float>(0xFFC12345u),
+                          std::bit_cast<float>(0x7F7FFFFFu),
+                          std::bit_cast<float>(0x00000001u),
+                          std::bit_cast<float>(0x3F808000u),
+                          std::bit_cast<float>(0x3F818000u),
+                          std::bit_cast<float>(0x3F808001u),
+                          -200.0f,
+                          100.0f,
+                          88.7f,
+                          -103.9f,
+                          -87.5f};
   std::mt19937 rng(1);
   for (int i = 0; i < 100000; ++i) v.push_back(std::bit_cast<float>(std::uint32_t(rng())));
   while (v.size() % st::width) v.push_back(0.5f);

@@ -46,9 +46,12 @@ void check_scalar_decoders() {
     const float f = static_cast<float>(x);
     bad += !same_f32(arch::to_f32(x), f);
     const std::uint16_t b = arch::to_bf16_bits(x);
-    if constexpr (std::is_same_v<T, bf16>) bad += b != x.bits();                       // identity
-    else if constexpr (std::is_same_v<T, e4m3> || std::is_same_v<T, e5m2>) bad += !same_f32(float(bf16::from_bits(b)), f);  // exact
-    else bad += b != bf16(f).bits();                                                     // one RNE
+    if constexpr (std::is_same_v<T, bf16>)
+      bad += b != x.bits();  // identity
+    else if constexpr (std::is_same_v<T, e4m3> || std::is_same_v<T, e5m2>)
+      bad += !same_f32(float(bf16::from_bits(b)), f);  // exact
+    else
+      bad += b != bf16(f).bits();  // one RNE
   }
   CHECK(bad == 0);
 }
@@ -59,8 +62,10 @@ void check_widen() {
   std::vector<D> out(src.size() + 8);
   std::size_t bad = 0;
   auto want_ok = [&](S x, D y) {
-    if constexpr (std::is_same_v<D, float>) return same_f32(y, arch::to_f32(x));
-    else return same_bf16(y.bits(), arch::to_bf16_bits(x));
+    if constexpr (std::is_same_v<D, float>)
+      return same_f32(y, arch::to_f32(x));
+    else
+      return same_bf16(y.bits(), arch::to_bf16_bits(x));
   };
   for (std::size_t off = 0; off < 34; off += (off < 3 ? 1 : 7)) {
     const std::size_t n = src.size() - off;
@@ -68,7 +73,7 @@ void check_widen() {
     for (std::size_t i = 0; i < n; ++i) bad += !want_ok(src[off + i], out[i]);
   }
   const std::size_t base = src.size() - 71;  // (FP8: 256 codes)
-  for (std::size_t n = 0; n <= 70; ++n) {  // short runs: tails and one or two vectors
+  for (std::size_t n = 0; n <= 70; ++n) {    // short runs: tails and one or two vectors
     for (auto& y : out) y = D(-5.0f);
     arch::widen(src.data() + base, out.data(), n);
     for (std::size_t i = 0; i < n; ++i) bad += !want_ok(src[base + i], out[i]);

@@ -15,20 +15,15 @@
 // where each file's helpers must keep their own names.
 namespace tessel_test_collectives_communicator {
 
-TEST_CASE("all_reduce: every dtype x op x algorithm x in/out-of-place x count x ranks", "[collectives][all_reduce]") {
-  all_reduce_matrix(counts);
-}
+TEST_CASE("all_reduce: every dtype x op x algorithm x in/out-of-place x count x ranks", "[collectives][all_reduce]") { all_reduce_matrix(counts); }
 
 TEST_CASE("reduce_scatter: every dtype x op x algorithm x in/out-of-place x count x ranks", "[collectives][reduce_scatter]") {
   reduce_scatter_matrix(counts, false);
 }
 
-TEST_CASE("reduce: every dtype x op x algorithm x root x in/out-of-place x count x ranks", "[collectives][reduce]") {
-  reduce_matrix(counts);
-}
+TEST_CASE("reduce: every dtype x op x algorithm x root x in/out-of-place x count x ranks", "[collectives][reduce]") { reduce_matrix(counts); }
 
-TEST_CASE("broadcast, all_gather, gather, scatter, all_to_all(v), send/recv: every dtype x count x ranks",
-          "[collectives][movement]") {
+TEST_CASE("broadcast, all_gather, gather, scatter, all_to_all(v), send/recv: every dtype x count x ranks", "[collectives][movement]") {
   movement_matrix(counts);
 }
 
@@ -47,8 +42,7 @@ TEST_CASE("2^20 elements: all_reduce and reduce_scatter on a subset", "[collecti
   check_movement<float>(3, big, 5005);
 }
 
-TEST_CASE("all_reduce larger than the last-level cache: the streaming-store path gives the same bits",
-          "[collectives][large]") {
+TEST_CASE("all_reduce larger than the last-level cache: the streaming-store path gives the same bits", "[collectives][large]") {
   // The shared-address direct all_reduce writes f32/f64 sums with streaming stores once all ranks'
   // inputs and outputs (2·n·S) exceed the last-level cache; the size here is just past that, odd,
   // so blocks are unequal and the copies have unaligned heads and tails.
@@ -137,7 +131,7 @@ TEST_CASE("the profiler records every collective on every rank, on the threads a
       CHECK(r.bytes == 4000);
       CHECK(r.ranks == 4);
       CHECK(std::string(r.algorithm) == "direct");  // a modelled fabric's small size: direct
-      CHECK(r.transport_seconds > 0);                // simulated time of the fabric
+      CHECK(r.transport_seconds > 0);               // simulated time of the fabric
     }
   }
   CHECK(rs.size() == 6 + 3 + 3 + 4);

@@ -13,7 +13,6 @@ TEST_CASE("2^20 elements in all, full matrix: reduce_scatter", "[collectives][ex
 
 TEST_CASE("2^20 elements, full matrix: reduce", "[collectives][exhaustive]") { reduce_matrix(big); }
 
-TEST_CASE("2^20 elements, full matrix: broadcast, all_gather, gather, scatter, all_to_all(v), send/recv",
-          "[collectives][exhaustive]") {
+TEST_CASE("2^20 elements, full matrix: broadcast, all_gather, gather, scatter, all_to_all(v), send/recv", "[collectives][exhaustive]") {
   movement_matrix(big);
 }

@@ -59,8 +59,7 @@ TEST_CASE("compressed all_reduce: exact decode/encode semantics and the derived 
             const float x = in[r][lo + i];
             exact[lo + i] += x;
             absx[i] += std::fabs(x);
-            const float s = chunk_scale(f, in[r].data() + lo + i / opt.chunk * opt.chunk,
-                                        std::min(opt.chunk, m - i / opt.chunk * opt.chunk));
+            const float s = chunk_scale(f, in[r].data() + lo + i / opt.chunk * opt.chunk, std::min(opt.chunk, m - i / opt.chunk * opt.chunk));
             const auto p = wire_params_of(f);
             err[i] += f == wire_format::int4 ? static_cast<float>(s / 2 + 0x1p-22 * std::fabs(x))
                                              : static_cast<float>(std::max(p.u * std::fabs(x), p.eta * s));
@@ -101,8 +100,7 @@ TEST_CASE("compressed all_reduce: exact decode/encode semantics and the derived 
     }
 }
 
-TEST_CASE("compressed all_reduce: with error feedback the INT4 running sum tracks the exact running sum",
-          "[collectives][compression]") {
+TEST_CASE("compressed all_reduce: with error feedback the INT4 running sum tracks the exact running sum", "[collectives][compression]") {
   const int n = 4, rounds = 60;
   const std::size_t count = 2048;
   std::mutex mu;
@@ -144,13 +142,12 @@ TEST_CASE("compressed all_reduce: with error feedback the INT4 running sum track
     resid_max = std::max(resid_max, rmax);
     resid_bound = std::max(resid_bound, rb);
   });
-  INFO("gap with EF: mid " << gap_ef_mid << ", end " << gap_ef_end << "; without EF " << gap_plain_end
-                           << "; max residual " << resid_max);
+  INFO("gap with EF: mid " << gap_ef_mid << ", end " << gap_ef_end << "; without EF " << gap_plain_end << "; max residual " << resid_max);
   // S_T - R_T = -(sum_r e_r,T + f_T): bounded by (n + 1) residuals, independent of T
   CHECK(gap_ef_end <= (n + 1) * resid_max * 1.01 + 1e-3);
   CHECK(gap_ef_end < 2 * gap_ef_mid + (n + 1) * resid_max);  // does not grow with the number of rounds
-  CHECK(gap_plain_end > 2 * gap_ef_end);                      // and beats compression without feedback
-  CHECK(resid_max < 3.0);                                     // half an INT4 step of |data| <~ 6, doubled margin
+  CHECK(gap_plain_end > 2 * gap_ef_end);                     // and beats compression without feedback
+  CHECK(resid_max < 3.0);                                    // half an INT4 step of |data| <~ 6, doubled margin
 }
 
 TEST_CASE("compressed all_reduce: bad arguments", "[collectives][compression][errors]") {
@@ -162,9 +159,7 @@ TEST_CASE("compressed all_reduce: bad arguments", "[collectives][compression][er
       bool ok = false;
       try {
         f();
-      } catch (const comm_error& e) {
-        ok = e.code() == code && std::string(e.what()).rfind("tessel::comm: all_reduce_compressed: ", 0) == 0;
-      }
+      } catch (const comm_error& e) { ok = e.code() == code && std::string(e.what()).rfind("tessel::comm: all_reduce_compressed: ", 0) == 0; }
       std::lock_guard lk(mu);
       CHECK(ok);
     };

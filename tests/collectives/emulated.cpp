@@ -42,16 +42,16 @@ std::vector<std::string> check_on_cluster(emu::cluster& cl, std::size_t count, r
   emulated_world(cl).run([&](emulated_transport t) {
     communicator c(std::move(t));
     const auto in = tessel_ref::gen_vec<T>(seed, c.rank(), count, op);
-    for (algorithm a : {algorithm::automatic, algorithm::ring, algorithm::direct, algorithm::halving_doubling,
-                        algorithm::tree, algorithm::hierarchical}) {
+    for (algorithm a :
+         {algorithm::automatic, algorithm::ring, algorithm::direct, algorithm::halving_doubling, algorithm::tree, algorithm::hierarchical}) {
       std::vector<T> out(count);
       const double t0 = c.now();
       c.all_reduce(in.data(), out.data(), count, dtype_of<T>, op, {a});
       const std::size_t bad = tessel_ref::count_wrong(out.data(), want.data(), count);
       std::lock_guard lk(mu);
       if (bad)
-        errs.push_back(std::string(algorithm_name(a)) + " " + std::string(dtype_name(dtype_of<T>)) + " count " +
-                       std::to_string(count) + ": " + std::to_string(bad) + " wrong on rank " + std::to_string(c.rank()));
+        errs.push_back(std::string(algorithm_name(a)) + " " + std::string(dtype_name(dtype_of<T>)) + " count " + std::to_string(count) + ": " +
+                       std::to_string(bad) + " wrong on rank " + std::to_string(c.rank()));
       if (count > 0 && n > 1 && !(c.now() > t0)) errs.push_back("simulated clock did not advance");
     }
   });
@@ -186,12 +186,13 @@ TEST_CASE("emulated: a card failing at a random simulated time gives survivors t
     not_recovered += unrecovered;
     recovered += shrunk_ok;
     late_split += late;
-    if (unrecovered) UNSCOPED_INFO("trial " << trial << ": " << unrecovered << " survivors did not recover (n " << n << ", victim "
-                                            << victim << ", at " << at << ")");
+    if (unrecovered)
+      UNSCOPED_INFO("trial " << trial << ": " << unrecovered << " survivors did not recover (n " << n << ", victim " << victim << ", at " << at
+                             << ")");
     if (std::chrono::steady_clock::now() - t_start > std::chrono::seconds(40)) break;  // keep CI fast on 2 cores
   }
   INFO("trials " << trials << ", survivor errors " << errors << ", survivors recovered by shrink " << recovered
-                   << ", survivors split by a failure after the shrink " << late_split);
+                 << ", survivors split by a failure after the shrink " << late_split);
   CHECK(wrong == 0);
   CHECK(not_recovered == 0);
   CHECK(recovered > 0);
@@ -206,8 +207,7 @@ TEST_CASE("emulated: the automatic algorithm is the fastest in simulated time (1
   emu::cluster cl(cfg, 1);
   enum class op_kind { all_reduce, all_gather, reduce_scatter, broadcast, reduce };
   const char* const names[] = {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce"};
-  const std::vector<algorithm> algos = {algorithm::automatic, algorithm::ring, algorithm::direct,
-                                        algorithm::halving_doubling, algorithm::tree};
+  const std::vector<algorithm> algos = {algorithm::automatic, algorithm::ring, algorithm::direct, algorithm::halving_doubling, algorithm::tree};
   const std::vector<std::size_t> sizes = {8, 4096, 65536, std::size_t{1} << 20, std::size_t{16} << 20};
   std::mutex mu;
   std::vector<std::string> errs;
@@ -241,8 +241,7 @@ TEST_CASE("emulated: the automatic algorithm is the fastest in simulated time (1
   for (auto& e : errs) FAIL_CHECK(e);
 }
 
-TEST_CASE("emulated: ring algorithms pipeline their segments along the chain (16 cards cost little more than 4)",
-          "[collectives][emulated]") {
+TEST_CASE("emulated: ring algorithms pipeline their segments along the chain (16 cards cost little more than 4)", "[collectives][emulated]") {
   // A chain of n ranks moving S segments takes about (S + n - 1) segment times when it pipelines
   // and about (n - 1) * S when each hop waits for the whole message. 8 MiB in 512 KiB segments, 16
   // cards over 4: broadcast (S = 16) ~30/18 = 1.7, all-reduce (a reduce chain then a broadcast
@@ -260,8 +259,10 @@ TEST_CASE("emulated: ring algorithms pipeline their segments along the chain (16
       for (int k = 0; k < 2; ++k) {
         c.barrier();
         const double t0 = c.now();
-        if (k == 0) c.all_reduce(nullptr, nullptr, count, dtype::f32, reduce_op::sum, {algorithm::ring});
-        else c.broadcast(nullptr, nullptr, count, dtype::f32, 0, {algorithm::ring});
+        if (k == 0)
+          c.all_reduce(nullptr, nullptr, count, dtype::f32, reduce_op::sum, {algorithm::ring});
+        else
+          c.broadcast(nullptr, nullptr, count, dtype::f32, 0, {algorithm::ring});
         c.barrier();
         if (c.rank() == 0) t[k] = c.now() - t0;
       }
@@ -269,8 +270,8 @@ TEST_CASE("emulated: ring algorithms pipeline their segments along the chain (16
     return t;
   };
   const auto t4 = time_on(4), t16 = time_on(16);
-  INFO("all_reduce ring 4 cards " << t4[0] * 1e6 << " us, 16 cards " << t16[0] * 1e6 << " us; broadcast ring " << t4[1] * 1e6 << " / "
-                                  << t16[1] * 1e6 << " us");
+  INFO("all_reduce ring 4 cards " << t4[0] * 1e6 << " us, 16 cards " << t16[0] * 1e6 << " us; broadcast ring " << t4[1] * 1e6 << " / " << t16[1] * 1e6
+                                  << " us");
   CHECK(t16[0] < 2.0 * t4[0]);
   CHECK(t16[1] < 2.0 * t4[1]);
   CHECK(t16[0] > t4[0]);  // a longer chain still costs its extra hops
@@ -306,9 +307,9 @@ TEST_CASE("emulated: ring all_reduce over many posted segments equals the canoni
         const std::size_t bad_bi = tessel_ref::count_wrong(in_b.data(), want_b.data(), count);
         std::lock_guard lk(mu);
         if (bad_f + bad_b + bad_fi + bad_bi)
-          errs.push_back("count " + std::to_string(count) + " op " + std::string(reduce_op_name(op)) + " rank " + std::to_string(c.rank()) + ": wrong f32 " +
-                         std::to_string(bad_f) + ", bf16 " + std::to_string(bad_b) + ", in place f32 " + std::to_string(bad_fi) + ", bf16 " +
-                         std::to_string(bad_bi));
+          errs.push_back("count " + std::to_string(count) + " op " + std::string(reduce_op_name(op)) + " rank " + std::to_string(c.rank()) +
+                         ": wrong f32 " + std::to_string(bad_f) + ", bf16 " + std::to_string(bad_b) + ", in place f32 " + std::to_string(bad_fi) +
+                         ", bf16 " + std::to_string(bad_bi));
       });
     }
   }
@@ -365,9 +366,7 @@ TEST_CASE("emulated: revoke ends every pending transfer at once, and agree retur
         try {
           t.recv_into(1 - me, 5, std::as_writable_bytes(std::span(&x, 1)));
           fail("the receive returned");
-        } catch (const comm_revoked_error&) {
-          ended[std::size_t(me)] = t.now();
-        } catch (const std::exception& e) {
+        } catch (const comm_revoked_error&) { ended[std::size_t(me)] = t.now(); } catch (const std::exception& e) {
           fail(std::string("untyped or wrong error: ") + e.what());
         }
       } else if (me == 2) {
@@ -377,15 +376,15 @@ TEST_CASE("emulated: revoke ends every pending transfer at once, and agree retur
           const std::uint64_t x = 1;
           auto r = t.isend(0, 6, std::as_bytes(std::span(&x, 1)));
           fail("a post after the revoke was accepted");
-        } catch (const comm_revoked_error&) {
-        }
+        } catch (const comm_revoked_error&) {}
       }
       const std::uint64_t mine[2] = {std::uint64_t(me) * 10, 7};
       const auto a = t.agree(mine);
       std::lock_guard lk(mu);
       if (a.members != std::vector<int>{0, 1, 2, 3}) errs.push_back("rank " + std::to_string(me) + ": members differ");
       for (int r = 0; r < 4; ++r)
-        if (a.values[std::size_t(r)] != std::vector<std::uint64_t>{std::uint64_t(r) * 10, 7}) errs.push_back("rank " + std::to_string(me) + ": words differ");
+        if (a.values[std::size_t(r)] != std::vector<std::uint64_t>{std::uint64_t(r) * 10, 7})
+          errs.push_back("rank " + std::to_string(me) + ": words differ");
       got[std::size_t(me)] = {std::uint64_t(a.at * 1e12)};
     });
     CHECK(errs.empty());

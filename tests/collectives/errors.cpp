@@ -41,40 +41,40 @@ void on_two(F f) {
 TEST_CASE("collectives: bad arguments throw typed errors", "[collectives][errors]") {
   std::vector<float> a(64), b(64);
   const std::size_t huge = std::numeric_limits<std::size_t>::max() / 2;
-  CHECK_THROWS_MATCHES(on_two([&](communicator& c) { c.all_reduce(nullptr, b.data(), 4, dtype::f32, reduce_op::sum); }),
-                  comm_error, is_error(errc::invalid_argument, "comm"));
-  CHECK_THROWS_MATCHES(on_two([&](communicator& c) { c.all_reduce(a.data(), b.data(), huge, dtype::f32, reduce_op::sum); }),
-                  tessel::error, is_error(errc::overflow, "comm"));
-  CHECK_THROWS_MATCHES(on_two([&](communicator& c) { c.all_reduce(a.data(), a.data() + 1, 8, dtype::f32, reduce_op::sum); }),
-                  comm_error, is_error(errc::invalid_argument, "comm"));  // partial overlap is not in place
-  CHECK_THROWS_MATCHES(on_two([&](communicator& c) {
-                    c.all_reduce(reinterpret_cast<char*>(a.data()) + 1, b.data(), 4, dtype::f32, reduce_op::sum);
-                  }),
-                  comm_error, is_error(errc::invalid_argument, "comm"));  // misaligned
-  CHECK_THROWS_MATCHES(on_two([&](communicator& c) { c.all_reduce(a.data(), b.data(), 4, dtype::i4x2, reduce_op::sum); }),
-                  comm_error, is_error(errc::invalid_argument, "comm"));
+  CHECK_THROWS_MATCHES(on_two([&](communicator& c) { c.all_reduce(nullptr, b.data(), 4, dtype::f32, reduce_op::sum); }), comm_error,
+                       is_error(errc::invalid_argument, "comm"));
+  CHECK_THROWS_MATCHES(on_two([&](communicator& c) { c.all_reduce(a.data(), b.data(), huge, dtype::f32, reduce_op::sum); }), tessel::error,
+                       is_error(errc::overflow, "comm"));
+  CHECK_THROWS_MATCHES(on_two([&](communicator& c) { c.all_reduce(a.data(), a.data() + 1, 8, dtype::f32, reduce_op::sum); }), comm_error,
+                       is_error(errc::invalid_argument, "comm"));  // partial overlap is not in place
+  CHECK_THROWS_MATCHES(on_two([&](communicator& c) { c.all_reduce(reinterpret_cast<char*>(a.data()) + 1, b.data(), 4, dtype::f32, reduce_op::sum); }),
+                       comm_error, is_error(errc::invalid_argument, "comm"));  // misaligned
+  CHECK_THROWS_MATCHES(on_two([&](communicator& c) { c.all_reduce(a.data(), b.data(), 4, dtype::i4x2, reduce_op::sum); }), comm_error,
+                       is_error(errc::invalid_argument, "comm"));
   CHECK_THROWS_MATCHES(on_two([&](communicator& c) { c.all_reduce(a.data(), b.data(), 4, static_cast<dtype>(200), reduce_op::sum); }),
-                  tessel::type_error, is_error(errc::invalid_argument, "types", "invalid dtype value 200"));
-  CHECK_THROWS_MATCHES(on_two([&](communicator& c) { c.all_reduce(a.data(), b.data(), 4, dtype::f32, static_cast<reduce_op>(9)); }),
-                  comm_error, is_error(errc::invalid_argument, "comm"));
-  CHECK_THROWS_MATCHES(on_two([&](communicator& c) { c.broadcast(a.data(), b.data(), 4, dtype::f32, 2); }), comm_error, is_error(errc::out_of_range, "comm"));
-  CHECK_THROWS_MATCHES(on_two([&](communicator& c) { c.reduce(a.data(), b.data(), 4, dtype::f32, reduce_op::sum, -1); }),
-                  comm_error, is_error(errc::out_of_range, "comm"));
-  CHECK_THROWS_MATCHES(on_two([&](communicator& c) { c.all_gather(a.data() + 1, a.data(), 8, dtype::f32); }),
-                  comm_error, is_error(errc::invalid_argument, "comm"));  // in place only at recv + rank*count
-  CHECK_THROWS_MATCHES(on_two([&](communicator& c) { c.all_gather(a.data(), b.data(), huge, dtype::f32); }), tessel::error, is_error(errc::overflow, "comm"));
+                       tessel::type_error, is_error(errc::invalid_argument, "types", "invalid dtype value 200"));
+  CHECK_THROWS_MATCHES(on_two([&](communicator& c) { c.all_reduce(a.data(), b.data(), 4, dtype::f32, static_cast<reduce_op>(9)); }), comm_error,
+                       is_error(errc::invalid_argument, "comm"));
+  CHECK_THROWS_MATCHES(on_two([&](communicator& c) { c.broadcast(a.data(), b.data(), 4, dtype::f32, 2); }), comm_error,
+                       is_error(errc::out_of_range, "comm"));
+  CHECK_THROWS_MATCHES(on_two([&](communicator& c) { c.reduce(a.data(), b.data(), 4, dtype::f32, reduce_op::sum, -1); }), comm_error,
+                       is_error(errc::out_of_range, "comm"));
+  CHECK_THROWS_MATCHES(on_two([&](communicator& c) { c.all_gather(a.data() + 1, a.data(), 8, dtype::f32); }), comm_error,
+                       is_error(errc::invalid_argument, "comm"));  // in place only at recv + rank*count
+  CHECK_THROWS_MATCHES(on_two([&](communicator& c) { c.all_gather(a.data(), b.data(), huge, dtype::f32); }), tessel::error,
+                       is_error(errc::overflow, "comm"));
   CHECK_THROWS_MATCHES(on_two([&](communicator& c) { c.send(a.data(), 4, dtype::f32, c.rank()); }), comm_error, is_error(errc::out_of_range, "comm"));
   CHECK_THROWS_MATCHES(on_two([&](communicator& c) {
-                    std::vector<std::size_t> one(1, 0);
-                    c.all_to_allv(a.data(), one, one, b.data(), one, one, dtype::f32);
-                  }),
-                  comm_error, is_error(errc::invalid_argument, "comm"));
+                         std::vector<std::size_t> one(1, 0);
+                         c.all_to_allv(a.data(), one, one, b.data(), one, one, dtype::f32);
+                       }),
+                       comm_error, is_error(errc::invalid_argument, "comm"));
   CHECK_THROWS_MATCHES(on_two([&](communicator& c) {
-                    std::span<const float> s(a.data(), 4);
-                    std::span<float> r(b.data(), 5);
-                    c.all_reduce(s, r, reduce_op::sum);
-                  }),
-                  comm_error, is_error(errc::invalid_argument, "comm"));
+                         std::span<const float> s(a.data(), 4);
+                         std::span<float> r(b.data(), 5);
+                         c.all_reduce(s, r, reduce_op::sum);
+                       }),
+                       comm_error, is_error(errc::invalid_argument, "comm"));
   CHECK_THROWS_MATCHES(threads_world(0), comm_error, is_error(errc::invalid_argument, "comm"));
   CHECK_THROWS_MATCHES(threads_world(2).transport(2), comm_error, is_error(errc::out_of_range, "comm"));
   CHECK_THROWS_MATCHES(algorithm_from_name("spiral"), comm_error, is_error(errc::invalid_argument, "comm"));
@@ -95,8 +95,10 @@ TEST_CASE("send_recv: a ring shift and a pairwise swap with different tags compl
     // pairs (0,1), (2,3): forward on tag 1, back on tag 2
     const int peer = r ^ 1;
     std::vector<float> back(3, -1.0f), fwd(3, float(10 + r));
-    if (r % 2 == 0) c.send_recv(std::span<const float>(fwd), peer, 1, std::span<float>(back), peer, 2);
-    else c.send_recv(std::span<const float>(fwd), peer, 2, std::span<float>(back), peer, 1);
+    if (r % 2 == 0)
+      c.send_recv(std::span<const float>(fwd), peer, 1, std::span<float>(back), peer, 2);
+    else
+      c.send_recv(std::span<const float>(fwd), peer, 2, std::span<float>(back), peer, 1);
     swapped[std::size_t(r)] = back;
   });
   for (int r = 0; r < n; ++r) {
@@ -106,8 +108,8 @@ TEST_CASE("send_recv: a ring shift and a pairwise swap with different tags compl
   std::vector<float> a(4);
   CHECK_THROWS_MATCHES(on_two([&](communicator& c) { c.send_recv(a.data(), 4, c.rank(), 0, a.data(), 4, -1, 0, dtype::f32); }), comm_error,
                        is_error(errc::out_of_range, "comm"));
-  CHECK_THROWS_MATCHES(on_two([&](communicator& c) { c.send_recv(nullptr, 4, 1 - c.rank(), 0, a.data(), 4, 1 - c.rank(), 0, dtype::f32); }), comm_error,
-                       is_error(errc::invalid_argument, "comm", "send_recv: send buffer is null"));
+  CHECK_THROWS_MATCHES(on_two([&](communicator& c) { c.send_recv(nullptr, 4, 1 - c.rank(), 0, a.data(), 4, 1 - c.rank(), 0, dtype::f32); }),
+                       comm_error, is_error(errc::invalid_argument, "comm", "send_recv: send buffer is null"));
 }
 
 TEST_CASE("collectives: a message of the wrong size is a length_error, not a silent truncation", "[collectives][errors]") {
@@ -117,8 +119,10 @@ TEST_CASE("collectives: a message of the wrong size is a length_error, not a sil
     communicator c(std::move(t));
     std::vector<float> x(8);
     try {
-      if (c.rank() == 0) c.send(x.data(), 4, dtype::f32, 1);
-      else c.recv(x.data(), 8, dtype::f32, 0);
+      if (c.rank() == 0)
+        c.send(x.data(), 4, dtype::f32, 1);
+      else
+        c.recv(x.data(), 8, dtype::f32, 0);
     } catch (const comm_error& e) {
       CHECK(e.code() == errc::invalid_argument);
       std::lock_guard lk(mu);

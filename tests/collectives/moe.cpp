@@ -181,14 +181,16 @@ TEST_CASE("moe: row-exact forms move f32 rows to their experts and each expert r
       for (std::size_t i = 0; i < h.rows(); ++i) {
         const int src = h.recv_src_rank[h.row_token[i]];
         const auto tok = static_cast<std::size_t>(h.recv_src_token[h.row_token[i]]);
-        if (ins[src].idx[tok * top_k + static_cast<std::size_t>(h.row_k[i])] != me * epr + h.row_expert[i]) return fail("row routed to the wrong expert");
+        if (ins[src].idx[tok * top_k + static_cast<std::size_t>(h.row_k[i])] != me * epr + h.row_expert[i])
+          return fail("row routed to the wrong expert");
         for (std::size_t j = 0; j < hidden; ++j)
           if (d.x[i * hidden + j] != value(src, tok, j)) return fail("row data changed");
       }
       // each expert row, tagged with its expert and slot, comes back to exactly that slot
       std::vector<float> y(h.rows() * hidden);
       for (std::size_t i = 0; i < h.rows(); ++i)
-        for (std::size_t j = 0; j < hidden; ++j) y[i * hidden + j] = d.x[i * hidden + j] * 2.0f + float(me * epr + h.row_expert[i]) + 0.25f * float(h.row_k[i]);
+        for (std::size_t j = 0; j < hidden; ++j)
+          y[i * hidden + j] = d.x[i * hidden + j] * 2.0f + float(me * epr + h.row_expert[i]) + 0.25f * float(h.row_k[i]);
       const auto back = moe_return_rows<float>(c, y, h);
       if (back.size() != in.tokens * top_k * hidden) return fail("returned slots have the wrong size");
       for (std::size_t tk = 0; tk < in.tokens; ++tk)
@@ -205,7 +207,8 @@ TEST_CASE("moe: row-exact forms move f32 rows to their experts and each expert r
       // the same with BF16 rows (moe_dispatch_rows<bf16> is moe_dispatch)
       auto db = moe_dispatch_rows<bf16>(c, in.x, hidden, in.idx, in.w, top_k, E);
       auto dd = moe_dispatch(c, in.x, hidden, in.idx, in.w, top_k, E);
-      if (db.x.size() != dd.x.size() || std::memcmp(db.x.data(), dd.x.data(), db.x.size() * sizeof(bf16)) != 0) return fail("bf16 rows differ from moe_dispatch");
+      if (db.x.size() != dd.x.size() || std::memcmp(db.x.data(), dd.x.data(), db.x.size() * sizeof(bf16)) != 0)
+        return fail("bf16 rows differ from moe_dispatch");
       const auto bb = moe_send_rows<bf16>(c, moe_return_rows<bf16>(c, db.x, db.handle), db.handle);
       if (bb.size() != db.x.size() || std::memcmp(bb.data(), db.x.data(), bb.size() * sizeof(bf16)) != 0) return fail("bf16 round trip differs");
     });
@@ -271,8 +274,7 @@ struct moe_timing {
   std::vector<std::size_t> per_expert, row_token;
   std::size_t x_size = 0;
 };
-std::vector<moe_timing> time_moe_on_cluster(bool timing_only, std::size_t ranks, std::size_t tokens, std::size_t hidden, std::size_t top_k,
-                                            int E) {
+std::vector<moe_timing> time_moe_on_cluster(bool timing_only, std::size_t ranks, std::size_t tokens, std::size_t hidden, std::size_t top_k, int E) {
   emu::cluster_config cfg;
   cfg.cards_per_supernode = ranks;
   cfg.card.memory_bytes = std::size_t{1} << 30;
@@ -339,8 +341,7 @@ TEST_CASE("moe: timing-only dispatch/combine takes the same simulated time as wi
   }
 }
 
-TEST_CASE("moe: timing-only needs a transport that times byte counts, and routing needs real metadata",
-          "[collectives][moe][errors]") {
+TEST_CASE("moe: timing-only needs a transport that times byte counts, and routing needs real metadata", "[collectives][moe][errors]") {
   std::atomic<int> inv{0};
   threads_world::run(2, [&](threads_transport t) {
     communicator c(std::move(t));

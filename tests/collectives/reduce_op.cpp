@@ -30,7 +30,7 @@ using Catch::Matchers::Contains;
 namespace {
 constexpr reduce_op every_op[] = {reduce_op::sum, reduce_op::prod, reduce_op::min, reduce_op::max, reduce_op::avg};
 constexpr dtype every_dtype[] = {dtype::f64, dtype::f32, dtype::bf16, dtype::fp16, dtype::e4m3, dtype::e5m2, dtype::i64, dtype::i32,
-                                dtype::i16, dtype::i8,  dtype::u64, dtype::u32,  dtype::u16,  dtype::u8,   dtype::i4x2};
+                                 dtype::i16, dtype::i8,  dtype::u64,  dtype::u32,  dtype::u16,  dtype::u8,   dtype::i4x2};
 
 // The library's kernels folding n ranks' inputs in rank order; `raw_first` starts with fold(x0, x1)
 // instead of to_acc(x0); `in_place` lets the accumulator alias the output.
@@ -44,7 +44,8 @@ std::vector<T> kernel_reduce(std::uint64_t seed, int n, std::size_t count, reduc
   auto* accb = reinterpret_cast<std::byte*>(acc.data());
   int r = 1;
   if (raw_first && n > 1) {
-    tessel::detail::fold_kernel(op, d, reinterpret_cast<const std::byte*>(x[0].data()), false, reinterpret_cast<const std::byte*>(x[1].data()), accb, count);
+    tessel::detail::fold_kernel(op, d, reinterpret_cast<const std::byte*>(x[0].data()), false, reinterpret_cast<const std::byte*>(x[1].data()), accb,
+                                count);
     r = 2;
   } else {
     tessel::detail::to_acc_kernel(d, reinterpret_cast<const std::byte*>(x[0].data()), accb, count);

@@ -43,8 +43,7 @@ std::vector<float> expected_over(const std::vector<int>& ranks, std::uint64_t se
 TEST_CASE("threads: a rank stopping at a random point never hangs survivors, and shrink recovers (1000 seeded trials)",
           "[collectives][threads][faults]") {
   std::mt19937_64 rng(20261129);
-  const algorithm algos[] = {algorithm::ring, algorithm::direct, algorithm::halving_doubling, algorithm::tree,
-                             algorithm::hierarchical};
+  const algorithm algos[] = {algorithm::ring, algorithm::direct, algorithm::halving_doubling, algorithm::tree, algorithm::hierarchical};
   int errors_seen = 0, completions_seen = 0, trials_with_wrong = 0, hangs = 0;
   for (int trial = 0; trial < 1000; ++trial) {
     const int n = 2 + static_cast<int>(rng() % 7);  // 2..8
@@ -93,8 +92,7 @@ TEST_CASE("threads: a rank stopping at a random point never hangs survivors, and
           c.barrier();
           std::lock_guard lk(mu);
           problems.push_back("barrier after a failure succeeded");
-        } catch (const comm_error&) {
-        }
+        } catch (const comm_error&) {}
       }
       // ULFM-style recovery: the survivors shrink and compute again
       communicator s = c.shrink();
@@ -120,8 +118,8 @@ TEST_CASE("threads: a rank stopping at a random point never hangs survivors, and
     completions_seen += oks;
     if (!problems.empty()) {
       ++trials_with_wrong;
-      FAIL_CHECK("trial " << trial << " n=" << n << " victim=" << victim << " fail_at=" << fail_at << " algo="
-                          << algorithm_name(a) << ": " << problems.front());
+      FAIL_CHECK("trial " << trial << " n=" << n << " victim=" << victim << " fail_at=" << fail_at << " algo=" << algorithm_name(a) << ": "
+                          << problems.front());
     }
   }
   CHECK(hangs == 0);
@@ -145,9 +143,7 @@ TEST_CASE("threads: abort() from another thread releases every waiter", "[collec
     std::vector<float> x(16, 1.0f);
     try {
       c.all_reduce(x.data(), x.data(), x.size(), dtype::f32, reduce_op::sum);
-    } catch (const comm_aborted_error&) {
-      ++aborted;
-    }
+    } catch (const comm_aborted_error&) { ++aborted; }
   });
   killer.join();
   CHECK(aborted == 3);
@@ -167,9 +163,7 @@ TEST_CASE("threads: a hung peer gives comm_timeout_error within the timeout", "[
     std::vector<double> x(8, 1.0);
     try {
       c.all_reduce(x.data(), x.data(), x.size(), dtype::f64, reduce_op::sum, {algorithm::direct});
-    } catch (const comm_timeout_error&) {
-      ++timeouts;
-    } catch (const comm_error&) {
+    } catch (const comm_timeout_error&) { ++timeouts; } catch (const comm_error&) {
       ++others;  // released by the first rank's revoke
     }
   });
@@ -178,8 +172,7 @@ TEST_CASE("threads: a hung peer gives comm_timeout_error within the timeout", "[
   CHECK(std::chrono::steady_clock::now() - t0 < 3s);
 }
 
-TEST_CASE("threads: async collectives overlap and complete in order, and errors come out of wait()",
-          "[collectives][threads][async]") {
+TEST_CASE("threads: async collectives overlap and complete in order, and errors come out of wait()", "[collectives][threads][async]") {
   std::mutex mu;
   std::vector<std::string> problems;
   threads_world::run(4, [&](threads_transport t) {
@@ -207,8 +200,7 @@ TEST_CASE("threads: async collectives overlap and complete in order, and errors 
     if (tessel_ref::count_wrong(ob.data(), wb.data(), count)) problems.push_back("async bf16 wrong");
     for (int q = 0; q < 4; ++q) {
       const auto v = tessel_ref::gen_vec<float>(1, q, count, reduce_op::sum);
-      if (tessel_ref::count_wrong(g.data() + count * static_cast<std::size_t>(q), v.data(), count))
-        problems.push_back("async all_gather wrong");
+      if (tessel_ref::count_wrong(g.data() + count * static_cast<std::size_t>(q), v.data(), count)) problems.push_back("async all_gather wrong");
     }
   });
   for (auto& p : problems) FAIL_CHECK(p);
@@ -229,8 +221,7 @@ TEST_CASE("threads: async collectives overlap and complete in order, and errors 
   CHECK(typed == 2);
 }
 
-TEST_CASE("threads: a send whose receiver's consumer throws part-way fails the sender's wait",
-          "[collectives][threads][faults]") {
+TEST_CASE("threads: a send whose receiver's consumer throws part-way fails the sender's wait", "[collectives][threads][faults]") {
   // The shared-address all_reduce relies on this: a peer's receive of our address message ending
   // means it finished writing its block into our output, unless its wait says otherwise.
   std::atomic<int> sender_errors{0}, receiver_errors{0};
@@ -249,18 +240,16 @@ TEST_CASE("threads: a send whose receiver's consumer throws part-way fails the s
     } else {
       try {
         t.recv(0, 7, buf.size(), [&](std::span<const std::byte>, std::size_t) { throw std::runtime_error("half-way"); });
-      } catch (const std::runtime_error&) {
-        ++receiver_errors;
-      }
-      CHECK_THROWS_MATCHES(t.recv_into(0, 8, std::span<std::byte>(buf.data(), 32)), comm_error, is_error(errc::invalid_argument, "comm", "threads_transport"));
+      } catch (const std::runtime_error&) { ++receiver_errors; }
+      CHECK_THROWS_MATCHES(t.recv_into(0, 8, std::span<std::byte>(buf.data(), 32)), comm_error,
+                           is_error(errc::invalid_argument, "comm", "threads_transport"));
     }
   });
   CHECK(sender_errors == 1);
   CHECK(receiver_errors == 1);
 }
 
-TEST_CASE("threads: waits spin for a bounded time only, and any spin setting gives the same results",
-          "[collectives][threads]") {
+TEST_CASE("threads: waits spin for a bounded time only, and any spin setting gives the same results", "[collectives][threads]") {
   CHECK_THROWS_MATCHES(threads_world(2).set_spin(std::chrono::nanoseconds(-1)), comm_error, is_error(errc::invalid_argument, "comm", "spin time"));
   const std::size_t count = 40000;
   const auto want = expected_over({0, 1, 2}, 77, count);

@@ -52,7 +52,9 @@ emu::cluster_config cluster_of(std::size_t cards) {
 struct threads_model {
   static constexpr const char* name = "threads";
   template <class F>
-  static void run(int n, F f) { threads_world::run(n, f); }
+  static void run(int n, F f) {
+    threads_world::run(n, f);
+  }
 };
 struct emulated_model {
   static constexpr const char* name = "emulated";
@@ -177,7 +179,8 @@ TEMPLATE_TEST_CASE("point to point: non-overtaking per tag, any tag order, consu
   REQUIRE(ordering_and_consumers<TestType>() == 0);
 }
 
-TEMPLATE_TEST_CASE("a peer outside the ranks 0..size-1 is an error on every operation", "[collectives][transport][errors]", threads_model, emulated_model) {
+TEMPLATE_TEST_CASE("a peer outside the ranks 0..size-1 is an error on every operation", "[collectives][transport][errors]", threads_model,
+                   emulated_model) {
   std::atomic<int> thrown{0};
   TestType::run(2, [&](auto t) {
     std::vector<std::byte> b(4);
@@ -226,9 +229,7 @@ TEST_CASE("threads: a receive of the wrong size, abort, and a silent peer's time
       std::vector<std::byte> in(4);
       try {
         t.recv_into(1, 9, in);  // rank 1 never sends
-      } catch (const std::exception& e) {
-        timeout_msg = e.what();
-      }
+      } catch (const std::exception& e) { timeout_msg = e.what(); }
     }
   });
   REQUIRE_THAT(timeout_msg, Contains("timed out"));

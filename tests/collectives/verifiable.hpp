@@ -27,7 +27,7 @@ using all_types = std::tuple<double, float, bf16, fp16, e4m3, e5m2, std::int32_t
 constexpr int rank_counts[] = {1, 2, 3, 5, 8};
 constexpr std::size_t counts[] = {0, 1, 7, 53327};  // the default suite's full matrix
 constexpr reduce_op ops[] = {reduce_op::sum, reduce_op::prod, reduce_op::min, reduce_op::max, reduce_op::avg};
-constexpr algorithm algos[] = {algorithm::automatic, algorithm::ring, algorithm::direct,
+constexpr algorithm algos[] = {algorithm::automatic,        algorithm::ring, algorithm::direct,
                                algorithm::halving_doubling, algorithm::tree, algorithm::hierarchical};
 
 // Runs f(comm, errors) on n thread ranks; returns every failure message (Catch is not thread-safe).
@@ -56,9 +56,9 @@ void expect_bits(std::vector<std::string>& errs, const T* got, const T* want, st
 
 template <class T>
 std::string label(const char* coll, int n, reduce_op op, std::size_t count, algorithm a, bool inplace, int rank) {
-  return std::string(coll) + " " + std::string(dtype_name(dtype_of<T>)) + " " + std::string(reduce_op_name(op)) +
-         " n=" + std::to_string(n) + " count=" + std::to_string(count) + " algo=" + std::string(algorithm_name(a)) +
-         (inplace ? " in-place" : " out-of-place") + " rank=" + std::to_string(rank);
+  return std::string(coll) + " " + std::string(dtype_name(dtype_of<T>)) + " " + std::string(reduce_op_name(op)) + " n=" + std::to_string(n) +
+         " count=" + std::to_string(count) + " algo=" + std::string(algorithm_name(a)) + (inplace ? " in-place" : " out-of-place") +
+         " rank=" + std::to_string(rank);
 }
 
 template <class F>
@@ -128,12 +128,10 @@ void check_reduce(int n, reduce_op op, std::size_t count, std::uint64_t seed) {
           for (algorithm a : algos) {
             std::vector<T> out(count);
             c.reduce(in.data(), out.data(), count, dtype_of<T>, op, root, {a});
-            if (c.rank() == root)
-              expect_bits(e, out.data(), want.data(), count, label<T>("reduce", n, op, count, a, false, c.rank()));
+            if (c.rank() == root) expect_bits(e, out.data(), want.data(), count, label<T>("reduce", n, op, count, a, false, c.rank()));
             std::vector<T> buf = in;
             c.reduce(buf.data(), buf.data(), count, dtype_of<T>, op, root, {a});
-            if (c.rank() == root)
-              expect_bits(e, buf.data(), want.data(), count, label<T>("reduce", n, op, count, a, true, c.rank()));
+            if (c.rank() == root) expect_bits(e, buf.data(), want.data(), count, label<T>("reduce", n, op, count, a, true, c.rank()));
           }
       },
       opts_for(n));
@@ -238,9 +236,7 @@ struct checked_guard {
 
 // The full matrices for a list of counts. For reduce_scatter a count is the total length (each rank
 // receives count / n, at least 1 when count > 0), so large counts cost the same as all_reduce's.
-inline std::size_t per_rank(std::size_t count, int n) {
-  return count == 0 ? 0 : std::max<std::size_t>(1, count / static_cast<std::size_t>(n));
-}
+inline std::size_t per_rank(std::size_t count, int n) { return count == 0 ? 0 : std::max<std::size_t>(1, count / static_cast<std::size_t>(n)); }
 
 inline void all_reduce_matrix(std::span<const std::size_t> cs) {
   checked_guard guard;
@@ -256,8 +252,7 @@ inline void reduce_scatter_matrix(std::span<const std::size_t> cs, bool total) {
   for (int n : rank_counts)
     for_each_type([&]<class T>(T) {
       for (reduce_op op : ops)
-        for (std::size_t count : cs)
-          check_reduce_scatter<T>(n, op, total ? per_rank(count, n) : count, 2000 + static_cast<std::uint64_t>(n));
+        for (std::size_t count : cs) check_reduce_scatter<T>(n, op, total ? per_rank(count, n) : count, 2000 + static_cast<std::uint64_t>(n));
     });
 }
 

@@ -40,10 +40,17 @@ struct inline_device {
 };
 
 // inline_device with one requirement taken away each.
-struct no_record : inline_device { void record() = delete; };
-struct no_copy : inline_device { void copy() = delete; };
+struct no_record : inline_device {
+  void record() = delete;
+};
+struct no_copy : inline_device {
+  void copy() = delete;
+};
 struct no_launch {
-  struct event { void wait() {} bool ready() const { return true; } };
+  struct event {
+    void wait() {}
+    bool ready() const { return true; }
+  };
   void* allocate(std::size_t) { return nullptr; }
   void deallocate(void*) {}
   void copy(const void*, void*, std::size_t) {}
@@ -53,10 +60,14 @@ struct no_launch {
   memory_stats memory() const { return {}; }
 };
 struct event_without_ready : inline_device {
-  struct event { void wait() {} };
+  struct event {
+    void wait() {}
+  };
   event record() { return {}; }
 };
-struct allocate_returns_int : inline_device { int allocate(std::size_t) { return 0; } };
+struct allocate_returns_int : inline_device {
+  int allocate(std::size_t) { return 0; }
+};
 
 struct costed {
   void operator()(block_ctx&) const {}

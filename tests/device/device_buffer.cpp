@@ -19,8 +19,7 @@ using tessel_test::is_error;
 using tessel::errc;
 using namespace tessel;
 
-TEMPLATE_TEST_CASE("device_buffer round-trips every element bit-exact", "[device][device_buffer]", float, bf16, std::uint8_t,
-                   double) {
+TEMPLATE_TEST_CASE("device_buffer round-trips every element bit-exact", "[device][device_buffer]", float, bf16, std::uint8_t, double) {
   host_device d(2);
   std::mt19937 rng(7);
   for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{4099}}) {
@@ -57,7 +56,7 @@ TEST_CASE("device_buffer memory belongs to the device and is freed exactly once"
     REQUIRE(c.empty());
     REQUIRE(d.memory().in_use == before);
     auto e = device_buffer<float, host_device>::zeros(d, 5);
-    auto& alias = e;  // through a reference: a direct self-move is a compile-time warning
+    auto& alias = e;       // through a reference: a direct self-move is a compile-time warning
     e = std::move(alias);  // self-move keeps the buffer
     REQUIRE(e.size() == 5);
   }

@@ -92,9 +92,10 @@ TEST_CASE("executor: the first exception reaches run() with its type and text, a
     REQUIRE(n == 10);
   }
   // several blocks throwing: one of their exceptions comes out
-  REQUIRE_THROWS_WITH(ex.run(grid{64}, [](block_ctx& ctx) {
-                        if (ctx.block_linear() % 2) throw std::runtime_error("odd block");
-                      }),
+  REQUIRE_THROWS_WITH(ex.run(grid{64},
+                             [](block_ctx& ctx) {
+                               if (ctx.block_linear() % 2) throw std::runtime_error("odd block");
+                             }),
                       "odd block");
 }
 
@@ -120,11 +121,12 @@ TEST_CASE("executor: nested runs execute inline on the calling worker and keep i
   REQUIRE(bad == 0);
   REQUIRE(inner_total == 30);
   // an exception in a nested run propagates through the outer block to the caller
-  REQUIRE_THROWS_WITH(ex.run(grid{3}, [&](block_ctx&) {
-                        ex.run(grid{2}, [](block_ctx& c) {
-                          if (c.block_linear() == 1) throw std::invalid_argument("nested failure");
-                        });
-                      }),
+  REQUIRE_THROWS_WITH(ex.run(grid{3},
+                             [&](block_ctx&) {
+                               ex.run(grid{2}, [](block_ctx& c) {
+                                 if (c.block_linear() == 1) throw std::invalid_argument("nested failure");
+                               });
+                             }),
                       Contains("nested failure"));
 }
 

@@ -49,9 +49,10 @@ TEST_CASE("every block of a 3-D grid runs exactly once", "[device][launch]") {
 
 TEST_CASE("exceptions thrown by a program reach launch", "[device][errors]") {
   host_device d(2);
-  REQUIRE_THROWS_WITH(d.launch(grid{64}, [](block_ctx& ctx) {
-                        if (ctx.block_linear() == 17) throw std::runtime_error("block 17 failed");
-                      }),
+  REQUIRE_THROWS_WITH(d.launch(grid{64},
+                               [](block_ctx& ctx) {
+                                 if (ctx.block_linear() == 17) throw std::runtime_error("block 17 failed");
+                               }),
                       "block 17 failed");
   // the device still works afterwards
   std::atomic<int> n{0};

@@ -27,8 +27,7 @@ namespace tessel_test_device_memory_plan {
 using tessel_test::is_error;
 using namespace tessel;
 
-tensor_life life(std::size_t bytes, std::size_t first, std::size_t last, std::optional<std::size_t> reuse = std::nullopt,
-                 std::string name = {}) {
+tensor_life life(std::size_t bytes, std::size_t first, std::size_t last, std::optional<std::size_t> reuse = std::nullopt, std::string name = {}) {
   return tensor_life{bytes, first, last, reuse, std::move(name)};
 }
 
@@ -38,8 +37,7 @@ std::size_t align_up(std::size_t b, std::size_t a) { return (b + a - 1) / a * a;
 // that input's group (inputs come first, so one pass in index order).
 std::vector<std::size_t> groups_of(const std::vector<tensor_life>& t, bool allow_in_place) {
   std::vector<std::size_t> g(t.size());
-  for (std::size_t i = 0; i < t.size(); ++i)
-    g[i] = (allow_in_place && t[i].bytes > 0 && t[i].reuse_input) ? g[*t[i].reuse_input] : i;
+  for (std::size_t i = 0; i < t.size(); ++i) g[i] = (allow_in_place && t[i].bytes > 0 && t[i].reuse_input) ? g[*t[i].reuse_input] : i;
   return g;
 }
 
@@ -69,8 +67,7 @@ plan_check check_plan(const std::vector<tensor_life>& t, const memory_plan& p, c
       if (sz[i] == 0 || sz[j] == 0 || g[i] == g[j]) continue;
       if (t[i].last < t[j].first || t[j].last < t[i].first) continue;
       const bool disjoint = p.offset[i] + sz[i] <= p.offset[j] || p.offset[j] + sz[j] <= p.offset[i];
-      if (!disjoint && c.overlaps++ == 0)
-        c.first_overlap = std::to_string(i) + std::string(" and ") + std::to_string(j);
+      if (!disjoint && c.overlaps++ == 0) c.first_overlap = std::to_string(i) + std::string(" and ") + std::to_string(j);
     }
   // Lower bound: at every op where something starts, the live groups' sizes (a group's buffer is
   // its first tensor's; its lifetime the union of its members').
@@ -361,7 +358,7 @@ program random_program(std::uint64_t seed, std::size_t n) {
   std::mt19937_64 rng(seed);
   program p;
   std::vector<std::size_t> readable;  // defined and not consumed by an in-place op
-  auto pick = [&] {  // mostly recent tensors, sometimes an old one (a long lifetime)
+  auto pick = [&] {                   // mostly recent tensors, sometimes an old one (a long lifetime)
     const std::size_t k = readable.size();
     const std::size_t i = rng() % 5 == 0 ? rng() % k : k - 1 - rng() % std::min<std::size_t>(k, 6);
     return readable[i];
@@ -371,9 +368,18 @@ program random_program(std::uint64_t seed, std::size_t n) {
     std::size_t len = 1 + rng() % 700;
     if (readable.size() >= 2 && rng() % 8 != 0) {
       switch (rng() % 5) {
-        case 0: op = {op_kind::add, pick(), pick()}; len = p.len[op.a]; break;
-        case 1: op = {op_kind::mul, pick(), pick()}; len = p.len[op.a]; break;
-        case 2: op = {op_kind::reduce, pick(), pick()}; len = 1 + rng() % 64; break;
+        case 0:
+          op = {op_kind::add, pick(), pick()};
+          len = p.len[op.a];
+          break;
+        case 1:
+          op = {op_kind::mul, pick(), pick()};
+          len = p.len[op.a];
+          break;
+        case 2:
+          op = {op_kind::reduce, pick(), pick()};
+          len = 1 + rng() % 64;
+          break;
         default:
           op = {rng() % 2 ? op_kind::relu_in_place : op_kind::scale_in_place, pick()};
           len = p.len[op.a];
@@ -463,7 +469,8 @@ constexpr std::uint32_t poison_bits = 0x7fc0deadu;
 std::vector<std::vector<float>> run_unplanned(const program& p) {
   std::vector<std::vector<float>> buf(p.ops.size());
   for (std::size_t j = 0; j < p.ops.size(); ++j) buf[j].resize(p.len[j]);
-  return run_program(p, [&](std::size_t j) { return buf[j].data(); }, [](std::size_t) {});
+  return run_program(
+      p, [&](std::size_t j) { return buf[j].data(); }, [](std::size_t) {});
 }
 
 // In `arena` at the planned offsets; a tensor's whole aligned range is poisoned when it is born
@@ -511,8 +518,7 @@ TEST_CASE("structured workloads come within 10% of the lower bound", "[device][m
   // 7B layer (dim 4096, 32 heads, ffn 11008) at seq 1024; 4 to 12 layers.
   std::vector<workload> w;
   for (std::size_t layers : {4, 8, 12}) {
-    w.push_back({std::string("tinyllama step, layers ") + std::to_string(layers),
-                 llama_training_step({1, 2048, 2048, 32, 4, 5632, 32000, layers})});
+    w.push_back({std::string("tinyllama step, layers ") + std::to_string(layers), llama_training_step({1, 2048, 2048, 32, 4, 5632, 32000, layers})});
     w.push_back({std::string("llama-7b step, layers ") + std::to_string(layers), llama_training_step({1, 1024, 4096, 32, 32, 11008, 32000, layers})});
   }
   w.push_back({"mlp inference", mlp({784, 4096, 4096, 1024, 4096, 512, 10}, 256, false)});
@@ -606,14 +612,19 @@ TEST_CASE("invalid in-place requests are typed errors naming the tensor", "[devi
   CHECK_THROWS_MATCHES(plan_memory(t), E, is_error(errc::invalid_argument, area, "tensor 0 ('x'): reuse_input 1 is a later tensor"));
   t[0].reuse_input = std::nullopt;
   t[1] = life(100, 1, 3, 0, "y");  // x lives on after y's first op
-  CHECK_THROWS_MATCHES(plan_memory(t), E, is_error(errc::invalid_argument, area, "tensor 0 ('x') is last used at op 2, not at this tensor's first op 1"));
+  CHECK_THROWS_MATCHES(plan_memory(t), E,
+                       is_error(errc::invalid_argument, area, "tensor 0 ('x') is last used at op 2, not at this tensor's first op 1"));
   t[1] = life(100, 3, 4, 0, "y");  // x died before y's first op: that is reuse, not in place
   CHECK_THROWS_MATCHES(plan_memory(t), E, is_error(errc::invalid_argument, area, "not at this tensor's first op 3"));
   t[1] = life(101, 2, 4, 0, "y");
-  CHECK_THROWS_MATCHES(plan_memory(t), E, is_error(errc::invalid_argument, area, "tensor 1 ('y'): reuse_input tensor 0 ('x') has 100 bytes, fewer than this tensor's 101"));
+  CHECK_THROWS_MATCHES(
+      plan_memory(t), E,
+      is_error(errc::invalid_argument, area, "tensor 1 ('y'): reuse_input tensor 0 ('x') has 100 bytes, fewer than this tensor's 101"));
   t[1] = life(100, 2, 4, 0, "y");
   t.push_back(life(50, 2, 2, 0, "z"));
-  CHECK_THROWS_MATCHES(plan_memory(t), E, is_error(errc::invalid_argument, area, "tensor 2 ('z'): reuse_input tensor 0 ('x') is already taken in place by tensor 1 ('y')"));
+  CHECK_THROWS_MATCHES(
+      plan_memory(t), E,
+      is_error(errc::invalid_argument, area, "tensor 2 ('z'): reuse_input tensor 0 ('x') is already taken in place by tensor 1 ('y')"));
   // Checked even when in-place reuse is off: the request describes the program.
   CHECK_THROWS_MATCHES(plan_memory(t, {64, false}), E, is_error(errc::invalid_argument, area, "already taken in place"));
   t.pop_back();
@@ -627,10 +638,12 @@ TEST_CASE("bad lifetimes, alignments and sizes are typed errors", "[device][memo
   const auto area = "memory plan";
   using E = memory_plan_error;
   const std::vector<tensor_life> back{life(8, 0, 1), life(8, 5, 4, std::nullopt, "w")};
-  CHECK_THROWS_MATCHES(plan_memory(back), E, is_error(errc::invalid_argument, area, "tensor 1 ('w'): last use (op 4) is before its definition (op 5)"));
+  CHECK_THROWS_MATCHES(plan_memory(back), E,
+                       is_error(errc::invalid_argument, area, "tensor 1 ('w'): last use (op 4) is before its definition (op 5)"));
   const std::vector<tensor_life> ok{life(8, 0, 1)};
   for (std::size_t a : {std::size_t{0}, std::size_t{3}, std::size_t{96}, SIZE_MAX})
-    CHECK_THROWS_MATCHES(plan_memory(ok, {a, true}), E, is_error(errc::invalid_argument, area, std::string("alignment ") + std::to_string(a) + " is not a power of two"));
+    CHECK_THROWS_MATCHES(plan_memory(ok, {a, true}), E,
+                         is_error(errc::invalid_argument, area, std::string("alignment ") + std::to_string(a) + " is not a power of two"));
   CHECK_THROWS_MATCHES(plan_memory({}, {0, true}), E, is_error(errc::invalid_argument, area, "alignment 0"));
   for (std::size_t a : {std::size_t{1}, std::size_t{2}, std::size_t{1} << 40}) CHECK_NOTHROW(plan_memory(ok, {a, true}));
 
@@ -704,8 +717,7 @@ TEST_CASE("plans are deterministic, and 10^5 tensors plan", "[device][memory_pla
   // a quadratic planner would take minutes. Checked with a sweep over the groups (brute force is
   // O(n^2) here): at every op the live groups' ranges are disjoint.
   for (int which = 0; which < 2; ++which) {
-    const auto w = which == 0 ? random_workload(rng, 100000, 0, 0.2)
-                              : llama_training_step({1, 128, 256, 4, 4, 704, 1000, 3300});
+    const auto w = which == 0 ? random_workload(rng, 100000, 0, 0.2) : llama_training_step({1, 128, 256, 4, 4, 704, 1000, 3300});
     const memory_plan p = plan_memory(w);
     INFO(to_string(p));
     REQUIRE(p.offset.size() == w.size());
@@ -721,8 +733,8 @@ TEST_CASE("plans are deterministic, and 10^5 tensors plan", "[device][memory_pla
     for (std::size_t i = 0; i < w.size(); ++i)
       if (g[i] == i && w[i].bytes) starts.push_back(i);
     std::sort(starts.begin(), starts.end(), [&](std::size_t x, std::size_t y) { return gf[x] < gf[y]; });
-    std::multimap<std::size_t, std::size_t> ending;       // last op -> group
-    std::map<std::size_t, std::size_t> occupied;          // offset -> end, of the live groups
+    std::multimap<std::size_t, std::size_t> ending;  // last op -> group
+    std::map<std::size_t, std::size_t> occupied;     // offset -> end, of the live groups
     std::size_t overlaps = 0;
     for (std::size_t s : starts) {
       while (!ending.empty() && ending.begin()->first < gf[s]) {

@@ -51,9 +51,7 @@ auto make_lambda() {
   return [] {};
 }
 
-fs::path temp_file(const std::string& stem) {
-  return fs::temp_directory_path() / (stem + "_" + std::to_string(::getpid()) + ".json");
-}
+fs::path temp_file(const std::string& stem) { return fs::temp_directory_path() / (stem + "_" + std::to_string(::getpid()) + ".json"); }
 
 profiler::machine_limits test_limits() {
   profiler::machine_limits m;
@@ -311,7 +309,7 @@ TEST_CASE("the limits cache round-trips and a bad file means unknown", "[device]
   const auto m = profiler::load_limits();
   REQUIRE(m.known());
   CHECK(m.fp32_gflops == std::vector<double>{101.5, 202.25});
-  CHECK(m.stream_gbs == std::vector<double>{11, 13});  // the better of copy and triad
+  CHECK(m.stream_gbs == std::vector<double>{11, 13});      // the better of copy and triad
   CHECK(m.peak_gflops(math_precision::bf16, 1) == 101.5);  // no bf16 dot: the FP32 roof
   CHECK(m.source == path.string());
   {
@@ -374,8 +372,10 @@ TEST_CASE("type names are cleaned of the library's namespaces and template argum
   CHECK(clean_type_name("tessel::v0::detail::softmax::fwd_program<float, tessel::v0::bf16>") == "softmax::fwd_program");
   CHECK(clean_type_name("tessel::v0::gemm_splitk_reduce<float, tessel::v0::epilogue::chain<> >") == "gemm_splitk_reduce");
   CHECK(clean_type_name("main()::<lambda(tessel::v0::block_ctx&)>") == "main::lambda");
-  CHECK(clean_type_name("tessel::v0::gelu_forward<tessel::v0::host_device, float>(tessel::v0::host_device&, std::span<const float>)::<lambda(std::size_t, auto:1, bool)>") ==
-        "gelu_forward::lambda");
+  CHECK(
+      clean_type_name(
+          "tessel::v0::gelu_forward<tessel::v0::host_device, float>(tessel::v0::host_device&, std::span<const float>)::<lambda(std::size_t, auto:1, bool)>") ==
+      "gelu_forward::lambda");
   CHECK(clean_type_name("(lambda at /src/include/tessel/ops/activation.hpp:119:5)") == "lambda@activation.hpp:119");
 #if defined(__clang__)
   CHECK(tessel::detail::enclosing_function_name<decltype(make_lambda())>().find("lambda@profiler.cpp:") != std::string::npos);

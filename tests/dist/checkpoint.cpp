@@ -61,7 +61,8 @@ fs::path tmp_dir(const std::string& tag) { return fs::temp_directory_path() / ("
 // Trains `sp` from `from` (a weights file, or a checkpoint directory when `checkpoint`) for steps
 // [first, first + before), saves to `save` (if not empty) with step first + before, then trains
 // `after` more steps.
-phase_result phase(const spec& sp, const fs::path& from, bool checkpoint, std::size_t first, std::size_t before, const fs::path& save, std::size_t after) {
+phase_result phase(const spec& sp, const fs::path& from, bool checkpoint, std::size_t first, std::size_t before, const fs::path& save,
+                   std::size_t after) {
   constexpr std::size_t B = 4, S = 6;
   phase_result out;
   std::mutex mu;
@@ -151,8 +152,8 @@ TEST_CASE("checkpoints load onto any layout: the gathered state byte for byte, t
     s.state = gather(s.dir);
     std::size_t values = 0;
     for (const auto& [k, v] : s.state) values += k.rfind("value/", 0) == 0;
-    CHECK(values == 3 + 4 * 9);                 // embedding, final norm, head; 9 tensors per layer
-    CHECK(s.state.size() == 3 * values);        // and both moments of every one
+    CHECK(values == 3 + 4 * 9);           // embedding, final norm, head; 9 tensors per layer
+    CHECK(s.state.size() == 3 * values);  // and both moments of every one
     from.push_back(std::move(s));
   }
   for (std::size_t a = 0; a < layouts().size(); ++a)
@@ -165,8 +166,10 @@ TEST_CASE("checkpoints load onto any layout: the gathered state byte for byte, t
       const fs::path again = tmp_dir(tag);
       const auto r = phase(layouts()[b], from[a].dir, true, 2, 0, again, 1);
       REQUIRE(r.losses.size() == 1);
-      if (a == b) CHECK(r.losses[0] == from[a].next_loss);
-      else CHECK(std::fabs(r.losses[0] - from[a].next_loss) <= 1e-5 * std::fabs(from[a].next_loss));
+      if (a == b)
+        CHECK(r.losses[0] == from[a].next_loss);
+      else
+        CHECK(std::fabs(r.losses[0] - from[a].next_loss) <= 1e-5 * std::fabs(from[a].next_loss));
       std::string first;
       CHECK(differing(from[a].state, gather(again), first) == 0);
       INFO("first differing tensor: " << first);
@@ -192,7 +195,8 @@ TEST_CASE("checkpoints: corrupted files, missing manifests and models they do no
   // a model with another vocabulary: the embedding's shape differs
   auto other = tessel_test::layout_run_llama();
   other.vocab_size = 41;
-  CHECK_THROWS_MATCHES(load_one(dir, other), dist::dist_error, is_error(errc::format, "dist", "'model.embed_tokens.weight' has shape [37, 64] in the checkpoint"));
+  CHECK_THROWS_MATCHES(load_one(dir, other), dist::dist_error,
+                       is_error(errc::format, "dist", "'model.embed_tokens.weight' has shape [37, 64] in the checkpoint"));
   // a model with a layer more: its tensors are in no piece
   other = tessel_test::layout_run_llama();
   other.num_hidden_layers = 5;
@@ -208,7 +212,8 @@ TEST_CASE("checkpoints: corrupted files, missing manifests and models they do no
     io.seekp(-5, std::ios::end);
     io.write(&c, 1);
   }
-  CHECK_THROWS_MATCHES(load_one(dir, tessel_test::layout_run_llama()), dist::dist_error, is_error(errc::format, "dist", "rank-00001.safetensors has hash"));
+  CHECK_THROWS_MATCHES(load_one(dir, tessel_test::layout_run_llama()), dist::dist_error,
+                       is_error(errc::format, "dist", "rank-00001.safetensors has hash"));
   fs::remove(dir / dist::checkpoint_manifest);
   CHECK_THROWS_MATCHES(load_one(dir, tessel_test::layout_run_llama()), dist::dist_error, is_error(errc::io, "dist", "no manifest"));
   fs::remove_all(dir);

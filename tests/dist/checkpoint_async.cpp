@@ -96,8 +96,10 @@ void train(int dp_n, int tp_n, int zero, std::size_t steps, bool lazy, At&& at, 
       at(step, dp, grp.world());
     }
   };
-  if (emulated) emulated_world::run_default(dp_n * tp_n, rank, false);
-  else threads_world::run(dp_n * tp_n, rank);
+  if (emulated)
+    emulated_world::run_default(dp_n * tp_n, rank, false);
+  else
+    threads_world::run(dp_n * tp_n, rank);
 }
 
 // A recommendation-style model: a 20000 x 32 table whose rows a step looks up, and a small dense
@@ -130,27 +132,30 @@ TEST_CASE("an asynchronous save writes the state of the moment it was called, by
     std::mutex mu;
     std::vector<dist::save_report> reports;
     std::vector<dist::checkpointer> cks(std::size_t(dp_n * tp_n));  // one per rank
-    train(dp_n, tp_n, zero, 2, false, [&](std::size_t step, auto& dp, communicator& world) {
-      if (step != 2) return;
-      const dist::checkpoint_state st{.step = step, .extra = {{"loader", "at 2"}}};
-      if (!emulated) dist::save_checkpoint(sync, dp, world, st);
-      auto& ck = cks[std::size_t(world.rank())];
-      auto f = ck.save(async, dp, world, st);  // returns once staged
-      // the model changes while the save is written: every value and moment
-      const float nan = std::numeric_limits<float>::quiet_NaN();
-      for (auto& p : dp.model().params()) {
-        std::fill(p.value.data(), p.value.data() + p.numel, nan);
-        if (p.m.size() == p.numel) std::fill(p.m.data(), p.m.data() + p.numel, nan), std::fill(p.v.data(), p.v.data() + p.numel, nan);
-      }
-      if (dp.zero_stage() == 1) {
-        const auto mv = dp.shard_moments();
-        std::fill(mv.first.begin(), mv.first.end(), nan), std::fill(mv.second.begin(), mv.second.end(), nan);
-      }
-      const auto r = f.wait();
-      TS_CHECK(f.durable());
-      std::lock_guard lk(mu);
-      reports.push_back(r);
-    }, emulated);
+    train(
+        dp_n, tp_n, zero, 2, false,
+        [&](std::size_t step, auto& dp, communicator& world) {
+          if (step != 2) return;
+          const dist::checkpoint_state st{.step = step, .extra = {{"loader", "at 2"}}};
+          if (!emulated) dist::save_checkpoint(sync, dp, world, st);
+          auto& ck = cks[std::size_t(world.rank())];
+          auto f = ck.save(async, dp, world, st);  // returns once staged
+          // the model changes while the save is written: every value and moment
+          const float nan = std::numeric_limits<float>::quiet_NaN();
+          for (auto& p : dp.model().params()) {
+            std::fill(p.value.data(), p.value.data() + p.numel, nan);
+            if (p.m.size() == p.numel) std::fill(p.m.data(), p.m.data() + p.numel, nan), std::fill(p.v.data(), p.v.data() + p.numel, nan);
+          }
+          if (dp.zero_stage() == 1) {
+            const auto mv = dp.shard_moments();
+            std::fill(mv.first.begin(), mv.first.end(), nan), std::fill(mv.second.begin(), mv.second.end(), nan);
+          }
+          const auto r = f.wait();
+          TS_CHECK(f.durable());
+          std::lock_guard lk(mu);
+          reports.push_back(r);
+        },
+        emulated);
     REQUIRE(reports.size() == std::size_t(dp_n * tp_n));
     for (const auto& r : reports) {
       CHECK_FALSE(r.delta);
@@ -226,8 +231,10 @@ TEST_CASE("incremental saves: every checkpoint of a chain of deltas loads back b
       written += r.written_bytes;
     }
     for (int w = 0; w < 4; ++w) full += fs::file_size(root / ("full-" + s) / dist::ckpt::rank_file(w));
-    if (delta) CHECK(written < full);
-    else CHECK(written == full);
+    if (delta)
+      CHECK(written < full);
+    else
+      CHECK(written == full);
     const auto a = gather(root / ("full-" + s)), b = gather(root / ("inc-" + s));
     CHECK(same(a, b));
   }
@@ -284,9 +291,7 @@ TEST_CASE("checkpointer errors: a loop of bases, a bad option, and a failed save
     dist::checkpointer c;
     try {
       c.save(w == 0 ? root / "ok" : root / "blocker" / "x", dp, world).wait();
-    } catch (const dist::dist_error& e) {
-      what[w] = e.what();
-    }
+    } catch (const dist::dist_error& e) { what[w] = e.what(); }
   });
   CHECK_THAT(what[0], Catch::Contains("rank 1 cannot prepare"));
   CHECK_THAT(what[1], Catch::Contains("cannot create"));
@@ -298,9 +303,7 @@ TEST_CASE("checkpointer errors: a loop of bases, a bad option, and a failed save
     dist::checkpointer c({.timeout = std::chrono::seconds(100)});
     try {
       c.save(root / "two", dp, world).wait();
-    } catch (const tessel::error& e) {
-      late[std::size_t(world.rank())] = e.what();
-    }
+    } catch (const tessel::error& e) { late[std::size_t(world.rank())] = e.what(); }
   });
   CHECK_THAT(late[0], Catch::Contains("rank 1 could not write its file") && Catch::Contains("cannot rename"));
   CHECK_THAT(late[1], Catch::Contains("cannot rename"));
@@ -310,9 +313,7 @@ TEST_CASE("checkpointer errors: a loop of bases, a bad option, and a failed save
     dist::checkpointer c({.timeout = std::chrono::seconds(100)});
     try {
       c.save(root / "three", dp, world).wait();
-    } catch (const tessel::error& e) {
-      late[std::size_t(world.rank())] = e.what();
-    }
+    } catch (const tessel::error& e) { late[std::size_t(world.rank())] = e.what(); }
   });
   CHECK_THAT(late[0], Catch::Contains("cannot rename"));
   CHECK_THAT(late[1], Catch::Contains("the save failed on another rank") && Catch::Contains("cannot rename"));
@@ -388,7 +389,8 @@ TEST_CASE("tiers: each saves at its interval, keeps its newest durable checkpoin
   CHECK(on_disk(root / "fast") == std::vector<std::string>{"step-000000000010", "step-000000000011", "step-000000000012"});
   CHECK(on_disk(root / "slow") == std::vector<std::string>{"step-000000000008", "step-000000000012"});  // keep 2: the adopted 4 went
   CHECK_THROWS_MATCHES(dist::tiered_checkpointer({}), dist::dist_error, is_error(errc::invalid_argument, "dist", "no tiers"));
-  CHECK_THROWS_MATCHES(dist::tiered_checkpointer({{.dir = root, .every = 0}}), dist::dist_error, is_error(errc::invalid_argument, "dist", "interval > 0"));
+  CHECK_THROWS_MATCHES(dist::tiered_checkpointer({{.dir = root, .every = 0}}), dist::dist_error,
+                       is_error(errc::invalid_argument, "dist", "interval > 0"));
   CHECK_THROWS_MATCHES(dist::tiered_checkpointer({{.dir = root / "a"}, {.dir = root / "x" / ".." / "a"}}), dist::dist_error,
                        is_error(errc::invalid_argument, "dist", "tiers 0 and 1 share"));
   fs::remove_all(root);

@@ -98,7 +98,7 @@ TEST_CASE("dp=2 AdamW steps of a tiny Llama equal one device on the full batch, 
     const int r = grp.dp().rank();
     host_device dv(1);
     nn::decoder_lm<host_device> m(dv, cfg);
-    m.init(3 + std::uint64_t(r) * 17, 0.1);  // different on each rank: broadcast_parameters makes them rank 0's
+    m.init(3 + std::uint64_t(r) * 17, 0.1);                           // different on each rank: broadcast_parameters makes them rank 0's
     dist::data_parallel dp(m, grp.dp(), {.bucket_bytes = 16 << 10});  // several buckets
     dp.broadcast_parameters(0);
     const std::size_t b = B / 2, off = std::size_t(r) * b * S;
@@ -143,7 +143,8 @@ TEST_CASE("dp=2 AdamW steps of a tiny Llama equal one device on the full batch, 
     worst_l = std::max(worst_l, rel);
   }
   WARN("dp=2 vs one device: step-1 grads worst |dg| / bound = " << worst_g << "; params after " << STEPS << " steps max |dp| = " << worst_p
-                                                                 << " (bound " << 2 * 3.2 * h.hyper.lr * STEPS << "); loss max rel diff = " << worst_l);
+                                                                << " (bound " << 2 * 3.2 * h.hyper.lr * STEPS
+                                                                << "); loss max rel diff = " << worst_l);
 }
 
 namespace {
@@ -151,7 +152,7 @@ namespace {
 // One dp run of STEPS AdamW steps over `dp` thread ranks (each with batch / dp sequences), at a
 // ZeRO stage: every rank's parameters after the last step, the losses, and what memory() reports.
 struct zero_run {
-  std::vector<grads> params;            // per rank
+  std::vector<grads> params;  // per rank
   std::vector<std::vector<double>> losses, norms;
   std::vector<dist::memory_use> memory;
   std::vector<std::pair<std::size_t, std::size_t>> owned;
@@ -224,7 +225,8 @@ TEMPLATE_TEST_CASE("ZeRO-1 data parallel gives plain DP's bits, with 1/dp of the
       CHECK(z1.losses[r] == z0.losses[r]);
       // memory: the same parameters and gradients, the moments of the shard only
       const auto [lo, hi] = z1.owned[r];
-      CHECK(hi - lo == std::min(P, (P + std::size_t(dp) - 1) / std::size_t(dp) * (r + 1)) - std::min(P, (P + std::size_t(dp) - 1) / std::size_t(dp) * r));
+      CHECK(hi - lo ==
+            std::min(P, (P + std::size_t(dp) - 1) / std::size_t(dp) * (r + 1)) - std::min(P, (P + std::size_t(dp) - 1) / std::size_t(dp) * r));
       shard_sum += hi - lo;
       CHECK(z1.memory[r].optimizer_state == 8 * (hi - lo));
       CHECK(z0.memory[r].optimizer_state == 8 * P);
@@ -240,7 +242,8 @@ TEMPLATE_TEST_CASE("ZeRO-1 data parallel gives plain DP's bits, with 1/dp of the
 // With the gradient norm clipped, ZeRO-1 sums the squared norm shard by shard in double (plain DP:
 // the optimizer's f32 chunk sums), so the clipping coefficients differ in rounding: the norms agree
 // to f32 accumulation accuracy and the parameters within the AdamW update bound (2·3.2·lr per step).
-TEST_CASE("ZeRO-1 with gradient clipping: one global norm on every rank, parameters within the update bound of plain DP", "[dist][data_parallel][zero]") {
+TEST_CASE("ZeRO-1 with gradient clipping: one global norm on every rank, parameters within the update bound of plain DP",
+          "[dist][data_parallel][zero]") {
   constexpr std::size_t BN = 6;
   std::vector<batch> data;
   for (std::size_t s = 0; s < STEPS; ++s) data.push_back(tessel_test::make_batch(400 + s, BN, S, 37));
@@ -259,11 +262,12 @@ TEST_CASE("ZeRO-1 with gradient clipping: one global norm on every rank, paramet
       worst_n = std::max(worst_n, rel);
     }
     for (std::size_t i = 0; i < z0.params[r].size(); ++i)
-      for (std::size_t k = 0; k < z0.params[r][i].size(); ++k) worst_p = std::max(worst_p, std::fabs(double(z1.params[r][i][k]) - double(z0.params[r][i][k])));
+      for (std::size_t k = 0; k < z0.params[r][i].size(); ++k)
+        worst_p = std::max(worst_p, std::fabs(double(z1.params[r][i][k]) - double(z0.params[r][i][k])));
   }
   CHECK(worst_p <= 2 * 3.2 * h.hyper.lr * STEPS);
-  WARN("ZeRO-1 vs plain DP with clipping: norm max rel diff " << worst_n << ", params max |diff| " << worst_p << " (bound " << 2 * 3.2 * h.hyper.lr * STEPS
-                                                               << ")");
+  WARN("ZeRO-1 vs plain DP with clipping: norm max rel diff " << worst_n << ", params max |diff| " << worst_p << " (bound "
+                                                              << 2 * 3.2 * h.hyper.lr * STEPS << ")");
 }
 
 // dp × tp: data_parallel over tensor-parallel replicas (dp = 2, tp = 2 on 4 thread ranks), each
@@ -354,13 +358,14 @@ TEST_CASE("dp x tp: data_parallel over tp_decoder_lm replicas, ZeRO-1 bitwise eq
     const std::size_t r = w % 2;
     REQUIRE(c0.params[w].size() == tp_only.params[r].size());
     for (std::size_t i = 0; i < c0.params[w].size(); ++i)
-      for (std::size_t j = 0; j < c0.params[w][i].size(); ++j) worst_p = std::max(worst_p, std::fabs(double(c0.params[w][i][j]) - double(tp_only.params[r][i][j])));
+      for (std::size_t j = 0; j < c0.params[w][i].size(); ++j)
+        worst_p = std::max(worst_p, std::fabs(double(c0.params[w][i][j]) - double(tp_only.params[r][i][j])));
     for (std::size_t s = 0; s < STEPS; ++s) worst_l = std::max(worst_l, std::fabs(c0.losses[w][s] - tp_only.losses[r][s]) / tp_only.losses[r][s]);
   }
   CHECK(worst_p <= pbound);
   CHECK(worst_l <= 1e-5);
-  WARN("dp2 x tp2: ZeRO-1 vs plain DP clipped norm max rel diff " << worst_norm << "; vs tp2 alone: params max |dp| " << worst_p << " (bound " << pbound
-                                                                   << "), loss max rel diff " << worst_l);
+  WARN("dp2 x tp2: ZeRO-1 vs plain DP clipped norm max rel diff " << worst_norm << "; vs tp2 alone: params max |dp| " << worst_p << " (bound "
+                                                                  << pbound << "), loss max rel diff " << worst_l);
   std::filesystem::remove(path);
 }
 
@@ -451,9 +456,7 @@ TEST_CASE("data_parallel: compressed gradients with ZeRO-1 are a typed error", "
     bool ok = false;
     try {
       dist::data_parallel dp(m, grp.dp(), {.zero_stage = 1, .compression = {.format = wire_format::int4}});
-    } catch (const dist::dist_error& e) {
-      ok = is_error(errc::unsupported, "dist", "compressed gradients with ZeRO stage 1").match(e);
-    }
+    } catch (const dist::dist_error& e) { ok = is_error(errc::unsupported, "dist", "compressed gradients with ZeRO stage 1").match(e); }
     TS_CHECK(ok);
   });
 }

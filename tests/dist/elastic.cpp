@@ -122,7 +122,8 @@ std::string diff(const outcome& a, const outcome& b) {
   for (const auto& [r, ps] : a.params)
     for (const auto& [name, v] : ps) {
       const auto& w = b.params.at(r).at(name);
-      if (w.size() != v.size() || std::memcmp(v.data(), w.data(), v.size() * sizeof(float)) != 0) return "rank " + std::to_string(r) + "'s " + name + " differs";
+      if (w.size() != v.size() || std::memcmp(v.data(), w.data(), v.size() * sizeof(float)) != 0)
+        return "rank " + std::to_string(r) + "'s " + name + " differs";
     }
   return {};
 }
@@ -135,7 +136,8 @@ outcome reference(const job_spec& sp) {
 
 }  // namespace
 
-TEST_CASE("elastic: a card dying mid-training is replaced by a hot spare, and training ends with the bits of a run without the failure", "[dist][elastic]") {
+TEST_CASE("elastic: a card dying mid-training is replaced by a hot spare, and training ends with the bits of a run without the failure",
+          "[dist][elastic]") {
   job_spec sp;
   const outcome ref = reference(sp);
   REQUIRE(ref.loss.size() == sp.steps);
@@ -245,8 +247,10 @@ TEST_CASE("elastic: shrink drops the data-parallel replica that lost a card and 
   REQUIRE(got.loss.size() == want.loss.size());
   for (const auto& [step, l] : want.loss) {
     INFO("step " << step);
-    if (step < 3) CHECK(std::memcmp(&l, &got.loss.at(step), sizeof l) == 0);  // before the failure: the same world
-    else CHECK(got.loss.at(step) == Approx(l).epsilon(1e-5));  // one replica's mean over the whole batch: another summation order
+    if (step < 3)
+      CHECK(std::memcmp(&l, &got.loss.at(step), sizeof l) == 0);  // before the failure: the same world
+    else
+      CHECK(got.loss.at(step) == Approx(l).epsilon(1e-5));  // one replica's mean over the whole batch: another summation order
   }
   // ZeRO-1's moment shards would need re-sharding over the new dp: refused by name
   sp.zero = 1;

@@ -67,8 +67,8 @@ std::string expert_name(std::size_t j, int w) { return "experts." + std::to_stri
 // The block's parameters in a registry (router "gate.weight" and the experts [first, first + count)),
 // values drawn per name so that every registry holds the same numbers.
 template <class T>
-std::vector<std::array<nn::parameter<host_device>*, 3>> add_block(nn::parameters<host_device>& reg, std::size_t d, std::size_t first, std::size_t count,
-                                                                   nn::parameter<host_device>*& router) {
+std::vector<std::array<nn::parameter<host_device>*, 3>> add_block(nn::parameters<host_device>& reg, std::size_t d, std::size_t first,
+                                                                  std::size_t count, nn::parameter<host_device>*& router) {
   constexpr bool b = std::is_same_v<T, bf16>;
   auto fill = [&](nn::parameter<host_device>& p, std::uint64_t seed, double scale) {
     const auto v = normals(p.numel, seed, scale);
@@ -164,7 +164,8 @@ void check_ep(int ep, const std::vector<std::size_t>& tokens, bool fp8, std::siz
     c.all_reduce(std::span<float>(g), reduce_op::sum);
     const float* want = router->grad.data();
     double gmax = 0.0, dmax = 0.0;
-    for (std::size_t i = 0; i < g.size(); ++i) gmax = std::max(gmax, double(std::fabs(want[i]))), dmax = std::max(dmax, double(std::fabs(g[i] - want[i])));
+    for (std::size_t i = 0; i < g.size(); ++i)
+      gmax = std::max(gmax, double(std::fabs(want[i]))), dmax = std::max(dmax, double(std::fabs(g[i] - want[i])));
     const double u = std::ldexp(1.0, -24), gN = double(N) * u / (1.0 - double(N) * u), bound = 2.0 * gN * double(N) * gmax;
     std::lock_guard lk(mu);
     worst_router = std::max(worst_router, dmax);
@@ -356,7 +357,8 @@ TEST_CASE("Mixtral with experts over ep = 2 trains as plain data parallelism doe
       for (const auto& [name, g] : ep.grads1[w]) {
         const auto& want = plain.grads1[w].at(name);
         double gmax = 0.0, dmax = 0.0;
-        for (std::size_t i = 0; i < g.size(); ++i) gmax = std::max(gmax, double(std::fabs(want[i]))), dmax = std::max(dmax, double(std::fabs(g[i] - want[i])));
+        for (std::size_t i = 0; i < g.size(); ++i)
+          gmax = std::max(gmax, double(std::fabs(want[i]))), dmax = std::max(dmax, double(std::fabs(g[i] - want[i])));
         INFO(name << ": max |Δg| " << dmax << " of max |g| " << gmax);
         CHECK(dmax <= 1e-4 * gmax);
         if (gmax > 0) worst_g = std::max(worst_g, dmax / gmax);
@@ -407,7 +409,8 @@ TEST_CASE("expert parallelism's unsupported and inconsistent setups are typed er
     dist::tp_decoder_lm<host_device> m(dv, tiny_mixtral(), grp.tp(), {.ep = &grp.ep()});
     m.load(path);  // the other rank's experts in the file are skipped by name
     throws([&] { dist::data_parallel dpm(m, grp.dp(), {}); }, errc::config, "expert_dp must be the replicas holding the same experts");
-    throws([&] { dist::data_parallel dpm(m, grp.dp(), {.zero_stage = 1, .expert_dp = &grp.edp()}); }, errc::unsupported, "ZeRO stage 1 with expert parallelism");
+    throws([&] { dist::data_parallel dpm(m, grp.dp(), {.zero_stage = 1, .expert_dp = &grp.edp()}); }, errc::unsupported,
+           "ZeRO stage 1 with expert parallelism");
     throws([&] { dist::tp_decoder_lm<host_device> sp(dv, tiny_mixtral(), grp.tp(), {.sequence_parallel = true}); }, errc::unsupported,
            "sequence parallelism with mixture-of-experts");
     auto dense = tiny_mixtral();

@@ -53,8 +53,10 @@ TEST_CASE("dist layout: bad layouts are typed errors naming the numbers", "[dist
   CHECK_NOTHROW(l.validate(6));
   CHECK_THROWS_MATCHES((dist::parallel_layout{.dp = 0, .tp = 2}.validate(2)), dist::dist_error, is_error(errc::config, "dist", "at least 1"));
   CHECK_NOTHROW((dist::parallel_layout{.dp = 1, .tp = 1, .pp = 2}.validate(2)));
-  CHECK_THROWS_MATCHES((dist::parallel_layout{.dp = 1, .tp = 1, .pp = 2, .ep = 2}.validate(2)), dist::dist_error, is_error(errc::config, "dist", "ep = 2 does not divide dp = 1"));
-  CHECK_THROWS_MATCHES((dist::parallel_layout{.dp = 6, .ep = 4}.validate(6)), dist::dist_error, is_error(errc::config, "dist", "ep = 4 does not divide dp = 6"));
+  CHECK_THROWS_MATCHES((dist::parallel_layout{.dp = 1, .tp = 1, .pp = 2, .ep = 2}.validate(2)), dist::dist_error,
+                       is_error(errc::config, "dist", "ep = 2 does not divide dp = 1"));
+  CHECK_THROWS_MATCHES((dist::parallel_layout{.dp = 6, .ep = 4}.validate(6)), dist::dist_error,
+                       is_error(errc::config, "dist", "ep = 4 does not divide dp = 6"));
   CHECK_NOTHROW((dist::parallel_layout{.dp = 4, .tp = 2, .ep = 2}.validate(8)));
   CHECK_NOTHROW((dist::parallel_layout{.dp = 2, .tp = 1, .zero_stage = 1}.validate(2)));
   CHECK_THROWS_MATCHES((dist::parallel_layout{.dp = 2, .tp = 1, .zero_stage = 2}.validate(2)), dist::dist_error,
@@ -65,8 +67,10 @@ TEST_CASE("dist layout: bad layouts are typed errors naming the numbers", "[dist
 
   const dist::parallel_layout t2{.tp = 2}, t4{.tp = 4};
   CHECK_NOTHROW(t2.validate(llama(4, 2, 96)));
-  CHECK_THROWS_MATCHES(t2.validate(llama(3, 3, 96)), dist::dist_error, is_error(errc::config, "dist", "tp = 2 does not divide the 3 attention heads"));
-  CHECK_THROWS_MATCHES(t2.validate(llama(6, 3, 96)), dist::dist_error, is_error(errc::config, "dist", "tp = 2 and the 3 kv heads: one must divide the other"));
+  CHECK_THROWS_MATCHES(t2.validate(llama(3, 3, 96)), dist::dist_error,
+                       is_error(errc::config, "dist", "tp = 2 does not divide the 3 attention heads"));
+  CHECK_THROWS_MATCHES(t2.validate(llama(6, 3, 96)), dist::dist_error,
+                       is_error(errc::config, "dist", "tp = 2 and the 3 kv heads: one must divide the other"));
   CHECK_NOTHROW(t4.validate(llama(4, 2, 96)));  // each kv head replicated on 2 ranks
   CHECK_NOTHROW(t4.validate(llama(8, 1, 96)));  // multi-query: the one kv head on every rank
   CHECK_THROWS_MATCHES((dist::parallel_layout{.tp = 6}.validate(llama(12, 4, 96))), dist::dist_error,
@@ -77,7 +81,8 @@ TEST_CASE("dist layout: bad layouts are typed errors naming the numbers", "[dist
   io::model_config moe = llama(4, 2, 96);
   moe.num_local_experts = 6, moe.num_experts_per_tok = 2;
   CHECK_NOTHROW((dist::parallel_layout{.dp = 2, .ep = 2}.validate(moe)));
-  CHECK_THROWS_MATCHES((dist::parallel_layout{.dp = 4, .ep = 4}.validate(moe)), dist::dist_error, is_error(errc::config, "dist", "ep = 4 does not divide the 6 experts"));
+  CHECK_THROWS_MATCHES((dist::parallel_layout{.dp = 4, .ep = 4}.validate(moe)), dist::dist_error,
+                       is_error(errc::config, "dist", "ep = 4 does not divide the 6 experts"));
 }
 
 TEST_CASE("dist groups: ep splits blocks of consecutive dp replicas, edp joins the replicas holding the same experts", "[dist][groups]") {

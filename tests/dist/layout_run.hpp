@@ -47,8 +47,7 @@ struct layout_run_spec {
   int world() const { return dp * tp * pp; }
   std::string name() const {
     return "dp " + std::to_string(dp) + " x tp " + std::to_string(tp) + " x pp " + std::to_string(pp) + " x ep " + std::to_string(ep) + ", ZeRO-" +
-           std::to_string(zero) + ", " +
-           std::to_string(micro) + " micro-batches";
+           std::to_string(zero) + ", " + std::to_string(micro) + " micro-batches";
   }
 };
 
@@ -120,8 +119,10 @@ layout_run_rank layout_run(Transport t, const layout_run_spec& sp, const std::fi
   h.max_grad_norm = 1.0f;
   std::optional<dist::data_parallel<dist::pipeline<dist::tp_decoder_lm<host_device>>>> dp;
   std::optional<dist::data_parallel<dist::tp_decoder_lm<host_device>>> edp;  // experts over ep: data parallelism over the model itself
-  if (moe) edp.emplace(m, grp.dp(), dist::data_parallel_options{.bucket_bytes = 4 << 10, .expert_dp = &grp.edp()});
-  else if (sp.dp > 1) dp.emplace(pipe, grp.dp(), dist::data_parallel_options{.bucket_bytes = 4 << 10, .zero_stage = sp.zero});
+  if (moe)
+    edp.emplace(m, grp.dp(), dist::data_parallel_options{.bucket_bytes = 4 << 10, .expert_dp = &grp.edp()});
+  else if (sp.dp > 1)
+    dp.emplace(pipe, grp.dp(), dist::data_parallel_options{.bucket_bytes = 4 << 10, .zero_stage = sp.zero});
   const std::size_t b = B / std::size_t(sp.dp), off = std::size_t(grp.coords().dp) * b * S;
   layout_run_rank out;
   for (std::size_t s = 0; s < layout_run_steps; ++s) {
@@ -159,7 +160,8 @@ inline std::string layout_run_diff(const layout_run_rank& a, const layout_run_ra
   for (const auto& [name, v] : a.params) {
     const auto it = b.params.find(name);
     if (it == b.params.end()) return "tensor " + name + " missing";
-    if (it->second.size() != v.size() || std::memcmp(v.data(), it->second.data(), v.size() * sizeof(float)) != 0) return "tensor " + name + " differs";
+    if (it->second.size() != v.size() || std::memcmp(v.data(), it->second.data(), v.size() * sizeof(float)) != 0)
+      return "tensor " + name + " differs";
   }
   return {};
 }

@@ -124,7 +124,8 @@ std::vector<batch> make_data() {
 
 }  // namespace
 
-TEST_CASE("pipeline: 1F1B over pp = 1..4 stages gives one stage's bits for any micro-batch count, and with one micro-batch one device's", "[dist][pipeline]") {
+TEST_CASE("pipeline: 1F1B over pp = 1..4 stages gives one stage's bits for any micro-batch count, and with one micro-batch one device's",
+          "[dist][pipeline]") {
   const auto path = save_one_device("bits");
   const auto data = make_data();
   // one device, the whole batch
@@ -246,7 +247,8 @@ TEST_CASE("pipeline: bad stage layouts and calls are typed errors naming the num
   CHECK_THROWS_MATCHES(dist::stage_range(4, 2, 0, {4}), dist::dist_error, is_error(errc::config, "dist", "1 stage sizes for pp = 2"));
   CHECK(dist::stage_range(5, 2, 0) == std::pair<std::size_t, std::size_t>{0, 3});
   CHECK(dist::stage_range(5, 2, 1) == std::pair<std::size_t, std::size_t>{3, 5});
-  CHECK_THROWS_MATCHES((dist::parallel_layout{.pp = 5}.validate(tiny_llama())), dist::dist_error, is_error(errc::config, "dist", "pp = 5 stages for 4 layers"));
+  CHECK_THROWS_MATCHES((dist::parallel_layout{.pp = 5}.validate(tiny_llama())), dist::dist_error,
+                       is_error(errc::config, "dist", "pp = 5 stages for 4 layers"));
   const auto data = make_data();
   threads_world::run(2, [&](threads_transport t) {
     dist::process_groups grp(t, {.pp = 2});

@@ -160,7 +160,8 @@ TEST_CASE("planner: layouts that cannot run are pruned with the reason", "[dist]
   CHECK_THAT(reason(mo), Catch::Contains("model without experts"));
   // memory: 8B parameters with Adam on one 64 GiB card do not fit, and the error says how much
   auto big = request("llama-3.1-8b.json", 1, 8, 2048);
-  REQUIRE_THROWS_MATCHES(dist::plan_evaluate(big, layout(1, 1, 1, 1, 8)), dist::dist_error, tessel_test::is_error(errc::config, "dist", "GiB usable"));
+  REQUIRE_THROWS_MATCHES(dist::plan_evaluate(big, layout(1, 1, 1, 1, 8)), dist::dist_error,
+                         tessel_test::is_error(errc::config, "dist", "GiB usable"));
 }
 
 TEST_CASE("planner: the search ranks feasible plans within the constraints and counts every layout once", "[dist][planner]") {

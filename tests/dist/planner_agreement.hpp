@@ -73,8 +73,10 @@ inline double kendall_tau(const std::vector<double>& a, const std::vector<double
   for (std::size_t i = 0; i < a.size(); ++i)
     for (std::size_t j = i + 1; j < a.size(); ++j) {
       const double x = (a[i] - a[j]) * (b[i] - b[j]);
-      if (x > 0) ++concordant;
-      else if (x < 0) ++discordant;
+      if (x > 0)
+        ++concordant;
+      else if (x < 0)
+        ++discordant;
     }
   const double n = concordant + discordant;
   return n > 0 ? (concordant - discordant) / n : 1.0;

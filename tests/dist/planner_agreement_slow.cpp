@@ -24,24 +24,27 @@ TEST_CASE("planner agreement table: 30 layouts on 16-64 emulated cards", "[dist]
   const auto none = recompute_mode::none, sel = recompute_mode::selective, full = recompute_mode::full;
   {  // 16 cards, 8 layers x 1024
     auto r = tessel_test::agreement_request(tessel_test::agreement_model(8, 1024, 16, 4), 16, 32, 1024);
-    run(r, 0, {agreement_layout(r, 16, 1, 1, 2, 0, none, false), agreement_layout(r, 16, 1, 1, 1, 1, none, false),
-               agreement_layout(r, 8, 2, 1, 4, 0, none, false), agreement_layout(r, 8, 2, 1, 2, 1, sel, true),
-               agreement_layout(r, 4, 4, 1, 8, 0, none, true), agreement_layout(r, 4, 1, 4, 2, 0, full, false),
-               agreement_layout(r, 2, 2, 4, 2, 1, full, false), agreement_layout(r, 8, 1, 2, 1, 2, full, false),
-               agreement_layout(r, 2, 8, 1, 8, 1, none, true), agreement_layout(r, 1, 2, 8, 4, 0, full, true)});
+    run(r, 0,
+        {agreement_layout(r, 16, 1, 1, 2, 0, none, false), agreement_layout(r, 16, 1, 1, 1, 1, none, false),
+         agreement_layout(r, 8, 2, 1, 4, 0, none, false), agreement_layout(r, 8, 2, 1, 2, 1, sel, true),
+         agreement_layout(r, 4, 4, 1, 8, 0, none, true), agreement_layout(r, 4, 1, 4, 2, 0, full, false),
+         agreement_layout(r, 2, 2, 4, 2, 1, full, false), agreement_layout(r, 8, 1, 2, 1, 2, full, false),
+         agreement_layout(r, 2, 8, 1, 8, 1, none, true), agreement_layout(r, 1, 2, 8, 4, 0, full, true)});
   }
   {  // 32 cards, 8 layers x 2048
     auto r = tessel_test::agreement_request(tessel_test::agreement_model(8, 2048, 16, 8), 32, 64, 1024);
-    run(r, 1, {agreement_layout(r, 32, 1, 1, 2, 1, none, false), agreement_layout(r, 16, 2, 1, 4, 1, none, true),
-               agreement_layout(r, 8, 4, 1, 8, 0, none, true), agreement_layout(r, 8, 2, 2, 4, 1, full, false),
-               agreement_layout(r, 4, 4, 2, 8, 1, full, true), agreement_layout(r, 4, 2, 4, 4, 0, full, false),
-               agreement_layout(r, 16, 1, 2, 2, 2, full, false), agreement_layout(r, 2, 8, 2, 16, 0, full, true)});
+    run(r, 1,
+        {agreement_layout(r, 32, 1, 1, 2, 1, none, false), agreement_layout(r, 16, 2, 1, 4, 1, none, true),
+         agreement_layout(r, 8, 4, 1, 8, 0, none, true), agreement_layout(r, 8, 2, 2, 4, 1, full, false),
+         agreement_layout(r, 4, 4, 2, 8, 1, full, true), agreement_layout(r, 4, 2, 4, 4, 0, full, false),
+         agreement_layout(r, 16, 1, 2, 2, 2, full, false), agreement_layout(r, 2, 8, 2, 16, 0, full, true)});
   }
   {  // 64 cards, 16 layers x 2048
     auto r = tessel_test::agreement_request(tessel_test::agreement_model(16, 2048, 16, 8), 64, 128, 512);
-    run(r, 2, {agreement_layout(r, 64, 1, 1, 2, 1, none, false), agreement_layout(r, 32, 2, 1, 4, 1, none, true),
-               agreement_layout(r, 16, 1, 4, 2, 1, full, false), agreement_layout(r, 8, 2, 4, 4, 0, full, false),
-               agreement_layout(r, 16, 4, 1, 8, 2, none, true), agreement_layout(r, 4, 4, 4, 8, 1, full, true)});
+    run(r, 2,
+        {agreement_layout(r, 64, 1, 1, 2, 1, none, false), agreement_layout(r, 32, 2, 1, 4, 1, none, true),
+         agreement_layout(r, 16, 1, 4, 2, 1, full, false), agreement_layout(r, 8, 2, 4, 4, 0, full, false),
+         agreement_layout(r, 16, 4, 1, 8, 2, none, true), agreement_layout(r, 4, 4, 4, 8, 1, full, true)});
   }
   {  // a small Mixtral-shaped MoE on 16 cards: experts over ep
     dist::plan_request r;
@@ -57,8 +60,9 @@ TEST_CASE("planner agreement table: 30 layouts on 16-64 emulated cards", "[dist]
       l.ep = e;
       return l;
     };
-    run(r, 3, {ep(16, 1, 1, 1, 2, none), ep(16, 1, 1, 4, 2, none), ep(16, 1, 1, 8, 2, none), ep(8, 2, 1, 4, 4, none),
-               ep(8, 1, 2, 8, 2, full), ep(4, 2, 2, 4, 4, full)});
+    run(r, 3,
+        {ep(16, 1, 1, 1, 2, none), ep(16, 1, 1, 4, 2, none), ep(16, 1, 1, 8, 2, none), ep(8, 2, 1, 4, 4, none), ep(8, 1, 2, 8, 2, full),
+         ep(4, 2, 2, 4, 4, full)});
   }
   REQUIRE(rows.size() == 30);
   tessel_test::agreement_check(rows, group);

@@ -128,7 +128,8 @@ TEST_CASE("column- and row-parallel linear on tp=2 equal one device (bitwise on 
     const auto path = tmp_file(integers ? "lin_int" : "lin_f");
     reg.save(path);
     nn::linear<host_device, float> lc(&wc, &bc, in, out), lr(&wr, &br, out, in);
-    const auto x = values(N * in, 31, integers), dyc = values(N * out, 32, integers), xr = values(N * out, 33, integers), dyr = values(N * in, 34, integers);
+    const auto x = values(N * in, 31, integers), dyc = values(N * out, 32, integers), xr = values(N * out, 33, integers),
+               dyr = values(N * in, 34, integers);
     std::vector<float> yc(N * out), dxc(N * in), yr(N * in), dxr(N * out);
     lc.forward(dev, cview<float>(x.data(), N, in), mview<float>(yc.data(), N, out), true);
     lc.backward(dev, cview<float>(dyc.data(), N, out), mview<float>(dxc.data(), N, in), false);
@@ -189,8 +190,8 @@ TEST_CASE("column- and row-parallel linear on tp=2 equal one device (bitwise on 
       r.backward(d, cview<float>(dyr.data(), N, in), mview<float>(dxk.data(), N, ic), false);
       cmp.check("row y", yk.data(), yr.data(), yk.size(), s_yr, out + 1, integers);
       cmp.check("row dx", dxk.data(), cols_of(dxr.data(), N, out, k * ic, ic).data(), dxk.size(), cols_of_d(s_dxr, N, out, k * ic, ic), in, integers);
-      cmp.check("row dW", pr.at("r.weight").grad.data(), cols_of(wr.grad.data(), in, out, k * ic, ic).data(), in * ic, cols_of_d(s_dwr, in, out, k * ic, ic),
-                N, integers);
+      cmp.check("row dW", pr.at("r.weight").grad.data(), cols_of(wr.grad.data(), in, out, k * ic, ic).data(), in * ic,
+                cols_of_d(s_dwr, in, out, k * ic, ic), N, integers);
       std::vector<double> sdbr(in, 0.0);
       for (std::size_t i = 0; i < N; ++i)
         for (std::size_t j = 0; j < in; ++j) sdbr[j] += std::fabs(dyr[i * in + j]);
@@ -274,7 +275,13 @@ struct one_device_attention {
 
   one_device_attention(nn::parameters<host_device>& reg, std::size_t b, std::size_t s, std::size_t h, std::size_t nq, std::size_t nkv, std::size_t hd,
                        const std::vector<double>& f)
-      : batch(b), seq(s), hidden(h), hq(nq), hkv(nkv), d(hd), inv_freq(f),
+      : batch(b),
+        seq(s),
+        hidden(h),
+        hq(nq),
+        hkv(nkv),
+        d(hd),
+        inv_freq(f),
         q(&reg.at("a.q_proj.weight"), &reg.at("a.q_proj.bias"), h, nq * hd),
         k(&reg.at("a.k_proj.weight"), &reg.at("a.k_proj.bias"), h, nkv * hd),
         v(&reg.at("a.v_proj.weight"), &reg.at("a.v_proj.bias"), h, nkv * hd),
@@ -289,14 +296,16 @@ struct one_device_attention {
   }
   void forward(host_device& dev, const std::vector<float>& x) {
     const std::size_t n = batch * seq, qd = hq * d, kvd = hkv * d;
-    qb.assign(n * qd, 0), kb.assign(n * kvd, 0), vb.assign(n * kvd, 0), ob.assign(n * qd, 0), lse.assign(batch * hq * seq, 0), y.assign(n * hidden, 0);
+    qb.assign(n * qd, 0), kb.assign(n * kvd, 0), vb.assign(n * kvd, 0), ob.assign(n * qd, 0), lse.assign(batch * hq * seq, 0),
+        y.assign(n * hidden, 0);
     q.forward(dev, cview<float>(x.data(), n, hidden), mview<float>(qb.data(), n, qd), true);
     k.forward(dev, cview<float>(x.data(), n, hidden), mview<float>(kb.data(), n, kvd), true);
     v.forward(dev, cview<float>(x.data(), n, hidden), mview<float>(vb.data(), n, kvd), true);
     rope_forward(dev, mview<float>(qb.data(), n, qd), d, std::span<const std::int64_t>(pos), rope());
     rope_forward(dev, mview<float>(kb.data(), n, kvd), d, std::span<const std::int64_t>(pos), rope());
     nn::self_attention<host_device, float>(hq, hkv, d, std::nullopt)
-        .forward(dev, batch, seq, std::span<const float>(qb), std::span<const float>(kb), std::span<const float>(vb), std::span<float>(ob), std::span<float>(lse));
+        .forward(dev, batch, seq, std::span<const float>(qb), std::span<const float>(kb), std::span<const float>(vb), std::span<float>(ob),
+                 std::span<float>(lse));
     o.forward(dev, cview<float>(ob.data(), n, qd), mview<float>(y.data(), n, hidden), true);
   }
   // Backward for dy; with head >= 0, dO is kept for that query head only (its part of dk and dv).
@@ -414,8 +423,9 @@ TEST_CASE("tp_attention equals one device: heads bitwise, o_proj and gradients w
       nn::parameters<host_device> pr(dv1);
       rope_options ro;
       ro.inv_freq = inv_freq;
-      dist::tp_attention<host_device, float> at(pr, "a", {.hidden = H, .heads_q = HQ, .heads_kv = HKV, .head_dim = D, .qkv_bias = true, .o_bias = true, .window = std::nullopt, .rope = ro},
-                                               grp.tp());
+      dist::tp_attention<host_device, float> at(
+          pr, "a", {.hidden = H, .heads_q = HQ, .heads_kv = HKV, .head_dim = D, .qkv_bias = true, .o_bias = true, .window = std::nullopt, .rope = ro},
+          grp.tp());
       pr.load(path);
       const std::size_t r = std::size_t(grp.tp().rank()), hq = HQ / std::size_t(tp), rep = at.kv_replicas();
       TS_CHECK(rep == (tp == 4 ? 2u : 1u));
@@ -491,23 +501,28 @@ TEST_CASE("tp_attention rejects head counts tp cannot split, naming the numbers"
     host_device d(1);
     nn::parameters<host_device> pr(d);
     using A = dist::tp_attention<host_device, float>;
-    auto make = [&](std::size_t hq, std::size_t hkv) { A a(pr, "x" + std::to_string(hq) + "_" + std::to_string(hkv), {.hidden = 8, .heads_q = hq, .heads_kv = hkv, .head_dim = 2, .qkv_bias = false, .o_bias = false, .window = std::nullopt, .rope = std::nullopt}, grp.tp()); };
+    auto make = [&](std::size_t hq, std::size_t hkv) {
+      A a(pr, "x" + std::to_string(hq) + "_" + std::to_string(hkv),
+          {.hidden = 8,
+           .heads_q = hq,
+           .heads_kv = hkv,
+           .head_dim = 2,
+           .qkv_bias = false,
+           .o_bias = false,
+           .window = std::nullopt,
+           .rope = std::nullopt},
+          grp.tp());
+    };
     bool q = false, kv = false, g = false;
     try {
       make(6, 6);
-    } catch (const dist::dist_error& e) {
-      q = std::string(e.what()).find("tp = 4 does not divide the 6 query heads") != std::string::npos;
-    }
+    } catch (const dist::dist_error& e) { q = std::string(e.what()).find("tp = 4 does not divide the 6 query heads") != std::string::npos; }
     try {
       make(12, 6);
-    } catch (const dist::dist_error& e) {
-      kv = std::string(e.what()).find("tp = 4 and 6 kv heads") != std::string::npos;
-    }
+    } catch (const dist::dist_error& e) { kv = std::string(e.what()).find("tp = 4 and 6 kv heads") != std::string::npos; }
     try {
       make(8, 3);
-    } catch (const dist::dist_error& e) {
-      g = std::string(e.what()).find("8 query heads are not a multiple of 3 kv heads") != std::string::npos;
-    }
+    } catch (const dist::dist_error& e) { g = std::string(e.what()).find("8 query heads are not a multiple of 3 kv heads") != std::string::npos; }
     TS_CHECK(q);
     TS_CHECK(kv);
     TS_CHECK(g);

@@ -12,8 +12,8 @@ inline std::mutex& catch_mutex() {
 }
 }  // namespace tessel_test
 
-#define TS_CHECK(...)                                              \
-  do {                                                             \
-    std::lock_guard tessel_ts_lk_(tessel_test::catch_mutex());     \
-    CHECK(__VA_ARGS__);                                            \
+#define TS_CHECK(...)                                          \
+  do {                                                         \
+    std::lock_guard tessel_ts_lk_(tessel_test::catch_mutex()); \
+    CHECK(__VA_ARGS__);                                        \
   } while (0)

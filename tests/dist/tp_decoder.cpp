@@ -104,7 +104,8 @@ std::filesystem::path tmp_file(const std::string& tag) {
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("tp_decoder_lm on tp=1 is one device's decoder_lm bit for bit (losses, gradients, AdamW steps)", "[dist][tp_decoder]", float, bf16) {
+TEMPLATE_TEST_CASE("tp_decoder_lm on tp=1 is one device's decoder_lm bit for bit (losses, gradients, AdamW steps)", "[dist][tp_decoder]", float,
+                   bf16) {
   for (bool tied : {false, true}) {
     INFO("tied embeddings: " << tied);
     const auto cfg = tiny_llama(tied);
@@ -198,7 +199,8 @@ TEST_CASE("tp_decoder_lm on tp=2 and tp=4 trains as one device does: ranks bitwi
       worst_l = std::max(worst_l, rel);
       CHECK(norms[0][s] > h.max_grad_norm);  // the clipping was exercised
     }
-    WARN("tp=" << tp << " vs one device after " << STEPS << " steps: params max |dp| = " << worst_p << " (bound " << pbound << "), loss max rel diff = " << worst_l);
+    WARN("tp=" << tp << " vs one device after " << STEPS << " steps: params max |dp| = " << worst_p << " (bound " << pbound
+               << "), loss max rel diff = " << worst_l);
   }
   std::filesystem::remove(path);
 }
@@ -209,8 +211,8 @@ TEST_CASE("tp_decoder_lm on tp=2 and tp=4 trains as one device does: ranks bitwi
 // way, so the losses, the evaluation loss and every gradient but the norms' weights must be the
 // same bits; the norms' weight gradients are row sums grouped by rank, within a tolerance of
 // 1e-5 of the tensor's largest gradient (measured max reported), and the same bits on every rank.
-TEMPLATE_TEST_CASE("tp_decoder_lm with sequence parallelism is the same model: losses and gradients bitwise but the norms' weights", "[dist][tp_decoder]",
-                   float, bf16) {
+TEMPLATE_TEST_CASE("tp_decoder_lm with sequence parallelism is the same model: losses and gradients bitwise but the norms' weights",
+                   "[dist][tp_decoder]", float, bf16) {
   const auto cfg = tiny_llama(true);
   const auto data = std::vector<batch>{make_batch(500), make_batch(501)};
   const auto path = tmp_file("sp");
@@ -296,24 +298,18 @@ TEST_CASE("tp_decoder_lm rejects configs it cannot split or does not support, na
     bool mlp = false, heads = false, gpt2 = false;
     try {
       dist::tp_decoder_lm<host_device> m(dv, cfg, grp.tp());
-    } catch (const dist::dist_error& e) {
-      mlp = std::string(e.what()).find("tp = 4 does not divide the 90") != std::string::npos;
-    }
+    } catch (const dist::dist_error& e) { mlp = std::string(e.what()).find("tp = 4 does not divide the 90") != std::string::npos; }
     cfg = tiny_llama(false);
     cfg.num_attention_heads = 6;
     cfg.num_key_value_heads = 6;
     try {
       dist::tp_decoder_lm<host_device> m(dv, cfg, grp.tp());
-    } catch (const dist::dist_error& e) {
-      heads = std::string(e.what()).find("tp = 4 does not divide the 6 query heads") != std::string::npos;
-    }
+    } catch (const dist::dist_error& e) { heads = std::string(e.what()).find("tp = 4 does not divide the 6 query heads") != std::string::npos; }
     cfg = tiny_llama(false);
     cfg.naming = io::param_naming::gpt2;
     try {
       dist::tp_decoder_lm<host_device> m(dv, cfg, grp.tp());
-    } catch (const dist::dist_error& e) {
-      gpt2 = e.code() == errc::unsupported;
-    }
+    } catch (const dist::dist_error& e) { gpt2 = e.code() == errc::unsupported; }
     TS_CHECK(mlp);
     TS_CHECK(heads);
     TS_CHECK(gpt2);

@@ -67,12 +67,15 @@ TEST_CASE("expert parallel MoE gives the same bits on the emulated cluster as on
     std::lock_guard lk(mu);
     a[r] = std::move(v);
   });
-  emulated_world::run_default(4, [&](emulated_transport t) {
-    const auto r = std::size_t(t.rank());
-    auto v = tessel_test::ep_block_run(std::move(t));
-    std::lock_guard lk(mu);
-    b[r] = std::move(v);
-  }, false);
+  emulated_world::run_default(
+      4,
+      [&](emulated_transport t) {
+        const auto r = std::size_t(t.rank());
+        auto v = tessel_test::ep_block_run(std::move(t));
+        std::lock_guard lk(mu);
+        b[r] = std::move(v);
+      },
+      false);
   for (std::size_t r = 0; r < 4; ++r) {
     INFO("rank " << r);
     REQUIRE(a[r].size() == b[r].size());

@@ -84,9 +84,7 @@ bool same_bits(const float* a, const float* b, std::size_t n) { return std::memc
 std::string dist_error_text(const std::function<void()>& f, errc code) {
   try {
     f();
-  } catch (const dist::dist_error& e) {
-    return e.code() == code ? std::string(e.what()) : std::string();
-  }
+  } catch (const dist::dist_error& e) { return e.code() == code ? std::string(e.what()) : std::string(); }
   return {};
 }
 bool has(const std::string& s, const std::string& frag) { return !s.empty() && s.find(frag) != std::string::npos; }
@@ -174,8 +172,10 @@ TEST_CASE("vocab_parallel_embedding on tp = 2, 3 with V = 11: forward and owned-
       // out-of-range ids: typed errors naming the id, raised before any communication
       const std::vector<std::int64_t> bad_hi{1, 11}, bad_lo{-1, 2};
       std::vector<float> o2(2 * H);
-      const std::string hi = dist_error_text([&] { emb.forward(d, std::span<const std::int64_t>(bad_hi), mview<float>(o2.data(), 2, H)); }, errc::out_of_range);
-      const std::string lo = dist_error_text([&] { emb.backward(d, std::span<const std::int64_t>(bad_lo), cview<float>(o2.data(), 2, H)); }, errc::out_of_range);
+      const std::string hi =
+          dist_error_text([&] { emb.forward(d, std::span<const std::int64_t>(bad_hi), mview<float>(o2.data(), 2, H)); }, errc::out_of_range);
+      const std::string lo =
+          dist_error_text([&] { emb.backward(d, std::span<const std::int64_t>(bad_lo), cview<float>(o2.data(), 2, H)); }, errc::out_of_range);
       TS_CHECK(has(hi, "id 11 of token 1"));
       TS_CHECK(has(lo, "id -1 of token 0"));
     });
@@ -190,7 +190,7 @@ namespace {
 template <class T>
 struct lm_reference {
   static constexpr double u_store = std::is_same_v<T, bf16> ? 0x1.0p-9 : u;  // the dlogits' rounding
-  std::vector<float> W, xf, logits, dx, dW, g;  // W, x as the GEMMs read them; g: the dlogits
+  std::vector<float> W, xf, logits, dx, dW, g;                               // W, x as the GEMMs read them; g: the dlogits
   std::vector<T> x, dlogits;
   std::vector<std::int64_t> labels;
   cross_entropy_result r;
@@ -308,7 +308,8 @@ void lm_head_against_one_device(const char* tname) {
       TS_CHECK(logit_diff == 0);
 
       std::vector<float> dx(N * H, 7.0f);
-      const cross_entropy_result r = head.loss(d, cview<T>(ref.x.data(), N, H), std::span<const std::int64_t>(ref.labels), mview<float>(dx.data(), N, H));
+      const cross_entropy_result r =
+          head.loss(d, cview<T>(ref.x.data(), N, H), std::span<const std::int64_t>(ref.labels), mview<float>(dx.data(), N, H));
       losses[rk] = r.loss;
       TS_CHECK(r.counted == 7);
       const double lb = ref.loss_bound;
@@ -333,7 +334,8 @@ void lm_head_against_one_device(const char* tname) {
 
       // every row ignored: loss 0 over 0 rows, dx 0
       const std::vector<std::int64_t> none(N, -7);
-      const cross_entropy_result z0 = head.loss(d, cview<T>(ref.x.data(), N, H), std::span<const std::int64_t>(none), mview<float>(dx.data(), N, H), -7);
+      const cross_entropy_result z0 =
+          head.loss(d, cview<T>(ref.x.data(), N, H), std::span<const std::int64_t>(none), mview<float>(dx.data(), N, H), -7);
       TS_CHECK(z0.counted == 0);
       TS_CHECK(z0.loss == 0.0);
       std::size_t nz = 0;
@@ -342,15 +344,18 @@ void lm_head_against_one_device(const char* tname) {
 
       // out-of-range labels: typed errors naming the label and row (before any communication)
       const std::vector<std::int64_t> hi{0, 1, 11, 2, 3, 4, 5, 6, 7}, lo{0, 1, 2, -5, 3, 4, 5, 6, 7};
-      const std::string eh = dist_error_text([&] { head.loss(d, cview<T>(ref.x.data(), N, H), std::span<const std::int64_t>(hi), mview<float>{}); }, errc::out_of_range);
-      const std::string el = dist_error_text([&] { head.loss(d, cview<T>(ref.x.data(), N, H), std::span<const std::int64_t>(lo), mview<float>{}); }, errc::out_of_range);
+      const std::string eh =
+          dist_error_text([&] { head.loss(d, cview<T>(ref.x.data(), N, H), std::span<const std::int64_t>(hi), mview<float>{}); }, errc::out_of_range);
+      const std::string el =
+          dist_error_text([&] { head.loss(d, cview<T>(ref.x.data(), N, H), std::span<const std::int64_t>(lo), mview<float>{}); }, errc::out_of_range);
       TS_CHECK(has(eh, "label 11 of row 2"));
       TS_CHECK(has(el, "label -5 of row 3"));
     });
     for (double l : losses) CHECK(std::bit_cast<std::uint64_t>(l) == std::bit_cast<std::uint64_t>(losses[0]));  // the same bits on every rank
   }
   std::filesystem::remove(path);
-  WARN("vocab-parallel LM head (" << tname << "): worst |tp - one device| / bound: loss " << loss_w.worst << ", dx " << dx_w.worst << ", dW " << dw_w.worst);
+  WARN("vocab-parallel LM head (" << tname << "): worst |tp - one device| / bound: loss " << loss_w.worst << ", dx " << dx_w.worst << ", dW "
+                                  << dw_w.worst);
 }
 
 }  // namespace
@@ -403,8 +408,10 @@ TEST_CASE("vocabulary-parallel layers reject a tp that leaves a rank without row
     dist::process_groups g(t, tp_layout(3));
     host_device d(1);
     nn::parameters<host_device> pr(d);
-    const std::string a = dist_error_text([&] { dist::vocab_parallel_embedding<host_device> e(pr, "model.embed_tokens.weight", 2, H, g.tp()); }, errc::config);
-    const std::string b = dist_error_text([&] { dist::vocab_parallel_lm_head<host_device, float> h(pr, "lm_head.weight", 2, H, g.tp()); }, errc::config);
+    const std::string a =
+        dist_error_text([&] { dist::vocab_parallel_embedding<host_device> e(pr, "model.embed_tokens.weight", 2, H, g.tp()); }, errc::config);
+    const std::string b =
+        dist_error_text([&] { dist::vocab_parallel_lm_head<host_device, float> h(pr, "lm_head.weight", 2, H, g.tp()); }, errc::config);
     TS_CHECK(has(a, "V = 2 rows over tp = 3"));
     TS_CHECK(has(b, "V = 2 rows over tp = 3"));
     TS_CHECK(pr.size() == 0);

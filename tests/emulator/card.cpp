@@ -180,9 +180,7 @@ TEST_CASE("a dead card refuses work with card_failed_error", "[emulator][card]")
   try {
     c.launch(grid{1}, plain_prog{&count});
     FAIL("expected card_failed_error");
-  } catch (const card_failed_error& e) {
-    CHECK(e.card == 5);
-  }
+  } catch (const card_failed_error& e) { CHECK(e.card == 5); }
   CHECK(count.load() == 0);
 }
 

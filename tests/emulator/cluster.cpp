@@ -173,7 +173,9 @@ TEST_CASE("several host threads drive their own cards at once with exact timing"
   struct fill {
     int* p;
     int v;
-    void operator()(block_ctx& ctx) const { for (std::size_t i = ctx.block_linear() * 256; i < (ctx.block_linear() + 1) * 256; ++i) p[i] = v; }
+    void operator()(block_ctx& ctx) const {
+      for (std::size_t i = ctx.block_linear() * 256; i < (ctx.block_linear() + 1) * 256; ++i) p[i] = v;
+    }
   };
   for (int rep = 0; rep < 3; ++rep) {
     std::vector<double> t0(4), done(4);

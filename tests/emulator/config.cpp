@@ -24,8 +24,9 @@ TEST_CASE("defaults describe UBL128", "[emulator][config]") {
 }
 
 TEST_CASE("key = value and flat JSON both load", "[emulator][config]") {
-  auto a = parse_cluster_config("# a smaller machine\ncards = 16\nplanes = 4\nports_per_card = 8\nport_bandwidth = 100GB/s\n"
-                                "port_latency = 100ns\nmemory = 16Gi\nshaping = on\nrouting = static\n");
+  auto a = parse_cluster_config(
+      "# a smaller machine\ncards = 16\nplanes = 4\nports_per_card = 8\nport_bandwidth = 100GB/s\n"
+      "port_latency = 100ns\nmemory = 16Gi\nshaping = on\nrouting = static\n");
   CHECK(a.cards() == 16);
   CHECK(a.fabric.planes == 4);
   CHECK(a.link_bandwidth() == Approx(200e9));
@@ -60,9 +61,7 @@ TEST_CASE("bad configurations raise config_error naming the field", "[emulator][
   auto msg_of = [](const std::string& text) {
     try {
       parse_cluster_config(text);
-    } catch (const config_error& e) {
-      return std::string(e.what());
-    }
+    } catch (const config_error& e) { return std::string(e.what()); }
     return std::string("no error");
   };
   CHECK_THAT(msg_of("cards = 0"), Catch::Contains("'cards_per_supernode' is 0, outside its range [1, "));
@@ -99,9 +98,7 @@ const std::filesystem::path clusters = std::filesystem::path(__FILE__).parent_pa
 config_error error_of(const std::string& text) {
   try {
     parse_cluster_config(text);
-  } catch (const config_error& e) {
-    return e;
-  }
+  } catch (const config_error& e) { return e; }
   FAIL("no error for: " << text);
   return config_error("unreachable");
 }
@@ -223,7 +220,7 @@ TEST_CASE("JSON configs: typed errors name the key and its line", "[emulator][co
   e = error_of("{\"cards\": 2.5}");
   CHECK_THAT(e.what(), Catch::Contains("integer"));
   CHECK(parse_cluster_config("{\"cards\": 2.0}").cards() == 2);  // an integral JSON float is a count
-  e = error_of("{\"port_latency\": 1e400}");  // nlohmann refuses the overflow as malformed
+  e = error_of("{\"port_latency\": 1e400}");                     // nlohmann refuses the overflow as malformed
   CHECK(e.code() == errc::format);
   e = error_of("{\n\"planes\": 4,\n\"planes\": 2}");  // nlohmann would keep the last one silently
   CHECK(e.key == "planes");

@@ -61,9 +61,7 @@ TEST_CASE("emulator errors are std::exceptions, and every fault is caught as fau
   auto thrown_time = [](auto&& e) {
     try {
       throw e;
-    } catch (const emu::fault_error& f) {
-      return f.at;
-    }
+    } catch (const emu::fault_error& f) { return f.at; }
   };
   REQUIRE(thrown_time(emu::card_failed_error(1, 4.0)) == 4.0);
   REQUIRE(thrown_time(emu::link_failed_error(1, 0, 5.0)) == 5.0);

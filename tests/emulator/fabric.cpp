@@ -83,7 +83,7 @@ TEST_CASE("a failed plane drops pair bandwidth by exactly its share", "[emulator
     if (what == 0) f.schedule_fault({0, fault_kind::plane_down, 0, 3, 0});
     if (what == 1) f.schedule_fault({0, fault_kind::link_down, 0, 5, 0});  // sender's link
     if (what == 2) f.schedule_fault({0, fault_kind::link_down, 1, 6, 0});  // receiver's link
-    f.run_until(1e-5);  // detection
+    f.run_until(1e-5);                                                     // detection
     const double t0 = f.now();
     auto id = f.post(0, 1, S, t0);
     f.run_until_done(id);
@@ -98,7 +98,7 @@ TEST_CASE("no common plane: traffic takes a 2-hop path through another card", "[
   auto c = small(6);
   fabric f(c);
   for (std::size_t p = 1; p < 8; ++p) f.schedule_fault({0, fault_kind::link_down, 0, p, 0});  // card 0 keeps plane 0
-  f.schedule_fault({0, fault_kind::link_down, 1, 0, 0});                                     // card 1 lost plane 0
+  f.schedule_fault({0, fault_kind::link_down, 1, 0, 0});                                      // card 1 lost plane 0
   f.run_until(1e-5);
   const std::uint64_t S = 4ull << 20;
   auto id = f.post(0, 1, S, f.now());
@@ -239,7 +239,9 @@ TEST_CASE("hot swap: the card goes down and comes back and traffic flows again",
   auto c = small(4);
   fabric f(c);
   std::vector<double> rejoined;
-  f.on_rejoin = [&](std::size_t card, double t) { if (card == 3) rejoined.push_back(t); };
+  f.on_rejoin = [&](std::size_t card, double t) {
+    if (card == 3) rejoined.push_back(t);
+  };
   f.schedule_fault({10e-6, fault_kind::hot_swap, 3, 0, 100e-6});
   f.run_until(200e-6);
   REQUIRE(rejoined.size() == 1);
@@ -344,8 +346,10 @@ TEST_CASE("random traffic under random faults: every message ends and the books 
       if (f.state(id) == msg_state::failed) CHECK_THROWS_AS(f.rethrow_if_failed(id), fault_error);
     }
     INFO("seed " << seed << ": " << done << " of " << ids.size() << " done, " << f.faults().size() << " faults");
-    if (c.faults.card_failure_rate == 0) CHECK(done == ids.size());  // links come back: all arrive
-    else CHECK(done > ids.size() / 2);
+    if (c.faults.card_failure_rate == 0)
+      CHECK(done == ids.size());  // links come back: all arrive
+    else
+      CHECK(done > ids.size() / 2);
     CHECK(f.check_quiescent() == "");
   }
 }

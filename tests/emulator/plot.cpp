@@ -117,10 +117,11 @@ TEST_CASE("plot: well-formed SVG, one group and one legend entry per series", "[
   CHECK_THAT(svg, Catch::Contains("all_reduce &lt;16 cards&gt; &amp; &quot;friends&quot;"));
   CHECK_THAT(svg, Catch::Contains(">closed form</text>"));
   // byte ticks on the log-2 axis (8 B .. 256 MiB: 25 exponents), every 5th power of two
-  CHECK_THAT(svg, Catch::Contains(">32</text>") && Catch::Contains(">1K</text>") && Catch::Contains(">32K</text>") &&
-                      Catch::Contains(">1M</text>") && Catch::Contains(">32M</text>"));
+  CHECK_THAT(svg, Catch::Contains(">32</text>") && Catch::Contains(">1K</text>") && Catch::Contains(">32K</text>") && Catch::Contains(">1M</text>") &&
+                      Catch::Contains(">32M</text>"));
   CHECK(count(svg, "<g class=\"x-ticks\"") == 1);
-  CHECK(count(svg.substr(svg.find("<g class=\"x-ticks\""), svg.find("</g>", svg.find("<g class=\"x-ticks\"")) - svg.find("<g class=\"x-ticks\"")), "<line") == 5);
+  CHECK(count(svg.substr(svg.find("<g class=\"x-ticks\""), svg.find("</g>", svg.find("<g class=\"x-ticks\"")) - svg.find("<g class=\"x-ticks\"")),
+              "<line") == 5);
   CHECK_THAT(svg, Catch::Contains(">size (bytes)</text>") && Catch::Contains(">busbw (GB/s)</text>"));
 }
 
@@ -183,7 +184,8 @@ TEST_CASE("plot: undrawable points are skipped and break the line, nothing drawa
   zeros.add("zeros", {8, 16}, {0, 0});
   CHECK_THROWS_AS(zeros.svg(), emulator_error);
   CHECK_THROWS_AS(line_plot().svg(), emulator_error);  // no series at all
-  CHECK_THROWS_MATCHES(line_plot().add("short", {1, 2}, {1}), emulator_error, is_error(errc::invalid_argument, "emulator", "2 x values and 1 y values"));
+  CHECK_THROWS_MATCHES(line_plot().add("short", {1, 2}, {1}), emulator_error,
+                       is_error(errc::invalid_argument, "emulator", "2 x values and 1 y values"));
   CHECK_THROWS_MATCHES(line_plot().add("empty", {}, {}), emulator_error, is_error(errc::invalid_argument, "emulator", "no points"));
   plot_options tiny;
   tiny.width = 10;

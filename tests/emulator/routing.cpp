@@ -33,7 +33,8 @@ TEST_CASE("Dijkstra matches Floyd-Warshall on random graphs", "[emulator][routin
         for (std::uint32_t j = 0; j < n; ++j)
           if (d[i][k] + d[k][j] < d[i][j]) d[i][j] = d[i][k] + d[k][j];
     const std::uint32_t src = rng() % n;
-    auto t = g.dijkstra(src, [&](std::uint32_t id) { return w[id]; }, [](std::uint32_t) { return true; });
+    auto t = g.dijkstra(
+        src, [&](std::uint32_t id) { return w[id]; }, [](std::uint32_t) { return true; });
     for (std::uint32_t v = 0; v < n; ++v) {
       CHECK(t.dist[v] == d[src][v]);
       if (v != src && t.dist[v] < inf) {

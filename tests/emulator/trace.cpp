@@ -36,7 +36,11 @@ TEST_CASE("the Chrome trace parses back as JSON with one process per card", "[em
     const std::string ph = e["ph"].str;
     CHECK(e["pid"].num < 4);
     if (ph == "M") ++meta;
-    if (ph == "X") { ++compute; CHECK(e["dur"].num > 0); CHECK(e["tid"].num == 0); }
+    if (ph == "X") {
+      ++compute;
+      CHECK(e["dur"].num > 0);
+      CHECK(e["tid"].num == 0);
+    }
     if (ph == "b") ++begins;
     if (ph == "e") ++ends;
   }
@@ -89,7 +93,7 @@ TEST_CASE("the Chrome trace is JSON nlohmann reads back, names escaped, times in
       ++found;
       const std::string name = e.at("name");
       CHECK(name.rfind("q\"uote\\ tab\t bell\x07 ", 0) == 0);  // kept, escaped on the way
-      CHECK(name.find("\xef\xbf\xbd") != std::string::npos);      // invalid bytes became U+FFFD
+      CHECK(name.find("\xef\xbf\xbd") != std::string::npos);   // invalid bytes became U+FFFD
       // 2e9 FLOP at 400 TFLOP/s bf16 = 5 us, plus the 5 us launch overhead at most
       CHECK(e.at("dur").get<double>() >= 5.0);
       CHECK(e.at("dur").get<double>() <= 10.0 + 1e-9);

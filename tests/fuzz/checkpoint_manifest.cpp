@@ -62,10 +62,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         std::vector<float> out(p.geo.numel());
         try {
           ckpt::assemble(ix, param, p.shape, "value", p.geo, 0, out.size(), out.data());
-        } catch (const tessel::error&) {
-        }
+        } catch (const tessel::error&) {}
       }
-  } catch (const tessel::error&) {
-  }
+  } catch (const tessel::error&) {}
   return 0;
 }

@@ -14,7 +14,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     c.validate();  // parse validated already: a second check must agree
     if (c.cards() == 0 || c.fabric.ports_per_card % c.fabric.planes != 0) __builtin_trap();
     if (emu::parse_cluster_config(emu::to_json(c).dump()) != c) __builtin_trap();
-  } catch (const tessel::error&) {
-  }
+  } catch (const tessel::error&) {}
   return 0;
 }

@@ -15,7 +15,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         c.num_experts_per_tok > c.num_local_experts)
       __builtin_trap();
     if (io::parse_model_config(io::to_json(c).dump()) != c) __builtin_trap();
-  } catch (const tessel::error&) {
-  }
+  } catch (const tessel::error&) {}
   return 0;
 }

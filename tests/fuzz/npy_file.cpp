@@ -17,7 +17,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (n != a.data.size()) __builtin_trap();
     const io::npy_array b = io::parse_npy(io::npy_bytes(a), "rewritten");
     if (b.type != a.type || b.shape != a.shape || b.data != a.data || b.boolean != a.boolean) __builtin_trap();
-  } catch (const tessel::error&) {
-  }
+  } catch (const tessel::error&) {}
   return 0;
 }

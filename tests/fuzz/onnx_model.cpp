@@ -19,7 +19,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       const auto bytes = g.byte_size(c);
       if (!bytes || !g.get(c).data || *bytes != g.get(c).data->size()) __builtin_trap();
     }
-  } catch (const tessel::error&) {
-  }
+  } catch (const tessel::error&) {}
   return 0;
 }

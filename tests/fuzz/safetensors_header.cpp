@@ -30,8 +30,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (again.size() != r.size() || again.metadata() != r.metadata()) __builtin_trap();
     for (const auto& t : again.tensors()) {
       const auto o = r.tensor(t.name());
-      if (o.dtype() != t.dtype() || !std::ranges::equal(o.shape(), t.shape()) || !std::ranges::equal(o.bytes(), t.bytes()))
-        __builtin_trap();
+      if (o.dtype() != t.dtype() || !std::ranges::equal(o.shape(), t.shape()) || !std::ranges::equal(o.bytes(), t.bytes())) __builtin_trap();
     }
     for (const auto& t : r.tensors()) {
       const auto* lo = reinterpret_cast<const std::byte*>(data);
@@ -54,7 +53,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         case io::st_dtype::boolean: touch<bool>(t); break;  // throws for a byte other than 0/1
       }
     }
-  } catch (const tessel::error&) {
-  }
+  } catch (const tessel::error&) {}
   return 0;
 }

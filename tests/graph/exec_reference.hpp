@@ -42,10 +42,30 @@ inline rt from_host(const tg::host_tensor& h) {
   r.v.resize(n);
   for (std::size_t i = 0; i < n; ++i) {
     switch (h.type) {
-      case dtype::f32: { float x; std::memcpy(&x, h.data.data() + 4 * i, 4); r.v[i] = x; break; }
-      case dtype::f64: { double x; std::memcpy(&x, h.data.data() + 8 * i, 8); r.v[i] = x; break; }
-      case dtype::i64: { std::int64_t x; std::memcpy(&x, h.data.data() + 8 * i, 8); r.v[i] = static_cast<double>(x); break; }
-      case dtype::i32: { std::int32_t x; std::memcpy(&x, h.data.data() + 4 * i, 4); r.v[i] = x; break; }
+      case dtype::f32: {
+        float x;
+        std::memcpy(&x, h.data.data() + 4 * i, 4);
+        r.v[i] = x;
+        break;
+      }
+      case dtype::f64: {
+        double x;
+        std::memcpy(&x, h.data.data() + 8 * i, 8);
+        r.v[i] = x;
+        break;
+      }
+      case dtype::i64: {
+        std::int64_t x;
+        std::memcpy(&x, h.data.data() + 8 * i, 8);
+        r.v[i] = static_cast<double>(x);
+        break;
+      }
+      case dtype::i32: {
+        std::int32_t x;
+        std::memcpy(&x, h.data.data() + 4 * i, 4);
+        r.v[i] = x;
+        break;
+      }
       case dtype::u8: r.v[i] = static_cast<double>(static_cast<std::uint8_t>(h.data[i])); break;
       default: throw std::runtime_error("reference: dtype");
     }
@@ -198,8 +218,8 @@ inline win window_ref(const tg::node& n, const std::vector<std::size_t>& xs, con
   if (ap == "VALID") w.pads.assign(2 * w.ns, 0);
   if (ap.rfind("SAME", 0) == 0)
     for (std::size_t i = 0; i < w.ns; ++i) {
-      const std::int64_t tot = std::max<std::int64_t>(0, (static_cast<std::int64_t>(ys[2 + i]) - 1) * w.st[i] + (w.k[i] - 1) * w.dl[i] + 1 -
-                                                                static_cast<std::int64_t>(xs[2 + i]));
+      const std::int64_t tot = std::max<std::int64_t>(
+          0, (static_cast<std::int64_t>(ys[2 + i]) - 1) * w.st[i] + (w.k[i] - 1) * w.dl[i] + 1 - static_cast<std::int64_t>(xs[2 + i]));
       w.pads[i] = ap == "SAME_UPPER" ? tot / 2 : tot - tot / 2;
       w.pads[w.ns + i] = tot - w.pads[i];
     }
@@ -237,43 +257,78 @@ inline std::map<std::string, rt> reference(const tg::graph& g, const std::map<st
         for (double& v : r.v) v = std::trunc(v);
     };
     const bool isint = !in.empty() && (in[0].t == dtype::i64 || in[0].t == dtype::i32);
-    if (op == "Abs") elementwise(in[0].t, [](auto a) { return std::fabs(a[0]); });
-    else if (op == "Neg") elementwise(in[0].t, [](auto a) { return -a[0]; });
-    else if (op == "Relu") elementwise(in[0].t, [](auto a) { return a[0] > 0 ? a[0] : 0.0; });
-    else if (op == "Ceil") elementwise(in[0].t, [](auto a) { return std::ceil(a[0]); });
-    else if (op == "Floor") elementwise(in[0].t, [](auto a) { return std::floor(a[0]); });
-    else if (op == "Sqrt") elementwise(in[0].t, [](auto a) { return std::sqrt(a[0]); });
-    else if (op == "Exp") elementwise(in[0].t, [](auto a) { return std::exp(a[0]); });
-    else if (op == "Log") elementwise(in[0].t, [](auto a) { return std::log(a[0]); });
-    else if (op == "Sin") elementwise(in[0].t, [](auto a) { return std::sin(a[0]); });
-    else if (op == "Cos") elementwise(in[0].t, [](auto a) { return std::cos(a[0]); });
-    else if (op == "Tanh") elementwise(in[0].t, [](auto a) { return std::tanh(a[0]); });
-    else if (op == "Erf") elementwise(in[0].t, [](auto a) { return std::erf(a[0]); });
-    else if (op == "Reciprocal") elementwise(in[0].t, [](auto a) { return 1 / a[0]; });
-    else if (op == "Sigmoid") elementwise(in[0].t, [](auto a) { return 1 / (1 + std::exp(-a[0])); });
+    if (op == "Abs")
+      elementwise(in[0].t, [](auto a) { return std::fabs(a[0]); });
+    else if (op == "Neg")
+      elementwise(in[0].t, [](auto a) { return -a[0]; });
+    else if (op == "Relu")
+      elementwise(in[0].t, [](auto a) { return a[0] > 0 ? a[0] : 0.0; });
+    else if (op == "Ceil")
+      elementwise(in[0].t, [](auto a) { return std::ceil(a[0]); });
+    else if (op == "Floor")
+      elementwise(in[0].t, [](auto a) { return std::floor(a[0]); });
+    else if (op == "Sqrt")
+      elementwise(in[0].t, [](auto a) { return std::sqrt(a[0]); });
+    else if (op == "Exp")
+      elementwise(in[0].t, [](auto a) { return std::exp(a[0]); });
+    else if (op == "Log")
+      elementwise(in[0].t, [](auto a) { return std::log(a[0]); });
+    else if (op == "Sin")
+      elementwise(in[0].t, [](auto a) { return std::sin(a[0]); });
+    else if (op == "Cos")
+      elementwise(in[0].t, [](auto a) { return std::cos(a[0]); });
+    else if (op == "Tanh")
+      elementwise(in[0].t, [](auto a) { return std::tanh(a[0]); });
+    else if (op == "Erf")
+      elementwise(in[0].t, [](auto a) { return std::erf(a[0]); });
+    else if (op == "Reciprocal")
+      elementwise(in[0].t, [](auto a) { return 1 / a[0]; });
+    else if (op == "Sigmoid")
+      elementwise(in[0].t, [](auto a) { return 1 / (1 + std::exp(-a[0])); });
     else if (op == "Gelu") {
       const std::string ap = n.get_string("approximate", "none");
       elementwise(in[0].t, [&](auto a) { return act_ref(ap == "tanh" ? "GeluTanh" : "Gelu", a[0]); });
     } else if (op == "Identity" || op == "Dropout") {
       y = in[0];
       if (out.size() > 1) out[1] = rt{dtype::u8, in[0].s, std::vector<double>(in[0].v.size(), 1.0)};
-    } else if (op == "Add" || op == "Sum") elementwise(in[0].t, [](auto a) { double s = 0; for (double x : a) s += x; return s; });
-    else if (op == "Sub") elementwise(in[0].t, [](auto a) { return a[0] - a[1]; });
-    else if (op == "Mul") elementwise(in[0].t, [](auto a) { return a[0] * a[1]; });
-    else if (op == "Div") elementwise(in[0].t, [&](auto a) { return isint ? std::trunc(a[0] / a[1]) : a[0] / a[1]; });
-    else if (op == "Max") elementwise(in[0].t, [](auto a) { return *std::max_element(a.begin(), a.end()); });
-    else if (op == "Min") elementwise(in[0].t, [](auto a) { return *std::min_element(a.begin(), a.end()); });
-    else if (op == "Mean") elementwise(in[0].t, [](auto a) { double s = 0; for (double x : a) s += x; return s / double(a.size()); });
-    else if (op == "Pow") elementwise(in[0].t, [](auto a) { return std::pow(a[0], a[1]); });
-    else if (op == "Equal") elementwise(dtype::u8, [](auto a) { return a[0] == a[1] ? 1.0 : 0.0; });
-    else if (op == "Less") elementwise(dtype::u8, [](auto a) { return a[0] < a[1] ? 1.0 : 0.0; });
-    else if (op == "Greater") elementwise(dtype::u8, [](auto a) { return a[0] > a[1] ? 1.0 : 0.0; });
-    else if (op == "Where") elementwise(in[1].t, [](auto a) { return a[0] != 0 ? a[1] : a[2]; });
+    } else if (op == "Add" || op == "Sum")
+      elementwise(in[0].t, [](auto a) {
+        double s = 0;
+        for (double x : a) s += x;
+        return s;
+      });
+    else if (op == "Sub")
+      elementwise(in[0].t, [](auto a) { return a[0] - a[1]; });
+    else if (op == "Mul")
+      elementwise(in[0].t, [](auto a) { return a[0] * a[1]; });
+    else if (op == "Div")
+      elementwise(in[0].t, [&](auto a) { return isint ? std::trunc(a[0] / a[1]) : a[0] / a[1]; });
+    else if (op == "Max")
+      elementwise(in[0].t, [](auto a) { return *std::max_element(a.begin(), a.end()); });
+    else if (op == "Min")
+      elementwise(in[0].t, [](auto a) { return *std::min_element(a.begin(), a.end()); });
+    else if (op == "Mean")
+      elementwise(in[0].t, [](auto a) {
+        double s = 0;
+        for (double x : a) s += x;
+        return s / double(a.size());
+      });
+    else if (op == "Pow")
+      elementwise(in[0].t, [](auto a) { return std::pow(a[0], a[1]); });
+    else if (op == "Equal")
+      elementwise(dtype::u8, [](auto a) { return a[0] == a[1] ? 1.0 : 0.0; });
+    else if (op == "Less")
+      elementwise(dtype::u8, [](auto a) { return a[0] < a[1] ? 1.0 : 0.0; });
+    else if (op == "Greater")
+      elementwise(dtype::u8, [](auto a) { return a[0] > a[1] ? 1.0 : 0.0; });
+    else if (op == "Where")
+      elementwise(in[1].t, [](auto a) { return a[0] != 0 ? a[1] : a[2]; });
     else if (op == "Cast") {
       y = in[0];
       y.t = *g.get(n.outputs[0]).type;
       if (y.t == dtype::bf16 || y.t == dtype::fp16) throw std::runtime_error("reference: cast to 16-bit floats");
-      if (y.t == dtype::f32) for (double& v : y.v) v = static_cast<float>(v);
+      if (y.t == dtype::f32)
+        for (double& v : y.v) v = static_cast<float>(v);
       round_to(y);
     } else if (op == "Reshape" || op == "Flatten" || op == "Squeeze" || op == "Unsqueeze") {
       y = in[0];
@@ -284,8 +339,12 @@ inline std::map<std::string, rt> reference(const tg::graph& g, const std::map<st
       std::size_t known = 1, at = 0;
       bool sym = false;
       for (std::size_t a = 0; a < y.s.size(); ++a) {
-        if (g.get(n.outputs[0]).shape.dims[a].known()) known *= y.s[a];
-        else { sym = true; at = a; }
+        if (g.get(n.outputs[0]).shape.dims[a].known())
+          known *= y.s[a];
+        else {
+          sym = true;
+          at = a;
+        }
       }
       if (sym) y.s[at] = known ? in[0].v.size() / known : 0;
     } else if (op == "Transpose") {
@@ -335,10 +394,14 @@ inline std::map<std::string, rt> reference(const tg::graph& g, const std::map<st
     } else if (op == "Slice") {
       const auto starts = *g.constant_ints(n.inputs[1]), ends = *g.constant_ints(n.inputs[2]);
       tg::ints axes, steps;
-      if (present.size() > 3 && present[3]) axes = *g.constant_ints(n.inputs[3]);
-      else for (std::size_t i = 0; i < starts.size(); ++i) axes.push_back(static_cast<std::int64_t>(i));
-      if (present.size() > 4 && present[4]) steps = *g.constant_ints(n.inputs[4]);
-      else steps.assign(starts.size(), 1);
+      if (present.size() > 3 && present[3])
+        axes = *g.constant_ints(n.inputs[3]);
+      else
+        for (std::size_t i = 0; i < starts.size(); ++i) axes.push_back(static_cast<std::int64_t>(i));
+      if (present.size() > 4 && present[4])
+        steps = *g.constant_ints(n.inputs[4]);
+      else
+        steps.assign(starts.size(), 1);
       const std::size_t r = in[0].s.size();
       std::vector<std::vector<std::size_t>> pick(r);
       for (std::size_t a = 0; a < r; ++a)
@@ -434,10 +497,14 @@ inline std::map<std::string, rt> reference(const tg::graph& g, const std::map<st
         if (op == "ReduceMax") acc = -INFINITY;
         if (op == "ReduceMin") acc = INFINITY;
         for (double v : b) {
-          if (op == "ReduceSum" || op == "ReduceMean") acc += v;
-          else if (op == "ReduceProd") acc *= v;
-          else if (op == "ReduceMax") acc = std::max(acc, v);
-          else acc = std::min(acc, v);
+          if (op == "ReduceSum" || op == "ReduceMean")
+            acc += v;
+          else if (op == "ReduceProd")
+            acc *= v;
+          else if (op == "ReduceMax")
+            acc = std::max(acc, v);
+          else
+            acc = std::min(acc, v);
         }
         if (op == "ReduceMean") acc /= double(b.size());
         y.v.push_back(acc);
@@ -448,8 +515,14 @@ inline std::map<std::string, rt> reference(const tg::graph& g, const std::map<st
       for (std::size_t i = 0; i < y.v.size(); ++i) {
         auto idx = unravel(i, y.s);
         double m = -INFINITY, sum = 0;
-        for (std::size_t k = 0; k < y.s[ax]; ++k) { idx[ax] = k; m = std::max(m, in[0].v[ravel(idx, y.s)]); }
-        for (std::size_t k = 0; k < y.s[ax]; ++k) { idx[ax] = k; sum += std::exp(in[0].v[ravel(idx, y.s)] - m); }
+        for (std::size_t k = 0; k < y.s[ax]; ++k) {
+          idx[ax] = k;
+          m = std::max(m, in[0].v[ravel(idx, y.s)]);
+        }
+        for (std::size_t k = 0; k < y.s[ax]; ++k) {
+          idx[ax] = k;
+          sum += std::exp(in[0].v[ravel(idx, y.s)] - m);
+        }
         y.v[i] = op == "Softmax" ? std::exp(in[0].v[i] - m) / sum : in[0].v[i] - m - std::log(sum);
       }
     } else if (op == "MatMul" || op == "FusedMatMul") {
@@ -466,9 +539,12 @@ inline std::map<std::string, rt> reference(const tg::graph& g, const std::map<st
         }
       }
     } else if (op == "Gemm") {
-      auto tr = [](const rt& x) { rt t{x.t, {x.s[1], x.s[0]}, std::vector<double>(x.v.size())};
-        for (std::size_t i = 0; i < x.s[0]; ++i) for (std::size_t j = 0; j < x.s[1]; ++j) t.v[j * x.s[0] + i] = x.v[i * x.s[1] + j];
-        return t; };
+      auto tr = [](const rt& x) {
+        rt t{x.t, {x.s[1], x.s[0]}, std::vector<double>(x.v.size())};
+        for (std::size_t i = 0; i < x.s[0]; ++i)
+          for (std::size_t j = 0; j < x.s[1]; ++j) t.v[j * x.s[0] + i] = x.v[i * x.s[1] + j];
+        return t;
+      };
       const rt a = n.get_int("transA", 0) ? tr(in[0]) : in[0], b = n.get_int("transB", 0) ? tr(in[1]) : in[1];
       y = matmul_ref(a, b);
       const double alpha = n.get_float("alpha", 1.0), beta = n.get_float("beta", 1.0);
@@ -487,7 +563,8 @@ inline std::map<std::string, rt> reference(const tg::graph& g, const std::map<st
       rt sum = in[0];
       for (std::size_t i = 0; i < sum.v.size(); ++i) sum.v[i] += bat(in[1], unravel(i, sum.s));
       const bool rms = op == "SkipRMSNormalization";
-      y = norm_ref(sum, &in[2], !rms && present.size() > 3 && present[3] ? &in[3] : nullptr, n.get_int("axis", -1), n.get_float("epsilon", 1e-5), rms);
+      y = norm_ref(sum, &in[2], !rms && present.size() > 3 && present[3] ? &in[3] : nullptr, n.get_int("axis", -1), n.get_float("epsilon", 1e-5),
+                   rms);
       if (out.size() > 1) out[1] = sum;
     } else if (op == "RotaryEmbedding") {  // written from the contract: pairs along the last axis
       const rt& x = in[0];
@@ -655,9 +732,21 @@ inline tg::host_tensor to_host(const rt& r) {
   h.data.resize(r.v.size() * es);
   for (std::size_t i = 0; i < r.v.size(); ++i) {
     switch (r.t) {
-      case dtype::f32: { const float x = static_cast<float>(r.v[i]); std::memcpy(h.data.data() + 4 * i, &x, 4); break; }
-      case dtype::i64: { const auto x = static_cast<std::int64_t>(r.v[i]); std::memcpy(h.data.data() + 8 * i, &x, 8); break; }
-      case dtype::i32: { const auto x = static_cast<std::int32_t>(r.v[i]); std::memcpy(h.data.data() + 4 * i, &x, 4); break; }
+      case dtype::f32: {
+        const float x = static_cast<float>(r.v[i]);
+        std::memcpy(h.data.data() + 4 * i, &x, 4);
+        break;
+      }
+      case dtype::i64: {
+        const auto x = static_cast<std::int64_t>(r.v[i]);
+        std::memcpy(h.data.data() + 8 * i, &x, 8);
+        break;
+      }
+      case dtype::i32: {
+        const auto x = static_cast<std::int32_t>(r.v[i]);
+        std::memcpy(h.data.data() + 4 * i, &x, 4);
+        break;
+      }
       case dtype::u8: h.data[i] = static_cast<std::byte>(r.v[i] != 0); break;
       default: throw std::runtime_error("to_host: dtype");
     }

@@ -62,8 +62,7 @@ void check_close(const tg::host_tensor& got, const rt& want, double rel, double 
 
 // Runs `g` on a 2-thread host_device and the fp64 reference on the bound graph; checks every graph
 // output within rel/abs.
-tg::tensor_map run_and_check(const tg::graph& g, const std::map<std::string, rt>& inputs, double rel, double abs,
-                             tg::compile_options opt = {}) {
+tg::tensor_map run_and_check(const tg::graph& g, const std::map<std::string, rt>& inputs, double rel, double abs, tg::compile_options opt = {}) {
   host_device dev(2);
   auto exe = tg::compile(g, dev, opt);
   tg::tensor_map in;
@@ -82,8 +81,8 @@ rt rand_rt(std::vector<std::size_t> s, std::uint32_t seed, float lo = -1.0f, flo
 std::vector<std::int64_t> i64s(const std::vector<std::size_t>& s) { return {s.begin(), s.end()}; }
 
 // One node over f32 inputs x0, x1, ... of the given shapes; output y (more outputs: y1, y2, ...).
-tg::graph one_node(const std::string& op, const std::vector<std::vector<std::size_t>>& shapes, tg::attribute_map attrs = {},
-                   std::size_t outputs = 1, const std::string& domain = {}, std::vector<dtype> types = {}) {
+tg::graph one_node(const std::string& op, const std::vector<std::vector<std::size_t>>& shapes, tg::attribute_map attrs = {}, std::size_t outputs = 1,
+                   const std::string& domain = {}, std::vector<dtype> types = {}) {
   tg::graph g(op);
   std::vector<std::string> ins, outs;
   for (std::size_t i = 0; i < shapes.size(); ++i) {
@@ -108,17 +107,18 @@ std::map<std::string, rt> rand_inputs(const std::vector<std::vector<std::size_t>
 
 TEST_CASE("unary ops match fp64 within a few ulps", "[graph][executor]") {
   const std::vector<std::size_t> s{3, 37};
-  for (const char* op : {"Abs", "Neg", "Relu", "Ceil", "Floor", "Sqrt", "Exp", "Log", "Sin", "Cos", "Tanh", "Erf", "Reciprocal", "Sigmoid",
-                         "Identity"}) {
+  for (const char* op :
+       {"Abs", "Neg", "Relu", "Ceil", "Floor", "Sqrt", "Exp", "Log", "Sin", "Cos", "Tanh", "Erf", "Reciprocal", "Sigmoid", "Identity"}) {
     auto in = rand_inputs({s}, 11, -3.0f, 3.0f);
-    in["x0"].v[0] = 0.0;   // edges: zero, and negative values where Sqrt/Log give NaN
+    in["x0"].v[0] = 0.0;  // edges: zero, and negative values where Sqrt/Log give NaN
     in["x0"].v[1] = -0.0;
     for (double& v : in["x0"].v) v = static_cast<float>(v);
     // std:: math functions in float are within 2 ulps; the comparison allows 4 and 1e-7 near 0
     run_and_check(one_node(op, {s}), in, 4 * 0x1p-23, 1e-7);
   }
   // Gelu (tessel's activation operator, both forms) and Dropout (inference: identity, mask all ones)
-  for (const char* a : {"none", "tanh"}) run_and_check(one_node("Gelu", {s}, {{"approximate", std::string(a)}}), rand_inputs({s}, 3, -4, 4), 1e-5, 1e-6);
+  for (const char* a : {"none", "tanh"})
+    run_and_check(one_node("Gelu", {s}, {{"approximate", std::string(a)}}), rand_inputs({s}, 3, -4, 4), 1e-5, 1e-6);
   run_and_check(one_node("Dropout", {s}, {}, 2), rand_inputs({s}, 4), 0, 0);
 }
 
@@ -202,7 +202,8 @@ TEST_CASE("reshape family, transpose, concat, split, slice, gather, expand, shap
     run_and_check(h, x, 0, 0);
   }
   run_and_check(one_node("Flatten", {{2, 3, 4}}, {{"axis", std::int64_t{2}}}), x, 0, 0);
-  for (auto perm : {tg::ints{2, 0, 1}, tg::ints{1, 0, 2}, tg::ints{0, 2, 1}}) run_and_check(one_node("Transpose", {{2, 3, 4}}, {{"perm", perm}}), x, 0, 0);
+  for (auto perm : {tg::ints{2, 0, 1}, tg::ints{1, 0, 2}, tg::ints{0, 2, 1}})
+    run_and_check(one_node("Transpose", {{2, 3, 4}}, {{"perm", perm}}), x, 0, 0);
   run_and_check(one_node("Transpose", {{2, 3, 4}}), x, 0, 0);  // default: reversed
   {
     tg::graph g("sq");
@@ -224,7 +225,8 @@ TEST_CASE("reshape family, transpose, concat, split, slice, gather, expand, shap
   {  // rows of 320,004 bytes, copied in two pieces (256 KiB, then the end of the middle part and the last part)
     const std::vector<std::vector<std::size_t>> s = {{2, 30000}, {2, 50000}, {2, 1}};
     run_and_check(one_node("Concat", s, {{"axis", std::int64_t{1}}}), rand_inputs(s, 36), 0, 0);
-    run_and_check(one_node("Split", {{2, 80001}}, {{"axis", std::int64_t{1}}, {"split", tg::ints{30000, 50000, 1}}}, 3), rand_inputs({{2, 80001}}, 37), 0, 0);
+    run_and_check(one_node("Split", {{2, 80001}}, {{"axis", std::int64_t{1}}, {"split", tg::ints{30000, 50000, 1}}}, 3),
+                  rand_inputs({{2, 80001}}, 37), 0, 0);
   }
   {  // Slice: negative starts, a negative step, an axis subset, clamped ends
     tg::graph g("slice");
@@ -291,8 +293,7 @@ TEST_CASE("reductions over any axes, with and without keepdims", "[graph][execut
 
 TEST_CASE("Softmax and LogSoftmax over any axis", "[graph][executor]") {
   for (const char* op : {"Softmax", "LogSoftmax"})
-    for (std::int64_t ax : {-1, 0, 1})
-      run_and_check(one_node(op, {{3, 5, 7}}, {{"axis", ax}}), rand_inputs({{3, 5, 7}}, 51, -5, 5), 1e-6, 1e-7);
+    for (std::int64_t ax : {-1, 0, 1}) run_and_check(one_node(op, {{3, 5, 7}}, {{"axis", ax}}), rand_inputs({{3, 5, 7}}, 51, -5, 5), 1e-6, 1e-7);
 }
 
 TEST_CASE("LayerNormalization with its statistics, BatchNormalization", "[graph][executor]") {
@@ -311,8 +312,8 @@ TEST_CASE("LayerNormalization with its statistics, BatchNormalization", "[graph]
 
 TEST_CASE("MatMul broadcasts batch dims and takes vectors, within the GEMM bound", "[graph][executor]") {
   const std::vector<std::pair<std::vector<std::size_t>, std::vector<std::size_t>>> cases = {
-      {{3, 4}, {4, 5}},       {{2, 3, 40}, {40, 5}},    {{2, 1, 3, 4}, {5, 4, 6}}, {{4}, {4, 5}},   {{3, 4}, {4}},
-      {{2, 3, 4}, {2, 4, 5}}, {{1, 3, 4}, {3, 4, 2}},   {{3, 0}, {0, 5}},          {{0, 4}, {4, 5}}, {{70, 33}, {33, 65}}};
+      {{3, 4}, {4, 5}},       {{2, 3, 40}, {40, 5}},  {{2, 1, 3, 4}, {5, 4, 6}}, {{4}, {4, 5}},    {{3, 4}, {4}},
+      {{2, 3, 4}, {2, 4, 5}}, {{1, 3, 4}, {3, 4, 2}}, {{3, 0}, {0, 5}},          {{0, 4}, {4, 5}}, {{70, 33}, {33, 65}}};
   for (const auto& [a, b] : cases) {
     const std::size_t K = a.back();
     // inputs in [0, 1]: |A||B| = AB, so the bound gamma_K |A||B| + u |C| is relative to C
@@ -323,7 +324,8 @@ TEST_CASE("MatMul broadcasts batch dims and takes vectors, within the GEMM bound
 TEST_CASE("Gemm with transposes, alpha, beta and a broadcast C", "[graph][executor]") {
   for (std::int64_t ta : {0, 1})
     for (std::int64_t tb : {0, 1})
-      for (const auto& cs : {std::vector<std::size_t>{5}, std::vector<std::size_t>{3, 1}, std::vector<std::size_t>{}, std::vector<std::size_t>{3, 5}}) {
+      for (const auto& cs :
+           {std::vector<std::size_t>{5}, std::vector<std::size_t>{3, 1}, std::vector<std::size_t>{}, std::vector<std::size_t>{3, 5}}) {
         const std::vector<std::size_t> a = ta ? std::vector<std::size_t>{7, 3} : std::vector<std::size_t>{3, 7};
         const std::vector<std::size_t> b = tb ? std::vector<std::size_t>{5, 7} : std::vector<std::size_t>{7, 5};
         tg::graph g = one_node("Gemm", {a, b, cs}, {{"transA", ta}, {"transB", tb}, {"alpha", 0.5}, {"beta", 2.0}});
@@ -358,7 +360,8 @@ TEST_CASE("Conv with pads, strides, dilations, groups and auto_pad, then pools a
       a["ceil_mode"] = std::int64_t{1};
       run_and_check(one_node(op, {{2, 3, 7, 6}}, a), rand_inputs({{2, 3, 7, 6}}, 94), 4 * u32, 1e-7);
     }
-  for (const char* op : {"GlobalAveragePool", "GlobalMaxPool"}) run_and_check(one_node(op, {{2, 3, 5, 4}}), rand_inputs({{2, 3, 5, 4}}, 95), 2 * u32, 0);
+  for (const char* op : {"GlobalAveragePool", "GlobalMaxPool"})
+    run_and_check(one_node(op, {{2, 3, 5, 4}}), rand_inputs({{2, 3, 5, 4}}, 95), 2 * u32, 0);
 }
 
 // ---- fused ops ------------------------------------------------------------------------------------------------
@@ -368,13 +371,13 @@ TEST_CASE("FusedMatMul equals MatMul + Add + Add + activation", "[graph][executo
     std::vector<std::size_t> a, b, bias, res;
   };
   const std::vector<fm_case> cases = {
-      {{2, 5, 24}, {24, 16}, {16}, {2, 5, 16}},      // the epilogue path: one GEMM, tail in its epilogue
-      {{130, 24}, {24, 40}, {40}, {130, 40}},        // more rows than one block
-      {{2, 5, 24}, {2, 24, 16}, {16}, {2, 5, 16}},   // batched B: GEMM, then the tail as a pass
-      {{4, 6}, {6, 4}, {4, 1}, {}},                  // a per-row bias: the pass
-      {{3, 8}, {8, 5}, {}, {5}},                     // a broadcast residual: the pass
+      {{2, 5, 24}, {24, 16}, {16}, {2, 5, 16}},     // the epilogue path: one GEMM, tail in its epilogue
+      {{130, 24}, {24, 40}, {40}, {130, 40}},       // more rows than one block
+      {{2, 5, 24}, {2, 24, 16}, {16}, {2, 5, 16}},  // batched B: GEMM, then the tail as a pass
+      {{4, 6}, {6, 4}, {4, 1}, {}},                 // a per-row bias: the pass
+      {{3, 8}, {8, 5}, {}, {5}},                    // a broadcast residual: the pass
       {{3, 8}, {8, 5}, {}, {}},
-      {{4, 2048}, {2048, 16}, {16}, {4, 16}},        // deep K: the GEMM splits K, the tail runs in its reduce
+      {{4, 2048}, {2048, 16}, {16}, {4, 16}},  // deep K: the GEMM splits K, the tail runs in its reduce
   };
   for (const auto& c : cases)
     for (const char* act : {"", "Relu", "Gelu", "GeluTanh", "Sigmoid", "Tanh", "Silu"}) {
@@ -402,13 +405,17 @@ TEST_CASE("FusedMatMul equals MatMul + Add + Add + activation", "[graph][executo
         cur = "qr";
       }
       const std::string a = act;
-      if (a.empty()) u.add_node("Identity", "act", {cur}, {"y"});
-      else if (a == "Gelu") u.add_node("Gelu", "act", {cur}, {"y"});
-      else if (a == "GeluTanh") u.add_node("Gelu", "act", {cur}, {"y"}, {{"approximate", std::string("tanh")}});
+      if (a.empty())
+        u.add_node("Identity", "act", {cur}, {"y"});
+      else if (a == "Gelu")
+        u.add_node("Gelu", "act", {cur}, {"y"});
+      else if (a == "GeluTanh")
+        u.add_node("Gelu", "act", {cur}, {"y"}, {{"approximate", std::string("tanh")}});
       else if (a == "Silu") {
         u.add_node("Sigmoid", "sg", {cur}, {"sg"});
         u.add_node("Mul", "act", {cur, "sg"}, {"y"});
-      } else u.add_node(a, "act", {cur}, {"y"});
+      } else
+        u.add_node(a, "act", {cur}, {"y"});
       u.mark_output("y");
       std::map<std::string, rt> in{{"a", rand_rt(c.a, 1, 0, 1)}, {"b", rand_rt(c.b, 2, 0, 1)}};
       if (!c.bias.empty()) in["bias"] = rand_rt(c.bias, 3, 0, 1);
@@ -432,9 +439,10 @@ tg::graph unfused_attention(std::size_t B, std::size_t Hq, std::size_t Hkv, std:
   std::string k = "k", v = "v";
   if (Hq != Hkv) {  // repeat each kv head Hq/Hkv times: [B,Hkv,1,S,D] -> expand -> reshape
     g.add_constant_ints("ax", {2});
-    g.add_constant_ints("rep", {static_cast<std::int64_t>(B), static_cast<std::int64_t>(Hkv), static_cast<std::int64_t>(Hq / Hkv), static_cast<std::int64_t>(Sk),
-                               static_cast<std::int64_t>(D)});
-    g.add_constant_ints("merged", {static_cast<std::int64_t>(B), static_cast<std::int64_t>(Hq), static_cast<std::int64_t>(Sk), static_cast<std::int64_t>(D)});
+    g.add_constant_ints("rep", {static_cast<std::int64_t>(B), static_cast<std::int64_t>(Hkv), static_cast<std::int64_t>(Hq / Hkv),
+                                static_cast<std::int64_t>(Sk), static_cast<std::int64_t>(D)});
+    g.add_constant_ints("merged",
+                        {static_cast<std::int64_t>(B), static_cast<std::int64_t>(Hq), static_cast<std::int64_t>(Sk), static_cast<std::int64_t>(D)});
     for (const char* t : {"k", "v"}) {
       const std::string s = t;
       g.add_node("Unsqueeze", "u" + s, {s, "ax"}, {s + "_u"});
@@ -473,7 +481,8 @@ TEST_CASE("Attention (fused operator and by parts) equals the unfused graph: GQA
       {2, 3, 3, 40, 50, 12, true, true},  // by parts: 12000 mask elements, blocks of 4096 start inside rows of 50
   };
   for (const auto& c : cases) {
-    INFO("B " << c.B << " Hq " << c.Hq << " Hkv " << c.Hkv << " Sq " << c.Sq << " Sk " << c.Sk << " D " << c.D << " causal " << c.causal << " mask " << c.mask);
+    INFO("B " << c.B << " Hq " << c.Hq << " Hkv " << c.Hkv << " Sq " << c.Sq << " Sk " << c.Sk << " D " << c.D << " causal " << c.causal << " mask "
+              << c.mask);
     tg::graph f("attn");
     f.add_input("q", dtype::f32, {c.B, c.Hq, c.Sq, c.D});
     f.add_input("k", dtype::f32, {c.B, c.Hkv, c.Sk, c.D});
@@ -481,7 +490,8 @@ TEST_CASE("Attention (fused operator and by parts) equals the unfused graph: GQA
     if (c.mask) f.add_input("mask", dtype::f32, {c.Sq, c.Sk});
     f.add_node("Attention", "a", {"q", "k", "v", c.mask ? "mask" : ""}, {"y"}, {{"causal", std::int64_t{c.causal}}}, "tessel");
     f.mark_output("y");
-    std::map<std::string, rt> in{{"q", rand_rt({c.B, c.Hq, c.Sq, c.D}, 1)}, {"k", rand_rt({c.B, c.Hkv, c.Sk, c.D}, 2)}, {"v", rand_rt({c.B, c.Hkv, c.Sk, c.D}, 3)}};
+    std::map<std::string, rt> in{
+        {"q", rand_rt({c.B, c.Hq, c.Sq, c.D}, 1)}, {"k", rand_rt({c.B, c.Hkv, c.Sk, c.D}, 2)}, {"v", rand_rt({c.B, c.Hkv, c.Sk, c.D}, 3)}};
     if (c.mask) in["mask"] = rand_rt({c.Sq, c.Sk}, 4, -2, 0);
     // outputs are convex combinations of V rows (|v| <= 1): errors from the scores (gamma_D) and the softmax
     const double tol = 4 * (gamma(c.D, u32) + gamma(c.Sk, u32)) + 1e-6;
@@ -526,8 +536,10 @@ TEST_CASE("RMS and skip norms equal their ONNX equivalents", "[graph][executor][
       for (std::size_t i = 0; i < shapes.size(); ++i)
         u.add_input(nm("x", i), dtype::f32, tg::tensor_shape(std::vector<tg::dim>(shapes[i].begin(), shapes[i].end())));
       u.add_node("Add", "add", {"x0", "x1"}, {"y1"});
-      if (layer) u.add_node("LayerNormalization", "ln", {"y1", "x2", "x3"}, {"y"});
-      else u.add_node("RMSNormalization", "ln", {"y1", "x2"}, {"y"}, {}, "tessel");
+      if (layer)
+        u.add_node("LayerNormalization", "ln", {"y1", "x2", "x3"}, {"y"});
+      else
+        u.add_node("RMSNormalization", "ln", {"y1", "x2"}, {"y"}, {}, "tessel");
       u.mark_output("y");
       u.mark_output("y1");
       const auto in = rand_inputs(shapes, 6, -2, 2);
@@ -588,7 +600,8 @@ TEST_CASE("RotaryEmbedding matches fp64, rotate-half and interleaved, and equals
 
 TEST_CASE("FusedConv equals Conv + Add + activation", "[graph][executor][fused]") {
   for (const char* act : {"", "Relu", "Silu"}) {
-    tg::graph f = one_node("FusedConv", {{2, 3, 6, 6}, {4, 3, 3, 3}, {4}, {2, 4, 6, 6}}, {{"pads", tg::ints{1, 1, 1, 1}}, {"activation", std::string(act)}}, 1, "tessel");
+    tg::graph f = one_node("FusedConv", {{2, 3, 6, 6}, {4, 3, 3, 3}, {4}, {2, 4, 6, 6}},
+                           {{"pads", tg::ints{1, 1, 1, 1}}, {"activation", std::string(act)}}, 1, "tessel");
     tg::graph u("conv_unfused");
     u.add_input("x0", dtype::f32, {2, 3, 6, 6});
     u.add_input("x1", dtype::f32, {4, 3, 3, 3});
@@ -597,8 +610,10 @@ TEST_CASE("FusedConv equals Conv + Add + activation", "[graph][executor][fused]"
     u.add_node("Conv", "c", {"x0", "x1", "x2"}, {"c"}, {{"pads", tg::ints{1, 1, 1, 1}}});
     u.add_node("Add", "z", {"c", "x3"}, {"cz"});
     const std::string a = act;
-    if (a.empty()) u.add_node("Identity", "act", {"cz"}, {"y"});
-    else if (a == "Relu") u.add_node("Relu", "act", {"cz"}, {"y"});
+    if (a.empty())
+      u.add_node("Identity", "act", {"cz"}, {"y"});
+    else if (a == "Relu")
+      u.add_node("Relu", "act", {"cz"}, {"y"});
     else {
       u.add_node("Sigmoid", "sg", {"cz"}, {"sg"});
       u.add_node("Mul", "act", {"cz", "sg"}, {"y"});
@@ -615,7 +630,8 @@ TEST_CASE("FusedConv equals Conv + Add + activation", "[graph][executor][fused]"
 TEST_CASE("bf16 compute rounds GEMM and attention inputs to bf16 and stays within its bound", "[graph][executor][bf16]") {
   tg::compile_options bf;
   bf.compute = dtype::bf16;
-  for (const auto& [a, b] : std::vector<std::pair<std::vector<std::size_t>, std::vector<std::size_t>>>{{{9, 64}, {64, 33}}, {{2, 3, 40}, {2, 40, 7}}}) {
+  for (const auto& [a, b] :
+       std::vector<std::pair<std::vector<std::size_t>, std::vector<std::size_t>>>{{{9, 64}, {64, 33}}, {{2, 3, 40}, {2, 40, 7}}}) {
     const auto in = rand_inputs({a, b}, 111, 0, 1);
     // both inputs rounded (2 u_bf16, plus its square) then an f32 accumulation: relative, inputs >= 0
     const auto y16 = run_and_check(one_node("MatMul", {a, b}), in, 2 * u16 + u16 * u16 + gamma(a.back(), u32) + u32, 0, bf);
@@ -627,8 +643,7 @@ TEST_CASE("bf16 compute rounds GEMM and attention inputs to bf16 and stays withi
   // Conv: image and filter rounded, f32 accumulation of K = C·KH·KW products plus the bias; a wide
   // image (16-pixel runs) and a narrow one, a 3x3 and a strided 1x1
   for (const auto& [x, w, a] : std::vector<std::tuple<std::vector<std::size_t>, std::vector<std::size_t>, tg::attribute_map>>{
-           {{1, 8, 5, 20}, {6, 8, 3, 3}, {{"pads", tg::ints{1, 1, 1, 1}}}},
-           {{2, 5, 7, 6}, {4, 5, 1, 1}, {{"strides", tg::ints{2, 2}}}}}) {
+           {{1, 8, 5, 20}, {6, 8, 3, 3}, {{"pads", tg::ints{1, 1, 1, 1}}}}, {{2, 5, 7, 6}, {4, 5, 1, 1}, {{"strides", tg::ints{2, 2}}}}}) {
     const std::size_t K = w[1] * w[2] * w[3];
     const auto in = rand_inputs({x, w, {w[0]}}, 113, 0, 1);
     const auto y16 = run_and_check(one_node("Conv", {x, w, {w[0]}}, a), in, 2 * u16 + u16 * u16 + gamma(K + 1, u32) + u32, 0, bf);
@@ -786,7 +801,8 @@ TEST_CASE("bad inputs are typed graph_errors naming the input", "[graph][executo
   auto exe = tg::compile(g, dev, o);
   const auto x = tg::host_tensor::of<float>({2, 16}, std::vector<float>(32, 1.0f));
   CHECK_THROWS_MATCHES(exe.run({}), graph_error, is_error(errc::invalid_argument, "graph", "input 'x' is missing"));
-  CHECK_THROWS_MATCHES(exe.run({{"x", x}, {"z", x}}), graph_error, is_error(errc::invalid_argument, "graph", "input 'z': the graph has no such input"));
+  CHECK_THROWS_MATCHES(exe.run({{"x", x}, {"z", x}}), graph_error,
+                       is_error(errc::invalid_argument, "graph", "input 'z': the graph has no such input"));
   CHECK_THROWS_MATCHES(exe.run({{"x", tg::host_tensor::of<float>({3, 16}, std::vector<float>(48, 1.0f))}}), graph_error,
                        is_error(errc::invalid_argument, "graph", "input 'x' has shape [3,16], the graph takes [2,16]"));
   CHECK_THROWS_MATCHES(exe.run({{"x", tg::host_tensor::of<double>({2, 16}, std::vector<double>(32, 1.0))}}), graph_error,
@@ -794,7 +810,8 @@ TEST_CASE("bad inputs are typed graph_errors naming the input", "[graph][executo
   tg::host_tensor short_x = x;
   short_x.data.resize(8);
   CHECK_THROWS_MATCHES(exe.run({{"x", short_x}}), graph_error, is_error(errc::invalid_argument, "graph", "input 'x' holds 8 bytes"));
-  CHECK_THROWS_MATCHES(tg::compile(g, dev), graph_error, is_error(errc::invalid_argument, "graph", "input 'x' [batch,16]: symbol 'batch' is not bound"));
+  CHECK_THROWS_MATCHES(tg::compile(g, dev), graph_error,
+                       is_error(errc::invalid_argument, "graph", "input 'x' [batch,16]: symbol 'batch' is not bound"));
   tg::compile_options neg;
   neg.symbols = {{"batch", -1}};
   CHECK_THROWS_MATCHES(tg::compile(g, dev, neg), graph_error, is_error(errc::invalid_argument, "graph", "input 'x': symbol 'batch' is bound to -1"));
@@ -879,8 +896,9 @@ TEST_CASE("pools whose windows ops/pool.hpp refuses run on the fallback loop, as
     CHECK(y[0] == (std::string(op) == "MaxPool" ? -INFINITY : 0.0f));  // window (0, 0): padding only
   }
   // dilations and a 1-D pool go through ops (H = 1)
-  run_and_check(one_node("MaxPool", {{2, 3, 9, 8}}, {{"kernel_shape", tg::ints{2, 3}}, {"dilations", tg::ints{2, 2}}, {"pads", tg::ints{1, 1, 1, 1}}}),
-                rand_inputs({{2, 3, 9, 8}}, 412), 0, 0);
+  run_and_check(
+      one_node("MaxPool", {{2, 3, 9, 8}}, {{"kernel_shape", tg::ints{2, 3}}, {"dilations", tg::ints{2, 2}}, {"pads", tg::ints{1, 1, 1, 1}}}),
+      rand_inputs({{2, 3, 9, 8}}, 412), 0, 0);
   run_and_check(one_node("AveragePool", {{2, 3, 11}}, {{"kernel_shape", tg::ints{3}}, {"strides", tg::ints{2}}, {"ceil_mode", std::int64_t{1}}}),
                 rand_inputs({{2, 3, 11}}, 413), 4 * u32, 1e-7);
   for (double eps : {0.0, 1e-3}) {
@@ -935,10 +953,14 @@ rt resize_reference(const rt& x, const std::vector<std::size_t>& ys, const std::
   auto pick = [&](double v, std::size_t n) {
     double k;
     const double fl = std::floor(v);
-    if (nearest_mode == "floor") k = fl;
-    else if (nearest_mode == "ceil") k = std::ceil(v);
-    else if (v - fl == 0.5) k = nearest_mode == "round_prefer_ceil" ? fl + 1 : fl;
-    else k = std::floor(v + 0.5);
+    if (nearest_mode == "floor")
+      k = fl;
+    else if (nearest_mode == "ceil")
+      k = std::ceil(v);
+    else if (v - fl == 0.5)
+      k = nearest_mode == "round_prefer_ceil" ? fl + 1 : fl;
+    else
+      k = std::floor(v + 0.5);
     return static_cast<std::size_t>(std::clamp(k, 0.0, double(n - 1)));
   };
   rt y{x.t, ys, std::vector<double>(count(ys))};
@@ -1000,11 +1022,15 @@ TEST_CASE("Resize: nearest and linear, every coordinate mode PyTorch exports, sc
     std::string mode, ctm, nearest;
   };
   const std::vector<mode_case> modes = {
-      {"nearest", "asymmetric", "floor"},           // nn.Upsample(mode="nearest")
-      {"nearest", "half_pixel", "round_prefer_floor"}, {"nearest", "half_pixel", "round_prefer_ceil"},
-      {"nearest", "align_corners", "round_prefer_floor"}, {"nearest", "pytorch_half_pixel", "ceil"},
-      {"linear", "half_pixel", ""}, {"linear", "pytorch_half_pixel", ""},  // bilinear, align_corners=False
-      {"linear", "align_corners", ""}, {"linear", "asymmetric", ""},
+      {"nearest", "asymmetric", "floor"},  // nn.Upsample(mode="nearest")
+      {"nearest", "half_pixel", "round_prefer_floor"},
+      {"nearest", "half_pixel", "round_prefer_ceil"},
+      {"nearest", "align_corners", "round_prefer_floor"},
+      {"nearest", "pytorch_half_pixel", "ceil"},
+      {"linear", "half_pixel", ""},
+      {"linear", "pytorch_half_pixel", ""},  // bilinear, align_corners=False
+      {"linear", "align_corners", ""},
+      {"linear", "asymmetric", ""},
   };
   const std::vector<std::size_t> xs = {2, 3, 5, 4};
   const rt x = rand_rt(xs, 431);
@@ -1034,8 +1060,9 @@ TEST_CASE("Resize: nearest and linear, every coordinate mode PyTorch exports, sc
     g.add_input("x", dtype::i64, {2, 3, 2});
     g.add_constant<float>("roi", {0}, std::vector<float>{});
     g.add_constant<float>("scales", {3}, std::vector<float>{2, 1, 3});
-    g.add_node("Resize", "rs", {"x", "roi", "scales"}, {"y"}, {{"mode", std::string("nearest")}, {"coordinate_transformation_mode", std::string("asymmetric")},
-                                                                {"nearest_mode", std::string("floor")}});
+    g.add_node(
+        "Resize", "rs", {"x", "roi", "scales"}, {"y"},
+        {{"mode", std::string("nearest")}, {"coordinate_transformation_mode", std::string("asymmetric")}, {"nearest_mode", std::string("floor")}});
     g.mark_output("y");
     std::vector<std::int64_t> xv(12);
     for (std::size_t i = 0; i < 12; ++i) xv[i] = std::int64_t(i) * 7 - 20;

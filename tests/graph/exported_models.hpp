@@ -52,8 +52,7 @@ struct builder {
   }
   // LayerNorm over the last axis as torch.nn.LayerNorm's decomposition: (x - mean) / sqrt(var + eps)
   // · γ + β, the square as Pow 2 or as Mul(d, d).
-  std::string layer_norm(const std::string& x, const std::string& gamma, const std::string& beta, bool pow_spelling = true,
-                         float eps = 1e-5f) {
+  std::string layer_norm(const std::string& x, const std::string& gamma, const std::string& beta, bool pow_spelling = true, float eps = 1e-5f) {
     const tg::attribute_map last{{"axes", tg::ints{-1}}};
     const std::string mean = op("ReduceMean", {x}, last);
     const std::string d = op("Sub", {x, mean});

@@ -64,7 +64,7 @@ TEST_CASE("graph passes: the exporter's Shape-Gather-Unsqueeze-Concat-Reshape ch
   tg::graph g = heads_graph(2);
   g.infer_shapes();
   const std::size_t before = g.node_count();
-  CHECK(before == 9);  // 2 x (Shape, Gather, Unsqueeze), Concat, 2 Reshapes
+  CHECK(before == 9);                 // 2 x (Shape, Gather, Unsqueeze), Concat, 2 Reshapes
   CHECK(tg::fold_constants(g) == 7);  // all but the Reshapes
   tg::remove_dead_code(g);
   g.verify();
@@ -254,7 +254,8 @@ TEST_CASE("graph passes: float constants fold elementwise to the float result", 
     REQUIRE(got.size() == 24);
     for (int a = 0; a < 3; ++a)
       for (int c = 0; c < 4; ++c)
-        for (int bb = 0; bb < 2; ++bb) CHECK(got[static_cast<std::size_t>((a * 4 + c) * 2 + bb)] == v[static_cast<std::size_t>((bb * 3 + a) * 4 + c)]);
+        for (int bb = 0; bb < 2; ++bb)
+          CHECK(got[static_cast<std::size_t>((a * 4 + c) * 2 + bb)] == v[static_cast<std::size_t>((bb * 3 + a) * 4 + c)]);
   }
   SECTION("Pow, Neg, Tanh, Erf; Cast i64 -> f32") {
     one_node t;
@@ -312,8 +313,8 @@ TEST_CASE("graph passes: CSE merges identical constants and nodes, never graph o
   g.add_constant<float>("two_b", {}, std::vector<float>{2.0f});
   g.add_constant<float>("three", {}, std::vector<float>{3.0f});
   g.add_node("Mul", "m1", {"x", "two_a"}, {"a"});
-  g.add_node("Mul", "m2", {"x", "two_b"}, {"b"});       // same as m1 once the constants merge
-  g.add_node("Mul", "m3", {"x", "three"}, {"c"});       // another constant
+  g.add_node("Mul", "m2", {"x", "two_b"}, {"b"});  // same as m1 once the constants merge
+  g.add_node("Mul", "m3", {"x", "three"}, {"c"});  // another constant
   g.add_node("Softmax", "s1", {"a"}, {"sa"}, {{"axis", std::int64_t{1}}});
   g.add_node("Softmax", "s2", {"b"}, {"sb"}, {{"axis", std::int64_t{0}}});  // another attribute
   g.add_node("Softmax", "s3", {"b"}, {"sc"}, {{"axis", std::int64_t{1}}});  // same as s1 after m2 -> m1

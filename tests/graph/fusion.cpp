@@ -318,8 +318,10 @@ TEST_CASE("graph fusion: MatMul + bias + activation (+ residual) becomes FusedMa
       builder b{g};
       weight(g, "w", {D, FF});
       const std::string h = b.op("MatMul", {"x", "w"});
-      if (silu) g.add_node("Mul", "silu", {b.op("Sigmoid", {h}), h}, {"y"});
-      else g.add_node("Gelu", "gelu", {h}, {"y"}, {{"approximate", std::string("tanh")}});
+      if (silu)
+        g.add_node("Mul", "silu", {b.op("Sigmoid", {h}), h}, {"y"});
+      else
+        g.add_node("Gelu", "gelu", {h}, {"y"}, {{"approximate", std::string("tanh")}});
       g.mark_output("y");
       CHECK(run(g, tg::fuse_matmul) == 1);
       CHECK(g.node_count() == 1);
@@ -425,8 +427,10 @@ tg::graph attention_graph(const attn_case& c) {
   builder b{g};
   const std::int64_t hkv = c.gqa || c.gqa_gather ? 2 : AH;
   g.add_input("q", dtype::f32, {AB, AH, AS, AD});
-  if (c.bshd_key) g.add_input("k", dtype::f32, {AB, AS, hkv, AD});
-  else g.add_input("k", dtype::f32, {AB, hkv, AS, AD});
+  if (c.bshd_key)
+    g.add_input("k", dtype::f32, {AB, AS, hkv, AD});
+  else
+    g.add_input("k", dtype::f32, {AB, hkv, AS, AD});
   g.add_input("v", dtype::f32, {AB, hkv, AS, AD});
   g.add_input("m", dtype::f32, {AB, 1, 1, AS});
   g.add_input("sc", dtype::f32, {});
@@ -608,8 +612,9 @@ tg::graph rotary_graph(const rotary_case& c) {
   builder b{g};
   g.add_input("q", dtype::f32, {"batch", 2, RS, RD});
   g.add_input("p", dtype::f32, {"batch", 2, RS, RD});
-  const std::vector<std::int64_t> cs = c.cos_wrong ? std::vector<std::int64_t>{2, 1, 1, RS, RD} : c.cos_4d ? std::vector<std::int64_t>{1, 1, RS, RD}
-                                                                                                   : std::vector<std::int64_t>{RS, RD};
+  const std::vector<std::int64_t> cs = c.cos_wrong ? std::vector<std::int64_t>{2, 1, 1, RS, RD}
+                                       : c.cos_4d  ? std::vector<std::int64_t>{1, 1, RS, RD}
+                                                   : std::vector<std::int64_t>{RS, RD};
   weight(g, "cos", cs);
   weight(g, "sin", {RS, RD});
   const std::int64_t last = c.axis_positive ? 3 : -1;
@@ -622,8 +627,8 @@ tg::graph rotary_graph(const rotary_case& c) {
   const std::int64_t split = c.split_off_centre ? RD / 2 - 1 : RD / 2;  // rotates pairs (i, i + 3): not the contract
   const std::string x1 = slice("q", 0, split);
   const std::string x2 = slice(c.other_x ? "p" : "q", split, end);
-  const std::string rot = c.halves_swapped ? b.op("Concat", {b.op("Neg", {x1}), x2}, {{"axis", last}})
-                                           : b.op("Concat", {b.op("Neg", {x2}), x1}, {{"axis", last}});
+  const std::string rot =
+      c.halves_swapped ? b.op("Concat", {b.op("Neg", {x1}), x2}, {{"axis", last}}) : b.op("Concat", {b.op("Neg", {x2}), x1}, {{"axis", last}});
   const std::string a = c.swap_mul ? b.op("Mul", {"cos", "q"}) : b.op("Mul", {"q", "cos"});
   const std::string r = c.swap_mul ? b.op("Mul", {"sin", rot}) : b.op("Mul", {rot, "sin"});
   g.add_node("Add", "rope", c.swap_add ? std::vector<std::string>{r, a} : std::vector<std::string>{a, r}, {"y"});
@@ -636,7 +641,8 @@ tg::graph rotary_graph(const rotary_case& c) {
 }
 
 TEST_CASE("graph fusion: rotate-half rotary embedding becomes tessel's RotaryEmbedding", "[graph][fusion]") {
-  const rotary_case cases[] = {{}, {.swap_mul = true}, {.swap_add = true, .axis_positive = true}, {.end_max = false, .cos_4d = true, .steps_one = true}};
+  const rotary_case cases[] = {
+      {}, {.swap_mul = true}, {.swap_add = true, .axis_positive = true}, {.end_max = false, .cos_4d = true, .steps_one = true}};
   for (const rotary_case& c : cases) {
     CAPTURE(c.swap_mul, c.swap_add, c.axis_positive, c.end_max, c.cos_4d, c.steps_one);
     tg::graph g = rotary_graph(c);
@@ -680,9 +686,7 @@ TEST_CASE("graph fusion: RotaryEmbedding's shape rule names what is wrong", "[gr
     try {
       g.infer_shapes();
       FAIL("no error");
-    } catch (const tg::graph_error& e) {
-      CHECK_THAT(e.what(), Catch::Contains(what));
-    }
+    } catch (const tg::graph_error& e) { CHECK_THAT(e.what(), Catch::Contains(what)); }
   };
   fails(make({2, 5}, {2, 5}, 0), "odd last axis");
   fails(make({2, 6}, {3, 6}, 0), "cos 'c' [3,6] does not broadcast");
@@ -774,8 +778,7 @@ tg::graph conv_graph(const conv_case& c) {
   std::string cur = "c";
   if (c.conv_read) g.mark_output("c");
   if (c.bn) {
-    g.add_node("BatchNormalization", "bn", {cur, "bn_scale", "bn_bias", c.mean_input ? "mean_in" : "bn_mean", "bn_var"}, {"n"},
-               {{"epsilon", 1e-3}});
+    g.add_node("BatchNormalization", "bn", {cur, "bn_scale", "bn_bias", c.mean_input ? "mean_in" : "bn_mean", "bn_var"}, {"n"}, {{"epsilon", 1e-3}});
     cur = "n";
   }
   if (c.residual) {

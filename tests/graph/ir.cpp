@@ -74,8 +74,7 @@ TEST_CASE("graph: the transformer block verifies, counts its ops and prints one 
   CHECK(counts.at("Mul") == 1);
   const std::string s = g.to_string();
   CHECK(s.find("  %qt: f32[batch,4,6,8] = Transpose(%q_heads) {perm=[0,2,1,3]}  # q_t\n") != std::string::npos);
-  CHECK(s.find("  %n1: f32[batch,6,32] = LayerNormalization(%x, %ln1_g, %ln1_b) {axis=-1, epsilon=1e-05}  # ln1\n") !=
-        std::string::npos);
+  CHECK(s.find("  %n1: f32[batch,6,32] = LayerNormalization(%x, %ln1_g, %ln1_b) {axis=-1, epsilon=1e-05}  # ln1\n") != std::string::npos);
   CHECK(s.find("  const %heads_shape: i64[4]\n") != std::string::npos);
   std::size_t lines = 0;
   for (char ch : s) lines += ch == '\n';
@@ -211,9 +210,7 @@ TEST_CASE("graph: a cycle is an error that names the nodes on it", "[graph][ir]"
   CHECK_THROWS_MATCHES(g.infer_shapes(), graph_error, on_cycle);
   try {
     (void)g.topological_order();
-  } catch (const graph_error& e) {
-    CHECK(std::string(e.what()).find("downstream") == std::string::npos);
-  }
+  } catch (const graph_error& e) { CHECK(std::string(e.what()).find("downstream") == std::string::npos); }
   // The printer still works (insertion order).
   CHECK(g.to_string().find("= Relu(%b)  # r") != std::string::npos);
 
@@ -235,7 +232,7 @@ TEST_CASE("graph: a constant holds exactly numel * dtype_size bytes", "[graph][i
                        is_error(errc::invalid_argument, "graph", "value 'w': dim 0: a constant's dims must be known"));
   CHECK(!g.find_value("w"));
   g.add_constant("w", dtype::i4x2, {3}, bytes(3));  // i4x2 counts pairs, one byte each
-  g.add_constant("s", dtype::f64, {}, bytes(8));     // a scalar
+  g.add_constant("s", dtype::f64, {}, bytes(8));    // a scalar
   CHECK(g.byte_size(g.value_named("w")) == 3u);
   CHECK(g.byte_size(g.value_named("s")) == 8u);
   CHECK_THROWS_MATCHES(g.set_value_type(g.value_named("s"), dtype::f32, {2}), graph_error,
@@ -253,8 +250,7 @@ TEST_CASE("graph: a constant holds exactly numel * dtype_size bytes", "[graph][i
 
 TEST_CASE("graph: dims are sizes, unknown or symbols", "[graph][ir]") {
   tg::graph g;
-  CHECK_THROWS_MATCHES(g.add_input("x", dtype::f32, {2, -2}), graph_error,
-                       is_error(errc::invalid_argument, "graph", "value 'x': dim 1 is -2"));
+  CHECK_THROWS_MATCHES(g.add_input("x", dtype::f32, {2, -2}), graph_error, is_error(errc::invalid_argument, "graph", "value 'x': dim 1 is -2"));
   tg::dim both(3);
   both.symbol = "n";
   CHECK_THROWS_MATCHES(g.add_input("x", dtype::f32, {both}), graph_error,
@@ -284,9 +280,9 @@ TEST_CASE("graph: sizes that would overflow are errc::overflow naming the value"
 TEST_CASE("graph: typed attribute getters name the node and attribute on a wrong kind", "[graph][ir]") {
   tg::graph g;
   g.add_input("x", dtype::f32, {2, 3});
-  const tg::node_id n = g.add_node("Softmax", "sm", {"x"}, {"y"},
-                                   {{"axis", "last"}, {"eps", 1e-5}, {"perm", tg::ints{1, 0}}, {"scales", tg::floats{0.5, 2}},
-                                    {"names", tg::strings{"a", "b"}}, {"k", 3}});
+  const tg::node_id n = g.add_node(
+      "Softmax", "sm", {"x"}, {"y"},
+      {{"axis", "last"}, {"eps", 1e-5}, {"perm", tg::ints{1, 0}}, {"scales", tg::floats{0.5, 2}}, {"names", tg::strings{"a", "b"}}, {"k", 3}});
   g.mark_output("y");
   const tg::node& sm = g.get(n);
   CHECK(sm.get_int("k") == 3);

@@ -170,12 +170,12 @@ TEST_CASE("graph: in place only over an input of the same size that dies at the 
   tg::graph g;
   g.add_input("x", dtype::f32, {4, 8});
   g.add_input("row", dtype::f32, {1, 8});
-  g.add_node("Relu", "r1", {"x"}, {"a"});           // x is a graph input: a gets its own buffer
-  g.add_node("Exp", "e", {"row"}, {"small"});       // [1,8]
-  g.add_node("Add", "bcast", {"small", "a"}, {"b"}); // small is smaller: b may take a (dies here), not small
-  g.add_node("Neg", "n", {"b"}, {"c"});             // b dies here: c takes it
-  g.add_node("Relu", "r2", {"c"}, {"d"});           // c is read again below: d may not take it
-  g.add_node("Add", "sum", {"c", "d"}, {"e2"});     // both die here: e2 takes the first that fits
+  g.add_node("Relu", "r1", {"x"}, {"a"});                   // x is a graph input: a gets its own buffer
+  g.add_node("Exp", "e", {"row"}, {"small"});               // [1,8]
+  g.add_node("Add", "bcast", {"small", "a"}, {"b"});        // small is smaller: b may take a (dies here), not small
+  g.add_node("Neg", "n", {"b"}, {"c"});                     // b dies here: c takes it
+  g.add_node("Relu", "r2", {"c"}, {"d"});                   // c is read again below: d may not take it
+  g.add_node("Add", "sum", {"c", "d"}, {"e2"});             // both die here: e2 takes the first that fits
   g.add_node("Cast", "half", {"e2"}, {"h"}, {{"to", 10}});  // fp16 is half as wide: no reuse
   g.add_node("Identity", "out", {"h"}, {"y"});
   g.mark_output("y");
@@ -227,8 +227,7 @@ TEST_CASE("graph: an activation whose size overflows is errc::overflow naming it
   s.add_node("Relu", "r2", {"t"}, {"y"});
   s.mark_output("y");
   s.infer_shapes();
-  CHECK_THROWS_MATCHES(tg::plan_activations(s, {}, {{"n", std::int64_t{1} << 40}}), graph_error,
-                       is_error(errc::overflow, "graph", "value 't'"));
+  CHECK_THROWS_MATCHES(tg::plan_activations(s, {}, {{"n", std::int64_t{1} << 40}}), graph_error, is_error(errc::overflow, "graph", "value 't'"));
 }
 
 }  // namespace tessel_test_graph_memory

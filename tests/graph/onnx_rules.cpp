@@ -53,22 +53,19 @@ auto invalid(const std::string& fragment) { return is_error(errc::invalid_argume
 
 TEST_CASE("graph: Resize by constant scales or sizes", "[graph][shape_inference]") {
   // PyTorch's nearest x2 upsampling: X, no roi, scales.
-  CHECK(op1().in({"batch", 8, 4, 6}).absent().f32s({1, 1, 2, 2}).type("Resize", {{"mode", std::string("nearest")}}) ==
-        "f32[batch,8,8,12]");
+  CHECK(op1().in({"batch", 8, 4, 6}).absent().f32s({1, 1, 2, 2}).type("Resize", {{"mode", std::string("nearest")}}) == "f32[batch,8,8,12]");
   CHECK(op1().in({2, 3, 5, 5}).absent().f32s({1, 1, 0.5f, 1.5f}).type("Resize") == "f32[2,3,2,7]");  // floor
   CHECK(op1().in({2, 3, tg::dim(), 4}).absent().f32s({1, 1, 2, 1}).type("Resize") == "f32[2,3,?,4]");
   // sizes, with an empty scales tensor as exporters write it
   CHECK(op1().in({"batch", 3, 5, 5}).absent().f32s({}).ints({2, 3, 9, 10}).type("Resize") == "f32[2,3,9,10]");
-  CHECK(op1().in({2, 3, 5, 5}).absent().absent().ints({2, 3, 1, 1}).type("Resize", {{"mode", std::string("linear")}}) ==
-        "f32[2,3,1,1]");
+  CHECK(op1().in({2, 3, 5, 5}).absent().absent().ints({2, 3, 1, 1}).type("Resize", {{"mode", std::string("linear")}}) == "f32[2,3,1,1]");
   // computed scales: the rank stays, the dims are unknown
   CHECK(op1().in({2, 3, 5, 5}).absent().in({4}).type("Resize") == "f32[?,?,?,?]");
   CHECK(op1().in({2, 3, 5, 5}).absent().absent().in({4}, dtype::i64).type("Resize") == "f32[?,?,?,?]");
 
   CHECK_THROWS_MATCHES(op1().in({2, 3, 5, 5}).absent().f32s({1, 2}).type("Resize"), graph_error,
                        invalid("Resize 'n': scales has 2 values for rank 4"));
-  CHECK_THROWS_MATCHES(op1().in({2, 3, 5, 5}).absent().f32s({1, 1, 0, 2}).type("Resize"), graph_error,
-                       invalid("Resize 'n': scale 0"));
+  CHECK_THROWS_MATCHES(op1().in({2, 3, 5, 5}).absent().f32s({1, 1, 0, 2}).type("Resize"), graph_error, invalid("Resize 'n': scale 0"));
   CHECK_THROWS_MATCHES(op1().in({2, 3, 5, 5}).absent().f32s({1, 1, 2, 2}).ints({2, 3, 10, 10}).type("Resize"), graph_error,
                        invalid("Resize 'n': takes exactly one of 'scales'"));
   CHECK_THROWS_MATCHES(op1().in({2, 3, 5, 5}).type("Resize"), graph_error, invalid("Resize 'n': takes exactly one of 'scales'"));

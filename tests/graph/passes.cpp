@@ -134,7 +134,7 @@ TEST_CASE("graph optimize: a LLaMA block (RMSNorm, GQA, SiLU) as the exporter wr
     CHECK(r.pattern("RMSNormalization") == 2);
     CHECK(r.pattern("SkipRMSNormalization") == 1);  // residual 1 + the second norm, the sum read by residual 2
     CHECK(r.pattern("Attention") == 1);
-    CHECK(r.pattern("FusedMatMul") == 2);  // gate (+ Silu), down (+ residual 2)
+    CHECK(r.pattern("FusedMatMul") == 2);      // gate (+ Silu), down (+ residual 2)
     CHECK(count(r.ops_after, "Expand") == 0);  // repeat_kv is Attention's GQA
     CHECK(count(r.ops_after, "MatMul") == 5);  // q, k, v, o, up: nothing to absorb
     CHECK(count(r.ops_after, "Mul") == 1);     // the gate times up

@@ -48,8 +48,7 @@ struct one_op {
     names.push_back("");
     return *this;
   }
-  std::vector<tg::tensor_type> run(const std::string& op, tg::attribute_map attrs = {}, std::size_t outputs = 1,
-                                   const std::string& name = "n") {
+  std::vector<tg::tensor_type> run(const std::string& op, tg::attribute_map attrs = {}, std::size_t outputs = 1, const std::string& name = "n") {
     std::vector<std::string> outs;
     for (std::size_t k = 0; k < outputs; ++k) outs.push_back(std::string("y") + std::to_string(k));
     g.add_node(op, name, names, outs, std::move(attrs), domain);
@@ -79,14 +78,12 @@ TEST_CASE("graph: MLP shapes keep the symbolic batch", "[graph][shape_inference]
 TEST_CASE("graph: transformer block shapes match the hand-computed ones", "[graph][shape_inference]") {
   // batch is symbolic; S=6 tokens, D=32 wide, H=4 heads of HD=8, FF=128.
   const std::map<std::string, std::string> expected = {
-      {"n1", "f32[batch,6,32]"},       {"q_mm", "f32[batch,6,32]"},     {"q", "f32[batch,6,32]"},
-      {"q_heads", "f32[batch,6,4,8]"}, {"k_heads", "f32[batch,6,4,8]"}, {"v_heads", "f32[batch,6,4,8]"},
-      {"qt", "f32[batch,4,6,8]"},      {"kt", "f32[batch,4,8,6]"},      {"vt", "f32[batch,4,6,8]"},
-      {"s", "f32[batch,4,6,6]"},       {"s_scaled", "f32[batch,4,6,6]"}, {"p", "f32[batch,4,6,6]"},
-      {"c", "f32[batch,4,6,8]"},       {"ct", "f32[batch,6,4,8]"},      {"cm", "f32[batch,6,32]"},
-      {"attn", "f32[batch,6,32]"},     {"r", "f32[batch,6,32]"},        {"n2", "f32[batch,6,32]"},
-      {"u", "f32[batch,6,128]"},       {"u_act", "f32[batch,6,128]"},   {"d", "f32[batch,6,32]"},
-      {"y", "f32[batch,6,32]"},
+      {"n1", "f32[batch,6,32]"},       {"q_mm", "f32[batch,6,32]"},     {"q", "f32[batch,6,32]"},         {"q_heads", "f32[batch,6,4,8]"},
+      {"k_heads", "f32[batch,6,4,8]"}, {"v_heads", "f32[batch,6,4,8]"}, {"qt", "f32[batch,4,6,8]"},       {"kt", "f32[batch,4,8,6]"},
+      {"vt", "f32[batch,4,6,8]"},      {"s", "f32[batch,4,6,6]"},       {"s_scaled", "f32[batch,4,6,6]"}, {"p", "f32[batch,4,6,6]"},
+      {"c", "f32[batch,4,6,8]"},       {"ct", "f32[batch,6,4,8]"},      {"cm", "f32[batch,6,32]"},        {"attn", "f32[batch,6,32]"},
+      {"r", "f32[batch,6,32]"},        {"n2", "f32[batch,6,32]"},       {"u", "f32[batch,6,128]"},        {"u_act", "f32[batch,6,128]"},
+      {"d", "f32[batch,6,32]"},        {"y", "f32[batch,6,32]"},
   };
   tg::graph g = make_transformer_block();
   g.infer_shapes();
@@ -127,7 +124,7 @@ TEST_CASE("graph: numpy broadcasting, with unknown and symbolic dims", "[graph][
       {{"batch", 1, 8}, {1, "seq", 8}, "[batch,seq,8]"},
       {{"batch", 8}, {"batch", 8}, "[batch,8]"},
       {{"batch", 8}, {1, 8}, "[batch,8]"},
-      {{"batch", 8}, {5, 8}, "[5,8]"},   // batch must be 5 (or 1)
+      {{"batch", 8}, {5, 8}, "[5,8]"},  // batch must be 5 (or 1)
       {{"batch", 8}, {"seq", 8}, "[?,8]"},
       {{tg::dim(), 8}, {5, 1}, "[5,8]"},
       {{tg::dim(), 8}, {1, 8}, "[?,8]"},
@@ -171,8 +168,7 @@ TEST_CASE("graph: unary ops keep shape and dtype", "[graph][shape_inference]") {
     CHECK(one_op().in({"batch", 7}, dtype::bf16).type(op) == "bf16[batch,7]");
   }
   CHECK(one_op().in({2, 3}).type("Gelu", {{"approximate", "tanh"}}) == "f32[2,3]");
-  CHECK_THROWS_MATCHES(one_op().in({2}).run("Gelu", {{"approximate", "fast"}}), graph_error,
-                       invalid("Gelu 'n': attribute 'approximate' is 'fast'"));
+  CHECK_THROWS_MATCHES(one_op().in({2}).run("Gelu", {{"approximate", "fast"}}), graph_error, invalid("Gelu 'n': attribute 'approximate' is 'fast'"));
   CHECK(one_op().in({2, 3}).type("Softmax", {{"axis", 0}}) == "f32[2,3]");
   CHECK(one_op().in({2, 3}).type("Softmax") == "f32[2,3]");
   CHECK_THROWS_MATCHES(one_op().in({2, 3}).run("Softmax", {{"axis", 2}}), graph_error,
@@ -215,7 +211,8 @@ TEST_CASE("graph: Gemm with transA, transB and a broadcast C", "[graph][shape_in
   CHECK_THROWS_MATCHES(one_op().in({4, 3}).in({3, 5}).in({4}).run("Gemm"), graph_error, invalid("Gemm 'n': C [4] does not broadcast to [4,5]"));
   CHECK_THROWS_MATCHES(one_op().in({4, 3}).in({3, 5}).in({2, 4, 5}).run("Gemm"), graph_error,
                        invalid("Gemm 'n': C [2,4,5] does not broadcast to [4,5]"));
-  CHECK_THROWS_MATCHES(one_op().in({4, 3, 1}).in({3, 5}).run("Gemm"), graph_error, invalid("Gemm 'n': input 'a' has shape [4,3,1]; Gemm needs rank 2"));
+  CHECK_THROWS_MATCHES(one_op().in({4, 3, 1}).in({3, 5}).run("Gemm"), graph_error,
+                       invalid("Gemm 'n': input 'a' has shape [4,3,1]; Gemm needs rank 2"));
 }
 
 TEST_CASE("graph: Transpose by perm, reversed by default", "[graph][shape_inference]") {
@@ -223,8 +220,9 @@ TEST_CASE("graph: Transpose by perm, reversed by default", "[graph][shape_infere
   CHECK(one_op().in({2, 3, 5}).shape("Transpose") == "[5,3,2]");
   for (const tg::ints& bad : {tg::ints{0, 0, 1}, tg::ints{0, 1}, tg::ints{0, 1, 3}, tg::ints{-1, 0, 1}}) {
     INFO(tg::detail::ints_to_string(bad));
-    CHECK_THROWS_MATCHES(one_op().in({2, 3, 5}).run("Transpose", {{"perm", bad}}), graph_error,
-                         invalid(std::string("Transpose 'n': perm ") + tg::detail::ints_to_string(bad) + " is not a permutation of 0..2 (input [2,3,5])"));
+    CHECK_THROWS_MATCHES(
+        one_op().in({2, 3, 5}).run("Transpose", {{"perm", bad}}), graph_error,
+        invalid(std::string("Transpose 'n': perm ") + tg::detail::ints_to_string(bad) + " is not a permutation of 0..2 (input [2,3,5])"));
   }
 }
 
@@ -246,8 +244,7 @@ TEST_CASE("graph: Reshape copies 0, infers -1, and checks the element count", "[
   CHECK_THROWS_MATCHES(one_op().in({2, 3}).ints({4, -1}).run("Reshape"), graph_error,
                        invalid("Reshape 'n': cannot reshape [2,3] to [4,-1]: 6 elements do not divide into blocks of 4"));
   CHECK_THROWS_MATCHES(one_op().in({2, 3}).ints({-1, -1}).run("Reshape"), graph_error, invalid("more than one -1"));
-  CHECK_THROWS_MATCHES(one_op().in({6}).ints({2, 0}).run("Reshape"), graph_error,
-                       invalid("0 at index 1 copies a dim the input does not have"));
+  CHECK_THROWS_MATCHES(one_op().in({6}).ints({2, 0}).run("Reshape"), graph_error, invalid("0 at index 1 copies a dim the input does not have"));
   CHECK_THROWS_MATCHES(one_op().in({6}).ints({-2, -3}).run("Reshape"), graph_error, invalid("negative size -2"));
   CHECK_THROWS_MATCHES(one_op().in({"batch", 6}).ints({0, 5}).run("Reshape"), graph_error,
                        invalid("cannot reshape [batch,6] to [0,5]: 6 elements vs 5"));
@@ -307,8 +304,7 @@ TEST_CASE("graph: Concat and Split", "[graph][shape_inference]") {
   CHECK(split[1].shape.to_string() == "[?,2]");
   CHECK_THROWS_MATCHES(one_op().in({7, 2}).run("Split", {}, 2), graph_error,
                        invalid("Split 'n': axis 0 of size 7 does not split evenly into 2 outputs"));
-  CHECK_THROWS_MATCHES(one_op().in({7}).ints({3, 3}).run("Split", {}, 2), graph_error,
-                       invalid("Split 'n': split [3,3] sums to 6, but axis 0 has 7"));
+  CHECK_THROWS_MATCHES(one_op().in({7}).ints({3, 3}).run("Split", {}, 2), graph_error, invalid("Split 'n': split [3,3] sums to 6, but axis 0 has 7"));
   CHECK_THROWS_MATCHES(one_op().in({7}).ints({3, 3, 1}).run("Split", {}, 2), graph_error,
                        invalid("Split 'n': split [3,3,1] has 3 sizes for 2 outputs"));
 }
@@ -325,10 +321,9 @@ TEST_CASE("graph: Slice with constant starts, ends, axes and steps", "[graph][sh
   CHECK(one_op().in({10}).ints({9}).ints({-11}).ints({0}).ints({std::numeric_limits<std::int64_t>::min()}).shape("Slice") == "[1]");
   CHECK(one_op().in({"seq", 8}).ints({0}).ints({end}).shape("Slice") == "[seq,8]");
   CHECK(one_op().in({"seq", 8}).ints({1}).ints({end}).shape("Slice") == "[?,8]");
-  CHECK(one_op().in({10, 8}).in({1}, dtype::i64).ints({5}).ints({1}).shape("Slice") == "[10,?]");  // computed starts
+  CHECK(one_op().in({10, 8}).in({1}, dtype::i64).ints({5}).ints({1}).shape("Slice") == "[10,?]");           // computed starts
   CHECK(one_op().in({10, 8}).shape("Slice", {{"starts", tg::ints{1}}, {"ends", tg::ints{3}}}) == "[2,8]");  // opset 1
-  CHECK_THROWS_MATCHES(one_op().in({10}).ints({0}).ints({5}).ints({0}).ints({0}).run("Slice"), graph_error,
-                       invalid("Slice 'n': step 0 on axis 0"));
+  CHECK_THROWS_MATCHES(one_op().in({10}).ints({0}).ints({5}).ints({0}).ints({0}).run("Slice"), graph_error, invalid("Slice 'n': step 0 on axis 0"));
   CHECK_THROWS_MATCHES(one_op().in({10, 8}).ints({0, 1}).ints({5}).run("Slice"), graph_error, invalid("Slice 'n': starts [0,1], ends [5]"));
   CHECK_THROWS_MATCHES(one_op().in({10, 8}).ints({0}).ints({5}).ints({2}).run("Slice"), graph_error,
                        is_error(errc::out_of_range, "graph", "Slice 'n': axes 2 is out of range for rank 2"));
@@ -378,12 +373,10 @@ TEST_CASE("graph: ReduceMean and ReduceSum with axes as attribute or input, keep
 TEST_CASE("graph: Conv takes its kernel from the weight, with strides, pads, dilations and groups", "[graph][shape_inference]") {
   CHECK(one_op().in({1, 3, 32, 32}).in({16, 3, 3, 3}).shape("Conv") == "[1,16,30,30]");
   CHECK(one_op().in({"n", 3, 32, 32}).in({16, 3, 3, 3}).in({16}).shape("Conv", {{"pads", tg::ints{1, 1, 1, 1}}}) == "[n,16,32,32]");
-  CHECK(one_op().in({1, 3, 32, 32}).in({16, 3, 3, 3}).shape("Conv", {{"strides", tg::ints{2, 2}}, {"pads", tg::ints{1, 1, 1, 1}}}) ==
-        "[1,16,16,16]");
+  CHECK(one_op().in({1, 3, 32, 32}).in({16, 3, 3, 3}).shape("Conv", {{"strides", tg::ints{2, 2}}, {"pads", tg::ints{1, 1, 1, 1}}}) == "[1,16,16,16]");
   CHECK(one_op().in({1, 3, 32, 32}).in({16, 3, 3, 3}).shape("Conv", {{"dilations", tg::ints{2, 2}}}) == "[1,16,28,28]");
   CHECK(one_op().in({1, 8, 10, 12}).in({8, 1, 3, 5}).shape("Conv", {{"group", 8}}) == "[1,8,8,8]");
-  CHECK(one_op().in({1, 3, 15, 15}).in({4, 3, 3, 3}).shape("Conv", {{"strides", tg::ints{2, 2}}, {"auto_pad", "SAME_UPPER"}}) ==
-        "[1,4,8,8]");
+  CHECK(one_op().in({1, 3, 15, 15}).in({4, 3, 3, 3}).shape("Conv", {{"strides", tg::ints{2, 2}}, {"auto_pad", "SAME_UPPER"}}) == "[1,4,8,8]");
   CHECK(one_op().in({1, 3, 15}).in({4, 3, 3}).shape("Conv", {{"auto_pad", "VALID"}, {"pads", tg::ints{5, 5}}}) == "[1,4,13]");
   CHECK(one_op().in({1, 3, "h", 8}).in({4, 3, 3, 3}).shape("Conv") == "[1,4,?,6]");
   CHECK_THROWS_MATCHES(one_op().in({1, 4, 8, 8}).in({16, 3, 3, 3}).run("Conv"), graph_error,
@@ -515,8 +508,7 @@ TEST_CASE("graph: the fused ops' rules (domain tessel)", "[graph][shape_inferenc
   CHECK_THROWS_MATCHES(one_op().fused().in({2, 32}).in({2, 32}).in({32}).in({32}).run("SkipRMSNormalization"), graph_error,
                        invalid("SkipRMSNormalization 'n': takes 3 inputs, not 4"));
   // Attention: GQA, a broadcast mask, head dims of V.
-  CHECK(one_op().fused().in({2, 8, 5, 16}).in({2, 2, 7, 16}).in({2, 2, 7, 24}).in({1, 1, 5, 7}).shape("Attention", {{"causal", 1}}) ==
-        "[2,8,5,24]");
+  CHECK(one_op().fused().in({2, 8, 5, 16}).in({2, 2, 7, 16}).in({2, 2, 7, 24}).in({1, 1, 5, 7}).shape("Attention", {{"causal", 1}}) == "[2,8,5,24]");
   CHECK_THROWS_MATCHES(one_op().fused().in({2, 6, 5, 16}).in({2, 4, 7, 16}).in({2, 4, 7, 16}).run("Attention"), graph_error,
                        invalid("Attention 'n': query heads 6 are not a multiple of key/value heads 4"));
   CHECK_THROWS_MATCHES(one_op().fused().in({2, 4, 5, 16}).in({2, 4, 7, 8}).in({2, 4, 7, 16}).run("Attention"), graph_error,

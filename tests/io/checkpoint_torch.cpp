@@ -244,14 +244,12 @@ TEST_CASE("torch fixtures: reference tensors have the documented names, dtypes a
     check_provenance(ref);
     const shape_t bs = shape_of(io::safetensors_reader::open(dir / "inputs.safetensors").tensor("input_ids"));
     const std::size_t steps = 20;
-    std::map<std::string, shape_t> want = {
-        {"logits", {bs[0], bs[1], c.vocab_size}}, {"loss", {1}}, {"losses20", {steps}}, {"losses20_f64", {steps}}};
+    std::map<std::string, shape_t> want = {{"logits", {bs[0], bs[1], c.vocab_size}}, {"loss", {1}}, {"losses20", {steps}}, {"losses20_f64", {steps}}};
     for (const auto& t : model.tensors())
       for (const char* prefix : {"grad.", "adamw20.", "adamw20_f64."}) want[prefix + t.name()] = shape_of(t);
     if (c.is_moe()) {
       want["aux_loss"] = {1};
-      for (std::size_t i = 0; i < c.num_hidden_layers; ++i)
-        want["router_logits." + std::to_string(i)] = {bs[0] * bs[1], c.num_local_experts};
+      for (std::size_t i = 0; i < c.num_hidden_layers; ++i) want["router_logits." + std::to_string(i)] = {bs[0] * bs[1], c.num_local_experts};
       for (const auto& t : model.tensors()) want["grad_total." + t.name()] = shape_of(t);
     }
     std::set<std::string> names;
@@ -326,8 +324,7 @@ TEST_CASE("torch fixtures: loss and aux loss follow the documented conventions",
 
 TEST_CASE("torch fixtures: cover every family and feature the model layer reads", "[io][torch]") {
   std::set<io::model_family> families;
-  bool gqa = false, window = false, qkv_bias_only = false, all_bias = false, tied_rotary = false, llama3 = false,
-       head_dim_apart = false, moe = false;
+  bool gqa = false, window = false, qkv_bias_only = false, all_bias = false, tied_rotary = false, llama3 = false, head_dim_apart = false, moe = false;
   for (const auto& dir : model_dirs()) {
     const auto c = io::load_model_config(dir);
     const std::size_t seq = io::safetensors_reader::open(dir / "inputs.safetensors").tensor("input_ids").shape()[1];

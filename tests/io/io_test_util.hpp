@@ -18,8 +18,7 @@ class temp_dir {
  public:
   temp_dir() {
     static std::atomic<int> counter{0};
-    path_ = std::filesystem::temp_directory_path() /
-            ("tessel_io_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    path_ = std::filesystem::temp_directory_path() / ("tessel_io_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
     std::filesystem::remove_all(path_);
     std::filesystem::create_directories(path_);
   }

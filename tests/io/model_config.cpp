@@ -92,7 +92,7 @@ TEST_CASE("model_config Mistral, Qwen2, Mixtral, GPT-2", "[io][model_config]") {
   CHECK(q.family == io::model_family::qwen2);
   CHECK(q.head_dim == 128);
   CHECK(q.num_key_value_heads == 4);
-  CHECK(q.qkv_bias);     // bias on q, k, v ...
+  CHECK(q.qkv_bias);      // bias on q, k, v ...
   CHECK_FALSE(q.o_bias);  // ... not on o_proj
   CHECK_FALSE(q.mlp_bias);
   CHECK_FALSE(q.sliding_window);  // use_sliding_window is false
@@ -138,8 +138,8 @@ TEST_CASE("model_config Mistral, Qwen2, Mixtral, GPT-2", "[io][model_config]") {
 }
 
 TEST_CASE("model_config defaults and optional fields", "[io][model_config]") {
-  const json minimal = {{"model_type", "llama"},       {"vocab_size", 1000},       {"hidden_size", 256},
-                        {"intermediate_size", 512},     {"num_hidden_layers", 2},    {"num_attention_heads", 8}};
+  const json minimal = {{"model_type", "llama"},    {"vocab_size", 1000},     {"hidden_size", 256},
+                        {"intermediate_size", 512}, {"num_hidden_layers", 2}, {"num_attention_heads", 8}};
   const auto c = parse(minimal);
   CHECK(c.num_key_value_heads == 8);  // no GQA
   CHECK(c.head_dim == 32);
@@ -220,12 +220,14 @@ TEST_CASE("model_config bad fields give typed errors naming them", "[io][model_c
   const auto set = [](std::string k, json v) { return [k, v](json& j) { j[k] = v; }; };
   const auto drop = [](std::string k) { return [k](json& j) { j.erase(k); }; };
   const auto rope = [](json v) { return [v](json& j) { j["rope_scaling"] = v; }; };
-  const json l3 = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
-                   {"original_max_position_embeddings", 8192}};
+  const json l3 = {
+      {"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
   const auto l3_with = [&](std::string k, json v) {
     json r = l3;
-    if (v.is_discarded()) r.erase(k);
-    else r[k] = v;
+    if (v.is_discarded())
+      r.erase(k);
+    else
+      r[k] = v;
     return rope(r);
   };
   const json gone = json(json::value_t::discarded);
@@ -243,8 +245,7 @@ TEST_CASE("model_config bad fields give typed errors naming them", "[io][model_c
       {"llama-3-8b", set("hidden_size", 1ULL << 63), errc::overflow, "field 'hidden_size': 9223372036854775808 is too large"},
       {"llama-3-8b", set("num_attention_heads", 5), errc::config,
        "field 'num_attention_heads': 5 does not divide hidden_size 4096 (and head_dim is not given)"},
-      {"llama-3-8b", set("num_key_value_heads", 5), errc::config,
-       "field 'num_key_value_heads': 5 does not divide num_attention_heads 32"},
+      {"llama-3-8b", set("num_key_value_heads", 5), errc::config, "field 'num_key_value_heads': 5 does not divide num_attention_heads 32"},
       {"llama-3-8b", set("num_key_value_heads", 64), errc::config, "field 'num_key_value_heads': 64 does not divide"},
       {"llama-3-8b", set("head_dim", 0), errc::config, "field 'head_dim': expected a positive integer"},
       {"llama-3-8b", set("rms_norm_eps", "1e-5"), errc::config, "field 'rms_norm_eps': expected a number, got \"1e-5\""},
@@ -256,8 +257,7 @@ TEST_CASE("model_config bad fields give typed errors naming them", "[io][model_c
       {"llama-3-8b", set("hidden_act", 3), errc::config, "field 'hidden_act': expected a string, got 3"},
       {"llama-3-8b", rope(5), errc::config, "field 'rope_scaling': expected an object or null, got 5"},
       {"llama-3-8b", rope({{"factor", 8.0}}), errc::config, "field 'rope_scaling.rope_type': missing"},
-      {"llama-3-8b", rope({{"rope_type", "yarn"}, {"factor", 4.0}}), errc::unsupported,
-       "field 'rope_scaling.rope_type': 'yarn' is not supported"},
+      {"llama-3-8b", rope({{"rope_type", "yarn"}, {"factor", 4.0}}), errc::unsupported, "field 'rope_scaling.rope_type': 'yarn' is not supported"},
       {"llama-3-8b", rope({{"rope_type", "linear"}, {"type", "dynamic"}, {"factor", 2.0}}), errc::config,
        "field 'rope_scaling.rope_type': 'linear' contradicts type 'dynamic'"},
       {"llama-3-8b", rope({{"rope_type", "linear"}}), errc::config, "field 'rope_scaling.factor': missing"},
@@ -265,8 +265,7 @@ TEST_CASE("model_config bad fields give typed errors naming them", "[io][model_c
       {"llama-3-8b", rope({{"rope_type", "dynamic"}, {"factor", "2"}}), errc::config, "field 'rope_scaling.factor': expected a number"},
       {"llama-3.1-8b", l3_with("low_freq_factor", gone), errc::config, "field 'rope_scaling.low_freq_factor': missing"},
       {"llama-3.1-8b", l3_with("high_freq_factor", gone), errc::config, "field 'rope_scaling.high_freq_factor': missing"},
-      {"llama-3.1-8b", l3_with("high_freq_factor", 1.0), errc::config,
-       "field 'rope_scaling.high_freq_factor': must exceed low_freq_factor"},
+      {"llama-3.1-8b", l3_with("high_freq_factor", 1.0), errc::config, "field 'rope_scaling.high_freq_factor': must exceed low_freq_factor"},
       {"llama-3.1-8b", l3_with("original_max_position_embeddings", gone), errc::config,
        "field 'rope_scaling.original_max_position_embeddings': missing"},
       {"llama-3.1-8b", l3_with("original_max_position_embeddings", 1 << 20), errc::config,
@@ -280,20 +279,32 @@ TEST_CASE("model_config bad fields give typed errors naming them", "[io][model_c
       {"llama-3-8b", set("architectures", json{1}), errc::config, "field 'architectures': expected an array of strings"},
       {"llama-3-8b", set("architectures", json{"GPT2LMHeadModel"}), errc::config,
        "field 'architectures': names a gpt2 model, but model_type is 'llama'"},
-      {"llama-3-8b", [](json& j) { j.erase("model_type"); j["architectures"] = {"BertModel"}; }, errc::config,
-       "field 'model_type': missing"},
-      {"llama-3-8b", [](json& j) { j["vocab_size"] = 1ULL << 40; j["hidden_size"] = 1ULL << 40; j["head_dim"] = 128; },
+      {"llama-3-8b",
+       [](json& j) {
+         j.erase("model_type");
+         j["architectures"] = {"BertModel"};
+       },
+       errc::config, "field 'model_type': missing"},
+      {"llama-3-8b",
+       [](json& j) {
+         j["vocab_size"] = 1ULL << 40;
+         j["hidden_size"] = 1ULL << 40;
+         j["head_dim"] = 128;
+       },
        errc::overflow, "parameter count"},
       {"mistral-7b", set("sliding_window", 0), errc::config, "field 'sliding_window': expected a positive integer, got 0"},
       {"mistral-7b", set("sliding_window", "4096"), errc::config, "field 'sliding_window': expected a positive integer"},
-      {"qwen2-7b", [](json& j) { j["use_sliding_window"] = true; j["sliding_window"] = -1; }, errc::config,
-       "field 'sliding_window': expected a positive integer, got -1"},
+      {"qwen2-7b",
+       [](json& j) {
+         j["use_sliding_window"] = true;
+         j["sliding_window"] = -1;
+       },
+       errc::config, "field 'sliding_window': expected a positive integer, got -1"},
       {"qwen2-7b", set("use_sliding_window", "yes"), errc::config, "field 'use_sliding_window': expected true or false"},
       {"mixtral-8x7b", set("num_experts_per_tok", 9), errc::config, "field 'num_experts_per_tok': 9 exceeds num_local_experts 8"},
       {"mixtral-8x7b", set("num_experts_per_tok", 0), errc::config, "field 'num_experts_per_tok': expected a positive integer"},
       {"mixtral-8x7b", set("num_local_experts", 0), errc::config, "field 'num_local_experts': expected a positive integer"},
-      {"mixtral-8x7b", set("router_aux_loss_coef", -0.5), errc::config,
-       "field 'router_aux_loss_coef': expected a non-negative number"},
+      {"mixtral-8x7b", set("router_aux_loss_coef", -0.5), errc::config, "field 'router_aux_loss_coef': expected a non-negative number"},
       {"gpt2", drop("n_embd"), errc::config, "field 'n_embd': missing"},
       {"gpt2", drop("n_head"), errc::config, "field 'n_head': missing"},
       {"gpt2", drop("n_layer"), errc::config, "field 'n_layer': missing"},
@@ -333,14 +344,33 @@ TEST_CASE("model_config files: load from a directory, save, OS errors", "[io][mo
   require_io_error([&] { io::save_model_config(not_utf8, dir / "x.json"); }, errc::invalid_argument, "cannot write the config");
   CHECK_FALSE(std::filesystem::exists(dir / "x.json"));
   std::ofstream(dir / "bad.json") << R"({"model_type": "gpt2", "n_embd": 768})";
-  require_io_error([&] { (void)io::load_model_config(dir / "bad.json"); }, errc::config,
-                   (dir / "bad.json").string() + ": field 'n_layer': missing");
+  require_io_error([&] { (void)io::load_model_config(dir / "bad.json"); }, errc::config, (dir / "bad.json").string() + ": field 'n_layer': missing");
 }
 
 TEST_CASE("model_config random field values give a config or a typed error", "[io][model_config]") {
   std::mt19937_64 rng(31337);
-  const json values[] = {nullptr, -1, 0, 1, 2, 3, 7, 64, 4096, 1ULL << 62, 18446744073709551615ULL, 0.5, 1e300, -2.5,
-                         "", "llama", "silu", true, false, json::array(), json::object(), json{1, 2},
+  const json values[] = {nullptr,
+                         -1,
+                         0,
+                         1,
+                         2,
+                         3,
+                         7,
+                         64,
+                         4096,
+                         1ULL << 62,
+                         18446744073709551615ULL,
+                         0.5,
+                         1e300,
+                         -2.5,
+                         "",
+                         "llama",
+                         "silu",
+                         true,
+                         false,
+                         json::array(),
+                         json::object(),
+                         json{1, 2},
                          json{{"rope_type", "llama3"}, {"factor", 2}}};
   const char* bases[] = {"llama-3-8b", "llama-3.1-8b", "mistral-7b", "qwen2-7b", "mixtral-8x7b", "gpt2"};
   int ok = 0, refused = 0;
@@ -350,8 +380,10 @@ TEST_CASE("model_config random field values give a config or a typed error", "[i
     for (const auto& [k, _] : j.items()) keys.push_back(k);
     for (int e = 0, n = 1 + int(rng() % 3); e < n; ++e) {
       const auto& k = keys[rng() % keys.size()];
-      if (rng() % 4 == 0) j.erase(k);
-      else j[k] = values[rng() % std::size(values)];
+      if (rng() % 4 == 0)
+        j.erase(k);
+      else
+        j[k] = values[rng() % std::size(values)];
     }
     try {
       const auto c = parse(j);
@@ -361,9 +393,7 @@ TEST_CASE("model_config random field values give a config or a typed error", "[i
       CHECK(c.head_dim > 0);
       CHECK(c.num_experts_per_tok <= c.num_local_experts);
       CHECK(io::parse_model_config(io::to_json(c).dump()) == c);
-    } catch (const io::io_error&) {
-      ++refused;
-    }
+    } catch (const io::io_error&) { ++refused; }
   }
   CHECK(ok > 100);
   CHECK(refused > 100);

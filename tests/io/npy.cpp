@@ -116,8 +116,8 @@ TEST_CASE("io npy: malformed files are io_errors naming the file", "[io][npy]") 
   using io_test::require_io_error;
   const auto parse = [](const std::vector<std::byte>& b) { return io::parse_npy(b, "x.npy"); };
   require_io_error([&] { parse({}); }, errc::format, "x.npy: not a .npy file");
-  require_io_error([&] { parse(header_file("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }", 8, 4)); },
-                   errc::unsupported, "x.npy: npy format version 4.0");
+  require_io_error([&] { parse(header_file("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }", 8, 4)); }, errc::unsupported,
+                   "x.npy: npy format version 4.0");
   auto cut = header_file("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }", 0);
   cut.resize(cut.size() - 5);
   require_io_error([&] { parse(cut); }, errc::format, "npy header: says 57 bytes but the file has 52");
@@ -125,28 +125,26 @@ TEST_CASE("io npy: malformed files are io_errors naming the file", "[io][npy]") 
                    "npy data: the header's shape and dtype need 8 bytes, the file has 7");
   require_io_error([&] { parse(header_file("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }", 9)); }, errc::format,
                    "need 8 bytes, the file has 9");
-  require_io_error([&] { parse(header_file("{'descr': '>f4', 'fortran_order': False, 'shape': (2,), }", 8)); }, errc::unsupported,
-                   "npy dtype '>f4'");
+  require_io_error([&] { parse(header_file("{'descr': '>f4', 'fortran_order': False, 'shape': (2,), }", 8)); }, errc::unsupported, "npy dtype '>f4'");
   require_io_error([&] { parse(header_file("{'descr': '<c8', 'fortran_order': False, 'shape': (2,), }", 16)); }, errc::unsupported,
                    "npy dtype '<c8'");
   require_io_error([&] { parse(header_file("{'descr': '<f4', 'shape': (2,), }", 8)); }, errc::format, "are all required");
   require_io_error([&] { parse(header_file("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), 'x': 1}", 8)); }, errc::format,
                    "unknown key 'x'");
-  require_io_error([&] { parse(header_file("{'descr': '<f4', 'descr': '<f4', 'fortran_order': False, 'shape': (2,)}", 8)); },
-                   errc::format, "'descr' twice");
-  require_io_error([&] { parse(header_file("{'descr': '<f4', 'fortran_order': Maybe, 'shape': (2,)}", 8)); }, errc::format,
-                   "expected True or False");
+  require_io_error([&] { parse(header_file("{'descr': '<f4', 'descr': '<f4', 'fortran_order': False, 'shape': (2,)}", 8)); }, errc::format,
+                   "'descr' twice");
+  require_io_error([&] { parse(header_file("{'descr': '<f4', 'fortran_order': Maybe, 'shape': (2,)}", 8)); }, errc::format, "expected True or False");
   require_io_error([&] { parse(header_file("{'descr': '<f4', 'fortran_order': False, 'shape': (-2,)}", 8)); }, errc::format,
                    "expected a non-negative integer");
-  require_io_error([&] { parse(header_file("{'descr': '<f4', 'fortran_order': False, 'shape': (2,)} trailing", 8)); },
-                   errc::format, "text after the dict");
+  require_io_error([&] { parse(header_file("{'descr': '<f4', 'fortran_order': False, 'shape': (2,)} trailing", 8)); }, errc::format,
+                   "text after the dict");
   require_io_error([&] { parse(header_file("{'descr': '<f4}", 8)); }, errc::format, "npy header: unterminated string");
   require_io_error([&] { parse(header_file("{'descr': 'a\\'b', 'fortran_order': False, 'shape': (2,)}", 8)); }, errc::format,
                    "escapes are not allowed");
-  require_io_error([&] { parse(header_file("{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,)}", 8)); },
-                   errc::overflow, "x.npy: npy header: shape:");
-  require_io_error([&] { parse(header_file("{'descr': '<f8', 'fortran_order': False, 'shape': (4294967296, 4294967296)}", 8)); },
-                   errc::overflow, "x.npy: npy: data size:");
+  require_io_error([&] { parse(header_file("{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,)}", 8)); }, errc::overflow,
+                   "x.npy: npy header: shape:");
+  require_io_error([&] { parse(header_file("{'descr': '<f8', 'fortran_order': False, 'shape': (4294967296, 4294967296)}", 8)); }, errc::overflow,
+                   "x.npy: npy: data size:");
   require_io_error([&] { parse(header_file("{'descr': '|b1', 'fortran_order': False, 'shape': (2,)}", 0)); }, errc::format,
                    "need 2 bytes, the file has 0");
   auto bad_bool = header_file("{'descr': '|b1', 'fortran_order': False, 'shape': (2,)}", 2);

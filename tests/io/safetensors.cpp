@@ -115,9 +115,9 @@ TEST_CASE("safetensors every dtype round-trips bit-exact", "[io][safetensors]") 
 TEST_CASE("safetensors header is padded to 8 bytes and the order is deterministic", "[io][safetensors]") {
   std::mt19937_64 rng(5);
   std::vector<std::vector<std::byte>> data;
-  std::vector<std::pair<std::string, st_dtype>> items = {
-      {"u8", st_dtype::u8}, {"f64", st_dtype::f64}, {"bf16", st_dtype::bf16}, {"f32", st_dtype::f32},
-      {"b", st_dtype::boolean}, {"i16", st_dtype::i16}, {"e4m3", st_dtype::f8_e4m3}};
+  std::vector<std::pair<std::string, st_dtype>> items = {{"u8", st_dtype::u8},       {"f64", st_dtype::f64},   {"bf16", st_dtype::bf16},
+                                                         {"f32", st_dtype::f32},     {"b", st_dtype::boolean}, {"i16", st_dtype::i16},
+                                                         {"e4m3", st_dtype::f8_e4m3}};
   for (const auto& [n, d] : items) data.push_back(random_bytes(rng, d, 3));
   std::vector<std::size_t> order(items.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
@@ -167,8 +167,7 @@ TEST_CASE("safetensors typed views: in place, type checked, BOOL validated", "[i
   const auto m = r.tensor("mask").span<bool>();
   CHECK((m[0] && !m[1] && m[2]));
 
-  require_io_error([&] { (void)r.tensor("w").span<float>(); }, errc::invalid_argument,
-                   "tessel::io: <memory>: tensor 'w': holds BF16, not F32");
+  require_io_error([&] { (void)r.tensor("w").span<float>(); }, errc::invalid_argument, "tessel::io: <memory>: tensor 'w': holds BF16, not F32");
   require_io_error([&] { (void)r.tensor("ids").data<std::uint64_t>(); }, errc::invalid_argument, "holds I64, not U64");
   require_io_error([&] { (void)r.tensor("nope"); }, errc::out_of_range, "tessel::io: <memory>: tensor 'nope': not in this file");
   CHECK_FALSE(r.contains("nope"));
@@ -185,8 +184,7 @@ TEST_CASE("safetensors typed views: in place, type checked, BOOL validated", "[i
 
 TEST_CASE("safetensors misaligned tensors are copied, aligned ones viewed", "[io][safetensors]") {
   // A 1-byte U8 tensor first puts the F32 tensor at data offset 1: misaligned for float.
-  const std::string h =
-      R"({"b":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"f":{"dtype":"F32","shape":[2],"data_offsets":[1,9]}})";
+  const std::string h = R"({"b":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"f":{"dtype":"F32","shape":[2],"data_offsets":[1,9]}})";
   const std::string header = h + std::string((8 - h.size() % 8) % 8, ' ');
   auto file = craft(header, 9);
   const float vals[2] = {3.5f, -0.25f};
@@ -199,8 +197,7 @@ TEST_CASE("safetensors misaligned tensors are copied, aligned ones viewed", "[io
   REQUIRE(d.size() == 2);
   CHECK(d.span()[0] == 3.5f);
   CHECK(d.span()[1] == -0.25f);
-  require_io_error([&] { (void)f.span<float>(); }, errc::invalid_argument,
-                   "tessel::io: mis.safetensors: tensor 'f': bytes are not aligned to 4");
+  require_io_error([&] { (void)f.span<float>(); }, errc::invalid_argument, "tessel::io: mis.safetensors: tensor 'f': bytes are not aligned to 4");
   CHECK(r.tensor("b").data<std::uint8_t>().zero_copy());  // bytes are always aligned
   // The copy outlives the reader; a view keeps the file alive.
   tessel::io::tensor_data<std::uint8_t> kept;
@@ -239,22 +236,17 @@ TEST_CASE("safetensors bad files give typed errors naming the tensor", "[io][saf
       {"NUL inside a name", craft(std::string("{\"a\0\":1}", 8)), errc::format, "NUL byte at offset 3"},
       {"invalid UTF-8 in a name", craft("{\"\xff\xfe\":1}"), errc::format, "invalid JSON"},
       {"overlong UTF-8", craft("{\"\xc0\xaf\":1}"), errc::format, "invalid JSON"},
-      {"duplicate tensor name", craft(R"({"w":)" + ok_entry + R"(,"w":)" + ok_entry + "}", 8), errc::format,
-       "duplicate key 'w'"},
-      {"duplicate key in an entry", one(R"({"dtype":"F32","dtype":"F32","shape":[2],"data_offsets":[0,8]})"), errc::format,
-       "duplicate key 'dtype'"},
+      {"duplicate tensor name", craft(R"({"w":)" + ok_entry + R"(,"w":)" + ok_entry + "}", 8), errc::format, "duplicate key 'w'"},
+      {"duplicate key in an entry", one(R"({"dtype":"F32","dtype":"F32","shape":[2],"data_offsets":[0,8]})"), errc::format, "duplicate key 'dtype'"},
       {"nested too deep", craft(deep), errc::format, "nested deeper than"},
       {"__metadata__ not an object", craft(R"({"__metadata__":[]})"), errc::format, "__metadata__ is not an object"},
-      {"__metadata__ value not a string", craft(R"({"__metadata__":{"k":1}})"), errc::format,
-       "__metadata__: value of 'k' is not a string"},
+      {"__metadata__ value not a string", craft(R"({"__metadata__":{"k":1}})"), errc::format, "__metadata__: value of 'k' is not a string"},
       {"entry not an object", one("[]"), errc::format, "tessel::io: <memory>: tensor 'w': entry is not an object"},
-      {"unknown key", one(R"({"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":1})"), errc::format,
-       "tensor 'w': unknown key 'x'"},
+      {"unknown key", one(R"({"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":1})"), errc::format, "tensor 'w': unknown key 'x'"},
       {"missing dtype", one(R"({"shape":[2],"data_offsets":[0,8]})"), errc::format, "tensor 'w': missing 'dtype'"},
       {"missing shape", one(R"({"dtype":"F32","data_offsets":[0,8]})"), errc::format, "tensor 'w': missing 'shape'"},
       {"missing offsets", one(R"({"dtype":"F32","shape":[2]})"), errc::format, "tensor 'w': missing 'data_offsets'"},
-      {"unknown dtype", one(R"({"dtype":"F128","shape":[2],"data_offsets":[0,8]})"), errc::format,
-       "tensor 'w': unknown dtype 'F128'"},
+      {"unknown dtype", one(R"({"dtype":"F128","shape":[2],"data_offsets":[0,8]})"), errc::format, "tensor 'w': unknown dtype 'F128'"},
       {"lower-case dtype", one(R"({"dtype":"f32","shape":[2],"data_offsets":[0,8]})"), errc::format, "unknown dtype 'f32'"},
       {"dtype not a string", one(R"({"dtype":4,"shape":[2],"data_offsets":[0,8]})"), errc::format, "tensor 'w': dtype is not a string"},
       {"shape not an array", one(R"({"dtype":"F32","shape":2,"data_offsets":[0,8]})"), errc::format, "tensor 'w': shape is not an array"},
@@ -264,26 +256,23 @@ TEST_CASE("safetensors bad files give typed errors naming the tensor", "[io][saf
        "shape dimension is not a non-negative integer"},
       {"offsets not a pair", one(R"({"dtype":"F32","shape":[2],"data_offsets":[0,8,9]})"), errc::format,
        "tensor 'w': data_offsets is not an array of two offsets"},
-      {"negative offset", one(R"({"dtype":"F32","shape":[2],"data_offsets":[-1,8]})"), errc::format,
-       "data_offsets[0] is not a non-negative integer"},
+      {"negative offset", one(R"({"dtype":"F32","shape":[2],"data_offsets":[-1,8]})"), errc::format, "data_offsets[0] is not a non-negative integer"},
       {"offsets reversed", one(R"({"dtype":"F32","shape":[0],"data_offsets":[8,0]})"), errc::format,
        "tensor 'w': data_offsets [8, 0) end before they begin"},
       {"size mismatch", one(R"({"dtype":"F32","shape":[3],"data_offsets":[0,8]})"), errc::format,
        "tensor 'w': data_offsets [0, 8) hold 8 bytes but shape [3] of F32 needs 12"},
-      {"element count overflows", one(R"({"dtype":"U8","shape":[4294967296,4294967296],"data_offsets":[0,8]})"),
-       errc::overflow, "tensor 'w': element count: "},
-      {"byte size overflows", one(R"({"dtype":"F64","shape":[4611686018427387904],"data_offsets":[0,8]})"),
-       errc::overflow, "tensor 'w': byte size: "},
+      {"element count overflows", one(R"({"dtype":"U8","shape":[4294967296,4294967296],"data_offsets":[0,8]})"), errc::overflow,
+       "tensor 'w': element count: "},
+      {"byte size overflows", one(R"({"dtype":"F64","shape":[4611686018427387904],"data_offsets":[0,8]})"), errc::overflow,
+       "tensor 'w': byte size: "},
       {"gap at the start", one(R"({"dtype":"F32","shape":[1],"data_offsets":[4,8]})"), errc::format,
        "tensor 'w': data_offsets begin at 4, leaving a gap after offset 0"},
       {"gap between tensors",
-       craft(R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"b":{"dtype":"U8","shape":[2],"data_offsets":[3,5]}})", 5),
-       errc::format, "tensor 'b': data_offsets begin at 3, leaving a gap after offset 2"},
-      {"overlap",
-       craft(R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"b":{"dtype":"U8","shape":[4],"data_offsets":[2,6]}})", 6),
+       craft(R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"b":{"dtype":"U8","shape":[2],"data_offsets":[3,5]}})", 5), errc::format,
+       "tensor 'b': data_offsets begin at 3, leaving a gap after offset 2"},
+      {"overlap", craft(R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"b":{"dtype":"U8","shape":[4],"data_offsets":[2,6]}})", 6),
        errc::format, "tensor 'b': data_offsets begin at 2, inside the previous tensor (which ends at 4)"},
-      {"same bytes twice",
-       craft(R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"b":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}})", 4),
+      {"same bytes twice", craft(R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"b":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}})", 4),
        errc::format, "inside the previous tensor"},
       {"truncated data", one(ok_entry, 7), errc::format, "tensor 'w': data ends at 8, past the 7 data bytes in the file"},
       {"bytes after the data", one(ok_entry, 9), errc::format, "1 bytes follow the last tensor's data"},
@@ -336,9 +325,7 @@ TEST_CASE("safetensors corrupted files never crash", "[io][safetensors]") {
       const auto r = io::safetensors_reader::from_memory(f);
       for (const auto& t : r.tensors()) (void)t.bytes();
       ++parsed;
-    } catch (const io::io_error&) {
-      ++refused;
-    }
+    } catch (const io::io_error&) { ++refused; }
   }
   CHECK(parsed + refused == 3000);
   CHECK(refused > 2000);
@@ -362,8 +349,7 @@ TEST_CASE("safetensors writer refuses bad tensors", "[io][safetensors]") {
   w.add<float>("x", {2, 3}, v);
   require_io_error([&] { w.add<float>("x", {6}, v); }, errc::invalid_argument, "tensor 'x': added twice");
   require_io_error([&] { w.add<float>("__metadata__", {6}, v); }, errc::invalid_argument, "the name is reserved");
-  require_io_error([&] { w.add<float>("y", {4}, v); }, errc::invalid_argument,
-                   "tensor 'y': 24 bytes given but shape [4] of F32 needs 16");
+  require_io_error([&] { w.add<float>("y", {4}, v); }, errc::invalid_argument, "tensor 'y': 24 bytes given but shape [4] of F32 needs 16");
   require_io_error([&] { w.add<float>("z", {1ULL << 62, 8}, v); }, errc::overflow, "tensor 'z': element count: ");
   CHECK(w.entries().size() == 1);
   // Names must be UTF-8 to go into the JSON header.
@@ -403,8 +389,7 @@ TEST_CASE("safetensors sharded checkpoints through the index", "[io][safetensors
   CHECK_THAT(ck.shard_of("model.layers.2.weight"), Catch::EndsWith("model-00003-of-00004.safetensors"));
   CHECK_THAT(ck.shard_of("model.layers.4.weight"), Catch::EndsWith("model-00004-of-00004.safetensors"));
   CHECK(ck.shards()[0].metadata().at("format") == "pt");
-  require_io_error([&] { (void)ck.tensor("lm_head.weight"); }, errc::out_of_range,
-                   "tensor 'lm_head.weight': not in this checkpoint");
+  require_io_error([&] { (void)ck.tensor("lm_head.weight"); }, errc::out_of_range, "tensor 'lm_head.weight': not in this checkpoint");
   // The index file itself opens the same checkpoint, and records the total size.
   CHECK(io::safetensors_checkpoint::open(files.back()).names() == ck.names());
   {
@@ -442,12 +427,11 @@ TEST_CASE("safetensors sharded index inconsistencies are refused", "[io][safeten
   require_io_error(with_index(R"({"metadata":{}})"), errc::format, "no weight_map object");
   require_io_error(with_index(R"({"weight_map":[]})"), errc::format, "no weight_map object");
   require_io_error(with_index(R"({"weight_map":{"a.weight":7}})"), errc::format, "tensor 'a.weight': shard is not a string");
-  require_io_error(with_index(R"({"weight_map":{"a.weight":"s_b.safetensors","b.weight":"s_b.safetensors"}})"),
-                   errc::format, "tensor 'a.weight': listed in shard s_b.safetensors, which does not hold it");
-  require_io_error(with_index(R"({"weight_map":{"a.weight":"s_a.safetensors","a.weight":"s_a.safetensors"}})"),
-                   errc::format, "duplicate key 'a.weight'");
-  require_io_error(with_index(R"({"weight_map":{"a.weight":"../s_a.safetensors"}})"), errc::format,
-                   "shard '../s_a.safetensors' is not a file name");
+  require_io_error(with_index(R"({"weight_map":{"a.weight":"s_b.safetensors","b.weight":"s_b.safetensors"}})"), errc::format,
+                   "tensor 'a.weight': listed in shard s_b.safetensors, which does not hold it");
+  require_io_error(with_index(R"({"weight_map":{"a.weight":"s_a.safetensors","a.weight":"s_a.safetensors"}})"), errc::format,
+                   "duplicate key 'a.weight'");
+  require_io_error(with_index(R"({"weight_map":{"a.weight":"../s_a.safetensors"}})"), errc::format, "shard '../s_a.safetensors' is not a file name");
   require_io_error(with_index(R"({"weight_map":{"a.weight":".."}})"), errc::format, "is not a file name");
   require_io_error(with_index(R"({"weight_map":{"x.weight":"s_x.safetensors"}})"), errc::io,
                    "s_x.safetensors: cannot open: No such file or directory");

@@ -20,7 +20,7 @@ namespace {
 using all_types = std::tuple<double, float, bf16, fp16, e4m3, e5m2, std::int32_t, std::int64_t, std::uint8_t>;
 constexpr std::size_t counts[] = {0, 1, 7, 53327};
 constexpr reduce_op ops[] = {reduce_op::sum, reduce_op::prod, reduce_op::min, reduce_op::max, reduce_op::avg};
-constexpr algorithm algos[] = {algorithm::automatic, algorithm::ring, algorithm::direct,
+constexpr algorithm algos[] = {algorithm::automatic,        algorithm::ring, algorithm::direct,
                                algorithm::halving_doubling, algorithm::tree, algorithm::hierarchical};
 
 communicator& comm() {
@@ -53,8 +53,7 @@ TEST_CASE("mpi: all_reduce, reduce_scatter and reduce equal the canonical reduct
                   const auto want = tessel_ref::reduce_vec<T>(seed, n, count, op);
                   const std::size_t rc = count / static_cast<std::size_t>(n);
                   for (algorithm a : algos) {
-                    INFO(dtype_name(dtype_of<T>) << " " << reduce_op_name(op) << " count " << count << " algo "
-                                                 << algorithm_name(a));
+                    INFO(dtype_name(dtype_of<T>) << " " << reduce_op_name(op) << " count " << count << " algo " << algorithm_name(a));
                     std::vector<T> out(count);
                     c.all_reduce(in.data(), out.data(), count, dtype_of<T>, op, {a});
                     CHECK(wrong(out, want.data()) == 0);
@@ -121,8 +120,7 @@ TEST_CASE("mpi: data movement collectives, send/recv, barrier, async", "[mpi][co
     std::vector<e4m3> a2a(count * N);
     c.all_to_all(all.data(), a2a.data(), count, dtype::e4m3);  // every rank sends the same blocks
     for (int q = 0; q < n; ++q)
-      CHECK(tessel_ref::count_wrong(a2a.data() + count * static_cast<std::size_t>(q),
-                                    all.data() + count * static_cast<std::size_t>(r), count) == 0);
+      CHECK(tessel_ref::count_wrong(a2a.data() + count * static_cast<std::size_t>(q), all.data() + count * static_cast<std::size_t>(r), count) == 0);
     std::vector<e4m3> got(count);
     if (r % 2 == 0) {
       c.send(mine.data(), count, dtype::e4m3, (r + 1) % n, 3);

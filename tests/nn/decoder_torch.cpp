@@ -107,7 +107,9 @@ void check_model(const std::string& name, double logit_tol, double grad_tol) {
   if (moe) {
     const double want_aux = r.get("aux_loss")[0];
     INFO("aux loss " << m->last_aux_loss() << " vs " << want_aux);
-    if (std::getenv("TESSEL_REPORT")) std::printf("| %s | %s | aux loss error %.2e |\n", name.c_str(), std::is_same_v<T, float> ? "f32" : "bf16", std::fabs(m->last_aux_loss() - want_aux));
+    if (std::getenv("TESSEL_REPORT"))
+      std::printf("| %s | %s | aux loss error %.2e |\n", name.c_str(), std::is_same_v<T, float> ? "f32" : "bf16",
+                  std::fabs(m->last_aux_loss() - want_aux));
     CHECK(std::fabs(m->last_aux_loss() - want_aux) <= logit_tol * (1.0 + want_aux));
     for (std::size_t l = 0; l < m->config().num_hidden_layers; ++l) {
       const auto want_r = r.get("router_logits." + std::to_string(l));

@@ -47,8 +47,8 @@ using namespace tessel;
 using tessel_test::is_error;
 
 // The measured numbers of the notes, printed when TESSEL_REPORT is set (as decoder_torch.cpp does).
-#define REPORT(msg)                             \
-  do {                                          \
+#define REPORT(msg)                              \
+  do {                                           \
     if (std::getenv("TESSEL_REPORT")) WARN(msg); \
   } while (false)
 
@@ -70,7 +70,8 @@ io::model_config mistral_config(std::size_t window = 5) {
 // layer 0 attends fully, layer 1 through a window of 4
 io::model_config qwen2_config() {
   return parse(R"({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "use_sliding_window": true, "sliding_window": 4,
-    "max_window_layers": 1, )" + rotary_dims + "}");
+    "max_window_layers": 1, )" +
+               rotary_dims + "}");
 }
 io::model_config gpt2_config() {
   return parse(R"({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": 41, "n_embd": 64,
@@ -88,7 +89,8 @@ struct named_config {
   io::model_config cfg;
 };
 std::vector<named_config> all_configs() {
-  return {{"llama", llama_config()}, {"mistral", mistral_config()}, {"qwen2", qwen2_config()}, {"gpt2", gpt2_config()}, {"mixtral", mixtral_config()}};
+  return {
+      {"llama", llama_config()}, {"mistral", mistral_config()}, {"qwen2", qwen2_config()}, {"gpt2", gpt2_config()}, {"mixtral", mixtral_config()}};
 }
 
 std::vector<std::int64_t> random_ids(std::size_t n, std::size_t vocab, std::uint64_t seed) {
@@ -220,7 +222,8 @@ TEST_CASE("kv_cache hands out pages from a free list, and gives them back", "[nn
   CHECK_THROWS_MATCHES(c.reserve(b, 6), nn::nn_error, is_error(errc::out_of_range, "nn", "out of pages: 1 needed, 0 of 5 free"));
   CHECK_THROWS_MATCHES(c.reserve(a, 5), nn::nn_error, is_error(errc::out_of_range, "nn", "max_length 12"));
   CHECK_THROWS_MATCHES(c.commit(b, 6), nn::nn_error, is_error(errc::out_of_range, "nn", "commit of 6"));
-  CHECK_THROWS_MATCHES(c.reserve(both, std::vector<std::size_t>{1}), nn::nn_error, is_error(errc::invalid_argument, "nn", "2 sequences with 1 counts"));
+  CHECK_THROWS_MATCHES(c.reserve(both, std::vector<std::size_t>{1}), nn::nn_error,
+                       is_error(errc::invalid_argument, "nn", "2 sequences with 1 counts"));
   CHECK_THROWS_MATCHES(c.reserve(std::vector<std::size_t>{a, a}, std::vector<std::size_t>{1, 1}), nn::nn_error,
                        is_error(errc::invalid_argument, "nn", "appears twice"));
   // release gives every page back; the slot is free again
@@ -259,7 +262,7 @@ TEST_CASE("cached decode of a bf16 model stays within bf16 bounds of its recompu
     const double e = cached_vs_recompute<bf16>(cfg, 12, 4, 4e-2, &scale);
     const double e32 = cfg.is_moe() ? 0.0 : cached_vs_recompute<bf16, float>(cfg, 12, 4, 4e-2);
     REPORT(name << " bf16: cached vs bf16 recompute logits, worst error " << e << " x (1 + max|logit|), max|logit| " << scale
-              << "; vs the f32 recompute " << e32);
+                << "; vs the f32 recompute " << e32);
   }
 }
 
@@ -284,7 +287,8 @@ TEST_CASE("prefill gives the recompute's last-position logits", "[nn][generate]"
     const std::vector<float> got(p.begin(), p.end());
     const auto full = m.forward(ids, 1, ids.size());
     double scale = 0.0;
-    const double err = row_error(std::span<const float>(got), std::span<const float>(full.data() + (ids.size() - 1) * cfg.vocab_size, cfg.vocab_size), scale);
+    const double err =
+        row_error(std::span<const float>(got), std::span<const float>(full.data() + (ids.size() - 1) * cfg.vocab_size, cfg.vocab_size), scale);
     REPORT(name << ": prefill vs forward, last position: " << err);
     CHECK(err <= 1.5e-5);
   }
@@ -442,7 +446,8 @@ TEST_CASE("cached decoding errors are typed and name the problem", "[nn][generat
   // exceeding the positions: the cache's max_length (rotary), GPT-2's learned positions
   cache.release(s);
   const auto u = cache.add_sequence();
-  CHECK_THROWS_MATCHES(m.prefill(cache, u, std::vector<std::int64_t>(17, 1)), nn::nn_error, is_error(errc::out_of_range, "nn", "exceeds the 16 positions"));
+  CHECK_THROWS_MATCHES(m.prefill(cache, u, std::vector<std::int64_t>(17, 1)), nn::nn_error,
+                       is_error(errc::out_of_range, "nn", "exceeds the 16 positions"));
   auto big = m.make_cache(1, 8, 4, 16);
   const auto w = big.add_sequence();
   (void)m.prefill(big, w, std::vector<std::int64_t>(15, 1));

@@ -157,12 +157,20 @@ TEST_CASE("onnx: the committed tiny models import with every shape inferred", "[
   };
   const std::vector<expect> cases = {
       // Counts from ONNX's own Python reader; Constant nodes (11, 17, 36, 2) are constants here.
-      {"gpt2_tiny_op17.onnx", 43, {{"LayerNormalization", 3}, {"MatMul", 7}, {"Softmax", 1}, {"Tanh", 1}, {"Split", 1}},
-       "ids", "i64[batch,4]", "f32[batch,4,11]"},
+      {"gpt2_tiny_op17.onnx",
+       43,
+       {{"LayerNormalization", 3}, {"MatMul", 7}, {"Softmax", 1}, {"Tanh", 1}, {"Split", 1}},
+       "ids",
+       "i64[batch,4]",
+       "f32[batch,4,11]"},
       {"gpt2_tiny_op14.onnx", 67, {{"ReduceMean", 6}, {"Softmax", 1}, {"Sqrt", 3}}, "ids", "i64[batch,4]", "f32[batch,4,11]"},
-      {"llama_tiny_op17.onnx", 65, {{"Softmax", 1}, {"Sigmoid", 1}, {"Neg", 2}, {"Slice", 4}, {"MatMul", 10}}, "ids", "i64[batch,4]", "f32[batch,4,11]"},
-      {"unet_tiny_op17.onnx", 27, {{"Conv", 11}, {"Resize", 2}, {"MaxPool", 2}, {"Concat", 2}}, "image", "f32[batch,3,8,8]",
-       "f32[batch,2,8,8]"},
+      {"llama_tiny_op17.onnx",
+       65,
+       {{"Softmax", 1}, {"Sigmoid", 1}, {"Neg", 2}, {"Slice", 4}, {"MatMul", 10}},
+       "ids",
+       "i64[batch,4]",
+       "f32[batch,4,11]"},
+      {"unet_tiny_op17.onnx", 27, {{"Conv", 11}, {"Resize", 2}, {"MaxPool", 2}, {"Concat", 2}}, "image", "f32[batch,3,8,8]", "f32[batch,2,8,8]"},
   };
   for (const expect& e : cases) {
     INFO(e.file);
@@ -263,16 +271,30 @@ TEST_CASE("onnx: Constant nodes of every value kind become constants", "[onnx][i
     fill(n->add_attribute());
     m.mutable_graph()->add_output()->set_name(out);
   };
-  add_const("vi", [](onnx::AttributeProto* a) { a->set_name("value_int"); a->set_type(onnx::AttributeProto::INT); a->set_i(7); });
-  add_const("vis", [](onnx::AttributeProto* a) {
-    a->set_name("value_ints"); a->set_type(onnx::AttributeProto::INTS); a->add_ints(1); a->add_ints(2);
+  add_const("vi", [](onnx::AttributeProto* a) {
+    a->set_name("value_int");
+    a->set_type(onnx::AttributeProto::INT);
+    a->set_i(7);
   });
-  add_const("vf", [](onnx::AttributeProto* a) { a->set_name("value_float"); a->set_type(onnx::AttributeProto::FLOAT); a->set_f(0.25f); });
+  add_const("vis", [](onnx::AttributeProto* a) {
+    a->set_name("value_ints");
+    a->set_type(onnx::AttributeProto::INTS);
+    a->add_ints(1);
+    a->add_ints(2);
+  });
+  add_const("vf", [](onnx::AttributeProto* a) {
+    a->set_name("value_float");
+    a->set_type(onnx::AttributeProto::FLOAT);
+    a->set_f(0.25f);
+  });
   add_const("vfs", [](onnx::AttributeProto* a) {
-    a->set_name("value_floats"); a->set_type(onnx::AttributeProto::FLOATS); a->add_floats(1.5f);
+    a->set_name("value_floats");
+    a->set_type(onnx::AttributeProto::FLOATS);
+    a->add_floats(1.5f);
   });
   add_const("vt", [](onnx::AttributeProto* a) {
-    a->set_name("value"); a->set_type(onnx::AttributeProto::TENSOR);
+    a->set_name("value");
+    a->set_type(onnx::AttributeProto::TENSOR);
     auto* t = a->mutable_t();
     t->set_data_type(onnx::TensorProto::DOUBLE);
     t->add_dims(2);

@@ -52,8 +52,7 @@ const std::map<std::string, model_facts>& facts() {
       {"resnet",
        {{{"image", "f32[batch,3,32,32]"}}, {{"output", "f32[batch,10]"}}, {{"Conv", 20}, {"Add", 8}, {"MaxPool", 1}, {"GlobalAveragePool", 1}}}},
       {"vit", {{{"image", "f32[batch,3,16,16]"}}, {{"output", "f32[batch,10]"}}, {{"Conv", 1}, {"Softmax", 2}, {"Erf", 2}}}},
-      {"unet",
-       {{{"image", "f32[batch,3,32,32]"}}, {{"output", "f32[batch,4,32,32]"}}, {{"Conv", 11}, {"Resize", 2}, {"Concat", 2}, {"MaxPool", 2}}}},
+      {"unet", {{{"image", "f32[batch,3,32,32]"}}, {{"output", "f32[batch,4,32,32]"}}, {{"Conv", 11}, {"Resize", 2}, {"Concat", 2}, {"MaxPool", 2}}}},
   };
   return f;
 }
@@ -166,16 +165,19 @@ depth_info depth_of(const tg::graph& g) {
       for (const tg::dim& x : g.get(n.inputs[i]).shape.dims) s.push_back(static_cast<std::size_t>(x.size));
       return s;
     };
-    if (n.op == "MatMul" || n.op == "FusedMatMul") k = dims(0).back();
-    else if (n.op == "Gemm") k = n.get_int("transA", 0) ? dims(0)[0] : dims(0)[1];
+    if (n.op == "MatMul" || n.op == "FusedMatMul")
+      k = dims(0).back();
+    else if (n.op == "Gemm")
+      k = n.get_int("transA", 0) ? dims(0)[0] : dims(0)[1];
     else if (n.op == "Conv" || n.op == "FusedConv") {
       const auto w = dims(1);
       k = 1;
       for (std::size_t i = 1; i < w.size(); ++i) k *= w[i];
     } else if (n.op == "Attention") {
       k = std::max(dims(0).back(), dims(1)[2]);  // the head dim (QK^T), the keys (PV)
-      ++d.layers;                                 // two GEMMs
-    } else continue;
+      ++d.layers;                                // two GEMMs
+    } else
+      continue;
     ++d.layers;
     d.k_max = std::max(d.k_max, k);
   }
@@ -213,7 +215,8 @@ run_error compare(const tg::tensor_map& got, const tessel::io::safetensors_reade
 // For the classifiers and language models: the argmax of each row (the last axis) of `got` equals
 // PyTorch's, except where PyTorch's own top two are closer than `tie` (a bound on the difference of
 // two outputs' errors: there either answer is right within the bound).
-void check_argmax(const tg::host_tensor& got, const tessel::io::safetensors_reader& io, const std::string& name, double tie, std::size_t& rows_checked) {
+void check_argmax(const tg::host_tensor& got, const tessel::io::safetensors_reader& io, const std::string& name, double tie,
+                  std::size_t& rows_checked) {
   const auto ref = io.tensor("output." + name);
   const auto v = got.values<float>();
   std::vector<float> r(v.size());
@@ -319,8 +322,8 @@ TEST_CASE("onnx: the six PyTorch models run on tessel's operators, on the host a
       std::string which;
       for (const auto& [p, n] : rep.patterns) which += (which.empty() ? "" : ",") + p + ":" + std::to_string(n);
       if (table)
-        std::printf("%-7s %3d %6zu %6zu %-44s %9zu %9zu %6zu %5zu %10.2e %10.2e %10.2e %10.2e\n", model.c_str(), opset, rep.nodes_before, rep.nodes_after,
-                    which.c_str(), planned, unplanned, depth.layers, depth.k_max, e32.max_rel, bound32, e16.max_rel, bound16);
+        std::printf("%-7s %3d %6zu %6zu %-44s %9zu %9zu %6zu %5zu %10.2e %10.2e %10.2e %10.2e\n", model.c_str(), opset, rep.nodes_before,
+                    rep.nodes_after, which.c_str(), planned, unplanned, depth.layers, depth.k_max, e32.max_rel, bound32, e16.max_rel, bound16);
     }
   }
   CHECK(argmax_rows > 0);

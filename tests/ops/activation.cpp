@@ -52,9 +52,11 @@ TEST_CASE("activations forward match fp64 and backward matches finite difference
   };
   const std::vector<cse> cases = {
       {"gelu_tanh", [&] { gelu_forward(dev, std::span<const float>(x), std::span<float>(y), gelu_approx::tanh); },
-       [&] { gelu_backward(dev, std::span<const float>(dy), std::span<const float>(x), std::span<float>(dx), gelu_approx::tanh); }, train_ref::gelu_tanh},
+       [&] { gelu_backward(dev, std::span<const float>(dy), std::span<const float>(x), std::span<float>(dx), gelu_approx::tanh); },
+       train_ref::gelu_tanh},
       {"gelu_erf", [&] { gelu_forward(dev, std::span<const float>(x), std::span<float>(y), gelu_approx::erf); },
-       [&] { gelu_backward(dev, std::span<const float>(dy), std::span<const float>(x), std::span<float>(dx), gelu_approx::erf); }, train_ref::gelu_erf},
+       [&] { gelu_backward(dev, std::span<const float>(dy), std::span<const float>(x), std::span<float>(dx), gelu_approx::erf); },
+       train_ref::gelu_erf},
       {"silu", [&] { silu_forward(dev, std::span<const float>(x), std::span<float>(y)); },
        [&] { silu_backward(dev, std::span<const float>(dy), std::span<const float>(x), std::span<float>(dx)); }, train_ref::silu},
   };
@@ -96,7 +98,8 @@ TEST_CASE("swiglu forward/backward", "[ops][activation]") {
   }
   std::vector<float> short_b(n - 1);
   CHECK_THROWS_AS(swiglu_forward(dev, std::span<const float>(a), std::span<const float>(short_b), std::span<float>(y)), layer_error);
-  CHECK_THROWS_MATCHES(gelu_forward(dev, std::span<const float>(a), std::span<float>(short_b)), layer_error, is_error(errc::invalid_argument, "layers"));
+  CHECK_THROWS_MATCHES(gelu_forward(dev, std::span<const float>(a), std::span<float>(short_b)), layer_error,
+                       is_error(errc::invalid_argument, "layers"));
 }
 
 // ReLU and the elementwise sum are exact in f32: every element equals its definition bitwise, in
@@ -147,12 +150,14 @@ TEST_CASE("relu forward/backward and add are exact", "[ops][activation]") {
   for (std::size_t i = 0; i < n; ++i) bad += !std::isnan(s[i]) && sb[i].bits() != bf16(s[i]).bits();
   CHECK(bad == 0);
   std::vector<float> shorter(n - 1);
-  CHECK_THROWS_MATCHES(relu_forward(dev, std::span<const float>(x), std::span<float>(shorter)), layer_error, is_error(errc::invalid_argument, "layers"));
+  CHECK_THROWS_MATCHES(relu_forward(dev, std::span<const float>(x), std::span<float>(shorter)), layer_error,
+                       is_error(errc::invalid_argument, "layers"));
   CHECK_THROWS_MATCHES(relu_backward(dev, std::span<const float>(shorter), std::span<const float>(x), std::span<float>(dx)), layer_error,
                        is_error(errc::invalid_argument, "layers"));
   CHECK_THROWS_MATCHES(add_forward(dev, std::span<const float>(x), std::span<const float>(shorter), std::span<float>(s)), layer_error,
                        is_error(errc::invalid_argument, "layers"));
-  CHECK_THROWS_AS(relu_backward(dev, std::span<const float>(g), std::span<const float>(static_cast<const float*>(nullptr), n), std::span<float>(dx)), layer_error);
+  CHECK_THROWS_AS(relu_backward(dev, std::span<const float>(g), std::span<const float>(static_cast<const float*>(nullptr), n), std::span<float>(dx)),
+                  layer_error);
 }
 
 }  // namespace tessel_test_ops_activation

@@ -28,8 +28,10 @@ namespace {
 
 template <class T>
 double rounded(double x) {
-  if constexpr (std::is_same_v<T, float>) return double(float(x));
-  else return double(float(T(float(x))));
+  if constexpr (std::is_same_v<T, float>)
+    return double(float(x));
+  else
+    return double(float(T(float(x))));
 }
 
 template <class T>
@@ -91,7 +93,8 @@ ref::materialised<float> naive_same_dtype() {
 // Slack for errors that are both at the level of f32 rounding noise.
 double slack(const std::vector<double>& r) {
   double m = 0;
-  for (double x : r) if (std::isfinite(x)) m = std::max(m, std::abs(x));
+  for (double x : r)
+    if (std::isfinite(x)) m = std::max(m, std::abs(x));
   return 4e-7 * (m + 1e-30);
 }
 
@@ -341,7 +344,12 @@ TEST_CASE("attention gives the same bits on 1 and 2 threads", "[ops][attention][
     std::vector<std::uint16_t> bits;
     for (auto* vec : {&o, &dq, &dk, &dv})
       for (auto x : *vec) bits.push_back(x.bits());
-    for (float x : lse) { std::uint32_t u; std::memcpy(&u, &x, 4); bits.push_back(std::uint16_t(u)); bits.push_back(std::uint16_t(u >> 16)); }
+    for (float x : lse) {
+      std::uint32_t u;
+      std::memcpy(&u, &x, 4);
+      bits.push_back(std::uint16_t(u));
+      bits.push_back(std::uint16_t(u >> 16));
+    }
     return bits;
   };
   CHECK(run(1) == run(2));
@@ -384,7 +392,10 @@ TEST_CASE("attention e4m3 inputs with scales", "[ops][attention][fp8]") {
   auto check_grads = [&](auto tag) {
     using O = decltype(tag);
     std::vector<O> ox(o64.size()), dout(dod.size()), dq(q.size()), dk(k.size()), dv(v.size());
-    for (std::size_t i = 0; i < ox.size(); ++i) { ox[i] = O(float(o64[i])); dout[i] = O(float(dod[i])); }
+    for (std::size_t i = 0; i < ox.size(); ++i) {
+      ox[i] = O(float(o64[i]));
+      dout[i] = O(float(dod[i]));
+    }
     attention_backward<host_device, O>(dev, shape_of(p), q, k, v, ox, dout, lse, dq, dk, dv, opt);
     std::vector<double> dqn, dkn, dvn;
     naive_same_dtype<O>().backward(p, qd, kd, vd, to_double(dout), dqn, dkn, dvn);
@@ -400,7 +411,8 @@ TEST_CASE("attention e4m3 inputs with scales", "[ops][attention][fp8]") {
   check_grads(bf16{});
   // bad buffer sizes are typed errors here too
   std::vector<float> small(3), g(q.size());
-  CHECK_THROWS_MATCHES((attention_backward<host_device, float>(dev, shape_of(p), q, k, v, small, small, lse, g, g, g, opt)), attention_error, is_error(errc::out_of_range, "attention"));
+  CHECK_THROWS_MATCHES((attention_backward<host_device, float>(dev, shape_of(p), q, k, v, small, small, lse, g, g, g, opt)), attention_error,
+                       is_error(errc::out_of_range, "attention"));
 }
 
 TEST_CASE("attention rejects bad arguments with typed errors", "[ops][attention][errors]") {
@@ -420,14 +432,17 @@ TEST_CASE("attention rejects bad arguments with typed errors", "[ops][attention]
   s.heads_kv = 0;
   CHECK_THROWS_AS((attention_forward<host_device, float, float>(dev, s, c, c, c, m)), attention_error);
   s = {1, 100, 8, 2, 1, 32};
-  CHECK_THROWS_MATCHES((attention_forward<host_device, float, float>(dev, s, c, c, c, m)), attention_error, is_error(errc::out_of_range, "attention"));
+  CHECK_THROWS_MATCHES((attention_forward<host_device, float, float>(dev, s, c, c, c, m)), attention_error,
+                       is_error(errc::out_of_range, "attention"));
   s = {1, 8, 8, 2, 1, 32};
-  CHECK_THROWS_MATCHES((attention_forward<host_device, float, float>(dev, s, c, c, c, m, std::span<float>(lse).first(3))), attention_error, is_error(errc::out_of_range, "attention", "lse"));
+  CHECK_THROWS_MATCHES((attention_forward<host_device, float, float>(dev, s, c, c, c, m, std::span<float>(lse).first(3))), attention_error,
+                       is_error(errc::out_of_range, "attention", "lse"));
   attention_options bad;
   bad.window_left = -2;
   CHECK_THROWS_AS((attention_forward<host_device, float, float>(dev, s, c, c, c, m, {}, bad)), attention_error);
   s.batch = std::size_t{1} << 62;
-  CHECK_THROWS_MATCHES((attention_forward<host_device, float, float>(dev, s, c, c, c, m)), tessel::overflow_error, is_error(errc::overflow, "size", "attention shape"));
+  CHECK_THROWS_MATCHES((attention_forward<host_device, float, float>(dev, s, c, c, c, m)), tessel::overflow_error,
+                       is_error(errc::overflow, "size", "attention shape"));
   const std::vector<std::int32_t> dec{0, 5, 3}, ok{0, 4, 8}, big{0, 4, 1000}, neg{-1, 2, 3};
   auto var = [&](std::span<const std::int32_t> a, std::span<const std::int32_t> b) {
     attention_forward_varlen<host_device, float, float>(dev, attention_varlen_shape{a, b, 2, 1, 32}, c, c, c, m);
@@ -453,7 +468,12 @@ void check_decode(std::size_t D, std::size_t sq, bool causal, std::size_t H = 8,
   for (auto& x : k) x = T(float(nd(rng)));
   for (auto& x : v) x = T(float(nd(rng)));
   attention_decode_shape s;
-  s.batch = B; s.seq_q = sq; s.heads_q = H; s.heads_kv = HK; s.head_dim = D; s.max_kv = max_kv;
+  s.batch = B;
+  s.seq_q = sq;
+  s.heads_q = H;
+  s.heads_kv = HK;
+  s.head_dim = D;
+  s.max_kv = max_kv;
   attention_options opt;
   opt.causal = causal;
   opt.align = mask_align::bottom_right;
@@ -477,8 +497,14 @@ void check_decode(std::size_t D, std::size_t sq, bool causal, std::size_t H = 8,
     p.wl = wl;
     CAPTURE(b, D, sq, causal, wl);
     std::vector<double> qd(sq * H * D), kd(p.kv_elems()), vd(p.kv_elems()), ob(qd.size());
-    for (std::size_t i = 0; i < qd.size(); ++i) { qd[i] = double(float(q[b * sq * H * D + i])); ob[i] = double(float(o[b * sq * H * D + i])); }
-    for (std::size_t i = 0; i < kd.size(); ++i) { kd[i] = double(float(k[b * max_kv * HK * D + i])); vd[i] = double(float(v[b * max_kv * HK * D + i])); }
+    for (std::size_t i = 0; i < qd.size(); ++i) {
+      qd[i] = double(float(q[b * sq * H * D + i]));
+      ob[i] = double(float(o[b * sq * H * D + i]));
+    }
+    for (std::size_t i = 0; i < kd.size(); ++i) {
+      kd[i] = double(float(k[b * max_kv * HK * D + i]));
+      vd[i] = double(float(v[b * max_kv * HK * D + i]));
+    }
     std::vector<double> o64, l64, on, ln;
     ref::materialised<double>{}.forward(p, qd, kd, vd, o64, l64);
     naive_same_dtype<T>().forward(p, qd, kd, vd, on, ln);
@@ -488,8 +514,10 @@ void check_decode(std::size_t D, std::size_t sq, bool causal, std::size_t H = 8,
     for (std::size_t h = 0; h < H; ++h)
       for (std::size_t i = 0; i < sq; ++i) {
         const double want = l64[h * sq + i], got = lse[(b * H + h) * sq + i];
-        if (std::isinf(want)) CHECK((std::isinf(got) && got < 0));
-        else CHECK(std::abs(got - want) <= 1e-5 * (1 + std::abs(want)));
+        if (std::isinf(want))
+          CHECK((std::isinf(got) && got < 0));
+        else
+          CHECK(std::abs(got - want) <= 1e-5 * (1 + std::abs(want)));
       }
   }
 }
@@ -557,12 +585,19 @@ void check_paged_decode(std::size_t H, std::size_t HK, std::size_t D) {
       std::memcpy(&vp[phys * page * tok], &v[(b * max_kv + pg * page) * tok], page * tok * 2);
     }
   attention_decode_shape s;
-  s.batch = B; s.heads_q = H; s.heads_kv = HK; s.head_dim = D; s.max_kv = max_kv;
+  s.batch = B;
+  s.heads_q = H;
+  s.heads_kv = HK;
+  s.head_dim = D;
+  s.max_kv = max_kv;
   host_device dev(2);
   std::vector<bf16> o1(q.size()), o2(q.size());
   attention_decode<host_device, bf16, bf16>(dev, s, q, k, v, lens, {}, o1);
   attention_decode_shape sp = s;
-  sp.max_kv = 0; sp.page_size = page; sp.num_pages = npages; sp.pages_per_seq = per_seq;
+  sp.max_kv = 0;
+  sp.page_size = page;
+  sp.num_pages = npages;
+  sp.pages_per_seq = per_seq;
   attention_decode<host_device, bf16, bf16>(dev, sp, q, kp, vp, lens, table, o2);
   CHECK(std::memcmp(o1.data(), o2.data(), o1.size() * 2) == 0);
   host_device dev1(1);
@@ -573,10 +608,12 @@ void check_paged_decode(std::size_t H, std::size_t HK, std::size_t D) {
   // bad page index, too long a sequence, too many rows
   auto bad = table;
   bad[1] = std::int32_t(npages);
-  CHECK_THROWS_MATCHES((attention_decode<host_device, bf16, bf16>(dev, sp, q, kp, vp, lens, bad, o2)), attention_error, is_error(errc::out_of_range, "attention", "block_table"));
+  CHECK_THROWS_MATCHES((attention_decode<host_device, bf16, bf16>(dev, sp, q, kp, vp, lens, bad, o2)), attention_error,
+                       is_error(errc::out_of_range, "attention", "block_table"));
   const std::vector<std::int32_t> too_long{641, 1, 1};
   CHECK_THROWS_AS((attention_decode<host_device, bf16, bf16>(dev, sp, q, kp, vp, too_long, table, o2)), attention_error);
-  CHECK_THROWS_AS((attention_decode<host_device, bf16, bf16>(dev, sp, q, kp, vp, std::span<const std::int32_t>(lens).first(2), table, o2)), attention_error);
+  CHECK_THROWS_AS((attention_decode<host_device, bf16, bf16>(dev, sp, q, kp, vp, std::span<const std::int32_t>(lens).first(2), table, o2)),
+                  attention_error);
 }
 }  // namespace
 

@@ -180,8 +180,8 @@ TEST_CASE("batchnorm inference: y = (x − running mean)·γ/√(running var + e
     const auto g = random<float>(d.c, 8, 0.5f, 2.0f), b = random<float>(d.c, 9, -1.0f, 1.0f), rm = random<float>(d.c, 10, -1.0f, 1.0f),
                rv = random<float>(d.c, 11, 0.1f, 2.0f);
     std::vector<float> y(d.size());
-    batchnorm_forward_inference(dev, image<const float>{x.data(), d}, std::span<const float>(g), std::span<const float>(b), std::span<const float>(rm),
-                                std::span<const float>(rv), image<float>{y.data(), d}, p);
+    batchnorm_forward_inference(dev, image<const float>{x.data(), d}, std::span<const float>(g), std::span<const float>(b),
+                                std::span<const float>(rm), std::span<const float>(rv), image<float>{y.data(), d}, p);
     std::size_t bad = 0;
     for (std::size_t n = 0; n < d.n; ++n)
       for (std::size_t c = 0; c < d.c; ++c)
@@ -237,7 +237,8 @@ TEST_CASE("batchnorm backward: dx, dγ, dβ against the fp64 formulas", "[ops][b
         const std::size_t c = l == conv_layout::nchw ? i / (d.h * d.w) % d.c : i % d.c;
         const double rstd = 1.0 / std::sqrt(var[c] + p.eps), xh = (x[i] - mean[c]) * rstd;
         const double want = g[c] * rstd * (dy[i] - sdy[c] / M - xh * sdyx[c] / M);
-        const double terms = std::fabs(dy[i]) + std::fabs(sdy[c] / M) + (std::fabs(xh) + std::fabs(mean[c]) * rstd) * (std::fabs(sdyx[c]) + 4 * u * mag[c]) / M;
+        const double terms =
+            std::fabs(dy[i]) + std::fabs(sdy[c] / M) + (std::fabs(xh) + std::fabs(mean[c]) * rstd) * (std::fabs(sdyx[c]) + 4 * u * mag[c]) / M;
         bad += !(std::fabs(dx[i] - want) <= 10 * u * g[c] * rstd * terms);
       }
       CHECK(bad == 0);
@@ -280,7 +281,8 @@ TEST_CASE("batchnorm: NCHW and NHWC give the same bits, and 1 vs 2 threads vs an
     const auto dx1 = backward<float, float>(one, x, dy, d, g, o1, dg1, db1, conv_layout::nchw);
     CHECK(same_bits(dx1, backward<float, float>(card, x, dy, d, g, o1, dg2, db2, conv_layout::nchw)));
     CHECK(same_bits(dg1, dg2));
-    CHECK(same_bits(relayout(dx1, d, conv_layout::nchw, conv_layout::nhwc), backward<float, float>(two, xh, dyh, d, g, oh, dgh, dbh, conv_layout::nhwc)));
+    CHECK(same_bits(relayout(dx1, d, conv_layout::nchw, conv_layout::nhwc),
+                    backward<float, float>(two, xh, dyh, d, g, oh, dgh, dbh, conv_layout::nhwc)));
     CHECK(same_bits(dg1, dgh));
     CHECK(same_bits(db1, dbh));
   }
@@ -319,7 +321,8 @@ TEST_CASE("batchnorm backward: gradcheck of dx and of dγ, dβ against fp64 diff
     const auto rp = verify::gradcheck(
         "batchnorm dgamma dbeta",
         [&](std::span<const double> ps) {
-          return forward_ref(xd, d, l, std::vector<double>(ps.begin(), ps.begin() + long(d.c)), std::vector<double>(ps.begin() + long(d.c), ps.end()), p.eps);
+          return forward_ref(xd, d, l, std::vector<double>(ps.begin(), ps.begin() + long(d.c)), std::vector<double>(ps.begin() + long(d.c), ps.end()),
+                             p.eps);
         },
         [&](std::span<const double>, std::span<const double> dys) {
           train_out o;
@@ -349,7 +352,8 @@ TEST_CASE("batchnorm: bad shapes, parameters and buffers are typed errors", "[op
   };
   CHECK_NOTHROW(train_call(d, d, g, rm, rv, sm, p));
   CHECK_NOTHROW(train_call(d, d, {}, {}, {}, sm, p));  // no γ, no running statistics
-  CHECK_THROWS_MATCHES(train_call(d, {2, 3, 4, 5}, g, rm, rv, sm, p), layer_error, is_error(errc::invalid_argument, "layers", "batchnorm: y 2x3x4x5"));
+  CHECK_THROWS_MATCHES(train_call(d, {2, 3, 4, 5}, g, rm, rv, sm, p), layer_error,
+                       is_error(errc::invalid_argument, "layers", "batchnorm: y 2x3x4x5"));
   CHECK_THROWS_MATCHES(train_call(d, d, std::span<const float>(g).first(2), rm, rv, sm, p), layer_error,
                        is_error(errc::invalid_argument, "layers", "gamma has 2 values for 3 channels"));
   CHECK_THROWS_MATCHES(train_call(d, d, g, rm, {}, sm, p), layer_error, is_error(errc::invalid_argument, "layers", "both be given or both empty"));
@@ -362,22 +366,23 @@ TEST_CASE("batchnorm: bad shapes, parameters and buffers are typed errors", "[op
   bad = p;
   bad.momentum = 1.5f;
   CHECK_THROWS_MATCHES(train_call(d, d, g, rm, rv, sm, bad), layer_error, is_error(errc::invalid_argument, "layers", "momentum"));
-  CHECK_THROWS_MATCHES(batchnorm_forward_training(dev, image<const float>{nullptr, d}, std::span<const float>(g), std::span<const float>(b),
-                                                  image<float>{y.data(), d}, std::span<float>(rm), std::span<float>(rv), std::span<float>(sm),
-                                                  std::span<float>(sr), p),
-                       layer_error, is_error(errc::invalid_argument, "layers", "null x"));
+  CHECK_THROWS_MATCHES(
+      batchnorm_forward_training(dev, image<const float>{nullptr, d}, std::span<const float>(g), std::span<const float>(b), image<float>{y.data(), d},
+                                 std::span<float>(rm), std::span<float>(rv), std::span<float>(sm), std::span<float>(sr), p),
+      layer_error, is_error(errc::invalid_argument, "layers", "null x"));
   std::vector<float> rvn(3, -1.0f);
   CHECK_THROWS_MATCHES(batchnorm_forward_inference(dev, image<const float>{x.data(), d}, std::span<const float>(g), std::span<const float>(b),
                                                    std::span<const float>(rm), std::span<const float>(rvn), image<float>{y.data(), d}, p),
                        layer_error, is_error(errc::invalid_argument, "layers", "running_var + eps of channel 0"));
   std::vector<float> dx(d.size()), dg(3), db(2);
-  CHECK_THROWS_MATCHES(batchnorm_backward(dev, image<const float>{x.data(), d}, image<const float>{y.data(), d}, std::span<const float>(g),
-                                          std::span<const float>(sm), std::span<const float>(sr), image<float>{dx.data(), d}, std::span<float>(dg),
-                                          std::span<float>(db), conv_layout::nchw),
-                       layer_error, is_error(errc::invalid_argument, "layers", "dbeta has 2 values"));
-  CHECK_THROWS_AS(batchnorm_forward_inference(dev, image<const float>{x.data(), {std::size_t{1} << 40, 3, std::size_t{1} << 20, 8}}, std::span<const float>(g),
-                                              std::span<const float>(b), std::span<const float>(rm), std::span<const float>(rv), image<float>{y.data(), d}, p),
-                  tessel::overflow_error);
+  CHECK_THROWS_MATCHES(
+      batchnorm_backward(dev, image<const float>{x.data(), d}, image<const float>{y.data(), d}, std::span<const float>(g), std::span<const float>(sm),
+                         std::span<const float>(sr), image<float>{dx.data(), d}, std::span<float>(dg), std::span<float>(db), conv_layout::nchw),
+      layer_error, is_error(errc::invalid_argument, "layers", "dbeta has 2 values"));
+  CHECK_THROWS_AS(
+      batchnorm_forward_inference(dev, image<const float>{x.data(), {std::size_t{1} << 40, 3, std::size_t{1} << 20, 8}}, std::span<const float>(g),
+                                  std::span<const float>(b), std::span<const float>(rm), std::span<const float>(rv), image<float>{y.data(), d}, p),
+      tessel::overflow_error);
 }
 
 }  // namespace tessel_test_ops_batchnorm

@@ -129,7 +129,8 @@ void conv_ref(const shape& s, const std::vector<T>& x, const std::vector<T>& w, 
                 const long iy = long(oy * p.stride_h + r * p.dilation_h) - long(p.pad_top);
                 const long ix = long(ox * p.stride_w + q * p.dilation_w) - long(p.pad_left);
                 if (iy < 0 || ix < 0 || iy >= long(s.h) || ix >= long(s.w)) continue;
-                const double t = dbl(x[at(p.layout, d.x, n, g * cg + c, std::size_t(iy), std::size_t(ix))]) * dbl(w[((o * cg + c) * s.kh + r) * s.kw + q]);
+                const double t =
+                    dbl(x[at(p.layout, d.x, n, g * cg + c, std::size_t(iy), std::size_t(ix))]) * dbl(w[((o * cg + c) * s.kh + r) * s.kw + q]);
                 acc += t;
                 m += std::fabs(t);
               }
@@ -273,7 +274,8 @@ bool direct_pack_matches_load(host_device& dev, filter_dims f, std::size_t group
 
 TEST_CASE("conv2d: the one-pass filter packer writes the tiles GEMM's B load packs from the transposed filter, bit for bit", "[ops][conv]") {
   host_device dev(2);
-  for (auto [f, groups] : {std::pair<filter_dims, std::size_t>{{7, 5, 3, 3}, 1}, {{300, 6, 2, 3}, 2}, {{9, 520, 3, 3}, 1}, {{16, 1, 3, 3}, 16}, {{512, 512, 3, 3}, 1}}) {
+  for (auto [f, groups] :
+       {std::pair<filter_dims, std::size_t>{{7, 5, 3, 3}, 1}, {{300, 6, 2, 3}, 2}, {{9, 520, 3, 3}, 1}, {{16, 1, 3, 3}, 16}, {{512, 512, 3, 3}, 1}}) {
     INFO(f.out << "x" << f.in << "x" << f.kh << "x" << f.kw << " groups " << groups);
     CHECK(direct_pack_matches_load<float>(dev, f, groups));
     CHECK(direct_pack_matches_load<float, true>(dev, f, groups));  // the narrow atom's panels
@@ -326,7 +328,8 @@ TEST_CASE("conv2d: f32 groups of 32 or fewer output channels (mod 64) take the 3
   if constexpr (arch::has_pair_atom) CHECK_FALSE(detail::conv_narrow<bf16>(32));  // the bf16 pair atom is 32 columns wide already
 }
 
-TEST_CASE("conv2d with a prepacked filter gives the bits of conv2d with the plain filter (both layouts, f32 and bf16, host and card)", "[ops][conv]") {
+TEST_CASE("conv2d with a prepacked filter gives the bits of conv2d with the plain filter (both layouts, f32 and bf16, host and card)",
+          "[ops][conv]") {
   host_device two(2);
   executor ex(2);
   emu::card_spec spec;
@@ -413,8 +416,8 @@ TEST_CASE("conv2d: folding an inference batch norm into the filter and bias matc
     bad += std::fabs(double(y[i]) - want) > 1e-5 * (sc * mag[i] + std::fabs(want) + 1.0);
   }
   CHECK(bad == 0);
-  CHECK_THROWS_MATCHES(fold_batchnorm(filter<float>{wf.data(), d.f}, b, std::span<const float>(gamma_).first(3), beta, mean, var, eps, bf), conv_error,
-                       is_error(errc::invalid_argument, "conv", "per-channel"));
+  CHECK_THROWS_MATCHES(fold_batchnorm(filter<float>{wf.data(), d.f}, b, std::span<const float>(gamma_).first(3), beta, mean, var, eps, bf),
+                       conv_error, is_error(errc::invalid_argument, "conv", "per-channel"));
 }
 
 namespace {
@@ -437,7 +440,8 @@ void backward_ref(const shape& s, const std::vector<T>& x, const std::vector<T>&
                 const long iy = long(oy * p.stride_h + r * p.dilation_h) - long(p.pad_top);
                 const long ix = long(ox * p.stride_w + q * p.dilation_w) - long(p.pad_left);
                 if (iy < 0 || ix < 0 || iy >= long(s.h) || ix >= long(s.w)) continue;
-                const std::size_t xi = at(p.layout, d.x, n, o / kg * cg + c, std::size_t(iy), std::size_t(ix)), wi = ((o * cg + c) * s.kh + r) * s.kw + q;
+                const std::size_t xi = at(p.layout, d.x, n, o / kg * cg + c, std::size_t(iy), std::size_t(ix)),
+                                  wi = ((o * cg + c) * s.kh + r) * s.kw + q;
                 dx[xi] += g * dbl(w[wi]);
                 dxm[xi] += std::fabs(g * dbl(w[wi]));
                 dw[wi] += g * dbl(x[xi]);
@@ -540,7 +544,8 @@ TEST_CASE("conv2d: bad geometry, shapes and buffers are typed errors", "[ops][co
   const filter_dims fd{6, 4, 3, 3};
   CHECK_NOTHROW(call(xd, fd, yd, p));
   CHECK_THROWS_MATCHES(call(xd, {6, 3, 3, 3}, yd, p), conv_error, is_error(errc::invalid_argument, "conv", "needs I = C/groups = 4"));
-  CHECK_THROWS_MATCHES(call(xd, {6, 2, 3, 3}, yd, geo(1, 1, 1, 1, 1, 1, 3)), conv_error, is_error(errc::invalid_argument, "conv", "groups 3 must divide"));
+  CHECK_THROWS_MATCHES(call(xd, {6, 2, 3, 3}, yd, geo(1, 1, 1, 1, 1, 1, 3)), conv_error,
+                       is_error(errc::invalid_argument, "conv", "groups 3 must divide"));
   CHECK_THROWS_MATCHES(call(xd, fd, yd, geo(0, 1, 1, 1, 1, 1, 1)), conv_error, is_error(errc::invalid_argument, "conv", "stride"));
   CHECK_THROWS_MATCHES(call(xd, fd, yd, geo(1, 1, 1, 1, 1, 0, 1)), conv_error, is_error(errc::invalid_argument, "conv", "dilation"));
   CHECK_THROWS_MATCHES(call(xd, fd, yd, geo(1, 1, 1, 1, 1, 1, 0)), conv_error, is_error(errc::invalid_argument, "conv", "groups"));
@@ -550,8 +555,9 @@ TEST_CASE("conv2d: bad geometry, shapes and buffers are typed errors", "[ops][co
   CHECK_THROWS_MATCHES(conv2d(dev, image<const float>{nullptr, xd}, filter<const float>{w.data(), fd}, {}, image<float>{y.data(), yd}, p), conv_error,
                        is_error(errc::invalid_argument, "conv", "null x"));
   CHECK_THROWS_AS(call({std::size_t{1} << 40, 4, std::size_t{1} << 20, 8}, fd, yd, p), tessel::error);  // size arithmetic overflows
-  CHECK_THROWS_MATCHES(conv2d_backward_data(dev, image<const float>{y.data(), {2, 6, 7, 8}}, filter<const float>{w.data(), fd}, image<float>{x.data(), xd}, p),
-                       conv_error, is_error(errc::invalid_argument, "conv", "output gradient"));
+  CHECK_THROWS_MATCHES(
+      conv2d_backward_data(dev, image<const float>{y.data(), {2, 6, 7, 8}}, filter<const float>{w.data(), fd}, image<float>{x.data(), xd}, p),
+      conv_error, is_error(errc::invalid_argument, "conv", "output gradient"));
   std::vector<float> db(5);
   CHECK_THROWS_MATCHES(conv2d_backward_bias(dev, image<const float>{y.data(), yd}, std::span<float>(db), conv_layout::nchw), conv_error,
                        is_error(errc::invalid_argument, "conv", "bias gradient has 5"));

@@ -47,8 +47,7 @@ struct gemm_case {
   std::vector<TB> B;
   std::vector<TC> C;
   std::size_t lda, ldb, ldc;
-  gemm_case(std::size_t m, std::size_t n, std::size_t k, bool a_t, bool b_t, std::size_t pad = 0)
-      : M(m), N(n), K(k), ta(a_t), tb(b_t) {
+  gemm_case(std::size_t m, std::size_t n, std::size_t k, bool a_t, bool b_t, std::size_t pad = 0) : M(m), N(n), K(k), ta(a_t), tb(b_t) {
     lda = (ta ? M : K) + pad;
     ldb = (tb ? K : N) + pad;
     ldc = N + pad;
@@ -61,8 +60,8 @@ struct gemm_case {
   }
   template <class Chain = epilogue::chain<>>
   void run(host_device& d, float alpha, float beta, const Chain& ep = {}, const gemm_scales& s = {}) {
-    gemm(d, ta ? transpose::yes : transpose::none, tb ? transpose::yes : transpose::none, M, N, K, alpha, A.data(), lda, B.data(), ldb,
-         beta, C.data(), ldc, ep, s);
+    gemm(d, ta ? transpose::yes : transpose::none, tb ? transpose::yes : transpose::none, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta,
+         C.data(), ldc, ep, s);
   }
 };
 
@@ -279,7 +278,8 @@ TEST_CASE("epilogues: every op against a scalar reference, f32/bf16/e4m3 outputs
     REQUIRE(close(run_f32(epilogue::bias(bias) | epilogue::relu), expect([&](float v, auto, auto j) { return relu(v + bias[j]); }), 0));
   }
   SECTION("bias_row | gelu_tanh") {
-    REQUIRE(close(run_f32(epilogue::bias_row(rbias) | epilogue::gelu_tanh), expect([&](float v, auto i, auto) { return gelu_tanh(v + rbias[i]); }), 1e-6f));
+    REQUIRE(close(run_f32(epilogue::bias_row(rbias) | epilogue::gelu_tanh), expect([&](float v, auto i, auto) { return gelu_tanh(v + rbias[i]); }),
+                  1e-6f));
   }
   SECTION("gelu_erf | scale") {
     REQUIRE(close(run_f32(epilogue::gelu_erf | epilogue::scale(0.5f)), expect([&](float v, auto, auto) { return gelu_erf(v) * 0.5f; }), 1e-6f));
@@ -387,8 +387,8 @@ TEST_CASE("batched and strided-batched", "[ops][gemm][batched]") {
   std::vector<float> C(batch * M * N), C2(batch * M * N);
   ref::fill_int(A, g);
   ref::fill_int(B, g);
-  gemm_strided_batched(dev2(), transpose::none, transpose::none, M, N, K, 1.0f, A.data(), K, M * K, B.data(), N, K * N, 0.0f, C.data(), N,
-                       M * N, batch);
+  gemm_strided_batched(dev2(), transpose::none, transpose::none, M, N, K, 1.0f, A.data(), K, M * K, B.data(), N, K * N, 0.0f, C.data(), N, M * N,
+                       batch);
   std::vector<const bf16*> ap, bp;
   std::vector<float*> cp;
   for (std::size_t b = 0; b < batch; ++b) {
@@ -412,7 +412,8 @@ TEST_CASE("tensor-form gemm with transposed views", "[ops][gemm]") {
   ref::fill_int(A, g);
   ref::fill_int(B, g);
   // A stored (7,5) -> op(A) = A^T (5,7); B stored (9,7) -> B^T (7,9)
-  gemm(dev2(), tensor<const float, 2>(A.data(), 7, 5).transposed(), tensor<const float, 2>(B.data(), 9, 7).transposed(), tensor<float, 2>(C.data(), 5, 9));
+  gemm(dev2(), tensor<const float, 2>(A.data(), 7, 5).transposed(), tensor<const float, 2>(B.data(), 9, 7).transposed(),
+       tensor<float, 2>(C.data(), 5, 9));
   auto r = ref::gemm(true, true, 5, 9, 7, 1.0, A.data(), 5, B.data(), 7, 0.0, C.data(), 9);
   for (std::size_t i = 0; i < C.size(); ++i) REQUIRE(C[i] == r.c[i]);
   REQUIRE_THROWS_AS(gemm(dev2(), tensor<const float, 2>(A.data(), 7, 5), tensor<const float, 2>(B.data(), 9, 7), tensor<float, 2>(C.data(), 5, 9)),
@@ -425,27 +426,31 @@ TEST_CASE("bad arguments give typed errors naming the shapes", "[ops][gemm][erro
   auto msg = [&](auto f) {
     try {
       f();
-    } catch (const gemm_error& e) {
-      return std::string(e.what());
-    }
+    } catch (const gemm_error& e) { return std::string(e.what()); }
     return std::string("no throw");
   };
   const auto N_ = transpose::none;
-  CHECK_THAT(msg([&] { gemm(d, N_, N_, 5, 5, 5, 1.0f, A.data(), 4, B.data(), 5, 0.0f, C.data(), 5); }), Catch::Contains("leading dimension of A") && Catch::Contains("(M,N,K)=(5,5,5)"));
-  CHECK_THAT(msg([&] { gemm(d, transpose::yes, N_, 6, 5, 5, 1.0f, A.data(), 5, B.data(), 5, 0.0f, C.data(), 5); }), Catch::Contains("leading dimension of A"));
+  CHECK_THAT(msg([&] { gemm(d, N_, N_, 5, 5, 5, 1.0f, A.data(), 4, B.data(), 5, 0.0f, C.data(), 5); }),
+             Catch::Contains("leading dimension of A") && Catch::Contains("(M,N,K)=(5,5,5)"));
+  CHECK_THAT(msg([&] { gemm(d, transpose::yes, N_, 6, 5, 5, 1.0f, A.data(), 5, B.data(), 5, 0.0f, C.data(), 5); }),
+             Catch::Contains("leading dimension of A"));
   CHECK_THAT(msg([&] { gemm(d, N_, N_, 5, 5, 5, 1.0f, A.data(), 5, B.data(), 3, 0.0f, C.data(), 5); }), Catch::Contains("leading dimension of B"));
   CHECK_THAT(msg([&] { gemm(d, N_, N_, 5, 5, 5, 1.0f, A.data(), 5, B.data(), 5, 0.0f, C.data(), 4); }), Catch::Contains("leading dimension of C"));
-  CHECK_THAT(msg([&] { gemm(d, N_, N_, 5, 5, 5, 1.0f, static_cast<const float*>(nullptr), 5, B.data(), 5, 0.0f, C.data(), 5); }), Catch::Contains("null A"));
-  CHECK_THAT(msg([&] { gemm(d, N_, N_, 5, 5, 5, 1.0f, A.data(), 5, B.data(), 5, 0.0f, static_cast<float*>(nullptr), 5); }), Catch::Contains("null C"));
+  CHECK_THAT(msg([&] { gemm(d, N_, N_, 5, 5, 5, 1.0f, static_cast<const float*>(nullptr), 5, B.data(), 5, 0.0f, C.data(), 5); }),
+             Catch::Contains("null A"));
+  CHECK_THAT(msg([&] { gemm(d, N_, N_, 5, 5, 5, 1.0f, A.data(), 5, B.data(), 5, 0.0f, static_cast<float*>(nullptr), 5); }),
+             Catch::Contains("null C"));
   // zero sizes accept null
   REQUIRE_NOTHROW(gemm(d, N_, N_, 0, 5, 0, 1.0f, static_cast<const float*>(nullptr), 1, B.data(), 5, 0.0f, static_cast<float*>(nullptr), 5));
   // overflowing sizes
   const std::size_t huge = std::size_t{1} << 62;
-  REQUIRE_THROWS_MATCHES(gemm(d, N_, N_, huge, 8, 8, 1.0f, A.data(), 8, B.data(), 8, 0.0f, C.data(), 8), tessel::overflow_error, is_error(errc::overflow, "size", "overflows"));
+  REQUIRE_THROWS_MATCHES(gemm(d, N_, N_, huge, 8, 8, 1.0f, A.data(), 8, B.data(), 8, 0.0f, C.data(), 8), tessel::overflow_error,
+                         is_error(errc::overflow, "size", "overflows"));
   gemm_scales s;
   std::vector<float> sa(10);
   s.a_block = sa.data();
-  CHECK_THAT(msg([&] { gemm(d, N_, N_, 5, 5, 5, 1.0f, A.data(), 5, B.data(), 5, 0.0f, C.data(), 5, epilogue::chain<>{}, s); }), Catch::Contains("block scales"));
+  CHECK_THAT(msg([&] { gemm(d, N_, N_, 5, 5, 5, 1.0f, A.data(), 5, B.data(), 5, 0.0f, C.data(), 5, epilogue::chain<>{}, s); }),
+             Catch::Contains("block scales"));
   // an empty product reads no scales: M = 0 with A's (empty) block scales null is fine (found by tessel-verify's zero-size sweep)
   s.a_block = nullptr;
   s.b_block = sa.data();
@@ -485,8 +490,8 @@ TEST_CASE("skinny bf16 rows path (M <= 3): batches, padding, partial strips, epi
       ref::fill_int(A, g);
       ref::fill_int(B, g);
       ref::fill_int(bias, g);
-      gemm_strided_batched(dev2(), transpose::none, transpose::none, M, N, K, 1.0f, A.data(), lda, M * lda, B.data(), ldb, K * ldb, 0.5f,
-                           C.data(), ldc, M * ldc, batch, epilogue::bias(bias) | epilogue::relu);
+      gemm_strided_batched(dev2(), transpose::none, transpose::none, M, N, K, 1.0f, A.data(), lda, M * lda, B.data(), ldb, K * ldb, 0.5f, C.data(),
+                           ldc, M * ldc, batch, epilogue::bias(bias) | epilogue::relu);
       for (std::size_t z = 0; z < batch; ++z) {
         auto r = ref::gemm(false, false, M, N, K, 1.0, A.data() + z * M * lda, lda, B.data() + z * K * ldb, ldb, 0.0, C.data(), ldc);
         for (std::size_t i = 0; i < M; ++i)
@@ -527,8 +532,8 @@ TEST_CASE("skinny bf16 path: integer inputs bitwise, bf16 output with bias+GELU,
       std::vector<float> C(batch * M * ldc, 1.0f);
       ref::fill_int(A, g);
       ref::fill_int(B, g);
-      gemm_strided_batched(dev2(), transpose::none, transpose::none, M, N, K, 1.0f, A.data(), lda, M * lda, B.data(), ldb, K * ldb, 2.0f,
-                           C.data(), ldc, M * ldc, batch);
+      gemm_strided_batched(dev2(), transpose::none, transpose::none, M, N, K, 1.0f, A.data(), lda, M * lda, B.data(), ldb, K * ldb, 2.0f, C.data(),
+                           ldc, M * ldc, batch);
       for (std::size_t z = 0; z < batch; ++z) {
         std::vector<float> Cz(M * ldc, 1.0f);
         auto r = ref::gemm(false, false, M, N, K, 1.0, A.data() + z * M * lda, lda, B.data() + z * K * ldb, ldb, 2.0, Cz.data(), ldc);
@@ -612,8 +617,8 @@ TEST_CASE("split K: epilogue and bf16 output after the reduction, 1 vs 2 threads
 
 TEST_CASE("split K is a function of the shape: never for shallow K or many tiles, splits are whole K chunks", "[ops][gemm][split_k]") {
   using cfg = detail::gemm_config<float, float>;
-  CHECK(detail::gemm_k_split<float, float>(128, 128, 1000) == 0);     // one split's worth
-  CHECK(detail::gemm_k_split<float, float>(1024, 1024, 8192) == 0);   // enough tiles already
+  CHECK(detail::gemm_k_split<float, float>(128, 128, 1000) == 0);    // one split's worth
+  CHECK(detail::gemm_k_split<float, float>(1024, 1024, 8192) == 0);  // enough tiles already
   CHECK(detail::gemm_k_split<float, float>(128, 128, 0) == 0);
   for (std::size_t K : {2048, 4096, 5000, 65536}) {
     const std::size_t s = detail::gemm_k_split<float, float>(128, 128, K);
@@ -665,8 +670,13 @@ TEMPLATE_TEST_CASE("packed tiles: stale scratch from an earlier product never re
           for (auto& x : big.B) x = TestType(std::numeric_limits<float>::quiet_NaN());
           big.run(*d, 1.0f, 0.0f);
         }
-        for (auto [M, N, K] : {std::tuple<std::size_t, std::size_t, std::size_t>{200, 300, 1}, {200, 300, 3}, {150, 37, 9}, {130, 300, chunk + 1},
-                               {5, 1100, 9}, {5, 1100, 73}, {100, 520, 2}}) {
+        for (auto [M, N, K] : {std::tuple<std::size_t, std::size_t, std::size_t>{200, 300, 1},
+                               {200, 300, 3},
+                               {150, 37, 9},
+                               {130, 300, chunk + 1},
+                               {5, 1100, 9},
+                               {5, 1100, 73},
+                               {100, 520, 2}}) {
           gemm_case<TestType, TestType, float> c(M, N, K, ta, tb);
           ref::fill_int(c.A, g);
           ref::fill_int(c.B, g);
@@ -828,8 +838,8 @@ TEMPLATE_TEST_CASE("transposed A packed once for all column blocks: same bits as
       REQUIRE(check_bound(c.C, c.ldc, r, M, N, K) == 0);
       // the first column block alone (N = NB): per-block packing
       std::vector<float> one(M * cfg::NB);
-      gemm(dev2(), transpose::yes, tb ? transpose::yes : transpose::none, M, cfg::NB, K, 1.0f, c.A.data(), c.lda, c.B.data(), c.ldb, 0.0f,
-           one.data(), cfg::NB);
+      gemm(dev2(), transpose::yes, tb ? transpose::yes : transpose::none, M, cfg::NB, K, 1.0f, c.A.data(), c.lda, c.B.data(), c.ldb, 0.0f, one.data(),
+           cfg::NB);
       for (std::size_t i = 0; i < M; ++i) REQUIRE(std::memcmp(one.data() + i * cfg::NB, c.C.data() + i * c.ldc, cfg::NB * sizeof(float)) == 0);
       gemm_case<TestType, TestType, float> n(M, N, K, true, tb);
       ref::fill_int(n.A, g, 2);
@@ -869,7 +879,8 @@ void check_direct_integers(std::mt19937& g, std::size_t M, std::size_t N, std::s
 // Real values, plain (alpha 1, beta 0, no epilogue: the atoms write C): 1 vs 2 threads bitwise and
 // within gamma_K of the fp64 reference. Returns the case for further checks on its operands.
 template <class T>
-gemm_case<T, T, float> check_direct_reals(std::mt19937& g, std::size_t M, std::size_t N, std::size_t K, bool ta, bool tb, ref::gemm_result* reference = nullptr) {
+gemm_case<T, T, float> check_direct_reals(std::mt19937& g, std::size_t M, std::size_t N, std::size_t K, bool ta, bool tb,
+                                          ref::gemm_result* reference = nullptr) {
   gemm_case<T, T, float> p(M, N, K, ta, tb);
   ref::fill_real(p.A, g);
   ref::fill_real(p.B, g);
@@ -908,8 +919,13 @@ TEMPLATE_TEST_CASE("direct path: shallow products of any size, rows shared out o
 // direct path reads a row-major B by rows (M = 1, NN: a GEMV).
 TEST_CASE("direct path: skinny bf16 dots over a transposed B, columns shared out over blocks", "[ops][gemm][direct]") {
   std::mt19937 g(83);
-  for (auto [M, N, K] : {std::tuple<std::size_t, std::size_t, std::size_t>{1, 1000, 512}, {2, 2816, 100}, {3, 17, 33}, {5, 513, 1408},
-                         {8, 300, 4096}, {16, 700, 255}, {1, 1, 8192}}) {
+  for (auto [M, N, K] : {std::tuple<std::size_t, std::size_t, std::size_t>{1, 1000, 512},
+                         {2, 2816, 100},
+                         {3, 17, 33},
+                         {5, 513, 1408},
+                         {8, 300, 4096},
+                         {16, 700, 255},
+                         {1, 1, 8192}}) {
     INFO("M=" << M << " N=" << N << " K=" << K);
     check_direct_integers<bf16>(g, M, N, K, false, true, false, 3);
     // real values, plain (the atoms write C), bf16 output too
@@ -923,18 +939,23 @@ TEST_CASE("direct path: skinny bf16 dots over a transposed B, columns shared out
   }
   // f32 GEMV-like products: the row-major B read by rows, a transposed B by dots, where they lie
   for (bool tb : {false, true})
-  for (auto [M, N, K] : {std::tuple<std::size_t, std::size_t, std::size_t>{1, 1536, 512}, {2, 64, 700}, {1, 15, 100}, {2, 2100, 2048}, {16, 700, 300}, {9, 33, 4096}}) {
-    INFO("f32 M=" << M << " N=" << N << " K=" << K << " tb=" << tb);
-    gemm_case<float, float, float> c(M, N, K, false, tb, 1);
-    ref::fill_int(c.A, g, 2);
-    ref::fill_int(c.B, g, 2);
-    auto c1 = c;
-    auto r = ref::gemm(false, tb, M, N, K, 1.0, c.A.data(), c.lda, c.B.data(), c.ldb, 0.0, c.C.data(), c.ldc);
-    c.run(dev2(), 1.0f, 0.0f);
-    c1.run(dev1(), 1.0f, 0.0f);
-    REQUIRE(std::memcmp(c.C.data(), c1.C.data(), c.C.size() * sizeof(float)) == 0);
-    REQUIRE(check_exact(c.C, c.ldc, r, M, N) == 0);
-  }
+    for (auto [M, N, K] : {std::tuple<std::size_t, std::size_t, std::size_t>{1, 1536, 512},
+                           {2, 64, 700},
+                           {1, 15, 100},
+                           {2, 2100, 2048},
+                           {16, 700, 300},
+                           {9, 33, 4096}}) {
+      INFO("f32 M=" << M << " N=" << N << " K=" << K << " tb=" << tb);
+      gemm_case<float, float, float> c(M, N, K, false, tb, 1);
+      ref::fill_int(c.A, g, 2);
+      ref::fill_int(c.B, g, 2);
+      auto c1 = c;
+      auto r = ref::gemm(false, tb, M, N, K, 1.0, c.A.data(), c.lda, c.B.data(), c.ldb, 0.0, c.C.data(), c.ldc);
+      c.run(dev2(), 1.0f, 0.0f);
+      c1.run(dev1(), 1.0f, 0.0f);
+      REQUIRE(std::memcmp(c.C.data(), c1.C.data(), c.C.size() * sizeof(float)) == 0);
+      REQUIRE(check_exact(c.C, c.ldc, r, M, N) == 0);
+    }
 }
 
 // A narrow C (N <= 4) of any size takes the direct path, its rows shared out over blocks; a
@@ -944,7 +965,8 @@ TEMPLATE_TEST_CASE("direct path: narrow C from a matrix times a few vectors, eve
   std::mt19937 g(85);
   for (bool ta : {false, true})
     for (bool tb : {false, true})
-      for (auto [M, N, K] : {std::tuple<std::size_t, std::size_t, std::size_t>{3000, 1, 700}, {1002, 4, 2496}, {63, 1, 2109}, {517, 3, 33}, {20, 2, 5000}}) {
+      for (auto [M, N, K] :
+           {std::tuple<std::size_t, std::size_t, std::size_t>{3000, 1, 700}, {1002, 4, 2496}, {63, 1, 2109}, {517, 3, 33}, {20, 2, 5000}}) {
         INFO("M=" << M << " N=" << N << " K=" << K << " ta=" << ta << " tb=" << tb);
         check_direct_integers<TestType>(g, M, N, K, ta, tb, true, 2);
         check_direct_reals<TestType>(g, M, N, K, ta, tb);

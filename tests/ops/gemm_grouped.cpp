@@ -15,8 +15,6 @@
 #include "error_match.hpp"
 #include "host_devices.hpp"
 
-
-
 namespace tessel_test_ops_gemm_grouped {
 
 using tessel_test::is_error;
@@ -47,12 +45,21 @@ struct product {
     C.resize(M * ldc);
   }
   gemm_problem<T, T, TC> problem() {
-    return {ta ? transpose::yes : transpose::none, tb ? transpose::yes : transpose::none, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta,
-            C.data(), ldc};
+    return {ta ? transpose::yes : transpose::none,
+            tb ? transpose::yes : transpose::none,
+            M,
+            N,
+            K,
+            alpha,
+            A.data(),
+            lda,
+            B.data(),
+            ldb,
+            beta,
+            C.data(),
+            ldc};
   }
-  ref::gemm_result reference() const {
-    return ref::gemm(ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, C0.data(), ldc);
-  }
+  ref::gemm_result reference() const { return ref::gemm(ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, C0.data(), ldc); }
 };
 
 template <class T, class TC>
@@ -82,8 +89,8 @@ std::size_t violations(const std::vector<TC>& C, std::size_t ldc, const ref::gem
 // products, K = 0 and K across chunks, alpha/beta.
 template <class T, class TC>
 std::vector<product<T, TC>> mixed_group(std::mt19937& g, bool integers) {
-  const std::size_t shapes[][3] = {{0, 5, 7},   {1, 1, 1},    {7, 33, 0},   {31, 97, 129}, {33, 260, 61}, {97, 31, 1},
-                                   {131, 7, 300}, {200, 300, 700}, {5, 1100, 37}, {73, 257, 2100}, {300, 0, 9},  {149, 151, 157}};
+  const std::size_t shapes[][3] = {{0, 5, 7},     {1, 1, 1},       {7, 33, 0},    {31, 97, 129},   {33, 260, 61}, {97, 31, 1},
+                                   {131, 7, 300}, {200, 300, 700}, {5, 1100, 37}, {73, 257, 2100}, {300, 0, 9},   {149, 151, 157}};
   std::vector<product<T, TC>> ps;
   std::size_t i = 0;
   for (const auto& s : shapes) {
@@ -146,7 +153,8 @@ TEMPLATE_TEST_CASE("grouped GEMM: bits independent of the thread count and of th
   }
 }
 
-TEMPLATE_TEST_CASE("grouped GEMM: an emulated card gives the host's bits (transposed A's packed once included)", "[ops][gemm][grouped]", float, bf16) {
+TEMPLATE_TEST_CASE("grouped GEMM: an emulated card gives the host's bits (transposed A's packed once included)", "[ops][gemm][grouped]", float,
+                   bf16) {
   std::mt19937 g(16);
   auto ps = mixed_group<TestType, float>(g, false);
   ps.emplace_back(150, 700, 900, true, false);  // several column blocks: A packed once for them
@@ -202,8 +210,9 @@ TEMPLATE_TEST_CASE("grouped GEMM: gemm's bits on the packed path, epilogue per p
 TEST_CASE("grouped GEMM: an empty group and empty products do nothing", "[ops][gemm][grouped]") {
   REQUIRE_NOTHROW(gemm_grouped(host(2), std::vector<gemm_problem<float, float, float>>{}));
   std::vector<float> C(4, 7.0f);
-  const std::vector<gemm_problem<float, float, float>> q{{transpose::none, transpose::none, 0, 4, 0, 1.0f, nullptr, 1, nullptr, 4, 0.0f, nullptr, 4},
-                                                         {transpose::none, transpose::none, 2, 2, 0, 1.0f, nullptr, 1, nullptr, 2, 0.5f, C.data(), 2}};
+  const std::vector<gemm_problem<float, float, float>> q{
+      {transpose::none, transpose::none, 0, 4, 0, 1.0f, nullptr, 1, nullptr, 4, 0.0f, nullptr, 4},
+      {transpose::none, transpose::none, 2, 2, 0, 1.0f, nullptr, 1, nullptr, 2, 0.5f, C.data(), 2}};
   gemm_grouped(host(2), q);
   CHECK(C == std::vector<float>{3.5f, 3.5f, 3.5f, 3.5f});  // K = 0: beta·C
 }
@@ -253,7 +262,8 @@ TEST_CASE("gemm_problem_of: tensor views (transposed or not) as grouped products
   std::vector<float> C(M * N);
   CHECK_THROWS_MATCHES(gemm_problem_of(every_other, tensor<const float, 2>(B.data(), K / 2, N), tensor<float, 2>(C.data(), M / 2, N)), gemm_error,
                        is_error(errc::invalid_argument, "gemm", "neither unit row nor unit column stride"));
-  CHECK_THROWS_MATCHES(gemm_problem_of(a, a, tensor<float, 2>(C.data(), M, K)), gemm_error, is_error(errc::invalid_argument, "gemm", "mismatched shapes"));
+  CHECK_THROWS_MATCHES(gemm_problem_of(a, a, tensor<float, 2>(C.data(), M, K)), gemm_error,
+                       is_error(errc::invalid_argument, "gemm", "mismatched shapes"));
 }
 
 TEST_CASE("grouped GEMM program declares its cost (costed_program)", "[ops][gemm][grouped]") {

@@ -95,7 +95,8 @@ TEMPLATE_TEST_CASE("every candidate plan gives the heuristic's bits", "[ops][gem
   // packed-path shapes: ragged row and column blocks, a prime, a split-K depth, a transposed A
   // packed once (N > 256), and one with a single row slab
   // and narrow ones that run as their transpose (N <= 32) or may (N <= 64)
-  const std::vector<shape> shapes = {{150, 300, 70}, {257, 521, 131}, {73, 600, 97}, {144, 130, 2100}, {400, 96, 64}, {600, 8, 300}, {700, 24, 130}, {300, 61, 90}};
+  const std::vector<shape> shapes = {{150, 300, 70}, {257, 521, 131}, {73, 600, 97},  {144, 130, 2100},
+                                     {400, 96, 64},  {600, 8, 300},   {700, 24, 130}, {300, 61, 90}};
   for (const auto& s : shapes)
     for (int t = 0; t < 4; ++t) {
       const bool ta = t & 1, tb = t & 2;
@@ -110,14 +111,15 @@ TEMPLATE_TEST_CASE("every candidate plan gives the heuristic's bits", "[ops][gem
         for (const gemm_plan& plan : detail::gemm_tune_candidates(key_of(ta, tb, s.M, s.N, s.K, threads))) {
           gemm_plan applied;
           const auto c = run(threads, ta, tb, s.M, s.N, s.K, a, b, &plan, &applied);
-          INFO(s.M << "x" << s.N << "x" << s.K << " ta " << ta << " tb " << tb << " threads " << threads << " plan rows " << plan.block_rows << " pack "
-                   << plan.pack_a << " calling " << plan.calling_thread);
+          INFO(s.M << "x" << s.N << "x" << s.K << " ta " << ta << " tb " << tb << " threads " << threads << " plan rows " << plan.block_rows
+                   << " pack " << plan.pack_a << " calling " << plan.calling_thread);
           CHECK(std::memcmp(c.data(), ref.data(), ref.size() * sizeof(float)) == 0);
           // (rows of C, or of Cᵀ when the product ran as its transpose)
           if (plan.block_rows > 0) CHECK(applied.block_rows == std::min(plan.block_rows, ((applied.swap == 1 ? s.N : s.M) + 71) / 72 * 72));
           if (plan.pack_a >= 0 && ta && applied.pack_a != -1) CHECK(applied.pack_a == plan.pack_a);  // (-1: the split-K path packs in its blocks)
           if (plan.calling_thread) CHECK(applied.calling_thread);
-          if (plan.swap == 1) CHECK(applied.swap == int(detail::gemm_swappable<TestType, TestType>(s.M, s.N, s.K)));  // (not on the skinny or split-K paths)
+          if (plan.swap == 1)
+            CHECK(applied.swap == int(detail::gemm_swappable<TestType, TestType>(s.M, s.N, s.K)));  // (not on the skinny or split-K paths)
           if (plan.swap == 0) CHECK(applied.swap == 0);
         }
       }
@@ -155,8 +157,8 @@ TEST_CASE("a narrow product run as its transpose: alpha, beta, the epilogue and 
           for (std::size_t i = 0; i < c.size(); ++i) c[i] = TO(c0[i % c0.size()]);
           const gemm_plan plan{0, -1, false, swap};
           detail::gemm_plan_forced = &plan;
-          gemm(host(threads), ta ? transpose::yes : transpose::none, tb ? transpose::yes : transpose::none, M, N, K, 0.75f, x.data(), ta ? M : K, y.data(),
-               tb ? K : N, 0.5f, c.data(), N + 5, epilogue::bias(bias) | epilogue::bias_row(rbias) | epilogue::gelu_tanh);
+          gemm(host(threads), ta ? transpose::yes : transpose::none, tb ? transpose::yes : transpose::none, M, N, K, 0.75f, x.data(), ta ? M : K,
+               y.data(), tb ? K : N, 0.5f, c.data(), N + 5, epilogue::bias(bias) | epilogue::bias_row(rbias) | epilogue::gelu_tanh);
           detail::gemm_plan_forced = nullptr;
           CHECK(detail::gemm_plan_applied.swap == swap);
           return c;
@@ -179,8 +181,8 @@ TEST_CASE("a recorded plan is the plan a GEMM runs, and only for its own problem
   const gemm_plan plan{144, -1, true};
   set_gemm_plan(key_of(false, true, M, N, K, 2), plan);
   REQUIRE(find_gemm_plan(key_of(false, true, M, N, K, 2)) == plan);
-  CHECK_FALSE(find_gemm_plan(key_of(false, true, M, N, K, 1)));  // another worker count
-  CHECK_FALSE(find_gemm_plan(key_of(false, false, M, N, K, 2)));  // another transpose
+  CHECK_FALSE(find_gemm_plan(key_of(false, true, M, N, K, 1)));               // another worker count
+  CHECK_FALSE(find_gemm_plan(key_of(false, false, M, N, K, 2)));              // another transpose
   CHECK_FALSE(find_gemm_plan(key_of(false, true, M, N, K, 2, dtype::bf16)));  // other types
   gemm_plan applied;
   const auto c = run(2, false, true, M, N, K, a, b, nullptr, &applied);
@@ -196,9 +198,12 @@ TEST_CASE("a recorded plan is the plan a GEMM runs, and only for its own problem
                        is_error(errc::invalid_argument, "gemm", "multiple of 72"));
   CHECK_THROWS_MATCHES(set_gemm_plan(key_of(false, true, M, N, K, 2), gemm_plan{72 * 30, -1, false}), gemm_error,
                        is_error(errc::invalid_argument, "gemm", "multiple of 72"));
-  CHECK_THROWS_MATCHES(set_gemm_plan(key_of(false, true, M, N, K, 2), gemm_plan{72, 2, false}), gemm_error, is_error(errc::invalid_argument, "gemm", "pack_a"));
-  CHECK_THROWS_MATCHES(set_gemm_plan(key_of(false, true, M, N, K, 2), gemm_plan{72, 1, false, 3}), gemm_error, is_error(errc::invalid_argument, "gemm", "swap"));
-  CHECK_THROWS_MATCHES(set_gemm_plan(key_of(false, true, 0, N, K, 2), gemm_plan{72, 1, false}), gemm_error, is_error(errc::invalid_argument, "gemm", "M, N, K"));
+  CHECK_THROWS_MATCHES(set_gemm_plan(key_of(false, true, M, N, K, 2), gemm_plan{72, 2, false}), gemm_error,
+                       is_error(errc::invalid_argument, "gemm", "pack_a"));
+  CHECK_THROWS_MATCHES(set_gemm_plan(key_of(false, true, M, N, K, 2), gemm_plan{72, 1, false, 3}), gemm_error,
+                       is_error(errc::invalid_argument, "gemm", "swap"));
+  CHECK_THROWS_MATCHES(set_gemm_plan(key_of(false, true, 0, N, K, 2), gemm_plan{72, 1, false}), gemm_error,
+                       is_error(errc::invalid_argument, "gemm", "M, N, K"));
 }
 
 TEST_CASE("the tuning cache: present, absent, stale, corrupt, off", "[ops][gemm_tune]") {
@@ -316,10 +321,10 @@ TEST_CASE("the tuning cache: present, absent, stale, corrupt, off", "[ops][gemm_
 TEST_CASE("the tuner times distinct blockings and records only a real gain", "[ops][gemm_tune]") {
   clean_table clean;
   const std::vector<gemm_tune_problem> problems = {
-      {transpose::none, transpose::none, 8, 8, 8},          // direct path: nothing to tune
-      {transpose::yes, transpose::none, 200, 300, 150},     // transposed A: pack-once candidates
-      {transpose::none, transpose::yes, 384, 384, 96},      // ragged column blocks
-      {transpose::none, transpose::none, 0, 5, 5},          // empty
+      {transpose::none, transpose::none, 8, 8, 8},       // direct path: nothing to tune
+      {transpose::yes, transpose::none, 200, 300, 150},  // transposed A: pack-once candidates
+      {transpose::none, transpose::yes, 384, 384, 96},   // ragged column blocks
+      {transpose::none, transpose::none, 0, 5, 5},       // empty
   };
   gemm_tune_options opt;
   opt.rounds = 2;

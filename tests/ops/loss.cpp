@@ -24,9 +24,13 @@ using namespace tessel;
 
 namespace {
 template <class T>
-tensor<const T, 2> cview(const std::vector<T>& v, std::size_t r, std::size_t c) { return tensor<const T, 2>(v.data(), r, c); }
+tensor<const T, 2> cview(const std::vector<T>& v, std::size_t r, std::size_t c) {
+  return tensor<const T, 2>(v.data(), r, c);
+}
 template <class T>
-tensor<T, 2> view(std::vector<T>& v, std::size_t r, std::size_t c) { return tensor<T, 2>(v.data(), r, c); }
+tensor<T, 2> view(std::vector<T>& v, std::size_t r, std::size_t c) {
+  return tensor<T, 2>(v.data(), r, c);
+}
 }  // namespace
 
 TEST_CASE("cross-entropy loss and gradient match fp64", "[ops][loss]") {
@@ -64,7 +68,8 @@ TEST_CASE("cross-entropy loss and gradient match fp64", "[ops][loss]") {
           p[r * V + j] += h;
           m[r * V + j] -= h;
           const double fdv = (train_ref::cross_entropy(p.data() + r * V, V, std::size_t(labels[r]), eps) -
-                              train_ref::cross_entropy(m.data() + r * V, V, std::size_t(labels[r]), eps)) / (2 * h) / double(rows - 1);
+                              train_ref::cross_entropy(m.data() + r * V, V, std::size_t(labels[r]), eps)) /
+                             (2 * h) / double(rows - 1);
           CHECK(std::fabs(g[r * V + j] - fdv) < 1e-6 + 1e-4 * std::fabs(fdv));
         }
       }
@@ -82,9 +87,11 @@ TEST_CASE("cross-entropy bad input writes nothing", "[ops][loss]") {
   const std::size_t rows = 3, V = 5;
   std::vector<float> z(rows * V, 1.0f), g(rows * V, 7.0f);
   std::vector<std::int64_t> labels = {0, 5, 1};
-  CHECK_THROWS_MATCHES(cross_entropy(dev, cview(z, rows, V), labels, view(g, rows, V)), layer_error, is_error(errc::out_of_range, "layers", "cross_entropy: label"));
+  CHECK_THROWS_MATCHES(cross_entropy(dev, cview(z, rows, V), labels, view(g, rows, V)), layer_error,
+                       is_error(errc::out_of_range, "layers", "cross_entropy: label"));
   labels[1] = -3;
-  CHECK_THROWS_MATCHES(cross_entropy(dev, cview(z, rows, V), labels, view(g, rows, V)), layer_error, is_error(errc::out_of_range, "layers", "cross_entropy: label"));
+  CHECK_THROWS_MATCHES(cross_entropy(dev, cview(z, rows, V), labels, view(g, rows, V)), layer_error,
+                       is_error(errc::out_of_range, "layers", "cross_entropy: label"));
   for (float v : g) CHECK(v == 7.0f);
   std::vector<std::int64_t> short_labels = {0, 1};
   CHECK_THROWS_AS(cross_entropy(dev, cview(z, rows, V), short_labels, view(g, rows, V)), layer_error);

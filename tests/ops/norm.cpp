@@ -24,9 +24,13 @@ using namespace tessel;
 
 namespace {
 template <class T>
-tensor<const T, 2> cview(const std::vector<T>& v, std::size_t r, std::size_t c) { return tensor<const T, 2>(v.data(), r, c); }
+tensor<const T, 2> cview(const std::vector<T>& v, std::size_t r, std::size_t c) {
+  return tensor<const T, 2>(v.data(), r, c);
+}
 template <class T>
-tensor<T, 2> view(std::vector<T>& v, std::size_t r, std::size_t c) { return tensor<T, 2>(v.data(), r, c); }
+tensor<T, 2> view(std::vector<T>& v, std::size_t r, std::size_t c) {
+  return tensor<T, 2>(v.data(), r, c);
+}
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
@@ -105,8 +109,10 @@ TEST_CASE("norm backward agrees with fp64 finite differences, param grads are th
     for (auto& e : x) e += 0.5f;
     std::vector<float> y(rows * n), mean(rows), rstd(rows), dx(rows * n), dw(n), db(n);
     host_device d1(1), d2(2);
-    if (rms) rmsnorm_forward(d1, cview(x, rows, n), w, view(y, rows, n), rstd);
-    else layernorm_forward(d1, cview(x, rows, n), w, b, view(y, rows, n), mean, rstd);
+    if (rms)
+      rmsnorm_forward(d1, cview(x, rows, n), w, view(y, rows, n), rstd);
+    else
+      layernorm_forward(d1, cview(x, rows, n), w, b, view(y, rows, n), mean, rstd);
     if (rms)
       rmsnorm_backward(d1, cview(dy, rows, n), cview(x, rows, n), w, rstd, view(dx, rows, n), dw, {}, cview(dres, rows, n));
     else
@@ -152,11 +158,15 @@ TEST_CASE("norm backward agrees with fp64 finite differences, param grads are th
     const std::size_t R = 300, N = 257;
     auto X = train_ref::randn(R * N, 20), DY = train_ref::randn(R * N, 21);
     std::vector<float> Y(R * N), M(R), RS(R), DX1(R * N), DX2(R * N), DW1(N), DW2(N), DB1(N), DB2(N), W2(N, 1.0f), B2(N, 0.0f);
-    if (rms) rmsnorm_forward(d1, cview(X, R, N), W2, view(Y, R, N), RS);
-    else layernorm_forward(d1, cview(X, R, N), W2, B2, view(Y, R, N), M, RS);
+    if (rms)
+      rmsnorm_forward(d1, cview(X, R, N), W2, view(Y, R, N), RS);
+    else
+      layernorm_forward(d1, cview(X, R, N), W2, B2, view(Y, R, N), M, RS);
     auto bwd = [&](host_device& d, std::vector<float>& dxo, std::vector<float>& dwo, std::vector<float>& dbo, const norm_options& o) {
-      if (rms) rmsnorm_backward(d, cview(DY, R, N), cview(X, R, N), W2, RS, view(dxo, R, N), dwo, o);
-      else layernorm_backward(d, cview(DY, R, N), cview(X, R, N), W2, M, RS, view(dxo, R, N), dwo, dbo, o);
+      if (rms)
+        rmsnorm_backward(d, cview(DY, R, N), cview(X, R, N), W2, RS, view(dxo, R, N), dwo, o);
+      else
+        layernorm_backward(d, cview(DY, R, N), cview(X, R, N), W2, M, RS, view(dxo, R, N), dwo, dbo, o);
     };
     bwd(d1, DX1, DW1, DB1, {});
     bwd(d2, DX2, DW2, DB2, {});
@@ -175,15 +185,18 @@ TEST_CASE("norm rows in a pipelined block equal rows computed alone, and the Lay
   for (bool rms : {false, true}) {
     for (std::size_t n : {7u, 64u, 1000u}) {
       const std::size_t rows = 12;
-      auto x = train_ref::randn(rows * n, 70 + n, 1.0f), res = train_ref::randn(rows * n, 71 + n), w = train_ref::randn(n, 72), b = train_ref::randn(n, 73);
+      auto x = train_ref::randn(rows * n, 70 + n, 1.0f), res = train_ref::randn(rows * n, 71 + n), w = train_ref::randn(n, 72),
+           b = train_ref::randn(n, 73);
       for (std::size_t j = 0; j < n; ++j) x[3 * n + j] += 1.0e4f;  // a mean far from zero, first value near it
-      x[5 * n] = 50.0f;                                              // an outlier first value: the exact two-pass variance
+      x[5 * n] = 50.0f;                                            // an outlier first value: the exact two-pass variance
       std::vector<bf16> xb(rows * n), rb(rows * n), yb(rows * n), hb(rows * n), yb1(n), hb1(n);
       for (std::size_t i = 0; i < x.size(); ++i) xb[i] = bf16(x[i]), rb[i] = bf16(res[i]);
       std::vector<float> y(rows * n), rs(rows), mu(rows), y1(n), rs1(1), mu1(1);
       auto fwd = [&](auto xin, auto yout, std::span<float> m, std::span<float> r, auto rin, auto hout) {
-        if (rms) rmsnorm_forward(dev, xin, w, yout, r, {}, rin, hout);
-        else layernorm_forward(dev, xin, w, b, yout, m, r, {}, rin, hout);
+        if (rms)
+          rmsnorm_forward(dev, xin, w, yout, r, {}, rin, hout);
+        else
+          layernorm_forward(dev, xin, w, b, yout, m, r, {}, rin, hout);
       };
       fwd(cview(x, rows, n), view(y, rows, n), std::span<float>(mu), std::span<float>(rs), tensor<const float, 2>{}, tensor<float, 2>{});
       fwd(cview(xb, rows, n), view(yb, rows, n), std::span<float>{}, std::span<float>{}, cview(rb, rows, n), view(hb, rows, n));
@@ -222,7 +235,8 @@ TEST_CASE("norm bad input is a typed error", "[ops][norm]") {
   norm_options bad;
   bad.eps = std::numeric_limits<float>::quiet_NaN();
   CHECK_THROWS_MATCHES(rmsnorm_forward(dev, cview(x, 3, 4), w, view(y, 3, 4), rs, bad), layer_error, is_error(errc::invalid_argument, "layers"));
-  CHECK_THROWS_AS(rmsnorm_backward(dev, cview(x, 3, 4), cview(x, 3, 4), w, std::span<const float>(wrong), view(y, 3, 4), std::span<float>(w)), layer_error);
+  CHECK_THROWS_AS(rmsnorm_backward(dev, cview(x, 3, 4), cview(x, 3, 4), w, std::span<const float>(wrong), view(y, 3, 4), std::span<float>(w)),
+                  layer_error);
 }
 
 TEST_CASE("norm bf16 outputs holding NaN and subnormal values are the rounding of the f32 outputs", "[ops][norm]") {
@@ -231,7 +245,7 @@ TEST_CASE("norm bf16 outputs holding NaN and subnormal values are the rounding o
   host_device dev(2);
   const std::size_t rows = 7, n = 200;
   auto x = train_ref::randn(rows * n, 90, 1.0f), w = train_ref::randn(n, 91);
-  for (std::size_t j = 0; j < 70; ++j) w[j] *= 1e-39f;  // subnormal outputs in the first columns
+  for (std::size_t j = 0; j < 70; ++j) w[j] *= 1e-39f;      // subnormal outputs in the first columns
   x[2 * n + 45] = std::numeric_limits<float>::quiet_NaN();  // a NaN row
   for (bool rms : {false, true}) {
     std::vector<float> y(rows * n), rs(rows), mu(rows);

@@ -125,7 +125,8 @@ TEST_CASE("sgd momentum / nesterov and lion equal the reference bitwise", "[ops]
       if (h.momentum == 0.0f)
         for (auto& t : ts) t.m = {};
       sgd_step(dev, std::span<const optim_tensor<float, float>>(ts), h, step);
-      for (std::size_t k = 0; k < r.p.size(); ++k) train_ref::sgd(r.p[k], r.g[k], r.m[k], h.lr, h.momentum, h.dampening, h.weight_decay, h.nesterov, step, 1.0f);
+      for (std::size_t k = 0; k < r.p.size(); ++k)
+        train_ref::sgd(r.p[k], r.g[k], r.m[k], h.lr, h.momentum, h.dampening, h.weight_decay, h.nesterov, step, 1.0f);
     }
     for (std::size_t k = 0; k < r.p.size(); ++k) CHECK(same_bits(a.p[k], r.p[k]));
   }
@@ -212,8 +213,14 @@ TEST_CASE("bf16 optimizer state rounds the moments once after the update", "[ops
   std::vector<std::vector<bf16>> mb(r.p.size()), vb(r.p.size());
   std::vector<std::vector<float>> p = r.p;
   for (std::size_t k = 0; k < r.p.size(); ++k) {
-    for (auto& x : r.m[k]) { x = train_ref::bf16_round(x); mb[k].push_back(bf16(x)); }
-    for (auto& x : r.v[k]) { x = train_ref::bf16_round(x); vb[k].push_back(bf16(x)); }
+    for (auto& x : r.m[k]) {
+      x = train_ref::bf16_round(x);
+      mb[k].push_back(bf16(x));
+    }
+    for (auto& x : r.v[k]) {
+      x = train_ref::bf16_round(x);
+      vb[k].push_back(bf16(x));
+    }
   }
   adamw_params h;
   std::vector<optim_tensor<bf16, float>> ts(r.p.size());
@@ -228,8 +235,7 @@ TEST_CASE("bf16 optimizer state rounds the moments once after the update", "[ops
     train_ref::adamw(r.p[k], r.g[k], r.m[k], r.v[k], r.vm[k], {h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, false}, 1, 1.0f);
     CHECK(same_bits(p[k], r.p[k]));
     bool ok = true;
-    for (std::size_t i = 0; i < p[k].size(); ++i)
-      ok = ok && mb[k][i].bits() == bf16(r.m[k][i]).bits() && vb[k][i].bits() == bf16(r.v[k][i]).bits();
+    for (std::size_t i = 0; i < p[k].size(); ++i) ok = ok && mb[k][i].bits() == bf16(r.m[k][i]).bits() && vb[k][i].bits() == bf16(r.v[k][i]).bits();
     CHECK(ok);
   }
 }

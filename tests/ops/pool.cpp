@@ -142,8 +142,10 @@ std::vector<double> pool_ref(const shape& s, pool_kind kind, const std::vector<T
           for (auto [iy, ix] : w.taps) {
             const std::size_t i = at(l, s.x, n, c, std::size_t(iy), std::size_t(ix));
             const double v = dbl(x[i]);
-            if (kind == pool_kind::average) acc += v;
-            else if (v > acc) acc = v, best = i;
+            if (kind == pool_kind::average)
+              acc += v;
+            else if (v > acc)
+              acc = v, best = i;
           }
           if (kind == pool_kind::average) acc /= double(s.p.count_include_pad ? w.padded : w.taps.size());
           const std::size_t i = at(l, o, n, c, oy, ox);
@@ -180,8 +182,10 @@ template <class T, class Dev>
 std::vector<T> run_pool(Dev& dev, const shape& s, pool_kind kind, const std::vector<T>& x) {
   const auto o = pool2d_output(s.x, s.p);
   std::vector<T> y(o.size(), T(std::nanf("")));
-  if (kind == pool_kind::max) max_pool2d(dev, image<const T>{x.data(), s.x}, image<T>{y.data(), o}, s.p);
-  else avg_pool2d(dev, image<const T>{x.data(), s.x}, image<T>{y.data(), o}, s.p);
+  if (kind == pool_kind::max)
+    max_pool2d(dev, image<const T>{x.data(), s.x}, image<T>{y.data(), o}, s.p);
+  else
+    avg_pool2d(dev, image<const T>{x.data(), s.x}, image<T>{y.data(), o}, s.p);
   return y;
 }
 
@@ -189,8 +193,10 @@ template <class T, class TX, class Dev>
 std::vector<TX> run_pool_bwd(Dev& dev, const shape& s, pool_kind kind, const std::vector<T>& x, const std::vector<T>& dy) {
   const auto o = pool2d_output(s.x, s.p);
   std::vector<TX> dx(s.x.size(), TX(std::nanf("")));
-  if (kind == pool_kind::max) max_pool2d_backward(dev, image<const T>{x.data(), s.x}, image<const T>{dy.data(), o}, image<TX>{dx.data(), s.x}, s.p);
-  else avg_pool2d_backward(dev, image<const T>{dy.data(), o}, image<TX>{dx.data(), s.x}, s.p);
+  if (kind == pool_kind::max)
+    max_pool2d_backward(dev, image<const T>{x.data(), s.x}, image<const T>{dy.data(), o}, image<TX>{dx.data(), s.x}, s.p);
+  else
+    avg_pool2d_backward(dev, image<const T>{dy.data(), o}, image<TX>{dx.data(), s.x}, s.p);
   return dx;
 }
 
@@ -272,10 +278,12 @@ TEST_CASE("pool2d: NCHW and NHWC give the same bits, and 1 vs 2 threads vs an em
       const auto y1 = run_pool(one, a, kind, x);
       CHECK(same_bits(y1, run_pool(two, a, kind, x)));
       CHECK(same_bits(y1, run_pool(card, a, kind, x)));
-      CHECK(same_bits(relayout(y1, o, conv_layout::nchw, conv_layout::nhwc), run_pool(two, b, kind, relayout(x, a.x, conv_layout::nchw, conv_layout::nhwc))));
+      CHECK(same_bits(relayout(y1, o, conv_layout::nchw, conv_layout::nhwc),
+                      run_pool(two, b, kind, relayout(x, a.x, conv_layout::nchw, conv_layout::nhwc))));
       const auto yb = run_pool(one, a, kind, xb);
       CHECK(same_bits(yb, run_pool(card, a, kind, xb)));
-      CHECK(same_bits(relayout(yb, o, conv_layout::nchw, conv_layout::nhwc), run_pool(two, b, kind, relayout(xb, a.x, conv_layout::nchw, conv_layout::nhwc))));
+      CHECK(same_bits(relayout(yb, o, conv_layout::nchw, conv_layout::nhwc),
+                      run_pool(two, b, kind, relayout(xb, a.x, conv_layout::nchw, conv_layout::nhwc))));
       const auto g1 = run_pool_bwd<float, float>(one, a, kind, x, dy);
       CHECK(same_bits(g1, run_pool_bwd<float, float>(two, a, kind, x, dy)));
       CHECK(same_bits(g1, run_pool_bwd<float, float>(card, a, kind, x, dy)));
@@ -400,9 +408,11 @@ TEST_CASE("pool2d: bad geometry, shapes and buffers are typed errors", "[ops][po
   const auto p = geo(2, 2, 2, 0, 0, 0, 0, 1, false, false);
   CHECK_NOTHROW(call(p, {2, 3, 4, 4}));
   CHECK_THROWS_MATCHES(call(p, {2, 3, 5, 4}), conv_error, is_error(errc::invalid_argument, "conv", "whose pooling gives 2x3x4x4"));
-  CHECK_THROWS_MATCHES(call(geo(0, 2, 2, 0, 0, 0, 0, 1, false, false), {2, 3, 4, 4}), conv_error, is_error(errc::invalid_argument, "conv", "empty kernel"));
+  CHECK_THROWS_MATCHES(call(geo(0, 2, 2, 0, 0, 0, 0, 1, false, false), {2, 3, 4, 4}), conv_error,
+                       is_error(errc::invalid_argument, "conv", "empty kernel"));
   CHECK_THROWS_MATCHES(call(geo(2, 2, 0, 0, 0, 0, 0, 1, false, false), {2, 3, 4, 4}), conv_error, is_error(errc::invalid_argument, "conv", "stride"));
-  CHECK_THROWS_MATCHES(call(geo(2, 2, 2, 0, 0, 0, 0, 0, false, false), {2, 3, 4, 4}), conv_error, is_error(errc::invalid_argument, "conv", "dilation"));
+  CHECK_THROWS_MATCHES(call(geo(2, 2, 2, 0, 0, 0, 0, 0, false, false), {2, 3, 4, 4}), conv_error,
+                       is_error(errc::invalid_argument, "conv", "dilation"));
   CHECK_THROWS_MATCHES(call(geo(5, 5, 1, 0, 0, 0, 0, 2, false, false), {2, 3, 4, 4}), conv_error,
                        is_error(errc::invalid_argument, "conv", "kernel height extent 9"));
   // padding 3 with a 2-tap kernel: the first window's taps (−3, −2) miss the input
@@ -417,8 +427,9 @@ TEST_CASE("pool2d: bad geometry, shapes and buffers are typed errors", "[ops][po
                        conv_error, is_error(errc::invalid_argument, "conv", "and its gradient"));
   CHECK_THROWS_MATCHES(global_avg_pool2d(dev, image<const float>{x.data(), xd}, image<float>{y.data(), {2, 3, 1, 2}}, conv_layout::nhwc), conv_error,
                        is_error(errc::invalid_argument, "conv", "2x3x1x1"));
-  CHECK_THROWS_AS(max_pool2d(dev, image<const float>{x.data(), {std::size_t{1} << 40, 3, std::size_t{1} << 20, 8}}, image<float>{y.data(), {2, 3, 4, 4}}, p),
-                  tessel::overflow_error);  // the input's size overflows
+  CHECK_THROWS_AS(
+      max_pool2d(dev, image<const float>{x.data(), {std::size_t{1} << 40, 3, std::size_t{1} << 20, 8}}, image<float>{y.data(), {2, 3, 4, 4}}, p),
+      tessel::overflow_error);  // the input's size overflows
 }
 
 TEST_CASE("pool2d_cost counts one operation per output tap and the tensors' bytes", "[ops][pool]") {

@@ -30,8 +30,10 @@ TEST_CASE("convert agrees with the scalar conversions for every bf16 code and ra
   convert(dev, std::span<const float>(wide), std::span<bf16>(back));
   for (std::size_t i = 0; i < all.size(); ++i) {
     REQUIRE(std::bit_cast<std::uint32_t>(wide[i]) == std::uint32_t(i) << 16);
-    if (!std::isnan(wide[i])) REQUIRE(back[i].bits() == all[i].bits());
-    else REQUIRE(std::isnan(float(back[i])));
+    if (!std::isnan(wide[i]))
+      REQUIRE(back[i].bits() == all[i].bits());
+    else
+      REQUIRE(std::isnan(float(back[i])));
   }
   auto x = train_ref::randn(100003, 5, 300.0f);
   x[0] = std::numeric_limits<float>::denorm_min();

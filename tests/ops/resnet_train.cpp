@@ -291,7 +291,9 @@ struct dataset {
       }
     }
   }
-  std::span<const float> batch_images(std::size_t first, std::size_t n) const { return {images.data() + first * in_ch * side * side, n * in_ch * side * side}; }
+  std::span<const float> batch_images(std::size_t first, std::size_t n) const {
+    return {images.data() + first * in_ch * side * side, n * in_ch * side * side};
+  }
   std::span<const std::int64_t> batch_labels(std::size_t first, std::size_t n) const { return {labels.data() + first, n}; }
 };
 
@@ -409,7 +411,8 @@ evaluation evaluate(host_device& dev, const dataset& data, std::size_t bs, const
   std::size_t right = 0;
   for (std::size_t first = 0; first < count; first += bs) {
     const std::vector<float>& z = forward(data.batch_images(first, bs), bs);
-    const auto ce = cross_entropy(dev, tensor<const float, 2>(z.data(), bs, classes), data.batch_labels(first, bs), tensor<float, 2>(scratch.data(), bs, classes));
+    const auto ce = cross_entropy(dev, tensor<const float, 2>(z.data(), bs, classes), data.batch_labels(first, bs),
+                                  tensor<float, 2>(scratch.data(), bs, classes));
     e.loss += ce.loss * double(bs) / double(count);
     for (std::size_t i = 0; i < bs; ++i) right += argmax(z.data() + i * classes, classes) == std::size_t(data.labels[first + i]);
     e.logits.insert(e.logits.end(), z.begin(), z.end());
@@ -557,11 +560,11 @@ TEST_CASE("resnet: one forward+backward matches fp64 finite differences for ever
     if (b->has_proj) conv_depths(b->proj, d);
     d = conv_depths(b->c2, d1);
   }
-  depths.push_back(double(d.h * d.w));                  // pool
-  depths.push_back(double(net.head.in));                // head forward
-  depths.push_back(double(n));                          // dW, db
-  depths.push_back(double(classes));                    // dx
-  depths.push_back(16.0);                               // cross-entropy: exp, log-sum-exp, softmax − target
+  depths.push_back(double(d.h * d.w));    // pool
+  depths.push_back(double(net.head.in));  // head forward
+  depths.push_back(double(n));            // dW, db
+  depths.push_back(double(classes));      // dx
+  depths.push_back(16.0);                 // cross-entropy: exp, log-sum-exp, softmax − target
   double tau = 0, tau64 = 0;
   for (double k : depths) tau += gamma_k(k, uf), tau64 += gamma_k(k, ud);
 
@@ -576,7 +579,8 @@ TEST_CASE("resnet: one forward+backward matches fp64 finite differences for ever
   double worst = 0;  // largest error / bound
   std::mt19937 pick(9);
   for (const param* p : net.params.all) {
-    const double G = std::max(1e-30, double(std::fabs(*std::max_element(p->g.begin(), p->g.end(), [](float a, float b) { return std::fabs(a) < std::fabs(b); }))));
+    const double G =
+        std::max(1e-30, double(std::fabs(*std::max_element(p->g.begin(), p->g.end(), [](float a, float b) { return std::fabs(a) < std::fabs(b); }))));
     std::size_t ok = 0, tries = 0;
     while (ok < per_tensor && tries < 4 * per_tensor) {
       ++tries;
@@ -632,14 +636,18 @@ TEST_CASE("resnet: SGD-momentum training lowers the loss and reaches the accurac
   CHECK(run.acc1 >= 0.95);
   // and it generalises: 256 fresh images of the same distribution
   const dataset held_out(train_count, seed + 1000);
-  const evaluation test = evaluate(dev, held_out, batch, [&](std::span<const float> im, std::size_t n) -> const std::vector<float>& { return run.net.forward(dev, im, n, false); });
+  const evaluation test = evaluate(dev, held_out, batch, [&](std::span<const float> im, std::size_t n) -> const std::vector<float>& {
+    return run.net.forward(dev, im, n, false);
+  });
   INFO("held-out accuracy " << test.accuracy);
   CHECK(test.accuracy >= 0.9);
 
   // (c) training-mode evaluation (batch statistics) against inference (running statistics)
   resnet& net = run.net;
-  const evaluation tr = evaluate(dev, data, batch, [&](std::span<const float> im, std::size_t n) -> const std::vector<float>& { return net.forward(dev, im, n, true, false); });
-  const evaluation inf = evaluate(dev, data, batch, [&](std::span<const float> im, std::size_t n) -> const std::vector<float>& { return net.forward(dev, im, n, false); });
+  const evaluation tr = evaluate(
+      dev, data, batch, [&](std::span<const float> im, std::size_t n) -> const std::vector<float>& { return net.forward(dev, im, n, true, false); });
+  const evaluation inf = evaluate(
+      dev, data, batch, [&](std::span<const float> im, std::size_t n) -> const std::vector<float>& { return net.forward(dev, im, n, false); });
   std::size_t same = 0;
   for (std::size_t i = 0; i < train_count; ++i) same += argmax(&tr.logits[i * classes], classes) == argmax(&inf.logits[i * classes], classes);
   INFO("inference accuracy " << inf.accuracy << ", loss " << inf.loss << "; predictions equal to training mode's: " << same << " of " << train_count);
@@ -651,13 +659,15 @@ TEST_CASE("resnet: SGD-momentum training lowers the loss and reaches the accurac
   // the inference path: τ = Σ γ_K over its reductions (each conv's C·KH·KW, pool, head), plus
   // 4·u per elementwise pass and u per folded weight, relative to the largest logit.
   folded_net folded(net);
-  const evaluation fo = evaluate(dev, data, batch, [&](std::span<const float> im, std::size_t n) -> const std::vector<float>& { return folded.forward(dev, im, n); });
+  const evaluation fo =
+      evaluate(dev, data, batch, [&](std::span<const float> im, std::size_t n) -> const std::vector<float>& { return folded.forward(dev, im, n); });
   const double uf = std::ldexp(1.0, -24);
   double tau = gamma_k(double(net.head.in), uf) + gamma_k(16.0, uf);
   for (const conv_bn* l : {&net.stem, &net.b1.c1, &net.b1.c2, &net.b2.c1, &net.b2.c2, &net.b2.proj})
     tau += gamma_k(double(l->conv.fd.in * l->conv.fd.kh * l->conv.fd.kw), uf) + 3 * 4 * uf + uf;
   double zmax = 0, dmax = 0;
-  for (std::size_t i = 0; i < inf.logits.size(); ++i) zmax = std::max(zmax, double(std::fabs(inf.logits[i]))), dmax = std::max(dmax, double(std::fabs(fo.logits[i] - inf.logits[i])));
+  for (std::size_t i = 0; i < inf.logits.size(); ++i)
+    zmax = std::max(zmax, double(std::fabs(inf.logits[i]))), dmax = std::max(dmax, double(std::fabs(fo.logits[i] - inf.logits[i])));
   INFO("folded vs unfolded inference: max |dz| " << dmax << ", bound " << tau * zmax << " (max |z| " << zmax << ")");
   CHECK(dmax <= tau * zmax);
   CHECK(dmax > 0.0);  // folding really changed the arithmetic (the comparison is not of a run with itself)
@@ -680,8 +690,8 @@ TEST_CASE("resnet: training margins over seeds 1-8", "[.resnet_seeds]") {
       resnet& net = run.net;
       auto infer = [&](std::span<const float> im, std::size_t n) -> const std::vector<float>& { return net.forward(dev, im, n, false); };
       const evaluation inf = evaluate(dev, data, batch, infer), test = evaluate(dev, held_out, batch, infer);
-      WARN("steps " << steps << " seed " << seed << ": loss " << run.loss0 << " -> " << run.loss1 << " (factor " << run.loss0 / run.loss1 << "), accuracy "
-                    << run.acc0 << " -> " << run.acc1 << ", inference " << inf.accuracy << ", held out " << test.accuracy);
+      WARN("steps " << steps << " seed " << seed << ": loss " << run.loss0 << " -> " << run.loss1 << " (factor " << run.loss0 / run.loss1
+                    << "), accuracy " << run.acc0 << " -> " << run.acc1 << ", inference " << inf.accuracy << ", held out " << test.accuracy);
     }
   }
 }

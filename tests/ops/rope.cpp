@@ -63,7 +63,7 @@ TEST_CASE("rope takes given frequencies in place of theta's", "[ops][rope]") {
   by_freq.inv_freq = freq;
   rope_forward(dev, tensor<float, 2>(a.data(), T, D), D, pos, by_theta);
   rope_forward(dev, tensor<float, 2>(b.data(), T, D), D, pos, by_freq);
-  CHECK(a == b);  // the same doubles give the same bits
+  CHECK(a == b);                    // the same doubles give the same bits
   for (double& f : freq) f /= 8.0;  // linear scaling: position p behaves as p / 8
   auto c = x, d = x;
   by_freq.inv_freq = freq;

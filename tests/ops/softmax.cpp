@@ -25,9 +25,13 @@ using namespace tessel;
 
 namespace {
 template <class T>
-tensor<const T, 2> cview(const std::vector<T>& v, std::size_t r, std::size_t c) { return tensor<const T, 2>(v.data(), r, c); }
+tensor<const T, 2> cview(const std::vector<T>& v, std::size_t r, std::size_t c) {
+  return tensor<const T, 2>(v.data(), r, c);
+}
 template <class T>
-tensor<T, 2> view(std::vector<T>& v, std::size_t r, std::size_t c) { return tensor<T, 2>(v.data(), r, c); }
+tensor<T, 2> view(std::vector<T>& v, std::size_t r, std::size_t c) {
+  return tensor<T, 2>(v.data(), r, c);
+}
 }  // namespace
 
 TEST_CASE("softmax forward matches fp64, masks and thread counts", "[ops][softmax]") {
@@ -73,8 +77,10 @@ TEST_CASE("softmax forward matches fp64, masks and thread counts", "[ops][softma
       if (mask[r * n + j] == ninf) CHECK(yc[r * n + j] == 0.0f);
       s += yc[r * n + j];
     }
-    if (r < 3) CHECK(s == 0.0);  // nothing visible
-    else CHECK(s == Approx(1.0).epsilon(1e-5));
+    if (r < 3)
+      CHECK(s == 0.0);  // nothing visible
+    else
+      CHECK(s == Approx(1.0).epsilon(1e-5));
   }
 }
 
@@ -128,8 +134,8 @@ TEST_CASE("softmax rows in a pipelined block equal rows computed alone, bf16 out
     auto x = train_ref::randn(rows * n, 40 + n, 2.0f);
     std::vector<float> mask(rows * n, 0.0f);
     const float ninf = -std::numeric_limits<float>::infinity();
-    for (std::size_t j = 0; j < n; ++j) mask[5 * n + j] = ninf;             // a fully masked row mid-block
-    for (std::size_t j = 0; j < n; j += 3) mask[8 * n + j] = ninf;          // a partly masked row
+    for (std::size_t j = 0; j < n; ++j) mask[5 * n + j] = ninf;     // a fully masked row mid-block
+    for (std::size_t j = 0; j < n; j += 3) mask[8 * n + j] = ninf;  // a partly masked row
     softmax_options o;
     o.scale = 0.7f;
     o.mask = cview(mask, rows, n);

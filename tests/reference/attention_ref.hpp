@@ -46,8 +46,8 @@ struct materialised {
   std::function<Acc(Acc)> round_p = [](Acc x) { return x; };    // P (and dS, dP) storage
   std::function<Acc(Acc)> round_out = [](Acc x) { return x; };  // outputs
 
-  void forward(const problem& p, const std::vector<double>& q, const std::vector<double>& k, const std::vector<double>& v,
-               std::vector<double>& o, std::vector<double>& lse) const {
+  void forward(const problem& p, const std::vector<double>& q, const std::vector<double>& k, const std::vector<double>& v, std::vector<double>& o,
+               std::vector<double>& lse) const {
     o.assign(p.q_elems(), 0.0);
     lse.assign(p.B * p.H * p.Sq, -std::numeric_limits<double>::infinity());
     std::vector<Acc> s(p.Skv);
@@ -57,7 +57,10 @@ struct materialised {
         for (std::size_t i = 0; i < p.Sq; ++i) {
           Acc mx = -std::numeric_limits<Acc>::infinity();
           for (std::size_t j = 0; j < p.Skv; ++j) {
-            if (!p.visible(i, j)) { s[j] = -std::numeric_limits<Acc>::infinity(); continue; }
+            if (!p.visible(i, j)) {
+              s[j] = -std::numeric_limits<Acc>::infinity();
+              continue;
+            }
             Acc d = 0;
             for (std::size_t e = 0; e < p.D; ++e) d += Acc(q[p.q_index(b, i, h, e)]) * Acc(k[p.kv_index(b, j, h / g, e)]);
             s[j] = d * Acc(p.sc());
@@ -92,7 +95,10 @@ struct materialised {
           const std::size_t hk = h / g;
           Acc mx = -std::numeric_limits<Acc>::infinity();
           for (std::size_t j = 0; j < p.Skv; ++j) {
-            if (!p.visible(i, j)) { P[j] = -std::numeric_limits<Acc>::infinity(); continue; }
+            if (!p.visible(i, j)) {
+              P[j] = -std::numeric_limits<Acc>::infinity();
+              continue;
+            }
             Acc d = 0;
             for (std::size_t e = 0; e < p.D; ++e) d += Acc(q[p.q_index(b, i, h, e)]) * Acc(k[p.kv_index(b, j, hk, e)]);
             P[j] = d * Acc(p.sc());
@@ -100,7 +106,10 @@ struct materialised {
           }
           if (mx == -std::numeric_limits<Acc>::infinity()) continue;
           Acc l = 0;
-          for (std::size_t j = 0; j < p.Skv; ++j) { P[j] = p.visible(i, j) ? std::exp(P[j] - mx) : Acc(0); l += P[j]; }
+          for (std::size_t j = 0; j < p.Skv; ++j) {
+            P[j] = p.visible(i, j) ? std::exp(P[j] - mx) : Acc(0);
+            l += P[j];
+          }
           for (std::size_t j = 0; j < p.Skv; ++j) P[j] = round_p(P[j] / l);
           // O row (in Acc) and delta = dO·O
           Acc delta = 0;
@@ -128,7 +137,10 @@ struct materialised {
     for (std::size_t i = 0; i < dqa.size(); ++i) dq[i] = double(round_out(dqa[i]));
     dk.resize(p.kv_elems());
     dv.resize(p.kv_elems());
-    for (std::size_t i = 0; i < dka.size(); ++i) { dk[i] = double(round_out(dka[i])); dv[i] = double(round_out(dva[i])); }
+    for (std::size_t i = 0; i < dka.size(); ++i) {
+      dk[i] = double(round_out(dka[i]));
+      dv[i] = double(round_out(dva[i]));
+    }
   }
 };
 

@@ -32,8 +32,10 @@ T gen(std::uint64_t seed, int rank, std::size_t i, tessel::reduce_op op) {
   } else {
     const double u = static_cast<double>(h >> 11) * 0x1.0p-53;  // [0,1)
     double v;
-    if (op == tessel::reduce_op::prod) v = 0.5 + 1.5 * u;  // stays finite over 8 ranks in every format
-    else v = (u - 0.5) * 16.0;
+    if (op == tessel::reduce_op::prod)
+      v = 0.5 + 1.5 * u;  // stays finite over 8 ranks in every format
+    else
+      v = (u - 0.5) * 16.0;
     return T(v);
   }
 }
@@ -47,14 +49,16 @@ A ref_op(tessel::reduce_op op, A a, A b) {
   if constexpr (std::is_integral_v<A>) {
     using U = std::conditional_t<(sizeof(A) < 4), std::uint32_t, std::make_unsigned_t<A>>;
     switch (op) {
-      case reduce_op::sum: case reduce_op::avg: return static_cast<A>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+      case reduce_op::sum:
+      case reduce_op::avg: return static_cast<A>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
       case reduce_op::prod: return static_cast<A>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
       case reduce_op::min: return b < a ? b : a;
       case reduce_op::max: return a < b ? b : a;
     }
   } else {
     switch (op) {
-      case reduce_op::sum: case reduce_op::avg: return a + b;
+      case reduce_op::sum:
+      case reduce_op::avg: return a + b;
       case reduce_op::prod: return a * b;
       case reduce_op::min: return std::isnan(a) ? a : std::isnan(b) ? b : (b < a ? b : a);
       case reduce_op::max: return std::isnan(a) ? a : std::isnan(b) ? b : (a < b ? b : a);
@@ -65,8 +69,10 @@ A ref_op(tessel::reduce_op op, A a, A b) {
 
 template <class T>
 acc_of<T> ref_widen(T x) {
-  if constexpr (std::is_class_v<T>) return static_cast<float>(x);
-  else return x;
+  if constexpr (std::is_class_v<T>)
+    return static_cast<float>(x);
+  else
+    return x;
 }
 
 // Canonical reduction of element i over n ranks.
@@ -77,14 +83,18 @@ T reduce_elem(std::uint64_t seed, int n, std::size_t i, tessel::reduce_op op) {
   for (int r = 1; r < n; ++r) acc = ref_op<A>(op, acc, ref_widen(gen<T>(seed, r, i, op)));
   if (op == tessel::reduce_op::avg) {
     if constexpr (std::is_integral_v<A>) {
-      if constexpr (std::is_signed_v<A>) acc = static_cast<A>(static_cast<std::int64_t>(acc) / n);
-      else acc = static_cast<A>(static_cast<std::uint64_t>(acc) / static_cast<std::uint64_t>(n));
+      if constexpr (std::is_signed_v<A>)
+        acc = static_cast<A>(static_cast<std::int64_t>(acc) / n);
+      else
+        acc = static_cast<A>(static_cast<std::uint64_t>(acc) / static_cast<std::uint64_t>(n));
     } else {
       acc = acc / static_cast<A>(n);
     }
   }
-  if constexpr (std::is_class_v<T>) return T(acc);
-  else return acc;
+  if constexpr (std::is_class_v<T>)
+    return T(acc);
+  else
+    return acc;
 }
 
 template <class T>

@@ -40,22 +40,37 @@ class json_parser {
 
  private:
   [[noreturn]] void fail(const std::string& m) const { throw std::runtime_error("json: " + m + " at offset " + std::to_string(i_)); }
-  void ws() { while (i_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[i_]))) ++i_; }
-  char peek() { ws(); if (i_ >= s_.size()) fail("unexpected end"); return s_[i_]; }
-  void expect(char c) { if (peek() != c) fail(std::string("expected '") + c + "'"); ++i_; }
+  void ws() {
+    while (i_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[i_]))) ++i_;
+  }
+  char peek() {
+    ws();
+    if (i_ >= s_.size()) fail("unexpected end");
+    return s_[i_];
+  }
+  void expect(char c) {
+    if (peek() != c) fail(std::string("expected '") + c + "'");
+    ++i_;
+  }
   json value() {
     char c = peek();
     json v;
     if (c == '{') {
       v.kind = json::obj_v;
       ++i_;
-      if (peek() == '}') { ++i_; return v; }
+      if (peek() == '}') {
+        ++i_;
+        return v;
+      }
       for (;;) {
         if (peek() != '"') fail("expected key");
         std::string k = string();
         expect(':');
         v.obj[k] = value();
-        if (peek() == ',') { ++i_; continue; }
+        if (peek() == ',') {
+          ++i_;
+          continue;
+        }
         expect('}');
         return v;
       }
@@ -63,24 +78,48 @@ class json_parser {
     if (c == '[') {
       v.kind = json::arr_v;
       ++i_;
-      if (peek() == ']') { ++i_; return v; }
+      if (peek() == ']') {
+        ++i_;
+        return v;
+      }
       for (;;) {
         v.arr.push_back(value());
-        if (peek() == ',') { ++i_; continue; }
+        if (peek() == ',') {
+          ++i_;
+          continue;
+        }
         expect(']');
         return v;
       }
     }
-    if (c == '"') { v.kind = json::str_v; v.str = string(); return v; }
-    if (s_.compare(i_, 4, "true") == 0) { i_ += 4; v.kind = json::bool_v; v.b = true; return v; }
-    if (s_.compare(i_, 5, "false") == 0) { i_ += 5; v.kind = json::bool_v; return v; }
-    if (s_.compare(i_, 4, "null") == 0) { i_ += 4; return v; }
+    if (c == '"') {
+      v.kind = json::str_v;
+      v.str = string();
+      return v;
+    }
+    if (s_.compare(i_, 4, "true") == 0) {
+      i_ += 4;
+      v.kind = json::bool_v;
+      v.b = true;
+      return v;
+    }
+    if (s_.compare(i_, 5, "false") == 0) {
+      i_ += 5;
+      v.kind = json::bool_v;
+      return v;
+    }
+    if (s_.compare(i_, 4, "null") == 0) {
+      i_ += 4;
+      return v;
+    }
     // number: strict JSON grammar
     std::size_t b = i_;
     if (s_[i_] == '-') ++i_;
     if (i_ >= s_.size() || !std::isdigit(static_cast<unsigned char>(s_[i_]))) fail("bad value");
-    if (s_[i_] == '0') ++i_;
-    else while (i_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[i_]))) ++i_;
+    if (s_[i_] == '0')
+      ++i_;
+    else
+      while (i_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[i_]))) ++i_;
     if (i_ < s_.size() && s_[i_] == '.') {
       ++i_;
       if (i_ >= s_.size() || !std::isdigit(static_cast<unsigned char>(s_[i_]))) fail("bad fraction");
@@ -105,9 +144,14 @@ class json_parser {
       if (c == '\\') {
         if (i_ >= s_.size()) fail("bad escape");
         char e = s_[i_++];
-        if (e == 'u') { if (i_ + 4 > s_.size()) fail("bad \\u"); i_ += 4; out.push_back('?'); }
-        else if (std::string("\"\\/bfnrt").find(e) == std::string::npos) fail("bad escape");
-        else out.push_back(e == 'n' ? '\n' : e == 't' ? '\t' : e);
+        if (e == 'u') {
+          if (i_ + 4 > s_.size()) fail("bad \\u");
+          i_ += 4;
+          out.push_back('?');
+        } else if (std::string("\"\\/bfnrt").find(e) == std::string::npos)
+          fail("bad escape");
+        else
+          out.push_back(e == 'n' ? '\n' : e == 't' ? '\t' : e);
       } else {
         out.push_back(c);
       }

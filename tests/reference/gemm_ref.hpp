@@ -14,7 +14,9 @@
 namespace tessel::ref {
 
 template <class T>
-double to_d(T x) { return static_cast<double>(tessel::arch::to_f32(x)); }
+double to_d(T x) {
+  return static_cast<double>(tessel::arch::to_f32(x));
+}
 
 // op(X)(r, c) for a row-major stored X with leading dimension ld.
 template <class T>
@@ -29,9 +31,9 @@ struct gemm_result {
 
 // C = alpha op(A) op(B) + beta C0 in fp64. Optional per-tensor scales and block scales (128).
 template <class TA, class TB, class TC>
-gemm_result gemm(bool ta, bool tb, std::size_t M, std::size_t N, std::size_t K, double alpha, const TA* A, std::size_t lda,
-                 const TB* B, std::size_t ldb, double beta, const TC* C0, std::size_t ldc, double sa = 1, double sb = 1,
-                 const float* a_block = nullptr, const float* b_block = nullptr) {
+gemm_result gemm(bool ta, bool tb, std::size_t M, std::size_t N, std::size_t K, double alpha, const TA* A, std::size_t lda, const TB* B,
+                 std::size_t ldb, double beta, const TC* C0, std::size_t ldc, double sa = 1, double sb = 1, const float* a_block = nullptr,
+                 const float* b_block = nullptr) {
   gemm_result r;
   r.c.assign(M * N, 0.0);
   r.mag.assign(M * N, 0.0);
@@ -62,11 +64,16 @@ inline double gamma(std::size_t k, double u) { return k * u / (1 - k * u); }
 // Unit roundoff of an output type (0 for f32/f64 accumulate-only checks handled by caller).
 template <class T>
 double unit_roundoff() {
-  if constexpr (std::is_same_v<T, float>) return std::ldexp(1.0, -24);
-  else if constexpr (std::is_same_v<T, bf16>) return std::ldexp(1.0, -8);
-  else if constexpr (std::is_same_v<T, fp16>) return std::ldexp(1.0, -11);
-  else if constexpr (std::is_same_v<T, e4m3>) return std::ldexp(1.0, -4);
-  else return std::ldexp(1.0, -3);
+  if constexpr (std::is_same_v<T, float>)
+    return std::ldexp(1.0, -24);
+  else if constexpr (std::is_same_v<T, bf16>)
+    return std::ldexp(1.0, -8);
+  else if constexpr (std::is_same_v<T, fp16>)
+    return std::ldexp(1.0, -11);
+  else if constexpr (std::is_same_v<T, e4m3>)
+    return std::ldexp(1.0, -4);
+  else
+    return std::ldexp(1.0, -3);
 }
 
 // Elements of C (M,N; leading dimension ldc) farther from the fp64 reference than DESIGN's bound

@@ -43,8 +43,8 @@ inline void adamw(std::vector<float>& p, const std::vector<float>& g, std::vecto
   }
 }
 
-inline void sgd(std::vector<float>& p, const std::vector<float>& g, std::vector<float>& buf, float lr, float mom, float damp, float wd,
-                bool nesterov, std::uint64_t step, float gmul) {
+inline void sgd(std::vector<float>& p, const std::vector<float>& g, std::vector<float>& buf, float lr, float mom, float damp, float wd, bool nesterov,
+                std::uint64_t step, float gmul) {
   for (std::size_t i = 0; i < p.size(); ++i) {
     float gi = g[i] * gmul;
     if (wd != 0.0f) gi = std::fma(wd, p[i], gi);

@@ -15,7 +15,7 @@ namespace tessel_ref {
 // Per-type description, written out by hand from the OCP FP8 / IEEE 754 / bfloat16 specifications.
 struct format_spec {
   int exp_bits, man_bits, bias;
-  bool fn;               // E4M3FN: no Inf; only S.1111.111 is NaN
+  bool fn;  // E4M3FN: no Inf; only S.1111.111 is NaN
   unsigned total_bits() const { return 1u + unsigned(exp_bits + man_bits); }
 };
 inline constexpr format_spec bf16_spec{8, 7, 127, false};
@@ -47,9 +47,9 @@ inline double ref_decode(const format_spec& f, std::uint32_t code) {
 // All finite non-negative codes sorted by value, and the rounding-by-search encoder.
 struct encoder {
   format_spec f;
-  std::vector<double> values;       // ascending
-  std::vector<std::uint32_t> codes; // codes[i] has value values[i]
-  double max_finite, overflow_mid;  // overflow_mid: halfway between max and the next (unbounded) step
+  std::vector<double> values;        // ascending
+  std::vector<std::uint32_t> codes;  // codes[i] has value values[i]
+  double max_finite, overflow_mid;   // overflow_mid: halfway between max and the next (unbounded) step
 
   explicit encoder(format_spec spec) : f(spec) {
     const std::uint32_t n = 1u << (f.total_bits() - 1);

@@ -33,10 +33,10 @@ template <class S>
 S random_elem(std::mt19937& g) {
   if constexpr (std::is_same_v<S, float>) {
     switch (g() % 4) {
-      case 0: return std::bit_cast<float>(static_cast<std::uint32_t>(g()));                         // any bits
-      case 1: return std::ldexp(float(int(g() % 2001) - 1000), int(g() % 30) - 20);                 // moderate
-      case 2: return float(int(g() % 17) - 8);                                                      // small integers
-      default: return std::ldexp(float(int(g() % 255) - 127), -140 + int(g() % 20));                // subnormal-ish
+      case 0: return std::bit_cast<float>(static_cast<std::uint32_t>(g()));           // any bits
+      case 1: return std::ldexp(float(int(g() % 2001) - 1000), int(g() % 30) - 20);   // moderate
+      case 2: return float(int(g() % 17) - 8);                                        // small integers
+      default: return std::ldexp(float(int(g() % 255) - 127), -140 + int(g() % 20));  // subnormal-ish
     }
   } else {
     return S::from_bits(static_cast<typename S::storage_type>(g()));
@@ -47,14 +47,18 @@ S random_elem(std::mt19937& g) {
 template <class D, class S>
 D expected(S x, float scale) {
   const float f = static_cast<float>(x);
-  if constexpr (std::is_same_v<D, float>) return scale != 1.0f ? f * scale : f;
-  else return scale != 1.0f ? bf16(f * scale) : bf16(f);
+  if constexpr (std::is_same_v<D, float>)
+    return scale != 1.0f ? f * scale : f;
+  else
+    return scale != 1.0f ? bf16(f * scale) : bf16(f);
 }
 
 template <class D>
 std::uint32_t bits_of(D x) {
-  if constexpr (std::is_same_v<D, float>) return std::bit_cast<std::uint32_t>(x);
-  else return x.bits();
+  if constexpr (std::is_same_v<D, float>)
+    return std::bit_cast<std::uint32_t>(x);
+  else
+    return x.bits();
 }
 template <class D>
 bool same_value(D a, D b) {
@@ -72,21 +76,33 @@ template <class S>
 tensor<const S, 2> make_source(const source_shape& sh, std::vector<S>& store, std::mt19937& g) {
   std::size_t rs = 0, cs = 0;
   switch (sh.kind) {
-    case 0: rs = sh.cols + 3; cs = 1; break;
-    case 1: rs = 1; cs = sh.rows + 5; break;
-    default: rs = 2 * sh.cols + 1; cs = 2; break;
+    case 0:
+      rs = sh.cols + 3;
+      cs = 1;
+      break;
+    case 1:
+      rs = 1;
+      cs = sh.rows + 5;
+      break;
+    default:
+      rs = 2 * sh.cols + 1;
+      cs = 2;
+      break;
   }
   store.resize((sh.rows - 1) * rs + (sh.cols - 1) * cs + 1);
   for (auto& x : store) x = random_elem<S>(g);
   return tensor<const S, 2>::strided(store.data(), sh.rows, sh.cols, rs, cs);
 }
 
-template <class... L> struct layouts {};
+template <class... L>
+struct layouts {};
 
 template <class D>
 D sentinel() {
-  if constexpr (std::is_same_v<D, float>) return 12345.0f;
-  else return bf16(12345.0f);
+  if constexpr (std::is_same_v<D, float>)
+    return 12345.0f;
+  else
+    return bf16(12345.0f);
 }
 
 // Loads every (R, C) tile of the source (plus one at an odd element offset) into `Dst` and counts
@@ -110,8 +126,8 @@ std::size_t check_layout(const tensor<const S, 2>& src, float scale, std::string
         const D want = inside ? expected<D>(t(r, c), scale) : D(0.0f);
         if (!same_value(dst(r, c), want) && bad++ == 0) {
           std::ostringstream os;
-          os << "tile at (" << t.row0 << "," << t.col0 << ") element (" << r << "," << c << "): got " << float(dst(r, c))
-             << " want " << float(want) << " (source " << float(inside ? t(r, c) : S(0.0f)) << ")";
+          os << "tile at (" << t.row0 << "," << t.col0 << ") element (" << r << "," << c << "): got " << float(dst(r, c)) << " want " << float(want)
+             << " (source " << float(inside ? t(r, c) : S(0.0f)) << ")";
           where = os.str();
         }
       }
@@ -126,15 +142,18 @@ std::size_t check_layout(const tensor<const S, 2>& src, float scale, std::string
 
 // Layout granules of tile_extent: (rows, cols) a used extent is rounded up to, and the padded
 // (rows, cols) of the storage.
-template <class L> struct granule {
+template <class L>
+struct granule {
   static constexpr std::size_t rows = 1, cols = 1;
   static constexpr std::size_t padded_rows(std::size_t r) { return r; }
   static constexpr std::size_t padded_cols(std::size_t c) { return c; }
 };
-template <std::size_t MR, std::size_t KP> struct granule<layout::panel<MR, KP>> : layout::panel<MR, KP> {
+template <std::size_t MR, std::size_t KP>
+struct granule<layout::panel<MR, KP>> : layout::panel<MR, KP> {
   static constexpr std::size_t rows = MR, cols = KP;
 };
-template <std::size_t NR, std::size_t KP> struct granule<layout::col_panel<NR, KP>> : layout::col_panel<NR, KP> {
+template <std::size_t NR, std::size_t KP>
+struct granule<layout::col_panel<NR, KP>> : layout::col_panel<NR, KP> {
   static constexpr std::size_t rows = KP, cols = NR;
 };
 
@@ -159,8 +178,8 @@ std::size_t check_extent(const tensor<const S, 2>& src, std::size_t ur, std::siz
         const D want = !written ? sentinel<D>() : (inside ? expected<D>(t(r, c), 1.0f) : D(0.0f));
         if (!same_value(got, want) && bad++ == 0) {
           std::ostringstream os;
-          os << "tile at (" << t.row0 << "," << t.col0 << ") extent (" << ur << "," << uc << ") element (" << r << "," << c << "): got "
-             << float(got) << " want " << float(want);
+          os << "tile at (" << t.row0 << "," << t.col0 << ") extent (" << ur << "," << uc << ") element (" << r << "," << c << "): got " << float(got)
+             << " want " << float(want);
           where = os.str();
         }
       }
@@ -229,12 +248,12 @@ void check_all_layouts(layouts<L...>, std::mt19937& g) {
       }
 }
 
-using all_layouts = layouts<layout::row, layout::col, layout::panel<4, 1>, layout::panel<4, 2>, layout::col_panel<16, 1>,
-                            layout::vnni2<16>, mma_f32::a_layout, mma_f32::b_layout, mma_bf16::a_layout, mma_bf16::b_layout>;
+using all_layouts = layouts<layout::row, layout::col, layout::panel<4, 1>, layout::panel<4, 2>, layout::col_panel<16, 1>, layout::vnni2<16>,
+                            mma_f32::a_layout, mma_f32::b_layout, mma_bf16::a_layout, mma_bf16::b_layout>;
 }  // namespace
 
-TEMPLATE_TEST_CASE("load equals convert-and-scale inside the tensor and zero elsewhere, every layout", "[tile][load]", float, bf16,
-                   fp16, e4m3, e5m2) {
+TEMPLATE_TEST_CASE("load equals convert-and-scale inside the tensor and zero elsewhere, every layout", "[tile][load]", float, bf16, fp16, e4m3,
+                   e5m2) {
   std::mt19937 g(31);
   SECTION("to f32, 16x32 tiles (full panels: the fast paths)") { check_all_layouts<TestType, float, 16, 32>(all_layouts{}, g); }
   SECTION("to bf16, 16x32 tiles") { check_all_layouts<TestType, bf16, 16, 32>(all_layouts{}, g); }
@@ -242,8 +261,8 @@ TEMPLATE_TEST_CASE("load equals convert-and-scale inside the tensor and zero els
   SECTION("to bf16, 7x13 tiles") { check_all_layouts<TestType, bf16, 7, 13>(all_layouts{}, g); }
 }
 
-TEMPLATE_TEST_CASE("load with a used extent writes that part (rounded to the layout's granule) and nothing else", "[tile][load]", float,
-                   bf16, fp16, e4m3) {
+TEMPLATE_TEST_CASE("load with a used extent writes that part (rounded to the layout's granule) and nothing else", "[tile][load]", float, bf16, fp16,
+                   e4m3) {
   std::mt19937 g(37);
   SECTION("to f32, 16x32 tiles") { check_all_extents<TestType, float, 16, 32>(all_layouts{}, g); }
   SECTION("to bf16, 16x32 tiles") { check_all_extents<TestType, bf16, 16, 32>(all_layouts{}, g); }

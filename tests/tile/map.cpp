@@ -87,8 +87,10 @@ void check_reduce(std::mt19937& g) {
   fragment<float, R, C> f;
   fill_random(f, g);
   std::vector<float> mx(R), sum(C);
-  reduce_rows(f, mx, [](float a, float b) { return std::fmax(a, b); }, -INFINITY);
-  reduce_cols(f, sum, [](float a, float b) { return a + b; }, 0.0f);
+  reduce_rows(
+      f, mx, [](float a, float b) { return std::fmax(a, b); }, -INFINITY);
+  reduce_cols(
+      f, sum, [](float a, float b) { return a + b; }, 0.0f);
   for (std::size_t r = 0; r < R; ++r) {
     float want = -INFINITY;
     for (std::size_t c = 0; c < C; ++c) want = std::fmax(want, f(r, c));
@@ -129,10 +131,14 @@ TEST_CASE("reduce over a staged panel tile equals the reduction of its row-major
   fill_random(p, g);
   map(p, f, [](float x) { return x; });
   float a[9], b[9], c[11], d[11];
-  reduce_rows(p, a, [](float x, float y) { return x + y; }, 0.5f);
-  reduce_rows(f, b, [](float x, float y) { return x + y; }, 0.5f);
-  reduce_cols(p, c, [](float x, float y) { return x * 0.5f + y; }, 1.0f);
-  reduce_cols(f, d, [](float x, float y) { return x * 0.5f + y; }, 1.0f);
+  reduce_rows(
+      p, a, [](float x, float y) { return x + y; }, 0.5f);
+  reduce_rows(
+      f, b, [](float x, float y) { return x + y; }, 0.5f);
+  reduce_cols(
+      p, c, [](float x, float y) { return x * 0.5f + y; }, 1.0f);
+  reduce_cols(
+      f, d, [](float x, float y) { return x * 0.5f + y; }, 1.0f);
   for (int i = 0; i < 9; ++i) REQUIRE(a[i] == b[i]);
   for (int i = 0; i < 11; ++i) REQUIRE(c[i] == d[i]);
 }

@@ -65,8 +65,10 @@ void check_staged_mma(std::mt19937& g) {
     const auto ref = reference(A, B, BM, BK, BN, used);
     for (int mode = 0; mode < 4; ++mode) {
       const bool accumulate = mode & 1, scaled = mode & 2;
-      if (accumulate) std::copy(old.begin(), old.end(), acc.v.begin());
-      else acc.fill(std::numeric_limits<float>::quiet_NaN());  // overwritten, never read
+      if (accumulate)
+        std::copy(old.begin(), old.end(), acc.v.begin());
+      else
+        acc.fill(std::numeric_limits<float>::quiet_NaN());  // overwritten, never read
       mma(a, b, acc, {.accumulate = accumulate, .row_scale = scaled ? rs.data() : nullptr, .col_scale = scaled ? cs.data() : nullptr, .k = used});
       std::size_t bad = 0;
       for (std::size_t i = 0; i < BM; ++i)

@@ -29,12 +29,12 @@ std::size_t chunk_violations(const std::vector<std::size_t>& sizes, std::size_t 
     std::size_t next = 0;
     while (at < out.size() && out[at].tensor == t) {
       const chunk_range& c = out[at++];
-      bad += c.begin != next;                   // contiguous, in order
-      bad += c.end <= c.begin;                  // never empty
+      bad += c.begin != next;   // contiguous, in order
+      bad += c.end <= c.begin;  // never empty
       bad += c.size() != c.end - c.begin;
-      bad += c.size() > limit;                  // at most one chunk
+      bad += c.size() > limit;                        // at most one chunk
       bad += c.end != sizes[t] && c.size() != limit;  // only the last chunk of a tensor is short
-      if (u) bad += c.begin % u != 0;           // whole units stay together
+      if (u) bad += c.begin % u != 0;                 // whole units stay together
       next = c.end;
     }
     bad += next != sizes[t];  // covers the tensor exactly

@@ -25,7 +25,7 @@ using namespace tessel;
 namespace {
 float random_acc(std::mt19937& g) {
   switch (g() % 5) {
-    case 0: return std::bit_cast<float>(static_cast<std::uint32_t>(g()));       // any bits
+    case 0: return std::bit_cast<float>(static_cast<std::uint32_t>(g()));          // any bits
     case 1: return std::ldexp(float(int(g() % 2001) - 1000), int(g() % 40) - 20);  // around the fp8/fp16 range
     case 2: return float(int(g() % 65) - 32);
     case 3: return std::ldexp(float(int(g() % 255) - 127), -int(g() % 30) - 10);  // small, fp8 subnormals
@@ -35,21 +35,27 @@ float random_acc(std::mt19937& g) {
 
 template <class T>
 std::uint32_t bits_of(T x) {
-  if constexpr (std::is_same_v<T, float>) return std::bit_cast<std::uint32_t>(x);
-  else return x.bits();
+  if constexpr (std::is_same_v<T, float>)
+    return std::bit_cast<std::uint32_t>(x);
+  else
+    return x.bits();
 }
 
 // The documented conversion: f32 unchanged, narrow types round to nearest even and saturate.
 template <class T>
 T expected(float v) {
-  if constexpr (std::is_same_v<T, float>) return v;
-  else return T::from_bits(tessel::detail::encode<typename T::format, overflow::saturate>(v));
+  if constexpr (std::is_same_v<T, float>)
+    return v;
+  else
+    return T::from_bits(tessel::detail::encode<typename T::format, overflow::saturate>(v));
 }
 
 template <class T>
 T sentinel() {
-  if constexpr (std::is_same_v<T, float>) return -777.0f;
-  else return T::from_bits(0x5A);
+  if constexpr (std::is_same_v<T, float>)
+    return -777.0f;
+  else
+    return T::from_bits(0x5A);
 }
 
 // Every tile of a (m, n) destination of kind 0 (row-major, padded), 1 (column-major), 2 (strided).
@@ -57,9 +63,18 @@ template <class T, std::size_t R, std::size_t C>
 std::size_t check_store(std::size_t m, std::size_t n, int kind, std::mt19937& g, std::string& where) {
   std::size_t rs = 0, cs = 0;
   switch (kind) {
-    case 0: rs = n + 2; cs = 1; break;
-    case 1: rs = 1; cs = m + 3; break;
-    default: rs = 2 * n + 1; cs = 2; break;
+    case 0:
+      rs = n + 2;
+      cs = 1;
+      break;
+    case 1:
+      rs = 1;
+      cs = m + 3;
+      break;
+    default:
+      rs = 2 * n + 1;
+      cs = 2;
+      break;
   }
   std::vector<T> mem((m - 1) * rs + (n - 1) * cs + 1 + 7);  // 7 past the end: never written
   const auto dst = tensor<T, 2>::strided(mem.data(), m, n, rs, cs);

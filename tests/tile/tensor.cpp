@@ -20,7 +20,7 @@ TEST_CASE("construction checks leading dimension, null and storage size", "[tile
   std::vector<float> s(20);
   REQUIRE_NOTHROW(tensor_f(std::span<float>(s), 4, 5));
   REQUIRE_THROWS_MATCHES(tensor_f(std::span<float>(s), 4, 6), tile_error, is_error(errc::out_of_range, "tile"));
-  REQUIRE_THROWS_MATCHES(tensor_f(s.data(), 4, 5, 4), tile_error, is_error(errc::invalid_argument, "tile"));  // ld < cols
+  REQUIRE_THROWS_MATCHES(tensor_f(s.data(), 4, 5, 4), tile_error, is_error(errc::invalid_argument, "tile"));                    // ld < cols
   REQUIRE_THROWS_MATCHES(tensor_f(s.data(), 5, 4, 4, order::col_major), tile_error, is_error(errc::invalid_argument, "tile"));  // ld < rows
   REQUIRE_THROWS_MATCHES(tensor_f(static_cast<float*>(nullptr), 2, 2), tile_error, is_error(errc::invalid_argument, "tile"));
   REQUIRE_NOTHROW(tensor_f(static_cast<float*>(nullptr), 0, 2));

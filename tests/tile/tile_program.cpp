@@ -70,9 +70,9 @@ struct gemm_bias_gelu {
   void operator()(block_ctx& ctx) const {
     using tr = mma_traits<bf16>;
     auto [bm, bn] = ctx.block_index();
-    staged<float, Cfg::BM, Cfg::BN> acc{ctx};                                  // (BM,BN)
-    staged<tr::stage_type, Cfg::BM, Cfg::BK, tr::a_layout> a{ctx};              // (BM,BK)
-    staged<tr::stage_type, Cfg::BK, Cfg::BN, tr::b_layout> b{ctx};              // (BK,BN)
+    staged<float, Cfg::BM, Cfg::BN> acc{ctx};                       // (BM,BN)
+    staged<tr::stage_type, Cfg::BM, Cfg::BK, tr::a_layout> a{ctx};  // (BM,BK)
+    staged<tr::stage_type, Cfg::BK, Cfg::BN, tr::b_layout> b{ctx};  // (BK,BN)
     for (auto k : pipelined(ceil_div(A.cols(), Cfg::BK))) {
       if (k.has_next()) prefetch(A.tile<Cfg::BM, Cfg::BK>(bm, k.next()));
       load(A.tile<Cfg::BM, Cfg::BK>(bm, k), a);
@@ -96,8 +96,9 @@ TEST_CASE("a user-written fused tile program matches the reference", "[tile][pro
   for (auto& x : B) x = bf16(float(d(g)));
   for (auto& x : bias) x = float(d(g)) * 0.25f;
   host_device dev(2);
-  dev.launch(grid{ceil_div(M, small_cfg::BM), ceil_div(N, small_cfg::BN)},
-             gemm_bias_gelu<small_cfg>{tensor<const bf16, 2>(A.data(), M, K), tensor<const bf16, 2>(B.data(), K, N), tensor<bf16, 2>(C.data(), M, N), bias});
+  dev.launch(
+      grid{ceil_div(M, small_cfg::BM), ceil_div(N, small_cfg::BN)},
+      gemm_bias_gelu<small_cfg>{tensor<const bf16, 2>(A.data(), M, K), tensor<const bf16, 2>(B.data(), K, N), tensor<bf16, 2>(C.data(), M, N), bias});
   for (std::size_t i = 0; i < M; ++i)
     for (std::size_t j = 0; j < N; ++j) {
       float s = 0;
@@ -121,8 +122,10 @@ TEST_CASE("fragment mma, map and reduce", "[tile][compute]") {
   map(c, [](float x) { return -x; });
   REQUIRE(c(0, 0) == -20.0f);
   float rows[2], cols[2];
-  reduce_rows(c, rows, [](float x, float y) { return std::max(x, y); }, -1e30f);
-  reduce_cols(c, cols, [](float x, float y) { return x + y; }, 0.0f);
+  reduce_rows(
+      c, rows, [](float x, float y) { return std::max(x, y); }, -1e30f);
+  reduce_cols(
+      c, cols, [](float x, float y) { return x + y; }, 0.0f);
   REQUIRE(rows[0] == std::max(c(0, 0), c(0, 1)));
   REQUIRE(cols[1] == c(0, 1) + c(1, 1));
 }
@@ -185,7 +188,7 @@ struct inplace_a_program {
   void operator()(block_ctx& ctx) const {
     using tr = mma_traits<T>;
     auto [bm, bn] = ctx.block_index();
-    staged<float, BM, BN> acc{ctx};                               // (BM,BN)
+    staged<float, BM, BN> acc{ctx};                                         // (BM,BN)
     staged<typename tr::stage_type, BK, BN, typename tr::b_layout> b{ctx};  // (BK,BN)
     for (auto k : pipelined(ceil_div(A.cols(), BK))) {
       load(B.template tile<BK, BN>(k, bn), b);
@@ -243,8 +246,10 @@ TEMPLATE_TEST_CASE("mma computes only the panels holding the first n columns", "
     for (std::size_t n : {std::size_t{1}, NR, NR + 1, BN}) {
       std::fill(accs.begin(), accs.end(), 7.5f);
       if constexpr (std::is_same_v<S, TestType>) {
-        if (in_place) mma(tA.template tile<BM, BK>(0, 0), b, acc, {.accumulate = false, .n = n});
-        else mma(a, b, acc, {.accumulate = false, .n = n});
+        if (in_place)
+          mma(tA.template tile<BM, BK>(0, 0), b, acc, {.accumulate = false, .n = n});
+        else
+          mma(a, b, acc, {.accumulate = false, .n = n});
       } else {
         mma(a, b, acc, {.accumulate = false, .n = n});
       }

@@ -7,9 +7,9 @@ TEST_CASE("bf16 every code decodes and round-trips", "[types][bf16]") { check_ev
 
 TEST_CASE("bf16 conversion table from the issue", "[types][bf16]") {
   const auto from = [](std::uint32_t u) { return bf16(std::bit_cast<float>(u)).bits(); };
-  CHECK(from(0x3F808000u) == 0x3F80);  // tie, even stays
-  CHECK(from(0x3F818000u) == 0x3F82);  // tie, odd rounds up
-  CHECK(from(0x7F7F8000u) == 0x7F80);  // tie at max rounds to Inf
+  CHECK(from(0x3F808000u) == 0x3F80);            // tie, even stays
+  CHECK(from(0x3F818000u) == 0x3F82);            // tie, odd rounds up
+  CHECK(from(0x7F7F8000u) == 0x7F80);            // tie at max rounds to Inf
   const std::uint16_t snan = from(0x7F800001u);  // signalling NaN whose payload truncates away
   CHECK(isnan(bf16::from_bits(snan)));
   CHECK(snan != 0x7F80);

@@ -19,7 +19,7 @@ std::vector<float> sample(std::size_t n, std::uint32_t seed) {
   std::vector<float> v(n);
   for (std::size_t i = 0; i < n; ++i) {
     switch (i % 3) {
-      case 0: v[i] = std::bit_cast<float>(std::uint32_t(g())); break;           // any bits (NaN, Inf, subnormal)
+      case 0: v[i] = std::bit_cast<float>(std::uint32_t(g())); break;                       // any bits (NaN, Inf, subnormal)
       case 1: v[i] = std::ldexp(float(int(g() % 2001) - 1000), int(g() % 40) - 30); break;  // near the fp8 range
       default: v[i] = std::normal_distribution<float>(0.0f, 100.0f)(g);
     }
@@ -49,13 +49,11 @@ void bulk_equals_scalar() {
 }
 }  // namespace
 
-TEMPLATE_TEST_CASE("bulk convert equals scalar", "[types][convert]", tessel::bf16, tessel::fp16, tessel::e4m3,
-                   tessel::e5m2) {
+TEMPLATE_TEST_CASE("bulk convert equals scalar", "[types][convert]", tessel::bf16, tessel::fp16, tessel::e4m3, tessel::e5m2) {
   bulk_equals_scalar<TestType>();
 }
 
-TEMPLATE_TEST_CASE("quantize and dequantize with one scale", "[types][convert]", tessel::e4m3, tessel::e5m2,
-                   tessel::bf16, tessel::fp16) {
+TEMPLATE_TEST_CASE("quantize and dequantize with one scale", "[types][convert]", tessel::e4m3, tessel::e5m2, tessel::bf16, tessel::fp16) {
   const auto src = sample(1000, 7);
   std::vector<TestType> q(src.size());
   std::vector<float> back(src.size());
@@ -68,20 +66,23 @@ TEMPLATE_TEST_CASE("quantize and dequantize with one scale", "[types][convert]",
     const float b = float(q[i]) * scale;
     REQUIRE(std::bit_cast<std::uint32_t>(back[i]) == std::bit_cast<std::uint32_t>(b));
   }
-  CHECK_THROWS_MATCHES(tessel::quantize(std::span<const float>(src), std::span<TestType>(q), 0.0f), tessel::type_error, is_error(errc::invalid_argument, "types"));
-  CHECK_THROWS_MATCHES(tessel::quantize(std::span<const float>(src), std::span<TestType>(q), -1.0f), tessel::type_error, is_error(errc::invalid_argument, "types"));
-  CHECK_THROWS_MATCHES(tessel::quantize(std::span<const float>(src), std::span<TestType>(q), NAN), tessel::type_error, is_error(errc::invalid_argument, "types"));
+  CHECK_THROWS_MATCHES(tessel::quantize(std::span<const float>(src), std::span<TestType>(q), 0.0f), tessel::type_error,
+                       is_error(errc::invalid_argument, "types"));
+  CHECK_THROWS_MATCHES(tessel::quantize(std::span<const float>(src), std::span<TestType>(q), -1.0f), tessel::type_error,
+                       is_error(errc::invalid_argument, "types"));
+  CHECK_THROWS_MATCHES(tessel::quantize(std::span<const float>(src), std::span<TestType>(q), NAN), tessel::type_error,
+                       is_error(errc::invalid_argument, "types"));
 }
 
 TEST_CASE("block-scaled e4m3: amax maps to max, error bound, zero blocks", "[types][convert]") {
   std::mt19937 g(3);
   std::vector<float> src(128 * 6);
   for (auto& x : src) x = std::normal_distribution<float>(0.0f, 1.0f)(g);
-  src[5] = 1000.0f;                                                     // block 0 amax
-  std::fill(src.begin() + 128, src.begin() + 256, 0.0f);                // block 1 all zero
-  src[300] = NAN;                                                       // block 2 NaN (ignored by amax)
-  src[301] = -INFINITY;                                                 // block 2 -Inf -> -max (saturate)
-  for (int i = 384; i < 512; ++i) src[i] = 1e-40f * float(i % 3);       // block 3 subnormal floats
+  src[5] = 1000.0f;                                                // block 0 amax
+  std::fill(src.begin() + 128, src.begin() + 256, 0.0f);           // block 1 all zero
+  src[300] = NAN;                                                  // block 2 NaN (ignored by amax)
+  src[301] = -INFINITY;                                            // block 2 -Inf -> -max (saturate)
+  for (int i = 384; i < 512; ++i) src[i] = 1e-40f * float(i % 3);  // block 3 subnormal floats
   std::vector<tessel::e4m3> q(src.size());
   const auto scales = tessel::quantize_blocks(std::span<const float>(src), std::span<tessel::e4m3>(q));
   REQUIRE(scales.size() == 6);
@@ -110,20 +111,20 @@ TEST_CASE("bulk API errors name both sizes", "[types][convert]") {
   std::vector<float> a(10), b(7);
   std::vector<tessel::bf16> h(9);
   std::vector<tessel::e4m3> q(10);
-  CHECK_THROWS_MATCHES(tessel::convert(std::span<const float>(a), std::span<tessel::bf16>(h)), tessel::type_error, is_error(errc::invalid_argument, "types"));
-  CHECK_THROWS_WITH(tessel::convert(std::span<const float>(a), std::span<tessel::bf16>(h)),
-                    Catch::Contains("10") && Catch::Contains("9"));
-  CHECK_THROWS_WITH(tessel::convert(std::span<const tessel::bf16>(h), std::span<float>(b)),
-                    Catch::Contains("9") && Catch::Contains("7"));
-  CHECK_THROWS_WITH(tessel::quantize_blocks(std::span<const float>(a), std::span<tessel::e4m3>(q), 4),
-                    Catch::Contains("4") && Catch::Contains("10"));
-  CHECK_THROWS_MATCHES(tessel::quantize_blocks(std::span<const float>(a), std::span<tessel::e4m3>(q), 0), tessel::type_error, is_error(errc::invalid_argument, "types"));
+  CHECK_THROWS_MATCHES(tessel::convert(std::span<const float>(a), std::span<tessel::bf16>(h)), tessel::type_error,
+                       is_error(errc::invalid_argument, "types"));
+  CHECK_THROWS_WITH(tessel::convert(std::span<const float>(a), std::span<tessel::bf16>(h)), Catch::Contains("10") && Catch::Contains("9"));
+  CHECK_THROWS_WITH(tessel::convert(std::span<const tessel::bf16>(h), std::span<float>(b)), Catch::Contains("9") && Catch::Contains("7"));
+  CHECK_THROWS_WITH(tessel::quantize_blocks(std::span<const float>(a), std::span<tessel::e4m3>(q), 4), Catch::Contains("4") && Catch::Contains("10"));
+  CHECK_THROWS_MATCHES(tessel::quantize_blocks(std::span<const float>(a), std::span<tessel::e4m3>(q), 0), tessel::type_error,
+                       is_error(errc::invalid_argument, "types"));
   std::vector<float> sc(3);
   CHECK_THROWS_WITH(tessel::quantize_blocks(std::span<const float>(a), std::span<tessel::e4m3>(q), std::span<float>(sc), 5),
                     Catch::Contains("3") && Catch::Contains("2"));
   CHECK_THROWS_MATCHES(tessel::dequantize_blocks(std::span<const tessel::e4m3>(q), std::span<const float>(sc), std::span<float>(a), 5),
-                  tessel::type_error, is_error(errc::invalid_argument, "types"));
-  CHECK_THROWS_MATCHES(tessel::dequantize(std::span<const tessel::e4m3>(q), std::span<float>(b), 1.0f), tessel::type_error, is_error(errc::invalid_argument, "types"));
+                       tessel::type_error, is_error(errc::invalid_argument, "types"));
+  CHECK_THROWS_MATCHES(tessel::dequantize(std::span<const tessel::e4m3>(q), std::span<float>(b), 1.0f), tessel::type_error,
+                       is_error(errc::invalid_argument, "types"));
 }
 
 TEST_CASE("convert between other float pairs (double, narrow <-> narrow)", "[types][convert]") {
@@ -143,7 +144,8 @@ TEST_CASE("convert between other float pairs (double, narrow <-> narrow)", "[typ
   std::vector<double> back(d.size());
   tessel::convert(std::span<const tessel::e5m2>(e), std::span<double>(back));
   CHECK(back[3] == 448.0);
-  CHECK_THROWS_MATCHES(tessel::convert(std::span<const double>(d), std::span<tessel::e5m2>(e.data(), 2)), tessel::type_error, is_error(errc::invalid_argument, "types"));
+  CHECK_THROWS_MATCHES(tessel::convert(std::span<const double>(d), std::span<tessel::e5m2>(e.data(), 2)), tessel::type_error,
+                       is_error(errc::invalid_argument, "types"));
 }
 
 namespace {
@@ -175,8 +177,7 @@ TEST_CASE("scalar conversions from double agree with the reference (sample)", "[
 }
 
 #if defined(__x86_64__) || defined(__i386__)
-TEMPLATE_TEST_CASE("bulk convert stays exact under FTZ/DAZ", "[types][convert]", tessel::bf16, tessel::fp16,
-                   tessel::e4m3, tessel::e5m2) {
+TEMPLATE_TEST_CASE("bulk convert stays exact under FTZ/DAZ", "[types][convert]", tessel::bf16, tessel::fp16, tessel::e4m3, tessel::e5m2) {
   // Programs linked with -ffast-math run with FTZ|DAZ set; the integer rounding must not care.
   std::vector<float> src;
   for (std::uint32_t u = 1; u < 0x00800000u; u += 0x1FFFu) {
@@ -197,7 +198,8 @@ TEMPLATE_TEST_CASE("bulk convert stays exact under FTZ/DAZ", "[types][convert]",
   for (std::size_t i = 0; i < src.size(); ++i) {
     bad += p[i].bits() != tessel::detail::encode<typename TestType::format, overflow::propagate>(src[i]);
     bad += q[i].bits() != tessel::detail::encode<typename TestType::format, overflow::saturate>(src[i]);
-    bad += std::bit_cast<std::uint32_t>(back[i]) != std::bit_cast<std::uint32_t>(tessel::detail::decode_bits<typename TestType::format, float>(p[i].bits()));
+    bad += std::bit_cast<std::uint32_t>(back[i]) !=
+           std::bit_cast<std::uint32_t>(tessel::detail::decode_bits<typename TestType::format, float>(p[i].bits()));
   }
   CHECK(bad == 0);
 }

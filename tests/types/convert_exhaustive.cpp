@@ -108,12 +108,12 @@ void exhaustive_against_reference(const tessel_ref::format_spec& spec) {
               const std::uint32_t ss = tessel::detail::encode<Fmt, overflow::saturate>(pos[i]);
               const std::uint32_t snp = T(neg[i]).bits();
               const std::uint32_t sns = tessel::detail::encode<Fmt, overflow::saturate>(neg[i]);
-              const bool ok = sp == rp && ss == rs && snp == rnp && sns == rns && bp[i].bits() == sp &&
-                              bps[i].bits() == ss && bn[i].bits() == snp && bns[i].bits() == sns;
+              const bool ok = sp == rp && ss == rs && snp == rnp && sns == rns && bp[i].bits() == sp && bps[i].bits() == ss && bn[i].bits() == snp &&
+                              bns[i].bits() == sns;
               if (!ok)
-                res.fail("float " + hex(a) + ": scalar " + hex(sp) + "/" + hex(ss) + "/" + hex(snp) + "/" + hex(sns) +
-                         " reference " + hex(rp) + "/" + hex(rs) + "/" + hex(rnp) + "/" + hex(rns) + " bulk " +
-                         hex(bp[i].bits()) + "/" + hex(bps[i].bits()) + "/" + hex(bn[i].bits()) + "/" + hex(bns[i].bits()));
+                res.fail("float " + hex(a) + ": scalar " + hex(sp) + "/" + hex(ss) + "/" + hex(snp) + "/" + hex(sns) + " reference " + hex(rp) + "/" +
+                         hex(rs) + "/" + hex(rnp) + "/" + hex(rns) + " bulk " + hex(bp[i].bits()) + "/" + hex(bps[i].bits()) + "/" +
+                         hex(bn[i].bits()) + "/" + hex(bns[i].bits()));
             }
           }
         };

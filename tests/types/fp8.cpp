@@ -28,8 +28,8 @@ TEST_CASE("fp8 NaN sets are exactly OCP's", "[types][fp8]") {
   int e4 = 0, e5 = 0;
   for (unsigned c = 0; c < 256; ++c) {
     const bool n4 = isnan(e4m3::from_bits(std::uint8_t(c))), n5 = isnan(e5m2::from_bits(std::uint8_t(c)));
-    CHECK(n4 == ((c & 0x7F) == 0x7F));               // S.1111.111
-    CHECK(n5 == ((c & 0x7F) > 0x7C));                // S.11111.{01,10,11}
+    CHECK(n4 == ((c & 0x7F) == 0x7F));  // S.1111.111
+    CHECK(n5 == ((c & 0x7F) > 0x7C));   // S.11111.{01,10,11}
     CHECK(isinf(e5m2::from_bits(std::uint8_t(c))) == ((c & 0x7F) == 0x7C));
     CHECK_FALSE(isinf(e4m3::from_bits(std::uint8_t(c))));
     e4 += n4;
@@ -40,12 +40,19 @@ TEST_CASE("fp8 NaN sets are exactly OCP's", "[types][fp8]") {
 }
 
 TEST_CASE("fp8 conversion table from the issue", "[types][fp8]") {
-  struct row { float x; unsigned e4, e4s, e5, e5s; };
+  struct row {
+    float x;
+    unsigned e4, e4s, e5, e5s;
+  };
   const row rows[] = {
-      {1.0f, 0x38, 0x38, 0x3C, 0x3C},        {448.0f, 0x7E, 0x7E, 0x5F, 0x5F},
-      {464.0f, 0x7E, 0x7E, 0x5F, 0x5F},      {480.0f, 0x7F, 0x7E, 0x60, 0x60},
-      {61440.0f, 0x7F, 0x7E, 0x7C, 0x7B},    {std::ldexp(1.0f, -9), 0x01, 0x01, 0x18, 0x18},
-      {std::ldexp(1.0f, -10), 0x00, 0x00, 0x14, 0x14}, {std::ldexp(1.0f, -16), 0x00, 0x00, 0x01, 0x01},
+      {1.0f, 0x38, 0x38, 0x3C, 0x3C},
+      {448.0f, 0x7E, 0x7E, 0x5F, 0x5F},
+      {464.0f, 0x7E, 0x7E, 0x5F, 0x5F},
+      {480.0f, 0x7F, 0x7E, 0x60, 0x60},
+      {61440.0f, 0x7F, 0x7E, 0x7C, 0x7B},
+      {std::ldexp(1.0f, -9), 0x01, 0x01, 0x18, 0x18},
+      {std::ldexp(1.0f, -10), 0x00, 0x00, 0x14, 0x14},
+      {std::ldexp(1.0f, -16), 0x00, 0x00, 0x01, 0x01},
       {-0.0f, 0x80, 0x80, 0x80, 0x80},
   };
   for (const row& r : rows) {
@@ -70,13 +77,13 @@ TEST_CASE("fp8 specials: Inf, NaN, ties, subnormal rounding", "[types][fp8]") {
   CHECK(e4m3(-qnan).bits() == 0xFF);
   CHECK(sat<e4m3>(qnan) == 0x7F);
   CHECK(isnan(e5m2::from_bits(std::uint8_t(sat<e5m2>(qnan)))));
-  CHECK(e4m3(std::ldexp(1.0f, -10)).bits() == 0x00);        // exact tie to 0 (even)
-  CHECK(e4m3(std::ldexp(3.0f, -10)).bits() == 0x02);         // 1.5 * 2^-9 ties to even 2 * 2^-9
-  CHECK(e4m3(std::ldexp(3.0f, -11)).bits() == 0x01);         // 0.75 * 2^-9 rounds to 1 * 2^-9
+  CHECK(e4m3(std::ldexp(1.0f, -10)).bits() == 0x00);  // exact tie to 0 (even)
+  CHECK(e4m3(std::ldexp(3.0f, -10)).bits() == 0x02);  // 1.5 * 2^-9 ties to even 2 * 2^-9
+  CHECK(e4m3(std::ldexp(3.0f, -11)).bits() == 0x01);  // 0.75 * 2^-9 rounds to 1 * 2^-9
   CHECK(e4m3(std::nextafter(std::ldexp(1.0f, -10), 1.0f)).bits() == 0x01);
   CHECK(e4m3(std::numeric_limits<float>::denorm_min()).bits() == 0x00);
   CHECK(e4m3(-std::numeric_limits<float>::denorm_min()).bits() == 0x80);
-  CHECK(e4m3(0.015625f * 0.97f).bits() == 0x08);          // rounds up into the smallest normal
+  CHECK(e4m3(0.015625f * 0.97f).bits() == 0x08);  // rounds up into the smallest normal
   // Double does not round twice: just above the tie in double, a tie after rounding to float.
   const double above_tie = 464.0 + std::ldexp(1.0, -40);
   CHECK(float(above_tie) == 464.0f);

@@ -51,6 +51,8 @@ TEST_CASE("pack_int4 / unpack_int4 over spans", "[types][int4]") {
   tessel::pack_int4(v, packed);  // saturates
   CHECK(packed[2].hi() == 7);
   CHECK(packed[3].lo() == -8);
-  CHECK_THROWS_MATCHES(tessel::pack_int4(std::span<const std::int8_t>(v.data(), 3), packed), tessel::type_error, is_error(errc::invalid_argument, "types"));
-  CHECK_THROWS_MATCHES(tessel::unpack_int4(packed, std::span<std::int8_t>(back.data(), 5)), tessel::type_error, is_error(errc::invalid_argument, "types"));
+  CHECK_THROWS_MATCHES(tessel::pack_int4(std::span<const std::int8_t>(v.data(), 3), packed), tessel::type_error,
+                       is_error(errc::invalid_argument, "types"));
+  CHECK_THROWS_MATCHES(tessel::unpack_int4(packed, std::span<std::int8_t>(back.data(), 5)), tessel::type_error,
+                       is_error(errc::invalid_argument, "types"));
 }

@@ -35,8 +35,7 @@ void check_common(float max, float min_normal, float denorm_min, float eps, int 
 }
 
 TEST_CASE("numeric_limits of the narrow float types", "[types][limits]") {
-  check_common<tessel::bf16>(std::bit_cast<float>(0x7F7F0000u), std::ldexp(1.0f, -126), std::ldexp(1.0f, -133),
-                             std::ldexp(1.0f, -7), 8, true);
+  check_common<tessel::bf16>(std::bit_cast<float>(0x7F7F0000u), std::ldexp(1.0f, -126), std::ldexp(1.0f, -133), std::ldexp(1.0f, -7), 8, true);
   check_common<tessel::fp16>(65504.0f, std::ldexp(1.0f, -14), std::ldexp(1.0f, -24), std::ldexp(1.0f, -10), 11, true);
   check_common<tessel::e4m3>(448.0f, std::ldexp(1.0f, -6), std::ldexp(1.0f, -9), 0.125f, 4, false);
   check_common<tessel::e5m2>(57344.0f, std::ldexp(1.0f, -14), std::ldexp(1.0f, -16), 0.25f, 3, true);

@@ -91,16 +91,17 @@ TEST_CASE("verify fills are seeded, in range, and adversarial fills hold every s
   verify::fill_options bad;
   bad.lo = 1;
   bad.hi = 1;
-  CHECK_THROWS_MATCHES(verify::filled<float>(4, verify::fill::uniform, 1, bad), verify::verify_error, is_error(errc::invalid_argument, "verify", "uniform bounds"));
+  CHECK_THROWS_MATCHES(verify::filled<float>(4, verify::fill::uniform, 1, bad), verify::verify_error,
+                       is_error(errc::invalid_argument, "verify", "uniform bounds"));
   bad = {};
   bad.range = -1;
-  CHECK_THROWS_MATCHES(verify::filled<float>(4, verify::fill::small_int, 1, bad), verify::verify_error, is_error(errc::invalid_argument, "verify", "negative"));
+  CHECK_THROWS_MATCHES(verify::filled<float>(4, verify::fill::small_int, 1, bad), verify::verify_error,
+                       is_error(errc::invalid_argument, "verify", "negative"));
 }
 
 TEST_CASE("verify sizes: zero, one, primes, tile edges and their neighbours", "[verify][check]") {
   const auto s = verify::sizes({16, 64}, 1009);
-  for (std::size_t want : {0u, 1u, 2u, 3u, 7u, 15u, 16u, 17u, 33u, 63u, 64u, 65u, 129u, 1009u})
-    CHECK(std::find(s.begin(), s.end(), want) != s.end());
+  for (std::size_t want : {0u, 1u, 2u, 3u, 7u, 15u, 16u, 17u, 33u, 63u, 64u, 65u, 129u, 1009u}) CHECK(std::find(s.begin(), s.end(), want) != s.end());
   CHECK(std::is_sorted(s.begin(), s.end()));
   CHECK(std::adjacent_find(s.begin(), s.end()) == s.end());
   const auto nz = verify::sizes({4}, 0, false);

@@ -28,7 +28,8 @@ std::vector<float> run_gemm(Dev& dev) {
 }
 
 TEST_CASE("verify determinism: the library GEMM has the same bits on any thread count and on a card", "[verify][determinism]") {
-  const auto s = verify::same_across_threads<float>("gemm", [](host_device& d) { return run_gemm(d); }, {1, 2, 3, 4}, 2);
+  const auto s = verify::same_across_threads<float>(
+      "gemm", [](host_device& d) { return run_gemm(d); }, {1, 2, 3, 4}, 2);
   INFO(s.summary(true));
   CHECK(s.passed());
   CHECK(s.reports.size() == 7);
@@ -36,7 +37,12 @@ TEST_CASE("verify determinism: the library GEMM has the same bits on any thread 
   emu::card_spec spec;
   spec.memory_bytes = std::size_t(64) << 20;
   emu::card card(0, spec, ex, false, nullptr);
-  const auto hc = verify::same_bits<float>("gemm", {{"host", [] { host_device d(2); return run_gemm(d); }}, {"card", [&card] { return run_gemm(card); }}});
+  const auto hc = verify::same_bits<float>("gemm", {{"host",
+                                                     [] {
+                                                       host_device d(2);
+                                                       return run_gemm(d);
+                                                     }},
+                                                    {"card", [&card] { return run_gemm(card); }}});
   INFO(hc.summary(true));
   CHECK(hc.passed());
 }
@@ -73,8 +79,10 @@ TEST_CASE("verify determinism finds a sum whose split follows the thread count",
   REQUIRE(r.worst);
   CHECK(r.worst->index == 1);
   CHECK(r.name.find("1 thread vs 3 threads") != std::string::npos);
-  CHECK_THROWS_MATCHES(verify::same_across_threads<float>("one", run, {2}, 1), verify::verify_error, is_error(errc::invalid_argument, "verify", "two runs"));
-  CHECK_THROWS_MATCHES(verify::same_across_threads<float>("zero", run, {0, 1}, 1), verify::verify_error, is_error(errc::invalid_argument, "verify", "one thread"));
+  CHECK_THROWS_MATCHES(verify::same_across_threads<float>("one", run, {2}, 1), verify::verify_error,
+                       is_error(errc::invalid_argument, "verify", "two runs"));
+  CHECK_THROWS_MATCHES(verify::same_across_threads<float>("zero", run, {0, 1}, 1), verify::verify_error,
+                       is_error(errc::invalid_argument, "verify", "one thread"));
 }
 
 }  // namespace tessel_test_verify_determinism

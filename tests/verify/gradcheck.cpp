@@ -121,10 +121,13 @@ TEST_CASE("gradcheck rejects what it cannot check", "[verify][gradcheck]") {
   o = {};
   o.mode = verify::grad_mode::random_directions;
   o.directions = 0;
-  CHECK_THROWS_MATCHES(verify::gradcheck("dirs", id, gid, x, o), verify::verify_error, is_error(errc::invalid_argument, "verify", "zero random directions"));
+  CHECK_THROWS_MATCHES(verify::gradcheck("dirs", id, gid, x, o), verify::verify_error,
+                       is_error(errc::invalid_argument, "verify", "zero random directions"));
   auto short_bwd = [](std::span<const double>, std::span<const double>) { return std::vector<double>(2); };
-  CHECK_THROWS_MATCHES(verify::gradcheck("len", id, short_bwd, x), verify::verify_error, is_error(errc::invalid_argument, "verify", "2 gradients for 3"));
-  CHECK_THROWS_MATCHES(verify::gradcheck("nan", id, gid, std::vector<double>{1, NAN}), verify::verify_error, is_error(errc::invalid_argument, "verify", "x[1]"));
+  CHECK_THROWS_MATCHES(verify::gradcheck("len", id, short_bwd, x), verify::verify_error,
+                       is_error(errc::invalid_argument, "verify", "2 gradients for 3"));
+  CHECK_THROWS_MATCHES(verify::gradcheck("nan", id, gid, std::vector<double>{1, NAN}), verify::verify_error,
+                       is_error(errc::invalid_argument, "verify", "x[1]"));
   auto zero = [](std::span<const double> x0) { return std::vector<double>(x0.size(), 0.0); };
   auto gzero = [](std::span<const double> x0, std::span<const double>) { return std::vector<double>(x0.size(), 0.0); };
   const auto r = verify::gradcheck("constant", zero, gzero, x);

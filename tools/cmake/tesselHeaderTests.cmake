@@ -4,9 +4,9 @@
 file(GLOB_RECURSE public_headers CONFIGURE_DEPENDS RELATIVE ${PROJECT_SOURCE_DIR}/include
      ${PROJECT_SOURCE_DIR}/include/tessel/*.hpp)
 # detail/ headers are internals that users never include, except where one declares a name of
-# the public API (a non-empty `inline namespace v0`): today overflow (types/detail/codec.hpp),
-# algorithm (collectives/detail/algorithms.hpp) and layer_error (ops/detail/norm_rows.hpp). A
-# user meets those names, so those headers must compile alone as well. (types/detail/
+# the public API (a non-empty `inline namespace v0`): e.g. overflow (types/detail/codec.hpp), the
+# graph executor's kernels (graph/detail/exec_*.hpp) and the fabric's out-of-class members
+# (emulator/detail/fabric_*.hpp). A user meets those names, so those headers must compile alone as well. (types/detail/
 # basic_float.hpp holds the number types' interface in tessel::detail; bf16.hpp, which includes
 # it first and nothing else, already compiles it alone.)
 # An umbrella (a layer's tessel/<layer>.hpp holding nothing but includes) compiles alone when the

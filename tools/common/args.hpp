@@ -23,9 +23,12 @@ inline std::size_t parse_size(const std::string& opt, const std::string& s) {
   errno = 0;
   const double v = std::strtod(s.c_str(), &end);
   double mul = 1;
-  if (*end == 'K' || *end == 'k') mul = 1024.0, ++end;
-  else if (*end == 'M' || *end == 'm') mul = 1024.0 * 1024, ++end;
-  else if (*end == 'G' || *end == 'g') mul = 1024.0 * 1024 * 1024, ++end;
+  if (*end == 'K' || *end == 'k')
+    mul = 1024.0, ++end;
+  else if (*end == 'M' || *end == 'm')
+    mul = 1024.0 * 1024, ++end;
+  else if (*end == 'G' || *end == 'g')
+    mul = 1024.0 * 1024 * 1024, ++end;
   if (*end == 'B' || *end == 'b') ++end;
   if (*end != '\0') throw bad("is not a size (e.g. 8, 64K, 256M, 1G)");
   const double bytes = v * mul;

@@ -88,8 +88,10 @@ graph::host_tensor random_input(dtype type, const std::vector<std::size_t>& shap
     using T = decltype(tag);
     for (std::size_t i = 0; i < n; ++i) {
       T x;
-      if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, bf16> || std::is_same_v<T, fp16>) x = T(static_cast<float>(u(rng)));
-      else x = static_cast<T>(rng() % 8);
+      if constexpr (std::is_floating_point_v<T> || std::is_same_v<T, bf16> || std::is_same_v<T, fp16>)
+        x = T(static_cast<float>(u(rng)));
+      else
+        x = static_cast<T>(rng() % 8);
       std::memcpy(t.data.data() + i * sizeof(T), &x, sizeof(T));
     }
   };
@@ -100,7 +102,9 @@ graph::host_tensor random_input(dtype type, const std::vector<std::size_t>& shap
     case dtype::fp16: fill(fp16{}); break;
     case dtype::i64: fill(std::int64_t{}); break;
     case dtype::i32: fill(std::int32_t{}); break;
-    case dtype::u8: for (std::size_t i = 0; i < n; ++i) t.data[i] = std::byte{static_cast<unsigned char>(rng() & 1)}; break;
+    case dtype::u8:
+      for (std::size_t i = 0; i < n; ++i) t.data[i] = std::byte{static_cast<unsigned char>(rng() & 1)};
+      break;
     default: throw graph::graph_error(errc::unsupported, std::string("tessel-convert: no random inputs of dtype ") + std::string(dtype_name(type)));
   }
   return t;
@@ -125,8 +129,7 @@ int run_model(Dev& dev, const graph::graph& g, const graph::compile_options& cop
     if (it != input_files.end()) {
       inputs.emplace(x.name, from_npy(io::read_npy(it->second)));
     } else {
-      if (!input_files.empty())
-        throw graph::graph_error(errc::invalid_argument, "tessel-convert: no --input for graph input '" + x.name + "'");
+      if (!input_files.empty()) throw graph::graph_error(errc::invalid_argument, "tessel-convert: no --input for graph input '" + x.name + "'");
       inputs.emplace(x.name, random_input(*x.type, exe.shape_of(x.name), rng));
     }
   }
@@ -152,7 +155,8 @@ int run_model(Dev& dev, const graph::graph& g, const graph::compile_options& cop
     if (!out_dir.empty()) {
       std::filesystem::create_directories(out_dir);
       std::string file = name;
-      std::replace_if(file.begin(), file.end(), [](char c) { return c == '/' || c == '\\' || c == ':'; }, '_');
+      std::replace_if(
+          file.begin(), file.end(), [](char c) { return c == '/' || c == '\\' || c == ':'; }, '_');
       io::write_npy(std::filesystem::path(out_dir) / (file + ".npy"), to_npy(t));
     }
   }
@@ -177,9 +181,12 @@ int main(int argc, char** argv) {
         if (i + 1 >= argc) usage("missing value for " + a);
         return argv[++i];
       };
-      if (a == "--report") report = true;
-      else if (a == "--run") run = true;
-      else if (a == "--no-fuse") fuse = false;
+      if (a == "--report")
+        report = true;
+      else if (a == "--run")
+        run = true;
+      else if (a == "--no-fuse")
+        fuse = false;
       else if (a == "--bind") {
         const std::string v = val();
         const auto eq = v.find('=');
@@ -200,21 +207,27 @@ int main(int argc, char** argv) {
         run = true;
       } else if (a == "--dtype") {
         const std::string v = val();
-        if (v == "f32") copt.compute = dtype::f32;
-        else if (v == "bf16") copt.compute = dtype::bf16;
-        else usage("--dtype is f32 or bf16, not '" + v + "'");
+        if (v == "f32")
+          copt.compute = dtype::f32;
+        else if (v == "bf16")
+          copt.compute = dtype::bf16;
+        else
+          usage("--dtype is f32 or bf16, not '" + v + "'");
       } else if (a == "--device") {
         device = val();
         if (device != "host" && device != "card") usage("--device is host or card, not '" + device + "'");
-      } else if (a == "--threads") threads = static_cast<int>(parse_int(a, val(), 1, 1024));
-      else if (a == "--repeat") repeat = static_cast<int>(parse_int(a, val(), 1, 1000000));
-      else if (!a.empty() && a[0] == '-') usage("unknown option " + a);
-      else if (model.empty()) model = a;
-      else usage("more than one model: '" + model + "' and '" + a + "'");
+      } else if (a == "--threads")
+        threads = static_cast<int>(parse_int(a, val(), 1, 1024));
+      else if (a == "--repeat")
+        repeat = static_cast<int>(parse_int(a, val(), 1, 1000000));
+      else if (!a.empty() && a[0] == '-')
+        usage("unknown option " + a);
+      else if (model.empty())
+        model = a;
+      else
+        usage("more than one model: '" + model + "' and '" + a + "'");
     }
-  } catch (const std::exception& e) {
-    usage(e.what());
-  }
+  } catch (const std::exception& e) { usage(e.what()); }
   if (model.empty()) usage("no model given");
 
   try {
@@ -230,8 +243,10 @@ int main(int argc, char** argv) {
       graph::optimize_options oopt;
       oopt.fold.bindings = binds;
       const graph::fusion_report r = graph::optimize(g, oopt);
-      if (report) std::printf("%s", r.to_string().c_str());
-      else std::printf("nodes: %zu -> %zu (-%.1f%%)\n", r.nodes_before, r.nodes_after, r.reduction_percent());
+      if (report)
+        std::printf("%s", r.to_string().c_str());
+      else
+        std::printf("nodes: %zu -> %zu (-%.1f%%)\n", r.nodes_before, r.nodes_after, r.reduction_percent());
     }
     // Every symbol left unbound is 1 for planning and running; say which.
     for (graph::value_id v : g.inputs())
@@ -243,8 +258,8 @@ int main(int argc, char** argv) {
     if (report) std::printf("%s\n", graph::plan_activations(g, {}, binds).report().c_str());
     if (!unnamed_input.empty()) {
       if (g.inputs().size() != 1)
-        throw graph::graph_error(errc::invalid_argument, "tessel-convert: --input without NAME= needs a one-input model; this one has " +
-                                                             std::to_string(g.inputs().size()));
+        throw graph::graph_error(errc::invalid_argument,
+                                 "tessel-convert: --input without NAME= needs a one-input model; this one has " + std::to_string(g.inputs().size()));
       input_files[g.get(g.inputs()[0]).name] = unnamed_input;
     }
     if (!run) return 0;

@@ -51,8 +51,8 @@ using tessel_tools::parse_size;
 
 namespace {
 
-constexpr long long max_ranks = 1 << 20;        // beyond any cluster the emulator models
-constexpr long long max_thread_ranks = 1024;    // one OS thread per rank on the threads transport
+constexpr long long max_ranks = 1 << 20;      // beyond any cluster the emulator models
+constexpr long long max_thread_ranks = 1024;  // one OS thread per rank on the threads transport
 
 enum class coll { all_reduce, reduce, broadcast, all_gather, reduce_scatter, gather, scatter, all_to_all, sendrecv };
 
@@ -69,14 +69,14 @@ struct opts {
   int root = 0;
   bool check = false;
   std::string transport = "threads";
-  algorithm algo = algorithm::automatic;      // the one being run
+  algorithm algo = algorithm::automatic;               // the one being run
   std::vector<algorithm> algos{algorithm::automatic};  // --algo: one, a comma list, or all
   std::string compress = "none";
   bool ranks_given = false;
-  std::string cluster_path;                   // --cluster: the emulated machine
+  std::string cluster_path;  // --cluster: the emulated machine
   std::optional<emu::cluster_config> cluster;
-  std::string plot;                           // --plot: busbw curves as SVG
-  bool progress = false;                      // --progress, or stderr is a terminal
+  std::string plot;       // --plot: busbw curves as SVG
+  bool progress = false;  // --progress, or stderr is a terminal
   int node_size = 0;
   std::size_t segment = 0;  // pipelining unit of the ring/direct algorithms; 0: see main()
 };
@@ -100,10 +100,9 @@ struct opts {
 
 coll parse_coll(const std::string& s) {
   const std::pair<const char*, coll> names[] = {
-      {"all_reduce", coll::all_reduce}, {"reduce", coll::reduce},   {"broadcast", coll::broadcast},
-      {"all_gather", coll::all_gather}, {"reduce_scatter", coll::reduce_scatter}, {"gather", coll::gather},
-      {"scatter", coll::scatter},       {"all_to_all", coll::all_to_all}, {"alltoall", coll::all_to_all},
-      {"sendrecv", coll::sendrecv}};
+      {"all_reduce", coll::all_reduce},         {"reduce", coll::reduce},    {"broadcast", coll::broadcast}, {"all_gather", coll::all_gather},
+      {"reduce_scatter", coll::reduce_scatter}, {"gather", coll::gather},    {"scatter", coll::scatter},     {"all_to_all", coll::all_to_all},
+      {"alltoall", coll::all_to_all},           {"sendrecv", coll::sendrecv}};
   for (auto& [n, c] : names)
     if (s == n) return c;
   usage(("unknown collective '" + s + "'").c_str());
@@ -125,28 +124,38 @@ opts parse(int argc, char** argv) {
       return argv[++i];
     };
     try {
-      if (a == "-b" || a == "--minbytes") o.minb = parse_size(a, val());
-      else if (a == "-e" || a == "--maxbytes") o.maxb = parse_size(a, val());
-      else if (a == "-f" || a == "--stepfactor") o.factor = parse_real(a, val(), 1.0, 1e6);
-      else if (a == "-i" || a == "--stepbytes") o.step = parse_size(a, val());
+      if (a == "-b" || a == "--minbytes")
+        o.minb = parse_size(a, val());
+      else if (a == "-e" || a == "--maxbytes")
+        o.maxb = parse_size(a, val());
+      else if (a == "-f" || a == "--stepfactor")
+        o.factor = parse_real(a, val(), 1.0, 1e6);
+      else if (a == "-i" || a == "--stepbytes")
+        o.step = parse_size(a, val());
       else if (a == "-g" || a == "--ranks") {
         o.ranks = static_cast<int>(parse_int(a, val(), 1, max_ranks));
         o.ranks_given = true;
-      }
-      else if (a == "-n" || a == "--iters") o.iters = static_cast<int>(parse_int(a, val(), 1, 1000000));
-      else if (a == "-w" || a == "--warmup_iters") o.warmup = static_cast<int>(parse_int(a, val(), 0, 1000000));
+      } else if (a == "-n" || a == "--iters")
+        o.iters = static_cast<int>(parse_int(a, val(), 1, 1000000));
+      else if (a == "-w" || a == "--warmup_iters")
+        o.warmup = static_cast<int>(parse_int(a, val(), 0, 1000000));
       else if (a == "-d" || a == "--datatype") {
         auto v = val();
         if (v == "float") v = "f32";
         if (v == "double") v = "f64";
         if (v == "int32") v = "i32";
         o.dt = dtype_from_name(v);
-      } else if (a == "-o" || a == "--op") o.op = reduce_op_from_name(val());
-      else if (a == "-r" || a == "--root") o.root = static_cast<int>(parse_int(a, val(), 0, max_ranks - 1));
+      } else if (a == "-o" || a == "--op")
+        o.op = reduce_op_from_name(val());
+      else if (a == "-r" || a == "--root")
+        o.root = static_cast<int>(parse_int(a, val(), 0, max_ranks - 1));
       else if (a == "-c" || a == "--check") {
-        if (i + 1 < argc && (std::string(argv[i + 1]) == "0" || std::string(argv[i + 1]) == "1")) o.check = std::string(argv[++i]) == "1";
-        else o.check = true;
-      } else if (a == "--transport") o.transport = val();
+        if (i + 1 < argc && (std::string(argv[i + 1]) == "0" || std::string(argv[i + 1]) == "1"))
+          o.check = std::string(argv[++i]) == "1";
+        else
+          o.check = true;
+      } else if (a == "--transport")
+        o.transport = val();
       else if (a == "--algo") {
         const std::string v = val();
         o.algos.clear();
@@ -157,23 +166,31 @@ opts parse(int argc, char** argv) {
           while (true) {
             const auto comma = v.find(',', at);
             const algorithm al = algorithm_from_name(v.substr(at, comma - at));
-            if (std::find(o.algos.begin(), o.algos.end(), al) != o.algos.end()) usage(("--algo names '" + v.substr(at, comma - at) + "' twice").c_str());
+            if (std::find(o.algos.begin(), o.algos.end(), al) != o.algos.end())
+              usage(("--algo names '" + v.substr(at, comma - at) + "' twice").c_str());
             o.algos.push_back(al);
             if (comma == std::string::npos) break;
             at = comma + 1;
           }
         }
         o.algo = o.algos.front();
-      } else if (a == "--cluster") o.cluster_path = val();
+      } else if (a == "--cluster")
+        o.cluster_path = val();
       else if (a == "--cluster-keys") {
         std::fputs(emu::describe_cluster_keys().c_str(), stdout);
         std::exit(0);
-      } else if (a == "--plot") o.plot = val();
-      else if (a == "--progress") o.progress = true;
-      else if (a == "--compress") o.compress = val();
-      else if (a == "--node-size") o.node_size = static_cast<int>(parse_int(a, val(), 0, max_ranks));
-      else if (a == "--segment") o.segment = parse_size(a, val());
-      else usage(("unknown option " + a).c_str());
+      } else if (a == "--plot")
+        o.plot = val();
+      else if (a == "--progress")
+        o.progress = true;
+      else if (a == "--compress")
+        o.compress = val();
+      else if (a == "--node-size")
+        o.node_size = static_cast<int>(parse_int(a, val(), 0, max_ranks));
+      else if (a == "--segment")
+        o.segment = parse_size(a, val());
+      else
+        usage(("unknown option " + a).c_str());
     } catch (const std::exception& e) {  // a bad number (std::stoi) or name (tessel::error)
       usage(e.what());
     }
@@ -184,11 +201,10 @@ opts parse(int argc, char** argv) {
       usage(("--cluster describes an emulated machine: it needs --transport emulated (got '" + o.transport + "')").c_str());
     try {
       o.cluster = emu::load_cluster_config(o.cluster_path);
-    } catch (const tessel::error& e) {
-      usage(e.what());
-    }
+    } catch (const tessel::error& e) { usage(e.what()); }
     const std::size_t cards = o.cluster->cards();
-    if (!o.ranks_given) o.ranks = static_cast<int>(std::min<std::size_t>(cards, static_cast<std::size_t>(max_ranks)));
+    if (!o.ranks_given)
+      o.ranks = static_cast<int>(std::min<std::size_t>(cards, static_cast<std::size_t>(max_ranks)));
     else if (static_cast<std::size_t>(o.ranks) > cards)
       usage(("-g " + std::to_string(o.ranks) + " is more ranks than the " + std::to_string(cards) + " cards of " + o.cluster_path).c_str());
   }
@@ -201,21 +217,20 @@ opts parse(int argc, char** argv) {
     if (!existed) std::filesystem::remove(o.plot, ec);
   }
   if (!o.progress) o.progress = ::isatty(STDERR_FILENO) == 1;
-  if (o.minb > o.maxb) usage(("-b (" + std::to_string(o.minb) + " bytes) is larger than -e (" + std::to_string(o.maxb) + " bytes): nothing to run").c_str());
+  if (o.minb > o.maxb)
+    usage(("-b (" + std::to_string(o.minb) + " bytes) is larger than -e (" + std::to_string(o.maxb) + " bytes): nothing to run").c_str());
   if (o.transport == "threads" && o.ranks > max_thread_ranks)
-    usage(("the threads transport runs one thread per rank: -g " + std::to_string(o.ranks) + " is above its " +
-           std::to_string(max_thread_ranks) + " (use --transport emulated for large rank counts)").c_str());
+    usage(("the threads transport runs one thread per rank: -g " + std::to_string(o.ranks) + " is above its " + std::to_string(max_thread_ranks) +
+           " (use --transport emulated for large rank counts)")
+              .c_str());
   if (o.root >= o.ranks && o.transport != "mpi")
     usage(("-r " + std::to_string(o.root) + " is not a rank of the " + std::to_string(o.ranks) + " ranks").c_str());
   if (o.segment && o.segment < 64) usage("--segment must be at least 64 bytes");
-  if (o.transport != "threads" && o.transport != "emulated" && o.transport != "mpi")
-    usage(("unknown transport '" + o.transport + "'").c_str());
+  if (o.transport != "threads" && o.transport != "emulated" && o.transport != "mpi") usage(("unknown transport '" + o.transport + "'").c_str());
   if (o.compress != "none") {
     try {
       (void)wire_format_from_name(o.compress);
-    } catch (const tessel::error& e) {
-      usage(e.what());
-    }
+    } catch (const tessel::error& e) { usage(e.what()); }
     if (o.kind != coll::all_reduce || o.dt != dtype::f32 || (o.op != reduce_op::sum && o.op != reduce_op::avg))
       usage("--compress applies to all_reduce of f32 with sum or avg");
     if (o.check) usage("--compress results are approximate: --check compares exact bits (see tests/collectives/compression.cpp)");
@@ -227,8 +242,11 @@ double bus_factor(coll k, int n) {
   const double dn = n;
   switch (k) {
     case coll::all_reduce: return 2 * (dn - 1) / dn;
-    case coll::all_gather: case coll::reduce_scatter: case coll::all_to_all: case coll::gather: case coll::scatter:
-      return (dn - 1) / dn;
+    case coll::all_gather:
+    case coll::reduce_scatter:
+    case coll::all_to_all:
+    case coll::gather:
+    case coll::scatter: return (dn - 1) / dn;
     default: return 1;
   }
 }
@@ -246,8 +264,10 @@ void fill(std::byte* p, std::size_t count, dtype d, int rank, std::size_t first,
     for (std::size_t i = 0; i < count; ++i) {
       const std::uint64_t h = mixh(static_cast<std::uint64_t>(rank) * 0x9e3779b97f4a7c15ull ^ mixh(first + i));
       T v{};
-      if constexpr (std::is_same_v<T, int4x2>) v = T{};
-      else if constexpr (std::is_integral_v<T>) v = static_cast<T>(op == reduce_op::prod ? static_cast<std::int64_t>(h % 3) - 1 : static_cast<std::int64_t>(h % 64));
+      if constexpr (std::is_same_v<T, int4x2>)
+        v = T{};
+      else if constexpr (std::is_integral_v<T>)
+        v = static_cast<T>(op == reduce_op::prod ? static_cast<std::int64_t>(h % 3) - 1 : static_cast<std::int64_t>(h % 64));
       else {
         const double u = static_cast<double>(h >> 11) * 0x1.0p-53;
         v = T(op == reduce_op::prod ? 0.5 + u : (u - 0.5) * 8);
@@ -284,9 +304,13 @@ std::vector<std::byte> expected_reduce(std::size_t count, dtype d, reduce_op op,
           std::memcpy(&t, x.data() + i * sizeof(T), sizeof(T));
           const A v = static_cast<A>(t);
           A& a = acc[i];
-          if (r == 0) { a = v; continue; }
+          if (r == 0) {
+            a = v;
+            continue;
+          }
           switch (op) {
-            case reduce_op::sum: case reduce_op::avg: a = static_cast<A>(static_cast<W>(static_cast<W>(a) + static_cast<W>(v))); break;
+            case reduce_op::sum:
+            case reduce_op::avg: a = static_cast<A>(static_cast<W>(static_cast<W>(a) + static_cast<W>(v))); break;
             case reduce_op::prod: a = static_cast<A>(static_cast<W>(static_cast<W>(a) * static_cast<W>(v))); break;
             case reduce_op::min: a = (a != a) ? a : (v != v) ? v : (v < a ? v : a); break;
             case reduce_op::max: a = (a != a) ? a : (v != v) ? v : (a < v ? v : a); break;
@@ -296,9 +320,12 @@ std::vector<std::byte> expected_reduce(std::size_t count, dtype d, reduce_op op,
       for (std::size_t i = 0; i < count; ++i) {
         A a = acc[i];
         if (op == reduce_op::avg) {
-          if constexpr (std::is_integral_v<A> && std::is_signed_v<A>) a = static_cast<A>(static_cast<std::int64_t>(a) / n);
-          else if constexpr (std::is_integral_v<A>) a = static_cast<A>(static_cast<std::uint64_t>(a) / static_cast<std::uint64_t>(n));
-          else a = a / static_cast<A>(n);
+          if constexpr (std::is_integral_v<A> && std::is_signed_v<A>)
+            a = static_cast<A>(static_cast<std::int64_t>(a) / n);
+          else if constexpr (std::is_integral_v<A>)
+            a = static_cast<A>(static_cast<std::uint64_t>(a) / static_cast<std::uint64_t>(n));
+          else
+            a = a / static_cast<A>(n);
         }
         const T t = static_cast<T>(a);
         std::memcpy(out.data() + i * sizeof(T), &t, sizeof(T));
@@ -336,8 +363,7 @@ void call(communicator& c, const opts& o, std::byte* send, std::byte* recv, std:
     case coll::reduce: return c.reduce(inplace ? recv : send, recv, count, o.dt, o.op, o.root, co);
     case coll::broadcast: return c.broadcast(inplace ? recv : send, recv, count, o.dt, o.root, co);
     case coll::all_gather: return c.all_gather(inplace ? recv + r * count * es : send, recv, count, o.dt, co);
-    case coll::reduce_scatter:
-      return c.reduce_scatter(inplace ? recv : send, inplace ? recv + r * count * es : recv, count, o.dt, o.op, co);
+    case coll::reduce_scatter: return c.reduce_scatter(inplace ? recv : send, inplace ? recv + r * count * es : recv, count, o.dt, o.op, co);
     case coll::gather: return c.gather(inplace ? recv + r * count * es : send, recv, count, o.dt, o.root);
     case coll::scatter: return c.scatter(inplace ? recv : send, inplace ? recv + r * count * es : recv, count, o.dt, o.root);
     case coll::all_to_all: return c.all_to_all(send, recv, count, o.dt);  // no in-place form
@@ -363,8 +389,13 @@ result measure(communicator& c, const opts& o, std::size_t count, bool inplace) 
   const std::size_t N = static_cast<std::size_t>(n), es = dtype_size(o.dt), r = static_cast<std::size_t>(c.rank());
   std::size_t sendc = count, recvc = count;
   switch (o.kind) {
-    case coll::all_gather: case coll::gather: recvc = count * N; break;
-    case coll::reduce_scatter: case coll::scatter: sendc = count * N; if (inplace) recvc = count * N; break;
+    case coll::all_gather:
+    case coll::gather: recvc = count * N; break;
+    case coll::reduce_scatter:
+    case coll::scatter:
+      sendc = count * N;
+      if (inplace) recvc = count * N;
+      break;
     case coll::all_to_all: sendc = recvc = count * N; break;
     default: break;
   }
@@ -378,12 +409,13 @@ result measure(communicator& c, const opts& o, std::size_t count, bool inplace) 
     const auto op = o.op;
     if (dry) return;
     switch (o.kind) {
-      case coll::all_reduce: case coll::reduce: case coll::broadcast:
-        fill(inplace ? rb.data() : sb.data(), count, o.dt, c.rank(), 0, op); break;
-      case coll::all_gather: case coll::gather:
-        fill(inplace ? rb.data() + r * count * es : sb.data(), count, o.dt, c.rank(), 0, op); break;
-      case coll::reduce_scatter: case coll::scatter:
-        fill(inplace ? rb.data() : sb.data(), count * N, o.dt, c.rank(), 0, op); break;
+      case coll::all_reduce:
+      case coll::reduce:
+      case coll::broadcast: fill(inplace ? rb.data() : sb.data(), count, o.dt, c.rank(), 0, op); break;
+      case coll::all_gather:
+      case coll::gather: fill(inplace ? rb.data() + r * count * es : sb.data(), count, o.dt, c.rank(), 0, op); break;
+      case coll::reduce_scatter:
+      case coll::scatter: fill(inplace ? rb.data() : sb.data(), count * N, o.dt, c.rank(), 0, op); break;
       case coll::all_to_all: fill(sb.data(), count * N, o.dt, c.rank(), 0, op); break;
       case coll::sendrecv: fill(sb.data(), count, o.dt, c.rank(), 0, op); break;
     }
@@ -508,19 +540,20 @@ std::vector<row> run(communicator& c, const opts& o) {
   const bool reduces = o.kind == coll::all_reduce || o.kind == coll::reduce || o.kind == coll::reduce_scatter;
   const bool model = o.cluster.has_value();  // the closed-form column (emulated transport)
   if (print) {
-    std::printf("# tessel-perf %s: transport %s, %d ranks, algo %s, compress %s, %d iters, %d warmup%s\n", o.name.c_str(),
-                o.transport.c_str(), n, std::string(algorithm_name(o.algo)).c_str(), o.compress.c_str(), o.iters, o.warmup,
+    std::printf("# tessel-perf %s: transport %s, %d ranks, algo %s, compress %s, %d iters, %d warmup%s\n", o.name.c_str(), o.transport.c_str(), n,
+                std::string(algorithm_name(o.algo)).c_str(), o.compress.c_str(), o.iters, o.warmup,
                 c.transport_handle().is_simulated() ? " (simulated time)" : "");
     if (model)
-      std::printf("# cluster %s: %zu cards (%zu per super-node), %.4g GB/s per card, %.4g us one-hop latency; model: busbw of "
-                  "emu::comm_model's closed form (direct, hierarchical across super-nodes)\n",
-                  o.cluster_path.empty() ? "UBL128 defaults" : o.cluster_path.c_str(), o.cluster->cards(),
-                  o.cluster->cards_per_supernode, o.cluster->card_bandwidth() / 1e9, o.cluster->direct_latency() * 1e6);
+      std::printf(
+          "# cluster %s: %zu cards (%zu per super-node), %.4g GB/s per card, %.4g us one-hop latency; model: busbw of "
+          "emu::comm_model's closed form (direct, hierarchical across super-nodes)\n",
+          o.cluster_path.empty() ? "UBL128 defaults" : o.cluster_path.c_str(), o.cluster->cards(), o.cluster->cards_per_supernode,
+          o.cluster->card_bandwidth() / 1e9, o.cluster->direct_latency() * 1e6);
     std::printf("#%72s%32s\n", "out-of-place", "in-place");
-    std::printf("#%11s %13s %6s %6s %6s %10s %7s %7s %6s %10s %7s %7s %6s%s\n", "size", "count", "type", "redop", "root",
-                "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong", model ? "   model" : "");
-    std::printf("#%11s %13s %6s %6s %6s %10s %7s %7s %6s %10s %7s %7s %6s%s\n", "(B)", "(elements)", "", "", "", "(us)",
-                "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "", model ? "  (GB/s)" : "");
+    std::printf("#%11s %13s %6s %6s %6s %10s %7s %7s %6s %10s %7s %7s %6s%s\n", "size", "count", "type", "redop", "root", "time", "algbw", "busbw",
+                "#wrong", "time", "algbw", "busbw", "#wrong", model ? "   model" : "");
+    std::printf("#%11s %13s %6s %6s %6s %10s %7s %7s %6s %10s %7s %7s %6s%s\n", "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "",
+                "(us)", "(GB/s)", "(GB/s)", "", model ? "  (GB/s)" : "");
   }
   std::size_t steps = 0;  // sizes in the sweep, for the progress line
   for (std::size_t size = o.minb; size <= o.maxb; ++steps) {
@@ -539,11 +572,11 @@ std::vector<row> run(communicator& c, const opts& o) {
   for (std::size_t size = o.minb; size <= o.maxb;) {
     // nccl-tests: size is the total buffer; per-rank counts divide it for the gather/scatter family
     std::size_t count = size / es;
-    if (o.kind == coll::all_gather || o.kind == coll::reduce_scatter || o.kind == coll::all_to_all ||
-        o.kind == coll::gather || o.kind == coll::scatter)
+    if (o.kind == coll::all_gather || o.kind == coll::reduce_scatter || o.kind == coll::all_to_all || o.kind == coll::gather ||
+        o.kind == coll::scatter)
       count = size / es / N;
-    const std::size_t bytes = (o.kind == coll::all_gather || o.kind == coll::reduce_scatter || o.kind == coll::all_to_all ||
-                               o.kind == coll::gather || o.kind == coll::scatter)
+    const std::size_t bytes = (o.kind == coll::all_gather || o.kind == coll::reduce_scatter || o.kind == coll::all_to_all || o.kind == coll::gather ||
+                               o.kind == coll::scatter)
                                   ? count * N * es
                                   : count * es;
     const result a = measure(c, o, count, false);
@@ -557,8 +590,10 @@ std::vector<row> run(communicator& c, const opts& o) {
         const double algbw = x.us > 0 ? static_cast<double>(bytes) / (x.us * 1e3) : 0;
         const double busbw = algbw * bus_factor(o.kind, n);
         std::printf(" %10.2f %7.2f %7.2f", x.us, algbw, busbw);
-        if (o.check) std::printf(" %6zu", x.wrong);
-        else std::printf(" %6s", "N/A");
+        if (o.check)
+          std::printf(" %6zu", x.wrong);
+        else
+          std::printf(" %6s", "N/A");
       };
       std::printf(" %11zu %13zu %6s %6s %6d", bytes, count, std::string(dtype_name(o.dt)).c_str(),
                   reduces ? std::string(reduce_op_name(o.op)).c_str() : "none", rooted ? o.root : -1);
@@ -570,8 +605,10 @@ std::vector<row> run(communicator& c, const opts& o) {
       const double ms = model ? model_seconds(o, n, bytes) : std::nan("");
       r.model_busbw = ms > 0 ? static_cast<double>(bytes) / ms / 1e9 * bus_factor(o.kind, n) : std::nan("");
       if (model) {
-        if (std::isfinite(r.model_busbw)) std::printf(" %7.2f", r.model_busbw);
-        else std::printf(" %7s", "N/A");
+        if (std::isfinite(r.model_busbw))
+          std::printf(" %7.2f", r.model_busbw);
+        else
+          std::printf(" %7s", "N/A");
       }
       rows.push_back(r);
       std::printf("\n");
@@ -579,8 +616,8 @@ std::vector<row> run(communicator& c, const opts& o) {
       ++step;
       if (o.progress) {
         const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
-        std::fprintf(stderr, "%s[%zu/%zu] %s %s %zu B, %.1f s", ::isatty(STDERR_FILENO) == 1 ? "\r\033[K" : "", step, steps,
-                     o.name.c_str(), std::string(algorithm_name(o.algo)).c_str(), bytes, secs);
+        std::fprintf(stderr, "%s[%zu/%zu] %s %s %zu B, %.1f s", ::isatty(STDERR_FILENO) == 1 ? "\r\033[K" : "", step, steps, o.name.c_str(),
+                     std::string(algorithm_name(o.algo)).c_str(), bytes, secs);
         if (step < steps) std::fprintf(stderr, ", about %.0f s left", secs / static_cast<double>(step) * static_cast<double>(steps - step));
         std::fprintf(stderr, ::isatty(STDERR_FILENO) == 1 && step < steps ? "" : "\n");
         std::fflush(stderr);

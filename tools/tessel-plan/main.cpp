@@ -59,42 +59,68 @@ int main(int argc, char** argv) {
         return argv[++i];
       };
       auto& k = req.constraints;
-      if (a == "--model") model_path = val();
-      else if (a == "--cluster") cluster_path = val();
-      else if (a == "--cards") req.cards = std::size_t(parse_int(a, val(), 1, 1 << 20));
-      else if (a == "--batch") req.global_batch = std::size_t(parse_int(a, val(), 1, 1ll << 40));
-      else if (a == "--seq") req.seq = std::size_t(parse_int(a, val(), 1, 1ll << 30));
-      else if (a == "--top") top = std::size_t(parse_int(a, val(), 1, 1000000));
-      else if (a == "--json") json = true;
-      else if (a == "--dp") k.dp = int(parse_int(a, val(), 1, 1 << 20));
-      else if (a == "--tp") k.tp = int(parse_int(a, val(), 1, 1 << 20));
-      else if (a == "--pp") k.pp = int(parse_int(a, val(), 1, 1 << 20));
-      else if (a == "--ep") k.ep = int(parse_int(a, val(), 1, 1 << 20));
-      else if (a == "--max-tp") k.max_tp = int(parse_int(a, val(), 1, 1 << 20));
-      else if (a == "--zero") k.zero_stages = {int(parse_int(a, val(), 0, 3))};
-      else if (a == "--micro-batch") k.micro_batch = std::size_t(parse_int(a, val(), 1, 1ll << 40));
-      else if (a == "--memory-fraction") k.memory_fraction = parse_real(a, val(), 1e-6, 1.0);
+      if (a == "--model")
+        model_path = val();
+      else if (a == "--cluster")
+        cluster_path = val();
+      else if (a == "--cards")
+        req.cards = std::size_t(parse_int(a, val(), 1, 1 << 20));
+      else if (a == "--batch")
+        req.global_batch = std::size_t(parse_int(a, val(), 1, 1ll << 40));
+      else if (a == "--seq")
+        req.seq = std::size_t(parse_int(a, val(), 1, 1ll << 30));
+      else if (a == "--top")
+        top = std::size_t(parse_int(a, val(), 1, 1000000));
+      else if (a == "--json")
+        json = true;
+      else if (a == "--dp")
+        k.dp = int(parse_int(a, val(), 1, 1 << 20));
+      else if (a == "--tp")
+        k.tp = int(parse_int(a, val(), 1, 1 << 20));
+      else if (a == "--pp")
+        k.pp = int(parse_int(a, val(), 1, 1 << 20));
+      else if (a == "--ep")
+        k.ep = int(parse_int(a, val(), 1, 1 << 20));
+      else if (a == "--max-tp")
+        k.max_tp = int(parse_int(a, val(), 1, 1 << 20));
+      else if (a == "--zero")
+        k.zero_stages = {int(parse_int(a, val(), 0, 3))};
+      else if (a == "--micro-batch")
+        k.micro_batch = std::size_t(parse_int(a, val(), 1, 1ll << 40));
+      else if (a == "--memory-fraction")
+        k.memory_fraction = parse_real(a, val(), 1e-6, 1.0);
       else if (a == "--schedule") {
         const std::string v = val();
-        if (v == "1f1b") k.schedules = {dist::pipeline_schedule::one_f_one_b};
-        else if (v == "interleaved") k.schedules = {dist::pipeline_schedule::interleaved};
-        else if (v == "zb-h1") k.schedules = {dist::pipeline_schedule::zb_h1};
-        else usage("--schedule: '" + v + "' is not 1f1b, interleaved or zb-h1");
+        if (v == "1f1b")
+          k.schedules = {dist::pipeline_schedule::one_f_one_b};
+        else if (v == "interleaved")
+          k.schedules = {dist::pipeline_schedule::interleaved};
+        else if (v == "zb-h1")
+          k.schedules = {dist::pipeline_schedule::zb_h1};
+        else
+          usage("--schedule: '" + v + "' is not 1f1b, interleaved or zb-h1");
       } else if (a == "--recompute") {
         const std::string v = val();
-        if (v == "none") k.recompute = {dist::recompute_mode::none};
-        else if (v == "selective") k.recompute = {dist::recompute_mode::selective};
-        else if (v == "full") k.recompute = {dist::recompute_mode::full};
-        else usage("--recompute: '" + v + "' is not none, selective or full");
-      } else if (a == "--no-compression") k.compression = {wire_format::none};
-      else if (a == "--overlap-grad-reduce") k.overlap_grad_reduce = true;
-      else if (a == "--built-only") k.built_only = true;
-      else if (a == "-h" || a == "--help") usage("help");
-      else usage("unknown option '" + a + "'");
+        if (v == "none")
+          k.recompute = {dist::recompute_mode::none};
+        else if (v == "selective")
+          k.recompute = {dist::recompute_mode::selective};
+        else if (v == "full")
+          k.recompute = {dist::recompute_mode::full};
+        else
+          usage("--recompute: '" + v + "' is not none, selective or full");
+      } else if (a == "--no-compression")
+        k.compression = {wire_format::none};
+      else if (a == "--overlap-grad-reduce")
+        k.overlap_grad_reduce = true;
+      else if (a == "--built-only")
+        k.built_only = true;
+      else if (a == "-h" || a == "--help")
+        usage("help");
+      else
+        usage("unknown option '" + a + "'");
     }
-  } catch (const std::invalid_argument& e) {
-    usage(e.what());
-  }
+  } catch (const std::invalid_argument& e) { usage(e.what()); }
   if (model_path.empty()) usage("--model is required");
   if (req.global_batch == 0) usage("--batch is required");
   if (req.seq == 0) usage("--seq is required");
@@ -110,8 +136,10 @@ int main(int argc, char** argv) {
     };
     const auto res = dist::plan_search(req, top, progress);
     if (told) std::fprintf(stderr, "tessel-plan: done, %zu layouts\n", res.considered);
-    if (json) std::cout << dist::to_json(res).dump(2) << "\n";
-    else std::cout << dist::plan_table(res);
+    if (json)
+      std::cout << dist::to_json(res).dump(2) << "\n";
+    else
+      std::cout << dist::plan_table(res);
     if (res.plans.empty()) {
       std::fprintf(stderr, "tessel-plan: no layout fits (%zu considered); see the pruned reasons\n", res.considered);
       return 1;

@@ -41,22 +41,28 @@ int main(int argc, char** argv) {
         if (i + 1 >= argc) usage(a + " needs a value");
         return argv[++i];
       };
-      if (a == "--all") all = true;
-      else if (a == "--list") list = true;
-      else if (a == "--quick") o.quick = true;
-      else if (a == "--verbose" || a == "-v") verbose = true;
-      else if (a == "--threads" || a == "-t") o.threads = static_cast<unsigned>(tessel_tools::parse_int(a, value(), 1, 1024));
-      else if (a == "--seed") o.seed = static_cast<std::uint64_t>(tessel_tools::parse_int(a, value(), 0, std::numeric_limits<long long>::max()));
+      if (a == "--all")
+        all = true;
+      else if (a == "--list")
+        list = true;
+      else if (a == "--quick")
+        o.quick = true;
+      else if (a == "--verbose" || a == "-v")
+        verbose = true;
+      else if (a == "--threads" || a == "-t")
+        o.threads = static_cast<unsigned>(tessel_tools::parse_int(a, value(), 1, 1024));
+      else if (a == "--seed")
+        o.seed = static_cast<std::uint64_t>(tessel_tools::parse_int(a, value(), 0, std::numeric_limits<long long>::max()));
       else if (a == "--help" || a == "-h") {
         std::printf("tessel-verify: the library's operators against independent fp64 references\n");
         std::printf("usage: tessel-verify (--all | --list | NAME...) [--threads N] [--seed S] [--quick] [--verbose]\n");
         return 0;
-      } else if (!a.empty() && a[0] == '-') usage("unknown option " + a);
-      else names.push_back(a);
+      } else if (!a.empty() && a[0] == '-')
+        usage("unknown option " + a);
+      else
+        names.push_back(a);
     }
-  } catch (const std::invalid_argument& e) {
-    usage(e.what());
-  }
+  } catch (const std::invalid_argument& e) { usage(e.what()); }
   const auto& lib = verify::library();
   if (list) {
     for (const auto& e : lib) std::printf("%-16s %s\n", e.name.c_str(), e.what.c_str());
@@ -103,8 +109,8 @@ int main(int argc, char** argv) {
     for (const auto& r : s.reports)
       if (verbose || !r.passed() || r.mistrusted) std::printf("  %s\n", r.to_string().c_str());
     if (!broken.empty()) std::printf("  %s:%s\n", e->name.c_str(), broken.c_str());
-    std::printf("%-16s %s  %zu checks, %zu failed, %zu mistrusted  (%.2f s)\n", e->name.c_str(), ok ? "ok  " : "FAIL", s.reports.size(),
-                s.failed(), s.mistrusted(), secs);
+    std::printf("%-16s %s  %zu checks, %zu failed, %zu mistrusted  (%.2f s)\n", e->name.c_str(), ok ? "ok  " : "FAIL", s.reports.size(), s.failed(),
+                s.mistrusted(), secs);
     std::fflush(stdout);
   }
   std::printf("%zu of %zu operators passed (%zu checks, %zu failed, %zu mistrusted; %u threads, seed %llu%s)\n", chosen.size() - failed_ops,

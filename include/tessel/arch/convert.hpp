@@ -49,16 +49,14 @@ HWY_INLINE V encode_lanes(D du, V u) {
   const V one = hn::Set(du, 1u);
   V code;
   if constexpr (Fmt::exp_bits == 8) {  // bf16: same exponent range as float, one rounding shift
-    code = hn::ShiftRight<shift>(
-        hn::Add(hn::Add(a, hn::Set(du, (1u << (shift - 1)) - 1)), hn::And(hn::ShiftRight<shift>(a), one)));
+    code = hn::ShiftRight<shift>(hn::Add(hn::Add(a, hn::Set(du, (1u << (shift - 1)) - 1)), hn::And(hn::ShiftRight<shift>(a), one)));
   } else {
     // Fast path, exact for every lane whose biased exponent e is >= emin (target normal) or
     // <= emin - man - 2 (|x| <= half the smallest subnormal: rounds to 0): clamping a at rebias
     // sends the latter to code 0.
     const V e = hn::ShiftRight<23>(a);
     const V x = hn::Sub(hn::Max(a, hn::Set(du, rebias)), hn::Set(du, rebias));
-    code = hn::ShiftRight<shift>(
-        hn::Add(hn::Add(x, hn::Set(du, (1u << (shift - 1)) - 1)), hn::And(hn::ShiftRight<shift>(x), one)));
+    code = hn::ShiftRight<shift>(hn::Add(hn::Add(x, hn::Set(du, (1u << (shift - 1)) - 1)), hn::And(hn::ShiftRight<shift>(x), one)));
     // Lanes in [2^(emin-man-1), 2^emin) round onto the subnormal grid: take the slow path for the
     // whole vector when any lane is there (rare in scaled data).
     constexpr std::uint32_t lo = emin - Fmt::man_bits - 1;
@@ -79,8 +77,7 @@ HWY_INLINE V encode_lanes(D du, V u) {
     const auto is_nan = hn::Gt(a, hn::Set(du, 0x7F800000u));
     const V payload = hn::And(hn::ShiftRight<shift>(a), hn::Set(du, Fmt::man_mask));
     const V quiet = hn::Set(du, 1u << (Fmt::man_bits - 1));
-    const V nan = hn::Or(hn::Set(du, Fmt::inf_code),
-                         hn::IfThenElse(hn::Eq(payload, hn::Zero(du)), quiet, payload));
+    const V nan = hn::Or(hn::Set(du, Fmt::inf_code), hn::IfThenElse(hn::Eq(payload, hn::Zero(du)), quiet, payload));
     code = hn::IfThenElse(is_nan, nan, code);
   }  // (E4M3: NaN inputs already became the NaN code through the limit.)
   const V sign = hn::And(hn::ShiftRight<31 - Fmt::exp_bits - Fmt::man_bits>(u), hn::Set(du, Fmt::sign_bit));
@@ -101,8 +98,7 @@ HWY_INLINE V decode_lanes(D du, V h) {
     V f = hn::Add(hn::ShiftLeft<shift>(em), hn::Set(du, std::uint32_t(127 - Fmt::bias) << 23));
     const V ex = hn::ShiftRight<Fmt::man_bits>(em);
     // Subnormal: mantissa * 2^(1-bias-man), exact in float and a normal float.
-    const auto sub = hn::Mul(hn::ConvertTo(df, hn::BitCast(di, em)),
-                             hn::Set(df, tessel::detail::pow2<float>(1 - Fmt::bias - Fmt::man_bits)));
+    const auto sub = hn::Mul(hn::ConvertTo(df, hn::BitCast(di, em)), hn::Set(df, tessel::detail::pow2<float>(1 - Fmt::bias - Fmt::man_bits)));
     f = hn::IfThenElse(hn::Eq(ex, hn::Zero(du)), hn::BitCast(du, sub), f);
     if constexpr (Fmt::ieee) {
       const V special = hn::Or(hn::Set(du, 0x7F800000u), hn::ShiftLeft<shift>(hn::And(em, hn::Set(du, Fmt::man_mask))));
@@ -151,8 +147,7 @@ void encode_f32(const float* src, typename Fmt::storage* dst, std::size_t n) {
   const hn::ScalableTag<float> df;
   const std::size_t N = hn::Lanes(du);
   std::size_t i = 0;
-  for (; i + N <= n; i += N)
-    detail::store_codes(detail::encode_lanes<Fmt, Ov>(du, hn::BitCast(du, hn::LoadU(df, src + i))), dst + i);
+  for (; i + N <= n; i += N) detail::store_codes(detail::encode_lanes<Fmt, Ov>(du, hn::BitCast(du, hn::LoadU(df, src + i))), dst + i);
   for (const float* p = src + i; p != src + n; ++p) dst[p - src] = tessel::detail::encode<Fmt, Ov>(*p);
 }
 
@@ -164,9 +159,7 @@ HWY_INLINE void quantize_f32(const float* src, typename Fmt::storage* dst, std::
   const auto vs = hn::Set(df, scale);
   const std::size_t N = hn::Lanes(du);
   std::size_t i = 0;
-  for (; i + N <= n; i += N)
-    detail::store_codes(detail::encode_lanes<Fmt, Ov>(du, hn::BitCast(du, hn::Div(hn::LoadU(df, src + i), vs))),
-                        dst + i);
+  for (; i + N <= n; i += N) detail::store_codes(detail::encode_lanes<Fmt, Ov>(du, hn::BitCast(du, hn::Div(hn::LoadU(df, src + i), vs))), dst + i);
   for (const float* p = src + i; p != src + n; ++p) dst[p - src] = tessel::detail::encode<Fmt, Ov>(*p / scale);
 }
 
@@ -175,8 +168,7 @@ HWY_INLINE float amax_finite_f32(const float* src, std::size_t n);
 // Block-scaled: for each of the n / block blocks, scales[b] = scale_of(largest finite |x| of the
 // block), then the block is quantized with it. (Sizes are checked by the caller.)
 template <class Fmt, overflow Ov, class ScaleOf>
-void quantize_blocks_f32(const float* src, typename Fmt::storage* dst, float* scales, std::size_t n,
-                         std::size_t block, ScaleOf scale_of) {
+void quantize_blocks_f32(const float* src, typename Fmt::storage* dst, float* scales, std::size_t n, std::size_t block, ScaleOf scale_of) {
   // Groups of blocks small enough to stay in L1/L2: first all their scales (independent
   // reductions pipeline well), then the quantization, so no block waits on its own reduction.
   constexpr std::size_t group_floats = 4096;
@@ -196,8 +188,7 @@ void decode_f32(const typename Fmt::storage* src, float* dst, std::size_t n) {
   const hn::ScalableTag<float> df;
   const std::size_t N = hn::Lanes(du);
   std::size_t i = 0;
-  for (; i + N <= n; i += N)
-    hn::StoreU(hn::BitCast(df, detail::decode_lanes<Fmt>(du, detail::load_codes(src + i))), df, dst + i);
+  for (; i + N <= n; i += N) hn::StoreU(hn::BitCast(df, detail::decode_lanes<Fmt>(du, detail::load_codes(src + i))), df, dst + i);
   for (auto* p = src + i; p != src + n; ++p) dst[p - src] = tessel::detail::decode<Fmt, float>(*p);
 }
 
@@ -209,16 +200,13 @@ HWY_INLINE void dequantize_f32(const typename Fmt::storage* src, float* dst, std
   const auto vs = hn::Set(df, scale);
   const std::size_t N = hn::Lanes(du);
   std::size_t i = 0;
-  for (; i + N <= n; i += N)
-    hn::StoreU(hn::Mul(hn::BitCast(df, detail::decode_lanes<Fmt>(du, detail::load_codes(src + i))), vs), df,
-               dst + i);
+  for (; i + N <= n; i += N) hn::StoreU(hn::Mul(hn::BitCast(df, detail::decode_lanes<Fmt>(du, detail::load_codes(src + i))), vs), df, dst + i);
   for (auto* p = src + i; p != src + n; ++p) dst[p - src] = tessel::detail::decode<Fmt, float>(*p) * scale;
 }
 
 // dst[i] = decode<Fmt>(src[i]) * scales[i / block].
 template <class Fmt>
-void dequantize_blocks_f32(const typename Fmt::storage* src, const float* scales, float* dst, std::size_t n,
-                           std::size_t block) {
+void dequantize_blocks_f32(const typename Fmt::storage* src, const float* scales, float* dst, std::size_t n, std::size_t block) {
   for (std::size_t b = 0, o = 0; o < n; ++b, o += block) dequantize_f32<Fmt>(src + o, dst + o, block, scales[b]);
 }
 

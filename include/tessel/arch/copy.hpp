@@ -89,8 +89,8 @@ inline void copy_streaming(void* dst, const void* src, std::size_t bytes) noexce
 // one of the sources (in place) but must not otherwise overlap them. Destinations whose address
 // is not vector-aligned where the first one is get ordinary stores. Call store_fence() after.
 template <class T>
-  requires(std::is_same_v<T, float> || std::is_same_v<T, double>)
-inline void sum_streaming(const T* const* src, int nsrc, T* const* dst, int ndst, std::size_t count) noexcept {
+requires(std::is_same_v<T, float> || std::is_same_v<T, double>) inline void sum_streaming(const T* const* src, int nsrc, T* const* dst, int ndst,
+                                                                                          std::size_t count) noexcept {
   auto scalar = [&](std::size_t i) {
     T acc = src[0][i];
     for (int k = 1; k < nsrc; ++k) acc = acc + src[k][i];
@@ -116,28 +116,36 @@ inline void sum_streaming(const T* const* src, int nsrc, T* const* dst, int ndst
         __m512 acc = _mm512_loadu_ps(src[0] + i);
         for (int k = 1; k < nsrc; ++k) acc = _mm512_add_ps(acc, _mm512_loadu_ps(src[k] + i));
         for (int k = 0; k < ndst; ++k)
-          if (k < 64 && (nt >> k & 1)) _mm512_stream_ps(dst[k] + i, acc);
-          else _mm512_storeu_ps(dst[k] + i, acc);
+          if (k < 64 && (nt >> k & 1))
+            _mm512_stream_ps(dst[k] + i, acc);
+          else
+            _mm512_storeu_ps(dst[k] + i, acc);
       } else {
         __m512d acc = _mm512_loadu_pd(src[0] + i);
         for (int k = 1; k < nsrc; ++k) acc = _mm512_add_pd(acc, _mm512_loadu_pd(src[k] + i));
         for (int k = 0; k < ndst; ++k)
-          if (k < 64 && (nt >> k & 1)) _mm512_stream_pd(dst[k] + i, acc);
-          else _mm512_storeu_pd(dst[k] + i, acc);
+          if (k < 64 && (nt >> k & 1))
+            _mm512_stream_pd(dst[k] + i, acc);
+          else
+            _mm512_storeu_pd(dst[k] + i, acc);
       }
 #else
       if constexpr (std::is_same_v<T, float>) {
         __m256 acc = _mm256_loadu_ps(src[0] + i);
         for (int k = 1; k < nsrc; ++k) acc = _mm256_add_ps(acc, _mm256_loadu_ps(src[k] + i));
         for (int k = 0; k < ndst; ++k)
-          if (k < 64 && (nt >> k & 1)) _mm256_stream_ps(dst[k] + i, acc);
-          else _mm256_storeu_ps(dst[k] + i, acc);
+          if (k < 64 && (nt >> k & 1))
+            _mm256_stream_ps(dst[k] + i, acc);
+          else
+            _mm256_storeu_ps(dst[k] + i, acc);
       } else {
         __m256d acc = _mm256_loadu_pd(src[0] + i);
         for (int k = 1; k < nsrc; ++k) acc = _mm256_add_pd(acc, _mm256_loadu_pd(src[k] + i));
         for (int k = 0; k < ndst; ++k)
-          if (k < 64 && (nt >> k & 1)) _mm256_stream_pd(dst[k] + i, acc);
-          else _mm256_storeu_pd(dst[k] + i, acc);
+          if (k < 64 && (nt >> k & 1))
+            _mm256_stream_pd(dst[k] + i, acc);
+          else
+            _mm256_storeu_pd(dst[k] + i, acc);
       }
 #endif
     }

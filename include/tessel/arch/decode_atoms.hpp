@@ -45,7 +45,8 @@ inline void qk_f32(const float* q, std::size_t R, std::size_t D, const float* co
     for (std::size_t j = 0; j < n; ++j) out[r * ld + j] = softmax::dot_row(q + r * D, krow[j], D);
 }
 // o[r*ldo + d] += sum_j p[r*ldp + j] * v_j[d].
-inline void pv_f32(const float* p, std::size_t ldp, std::size_t R, const float* const* vrow, std::size_t n, std::size_t D, float* o, std::size_t ldo) {
+inline void pv_f32(const float* p, std::size_t ldp, std::size_t R, const float* const* vrow, std::size_t n, std::size_t D, float* o,
+                   std::size_t ldo) {
   using vf = xsimd::batch<float>;
   for (std::size_t r = 0; r < R; ++r) {
     float* orow = o + r * ldo;
@@ -54,7 +55,8 @@ inline void pv_f32(const float* p, std::size_t ldp, std::size_t R, const float* 
       if (pj == 0.0f) continue;
       const vf pv(pj);
       std::size_t d = 0;
-      for (; d + vf::size <= D; d += vf::size) stream::fma(pv, vf::load_unaligned(vrow[j] + d), vf::load_unaligned(orow + d)).store_unaligned(orow + d);
+      for (; d + vf::size <= D; d += vf::size)
+        stream::fma(pv, vf::load_unaligned(vrow[j] + d), vf::load_unaligned(orow + d)).store_unaligned(orow + d);
       for (; d < D; ++d) orow[d] = std::fma(pj, vrow[j][d], orow[d]);
     }
   }
@@ -174,8 +176,8 @@ inline void pv_bf16_rows(const std::uint16_t* p, std::size_t ldp, const std::uin
 }
 
 // Same for R <= 8 rows given at run time.
-inline void pv_bf16(const std::uint16_t* p, std::size_t ldp, std::size_t R, const std::uint16_t* const* vrow, std::size_t n, std::size_t D,
-                    float* o, std::size_t ldo) {
+inline void pv_bf16(const std::uint16_t* p, std::size_t ldp, std::size_t R, const std::uint16_t* const* vrow, std::size_t n, std::size_t D, float* o,
+                    std::size_t ldo) {
   switch (R) {
     case 1: return pv_bf16_rows<1>(p, ldp, vrow, n, D, o, ldo);
     case 2: return pv_bf16_rows<2>(p, ldp, vrow, n, D, o, ldo);
@@ -256,8 +258,8 @@ inline void qk_tok4_seq_bf16(const std::uint16_t* q, std::size_t nh, std::size_t
 // of tokens 2i (low) and 2i+1 (high); v_u(h) at vrow[u] + h*v_head. o rows of D floats in pv
 // order (see pv_bf16); each accumulator gets the pairs in token order, as pv_bf16 adds them.
 template <int N>
-inline void pv_tok_bf16(const std::uint32_t* pp, std::size_t ldp, std::size_t nh, std::size_t D, const std::uint16_t* const* vrow,
-                        std::size_t v_head, const std::uint16_t* const* pf, float* o) {
+inline void pv_tok_bf16(const std::uint32_t* pp, std::size_t ldp, std::size_t nh, std::size_t D, const std::uint16_t* const* vrow, std::size_t v_head,
+                        const std::uint16_t* const* pf, float* o) {
   static_assert(N == 4 || N == 8);
   for (std::size_t h = 0; h < nh; ++h) {
     const std::size_t off = h * v_head;
@@ -314,8 +316,8 @@ inline void online_tok_max(const float* s, std::size_t ld, std::size_t G, std::s
 // Then, for nt (even) tokens from s: p = exp2(s*c - m) is added to sum[row] in token order (f32),
 // and pp[(t/2)*ld + row] gets the bf16 (RNE) pair of tokens t, t+1 that pv_tok_bf16 takes.
 inline void online_tok_exp(const float* s, std::size_t ld, std::size_t nt, std::size_t n, float c, const float* m, std::uint32_t* pp, float* sum) {
-  const __m512i pair_idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3,
-                                            18, 2, 17, 1, 16, 0);
+  const __m512i pair_idx =
+      _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   const __m512 cv = _mm512_set1_ps(c);
   for (std::size_t j = 0; j < n; j += 16) {
     const __mmask16 k = n - j >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - j)) - 1u);
@@ -352,8 +354,8 @@ inline void qk16_bf16(const std::uint16_t* q, std::size_t R, std::size_t D, cons
       out[r * ld + j] = acc;
     }
 }
-inline void pv_bf16(const std::uint16_t* p, std::size_t ldp, std::size_t R, const std::uint16_t* const* vrow, std::size_t n, std::size_t D,
-                    float* o, std::size_t ldo) {
+inline void pv_bf16(const std::uint16_t* p, std::size_t ldp, std::size_t R, const std::uint16_t* const* vrow, std::size_t n, std::size_t D, float* o,
+                    std::size_t ldo) {
   for (std::size_t r = 0; r < R; ++r)
     for (std::size_t j = 0; j < n; ++j) {
       const float pj = detail::bf16_bits_to_f32(p[r * ldp + j]);
@@ -380,14 +382,15 @@ inline void qk_tok4_seq_bf16(const std::uint16_t* q, std::size_t nh, std::size_t
   qk_tok4_bf16(q, nh, D, krow, k_head, pf, out, ld);
 }
 template <int N>
-inline void pv_tok_bf16(const std::uint32_t* pp, std::size_t ldp, std::size_t nh, std::size_t D, const std::uint16_t* const* vrow,
-                        std::size_t v_head, const std::uint16_t* const*, float* o) {
+inline void pv_tok_bf16(const std::uint32_t* pp, std::size_t ldp, std::size_t nh, std::size_t D, const std::uint16_t* const* vrow, std::size_t v_head,
+                        const std::uint16_t* const*, float* o) {
   for (std::size_t h = 0; h < nh; ++h)
     for (std::size_t r = 0; r < 4; ++r)
       for (std::size_t u = 0; u < std::size_t(N); ++u) {
         const std::uint32_t pr = pp[(u / 2) * ldp + h * 4 + r];
         const float pj = detail::bf16_bits_to_f32(static_cast<std::uint16_t>(u % 2 ? pr >> 16 : pr & 0xffffu));
-        for (std::size_t d = 0; d < D; ++d) o[(h * 4 + r) * D + d] = std::fma(pj, detail::bf16_bits_to_f32(vrow[u][h * v_head + d]), o[(h * 4 + r) * D + d]);
+        for (std::size_t d = 0; d < D; ++d)
+          o[(h * 4 + r) * D + d] = std::fma(pj, detail::bf16_bits_to_f32(vrow[u][h * v_head + d]), o[(h * 4 + r) * D + d]);
       }
 }
 inline void online_tok_max(const float* s, std::size_t ld, std::size_t G, std::size_t n, float c, float* m, float* alpha) {

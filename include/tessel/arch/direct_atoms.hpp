@@ -91,8 +91,10 @@ inline float halving_sum16(const float (&s)[16]) {
 template <int MR, int NC>
 struct scalar_direct_rows_f32 {
   static constexpr int mr = MR, nc = NC;
-  template <int R> using with_rows = scalar_direct_rows_f32<R, NC>;
-  template <int W> using with_cols = scalar_direct_rows_f32<MR, W>;
+  template <int R>
+  using with_rows = scalar_direct_rows_f32<R, NC>;
+  template <int W>
+  using with_cols = scalar_direct_rows_f32<MR, W>;
   static void run(const direct_rows_args& p) {
     for (int i = 0; i < MR; ++i)
       for (int j = 0; j < p.n && j < NC; ++j) {
@@ -106,7 +108,8 @@ struct scalar_direct_rows_f32 {
 template <int MR, int NR>
 struct scalar_direct_dot_f32 {
   static constexpr int mr = MR, nr = NR;
-  template <int R> using with_rows = scalar_direct_dot_f32<R, NR>;
+  template <int R>
+  using with_rows = scalar_direct_dot_f32<R, NR>;
   static void run(const direct_dot_args& p) {
     for (int i = 0; i < MR; ++i)
       for (int j = 0; j < p.n && j < NR; ++j) {
@@ -120,7 +123,8 @@ struct scalar_direct_dot_f32 {
 template <int MR, int NR>
 struct scalar_direct_dot_bf16 {
   static constexpr int mr = MR, nr = NR;
-  template <int R> using with_rows = scalar_direct_dot_bf16<R, NR>;
+  template <int R>
+  using with_rows = scalar_direct_dot_bf16<R, NR>;
   static void run(const direct_dot_bf16_args& p) {
     using detail::bf16_bits_to_f32;
     using detail::flush_subnormal;
@@ -147,8 +151,10 @@ struct scalar_direct_dot_bf16 {
 template <int MR, int NV>
 struct avx512_direct_rows_f32 {
   static constexpr int mr = MR, nc = 16 * NV;
-  template <int R> using with_rows = avx512_direct_rows_f32<R, NV>;
-  template <int W> using with_cols = avx512_direct_rows_f32<MR, (W + 15) / 16>;  // at least W columns
+  template <int R>
+  using with_rows = avx512_direct_rows_f32<R, NV>;
+  template <int W>
+  using with_cols = avx512_direct_rows_f32<MR, (W + 15) / 16>;  // at least W columns
   static void run(const direct_rows_args& p) {
     __mmask16 mk[NV];
     for (int v = 0; v < NV; ++v) {
@@ -186,7 +192,8 @@ struct avx512_direct_rows_f32 {
 template <int MR, int NR>
 struct avx512_direct_dot_f32 {
   static constexpr int mr = MR, nr = NR;
-  template <int R> using with_rows = avx512_direct_dot_f32<R, NR>;
+  template <int R>
+  using with_rows = avx512_direct_dot_f32<R, NR>;
   static void run(const direct_dot_args& p) {
     const float* b[NR];
     for (int j = 0; j < NR; ++j) b[j] = p.b + static_cast<std::size_t>(j < p.n ? j : 0) * p.ldb;  // spare columns repeat column 0
@@ -218,8 +225,8 @@ struct avx512_direct_dot_f32 {
       for (int j = 0; j < NR; ++j) {
         const __m256 r8 = _mm256_add_ps(_mm512_castps512_ps256(s[i][j]), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s[i][j]), 1)));
         const __m128 r4 = _mm_add_ps(_mm256_castps256_ps128(r8), _mm256_extractf128_ps(r8, 1));
-        const __m128 r2 = _mm_add_ps(r4, _mm_movehl_ps(r4, r4));             // (r4[0]+r4[2], r4[1]+r4[3])
-        const __m128 r1 = _mm_add_ss(r2, _mm_shuffle_ps(r2, r2, 1));         // r2[0] + r2[1]
+        const __m128 r2 = _mm_add_ps(r4, _mm_movehl_ps(r4, r4));      // (r4[0]+r4[2], r4[1]+r4[3])
+        const __m128 r1 = _mm_add_ss(r2, _mm_shuffle_ps(r2, r2, 1));  // r2[0] + r2[1]
         if (j < p.n) p.c[static_cast<std::size_t>(i) * p.ldc + j] = _mm_cvtss_f32(r1);
       }
   }
@@ -232,7 +239,8 @@ struct avx512_direct_dot_f32 {
 template <int MR, int NR>
 struct avx512bf16_direct_dot_bf16 {
   static constexpr int mr = MR, nr = NR;
-  template <int R> using with_rows = avx512bf16_direct_dot_bf16<R, NR>;
+  template <int R>
+  using with_rows = avx512bf16_direct_dot_bf16<R, NR>;
   static void run(const direct_dot_bf16_args& p) {
     const std::uint16_t* b[NR];
     for (int j = 0; j < NR; ++j) b[j] = p.b + static_cast<std::size_t>(j < p.n ? j : 0) * p.ldb;  // spare columns repeat column 0
@@ -289,8 +297,10 @@ inline __m256i lane_mask8(long n) {
 template <int MR, int NV>
 struct avx2_direct_rows_f32 {
   static constexpr int mr = MR, nc = 8 * NV;
-  template <int R> using with_rows = avx2_direct_rows_f32<R, NV>;
-  template <int W> using with_cols = avx2_direct_rows_f32<MR, (W + 7) / 8>;  // at least W columns
+  template <int R>
+  using with_rows = avx2_direct_rows_f32<R, NV>;
+  template <int W>
+  using with_cols = avx2_direct_rows_f32<MR, (W + 7) / 8>;  // at least W columns
   static void run(const direct_rows_args& p) {
     __m256i mk[NV];
     for (int v = 0; v < NV; ++v) mk[v] = detail::lane_mask8(p.n - 8 * v);
@@ -318,7 +328,8 @@ struct avx2_direct_rows_f32 {
 template <int MR, int NR>
 struct avx2_direct_dot_f32 {
   static constexpr int mr = MR, nr = NR;
-  template <int R> using with_rows = avx2_direct_dot_f32<R, NR>;
+  template <int R>
+  using with_rows = avx2_direct_dot_f32<R, NR>;
   static void run(const direct_dot_args& p) {
     const float* b[NR];
     for (int j = 0; j < NR; ++j) b[j] = p.b + static_cast<std::size_t>(j < p.n ? j : 0) * p.ldb;
@@ -369,8 +380,8 @@ using best_direct_dot_atom_few_rows = avx512_direct_dot_f32<2, 8>;
 // one column (a matrix-vector product, N = 1): 8 rows, so no spare column repeats the work
 using best_direct_dot_atom_one_col = avx512_direct_dot_f32<8, 1>;
 #elif defined(__AVX2__) && defined(__FMA__)
-using best_direct_rows_atom = avx2_direct_rows_f32<4, 2>;    // 4 x 16: 8 accumulators
-using best_direct_dot_atom = avx2_direct_dot_f32<2, 3>;     // 12 accumulator pairs
+using best_direct_rows_atom = avx2_direct_rows_f32<4, 2>;  // 4 x 16: 8 accumulators
+using best_direct_dot_atom = avx2_direct_dot_f32<2, 3>;    // 12 accumulator pairs
 using best_direct_dot_atom_few_rows = best_direct_dot_atom;
 using best_direct_dot_atom_one_col = avx2_direct_dot_f32<4, 1>;
 #else

@@ -23,7 +23,9 @@ inline float silu(float x) { return x * sigmoid(x); }
 
 // ---- vector (one batch) -------------------------------------------------------------------------
 template <class B>
-B relu(const B& x) { return xsimd::select(x > B(0.0f), x, xsimd::select(x != x, x, B(0.0f))); }
+B relu(const B& x) {
+  return xsimd::select(x > B(0.0f), x, xsimd::select(x != x, x, B(0.0f)));
+}
 // 0.5·x·(1 + tanh(u)) = x / (1 + e^(-2u)): one fast exp (arch/stream.hpp) instead of a tanh, so
 // a fused GEMM epilogue stays within a few percent of the plain GEMM.
 template <class B>
@@ -32,11 +34,17 @@ B gelu_tanh(const B& x) {
   return x / (B(1.0f) + stream::exp_fast(B(-2.0f) * inner));
 }
 template <class B>
-B gelu_erf(const B& x) { return B(0.5f) * x * (B(1.0f) + xsimd::erf(x * B(inv_sqrt_2))); }
+B gelu_erf(const B& x) {
+  return B(0.5f) * x * (B(1.0f) + xsimd::erf(x * B(inv_sqrt_2)));
+}
 template <class B>
-B silu(const B& x) { return x / (B(1.0f) + stream::exp_fast(-x)); }
+B silu(const B& x) {
+  return x / (B(1.0f) + stream::exp_fast(-x));
+}
 template <class B>
-B exp(const B& x) { return xsimd::exp(x); }
+B exp(const B& x) {
+  return xsimd::exp(x);
+}
 
 // ---- in-place spans -----------------------------------------------------------------------------
 namespace detail {
@@ -50,19 +58,24 @@ inline void apply_inplace(float* x, std::size_t n, VecF vf, ScalarF sf) {
 }  // namespace detail
 
 inline void relu_inplace(float* x, std::size_t n) {
-  detail::apply_inplace(x, n, [](auto v) { return relu(v); }, [](float v) { return relu(v); });
+  detail::apply_inplace(
+      x, n, [](auto v) { return relu(v); }, [](float v) { return relu(v); });
 }
 inline void gelu_tanh_inplace(float* x, std::size_t n) {
-  detail::apply_inplace(x, n, [](auto v) { return gelu_tanh(v); }, [](float v) { return gelu_tanh(v); });
+  detail::apply_inplace(
+      x, n, [](auto v) { return gelu_tanh(v); }, [](float v) { return gelu_tanh(v); });
 }
 inline void gelu_erf_inplace(float* x, std::size_t n) {
-  detail::apply_inplace(x, n, [](auto v) { return gelu_erf(v); }, [](float v) { return gelu_erf(v); });
+  detail::apply_inplace(
+      x, n, [](auto v) { return gelu_erf(v); }, [](float v) { return gelu_erf(v); });
 }
 inline void silu_inplace(float* x, std::size_t n) {
-  detail::apply_inplace(x, n, [](auto v) { return silu(v); }, [](float v) { return silu(v); });
+  detail::apply_inplace(
+      x, n, [](auto v) { return silu(v); }, [](float v) { return silu(v); });
 }
 inline void exp_inplace(float* x, std::size_t n) {
-  detail::apply_inplace(x, n, [](auto v) { return exp(v); }, [](float v) { return std::exp(v); });
+  detail::apply_inplace(
+      x, n, [](auto v) { return exp(v); }, [](float v) { return std::exp(v); });
 }
 
 }  // namespace tessel::arch::math

@@ -151,15 +151,19 @@ inline float exp2_row(const float* s, std::size_t n, float c, float m, Out* p) {
   for (; j + W <= n; j += W) {
     const vf e = exp2_nonpos(stream::fma(vf::load_unaligned(s + j), cv, -mv));
     acc += e;
-    if constexpr (std::is_same_v<Out, float>) e.store_unaligned(p + j);
-    else store_bf16(e, p + j);
+    if constexpr (std::is_same_v<Out, float>)
+      e.store_unaligned(p + j);
+    else
+      store_bf16(e, p + j);
   }
   float sum = xsimd::hadd(acc);
   for (; j < n; ++j) {
     const float e = exp2_nonpos(std::fma(s[j], c, -m));
     sum += e;
-    if constexpr (std::is_same_v<Out, float>) p[j] = e;
-    else p[j] = f32_to_bf16_bits(e);
+    if constexpr (std::is_same_v<Out, float>)
+      p[j] = e;
+    else
+      p[j] = f32_to_bf16_bits(e);
   }
   return sum;
 }
@@ -302,8 +306,7 @@ inline void exp2_cols(const float* s, const float* m, std::size_t n, float c, fl
 // dp[j] = p[j] * (dp[j] - delta[j]) with a per-column delta (softmax backward of a transposed tile).
 inline void softmax_grad_cols(const float* p, float* dp, const float* delta, std::size_t n) {
   std::size_t j = 0;
-  for (; j + W <= n; j += W)
-    (vf::load_unaligned(p + j) * (vf::load_unaligned(dp + j) - vf::load_unaligned(delta + j))).store_unaligned(dp + j);
+  for (; j + W <= n; j += W) (vf::load_unaligned(p + j) * (vf::load_unaligned(dp + j) - vf::load_unaligned(delta + j))).store_unaligned(dp + j);
   for (; j < n; ++j) dp[j] = p[j] * (dp[j] - delta[j]);
 }
 

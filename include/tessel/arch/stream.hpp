@@ -75,9 +75,15 @@ inline void store(vf v, float* p) { v.store_unaligned(p); }
 // Non-temporal store where the address allows it (write-only output streams far above the cache).
 inline void store_nt(vf v, float* p) {
 #if defined(__AVX512F__)
-  if ((reinterpret_cast<std::uintptr_t>(p) & 63u) == 0) { _mm512_stream_ps(p, v); return; }
+  if ((reinterpret_cast<std::uintptr_t>(p) & 63u) == 0) {
+    _mm512_stream_ps(p, v);
+    return;
+  }
 #elif defined(__AVX__)
-  if ((reinterpret_cast<std::uintptr_t>(p) & 31u) == 0) { _mm256_stream_ps(p, v); return; }
+  if ((reinterpret_cast<std::uintptr_t>(p) & 31u) == 0) {
+    _mm256_stream_ps(p, v);
+    return;
+  }
 #endif
   v.store_unaligned(p);
 }
@@ -258,8 +264,8 @@ inline vf exp(vf a) { return xsimd::exp(a); }
 namespace detail_exp {
 inline constexpr float lo = -104.0f, hi = 88.8f, log2e = 1.44269504088896341f;
 inline constexpr float ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
-inline constexpr float c0 = 1.9875691500e-4f, c1 = 1.3981999507e-3f, c2 = 8.3334519073e-3f, c3 = 4.1665795894e-2f,
-                       c4 = 1.6666665459e-1f, c5 = 5.0000001201e-1f;
+inline constexpr float c0 = 1.9875691500e-4f, c1 = 1.3981999507e-3f, c2 = 8.3334519073e-3f, c3 = 4.1665795894e-2f, c4 = 1.6666665459e-1f,
+                       c5 = 5.0000001201e-1f;
 }  // namespace detail_exp
 
 inline float exp_fast(float x) {

@@ -51,10 +51,14 @@ inline constexpr std::size_t vec_f32_width = vec_f32::size;
 
 // Name of the best target, for benchmark labels and capability reports.
 constexpr const char* target_name() {
-  if constexpr (has_avx512_bf16) return "avx512_bf16";
-  else if constexpr (has_avx512) return "avx512";
-  else if constexpr (has_avx2_fma) return "avx2_fma";
-  else return "scalar";
+  if constexpr (has_avx512_bf16)
+    return "avx512_bf16";
+  else if constexpr (has_avx512)
+    return "avx512";
+  else if constexpr (has_avx2_fma)
+    return "avx2_fma";
+  else
+    return "scalar";
 }
 
 // The processor's model name (the CPUID brand string on x86, else /proc/cpuinfo's "model name"),

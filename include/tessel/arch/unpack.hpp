@@ -31,28 +31,36 @@ constexpr std::array<std::uint16_t, 256> make_f8_bf16_table() {
 }
 }  // namespace detail
 
-template <class F8> inline constexpr std::array<float, 256> f8_to_f32_table = detail::make_f8_table<F8>();
-template <class F8> inline constexpr std::array<std::uint16_t, 256> f8_to_bf16_table = detail::make_f8_bf16_table<F8>();
+template <class F8>
+inline constexpr std::array<float, 256> f8_to_f32_table = detail::make_f8_table<F8>();
+template <class F8>
+inline constexpr std::array<std::uint16_t, 256> f8_to_bf16_table = detail::make_f8_bf16_table<F8>();
 
 // Any supported element to f32.
 template <class T>
 inline float to_f32(T x) {
-  if constexpr (std::is_same_v<T, float>) return x;
+  if constexpr (std::is_same_v<T, float>)
+    return x;
   else if constexpr (std::is_same_v<T, bf16>) {
     const std::uint32_t u = static_cast<std::uint32_t>(x.bits()) << 16;
     float f;
     std::memcpy(&f, &u, 4);
     return f;
-  } else if constexpr (std::is_same_v<T, e4m3> || std::is_same_v<T, e5m2>) return f8_to_f32_table<T>[x.bits()];
-  else return static_cast<float>(x);
+  } else if constexpr (std::is_same_v<T, e4m3> || std::is_same_v<T, e5m2>)
+    return f8_to_f32_table<T>[x.bits()];
+  else
+    return static_cast<float>(x);
 }
 
 // Element to bf16 bits: exact for bf16 and FP8; RNE for wider types.
 template <class T>
 inline std::uint16_t to_bf16_bits(T x) {
-  if constexpr (std::is_same_v<T, bf16>) return x.bits();
-  else if constexpr (std::is_same_v<T, e4m3> || std::is_same_v<T, e5m2>) return f8_to_bf16_table<T>[x.bits()];
-  else return bf16(static_cast<float>(x)).bits();
+  if constexpr (std::is_same_v<T, bf16>)
+    return x.bits();
+  else if constexpr (std::is_same_v<T, e4m3> || std::is_same_v<T, e5m2>)
+    return f8_to_bf16_table<T>[x.bits()];
+  else
+    return bf16(static_cast<float>(x)).bits();
 }
 
 #if defined(__AVX512BW__)
@@ -94,13 +102,13 @@ inline void widen(const S* src, D* dst, std::size_t n) {
     return;
   }
 #if defined(__AVX512BW__)
-  if constexpr ((std::is_same_v<S, e4m3> || std::is_same_v<S, e5m2>) && std::is_same_v<D, bf16>) {
+  if constexpr ((std::is_same_v<S, e4m3> || std::is_same_v<S, e5m2>)&&std::is_same_v<D, bf16>) {
     for (; j < n / 32 * 32; j += 32) {
       const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + j)));
       _mm512_storeu_si512(dst + j, detail::f8x32_to_bf16<S>(w));
     }
   }
-  if constexpr ((std::is_same_v<S, e4m3> || std::is_same_v<S, e5m2>) && std::is_same_v<D, float>) {
+  if constexpr ((std::is_same_v<S, e4m3> || std::is_same_v<S, e5m2>)&&std::is_same_v<D, float>) {
     for (; j < n / 32 * 32; j += 32) {
       const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + j)));
       const __m512i b = detail::f8x32_to_bf16<S>(w);
@@ -117,13 +125,14 @@ inline void widen(const S* src, D* dst, std::size_t n) {
 #endif
 #if defined(__F16C__) && defined(__AVX__)
   if constexpr (std::is_same_v<S, fp16> && std::is_same_v<D, float>) {
-    for (; j < n / 8 * 8; j += 8)
-      _mm256_storeu_ps(dst + j, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + j))));
+    for (; j < n / 8 * 8; j += 8) _mm256_storeu_ps(dst + j, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + j))));
   }
 #endif
   for (; j < n; ++j) {
-    if constexpr (std::is_same_v<D, float>) dst[j] = to_f32(src[j]);
-    else dst[j] = bf16::from_bits(to_bf16_bits(src[j]));
+    if constexpr (std::is_same_v<D, float>)
+      dst[j] = to_f32(src[j]);
+    else
+      dst[j] = bf16::from_bits(to_bf16_bits(src[j]));
   }
 }
 
@@ -141,8 +150,7 @@ inline void copy_words(const S* src, S* dst, std::size_t n) {
     _mm512_mask_storeu_epi32(dst + j, m, _mm512_maskz_loadu_epi32(m, src + j));
   }
 #elif defined(__AVX2__)
-  for (; j + 8 <= n; j += 8)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + j), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + j)));
+  for (; j + 8 <= n; j += 8) _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + j), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + j)));
   if (j < n) {
     const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n - j)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     _mm256_maskstore_epi32(reinterpret_cast<int*>(dst + j), m, _mm256_maskload_epi32(reinterpret_cast<const int*>(src + j), m));
@@ -154,10 +162,11 @@ inline void copy_words(const S* src, S* dst, std::size_t n) {
 
 // out[2j] = r0[j], out[2j+1] = r1[j] for j < n: two rows of 16-bit codes into K-pairs (VNNI).
 // `prefetch`: the rows are streamed from memory (fetch ahead of the loads).
-inline void interleave_u16(const std::uint16_t* r0, const std::uint16_t* r1, std::uint16_t* out, std::size_t n, [[maybe_unused]] bool prefetch = true) {
+inline void interleave_u16(const std::uint16_t* r0, const std::uint16_t* r1, std::uint16_t* out, std::size_t n,
+                           [[maybe_unused]] bool prefetch = true) {
   std::size_t j = 0;
 #if defined(__AVX512BW__)
-  alignas(64) static constexpr std::uint16_t lo[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+  alignas(64) static constexpr std::uint16_t lo[32] = {0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
                                                        8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
   alignas(64) static constexpr std::uint16_t hi[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
                                                        24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
@@ -190,7 +199,7 @@ inline void transpose16_b32(const void* src, std::size_t src_ld, void* dst, std:
   __m512i r[16], t[16];
 #pragma GCC unroll 16
   for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(s + static_cast<std::size_t>(i) * src_ld);
-  // 32-bit, then 64-bit interleaves within 128-bit lanes, then 128-bit lane shuffles in two rounds
+    // 32-bit, then 64-bit interleaves within 128-bit lanes, then 128-bit lane shuffles in two rounds
 #pragma GCC unroll 8
   for (int i = 0; i < 16; i += 2) {
     t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
@@ -206,8 +215,8 @@ inline void transpose16_b32(const void* src, std::size_t src_ld, void* dst, std:
   // r[4g + q] lane L (128-bit) holds rows 4g..4g+3 of column 4L + q (q: 0 1 2 3 after the order above)
 #pragma GCC unroll 4
   for (int i = 0; i < 4; ++i) {
-    t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);        // lanes 0,2 of r[i], lanes 0,2 of r[i+4]
-    t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xDD);    // lanes 1,3
+    t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);      // lanes 0,2 of r[i], lanes 0,2 of r[i+4]
+    t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xDD);  // lanes 1,3
     t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
     t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xDD);
   }

@@ -26,8 +26,7 @@ constexpr std::string_view algorithm_name(algorithm a) {
 }
 
 inline algorithm algorithm_from_name(std::string_view s) {
-  for (auto a : {algorithm::automatic, algorithm::ring, algorithm::direct, algorithm::halving_doubling,
-                 algorithm::tree, algorithm::hierarchical})
+  for (auto a : {algorithm::automatic, algorithm::ring, algorithm::direct, algorithm::halving_doubling, algorithm::tree, algorithm::hierarchical})
     if (algorithm_name(a) == s) return a;
   if (s == "hd" || s == "rabenseifner") return algorithm::halving_doubling;
   throw comm_error(errc::invalid_argument, "unknown algorithm '" + std::string(s) + "'");

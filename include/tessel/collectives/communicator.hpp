@@ -42,7 +42,7 @@ struct call_options {
 // Per-communicator tuning.
 struct comm_options {
   std::size_t segment_bytes = std::size_t{512} << 10;  // pipelining unit of the ring and direct algorithms
-  int node_size = 0;                                 // ranks per super-node; 0: ask the transport
+  int node_size = 0;                                   // ranks per super-node; 0: ask the transport
   // Size thresholds (bytes per rank) of algorithm::automatic at n >= 4; unset: the transport's.
   // Real transports: the fewest-latency algorithm (a tree) up to 32 KiB, halving-doubling up to
   // 1 MiB, then direct. A modelled fabric charges no per-message cost and overlaps posted receives
@@ -102,9 +102,7 @@ class comm_worker {
       std::exception_ptr err;
       try {
         item.first();
-      } catch (...) {
-        err = std::current_exception();
-      }
+      } catch (...) { err = std::current_exception(); }
       item.first = nullptr;
       {
         // The state takes the only reference to the error, and wait() takes it from the state,
@@ -127,8 +125,7 @@ class comm_worker {
 
 inline std::size_t checked_bytes(std::size_t count, dtype d, const char* what) {
   const std::size_t es = dtype_size(d);
-  if (count > std::numeric_limits<std::size_t>::max() / es)
-    throw comm_error(errc::overflow, std::string(what) + ": count * element size overflows");
+  if (count > std::numeric_limits<std::size_t>::max() / es) throw comm_error(errc::overflow, std::string(what) + ": count * element size overflows");
   return count * es;
 }
 inline void check_buffer(const void* p, std::size_t count, dtype d, const char* what, const char* which) {
@@ -136,8 +133,7 @@ inline void check_buffer(const void* p, std::size_t count, dtype d, const char* 
   if (count == 0 || (coll_dry_run && !p)) return;  // timing-only runs may pass no buffers
   if (!p) throw comm_error(errc::invalid_argument, std::string(what) + ": " + which + " buffer is null");
   if (reinterpret_cast<std::uintptr_t>(p) % dtype_size(d) != 0)
-    throw comm_error(errc::invalid_argument, std::string(what) + ": " + which + " buffer is misaligned for " +
-                                std::string(dtype_name(d)));
+    throw comm_error(errc::invalid_argument, std::string(what) + ": " + which + " buffer is misaligned for " + std::string(dtype_name(d)));
 }
 }  // namespace detail
 inline namespace v0 {
@@ -172,11 +168,8 @@ class communicator {
  public:
   template <transport T>
   explicit communicator(T t, comm_options o = {})
-      : communicator(std::static_pointer_cast<detail::transport_iface>(
-                         std::make_shared<detail::transport_model<T>>(std::move(t))),
-                     o) {}
-  explicit communicator(std::shared_ptr<detail::transport_iface> tp, comm_options o = {})
-      : s_(std::make_unique<state>()) {
+      : communicator(std::static_pointer_cast<detail::transport_iface>(std::make_shared<detail::transport_model<T>>(std::move(t))), o) {}
+  explicit communicator(std::shared_ptr<detail::transport_iface> tp, comm_options o = {}) : s_(std::make_unique<state>()) {
     if (!tp) throw comm_error(errc::invalid_argument, "communicator: null transport");
     if (o.segment_bytes < 64) throw comm_error(errc::invalid_argument, "communicator: segment_bytes must be >= 64");
     s_->tp = std::move(tp);
@@ -226,39 +219,49 @@ class communicator {
 
   // ------------------------------------------------------------------ untyped (dtype) API
   void all_reduce(const void* send, void* recv, std::size_t count, dtype d, reduce_op op, call_options o = {}) {
-    sync("all_reduce", [&] { return nbytes(count, d); }, [&] { do_all_reduce(send, recv, count, d, op, o); });
+    sync(
+        "all_reduce", [&] { return nbytes(count, d); }, [&] { do_all_reduce(send, recv, count, d, op, o); });
   }
   void reduce(const void* send, void* recv, std::size_t count, dtype d, reduce_op op, int root, call_options o = {}) {
-    sync("reduce", [&] { return nbytes(count, d); }, [&] { do_reduce(send, recv, count, d, op, root, o); });
+    sync(
+        "reduce", [&] { return nbytes(count, d); }, [&] { do_reduce(send, recv, count, d, op, root, o); });
   }
   void broadcast(const void* send, void* recv, std::size_t count, dtype d, int root, call_options o = {}) {
-    sync("broadcast", [&] { return nbytes(count, d); }, [&] { do_broadcast(send, recv, count, d, root, o); });
+    sync(
+        "broadcast", [&] { return nbytes(count, d); }, [&] { do_broadcast(send, recv, count, d, root, o); });
   }
   // recv holds size()*sendcount elements; in place when send == recv + rank*sendcount.
   void all_gather(const void* send, void* recv, std::size_t sendcount, dtype d, call_options o = {}) {
-    sync("all_gather", [&] { return nbytes(sendcount, d, size()); }, [&] { do_all_gather(send, recv, sendcount, d, o); });
+    sync(
+        "all_gather", [&] { return nbytes(sendcount, d, size()); }, [&] { do_all_gather(send, recv, sendcount, d, o); });
   }
   // send holds size()*recvcount elements; in place when recv == send + rank*recvcount.
   void reduce_scatter(const void* send, void* recv, std::size_t recvcount, dtype d, reduce_op op, call_options o = {}) {
-    sync("reduce_scatter", [&] { return nbytes(recvcount, d, size()); }, [&] { do_reduce_scatter(send, recv, recvcount, d, op, o); });
+    sync(
+        "reduce_scatter", [&] { return nbytes(recvcount, d, size()); }, [&] { do_reduce_scatter(send, recv, recvcount, d, op, o); });
   }
   void gather(const void* send, void* recv, std::size_t sendcount, dtype d, int root) {
-    sync("gather", [&] { return nbytes(sendcount, d, size()); }, [&] { do_gather(send, recv, sendcount, d, root); });
+    sync(
+        "gather", [&] { return nbytes(sendcount, d, size()); }, [&] { do_gather(send, recv, sendcount, d, root); });
   }
   void scatter(const void* send, void* recv, std::size_t recvcount, dtype d, int root) {
-    sync("scatter", [&] { return nbytes(recvcount, d, size()); }, [&] { do_scatter(send, recv, recvcount, d, root); });
+    sync(
+        "scatter", [&] { return nbytes(recvcount, d, size()); }, [&] { do_scatter(send, recv, recvcount, d, root); });
   }
   // Block q of send (count elements) goes to rank q; block q of recv comes from rank q. No aliasing.
   void all_to_all(const void* send, void* recv, std::size_t count, dtype d) {
-    sync("all_to_all", [&] { return nbytes(count, d, size()); },
-         [&] { do_all_to_allv(send, uniform(count), uniform_displs(count), recv, uniform(count), uniform_displs(count), d); });
+    sync(
+        "all_to_all", [&] { return nbytes(count, d, size()); },
+        [&] { do_all_to_allv(send, uniform(count), uniform_displs(count), recv, uniform(count), uniform_displs(count), d); });
   }
-  void all_to_allv(const void* send, std::span<const std::size_t> sendcounts, std::span<const std::size_t> sdispls,
-                   void* recv, std::span<const std::size_t> recvcounts, std::span<const std::size_t> rdispls, dtype d) {
-    sync("all_to_allv", [&] { return nbytes(total(sendcounts), d); }, [&] {
-      do_all_to_allv(send, {sendcounts.begin(), sendcounts.end()}, {sdispls.begin(), sdispls.end()}, recv,
-                     {recvcounts.begin(), recvcounts.end()}, {rdispls.begin(), rdispls.end()}, d);
-    });
+  void all_to_allv(const void* send, std::span<const std::size_t> sendcounts, std::span<const std::size_t> sdispls, void* recv,
+                   std::span<const std::size_t> recvcounts, std::span<const std::size_t> rdispls, dtype d) {
+    sync(
+        "all_to_allv", [&] { return nbytes(total(sendcounts), d); },
+        [&] {
+          do_all_to_allv(send, {sendcounts.begin(), sendcounts.end()}, {sdispls.begin(), sdispls.end()}, recv, {recvcounts.begin(), recvcounts.end()},
+                         {rdispls.begin(), rdispls.end()}, d);
+        });
   }
   // Timing-only all_to_allv: the same message schedule with these counts, but no payload exists
   // (nothing is read or written; displacements are irrelevant). Needs a transport that times byte
@@ -276,21 +279,25 @@ class communicator {
         true);
   }
   void send(const void* buf, std::size_t count, dtype d, int peer, int tag = 0) {
-    sync("send", [&] { return nbytes(count, d); }, [&] { do_send(buf, count, d, peer, tag); });
+    sync(
+        "send", [&] { return nbytes(count, d); }, [&] { do_send(buf, count, d, peer, tag); });
   }
   void recv(void* buf, std::size_t count, dtype d, int peer, int tag = 0) {
-    sync("recv", [&] { return nbytes(count, d); }, [&] { do_recv(buf, count, d, peer, tag); });
+    sync(
+        "recv", [&] { return nbytes(count, d); }, [&] { do_recv(buf, count, d, peer, tag); });
   }
   // A send to `dst` and a receive from `src` as one call (MPI_Sendrecv): the send is posted before
   // the receive waits, so ranks exchanging with each other (a pipeline's activations one way and
   // gradients the other) cannot deadlock on a transport whose sends complete only when received.
   // A peer of -1 leaves that half out; the tags match send()'s and recv()'s.
   void send_recv(const void* sbuf, std::size_t scount, int dst, int send_tag, void* rbuf, std::size_t rcount, int src, int recv_tag, dtype d) {
-    sync("send_recv", [&] { return nbytes((dst >= 0 ? scount : 0) + (src >= 0 ? rcount : 0), d); },
-         [&] { do_send_recv(sbuf, scount, dst, send_tag, rbuf, rcount, src, recv_tag, d); });
+    sync(
+        "send_recv", [&] { return nbytes((dst >= 0 ? scount : 0) + (src >= 0 ? rcount : 0), d); },
+        [&] { do_send_recv(sbuf, scount, dst, send_tag, rbuf, rcount, src, recv_tag, d); });
   }
   void barrier() {
-    sync("barrier", [] { return 0.0; }, [&] { do_barrier(); });
+    sync(
+        "barrier", [] { return 0.0; }, [&] { do_barrier(); });
   }
 
   // ------------------------------------------------------------------ typed API
@@ -335,24 +342,24 @@ class communicator {
   request all_gather_async(const void* send, void* recv, std::size_t sendcount, dtype d, call_options o = {}) {
     return submit("all_gather", nbytes_async(sendcount, d, size()), [=, this] { do_all_gather(send, recv, sendcount, d, o); });
   }
-  request reduce_scatter_async(const void* send, void* recv, std::size_t recvcount, dtype d, reduce_op op,
-                               call_options o = {}) {
+  request reduce_scatter_async(const void* send, void* recv, std::size_t recvcount, dtype d, reduce_op op, call_options o = {}) {
     return submit("reduce_scatter", nbytes_async(recvcount, d, size()), [=, this] { do_reduce_scatter(send, recv, recvcount, d, op, o); });
   }
   request all_to_all_async(const void* send, void* recv, std::size_t count, dtype d) {
-    return submit("all_to_all", nbytes_async(count, d, size()), [=, this] {
-      do_all_to_allv(send, uniform(count), uniform_displs(count), recv, uniform(count), uniform_displs(count), d);
-    });
+    return submit("all_to_all", nbytes_async(count, d, size()),
+                  [=, this] { do_all_to_allv(send, uniform(count), uniform_displs(count), recv, uniform(count), uniform_displs(count), d); });
   }
   // Extension point for layers built on the communicator (compression, MoE): runs f(ctx) as one
   // collective (its own tag space, in order with every other call). All ranks must call it together.
   // `name` and `bytes` (the message size, nccl-tests' convention) are what the profiler records.
   template <class F>
   void run_collective(F&& f, const char* name = "collective", double bytes = 0) {
-    sync(name, [bytes] { return bytes; }, [&] {
-      auto c = ctx();
-      f(c);
-    });
+    sync(
+        name, [bytes] { return bytes; },
+        [&] {
+          auto c = ctx();
+          f(c);
+        });
   }
 
   // Any sequence of blocking calls on this communicator, run in the background in order.
@@ -398,7 +405,8 @@ class communicator {
   request submit(const char* op, double bytes, F&& f) {
     return start([this, op, bytes, f = std::forward<F>(f)] {
       if (profiler::detail::level.load(std::memory_order_relaxed) != 0) [[unlikely]]
-        return profiled(op, [bytes] { return bytes; }, f);
+        return profiled(
+            op, [bytes] { return bytes; }, f);
       f();
     });
   }
@@ -431,9 +439,7 @@ class communicator {
     if (profiler::detail::level.load(std::memory_order_relaxed) == 0) return 0;
     try {
       return nbytes(count, d, times);
-    } catch (const error&) {
-      return 0;
-    }
+    } catch (const error&) { return 0; }
   }
   static std::size_t total(std::span<const std::size_t> counts) {
     std::size_t t = 0;
@@ -464,9 +470,7 @@ class communicator {
   bool modelled() const { return s_->tp->is_simulated(); }
   algorithm latency_algorithm() const { return modelled() ? algorithm::direct : algorithm::tree; }
   std::size_t small_limit() const { return s_->opt.small_bytes.value_or(modelled() ? std::size_t{4} << 10 : std::size_t{32} << 10); }
-  std::size_t medium_limit() const {
-    return std::max(small_limit(), s_->opt.medium_bytes.value_or(modelled() ? 0 : std::size_t{1} << 20));
-  }
+  std::size_t medium_limit() const { return std::max(small_limit(), s_->opt.medium_bytes.value_or(modelled() ? 0 : std::size_t{1} << 20)); }
   algorithm pick(algorithm a, std::size_t bytes) const { return noted(a == algorithm::automatic ? default_algorithm(bytes) : a); }
 
   std::vector<std::size_t> uniform(std::size_t count) const { return std::vector<std::size_t>(static_cast<std::size_t>(size()), count); }
@@ -480,8 +484,7 @@ class communicator {
   }
   void check_root(int root, const char* what) const {
     if (root < 0 || root >= size())
-      throw comm_error(errc::out_of_range, std::string(what) + ": root " + std::to_string(root) + " outside [0, " +
-                              std::to_string(size()) + ")");
+      throw comm_error(errc::out_of_range, std::string(what) + ": root " + std::to_string(root) + " outside [0, " + std::to_string(size()) + ")");
   }
   static void check_reducible(dtype d, reduce_op op, const char* what) {
     (void)dtype_size(d);  // rejects an invalid enum value
@@ -747,16 +750,18 @@ class communicator {
     }
   }
 
-  void do_all_to_allv(const void* send, std::vector<std::size_t> sc, std::vector<std::size_t> sd, void* recv,
-                      std::vector<std::size_t> rc, std::vector<std::size_t> rd, dtype d) {
+  void do_all_to_allv(const void* send, std::vector<std::size_t> sc, std::vector<std::size_t> sd, void* recv, std::vector<std::size_t> rc,
+                      std::vector<std::size_t> rd, dtype d) {
     const auto n = static_cast<std::size_t>(size());
     if (sc.size() != n || sd.size() != n || rc.size() != n || rd.size() != n)
       throw comm_error(errc::invalid_argument, "all_to_allv: counts and displacements must have size() entries");
     const std::size_t es = dtype_size(d);
     std::size_t send_extent = 0, recv_extent = 0;
     for (std::size_t q = 0; q < n; ++q) {
-      if (sc[q] && sd[q] > std::numeric_limits<std::size_t>::max() - sc[q]) throw comm_error(errc::overflow, "all_to_allv: send displacement overflows");
-      if (rc[q] && rd[q] > std::numeric_limits<std::size_t>::max() - rc[q]) throw comm_error(errc::overflow, "all_to_allv: recv displacement overflows");
+      if (sc[q] && sd[q] > std::numeric_limits<std::size_t>::max() - sc[q])
+        throw comm_error(errc::overflow, "all_to_allv: send displacement overflows");
+      if (rc[q] && rd[q] > std::numeric_limits<std::size_t>::max() - rc[q])
+        throw comm_error(errc::overflow, "all_to_allv: recv displacement overflows");
       if (sc[q]) send_extent = std::max(send_extent, sd[q] + sc[q]);
       if (rc[q]) recv_extent = std::max(recv_extent, rd[q] + rc[q]);
     }
@@ -816,8 +821,8 @@ class communicator {
   }
   void check_peer(int peer, const char* what) const {
     if (peer < 0 || peer >= size() || peer == rank())
-      throw comm_error(errc::out_of_range, std::string(what) + ": peer " + std::to_string(peer) + " is not another rank of [0, " +
-                              std::to_string(size()) + ")");
+      throw comm_error(errc::out_of_range,
+                       std::string(what) + ": peer " + std::to_string(peer) + " is not another rank of [0, " + std::to_string(size()) + ")");
   }
 
   void do_barrier() {

@@ -78,8 +78,8 @@ class error_feedback {
 };
 
 struct compression_stats {
-  std::size_t bytes_sent = 0;          // by this rank, both phases
-  double wire_bytes_per_element = 0;   // bytes on the wire per reduced element (both phases, this rank)
+  std::size_t bytes_sent = 0;         // by this rank, both phases
+  double wire_bytes_per_element = 0;  // bytes on the wire per reduced element (both phases, this rank)
 };
 
 // Per-format constants of the bound in the header comment.
@@ -153,8 +153,10 @@ struct compression_impl {
       return each_chunk([&](std::size_t i, float v) {
         const int q = static_cast<int>(std::clamp(std::nearbyint(v), -7.0f, 7.0f));
         auto& byte = reinterpret_cast<unsigned char&>(codes[i / 2]);
-        if (i % 2 == 0) byte = static_cast<unsigned char>(q & 0xF);
-        else byte = static_cast<unsigned char>(byte | ((q & 0xF) << 4));
+        if (i % 2 == 0)
+          byte = static_cast<unsigned char>(q & 0xF);
+        else
+          byte = static_cast<unsigned char>(byte | ((q & 0xF) << 4));
         return static_cast<float>(q);
       });
     }
@@ -210,80 +212,83 @@ struct compression_impl {
 
 // all_reduce (sum or avg) of f32 data with compressed traffic. Deterministic (rank-order FP32 sums).
 // In place when send.data() == recv.data(). `ef` (optional) carries residuals between calls.
-inline compression_stats all_reduce_compressed(communicator& comm, std::span<const float> send, std::span<float> recv,
-                                               reduce_op op, compression_options opt = {}, error_feedback* ef = nullptr) {
+inline compression_stats all_reduce_compressed(communicator& comm, std::span<const float> send, std::span<float> recv, reduce_op op,
+                                               compression_options opt = {}, error_feedback* ef = nullptr) {
   if (send.size() != recv.size()) throw comm_error(errc::invalid_argument, "all_reduce_compressed: send and recv sizes differ");
-  if (op != reduce_op::sum && op != reduce_op::avg)
-    throw comm_error(errc::invalid_argument, "all_reduce_compressed: only sum and avg are supported");
+  if (op != reduce_op::sum && op != reduce_op::avg) throw comm_error(errc::invalid_argument, "all_reduce_compressed: only sum and avg are supported");
   if (opt.chunk == 0) throw comm_error(errc::invalid_argument, "all_reduce_compressed: chunk must be positive");
   if (opt.format == wire_format::none) {
     comm.all_reduce(send.data(), recv.data(), send.size(), dtype::f32, op);
-    return {2 * send.size() * 4 * static_cast<std::size_t>(comm.size() - 1) / static_cast<std::size_t>(comm.size()), 8.0 * (comm.size() - 1) / comm.size()};
+    return {2 * send.size() * 4 * static_cast<std::size_t>(comm.size() - 1) / static_cast<std::size_t>(comm.size()),
+            8.0 * (comm.size() - 1) / comm.size()};
   }
   if (opt.format > wire_format::int4) throw comm_error(errc::invalid_argument, "all_reduce_compressed: invalid wire format");
   if (send.data() != recv.data() && detail::overlaps(send.data(), send.size_bytes(), recv.data(), recv.size_bytes()))
     throw comm_error(errc::invalid_argument, "all_reduce_compressed: send and recv overlap but are not in place");
   compression_stats st;
   const std::size_t count = send.size();
-  comm.run_collective([&](detail::coll_ctx& c) {
-    const int n = c.n, r = c.rank;
-    const auto off = detail::even_blocks(count, n);
-    const std::size_t m = off[r + 1] - off[r];
-    if (ef) compression_impl::shape(*ef, count, n, m);
-    // x' = x + residual (error feedback)
-    std::vector<float> x(send.begin(), send.end());
-    if (ef)
-      for (std::size_t i = 0; i < count; ++i) x[i] += compression_impl::send_res(*ef)[i];
-    // phase 1: encode block q for its owner q (our own block too, so every contribution is alike)
-    std::vector<std::vector<std::byte>> enc(static_cast<std::size_t>(n));
-    for (int q = 0; q < n; ++q) {
-      const std::size_t len = off[q + 1] - off[q];
-      enc[q].resize(wire_bytes(opt.format, len, opt.chunk));
-      compression_impl::encode(opt.format, opt.chunk, x.data() + off[q], len, enc[q].data(),
-                               ef ? compression_impl::send_res(*ef).data() + off[q] : nullptr);
-      if (q != r) {
-        c.send(q, c.tag + 1, enc[q].data(), enc[q].size());
-        st.bytes_sent += enc[q].size();
-      }
-    }
-    // owner: decode every contribution, sum in rank order in FP32
-    std::vector<float> acc(m), dec(m);
-    const std::size_t eb = wire_bytes(opt.format, m, opt.chunk);
-    for (int q = 0; q < n; ++q) {
-      if (q == r) compression_impl::decode(opt.format, opt.chunk, enc[r].data(), m, dec.data());
-      else {
-        std::vector<std::byte> in(eb);
-        c.tp.recv_into(q, c.tag + 1, in);
-        compression_impl::decode(opt.format, opt.chunk, in.data(), m, dec.data());
-      }
-      if (q == 0) acc = dec;
-      else
-        for (std::size_t i = 0; i < m; ++i) acc[i] += dec[i];
-    }
-    if (op == reduce_op::avg)
-      for (auto& v : acc) v /= static_cast<float>(n);
-    c.wait_all();
-    // phase 2: encode the result block once, send it to everyone, everyone (owner too) decodes it
-    if (ef)
-      for (std::size_t i = 0; i < m; ++i) acc[i] += compression_impl::recv_res(*ef)[i];
-    std::vector<std::byte> res(eb);
-    compression_impl::encode(opt.format, opt.chunk, acc.data(), m, res.data(),
-                             ef ? compression_impl::recv_res(*ef).data() : nullptr);
-    for (int q = 0; q < n; ++q)
-      if (q != r) {
-        c.send(q, c.tag + 2, res.data(), res.size());
-        st.bytes_sent += res.size();
-      }
-    compression_impl::decode(opt.format, opt.chunk, res.data(), m, recv.data() + off[r]);
-    for (int q = 0; q < n; ++q)
-      if (q != r) {
-        const std::size_t len = off[q + 1] - off[q];
-        std::vector<std::byte> in(wire_bytes(opt.format, len, opt.chunk));
-        c.tp.recv_into(q, c.tag + 2, in);
-        compression_impl::decode(opt.format, opt.chunk, in.data(), len, recv.data() + off[q]);
-      }
-    c.wait_all();
-  }, "all_reduce_compressed", static_cast<double>(count) * sizeof(float));
+  comm.run_collective(
+      [&](detail::coll_ctx& c) {
+        const int n = c.n, r = c.rank;
+        const auto off = detail::even_blocks(count, n);
+        const std::size_t m = off[r + 1] - off[r];
+        if (ef) compression_impl::shape(*ef, count, n, m);
+        // x' = x + residual (error feedback)
+        std::vector<float> x(send.begin(), send.end());
+        if (ef)
+          for (std::size_t i = 0; i < count; ++i) x[i] += compression_impl::send_res(*ef)[i];
+        // phase 1: encode block q for its owner q (our own block too, so every contribution is alike)
+        std::vector<std::vector<std::byte>> enc(static_cast<std::size_t>(n));
+        for (int q = 0; q < n; ++q) {
+          const std::size_t len = off[q + 1] - off[q];
+          enc[q].resize(wire_bytes(opt.format, len, opt.chunk));
+          compression_impl::encode(opt.format, opt.chunk, x.data() + off[q], len, enc[q].data(),
+                                   ef ? compression_impl::send_res(*ef).data() + off[q] : nullptr);
+          if (q != r) {
+            c.send(q, c.tag + 1, enc[q].data(), enc[q].size());
+            st.bytes_sent += enc[q].size();
+          }
+        }
+        // owner: decode every contribution, sum in rank order in FP32
+        std::vector<float> acc(m), dec(m);
+        const std::size_t eb = wire_bytes(opt.format, m, opt.chunk);
+        for (int q = 0; q < n; ++q) {
+          if (q == r)
+            compression_impl::decode(opt.format, opt.chunk, enc[r].data(), m, dec.data());
+          else {
+            std::vector<std::byte> in(eb);
+            c.tp.recv_into(q, c.tag + 1, in);
+            compression_impl::decode(opt.format, opt.chunk, in.data(), m, dec.data());
+          }
+          if (q == 0)
+            acc = dec;
+          else
+            for (std::size_t i = 0; i < m; ++i) acc[i] += dec[i];
+        }
+        if (op == reduce_op::avg)
+          for (auto& v : acc) v /= static_cast<float>(n);
+        c.wait_all();
+        // phase 2: encode the result block once, send it to everyone, everyone (owner too) decodes it
+        if (ef)
+          for (std::size_t i = 0; i < m; ++i) acc[i] += compression_impl::recv_res(*ef)[i];
+        std::vector<std::byte> res(eb);
+        compression_impl::encode(opt.format, opt.chunk, acc.data(), m, res.data(), ef ? compression_impl::recv_res(*ef).data() : nullptr);
+        for (int q = 0; q < n; ++q)
+          if (q != r) {
+            c.send(q, c.tag + 2, res.data(), res.size());
+            st.bytes_sent += res.size();
+          }
+        compression_impl::decode(opt.format, opt.chunk, res.data(), m, recv.data() + off[r]);
+        for (int q = 0; q < n; ++q)
+          if (q != r) {
+            const std::size_t len = off[q + 1] - off[q];
+            std::vector<std::byte> in(wire_bytes(opt.format, len, opt.chunk));
+            c.tp.recv_into(q, c.tag + 2, in);
+            compression_impl::decode(opt.format, opt.chunk, in.data(), len, recv.data() + off[q]);
+          }
+        c.wait_all();
+      },
+      "all_reduce_compressed", static_cast<double>(count) * sizeof(float));
   st.wire_bytes_per_element = count ? static_cast<double>(st.bytes_sent) / static_cast<double>(count) : 0;
   return st;
 }

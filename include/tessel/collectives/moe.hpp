@@ -62,7 +62,7 @@ struct moe_handle {
 
 template <class X>
 struct moe_dispatch_result {
-  std::vector<X> x;          // (rows, hidden), grouped by local expert
+  std::vector<X> x;           // (rows, hidden), grouped by local expert
   std::vector<float> scales;  // (rows, hidden/128) for FP8 dispatch, empty otherwise
   moe_handle handle;
   const std::vector<std::size_t>& tokens_per_expert() const { return handle.tokens_per_expert; }
@@ -70,11 +70,11 @@ struct moe_dispatch_result {
 };
 
 namespace moe_detail {
-inline void check_routing(const communicator& c, std::size_t tokens, std::size_t hidden, std::size_t top_k,
-                          std::span<const std::int64_t> idx, std::span<const float> w, int num_experts) {
+inline void check_routing(const communicator& c, std::size_t tokens, std::size_t hidden, std::size_t top_k, std::span<const std::int64_t> idx,
+                          std::span<const float> w, int num_experts) {
   if (num_experts <= 0 || num_experts % c.size() != 0)
     throw comm_error(errc::invalid_argument, "moe: num_experts " + std::to_string(num_experts) + " must be a positive multiple of the rank count " +
-                                std::to_string(c.size()));
+                                                 std::to_string(c.size()));
   if (hidden == 0) throw comm_error(errc::invalid_argument, "moe: hidden must be positive");
   if (tokens > 0 && top_k == 0) throw comm_error(errc::invalid_argument, "moe: top_k must be positive");
   if (tokens && top_k > std::numeric_limits<std::size_t>::max() / tokens) throw comm_error(errc::overflow, "moe: tokens * top_k overflows");
@@ -82,8 +82,8 @@ inline void check_routing(const communicator& c, std::size_t tokens, std::size_t
     throw comm_error(errc::invalid_argument, "moe: topk_idx and topk_weights must hold tokens * top_k entries");
   for (std::int64_t e : idx)
     if (e < -1 || e >= num_experts)
-      throw comm_error(errc::out_of_range, "moe: expert index " + std::to_string(e) + " outside [0, " + std::to_string(num_experts) +
-                              ") (use -1 for no expert)");
+      throw comm_error(errc::out_of_range,
+                       "moe: expert index " + std::to_string(e) + " outside [0, " + std::to_string(num_experts) + ") (use -1 for no expert)");
 }
 
 // An all_to_allv of bytes: sc[q] bytes from `send` (packed in rank order) to rank q; rc[q] bytes
@@ -105,8 +105,8 @@ inline std::vector<std::size_t> prefix(const std::vector<std::size_t>& v) {
 inline void check_not_dry(communicator& c) {
   if (c.transport_handle().timing_only())
     throw comm_error(errc::unsupported,
-        "moe: the transport is timing-only (no bytes move), so the routing cannot be exchanged; use a cluster that "
-        "moves payloads and the moe_timing_only forms for payload-free timing");
+                     "moe: the transport is timing-only (no bytes move), so the routing cannot be exchanged; use a cluster that "
+                     "moves payloads and the moe_timing_only forms for payload-free timing");
 }
 
 // Shared body of every dispatch. Three exchanges, the same in both modes: (1) per destination the
@@ -114,9 +114,9 @@ inline void check_not_dry(communicator& c) {
 // weights), (3) the payload rows (data_bytes of `data` [+ extra_bytes of `extra`] per token).
 // timing: (3) is payload-free (data/extra unused, result rows empty) but timed in full.
 template <class X>
-moe_dispatch_result<X> dispatch(communicator& c, const std::byte* data, std::size_t data_bytes, const std::byte* extra,
-                                std::size_t extra_bytes, bool timing, std::size_t tokens, std::size_t hidden, std::size_t top_k,
-                                std::span<const std::int64_t> idx, std::span<const float> w, int num_experts) {
+moe_dispatch_result<X> dispatch(communicator& c, const std::byte* data, std::size_t data_bytes, const std::byte* extra, std::size_t extra_bytes,
+                                bool timing, std::size_t tokens, std::size_t hidden, std::size_t top_k, std::span<const std::int64_t> idx,
+                                std::span<const float> w, int num_experts) {
   check_routing(c, tokens, hidden, top_k, idx, w, num_experts);
   check_not_dry(c);
   const int n = c.size(), epr = num_experts / n;
@@ -298,33 +298,32 @@ inline std::vector<bf16> combine_rows(communicator& c, std::span<const bf16> y, 
 // Dispatch of rows of any trivially copyable element type (a model's f32, BF16 or FP16
 // activations), moved unchanged. x: (tokens, hidden); topk_idx/topk_weights: (tokens, top_k).
 template <class X>
-  requires std::is_trivially_copyable_v<X>
-moe_dispatch_result<X> moe_dispatch_rows(communicator& c, std::span<const X> x, std::size_t hidden, std::span<const std::int64_t> topk_idx,
-                                         std::span<const float> topk_weights, std::size_t top_k, int num_experts) {
+requires std::is_trivially_copyable_v<X> moe_dispatch_result<X> moe_dispatch_rows(communicator& c, std::span<const X> x, std::size_t hidden,
+                                                                                  std::span<const std::int64_t> topk_idx,
+                                                                                  std::span<const float> topk_weights, std::size_t top_k,
+                                                                                  int num_experts) {
   if (hidden == 0 || x.size() % hidden) throw comm_error(errc::invalid_argument, "moe_dispatch: x must hold tokens * hidden elements");
   const std::size_t row = tessel::detail::mul_checked(hidden, sizeof(X), "moe_dispatch: hidden");
-  return moe_detail::dispatch<X>(c, reinterpret_cast<const std::byte*>(x.data()), row, nullptr, 0, false, x.size() / hidden, hidden, top_k,
-                                 topk_idx, topk_weights, num_experts);
+  return moe_detail::dispatch<X>(c, reinterpret_cast<const std::byte*>(x.data()), row, nullptr, 0, false, x.size() / hidden, hidden, top_k, topk_idx,
+                                 topk_weights, num_experts);
 }
 
 // BF16 dispatch (DeepEP's): moe_dispatch_rows of BF16 rows.
-inline moe_dispatch_result<bf16> moe_dispatch(communicator& c, std::span<const bf16> x, std::size_t hidden,
-                                              std::span<const std::int64_t> topk_idx, std::span<const float> topk_weights,
-                                              std::size_t top_k, int num_experts) {
+inline moe_dispatch_result<bf16> moe_dispatch(communicator& c, std::span<const bf16> x, std::size_t hidden, std::span<const std::int64_t> topk_idx,
+                                              std::span<const float> topk_weights, std::size_t top_k, int num_experts) {
   return moe_dispatch_rows<bf16>(c, x, hidden, topk_idx, topk_weights, top_k, num_experts);
 }
 
 // FP8 dispatch: x (tokens, hidden) E4M3 with scales (tokens, hidden/128), hidden a multiple of 128.
-inline moe_dispatch_result<e4m3> moe_dispatch_fp8(communicator& c, std::span<const e4m3> x, std::span<const float> scales,
-                                                  std::size_t hidden, std::span<const std::int64_t> topk_idx,
-                                                  std::span<const float> topk_weights, std::size_t top_k, int num_experts) {
+inline moe_dispatch_result<e4m3> moe_dispatch_fp8(communicator& c, std::span<const e4m3> x, std::span<const float> scales, std::size_t hidden,
+                                                  std::span<const std::int64_t> topk_idx, std::span<const float> topk_weights, std::size_t top_k,
+                                                  int num_experts) {
   if (hidden == 0 || hidden % 128) throw comm_error(errc::invalid_argument, "moe_dispatch_fp8: hidden must be a positive multiple of 128");
   if (x.size() % hidden) throw comm_error(errc::invalid_argument, "moe_dispatch_fp8: x must hold tokens * hidden elements");
   const std::size_t tokens = x.size() / hidden, sg = hidden / 128;
   if (scales.size() != tokens * sg) throw comm_error(errc::invalid_argument, "moe_dispatch_fp8: scales must hold tokens * hidden/128 entries");
-  return moe_detail::dispatch<e4m3>(c, reinterpret_cast<const std::byte*>(x.data()), hidden,
-                                    reinterpret_cast<const std::byte*>(scales.data()), sg * sizeof(float), false, tokens, hidden,
-                                    top_k, topk_idx, topk_weights, num_experts);
+  return moe_detail::dispatch<e4m3>(c, reinterpret_cast<const std::byte*>(x.data()), hidden, reinterpret_cast<const std::byte*>(scales.data()),
+                                    sg * sizeof(float), false, tokens, hidden, top_k, topk_idx, topk_weights, num_experts);
 }
 
 // Timing-only forms (simulated transports): the same dispatch, with the routing metadata exchanged
@@ -338,17 +337,17 @@ struct moe_timing_only_t {
 inline constexpr moe_timing_only_t moe_timing_only{};
 
 inline moe_dispatch_result<bf16> moe_dispatch(communicator& c, moe_timing_only_t, std::size_t tokens, std::size_t hidden,
-                                              std::span<const std::int64_t> topk_idx, std::span<const float> topk_weights,
-                                              std::size_t top_k, int num_experts) {
+                                              std::span<const std::int64_t> topk_idx, std::span<const float> topk_weights, std::size_t top_k,
+                                              int num_experts) {
   const std::size_t row = tessel::detail::mul_checked(hidden, sizeof(bf16), "moe_dispatch: hidden");
   return moe_detail::dispatch<bf16>(c, nullptr, row, nullptr, 0, true, tokens, hidden, top_k, topk_idx, topk_weights, num_experts);
 }
 inline moe_dispatch_result<e4m3> moe_dispatch_fp8(communicator& c, moe_timing_only_t, std::size_t tokens, std::size_t hidden,
-                                                  std::span<const std::int64_t> topk_idx, std::span<const float> topk_weights,
-                                                  std::size_t top_k, int num_experts) {
+                                                  std::span<const std::int64_t> topk_idx, std::span<const float> topk_weights, std::size_t top_k,
+                                                  int num_experts) {
   if (hidden == 0 || hidden % 128) throw comm_error(errc::invalid_argument, "moe_dispatch_fp8: hidden must be a positive multiple of 128");
-  return moe_detail::dispatch<e4m3>(c, nullptr, hidden, nullptr, hidden / 128 * sizeof(float), true, tokens, hidden, top_k, topk_idx,
-                                    topk_weights, num_experts);
+  return moe_detail::dispatch<e4m3>(c, nullptr, hidden, nullptr, hidden / 128 * sizeof(float), true, tokens, hidden, top_k, topk_idx, topk_weights,
+                                    num_experts);
 }
 
 // Bytes this rank's dispatch put on the wire for token payloads (to other ranks; rows to itself
@@ -376,8 +375,7 @@ inline void moe_quantize_fp8(std::span<const bf16> x, std::size_t hidden, std::s
     for (std::size_t j = 0; j < 128; ++j) amax = std::max(amax, std::fabs(static_cast<float>(x[g * 128 + j])));
     const float s = amax > 0 ? amax / 448.0f : 1.0f;
     scales[g] = s;
-    for (std::size_t j = 0; j < 128; ++j)
-      q[g * 128 + j] = e4m3(std::clamp(static_cast<float>(x[g * 128 + j]) / s, -448.0f, 448.0f));
+    for (std::size_t j = 0; j < 128; ++j) q[g * 128 + j] = e4m3(std::clamp(static_cast<float>(x[g * 128 + j]) / s, -448.0f, 448.0f));
   }
 }
 
@@ -403,7 +401,8 @@ inline std::vector<bf16> moe_combine_backward(communicator& c, std::span<const b
     moe_detail::exchange_bytes(c, nullptr, sc, nullptr, rc, true);
     return {};
   }
-  if (grad_out.size() != h.num_tokens * H) throw comm_error(errc::invalid_argument, "moe_combine_backward: grad_out must hold tokens * hidden elements");
+  if (grad_out.size() != h.num_tokens * H)
+    throw comm_error(errc::invalid_argument, "moe_combine_backward: grad_out must hold tokens * hidden elements");
   std::vector<bf16> sb(moe_detail::prefix(sc)[un] / sizeof(bf16));
   bf16* o = sb.data();
   for (std::size_t q = 0; q < un; ++q)
@@ -465,8 +464,7 @@ inline slot_plan plan_slots(communicator& c, const moe_handle& h, std::size_t el
 // hidden) on the home ranks, row t * top_k + k holding token t's k-th expert's row (zeros for the
 // slots without an expert). The backward of moe_send_rows and vice versa.
 template <class Y>
-  requires std::is_trivially_copyable_v<Y>
-std::vector<Y> moe_return_rows(communicator& c, std::span<const Y> y, const moe_handle& h) {
+requires std::is_trivially_copyable_v<Y> std::vector<Y> moe_return_rows(communicator& c, std::span<const Y> y, const moe_handle& h) {
   const auto [order, sc, home, rb] = moe_detail::plan_slots(c, h, sizeof(Y), !y.empty());
   const std::size_t H = h.hidden, un = static_cast<std::size_t>(h.ranks);
   if (h.timing_only) {
@@ -490,8 +488,7 @@ std::vector<Y> moe_return_rows(communicator& c, std::span<const Y> y, const moe_
 // Slot rows to the experts: slots (tokens * top_k, hidden) on the home ranks -> (rows, hidden) in
 // the handle's row order on the expert ranks (the slots without an expert are not sent).
 template <class Y>
-  requires std::is_trivially_copyable_v<Y>
-std::vector<Y> moe_send_rows(communicator& c, std::span<const Y> slots, const moe_handle& h) {
+requires std::is_trivially_copyable_v<Y> std::vector<Y> moe_send_rows(communicator& c, std::span<const Y> slots, const moe_handle& h) {
   const auto [order, rc, home, rb] = moe_detail::plan_slots(c, h, sizeof(Y), !slots.empty());
   const std::size_t H = h.hidden, un = static_cast<std::size_t>(h.ranks);
   if (h.timing_only) {

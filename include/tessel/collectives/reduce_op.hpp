@@ -41,7 +41,10 @@ inline reduce_op reduce_op_from_name(std::string_view s) {
 // The type a dtype is reduced in: FP32 for bf16/fp16/e4m3/e5m2, itself otherwise.
 constexpr dtype accumulator_dtype(dtype d) {
   switch (d) {
-    case dtype::bf16: case dtype::fp16: case dtype::e4m3: case dtype::e5m2: return dtype::f32;
+    case dtype::bf16:
+    case dtype::fp16:
+    case dtype::e4m3:
+    case dtype::e5m2: return dtype::f32;
     default: return d;
   }
 }
@@ -94,8 +97,10 @@ constexpr A apply_op(A a, A b) {
 
 template <class T>
 inline acc_t<T> coll_widen(T x) {
-  if constexpr (std::is_class_v<T>) return static_cast<float>(x);
-  else return x;
+  if constexpr (std::is_class_v<T>)
+    return static_cast<float>(x);
+  else
+    return x;
 }
 
 // Final step: avg divides the (wrapped, for integers) sum by n, then one rounding to T.
@@ -106,10 +111,13 @@ inline T coll_narrow(acc_t<T> a, int n) {
       a = static_cast<T>(static_cast<std::int64_t>(a) / static_cast<std::int64_t>(n));
     else if constexpr (std::is_integral_v<T>)
       a = static_cast<T>(static_cast<std::uint64_t>(a) / static_cast<std::uint64_t>(n));
-    else a = a / static_cast<acc_t<T>>(n);
+    else
+      a = a / static_cast<acc_t<T>>(n);
   }
-  if constexpr (std::is_class_v<T>) return T(a);
-  else return a;
+  if constexpr (std::is_class_v<T>)
+    return T(a);
+  else
+    return a;
 }
 
 // Loads element i of a buffer that holds either T or acc_t<T>.
@@ -162,8 +170,7 @@ decltype(auto) visit_reducible(dtype d, F&& f) {
 
 // dst[i] = op(a[i], b[i]) in the accumulator type. a holds T (a_acc == false) or acc_t<T>; b holds T.
 // dst holds acc_t<T>; dst may alias a (element-wise) or b when T is its own accumulator.
-inline void fold_kernel(reduce_op op, dtype d, const std::byte* a, bool a_acc, const std::byte* b, std::byte* dst,
-                        std::size_t n) {
+inline void fold_kernel(reduce_op op, dtype d, const std::byte* a, bool a_acc, const std::byte* b, std::byte* dst, std::size_t n) {
   if (coll_dry_run) return;
   visit_reducible(d, [&]<class T>(std::type_identity<T>) {
     visit_op(op, [&]<reduce_op Op>(std::integral_constant<reduce_op, Op>) {
@@ -219,6 +226,5 @@ inline void finalize_kernel(reduce_op op, dtype d, int nranks, const std::byte* 
 }
 
 }  // namespace detail
-inline namespace v0 {
-}  // namespace v0
+inline namespace v0 {}  // namespace v0
 }  // namespace tessel

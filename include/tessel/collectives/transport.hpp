@@ -29,8 +29,8 @@ template <class R, class... A>
 class function_ref<R(A...)> {
  public:
   template <class F>
-    requires(!std::same_as<std::remove_cvref_t<F>, function_ref> && std::is_invocable_r_v<R, F&, A...>)
-  function_ref(F&& f) noexcept  // NOLINT: implicit by design, like std::function_ref
+  requires(!std::same_as<std::remove_cvref_t<F>, function_ref> && std::is_invocable_r_v<R, F&, A...>) function_ref(F&& f)
+  noexcept  // NOLINT: implicit by design, like std::function_ref
       : obj_(const_cast<void*>(static_cast<const void*>(std::addressof(f)))),
         call_([](void* o, A... a) -> R { return (*static_cast<std::remove_reference_t<F>*>(o))(std::forward<A>(a)...); }) {}
   R operator()(A... a) const { return call_(obj_, std::forward<A>(a)...); }
@@ -48,21 +48,20 @@ using recv_consumer = function_ref<void(std::span<const std::byte>, std::size_t)
 // `recv` blocks until the whole message went through the consumer. Any wait may throw a
 // comm_error (dead peer, abort, revoke, timeout).
 template <class T>
-concept transport = std::movable<typename T::send_request> &&
-    requires(T& t, const T& ct, int peer, tag_t tag, std::span<const std::byte> src, std::span<std::byte> dst,
-             typename T::send_request& req, recv_consumer fn) {
-      { ct.rank() } -> std::convertible_to<int>;
-      { ct.size() } -> std::convertible_to<int>;
-      { t.isend(peer, tag, src) } -> std::same_as<typename T::send_request>;
-      t.wait(req);
-      t.recv(peer, tag, dst.size(), fn);
-      t.recv_into(peer, tag, dst);
-      t.abort();
-      { ct.now() } -> std::convertible_to<double>;  // seconds: wall clock, or simulated time
-    };
+concept transport = std::movable<typename T::send_request> && requires(T& t, const T& ct, int peer, tag_t tag, std::span<const std::byte> src,
+                                                                       std::span<std::byte> dst, typename T::send_request& req, recv_consumer fn) {
+  { ct.rank() } -> std::convertible_to<int>;
+  { ct.size() } -> std::convertible_to<int>;
+  { t.isend(peer, tag, src) } -> std::same_as<typename T::send_request>;
+  t.wait(req);
+  t.recv(peer, tag, dst.size(), fn);
+  t.recv_into(peer, tag, dst);
+  t.abort();
+  { ct.now() } -> std::convertible_to<double>;  // seconds: wall clock, or simulated time
+};
 
 // Optional capabilities, detected with requires-expressions:
-//   t.node_size()  ranks per super-node (enables the hierarchical algorithm), 
+//   t.node_size()  ranks per super-node (enables the hierarchical algorithm),
 //   t.shrink()     a transport over the surviving ranks (ULFM shrink),
 //   t.revoke(int)  mark the world failed so every rank's waits end.
 //   t.idle(bool)   the rank starts (true) or stops (false) waiting on the host (a file, a thread)
@@ -131,7 +130,7 @@ class transport_model final : public transport_iface {
     typename T::send_request r;
     explicit req(typename T::send_request&& x) : r(std::move(x)) {}
   };
-  static constexpr bool native_irecv = requires(T& t, int p, tag_t g, std::span<std::byte> d) {
+  static constexpr bool native_irecv = requires(T & t, int p, tag_t g, std::span<std::byte> d) {
     { t.irecv_into(p, g, d) } -> std::same_as<typename T::send_request>;
   };
   struct deferred_recv final : request_base {  // a receive run at wait() time
@@ -146,9 +145,7 @@ class transport_model final : public transport_iface {
   const char* name() const override { return transport_name<T>(); }
   int rank() const override { return static_cast<int>(t_.rank()); }
   int size() const override { return static_cast<int>(t_.size()); }
-  request isend(int peer, tag_t tag, std::span<const std::byte> src) override {
-    return std::make_unique<req>(t_.isend(peer, tag, src));
-  }
+  request isend(int peer, tag_t tag, std::span<const std::byte> src) override { return std::make_unique<req>(t_.isend(peer, tag, src)); }
   void wait(request& r) override {
     if (!r) return;
     if (auto* d = dynamic_cast<deferred_recv*>(r.get())) {
@@ -161,16 +158,20 @@ class transport_model final : public transport_iface {
     r.reset();
   }
   request irecv_into(int peer, tag_t tag, std::span<std::byte> dst) override {
-    if constexpr (native_irecv) return std::make_unique<req>(t_.irecv_into(peer, tag, dst));
-    else return std::make_unique<deferred_recv>(peer, tag, dst);
+    if constexpr (native_irecv)
+      return std::make_unique<req>(t_.irecv_into(peer, tag, dst));
+    else
+      return std::make_unique<deferred_recv>(peer, tag, dst);
   }
   void recv(int peer, tag_t tag, std::size_t bytes, recv_consumer fn) override { t_.recv(peer, tag, bytes, fn); }
   void recv_into(int peer, tag_t tag, std::span<std::byte> dst) override { t_.recv_into(peer, tag, dst); }
   void abort() override { t_.abort(); }
   double now() const override { return static_cast<double>(t_.now()); }
   int node_size() const override {
-    if constexpr (requires { t_.node_size(); }) return static_cast<int>(t_.node_size());
-    else return 1;
+    if constexpr (requires { t_.node_size(); })
+      return static_cast<int>(t_.node_size());
+    else
+      return 1;
   }
   void revoke(int failed) override {
     if constexpr (requires { t_.revoke(failed); }) t_.revoke(failed);
@@ -178,26 +179,38 @@ class transport_model final : public transport_iface {
   void idle(bool on) override {
     if constexpr (requires { t_.idle(on); }) t_.idle(on);
   }
-  bool can_shrink() const override { return requires(T& x) { x.shrink(); }; }
+  bool can_shrink() const override {
+    return requires(T & x) { x.shrink(); };
+  }
   std::shared_ptr<transport_iface> shrink() override {
-    if constexpr (requires { t_.shrink(); }) return std::make_shared<transport_model<T>>(t_.shrink());
-    else return nullptr;
+    if constexpr (requires { t_.shrink(); })
+      return std::make_shared<transport_model<T>>(t_.shrink());
+    else
+      return nullptr;
   }
   bool is_simulated() const override {
-    if constexpr (requires { T::simulated; }) return T::simulated;
-    else return false;
+    if constexpr (requires { T::simulated; })
+      return T::simulated;
+    else
+      return false;
   }
   bool shared_address_space() const override {
-    if constexpr (requires { T::shared_address_space; }) return T::shared_address_space;
-    else return false;
+    if constexpr (requires { T::shared_address_space; })
+      return T::shared_address_space;
+    else
+      return false;
   }
   bool timing_only() const override {
-    if constexpr (requires { t_.timing_only(); }) return t_.timing_only();
-    else return false;
+    if constexpr (requires { t_.timing_only(); })
+      return t_.timing_only();
+    else
+      return false;
   }
   bool counts_only() const override {
-    if constexpr (requires { T::counts_only; }) return T::counts_only;
-    else return false;
+    if constexpr (requires { T::counts_only; })
+      return T::counts_only;
+    else
+      return false;
   }
   T& get() { return t_; }
 
@@ -206,6 +219,5 @@ class transport_model final : public transport_iface {
 };
 
 }  // namespace detail
-inline namespace v0 {
-}  // namespace v0
+inline namespace v0 {}  // namespace v0
 }  // namespace tessel

@@ -19,13 +19,15 @@ namespace tessel::detail {
 
 inline std::size_t mul_checked(std::size_t a, std::size_t b, const char* what) {
   std::size_t r = 0;
-  if (__builtin_mul_overflow(a, b, &r)) [[unlikely]] throw_size_overflow(what, a, " * ", b);
+  if (__builtin_mul_overflow(a, b, &r)) [[unlikely]]
+    throw_size_overflow(what, a, " * ", b);
   return r;
 }
 
 inline std::size_t add_checked(std::size_t a, std::size_t b, const char* what) {
   std::size_t r = 0;
-  if (__builtin_add_overflow(a, b, &r)) [[unlikely]] throw_size_overflow(what, a, " + ", b);
+  if (__builtin_add_overflow(a, b, &r)) [[unlikely]]
+    throw_size_overflow(what, a, " + ", b);
   return r;
 }
 

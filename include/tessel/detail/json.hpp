@@ -61,8 +61,7 @@ struct json_out {
     return *this;
   }
   template <std::integral I>
-    requires(!std::same_as<I, char> && !std::same_as<I, bool>)
-  json_out& operator<<(I v) {
+  requires(!std::same_as<I, char> && !std::same_as<I, bool>) json_out& operator<<(I v) {
     char buf[24];
     const auto r = std::to_chars(buf, buf + sizeof buf, v);
     text.append(buf, r.ptr);
@@ -98,8 +97,10 @@ inline void json_fixed(json_out& o, double v, int decimals) {
   if (!std::isfinite(v)) v = 0;
   char buf[48];
   const auto r = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::fixed, decimals);
-  if (r.ec == std::errc()) o.text.append(buf, r.ptr);
-  else o << '0';
+  if (r.ec == std::errc())
+    o.text.append(buf, r.ptr);
+  else
+    o << '0';
 }
 
 }  // namespace tessel::detail

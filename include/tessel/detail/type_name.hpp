@@ -18,11 +18,16 @@ constexpr std::string_view raw_type_name() {
   std::size_t depth = 0, e = b;
   for (; e < f.size(); ++e) {
     const char c = f[e];
-    if (c == '<' || c == '(' || c == '[') ++depth;
-    else if ((c == '>' || c == ')') && depth > 0) --depth;
-    else if (c == ']' && depth == 0) break;
-    else if (c == ']') --depth;
-    else if (c == ';' && depth == 0) break;
+    if (c == '<' || c == '(' || c == '[')
+      ++depth;
+    else if ((c == '>' || c == ')') && depth > 0)
+      --depth;
+    else if (c == ']' && depth == 0)
+      break;
+    else if (c == ']')
+      --depth;
+    else if (c == ';' && depth == 0)
+      break;
   }
   return f.substr(b, e - b);
 }
@@ -57,8 +62,8 @@ inline std::string clean_type_name(std::string_view t) {
       p = "lambda@" + where;
     } else if (p.rfind("<lambda", 0) == 0 || p.rfind("(lambda", 0) == 0) {  // GCC: "<lambda(int)>"
       p = "lambda";
-    }
-    else if (const auto cut = p.find_first_of("<("); cut != std::string::npos && cut > 0) p.erase(cut);
+    } else if (const auto cut = p.find_first_of("<("); cut != std::string::npos && cut > 0)
+      p.erase(cut);
     if (!out.empty()) out += "::";
     out += p;
   }

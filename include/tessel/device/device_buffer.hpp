@@ -19,7 +19,7 @@ namespace tessel {
 inline namespace v0 {
 
 template <class T, device Dev>
-  requires std::is_trivially_copyable_v<T> && std::is_trivially_destructible_v<T>
+requires std::is_trivially_copyable_v<T> && std::is_trivially_destructible_v<T>
 class device_buffer {
  public:
   using value_type = T;
@@ -84,8 +84,8 @@ class device_buffer {
  private:
   void check_size(std::size_t other, const char* what) const {
     if (other != n_)
-      throw device_error(errc::invalid_argument, std::string("device_buffer::") + what + ": " + std::to_string(other) +
-                                                     " elements for a buffer of " + std::to_string(n_));
+      throw device_error(errc::invalid_argument,
+                         std::string("device_buffer::") + what + ": " + std::to_string(other) + " elements for a buffer of " + std::to_string(n_));
   }
 
   Dev* dev_ = nullptr;

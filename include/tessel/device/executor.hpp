@@ -29,7 +29,8 @@ class executor {
                     std::size_t scratch_bytes = std::size_t{4} << 20)
       : spin_(spin), scratch_initial_(scratch_bytes) {
     if (threads == 0) throw device_error(errc::invalid_argument, "executor needs at least one thread");
-    if (threads > 4096) throw device_error(errc::invalid_argument, "executor thread count " + std::to_string(threads) + " is unreasonable (max 4096)");
+    if (threads > 4096)
+      throw device_error(errc::invalid_argument, "executor thread count " + std::to_string(threads) + " is unreasonable (max 4096)");
     arenas_.reserve(threads);
     for (unsigned i = 0; i < threads; ++i) arenas_.push_back(std::make_unique<scratch_arena>(scratch_bytes));
     threads_.reserve(threads);
@@ -88,7 +89,10 @@ class executor {
     {
       std::lock_guard lk(mu_);
       for (auto it = jobs_.begin(); it != jobs_.end(); ++it)
-        if (*it == &j) { jobs_.erase(it); break; }
+        if (*it == &j) {
+          jobs_.erase(it);
+          break;
+        }
     }
     wait_until([&] { return j.active.load(std::memory_order_acquire) == 0; });
     if (j.error) std::rethrow_exception(j.error);
@@ -130,8 +134,14 @@ class executor {
     __builtin_ia32_pause();
 #endif
   }
-  static const executor*& current_executor() { static thread_local const executor* e = nullptr; return e; }
-  static unsigned& current_worker() { static thread_local unsigned w = 0; return w; }
+  static const executor*& current_executor() {
+    static thread_local const executor* e = nullptr;
+    return e;
+  }
+  static unsigned& current_worker() {
+    static thread_local unsigned w = 0;
+    return w;
+  }
 
   // Takes the front job with blocks left, or nullptr.
   job* front_job() {
@@ -190,7 +200,10 @@ class executor {
       while (std::chrono::steady_clock::now() - t0 < spin_) {
         for (int k = 0; k < 32; ++k) cpu_relax();
         if ((++spins & 15) == 0) std::this_thread::yield();  // let others run if the machine is oversubscribed
-        if (epoch_.load(std::memory_order_seq_cst) != seen || stop_.load(std::memory_order_relaxed)) { got = true; break; }
+        if (epoch_.load(std::memory_order_seq_cst) != seen || stop_.load(std::memory_order_relaxed)) {
+          got = true;
+          break;
+        }
       }
       if (got) continue;
       sleepers_.fetch_add(1, std::memory_order_seq_cst);

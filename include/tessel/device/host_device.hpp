@@ -142,7 +142,8 @@ class host_device {
   void deallocate(void* p) { pool_.deallocate(p); }
   template <class T>
   T* allocate_n(std::size_t n) {
-    if (n > SIZE_MAX / sizeof(T)) throw device_error(errc::overflow, "allocation of " + std::to_string(n) + " elements of " + std::to_string(sizeof(T)) + " bytes overflows");
+    if (n > SIZE_MAX / sizeof(T))
+      throw device_error(errc::overflow, "allocation of " + std::to_string(n) + " elements of " + std::to_string(sizeof(T)) + " bytes overflows");
     return static_cast<T*>(allocate(n * sizeof(T)));
   }
   // Copies `bytes` from `src` to `dst` (source first). Null with nonzero size is an error.

@@ -71,9 +71,7 @@ struct memory_plan {
   double vs_unplanned() const { return ratio(arena_bytes, unplanned_bytes); }
 
  private:
-  static double ratio(std::size_t a, std::size_t b) {
-    return b == 0 ? 1.0 : static_cast<double>(a) / static_cast<double>(b);
-  }
+  static double ratio(std::size_t a, std::size_t b) { return b == 0 ? 1.0 : static_cast<double>(a) / static_cast<double>(b); }
 };
 
 }  // namespace v0
@@ -112,10 +110,14 @@ inline std::string plan_tensor_label(std::span<const tensor_life> t, std::size_t
 inline std::string plan_format_bytes(std::size_t b) {
   char buf[64];
   const double x = static_cast<double>(b);
-  if (b < 1024) std::snprintf(buf, sizeof buf, "%zu B", b);
-  else if (b < (std::size_t{1} << 20)) std::snprintf(buf, sizeof buf, "%.2f KiB", x / 1024.0);
-  else if (b < (std::size_t{1} << 30)) std::snprintf(buf, sizeof buf, "%.2f MiB", x / (1024.0 * 1024.0));
-  else std::snprintf(buf, sizeof buf, "%.2f GiB", x / (1024.0 * 1024.0 * 1024.0));
+  if (b < 1024)
+    std::snprintf(buf, sizeof buf, "%zu B", b);
+  else if (b < (std::size_t{1} << 20))
+    std::snprintf(buf, sizeof buf, "%.2f KiB", x / 1024.0);
+  else if (b < (std::size_t{1} << 30))
+    std::snprintf(buf, sizeof buf, "%.2f MiB", x / (1024.0 * 1024.0));
+  else
+    std::snprintf(buf, sizeof buf, "%.2f GiB", x / (1024.0 * 1024.0 * 1024.0));
   return buf;
 }
 
@@ -140,8 +142,8 @@ struct plan_group {
 // canonical decomposition holds the node, and `sub`, those of the groups with a canonical node
 // anywhere in the node's subtree. A placed group meets the new one iff one of its canonical nodes
 // is in the subtree of one of the new group's (its sub list) or a proper ancestor of one (cover).
-inline std::vector<std::size_t> plan_place(const std::vector<plan_group>& groups, const std::vector<std::size_t>& order,
-                                           std::size_t m, std::size_t& arena) {
+inline std::vector<std::size_t> plan_place(const std::vector<plan_group>& groups, const std::vector<std::size_t>& order, std::size_t m,
+                                           std::size_t& arena) {
   constexpr std::size_t none = static_cast<std::size_t>(-1);
   std::vector<std::vector<plan_range>> cover(2 * m), sub(2 * m);
   std::vector<std::size_t> stamp(2 * m, 0);
@@ -168,9 +170,8 @@ inline std::vector<std::size_t> plan_place(const std::vector<plan_group>& groups
     blocked.clear();
     for (std::size_t c : canon) blocked.insert(blocked.end(), sub[c].begin(), sub[c].end());
     for (std::size_t a : ancestors) blocked.insert(blocked.end(), cover[a].begin(), cover[a].end());
-    std::sort(blocked.begin(), blocked.end(), [](const plan_range& x, const plan_range& y) {
-      return x.begin < y.begin || (x.begin == y.begin && x.end < y.end);
-    });
+    std::sort(blocked.begin(), blocked.end(),
+              [](const plan_range& x, const plan_range& y) { return x.begin < y.begin || (x.begin == y.begin && x.end < y.end); });
     // Best fit: the smallest gap that holds the group (the lowest such on a tie), else the top.
     std::size_t top = 0, best = none, best_gap = none;
     for (const plan_range& r : blocked) {
@@ -206,22 +207,21 @@ inline namespace v0 {
 inline memory_plan plan_memory(std::span<const tensor_life> t, const plan_options& opt = {}) {
   const std::size_t n = t.size();
   const std::size_t align = opt.alignment;
-  if (align == 0 || (align & (align - 1)) != 0)
-    throw memory_plan_error(std::string("alignment ") + std::to_string(align) + " is not a power of two");
+  if (align == 0 || (align & (align - 1)) != 0) throw memory_plan_error(std::string("alignment ") + std::to_string(align) + " is not a power of two");
 
   constexpr std::size_t none = static_cast<std::size_t>(-1);
   std::vector<std::size_t> taken_by(n, none);
   for (std::size_t i = 0; i < n; ++i) {
     const tensor_life& x = t[i];
     if (x.last < x.first)
-      throw memory_plan_error(detail::plan_tensor_label(t, i) + ": last use (op " + std::to_string(x.last) +
-                              ") is before its definition (op " + std::to_string(x.first) + ")");
+      throw memory_plan_error(detail::plan_tensor_label(t, i) + ": last use (op " + std::to_string(x.last) + ") is before its definition (op " +
+                              std::to_string(x.first) + ")");
     if (!x.reuse_input) continue;
     const std::size_t r = *x.reuse_input;
     const std::string who = detail::plan_tensor_label(t, i);
     if (r >= n)
-      throw memory_plan_error(errc::out_of_range, who + ": reuse_input " + std::to_string(r) + " is out of range (" +
-                                                      std::to_string(n) + " tensors)");
+      throw memory_plan_error(errc::out_of_range,
+                              who + ": reuse_input " + std::to_string(r) + " is out of range (" + std::to_string(n) + " tensors)");
     if (r == i) throw memory_plan_error(who + ": reuse_input names the tensor itself");
     if (r > i)
       throw memory_plan_error(who + ": reuse_input " + std::to_string(r) +
@@ -231,11 +231,10 @@ inline memory_plan plan_memory(std::span<const tensor_life> t, const plan_option
       throw memory_plan_error(who + ": reuse_input " + input + " is last used at op " + std::to_string(t[r].last) +
                               ", not at this tensor's first op " + std::to_string(x.first));
     if (t[r].bytes < x.bytes)
-      throw memory_plan_error(who + ": reuse_input " + input + " has " + std::to_string(t[r].bytes) +
-                              " bytes, fewer than this tensor's " + std::to_string(x.bytes));
+      throw memory_plan_error(who + ": reuse_input " + input + " has " + std::to_string(t[r].bytes) + " bytes, fewer than this tensor's " +
+                              std::to_string(x.bytes));
     if (taken_by[r] != none)
-      throw memory_plan_error(who + ": reuse_input " + input + " is already taken in place by " +
-                              detail::plan_tensor_label(t, taken_by[r]));
+      throw memory_plan_error(who + ": reuse_input " + input + " is already taken in place by " + detail::plan_tensor_label(t, taken_by[r]));
     taken_by[r] = i;
   }
 
@@ -349,10 +348,10 @@ inline memory_plan plan_memory(std::span<const tensor_life> t, const plan_option
 // One line: "memory plan: 120 tensors (3 in place), arena 10.50 MiB = 1.021x lower bound 10.28 MiB,
 // 0.310x unplanned 33.87 MiB".
 inline std::string to_string(const memory_plan& p) {
-  return std::string("memory plan: ") + std::to_string(p.offset.size()) + " tensors (" + std::to_string(p.in_place) +
-         " in place), arena " + detail::plan_format_bytes(p.arena_bytes) + " = " +
-         detail::plan_format_ratio(p.vs_lower_bound()) + " lower bound " + detail::plan_format_bytes(p.lower_bound_bytes) +
-         ", " + detail::plan_format_ratio(p.vs_unplanned()) + " unplanned " + detail::plan_format_bytes(p.unplanned_bytes);
+  return std::string("memory plan: ") + std::to_string(p.offset.size()) + " tensors (" + std::to_string(p.in_place) + " in place), arena " +
+         detail::plan_format_bytes(p.arena_bytes) + " = " + detail::plan_format_ratio(p.vs_lower_bound()) + " lower bound " +
+         detail::plan_format_bytes(p.lower_bound_bytes) + ", " + detail::plan_format_ratio(p.vs_unplanned()) + " unplanned " +
+         detail::plan_format_bytes(p.unplanned_bytes);
 }
 
 }  // namespace v0

@@ -116,8 +116,8 @@ inline machine_limits parse_limits(std::string_view text, const std::string& sou
   machine_limits m;
   std::vector<double> copy, triad;
   const nlohmann::json j = nlohmann::json::parse(text.begin(), text.end(), nullptr, false);
-  const bool ours = !j.is_discarded() && j.is_object() && j.contains("format") && j["format"].is_string() &&
-                    j["format"].get<std::string>() == "tessel-limits-1";
+  const bool ours =
+      !j.is_discarded() && j.is_object() && j.contains("format") && j["format"].is_string() && j["format"].get<std::string>() == "tessel-limits-1";
   if (!ours) {
     m.source = source + ": not a tessel limits file (format tessel-limits-1)";
     return m;
@@ -177,15 +177,15 @@ inline void write_limits(const std::string& path, const std::vector<double>& fp3
 // ---------------------------------------------------------------------------------- records
 // One launch. Times are seconds since the session started (steady clock).
 struct launch_record {
-  std::uint32_t name = 0;       // index into names()
+  std::uint32_t name = 0;  // index into names()
   grid dims;
   double start = 0, seconds = 0;
-  kernel_cost cost;             // as the program declared it (zero when not costed)
+  kernel_cost cost;  // as the program declared it (zero when not costed)
   bool costed = false;
   const char* device = "host";  // "host" or "card"
   std::size_t device_index = 0;
-  unsigned workers = 1;         // the device's worker count (which limits apply)
-  unsigned thread = 0;          // the launching thread (profiler numbering, from 0)
+  unsigned workers = 1;            // the device's worker count (which limits apply)
+  unsigned thread = 0;             // the launching thread (profiler numbering, from 0)
   std::uint32_t shape = no_shape;  // into names(): the program's shape() ("M=..,N=..,K=.."), if it has one
   static constexpr std::uint32_t no_shape = UINT32_MAX;
 };
@@ -195,10 +195,10 @@ struct collective_record {
   const char* op = "";
   const char* transport = "";
   const char* algorithm = "";
-  double bytes = 0;             // nccl-tests' size: the message (all_gather: the gathered result)
+  double bytes = 0;  // nccl-tests' size: the message (all_gather: the gathered result)
   int rank = 0, ranks = 1;
   double start = 0, seconds = 0;
-  double transport_seconds = 0; // by the transport's clock: simulated time on the emulated fabric
+  double transport_seconds = 0;  // by the transport's clock: simulated time on the emulated fabric
   unsigned thread = 0;
 };
 
@@ -215,30 +215,30 @@ constexpr const char* bound_name(bound_kind b) {
 struct op_stats {
   std::string name;
   std::size_t calls = 0, costed_calls = 0;
-  double seconds = 0;            // wall time of all calls
-  double flops = 0, bytes = 0;   // declared, summed
-  double gflops = 0, gbs = 0;    // achieved: declared work / wall time
+  double seconds = 0;           // wall time of all calls
+  double flops = 0, bytes = 0;  // declared, summed
+  double gflops = 0, gbs = 0;   // achieved: declared work / wall time
   bound_kind bound = bound_kind::unknown;
-  double roofline_seconds = 0;   // sum over calls of max(flops / peak, bytes / bandwidth)
-  double of_bound = 0;           // roofline_seconds / seconds: 1 = at the roof
-  double of_peak_flops = 0;      // share of the compute limit achieved
-  double of_bandwidth = 0;       // share of the memory limit achieved
+  double roofline_seconds = 0;  // sum over calls of max(flops / peak, bytes / bandwidth)
+  double of_bound = 0;          // roofline_seconds / seconds: 1 = at the roof
+  double of_peak_flops = 0;     // share of the compute limit achieved
+  double of_bandwidth = 0;      // share of the memory limit achieved
 };
 
 struct collective_stats {
   std::string op, transport, algorithm;
   std::size_t calls = 0;
   double seconds = 0, bytes = 0;
-  double transport_seconds = 0;  // by the transport's clock (simulated on the emulated fabric)
-  double algbw_gbs = 0;          // bytes / seconds, per rank-call
+  double transport_seconds = 0;    // by the transport's clock (simulated on the emulated fabric)
+  double algbw_gbs = 0;            // bytes / seconds, per rank-call
   double transport_algbw_gbs = 0;  // bytes / transport_seconds
 };
 
 struct profile_summary {
-  std::vector<op_stats> ops;                // by total time, longest first
+  std::vector<op_stats> ops;                  // by total time, longest first
   std::vector<collective_stats> collectives;  // by total time, longest first
   std::size_t launches = 0, collective_calls = 0;
-  double seconds = 0;                       // session length so far
+  double seconds = 0;  // session length so far
   machine_limits limits;
 
   std::string to_string(std::size_t top = 15) const {
@@ -251,8 +251,8 @@ struct profile_summary {
       o << "limits: " << limits.source << "\n";
     else
       o << "limits unknown: " << limits.source << " (bound and shares not computed)\n";
-    std::snprintf(line, sizeof line, "%-40s %8s %11s %6s %9s %9s %8s %9s\n", "operator", "calls", "total ms", "%time", "GFLOP/s", "GB/s",
-                  "bound", "of bound");
+    std::snprintf(line, sizeof line, "%-40s %8s %11s %6s %9s %9s %8s %9s\n", "operator", "calls", "total ms", "%time", "GFLOP/s", "GB/s", "bound",
+                  "of bound");
     o << line;
     double total = 0;
     for (const auto& s : ops) total += s.seconds;
@@ -348,7 +348,8 @@ inline profile_summary summarize(const std::vector<launch_record>& launches, con
     t.algbw_gbs = t.seconds > 0 ? t.bytes / t.seconds * 1e-9 : 0;
     t.transport_algbw_gbs = t.transport_seconds > 0 ? t.bytes / t.transport_seconds * 1e-9 : 0;
   }
-  std::stable_sort(s.collectives.begin(), s.collectives.end(), [](const collective_stats& a, const collective_stats& b) { return a.seconds > b.seconds; });
+  std::stable_sort(s.collectives.begin(), s.collectives.end(),
+                   [](const collective_stats& a, const collective_stats& b) { return a.seconds > b.seconds; });
   return s;
 }
 
@@ -417,7 +418,9 @@ inline std::uint32_t intern(std::string_view n) {
 
 // Starts recording into `path` ("" keeps the records in memory only). Caller holds no lock.
 inline void start_locked(state& s, const std::string& path, bool from_env) {
-  if (s.recording) throw profiler_error(errc::invalid_argument, "profiler::start: a session is already recording" + (s.path.empty() ? std::string() : " into '" + s.path + "'"));
+  if (s.recording)
+    throw profiler_error(errc::invalid_argument,
+                         "profiler::start: a session is already recording" + (s.path.empty() ? std::string() : " into '" + s.path + "'"));
   std::ofstream f;
   if (!path.empty()) {
     f.open(path, std::ios::out | std::ios::trunc);
@@ -445,9 +448,7 @@ inline void init_from_env() {
       try {
         start_locked(s, p, true);
         return;
-      } catch (const error& e) {
-        std::fprintf(stderr, "%s (TESSEL_PROFILE ignored)\n", e.what());
-      }
+      } catch (const error& e) { std::fprintf(stderr, "%s (TESSEL_PROFILE ignored)\n", e.what()); }
     }
     int expected = -1;  // an API start() may already have turned it on
     level.compare_exchange_strong(expected, 0, std::memory_order_relaxed);
@@ -709,9 +710,7 @@ inline state::~state() {
       const std::string sum = summarize(launches, colls, names, limits_locked(), stopped_at).to_string();
       std::fprintf(stderr, "%s(trace: %s)\n", sum.c_str(), path.c_str());
     }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "tessel profiler at exit: %s\n", e.what());
-  }
+  } catch (const std::exception& e) { std::fprintf(stderr, "tessel profiler at exit: %s\n", e.what()); }
 }
 
 }  // namespace detail
@@ -795,9 +794,7 @@ class session {
   ~session() {
     try {
       stop();
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "tessel profiler: %s\n", e.what());
-    }
+    } catch (const std::exception& e) { std::fprintf(stderr, "tessel profiler: %s\n", e.what()); }
   }
   void stop() { profiler::stop(); }
   profile_summary summary() const { return profiler::summary(); }

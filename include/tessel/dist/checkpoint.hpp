@@ -71,7 +71,7 @@ namespace dist {
 
 // What a checkpoint records besides the tensors.
 struct checkpoint_state {
-  std::uint64_t step = 0;                     // optimizer steps taken (AdamW's bias correction)
+  std::uint64_t step = 0;                         // optimizer steps taken (AdamW's bias correction)
   std::map<std::string, std::string> extra = {};  // the caller's: data-loader position, RNG state, ...
 };
 
@@ -146,11 +146,12 @@ struct shard_geometry {
   // global flat index of local element i
   std::size_t global(std::size_t i) const { return (i / run()) * row() + offset * inner + i % run(); }
 };
-inline shard_geometry geometry(const std::vector<std::size_t>& global_shape, std::size_t dim, std::size_t offset, std::size_t length, const std::string& who) {
+inline shard_geometry geometry(const std::vector<std::size_t>& global_shape, std::size_t dim, std::size_t offset, std::size_t length,
+                               const std::string& who) {
   if (global_shape.empty()) return {};
   if (dim >= global_shape.size() || offset > global_shape[dim] || length > global_shape[dim] - offset)
-    throw dist_error(errc::format, who + ": shard [" + std::to_string(offset) + ", " + std::to_string(offset + length) + ") along dim " + std::to_string(dim) +
-                                       " does not fit the shape " + io::detail::shape_string(global_shape));
+    throw dist_error(errc::format, who + ": shard [" + std::to_string(offset) + ", " + std::to_string(offset + length) + ") along dim " +
+                                       std::to_string(dim) + " does not fit the shape " + io::detail::shape_string(global_shape));
   shard_geometry g;
   for (std::size_t i = 0; i < dim; ++i) g.outer = tessel::detail::mul_checked(g.outer, global_shape[i], "checkpoint: shape");
   for (std::size_t i = dim + 1; i < global_shape.size(); ++i) g.inner = tessel::detail::mul_checked(g.inner, global_shape[i], "checkpoint: shape");
@@ -296,14 +297,16 @@ inline constexpr const char* checkpoint_failed = "checkpoint.failed";
 
 // Polls until one of `files` appears (each written by another rank or thread through a rename: it
 // appears whole); returns its index.
-inline std::size_t wait_for_any(const std::vector<std::filesystem::path>& files, std::chrono::steady_clock::time_point deadline, const std::string& what) {
+inline std::size_t wait_for_any(const std::vector<std::filesystem::path>& files, std::chrono::steady_clock::time_point deadline,
+                                const std::string& what) {
   auto nap = std::chrono::microseconds(50);
   for (;;) {
     for (std::size_t i = 0; i < files.size(); ++i) {
       std::error_code ec;
       if (std::filesystem::exists(files[i], ec)) return i;
     }
-    if (std::chrono::steady_clock::now() > deadline) throw dist_error(errc::timeout, "checkpoint: " + what + ": " + files[0].string() + " did not appear in time");
+    if (std::chrono::steady_clock::now() > deadline)
+      throw dist_error(errc::timeout, "checkpoint: " + what + ": " + files[0].string() + " did not appear in time");
     std::this_thread::sleep_for(nap);
     nap = std::min(nap * 2, std::chrono::microseconds(20000));
   }
@@ -340,8 +343,8 @@ inline std::uint64_t run_save_steps(const save_job& j) {
   io::safetensors_writer w;
   for (const auto& pc : write) {
     const std::string name = pc.key();
-    nlohmann::json m = {{"param", pc.param}, {"kind", pc.kind}, {"shape", pc.shape}, {"offset", pc.offset},
-                        {"length", pc.length}, {"dim", pc.dim}, {"first", pc.first}, {"last", pc.last}};
+    nlohmann::json m = {{"param", pc.param},   {"kind", pc.kind}, {"shape", pc.shape}, {"offset", pc.offset},
+                        {"length", pc.length}, {"dim", pc.dim},   {"first", pc.first}, {"last", pc.last}};
     w.add_metadata(name, m.dump());
     w.add<float>(name, {pc.last - pc.first}, std::span<const float>(pc.data, pc.last - pc.first));
   }
@@ -353,8 +356,10 @@ inline std::uint64_t run_save_steps(const save_job& j) {
   });
   write_small_file(j.dir / done_file(j.rank), nlohmann::json{{"bytes", size}, {"hash", hex(hash.value())}}.dump());
   if (j.rank != 0) {
-    if (wait_for_any({j.dir / checkpoint_manifest, j.dir / checkpoint_failed}, deadline, "rank " + std::to_string(j.rank) + " waits for the manifest") == 1)
-      throw dist_error(errc::fault, "checkpoint: " + j.dir.string() + ": the save failed on another rank: " + small_file_text(j.dir / checkpoint_failed));
+    if (wait_for_any({j.dir / checkpoint_manifest, j.dir / checkpoint_failed}, deadline,
+                     "rank " + std::to_string(j.rank) + " waits for the manifest") == 1)
+      throw dist_error(errc::fault,
+                       "checkpoint: " + j.dir.string() + ": the save failed on another rank: " + small_file_text(j.dir / checkpoint_failed));
     return size;
   }
   nlohmann::json man = j.manifest;
@@ -364,10 +369,12 @@ inline std::uint64_t run_save_steps(const save_job& j) {
   for (int r = 0; r < j.ranks; ++r) {
     const auto f = j.dir / done_file(r);
     if (wait_for_any({f, j.dir / failed_file(r)}, deadline, "rank 0 waits for rank " + std::to_string(r) + "'s file") == 1)
-      throw dist_error(errc::fault, "checkpoint: rank " + std::to_string(r) + " could not write its file: " + small_file_text(j.dir / failed_file(r)));
+      throw dist_error(errc::fault,
+                       "checkpoint: rank " + std::to_string(r) + " could not write its file: " + small_file_text(j.dir / failed_file(r)));
     std::ifstream in(f);
     nlohmann::json d = nlohmann::json::parse(in, nullptr, false);
-    if (d.is_discarded() || !d.is_object() || !d.contains("bytes") || !d["bytes"].is_number_unsigned() || !d.contains("hash") || !d["hash"].is_string())
+    if (d.is_discarded() || !d.is_object() || !d.contains("bytes") || !d["bytes"].is_number_unsigned() || !d.contains("hash") ||
+        !d["hash"].is_string())
       throw dist_error(errc::format, "checkpoint: " + f.string() + " is not a rank's size and hash");
     man["files"].push_back({{"name", rank_file(r)}, {"bytes", d["bytes"]}, {"hash", d["hash"]}});
   }
@@ -388,8 +395,7 @@ inline std::uint64_t run_save(const save_job& j) {
       const std::string why = std::string(e.what()).substr(0, 1000) + "\n";
       write_small_file(j.dir / failed_file(j.rank), why);
       if (j.rank == 0) write_small_file(j.dir / checkpoint_failed, why);
-    } catch (...) {
-    }
+    } catch (...) {}
     throw;
   }
 }
@@ -411,9 +417,7 @@ inline std::vector<std::uint64_t> prepare(const std::filesystem::path& dir, comm
   std::exception_ptr err;
   try {
     clear_for_save(dir, world.rank());
-  } catch (...) {
-    err = std::current_exception();
-  }
+  } catch (...) { err = std::current_exception(); }
   words.push_back(err ? 0 : 1);
   std::vector<std::uint64_t> all(words.size() * std::size_t(world.size()));
   world.all_gather(std::span<const std::uint64_t>(words), std::span<std::uint64_t>(all));
@@ -433,8 +437,8 @@ inline nlohmann::json manifest_head(const checkpoint_state& st, const nlohmann::
 }
 
 // A synchronous save: the model's own memory is written (no staged copy).
-inline void write(const std::filesystem::path& dir, communicator& world, std::vector<out_piece> pieces, const checkpoint_state& st, const nlohmann::json& layout,
-                  std::chrono::milliseconds timeout) {
+inline void write(const std::filesystem::path& dir, communicator& world, std::vector<out_piece> pieces, const checkpoint_state& st,
+                  const nlohmann::json& layout, std::chrono::milliseconds timeout) {
   prepare(dir, world, {});  // every rank has cleared its marker, rank 0 the manifest
   save_job j;
   j.dir = dir, j.rank = world.rank(), j.ranks = world.size(), j.timeout = timeout;
@@ -462,14 +466,12 @@ inline void read_level(index& ix, const std::filesystem::path& dir, std::vector<
   const auto mpath = dir / checkpoint_manifest;
   const auto [text, text_hash] = manifest_text(mpath);
   if (!expect.empty() && text_hash != expect)
-    throw dist_error(errc::format, "checkpoint: " + mpath.string() + " was rewritten after a delta was saved on it (hash " + text_hash + ", the delta's base_hash " +
-                                       expect + ")");
+    throw dist_error(errc::format, "checkpoint: " + mpath.string() + " was rewritten after a delta was saved on it (hash " + text_hash +
+                                       ", the delta's base_hash " + expect + ")");
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    throw dist_error(errc::format, "checkpoint: " + mpath.string() + " is not JSON: " + e.what());
-  }
+  } catch (const nlohmann::json::exception& e) { throw dist_error(errc::format, "checkpoint: " + mpath.string() + " is not JSON: " + e.what()); }
   auto bad = [&](const std::string& what) { return dist_error(errc::format, "checkpoint: " + mpath.string() + ": " + what); };
   if (!j.is_object() || !j.contains("format") || !j["format"].is_string() || j["format"].get<std::string>() != checkpoint_format)
     throw bad("not a " + std::string(checkpoint_format) + " manifest");
@@ -491,7 +493,8 @@ inline void read_level(index& ix, const std::filesystem::path& dir, std::vector<
   std::string base_hash;
   if (j.contains("base")) {
     if (!j["base"].is_string() || j["base"].get<std::string>().empty()) throw bad("'base' is not a directory name");
-    if (!j.contains("base_hash") || !j["base_hash"].is_string() || j["base_hash"].get<std::string>().empty()) throw bad("a 'base' without its 'base_hash'");
+    if (!j.contains("base_hash") || !j["base_hash"].is_string() || j["base_hash"].get<std::string>().empty())
+      throw bad("a 'base' without its 'base_hash'");
     base_hash = j["base_hash"].get<std::string>();
     base = (dir / j["base"].get<std::string>()).lexically_normal();
     if (seen.size() >= max_chain) throw bad("a chain of more than " + std::to_string(max_chain) + " deltas");
@@ -499,8 +502,8 @@ inline void read_level(index& ix, const std::filesystem::path& dir, std::vector<
     if (std::find(seen.begin(), seen.end(), canon) != seen.end()) throw bad("its chain of bases returns to " + base.string());
   }
   for (const auto& e : j["files"]) {
-    if (!e.is_object() || !e.contains("name") || !e["name"].is_string() || !e.contains("bytes") || !e["bytes"].is_number_unsigned() || !e.contains("hash") ||
-        !e["hash"].is_string())
+    if (!e.is_object() || !e.contains("name") || !e["name"].is_string() || !e.contains("bytes") || !e["bytes"].is_number_unsigned() ||
+        !e.contains("hash") || !e["hash"].is_string())
       throw bad("a file entry without name, bytes and hash");
     const std::string name = e["name"].get<std::string>();
     if (name.find('/') != std::string::npos || name.find("..") != std::string::npos) throw bad("file name '" + name + "' leaves the directory");
@@ -520,7 +523,8 @@ inline void read_level(index& ix, const std::filesystem::path& dir, std::vector<
         h.add(std::span<const std::byte>(buf.data(), std::size_t(in.gcount())));
       }
       if (hex(h.value()) != e["hash"].get<std::string>())
-        throw dist_error(errc::format, "checkpoint: " + path.string() + " has hash " + hex(h.value()) + ", the manifest says " + e["hash"].get<std::string>());
+        throw dist_error(errc::format,
+                         "checkpoint: " + path.string() + " has hash " + hex(h.value()) + ", the manifest says " + e["hash"].get<std::string>());
     }
     for (const auto& entry : r.metadata()) {
       const std::string& tname = entry.first;  // (not a structured binding: Clang 14 cannot capture one in the lambda below)
@@ -536,7 +540,8 @@ inline void read_level(index& ix, const std::filesystem::path& dir, std::vector<
           throw dist_error(errc::format, "checkpoint: " + path.string() + ": the place of '" + tname + "' has no '" + k + "'");
         return m[k].get<std::size_t>();
       };
-      if (!m.contains("param") || !m["param"].is_string() || !m.contains("kind") || !m["kind"].is_string() || !m.contains("shape") || !m["shape"].is_array())
+      if (!m.contains("param") || !m["param"].is_string() || !m.contains("kind") || !m["kind"].is_string() || !m.contains("shape") ||
+          !m["shape"].is_array())
         throw dist_error(errc::format, "checkpoint: " + path.string() + ": the place of '" + tname + "' lacks param, kind or shape");
       in_piece pc;
       pc.kind = m["kind"].get<std::string>();
@@ -549,8 +554,8 @@ inline void read_level(index& ix, const std::filesystem::path& dir, std::vector<
       pc.first = field("first"), pc.last = field("last");
       const auto t = r.tensor(tname);
       if (pc.first > pc.last || pc.last > pc.geo.numel() || t.dtype() != io::st_dtype::f32 || t.numel() != pc.last - pc.first)
-        throw dist_error(errc::format, "checkpoint: " + path.string() + ": '" + tname + "' does not fit its place [" + std::to_string(pc.first) + ", " +
-                                           std::to_string(pc.last) + ") of " + param);
+        throw dist_error(errc::format, "checkpoint: " + path.string() + ": '" + tname + "' does not fit its place [" + std::to_string(pc.first) +
+                                           ", " + std::to_string(pc.last) + ") of " + param);
       pc.data = t.data<float>().span().data();  // the file is written aligned: a view into the mapping
       ix.pieces[param].push_back(std::move(pc));
     }
@@ -567,16 +572,14 @@ inline index read(const std::filesystem::path& dir) {
     read_level(ix, dir, seen);
   } catch (const nlohmann::json::exception& e) {  // a field of an unexpected type the checks above missed: still a typed refusal
     throw dist_error(errc::format, "checkpoint: " + dir.string() + ": a manifest or piece field of the wrong type: " + e.what());
-  } catch (const std::filesystem::filesystem_error& e) {
-    throw dist_error(errc::io, "checkpoint: " + dir.string() + ": " + e.what());
-  }
+  } catch (const std::filesystem::filesystem_error& e) { throw dist_error(errc::io, "checkpoint: " + dir.string() + ": " + e.what()); }
   return ix;
 }
 
 // dst = elements [first, last) of a local shard with geometry `to` of `param`'s `kind`, from the
 // checkpoint's pieces (the first piece covering an element wins: replicas hold the same bits).
-inline void assemble(const index& ix, const std::string& param, const std::vector<std::size_t>& shape, const std::string& kind, const shard_geometry& to,
-                     std::size_t first, std::size_t last, float* dst) {
+inline void assemble(const index& ix, const std::string& param, const std::vector<std::size_t>& shape, const std::string& kind,
+                     const shard_geometry& to, std::size_t first, std::size_t last, float* dst) {
   const auto it = ix.pieces.find(param);
   if (it == ix.pieces.end()) throw dist_error(errc::out_of_range, "checkpoint: no tensor '" + param + "' in the checkpoint");
   if (first >= last) return;  // nothing to fill (and an empty target has no rows to divide by)
@@ -616,8 +619,9 @@ inline void assemble(const index& ix, const std::string& param, const std::vecto
   if (filled != last - first) {
     std::size_t miss = 0;
     while (done[miss]) ++miss;
-    throw dist_error(errc::out_of_range, "checkpoint: " + kind + " of '" + param + "': element " + std::to_string(first + miss) + " of this rank's shard (and " +
-                                             std::to_string(last - first - filled - 1) + " more) is in no piece of the checkpoint");
+    throw dist_error(errc::out_of_range, "checkpoint: " + kind + " of '" + param + "': element " + std::to_string(first + miss) +
+                                             " of this rank's shard (and " + std::to_string(last - first - filled - 1) +
+                                             " more) is in no piece of the checkpoint");
   }
 }
 inline bool has_kind(const index& ix, const std::string& param, const std::string& kind) {
@@ -707,18 +711,18 @@ struct checkpointer_options {
   // and loading reads the chain back to its full checkpoint. The chain's directories must be kept
   // as long as a delta on them is.
   bool incremental = false;
-  std::size_t delta_block = 1024;  // elements per compared block
-  std::size_t max_deltas = 16;     // deltas in a row before the next full checkpoint (bounds a load's chain)
+  std::size_t delta_block = 1024;                                // elements per compared block
+  std::size_t max_deltas = 16;                                   // deltas in a row before the next full checkpoint (bounds a load's chain)
   std::chrono::milliseconds timeout = std::chrono::minutes(10);  // how long a save waits for the other ranks' files
 };
 
 // What one save did on this rank.
 struct save_report {
-  bool delta = false;                // written as a delta on the previous save
-  std::uint64_t staged_bytes = 0;    // this rank's state, copied before save() returned
-  std::uint64_t written_bytes = 0;   // this rank's file (once durable)
-  double stage_seconds = 0;          // save()'s own time (the copy): the training's stall
-  double write_seconds = 0;          // from staged to durable
+  bool delta = false;               // written as a delta on the previous save
+  std::uint64_t staged_bytes = 0;   // this rank's state, copied before save() returned
+  std::uint64_t written_bytes = 0;  // this rank's file (once durable)
+  double stage_seconds = 0;         // save()'s own time (the copy): the training's stall
+  double write_seconds = 0;         // from staged to durable
 };
 
 // A save in flight. Every rank's durable() turns true once the whole checkpoint is on disk (its
@@ -845,9 +849,7 @@ class checkpointer {
       std::uint64_t bytes = 0;
       try {
         bytes = ckpt::run_save(j);
-      } catch (...) {
-        err = std::current_exception();
-      }
+      } catch (...) { err = std::current_exception(); }
       std::lock_guard lk(st->mu);
       st->err = err;
       st->report.written_bytes = bytes;
@@ -959,7 +961,8 @@ class tiered_checkpointer {
         throw dist_error(errc::invalid_argument, "tiered_checkpointer: tier " + std::to_string(i) + " needs a directory and an interval > 0");
       for (std::size_t k = 0; k < i; ++k)
         if (std::filesystem::absolute(tiers[k].dir).lexically_normal() == std::filesystem::absolute(t.dir).lexically_normal())
-          throw dist_error(errc::invalid_argument, "tiered_checkpointer: tiers " + std::to_string(k) + " and " + std::to_string(i) + " share " + t.dir.string());
+          throw dist_error(errc::invalid_argument,
+                           "tiered_checkpointer: tiers " + std::to_string(k) + " and " + std::to_string(i) + " share " + t.dir.string());
       tiers_.push_back({t, checkpointer(t.options), {}});
     }
   }
@@ -1050,9 +1053,12 @@ class tiered_checkpointer {
     for (std::size_t i = cut; i < t.saves.size(); ++i) needed.insert(needed.end(), t.saves[i].chain.begin(), t.saves[i].chain.end());
     std::vector<save_entry> rest;
     for (std::size_t i = 0; i < t.saves.size(); ++i) {
-      const bool need = i >= cut || std::find(needed.begin(), needed.end(), std::filesystem::absolute(t.saves[i].dir).lexically_normal()) != needed.end();
-      if (need) rest.push_back(std::move(t.saves[i]));
-      else gone(t.saves[i].dir);
+      const bool need =
+          i >= cut || std::find(needed.begin(), needed.end(), std::filesystem::absolute(t.saves[i].dir).lexically_normal()) != needed.end();
+      if (need)
+        rest.push_back(std::move(t.saves[i]));
+      else
+        gone(t.saves[i].dir);
     }
     t.saves = std::move(rest);
   }
@@ -1099,7 +1105,8 @@ class tiered_checkpointer {
       if (tier >= tiers_.size() || len > words.size() - i - 3) throw dist_error(errc::format, "tiered_checkpointer: rank 0 sent a bad list");
       auto& t = tiers_[tier];
       std::vector<std::filesystem::path> chain;
-      for (std::size_t k = 0; k < len; ++k) chain.push_back(std::filesystem::absolute(tier_checkpoint_dir(t.spec, words[i + 3 + k])).lexically_normal());
+      for (std::size_t k = 0; k < len; ++k)
+        chain.push_back(std::filesystem::absolute(tier_checkpoint_dir(t.spec, words[i + 3 + k])).lexically_normal());
       checkpoint_future f;
       f.st_ = std::make_shared<checkpoint_future::state>();
       f.st_->done = true;
@@ -1125,7 +1132,8 @@ inline std::vector<std::filesystem::path> restorable_checkpoints(const std::vect
 // all_reduce. Returns its state, or nullopt when none loads (a fresh start); `from`, if given, is
 // set to the directory loaded. Every rank calls it.
 template <class Model>
-std::optional<checkpoint_state> resume(const std::vector<checkpoint_tier>& tiers, Model& model, communicator& world, std::filesystem::path* from = nullptr) {
+std::optional<checkpoint_state> resume(const std::vector<checkpoint_tier>& tiers, Model& model, communicator& world,
+                                       std::filesystem::path* from = nullptr) {
   std::vector<std::uint64_t> cand;  // (tier, step) pairs, newest first, as world rank 0 sees them
   if (world.rank() == 0)
     for (const auto& [tier, step] : restorable(tiers)) cand.push_back(tier), cand.push_back(step);
@@ -1136,8 +1144,7 @@ std::optional<checkpoint_state> resume(const std::vector<checkpoint_tier>& tiers
     std::optional<checkpoint_state> st;
     try {
       st = load_checkpoint(dir, model);
-    } catch (const tessel::error&) {
-    }
+    } catch (const tessel::error&) {}
     std::uint64_t ok = st ? 1 : 0;
     world.all_reduce(std::span<std::uint64_t>(&ok, 1), reduce_op::min);
     if (ok == 1) {

@@ -87,7 +87,7 @@ template <class Model>
 struct model_split {
   static std::vector<communicator*> groups(Model&) { return {}; }
   static bool counted(const Model&, const void*) { return true; }
-  static int ep(const Model&) { return 1; }                 // ranks its experts are split over
+  static int ep(const Model&) { return 1; }                        // ranks its experts are split over
   static bool expert(const Model&, const void*) { return false; }  // one of this rank's experts
 };
 template <device Dev, nn::compute_type T>
@@ -104,7 +104,9 @@ struct model_split<tp_decoder_lm<Dev, T>> {
 template <class Stage>
 struct model_split<pipeline<Stage>> {
   static std::vector<communicator*> groups(pipeline<Stage>& m) { return model_split<Stage>::groups(m.model()); }
-  static bool counted(pipeline<Stage>& m, const void* p) { return model_split<Stage>::counted(m.model(), static_cast<const nn::parameter<typename Stage::device_type>*>(p)); }
+  static bool counted(pipeline<Stage>& m, const void* p) {
+    return model_split<Stage>::counted(m.model(), static_cast<const nn::parameter<typename Stage::device_type>*>(p));
+  }
   static int ep(pipeline<Stage>& m) { return model_split<Stage>::ep(m.model()); }
   static bool expert(pipeline<Stage>&, const void*) { return false; }
 };
@@ -117,24 +119,27 @@ class data_parallel {
  public:
   data_parallel(Model& model, communicator& dp, data_parallel_options o = {}) : m_(&model), dp_(&dp), o_(o) {
     if (o_.bucket_bytes < sizeof(float)) throw dist_error(errc::invalid_argument, "data_parallel: bucket_bytes must hold one f32");
-    if (o_.zero_stage < 0 || o_.zero_stage > 3) throw dist_error(errc::config, "data_parallel: ZeRO stage " + std::to_string(o_.zero_stage) + " is not one of 0, 1, 2, 3");
+    if (o_.zero_stage < 0 || o_.zero_stage > 3)
+      throw dist_error(errc::config, "data_parallel: ZeRO stage " + std::to_string(o_.zero_stage) + " is not one of 0, 1, 2, 3");
     if (o_.zero_stage > 1)
       throw dist_error(errc::unsupported, "data_parallel: ZeRO stage " + std::to_string(o_.zero_stage) + " is not built yet (stages 0 and 1 are)");
     if (o_.compression.format != wire_format::none && o_.zero_stage != 0)
-      throw dist_error(errc::unsupported, "data_parallel: compressed gradients with ZeRO stage " + std::to_string(o_.zero_stage) + " are not built yet (stage 0 is)");
+      throw dist_error(errc::unsupported,
+                       "data_parallel: compressed gradients with ZeRO stage " + std::to_string(o_.zero_stage) + " are not built yet (stage 0 is)");
     if (model_split<Model>::ep(*m_) > 1) {
       const int ep = model_split<Model>::ep(*m_);
       if constexpr (requires { m_->model(); })
         throw dist_error(errc::unsupported, "data_parallel: expert parallelism (ep = " + std::to_string(ep) + ") inside a pipeline is not built yet");
       if (o_.zero_stage != 0)
-        throw dist_error(errc::unsupported, "data_parallel: ZeRO stage " + std::to_string(o_.zero_stage) + " with expert parallelism (ep = " + std::to_string(ep) +
-                                                ") is not built yet (plain DP is)");
+        throw dist_error(errc::unsupported, "data_parallel: ZeRO stage " + std::to_string(o_.zero_stage) +
+                                                " with expert parallelism (ep = " + std::to_string(ep) + ") is not built yet (plain DP is)");
       if (!o_.expert_dp)
-        throw dist_error(errc::config, "data_parallel: the model's experts are split over ep = " + std::to_string(ep) +
-                                           " ranks: data_parallel_options::expert_dp must be the replicas holding the same experts (process_groups::edp())");
+        throw dist_error(errc::config,
+                         "data_parallel: the model's experts are split over ep = " + std::to_string(ep) +
+                             " ranks: data_parallel_options::expert_dp must be the replicas holding the same experts (process_groups::edp())");
       if (o_.expert_dp->size() * ep != dp_->size())
-        throw dist_error(errc::config, "data_parallel: expert_dp of " + std::to_string(o_.expert_dp->size()) + " ranks times ep = " + std::to_string(ep) +
-                                           " is not dp = " + std::to_string(dp_->size()));
+        throw dist_error(errc::config, "data_parallel: expert_dp of " + std::to_string(o_.expert_dp->size()) +
+                                           " ranks times ep = " + std::to_string(ep) + " is not dp = " + std::to_string(dp_->size()));
       experts_ = true;
     }
     std::size_t at = 0;
@@ -215,16 +220,20 @@ class data_parallel {
     if constexpr (requires { m_->forward_backward(ids, targets, batch, seq, ignore_index, 1.0f); }) {
       // experts mix the ranks' tokens: scale the loss gradient itself (dp / total per row: the mean
       // over the whole batch, times dp for the average below)
-      if (experts_) local = m_->forward_backward(ids, targets, batch, seq, ignore_index, total > 0.0 ? float(double(dp_->size()) / total) : 0.0f);
-      else local = m_->forward_backward(ids, targets, batch, seq, ignore_index);
+      if (experts_)
+        local = m_->forward_backward(ids, targets, batch, seq, ignore_index, total > 0.0 ? float(double(dp_->size()) / total) : 0.0f);
+      else
+        local = m_->forward_backward(ids, targets, batch, seq, ignore_index);
     } else {
       local = m_->forward_backward(ids, targets, batch, seq, ignore_index);
     }
     if (!equal && !experts_)
       for (auto& p : m_->params())
         for (float& g : p.grad.span()) g *= w;
-    if (o_.zero_stage == 0) all_reduce_gradients();
-    else reduce_scatter_gradients();
+    if (o_.zero_stage == 0)
+      all_reduce_gradients();
+    else
+      reduce_scatter_gradients();
     double sum = local * cnt;
     double global = 0.0;
     dp_->all_reduce(std::span<const double>(&sum, 1), std::span<double>(&global, 1), reduce_op::sum);
@@ -244,7 +253,8 @@ class data_parallel {
   // one all-reduce), then the parameters all-gathered.
   step_result adamw(const nn::adamw_config& h, std::uint64_t step_no) {
     if (o_.zero_stage == 0) return m_->adamw(h, step_no);
-    if (h.lazy_rows) throw dist_error(errc::unsupported, "data_parallel: lazy rows (adamw_config::lazy_rows) with ZeRO-1: a shard's rows are not whole");
+    if (h.lazy_rows)
+      throw dist_error(errc::unsupported, "data_parallel: lazy rows (adamw_config::lazy_rows) with ZeRO-1: a shard's rows are not whole");
     // over every dp shard, and with a tensor-parallel model over its tp group too (the dp-averaged
     // gradients are the same on a tp rank's dp peers, so dp shards times tp shards are all of them)
     grad_check gc(h.max_grad_norm);
@@ -266,7 +276,7 @@ class data_parallel {
     });
     step_options so;
     so.storage = std::is_same_v<T, bf16> ? param_storage::bf16_master : param_storage::f32;
-    so.check_finite = false;  // checked above, over every shard
+    so.check_finite = false;            // checked above, over every shard
     so.loss_scale = gc.clip_divisor();  // PyTorch's clip_grad_norm_, as the step's gradient multiplier
     if (!ts.empty()) res = adamw_step(dev, std::span<const optim_tensor<float, float>>(ts), h.hyper, step_no, so);
     res.grad_norm = gc.norm();
@@ -362,13 +372,15 @@ class data_parallel {
       std::fill_n(buf, n * c, 0.0f);  // past the end of the parameters: padding
       for (std::size_t q = 0; q < n; ++q) {
         const std::size_t a = std::min(total_, q * shard_ + c0);
-        for_range(a, std::min(total_, a + c),
-                  [&](nn::parameter<Dev>& p, std::size_t off, std::size_t cnt, std::size_t at) { std::copy_n(p.grad.data() + off, cnt, buf + q * c + at); });
+        for_range(a, std::min(total_, a + c), [&](nn::parameter<Dev>& p, std::size_t off, std::size_t cnt, std::size_t at) {
+          std::copy_n(p.grad.data() + off, cnt, buf + q * c + at);
+        });
       }
       float* out = buf + n * c;
       dp_->reduce_scatter(std::span<const float>(buf, n * c), std::span<float>(out, c), reduce_op::avg);
       const std::size_t a = std::min(hi_, lo_ + c0);
-      for_range(a, std::min(hi_, a + c), [&](nn::parameter<Dev>& p, std::size_t off, std::size_t cnt, std::size_t at) { std::copy_n(out + at, cnt, p.grad.data() + off); });
+      for_range(a, std::min(hi_, a + c),
+                [&](nn::parameter<Dev>& p, std::size_t off, std::size_t cnt, std::size_t at) { std::copy_n(out + at, cnt, p.grad.data() + off); });
     }
   }
 
@@ -380,13 +392,15 @@ class data_parallel {
       float* buf = staging(c + n * c);
       std::fill_n(buf, c, 0.0f);
       const std::size_t a = std::min(hi_, lo_ + c0);
-      for_range(a, std::min(hi_, a + c), [&](nn::parameter<Dev>& p, std::size_t off, std::size_t cnt, std::size_t at) { std::copy_n(p.value.data() + off, cnt, buf + at); });
+      for_range(a, std::min(hi_, a + c),
+                [&](nn::parameter<Dev>& p, std::size_t off, std::size_t cnt, std::size_t at) { std::copy_n(p.value.data() + off, cnt, buf + at); });
       float* out = buf + c;
       dp_->all_gather(std::span<const float>(buf, c), std::span<float>(out, n * c));
       for (std::size_t q = 0; q < n; ++q) {
         const std::size_t b = std::min(total_, q * shard_ + c0);
-        for_range(b, std::min(total_, b + c),
-                  [&](nn::parameter<Dev>& p, std::size_t off, std::size_t cnt, std::size_t at) { std::copy_n(out + q * c + at, cnt, p.value.data() + off); });
+        for_range(b, std::min(total_, b + c), [&](nn::parameter<Dev>& p, std::size_t off, std::size_t cnt, std::size_t at) {
+          std::copy_n(out + q * c + at, cnt, p.value.data() + off);
+        });
       }
     }
     m_->params().refresh_bf16();
@@ -395,12 +409,12 @@ class data_parallel {
   Model* m_;
   communicator* dp_;
   data_parallel_options o_;
-  bool experts_ = false;  // the model's experts are split over ep > 1 ranks
+  bool experts_ = false;                               // the model's experts are split over ep > 1 ranks
   std::vector<error_feedback> ef_dense_, ef_experts_;  // compressed buckets' residuals, by bucket
   std::size_t wire_bytes_ = 0;
-  std::vector<float> bucket_;  // host staging of a bucket (device memory is host-addressable here)
-  std::vector<nn::parameter<Dev>*> members_;  // the registry in order
-  std::vector<std::size_t> starts_;           // each one's first flat index
+  std::vector<float> bucket_;                            // host staging of a bucket (device memory is host-addressable here)
+  std::vector<nn::parameter<Dev>*> members_;             // the registry in order
+  std::vector<std::size_t> starts_;                      // each one's first flat index
   std::size_t total_ = 0, shard_ = 0, lo_ = 0, hi_ = 0;  // P, ceil(P / dp), this rank's shard [lo, hi)
   device_buffer<float, Dev> m_shard_, v_shard_;          // stage 1: this shard's AdamW moments
 };

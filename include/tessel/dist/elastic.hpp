@@ -70,19 +70,19 @@ enum class recovery_policy : std::uint8_t { replace, shrink, restart };
 
 struct elastic_options {
   recovery_policy policy = recovery_policy::replace;
-  std::size_t failure_domain = 1;     // consecutive ranks sharing a failure domain: a snapshot's copy goes to rank r + failure_domain
-  std::vector<std::size_t> spares;    // hot spare cards (outside the world), used in order
-  std::vector<checkpoint_tier> tiers; // durable checkpoints for a restart (and for a fresh start's resume)
-  std::size_t max_recoveries = 16;    // more failures than this end the run with the last one's error
-  parallel_layout layout = {};        // shrink: the job's layout (dp·tp·pp = the world); its dp shrinks with each recovery
+  std::size_t failure_domain = 1;      // consecutive ranks sharing a failure domain: a snapshot's copy goes to rank r + failure_domain
+  std::vector<std::size_t> spares;     // hot spare cards (outside the world), used in order
+  std::vector<checkpoint_tier> tiers;  // durable checkpoints for a restart (and for a fresh start's resume)
+  std::size_t max_recoveries = 16;     // more failures than this end the run with the last one's error
+  parallel_layout layout = {};         // shrink: the job's layout (dp·tp·pp = the world); its dp shrinks with each recovery
 };
 
 // One recovery, times in simulated seconds.
 struct recovery_record {
-  int rank = -1;                        // the dead rank (its place in the world)
+  int rank = -1;                                      // the dead rank (its place in the world)
   std::size_t failed_card = 0, replacement_card = 0;  // (shrink: no replacement, replacement_card = SIZE_MAX)
-  std::uint64_t step = 0;               // the step the world rolled back to
-  std::string source;                   // "peer memory", "durable tier" or "start" (nothing to restore)
+  std::uint64_t step = 0;                             // the step the world rolled back to
+  std::string source;                                 // "peer memory", "durable tier" or "start" (nothing to restore)
   double happened = 0, detected = 0, agreed = 0, restored = 0, warmed = 0;
   double detect() const { return detected - happened; }
   double agree() const { return agreed - detected; }
@@ -161,7 +161,7 @@ void refresh(data_parallel<Model>& dp) {
 struct generation {
   std::uint64_t step = 0;
   bool complete = false;
-  std::string meta;  // JSON: step, extra, parts (key, count)
+  std::string meta;         // JSON: step, extra, parts (key, count)
   std::vector<float> data;  // (empty on a timing-only cluster: only `elements` is kept)
   std::size_t elements = 0;
 };
@@ -184,11 +184,11 @@ struct card_memory {
 
 // The plan every survivor computes from the agreement.
 struct plan {
-  bool restart = false;               // from the tiers (no memory copy for some dead rank)
+  bool restart = false;  // from the tiers (no memory copy for some dead rank)
   std::uint64_t step = 0;
-  std::map<int, int> from_peer;       // rank restored from a copy (a dead rank's replacement, or a live rank without the step) -> the rank holding it
+  std::map<int, int> from_peer;  // rank restored from a copy (a dead rank's replacement, or a live rank without the step) -> the rank holding it
   std::vector<int> dead;
-  bool shrunk = false;                // the world lost whole data-parallel replicas: no copies move
+  bool shrunk = false;  // the world lost whole data-parallel replicas: no copies move
 };
 
 // State shared by the ranks of the run (the driver's).
@@ -334,8 +334,8 @@ class elastic_rank {
   void check_world(communicator& world, const char* what) const {
     if (world.size() != size() || world.rank() != rank())
       throw dist_error(errc::invalid_argument, std::string("elastic_rank::") + what + ": the communicator is not this rank's world (rank " +
-                                                   std::to_string(world.rank()) + " of " + std::to_string(world.size()) + ", expected " + std::to_string(rank()) +
-                                                   " of " + std::to_string(size()) + ")");
+                                                   std::to_string(world.rank()) + " of " + std::to_string(world.size()) + ", expected " +
+                                                   std::to_string(rank()) + " of " + std::to_string(size()) + ")");
   }
 
   template <class Model>
@@ -352,7 +352,8 @@ class elastic_rank {
     for (const auto& e : j.at("parts")) want.push_back({e.at(0).get<std::string>(), e.at(1).get<std::size_t>()}), keys.insert(want.back().first);
     auto ps = parts(m, &keys);
     if (ps.size() != want.size())
-      throw dist_error(errc::format, "elastic: " + who + ": the snapshot has " + std::to_string(want.size()) + " parts, the model " + std::to_string(ps.size()));
+      throw dist_error(errc::format,
+                       "elastic: " + who + ": the snapshot has " + std::to_string(want.size()) + " parts, the model " + std::to_string(ps.size()));
     std::size_t at = 0;
     for (std::size_t i = 0; i < ps.size(); ++i) {
       if (ps[i].key != want[i].first || ps[i].count != want[i].second || want[i].second > g.data.size() - at)
@@ -408,7 +409,8 @@ class elastic_rank {
     generation* g = at_step(mem.own, pl.step);
     if (!g) throw dist_error(errc::fault, "elastic: rank " + std::to_string(rank()) + " holds no snapshot of step " + std::to_string(pl.step));
     if (pl.shrunk && g->meta.find("\"zero1/m\"") != std::string::npos)
-      throw dist_error(errc::unsupported, "elastic: a shrunk world re-shards ZeRO-1's moments over its new dp, which is not built: use the replace policy, or ZeRO-0");
+      throw dist_error(errc::unsupported,
+                       "elastic: a shrunk world re-shards ZeRO-1's moments over its new dp, which is not built: use the replace policy, or ZeRO-0");
     t_.cluster().at(card()).charge(kernel_cost{0, 8.0 * double(g->elements)}, "elastic restore copy");
     if (timing) return checkpoint_state{.step = pl.step};  // nothing to copy on a timing-only cluster
     return apply(m, *g, "rank " + std::to_string(rank()));
@@ -463,8 +465,10 @@ inline plan plan_from(const emulated_transport::agreement& a, int n, const std::
     for (int r = 0; r < n && ok && !own_only; ++r) {
       if (member[std::size_t(r)] && own_has(r, s)) continue;
       const int h = holder(r, s);
-      if (h < 0 || h == r) ok = false;
-      else from[r] = h;
+      if (h < 0 || h == r)
+        ok = false;
+      else
+        from[r] = h;
     }
     if (ok) {
       p.step = s, p.from_peer = std::move(from);
@@ -486,12 +490,14 @@ inline failure_times failure_of(emu::cluster& cl, std::size_t c, double now) {
   now = std::max(now, cl.clock(c));  // (a card whose clock ran into its outage ahead of the others)
   const emu::fault* last = nullptr;
   for (const auto& f : cl.net().faults())
-    if (f.card == c && (f.kind == emu::fault_kind::card_down || f.kind == emu::fault_kind::hot_swap) && f.at <= now * (1 + 1e-12) && (!last || f.at >= last->at))
+    if (f.card == c && (f.kind == emu::fault_kind::card_down || f.kind == emu::fault_kind::hot_swap) && f.at <= now * (1 + 1e-12) &&
+        (!last || f.at >= last->at))
       last = &f;
   if (!last) return ft;
   const auto& fc = cl.config().faults;
   ft.happened = last->at;
-  ft.detected = (std::floor(last->at / fc.heartbeat_interval) + double(fc.missed_heartbeats)) * fc.heartbeat_interval + 2 * cl.config().direct_latency();
+  ft.detected =
+      (std::floor(last->at / fc.heartbeat_interval) + double(fc.missed_heartbeats)) * fc.heartbeat_interval + 2 * cl.config().direct_latency();
   for (const auto& nt : cl.notices())
     if (nt.card == c && nt.kind == last->kind && nt.happened == last->at) ft.detected = nt.detected;
   if (last->kind == emu::fault_kind::hot_swap) ft.back = last->at + last->duration;
@@ -512,10 +518,12 @@ elastic_report elastic_run(emu::cluster& cl, std::vector<std::size_t> cards, ela
     std::set<std::size_t> seen;
     for (std::size_t c : cards)
       if (c >= cl.size() || !seen.insert(c).second)
-        throw dist_error(errc::invalid_argument, "elastic_run: card " + std::to_string(c) + " is outside the cluster of " + std::to_string(cl.size()) + " or named twice");
+        throw dist_error(errc::invalid_argument,
+                         "elastic_run: card " + std::to_string(c) + " is outside the cluster of " + std::to_string(cl.size()) + " or named twice");
     for (std::size_t c : opt.spares)
       if (c >= cl.size() || !seen.insert(c).second)
-        throw dist_error(errc::invalid_argument, "elastic_run: spare card " + std::to_string(c) + " is outside the cluster, in the world or named twice");
+        throw dist_error(errc::invalid_argument,
+                         "elastic_run: spare card " + std::to_string(c) + " is outside the cluster, in the world or named twice");
   }
   auto s = std::make_shared<shared>();
   s->cl = &cl;
@@ -541,9 +549,7 @@ elastic_report elastic_run(emu::cluster& cl, std::vector<std::size_t> cards, ela
       std::exception_ptr fatal;
       try {
         job(er);
-      } catch (const comm_error&) {
-        ok = false;
-      } catch (const emu::fault_error&) {
+      } catch (const comm_error&) { ok = false; } catch (const emu::fault_error&) {
         ok = false;
       } catch (...) {
         ok = false;
@@ -564,9 +570,12 @@ elastic_report elastic_run(emu::cluster& cl, std::vector<std::size_t> cards, ela
       s->last = a;
       bool all_ok = int(a.members.size()) == n, any_fatal = false;
       for (int r : a.members) all_ok = all_ok && a.values[std::size_t(r)][0] == 1, any_fatal = any_fatal || a.values[std::size_t(r)][1] == 1;
-      if (any_fatal) s->fatal = true;
-      else if (all_ok) s->finished = true;
-      else s->next = plan_from(a, n);
+      if (any_fatal)
+        s->fatal = true;
+      else if (all_ok)
+        s->finished = true;
+      else
+        s->next = plan_from(a, n);
     });
     // the previous recovery's last parts: every rank restored, then the first snapshot after it
     for (auto& r : rep.recoveries)

@@ -54,7 +54,8 @@ struct ep_moe_options {
 
 // The experts rank `rank` of `ep` holds: [first, first + count).
 inline std::pair<std::size_t, std::size_t> local_experts(std::size_t experts, int ep, int rank) {
-  if (ep <= 0 || rank < 0 || rank >= ep) throw dist_error(errc::invalid_argument, "expert parallelism: rank " + std::to_string(rank) + " of ep = " + std::to_string(ep));
+  if (ep <= 0 || rank < 0 || rank >= ep)
+    throw dist_error(errc::invalid_argument, "expert parallelism: rank " + std::to_string(rank) + " of ep = " + std::to_string(ep));
   const auto e = static_cast<std::size_t>(ep);
   if (experts == 0 || experts % e != 0)
     throw dist_error(errc::config, "ep = " + std::to_string(ep) + " does not divide the " + std::to_string(experts) + " experts");
@@ -74,8 +75,9 @@ class ep_moe {
     const auto [first, count] = local_experts(experts, ep.size(), ep.rank());
     (void)first;
     if (local.size() != count)
-      throw dist_error(errc::config, "ep_moe: rank " + std::to_string(ep.rank()) + " is given " + std::to_string(local.size()) + " experts, but ep = " +
-                                         std::to_string(ep.size()) + " over " + std::to_string(experts) + " experts is " + std::to_string(count) + " per rank");
+      throw dist_error(errc::config, "ep_moe: rank " + std::to_string(ep.rank()) + " is given " + std::to_string(local.size()) +
+                                         " experts, but ep = " + std::to_string(ep.size()) + " over " + std::to_string(experts) + " experts is " +
+                                         std::to_string(count) + " per rank");
     if (o.fp8_dispatch && (hidden == 0 || hidden % 128 != 0))
       throw dist_error(errc::config, "ep_moe: FP8 dispatch needs the hidden size to be a multiple of 128, not " + std::to_string(hidden));
     router_ = nn::linear<Dev, T>(router, nullptr, d_, E_);
@@ -185,8 +187,8 @@ class ep_moe {
   moe_handle handle_;
   std::vector<std::int64_t> idx_;
   std::vector<std::size_t> off_;
-  std::vector<T> xe_;               // the rows this rank's experts ran (the linears keep views)
-  std::vector<float> oe_, slots_;   // their outputs; every slot's output back home
+  std::vector<T> xe_;              // the rows this rank's experts ran (the linears keep views)
+  std::vector<float> oe_, slots_;  // their outputs; every slot's output back home
   device_buffer<float, Dev> logits_;
   device_buffer<T, Dev> dlogits_;
 };

@@ -25,15 +25,15 @@ class grad_check {
   void add(std::span<const float> g, bool counted = true) {
     const bool sq = counted && wants_norm();
     for (const float x : g) {
-      if (!std::isfinite(x)) acc_[1] = 1.0;
-      else if (sq) acc_[0] += double(x) * double(x);
+      if (!std::isfinite(x))
+        acc_[1] = 1.0;
+      else if (sq)
+        acc_[0] += double(x) * double(x);
     }
   }
 
   // Sums every rank's part over `group` (all of them must call it).
-  void reduce(communicator& group) {
-    group.all_reduce(std::span<double>(acc_, 2), reduce_op::sum);
-  }
+  void reduce(communicator& group) { group.all_reduce(std::span<double>(acc_, 2), reduce_op::sum); }
   // Adds another check's sums (e.g. the expert weights', reduced over the expert-parallel group
   // first) into this one, before this one's reduce.
   void merge(const grad_check& o) {

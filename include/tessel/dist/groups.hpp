@@ -43,9 +43,11 @@ class group_transport {
     const int me = int(w_->rank()), n = int(w_->size());
     for (std::size_t i = 0; i < members_.size(); ++i) {
       if (members_[i] < 0 || members_[i] >= n)
-        throw dist_error(errc::out_of_range, "group_transport: member " + std::to_string(members_[i]) + " outside the world's [0, " + std::to_string(n) + ")");
+        throw dist_error(errc::out_of_range,
+                         "group_transport: member " + std::to_string(members_[i]) + " outside the world's [0, " + std::to_string(n) + ")");
       for (std::size_t j = 0; j < i; ++j)
-        if (members_[j] == members_[i]) throw dist_error(errc::invalid_argument, "group_transport: rank " + std::to_string(members_[i]) + " listed twice");
+        if (members_[j] == members_[i])
+          throw dist_error(errc::invalid_argument, "group_transport: rank " + std::to_string(members_[i]) + " listed twice");
       if (members_[i] == me) rank_ = int(i);
     }
     if (rank_ < 0) throw dist_error(errc::invalid_argument, "group_transport: world rank " + std::to_string(me) + " is not a member of its group");
@@ -59,32 +61,26 @@ class group_transport {
   void wait(send_request& r) { w_->wait(r); }
   void recv(int peer, tag_t tag, std::size_t bytes, recv_consumer fn) { w_->recv(world(peer), tag | tag_bits_, bytes, fn); }
   void recv_into(int peer, tag_t tag, std::span<std::byte> dst) { w_->recv_into(world(peer), tag | tag_bits_, dst); }
-  send_request irecv_into(int peer, tag_t tag, std::span<std::byte> dst)
-    requires requires(T& t) { t.irecv_into(peer, tag, dst); }
-  {
-    return w_->irecv_into(world(peer), tag | tag_bits_, dst);
-  }
+  send_request irecv_into(int peer, tag_t tag, std::span<std::byte> dst) requires requires(T& t) { t.irecv_into(peer, tag, dst); }
+  { return w_->irecv_into(world(peer), tag | tag_bits_, dst); }
   void abort() { w_->abort(); }
   double now() const { return double(w_->now()); }
-  void revoke(int failed)
-    requires requires(T& t) { t.revoke(failed); }
-  {
-    w_->revoke(failed >= 0 && failed < size() ? world(failed) : failed);
-  }
-  void idle(bool on)
-    requires requires(T& t) { t.idle(on); }
-  {
-    w_->idle(on);
-  }
+  void revoke(int failed) requires requires(T& t) { t.revoke(failed); }
+  { w_->revoke(failed >= 0 && failed < size() ? world(failed) : failed); }
+  void idle(bool on) requires requires(T& t) { t.idle(on); }
+  { w_->idle(on); }
   bool timing_only() const {
-    if constexpr (requires(const T& t) { t.timing_only(); }) return w_->timing_only();
-    else return false;
+    if constexpr (requires(const T& t) { t.timing_only(); })
+      return w_->timing_only();
+    else
+      return false;
   }
 
  private:
   int world(int peer) const {
     if (peer < 0 || peer >= size())
-      throw comm_error(errc::out_of_range, "group_transport: peer " + std::to_string(peer) + " outside the group's [0, " + std::to_string(size()) + ")");
+      throw comm_error(errc::out_of_range,
+                       "group_transport: peer " + std::to_string(peer) + " outside the group's [0, " + std::to_string(size()) + ")");
     return members_[std::size_t(peer)];
   }
   std::shared_ptr<T> w_;
@@ -114,7 +110,8 @@ class process_groups {
     for (int i = 0; i < layout_.pp; ++i) pp_members.push_back(layout_.rank_of({.dp = coords_.dp, .tp = coords_.tp, .pp = i}));
     const int block = coords_.dp / layout_.ep * layout_.ep;
     for (int i = 0; i < layout_.ep; ++i) ep_members.push_back(layout_.rank_of({.dp = block + i, .tp = coords_.tp, .pp = coords_.pp}));
-    for (int i = coords_.dp % layout_.ep; i < layout_.dp; i += layout_.ep) edp_members.push_back(layout_.rank_of({.dp = i, .tp = coords_.tp, .pp = coords_.pp}));
+    for (int i = coords_.dp % layout_.ep; i < layout_.dp; i += layout_.ep)
+      edp_members.push_back(layout_.rank_of({.dp = i, .tp = coords_.tp, .pp = coords_.pp}));
     world_ = std::make_unique<communicator>(group_transport<T>(w, std::move(all), 0), o);
     tp_ = std::make_unique<communicator>(group_transport<T>(w, std::move(tp_members), 1), o);
     dp_ = std::make_unique<communicator>(group_transport<T>(w, std::move(dp_members), 2), o);

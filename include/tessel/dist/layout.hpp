@@ -32,7 +32,8 @@ struct parallel_layout {
   // dp·tp·pp; a product that overflows int is a dist_error(errc::overflow).
   int world_size() const {
     check_positive();
-    const std::size_t n = tessel::detail::mul_checked(tessel::detail::mul_checked(std::size_t(dp), std::size_t(tp), "layout size"), std::size_t(pp), "layout size");
+    const std::size_t n =
+        tessel::detail::mul_checked(tessel::detail::mul_checked(std::size_t(dp), std::size_t(tp), "layout size"), std::size_t(pp), "layout size");
     if (n > std::size_t(0x7fffffff)) throw dist_error(errc::overflow, "layout " + to_string() + " has more than 2^31 - 1 ranks");
     return int(n);
   }
@@ -57,10 +58,12 @@ struct parallel_layout {
   void validate(const io::model_config& c) const {
     check_positive();
     if (std::size_t(pp) > c.num_hidden_layers)
-      throw dist_error(errc::config, "pp = " + std::to_string(pp) + " stages for " + std::to_string(c.num_hidden_layers) + " layers: every stage needs one");
+      throw dist_error(errc::config,
+                       "pp = " + std::to_string(pp) + " stages for " + std::to_string(c.num_hidden_layers) + " layers: every stage needs one");
     const std::size_t t = std::size_t(tp);
     if (c.num_attention_heads % t != 0)
-      throw dist_error(errc::config, "tp = " + std::to_string(tp) + " does not divide the " + std::to_string(c.num_attention_heads) + " attention heads");
+      throw dist_error(errc::config,
+                       "tp = " + std::to_string(tp) + " does not divide the " + std::to_string(c.num_attention_heads) + " attention heads");
     const std::size_t kv = c.num_key_value_heads;
     if (kv == 0 || (kv % t != 0 && t % kv != 0))
       throw dist_error(errc::config, "tp = " + std::to_string(tp) + " and the " + std::to_string(kv) +
@@ -74,13 +77,14 @@ struct parallel_layout {
 
   rank_coords coords(int rank) const {
     const int n = world_size();
-    if (rank < 0 || rank >= n) throw dist_error(errc::out_of_range, "rank " + std::to_string(rank) + " outside the layout's [0, " + std::to_string(n) + ")");
+    if (rank < 0 || rank >= n)
+      throw dist_error(errc::out_of_range, "rank " + std::to_string(rank) + " outside the layout's [0, " + std::to_string(n) + ")");
     return rank_coords{.dp = (rank / tp) % dp, .tp = rank % tp, .pp = rank / (tp * dp)};
   }
   int rank_of(rank_coords c) const {
     if (c.dp < 0 || c.dp >= dp || c.tp < 0 || c.tp >= tp || c.pp < 0 || c.pp >= pp)
-      throw dist_error(errc::out_of_range, "coordinates (dp " + std::to_string(c.dp) + ", tp " + std::to_string(c.tp) + ", pp " + std::to_string(c.pp) +
-                                               ") outside layout " + to_string());
+      throw dist_error(errc::out_of_range, "coordinates (dp " + std::to_string(c.dp) + ", tp " + std::to_string(c.tp) + ", pp " +
+                                               std::to_string(c.pp) + ") outside layout " + to_string());
     return (c.pp * dp + c.dp) * tp + c.tp;
   }
 

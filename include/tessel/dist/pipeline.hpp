@@ -98,8 +98,10 @@ inline void one_f_one_b(communicator* pp, int p, int s, std::size_t mb, const on
     // send this forward's output, receive the gradient of the oldest micro-batch in flight
     swap_with(next, h.output(), tag_fwd, h.output_grad(), tag_bwd);
     h.backward(bi++);
-    if (k + 1 == steady) send_to(prev, h.input_grad(), tag_bwd);
-    else swap_with(prev, h.input_grad(), tag_bwd, h.input(fi), tag_fwd);
+    if (k + 1 == steady)
+      send_to(prev, h.input_grad(), tag_bwd);
+    else
+      swap_with(prev, h.input_grad(), tag_bwd, h.input(fi), tag_fwd);
   }
   for (std::size_t k = 0; k < warmup; ++k) {
     recv_from(next, h.output_grad(), tag_bwd);
@@ -134,7 +136,8 @@ class pipeline {
     const std::size_t mb = o_.micro_batches;
     if (batch == 0 || seq == 0) throw dist_error(errc::invalid_argument, "pipeline: an empty batch");
     if (batch % mb != 0)
-      throw dist_error(errc::invalid_argument, "pipeline: " + std::to_string(mb) + " micro-batches do not divide the batch of " + std::to_string(batch));
+      throw dist_error(errc::invalid_argument,
+                       "pipeline: " + std::to_string(mb) + " micro-batches do not divide the batch of " + std::to_string(batch));
     if (seq > SIZE_MAX / batch || ids.size() != batch * seq || targets.size() != ids.size())
       throw dist_error(errc::invalid_argument, "pipeline: " + std::to_string(ids.size()) + " ids and " + std::to_string(targets.size()) +
                                                    " targets for batch " + std::to_string(batch) + " x seq " + std::to_string(seq));
@@ -183,17 +186,34 @@ class pipeline {
     auto out = [&] { return next >= 0 ? m_->stage_output() : std::span<const float>{}; };
     auto in_grad = [&] { return prev >= 0 ? m_->stage_input_grad() : std::span<const float>{}; };
 
-    one_f_one_b(pp, p, s, mb, one_f_one_b_hooks{
-        .forward = [&](std::size_t i) {
-          held();
-          fwd(i);
-        },
-        .backward = bwd,
-        .input = [&](std::size_t i) { auto v = input_buf(i); return stream_slot{v.data(), v.size()}; },
-        .output = [&] { auto v = out(); return stream_view{v.data(), v.size()}; },
-        .output_grad = [&] { return stream_slot{dout_.data(), next >= 0 ? dout_.size() : 0}; },
-        .input_grad = [&] { auto v = in_grad(); return stream_view{v.data(), v.size()}; },
-    });
+    one_f_one_b(pp, p, s, mb,
+                one_f_one_b_hooks{
+                    .forward =
+                        [&](std::size_t i) {
+                          held();
+                          fwd(i);
+                        },
+                    .backward = bwd,
+                    .input =
+                        [&](std::size_t i) {
+                          auto v = input_buf(i);
+                          return stream_slot{v.data(), v.size()};
+                        },
+                    .output =
+                        [&] {
+                          auto v = out();
+                          return stream_view{v.data(), v.size()};
+                        },
+                    .output_grad =
+                        [&] {
+                          return stream_slot{dout_.data(), next >= 0 ? dout_.size() : 0};
+                        },
+                    .input_grad =
+                        [&] {
+                          auto v = in_grad();
+                          return stream_view{v.data(), v.size()};
+                        },
+                });
     // the loss lives on the last stage: to every stage
     double loss = next < 0 && total > 0.0 ? loss_sum / total : 0.0;
     if (pp && p > 1) pp->broadcast(std::span<double>(&loss, 1), p - 1);

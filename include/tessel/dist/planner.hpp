@@ -90,9 +90,9 @@ struct plan_precision {
 struct plan_constraints {
   double memory_fraction = 0.9;  // of each card's HBM a plan may use
   int dp = 0, tp = 0, pp = 0, ep = 0;
-  std::size_t micro_batch = 0;     // sequences per micro-batch; 0: any divisor of the replica's batch
+  std::size_t micro_batch = 0;  // sequences per micro-batch; 0: any divisor of the replica's batch
   std::size_t max_micro_batch = 64;
-  int max_tp = 0;                  // 0: the cards of one super-node
+  int max_tp = 0;  // 0: the cards of one super-node
   std::vector<int> zero_stages = {0, 1, 2, 3};
   std::vector<recompute_mode> recompute = {recompute_mode::none, recompute_mode::selective, recompute_mode::full};
   std::vector<pipeline_schedule> schedules = {pipeline_schedule::one_f_one_b, pipeline_schedule::interleaved, pipeline_schedule::zb_h1};
@@ -147,11 +147,11 @@ struct plan_estimate {
   plan_layout layout;
   // seconds per optimizer step, and where they go (on the critical path)
   double step_time = 0;
-  double compute = 0;     // kernels of the busiest stage, recompute included
-  double recompute = 0;   // of which recompute
-  double bubble = 0;      // pipeline fill and drain
+  double compute = 0;                                         // kernels of the busiest stage, recompute included
+  double recompute = 0;                                       // of which recompute
+  double bubble = 0;                                          // pipeline fill and drain
   double tp_comm = 0, pp_comm = 0, ep_comm = 0, dp_comm = 0;  // exposed
-  double zero_comm = 0;  // ZeRO-3's weight gathers (each micro-batch's forward and backward)
+  double zero_comm = 0;                                       // ZeRO-3's weight gathers (each micro-batch's forward and backward)
   double optimizer = 0;
   double tokens_per_s = 0, mfu = 0;
   double comm_share = 0, bubble_share = 0;
@@ -259,7 +259,7 @@ class pricer {
     const double e = r_.precision.act_bytes, s = double(r_.seq), T = double(b) * s, t = double(l.tp);
     const double h = double(c.hidden_size), q = double(c.num_attention_heads * c.head_dim), kv = double(c.num_key_value_heads * c.head_dim);
     const double I = double(c.intermediate_size);
-    const double rows = l.sp ? T / t : T;  // the rows elementwise ops see
+    const double rows = l.sp ? T / t : T;                     // the rows elementwise ops see
     const double kvt = std::max(kv / t, double(c.head_dim));  // kv heads replicated when tp > kv heads
     layer_kernels k;
     auto gemm = [&](double m, double kk, double n, kernel_list& fwd, kernel_list& bwd) {
@@ -346,7 +346,8 @@ class pricer {
     const double one = tp_collective(l, b);
     const double per_pass = (k.moe ? 1 : 2) * one;
     sc.tp = 2 * per_pass + (l.recompute == recompute_mode::full ? per_pass : 0);
-    if (k.moe) sc.ep = (l.recompute == recompute_mode::full ? 6 : 4) * comm_.all_to_all(group(std::size_t(l.ep), std::size_t(l.tp)), k.dispatch_bytes);
+    if (k.moe)
+      sc.ep = (l.recompute == recompute_mode::full ? 6 : 4) * comm_.all_to_all(group(std::size_t(l.ep), std::size_t(l.tp)), k.dispatch_bytes);
     return sc;
   }
 
@@ -471,11 +472,10 @@ inline std::optional<plan_rejection> plan_check(const plan_request& r, const pla
     parallel_layout pl{.dp = l.dp, .tp = l.tp, .pp = l.pp, .ep = l.ep, .zero_stage = l.zero};
     pl.validate(r.model);
     if (l.dp % l.ep != 0) return no("layout", "ep = " + std::to_string(l.ep) + " does not divide dp = " + std::to_string(l.dp));
-  } catch (const dist_error& e) {
-    return no("layout", e.what());
-  }
+  } catch (const dist_error& e) { return no("layout", e.what()); }
   const int max_tp = r.constraints.max_tp > 0 ? r.constraints.max_tp : int(r.cluster.cards_per_supernode);
-  if (l.tp > max_tp) return no("tp", "tp = " + std::to_string(l.tp) + " exceeds " + std::to_string(max_tp) + " (a tensor-parallel group stays inside one super-node)");
+  if (l.tp > max_tp)
+    return no("tp", "tp = " + std::to_string(l.tp) + " exceeds " + std::to_string(max_tp) + " (a tensor-parallel group stays inside one super-node)");
   if (r.global_batch % std::size_t(l.dp) != 0)
     return no("batch", "dp = " + std::to_string(l.dp) + " does not divide the global batch of " + std::to_string(r.global_batch));
   if (l.micro_batch * l.micro_batches * std::size_t(l.dp) != r.global_batch)
@@ -485,9 +485,11 @@ inline std::optional<plan_rejection> plan_check(const plan_request& r, const pla
   if (l.schedule == pipeline_schedule::interleaved) {
     if (l.vpp < 2) return no("schedule", "interleaved needs 2 or more virtual stages");
     if (r.model.num_hidden_layers % (std::size_t(l.pp) * std::size_t(l.vpp)) != 0)
-      return no("schedule", "interleaved: pp·v = " + std::to_string(l.pp * l.vpp) + " does not divide the " + std::to_string(r.model.num_hidden_layers) + " layers");
+      return no("schedule", "interleaved: pp·v = " + std::to_string(l.pp * l.vpp) + " does not divide the " +
+                                std::to_string(r.model.num_hidden_layers) + " layers");
     if (l.micro_batches % std::size_t(l.pp) != 0)
-      return no("schedule", "interleaved: pp = " + std::to_string(l.pp) + " does not divide the " + std::to_string(l.micro_batches) + " micro-batches");
+      return no("schedule",
+                "interleaved: pp = " + std::to_string(l.pp) + " does not divide the " + std::to_string(l.micro_batches) + " micro-batches");
   } else if (l.vpp != 1) {
     return no("schedule", "virtual stages only with the interleaved schedule");
   }
@@ -538,9 +540,7 @@ inline plan_estimate plan_evaluate(const plan_request& r, const plan_layout& l) 
     if (l.zero == 3) gather = 2 * p.comm().all_gather(p.group(std::size_t(l.dp), std::size_t(l.tp)), dense * pr.param_bytes);
     const double st = fwd + bwd + rc + tp + epc + gather;
     sum_st += st, sum_w += w;
-    if (st > slot) {
-      slot = st, slot_w = w, slot_compute = fwd + bwd + rc, slot_recompute = rc, slot_tp = tp, slot_ep = epc, slot_gather = gather;
-    }
+    if (st > slot) { slot = st, slot_w = w, slot_compute = fwd + bwd + rc, slot_recompute = rc, slot_tp = tp, slot_ep = epc, slot_gather = gather; }
     // data-parallel gradient traffic of this stage, per card
     const auto dpg = p.group(std::size_t(l.dp), std::size_t(l.tp));
     const auto edpg = p.group(std::size_t(l.dp / l.ep), std::size_t(l.tp * l.ep));
@@ -573,16 +573,18 @@ inline plan_estimate plan_evaluate(const plan_request& r, const plan_layout& l) 
     const double kvt = std::max(double(c.num_key_value_heads * c.head_dim) / t, double(c.head_dim));
     const double rows = l.sp ? T / t : T;
     const double I = double(c.intermediate_size);
-    const double mlp_mid = c.is_moe() ? T * double(c.num_experts_per_tok) * (3 * I + 2 * h) * e + T * double(c.num_local_experts) * 4 : 3 * T * I / t * e;
+    const double mlp_mid =
+        c.is_moe() ? T * double(c.num_experts_per_tok) * (3 * I + 2 * h) * e + T * double(c.num_local_experts) * 4 : 3 * T * I / t * e;
     const double full_layer = 4 * rows * h * e + T * (2 * q / t + 2 * kvt) * e + T * double(c.num_attention_heads) / t * 4 + mlp_mid;
     double per_layer = full_layer;
     if (l.recompute == recompute_mode::selective) per_layer = full_layer - mlp_mid;
     if (l.recompute == recompute_mode::full) per_layer = rows * h * e;
     double in_flight = double(std::min<std::size_t>(P - s, m));
-    if (l.schedule == pipeline_schedule::interleaved) in_flight = std::min(double(m), double(P - s) * (1 + double(P - 1) / (double(P) * double(l.vpp))));
+    if (l.schedule == pipeline_schedule::interleaved)
+      in_flight = std::min(double(m), double(P - s) * (1 + double(P - 1) / (double(P) * double(l.vpp))));
     mem.activations = per_layer * nl * in_flight;
     if (l.recompute != recompute_mode::none) mem.activations += full_layer;  // the layer being recomputed
-    if (s == P - 1) mem.activations += T * V / t * 4 * 2;                  // logits and their gradient (f32)
+    if (s == P - 1) mem.activations += T * V / t * 4 * 2;                    // logits and their gradient (f32)
     mem.buffers += 2 * T * h * 4;                                            // stage boundary streams
     if (mem.total() > worst_mem) worst_mem = mem.total(), mem_worst = mem;
   }
@@ -713,9 +715,7 @@ inline plan_result plan_search(const plan_request& r, std::size_t top = 10, cons
       if (r.constraints.built_only && !e.built) return prune({l, "not built", e.not_built});
       ++res.feasible;
       all.push_back(std::move(e));
-    } catch (const dist_error& e) {
-      prune({l, "memory", e.what()});
-    }
+    } catch (const dist_error& e) { prune({l, "memory", e.what()}); }
   });
   std::stable_sort(all.begin(), all.end(), [](const plan_estimate& a, const plan_estimate& b) { return a.step_time < b.step_time; });
   if (all.size() > top) all.resize(top);
@@ -730,10 +730,13 @@ inline std::string plan_explain(const plan_estimate& a, const plan_estimate& b) 
     const char* name;
     double d;
   };
-  std::vector<part> parts = {{"compute", a.compute - b.compute},       {"tensor-parallel communication", a.tp_comm - b.tp_comm},
-                             {"pipeline messages", a.pp_comm - b.pp_comm}, {"expert all-to-all", a.ep_comm - b.ep_comm},
+  std::vector<part> parts = {{"compute", a.compute - b.compute},
+                             {"tensor-parallel communication", a.tp_comm - b.tp_comm},
+                             {"pipeline messages", a.pp_comm - b.pp_comm},
+                             {"expert all-to-all", a.ep_comm - b.ep_comm},
                              {"gradient reduction", a.dp_comm - b.dp_comm},
-                             {"ZeRO-3 weight gathers", a.zero_comm - b.zero_comm}, {"pipeline bubble", a.bubble - b.bubble},
+                             {"ZeRO-3 weight gathers", a.zero_comm - b.zero_comm},
+                             {"pipeline bubble", a.bubble - b.bubble},
                              {"optimizer step", a.optimizer - b.optimizer}};
   std::sort(parts.begin(), parts.end(), [](const part& x, const part& y) { return std::abs(x.d) > std::abs(y.d); });
   std::ostringstream o;
@@ -751,9 +754,18 @@ inline std::string plan_explain(const plan_estimate& a, const plan_estimate& b) 
 }
 
 inline nlohmann::json to_json(const plan_layout& l) {
-  return {{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"ep", l.ep}, {"virtual_stages", l.vpp}, {"micro_batch", l.micro_batch},
-          {"micro_batches", l.micro_batches}, {"zero", l.zero}, {"recompute", to_string(l.recompute)}, {"sequence_parallel", l.sp},
-          {"schedule", to_string(l.schedule)}, {"compression", std::string(wire_format_name(l.compression))}};
+  return {{"dp", l.dp},
+          {"tp", l.tp},
+          {"pp", l.pp},
+          {"ep", l.ep},
+          {"virtual_stages", l.vpp},
+          {"micro_batch", l.micro_batch},
+          {"micro_batches", l.micro_batches},
+          {"zero", l.zero},
+          {"recompute", to_string(l.recompute)},
+          {"sequence_parallel", l.sp},
+          {"schedule", to_string(l.schedule)},
+          {"compression", std::string(wire_format_name(l.compression))}};
 }
 
 inline nlohmann::json to_json(const plan_estimate& e) {
@@ -764,10 +776,23 @@ inline nlohmann::json to_json(const plan_estimate& e) {
           {"mfu", e.mfu},
           {"comm_share", e.comm_share},
           {"bubble_share", e.bubble_share},
-          {"seconds", {{"compute", e.compute}, {"recompute", e.recompute}, {"bubble", e.bubble}, {"tp_comm", e.tp_comm},
-                       {"pp_comm", e.pp_comm}, {"ep_comm", e.ep_comm}, {"dp_comm", e.dp_comm}, {"zero_comm", e.zero_comm}, {"optimizer", e.optimizer}}},
-          {"memory_bytes", {{"weights", e.memory.weights}, {"grads", e.memory.grads}, {"optimizer", e.memory.optimizer},
-                            {"activations", e.memory.activations}, {"buffers", e.memory.buffers}, {"total", e.memory.total()}}},
+          {"seconds",
+           {{"compute", e.compute},
+            {"recompute", e.recompute},
+            {"bubble", e.bubble},
+            {"tp_comm", e.tp_comm},
+            {"pp_comm", e.pp_comm},
+            {"ep_comm", e.ep_comm},
+            {"dp_comm", e.dp_comm},
+            {"zero_comm", e.zero_comm},
+            {"optimizer", e.optimizer}}},
+          {"memory_bytes",
+           {{"weights", e.memory.weights},
+            {"grads", e.memory.grads},
+            {"optimizer", e.memory.optimizer},
+            {"activations", e.memory.activations},
+            {"buffers", e.memory.buffers},
+            {"total", e.memory.total()}}},
           {"built", e.built},
           {"not_built", e.not_built}};
 }
@@ -791,12 +816,13 @@ inline nlohmann::json to_json(const plan_result& r) {
 inline std::string plan_table(const plan_result& r) {
   std::ostringstream o;
   char line[512];
-  std::snprintf(line, sizeof line, "%-4s %-60s %10s %12s %6s %7s %7s %9s %s\n", "rank", "layout", "step ms", "tokens/s", "MFU", "comm", "bubble", "GiB/card", "built");
+  std::snprintf(line, sizeof line, "%-4s %-60s %10s %12s %6s %7s %7s %9s %s\n", "rank", "layout", "step ms", "tokens/s", "MFU", "comm", "bubble",
+                "GiB/card", "built");
   o << line;
   int i = 0;
   for (const auto& p : r.plans) {
-    std::snprintf(line, sizeof line, "%-4d %-60s %10.2f %12.0f %5.1f%% %6.1f%% %6.1f%% %9.2f %s\n", ++i, p.layout.to_string().c_str(), p.step_time * 1e3,
-                  p.tokens_per_s, 100 * p.mfu, 100 * p.comm_share, 100 * p.bubble_share, p.memory.total() / double(1ull << 30),
+    std::snprintf(line, sizeof line, "%-4d %-60s %10.2f %12.0f %5.1f%% %6.1f%% %6.1f%% %9.2f %s\n", ++i, p.layout.to_string().c_str(),
+                  p.step_time * 1e3, p.tokens_per_s, 100 * p.mfu, 100 * p.comm_share, 100 * p.bubble_share, p.memory.total() / double(1ull << 30),
                   p.built ? "yes" : ("no: " + p.not_built).c_str());
     o << line;
   }

@@ -45,7 +45,8 @@ namespace detail {
 inline std::size_t shard_of(std::size_t n, const communicator& tp, const std::string& what) {
   const std::size_t t = std::size_t(tp.size());
   if (n % t != 0)
-    throw dist_error(errc::config, "tp = " + std::to_string(t) + " does not divide the " + std::to_string(n) + " " + what + " of a tensor-parallel layer");
+    throw dist_error(errc::config,
+                     "tp = " + std::to_string(t) + " does not divide the " + std::to_string(n) + " " + what + " of a tensor-parallel layer");
   return n / t;
 }
 // A contiguous row-major f32 (rows, cols) view's elements.
@@ -86,13 +87,15 @@ class workspace_ref {
 // Either way every element is the same f32 sum in tp-rank order, so both give the same bits.
 // `scratch` holds the reduce-scatter's result when it must be added.
 template <class Dev>
-void sum_partials(Dev& dev, communicator& tp, mview<float> partial, mview<float> out, bool accumulate, device_buffer<float, Dev>& scratch, const char* who) {
+void sum_partials(Dev& dev, communicator& tp, mview<float> partial, mview<float> out, bool accumulate, device_buffer<float, Dev>& scratch,
+                  const char* who) {
   const std::size_t rows = partial.rows(), cols = partial.cols(), t = std::size_t(tp.size());
   const std::span<float> p = contiguous(partial, who);
   if (out.cols() != cols || (out.rows() != rows && out.rows() * t != rows))
     throw dist_error(errc::invalid_argument, std::string(who) + ": the output is (" + std::to_string(out.rows()) + ", " + std::to_string(out.cols()) +
                                                  "); it must be all " + std::to_string(rows) + " rows or this rank's " + std::to_string(rows / t) +
-                                                 " (sequence parallelism: tp = " + std::to_string(t) + " must divide the rows) of " + std::to_string(cols) + " columns");
+                                                 " (sequence parallelism: tp = " + std::to_string(t) + " must divide the rows) of " +
+                                                 std::to_string(cols) + " columns");
   const bool scatter = out.rows() != rows;
   if (!scatter) {
     tp.all_reduce(p, reduce_op::sum);
@@ -134,7 +137,8 @@ class column_parallel_linear {
   struct row_range {
     std::size_t offset, length;
   };
-  column_parallel_linear(nn::parameters<Dev>& reg, const std::string& name, std::size_t in, std::size_t out, bool bias, communicator& tp, row_range rows)
+  column_parallel_linear(nn::parameters<Dev>& reg, const std::string& name, std::size_t in, std::size_t out, bool bias, communicator& tp,
+                         row_range rows)
       : tp_(&tp), in_(in), out_(out) {
     constexpr bool b16 = std::is_same_v<T, bf16>;
     nn::parameter<Dev>* w = &reg.add_shard(name + ".weight", {out, in}, 0, rows.offset, rows.length, b16);
@@ -332,8 +336,7 @@ class tp_attention {
 
   tp_attention() = default;
   // Parameters "<prefix>.q_proj", ".k_proj", ".v_proj", ".o_proj" (+ .weight, .bias), HF's names.
-  tp_attention(nn::parameters<Dev>& reg, const std::string& prefix, const config& c, communicator& tp)
-      : tp_(&tp), c_(checked(c, tp)) {
+  tp_attention(nn::parameters<Dev>& reg, const std::string& prefix, const config& c, communicator& tp) : tp_(&tp), c_(checked(c, tp)) {
     const std::size_t t = std::size_t(tp.size()), r = std::size_t(tp.rank()), d = c_.head_dim;
     hq_ = c_.heads_q / t;
     if (c_.heads_kv % t == 0) {
@@ -369,11 +372,13 @@ class tp_attention {
   void forward(Dev& dev, std::size_t batch, std::size_t seq, cview<T> x, std::span<const std::int64_t> positions, mview<float> y, bool save) {
     const std::size_t n = checked_mul(batch, seq), d = c_.head_dim, qd = hq_ * d, kvd = hkv_ * d;
     if (x.rows() != n || x.cols() != c_.hidden || !rows_ok(y.rows(), n) || y.cols() != c_.hidden)
-      throw dist_error(errc::invalid_argument, "tp_attention: x must be (batch·seq = " + std::to_string(n) + ", hidden = " + std::to_string(c_.hidden) +
-                                                 ") and y that or its rows / tp, got x (" + std::to_string(x.rows()) + ", " + std::to_string(x.cols()) +
-                                                 ") and y (" + std::to_string(y.rows()) + ", " + std::to_string(y.cols()) + ")");
+      throw dist_error(errc::invalid_argument, "tp_attention: x must be (batch·seq = " + std::to_string(n) +
+                                                   ", hidden = " + std::to_string(c_.hidden) + ") and y that or its rows / tp, got x (" +
+                                                   std::to_string(x.rows()) + ", " + std::to_string(x.cols()) + ") and y (" +
+                                                   std::to_string(y.rows()) + ", " + std::to_string(y.cols()) + ")");
     if (c_.rope && positions.size() != n)
-      throw dist_error(errc::invalid_argument, "tp_attention: " + std::to_string(positions.size()) + " positions for " + std::to_string(n) + " tokens");
+      throw dist_error(errc::invalid_argument,
+                       "tp_attention: " + std::to_string(positions.size()) + " positions for " + std::to_string(n) + " tokens");
     detail::ensure(dev, qb_, n * qd);
     detail::ensure(dev, kb_, n * kvd);
     detail::ensure(dev, vb_, n * kvd);
@@ -387,8 +392,8 @@ class tp_attention {
       rope_forward(dev, nn::rows_view<T>(kb_, n, kvd), d, positions, rope());
       positions_.assign(positions.begin(), positions.end());
     }
-    attn_.forward(dev, batch, seq, std::span<const T>(qb_.data(), n * qd), std::span<const T>(kb_.data(), n * kvd), std::span<const T>(vb_.data(), n * kvd),
-                  std::span<T>(ob_.data(), n * qd), std::span<float>(lse_.data(), batch * hq_ * seq));
+    attn_.forward(dev, batch, seq, std::span<const T>(qb_.data(), n * qd), std::span<const T>(kb_.data(), n * kvd),
+                  std::span<const T>(vb_.data(), n * kvd), std::span<T>(ob_.data(), n * qd), std::span<float>(lse_.data(), batch * hq_ * seq));
     o_.forward(dev, nn::crows_view<T>(ob_, n, qd), y, save);
     batch_ = batch;
     seq_ = seq;
@@ -400,16 +405,17 @@ class tp_attention {
   void backward(Dev& dev, cview<T> dy, mview<float> dx, bool accumulate) {
     const std::size_t n = batch_ * seq_, d = c_.head_dim, qd = hq_ * d, kvd = hkv_ * d;
     if (n == 0 || dy.rows() != n || dy.cols() != c_.hidden || !rows_ok(dx.rows(), n) || dx.cols() != c_.hidden)
-      throw dist_error(errc::invalid_argument, "tp_attention: backward needs dy and dx of the last forward's (" + std::to_string(n) + ", " +
-                                                 std::to_string(c_.hidden) + ")");
+      throw dist_error(errc::invalid_argument,
+                       "tp_attention: backward needs dy and dx of the last forward's (" + std::to_string(n) + ", " + std::to_string(c_.hidden) + ")");
     detail::ensure(dev, do_, n * qd);
     detail::ensure(dev, dq_, n * qd);
     detail::ensure(dev, dk_, n * kvd);
     detail::ensure(dev, dv_, n * kvd);
     o_.backward(dev, dy, nn::rows_view<T>(do_, n, qd), false);
-    attn_.backward(dev, batch_, seq_, std::span<const T>(qb_.data(), n * qd), std::span<const T>(kb_.data(), n * kvd), std::span<const T>(vb_.data(), n * kvd),
-                   std::span<const T>(ob_.data(), n * qd), std::span<const T>(do_.data(), n * qd), std::span<const float>(lse_.data(), batch_ * hq_ * seq_),
-                   std::span<T>(dq_.data(), n * qd), std::span<T>(dk_.data(), n * kvd), std::span<T>(dv_.data(), n * kvd));
+    attn_.backward(dev, batch_, seq_, std::span<const T>(qb_.data(), n * qd), std::span<const T>(kb_.data(), n * kvd),
+                   std::span<const T>(vb_.data(), n * kvd), std::span<const T>(ob_.data(), n * qd), std::span<const T>(do_.data(), n * qd),
+                   std::span<const float>(lse_.data(), batch_ * hq_ * seq_), std::span<T>(dq_.data(), n * qd), std::span<T>(dk_.data(), n * kvd),
+                   std::span<T>(dv_.data(), n * kvd));
     if (c_.rope) {
       rope_backward(dev, nn::rows_view<T>(dq_, n, qd), d, std::span<const std::int64_t>(positions_), rope());
       rope_backward(dev, nn::rows_view<T>(dk_, n, kvd), d, std::span<const std::int64_t>(positions_), rope());
@@ -453,15 +459,17 @@ class tp_attention {
     if (c.hidden == 0 || c.heads_q == 0 || c.heads_kv == 0 || c.head_dim == 0)
       throw dist_error(errc::invalid_argument, "tp_attention: hidden, heads_q, heads_kv and head_dim must be positive");
     if (c.heads_q % c.heads_kv != 0)
-      throw dist_error(errc::config, "tp_attention: " + std::to_string(c.heads_q) + " query heads are not a multiple of " + std::to_string(c.heads_kv) + " kv heads");
+      throw dist_error(errc::config, "tp_attention: " + std::to_string(c.heads_q) + " query heads are not a multiple of " +
+                                         std::to_string(c.heads_kv) + " kv heads");
     if (c.heads_q % t != 0)
-      throw dist_error(errc::config, "tp_attention: tp = " + std::to_string(t) + " does not divide the " + std::to_string(c.heads_q) + " query heads");
+      throw dist_error(errc::config,
+                       "tp_attention: tp = " + std::to_string(t) + " does not divide the " + std::to_string(c.heads_q) + " query heads");
     if (c.heads_kv % t != 0 && t % c.heads_kv != 0)
       throw dist_error(errc::config, "tp_attention: tp = " + std::to_string(t) + " and " + std::to_string(c.heads_kv) +
                                          " kv heads: one must divide the other (kv heads are split over tp or replicated)");
     if (c.rope && !c.rope->inv_freq.empty() && c.rope->inv_freq.size() != c.head_dim / 2)
-      throw dist_error(errc::invalid_argument, "tp_attention: " + std::to_string(c.rope->inv_freq.size()) + " rotary frequencies for head_dim " +
-                                                   std::to_string(c.head_dim));
+      throw dist_error(errc::invalid_argument,
+                       "tp_attention: " + std::to_string(c.rope->inv_freq.size()) + " rotary frequencies for head_dim " + std::to_string(c.head_dim));
     return c;
   }
   // all n rows, or this rank's n/tp (sequence parallelism)

@@ -38,10 +38,10 @@ inline namespace v0 {
 namespace dist {
 
 struct timing_step_result {
-  double step_time = 0;              // simulated seconds: the last card's clock at the end of the step
-  std::vector<double> card_end;      // each rank's clock at the end
-  double compute_busy = 0;           // mean over cards of the seconds spent in kernels
-  emu::cluster_report report;        // the fabric's and cards' counters
+  double step_time = 0;          // simulated seconds: the last card's clock at the end of the step
+  std::vector<double> card_end;  // each rank's clock at the end
+  double compute_busy = 0;       // mean over cards of the seconds spent in kernels
+  emu::cluster_report report;    // the fabric's and cards' counters
 };
 
 // Runs one step of layout `l` for request `r` on the cluster `r.cluster` (timing-only, whatever
@@ -126,8 +126,10 @@ inline timing_step_result timing_step(const plan_request& r, const plan_layout& 
     };
     auto embedding_collective = [&] {
       if (l.tp <= 1) return;
-      if (l.sp) g.tp().reduce_scatter(nullptr, nullptr, rows_elems / std::size_t(l.tp), dtype::bf16, reduce_op::sum);
-      else g.tp().all_reduce(nullptr, nullptr, rows_elems, dtype::bf16, reduce_op::sum);
+      if (l.sp)
+        g.tp().reduce_scatter(nullptr, nullptr, rows_elems / std::size_t(l.tp), dtype::bf16, reduce_op::sum);
+      else
+        g.tp().all_reduce(nullptr, nullptr, rows_elems, dtype::bf16, reduce_op::sum);
     };
     auto forward = [&](std::size_t) {
       if (s == 0) {
@@ -162,14 +164,27 @@ inline timing_step_result timing_step(const plan_request& r, const plan_layout& 
       if (s == 0) charge(emb.bwd);
     };
     const int p = int(P);
-    one_f_one_b(&g.pp(), p, s, m, one_f_one_b_hooks{
-        .forward = forward,
-        .backward = backward,
-        .input = [&](std::size_t) { return stream_slot{nullptr, s > 0 ? stream_floats : 0}; },
-        .output = [&] { return stream_view{nullptr, s + 1 < p ? stream_floats : 0}; },
-        .output_grad = [&] { return stream_slot{nullptr, s + 1 < p ? stream_floats : 0}; },
-        .input_grad = [&] { return stream_view{nullptr, s > 0 ? stream_floats : 0}; },
-    });
+    one_f_one_b(&g.pp(), p, s, m,
+                one_f_one_b_hooks{
+                    .forward = forward,
+                    .backward = backward,
+                    .input =
+                        [&](std::size_t) {
+                          return stream_slot{nullptr, s > 0 ? stream_floats : 0};
+                        },
+                    .output =
+                        [&] {
+                          return stream_view{nullptr, s + 1 < p ? stream_floats : 0};
+                        },
+                    .output_grad =
+                        [&] {
+                          return stream_slot{nullptr, s + 1 < p ? stream_floats : 0};
+                        },
+                    .input_grad =
+                        [&] {
+                          return stream_view{nullptr, s > 0 ? stream_floats : 0};
+                        },
+                });
     // data-parallel gradient traffic of this stage's parameters (per card), then the optimizer
     const double wire = plan_detail::wire_bytes(l.compression, r.precision.grad_bytes);
     auto reduce = [&](communicator& grp, double params) {

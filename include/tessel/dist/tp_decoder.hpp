@@ -87,7 +87,8 @@ struct tp_decoder_options {
 };
 
 // The layers [first, second) of stage `stage` of `stages` for `layers` layers (see stage_layers).
-inline std::pair<std::size_t, std::size_t> stage_range(std::size_t layers, std::size_t stages, std::size_t stage, const std::vector<std::size_t>& per_stage = {}) {
+inline std::pair<std::size_t, std::size_t> stage_range(std::size_t layers, std::size_t stages, std::size_t stage,
+                                                       const std::vector<std::size_t>& per_stage = {}) {
   if (stages == 0 || stage >= stages) throw dist_error(errc::invalid_argument, "stage " + std::to_string(stage) + " of " + std::to_string(stages));
   if (per_stage.empty()) {
     if (stages > layers)
@@ -173,7 +174,8 @@ class tp_decoder_lm {
     return r.loss;
   }
   // Mean loss without gradients (evaluation).
-  double loss(std::span<const std::int64_t> ids, std::span<const std::int64_t> targets, std::size_t batch, std::size_t seq, std::int64_t ignore_index = -100) {
+  double loss(std::span<const std::int64_t> ids, std::span<const std::int64_t> targets, std::size_t batch, std::size_t seq,
+              std::int64_t ignore_index = -100) {
     check_targets(ids, targets, "loss");
     whole_model("loss");
     run_forward(ids, batch, seq, false);
@@ -214,12 +216,13 @@ class tp_decoder_lm {
     double loss = 0.0;
     if (last_stage()) {
       if (targets.size() != n_)
-        throw dist_error(errc::invalid_argument, "tp_decoder_lm::stage_backward: " + std::to_string(targets.size()) + " targets for " + std::to_string(n_) + " tokens");
+        throw dist_error(errc::invalid_argument,
+                         "tp_decoder_lm::stage_backward: " + std::to_string(targets.size()) + " targets for " + std::to_string(n_) + " tokens");
       loss = head_.loss(*dev_, nn::crows_view<T>(yf_, n_, d), targets, nn::rows_view<float>(dy_, rows_, d), ignore_index, grad_scale).loss;
     } else {
       if (dout.size() != m)
-        throw dist_error(errc::invalid_argument, "tp_decoder_lm::stage_backward: the output gradient holds " + std::to_string(dout.size()) + " values, needs " +
-                                                     std::to_string(m));
+        throw dist_error(errc::invalid_argument, "tp_decoder_lm::stage_backward: the output gradient holds " + std::to_string(dout.size()) +
+                                                     " values, needs " + std::to_string(m));
       std::copy(dout.begin(), dout.end(), dS_.data());
     }
     run_backward(!last_stage());
@@ -250,7 +253,7 @@ class tp_decoder_lm {
     }
     step_options so;
     so.storage = bf16_compute ? param_storage::bf16_master : param_storage::f32;
-    so.check_finite = false;  // checked above, over every rank
+    so.check_finite = false;            // checked above, over every rank
     so.loss_scale = gc.clip_divisor();  // PyTorch's clip_grad_norm_, as the step's gradient multiplier
     res = nn::adamw_update(*dev_, params_, h.hyper, step, so, h.lazy_rows);
     res.grad_norm = gc.norm();
@@ -262,16 +265,18 @@ class tp_decoder_lm {
     nn::norm<Dev, T> ln1, ln2;
     tp_attention<Dev, T> attn;
     tp_swiglu_mlp<Dev, T> mlp;
-    ep_moe<Dev, T> moe;  // mixture-of-experts models: instead of mlp
+    ep_moe<Dev, T> moe;                     // mixture-of-experts models: instead of mlp
     device_buffer<float, Dev> s_in, s_mid;  // the residual stream entering the block and after attention
     device_buffer<T, Dev> y1, y2;           // the norms' outputs (the layers' inputs)
   };
 
   void build() {
     const auto& c = cfg_;
-    if (c.hidden_size == 0 || c.num_hidden_layers == 0 || c.vocab_size == 0 || c.num_attention_heads == 0 || c.head_dim == 0 || c.intermediate_size == 0)
+    if (c.hidden_size == 0 || c.num_hidden_layers == 0 || c.vocab_size == 0 || c.num_attention_heads == 0 || c.head_dim == 0 ||
+        c.intermediate_size == 0)
       throw dist_error(errc::invalid_argument, "tp_decoder_lm: the config has a zero dimension");
-    if (c.naming == io::param_naming::gpt2 || c.norm != io::norm_kind::rms_norm || c.positions != io::position_kind::rotary || c.act != io::activation::silu)
+    if (c.naming == io::param_naming::gpt2 || c.norm != io::norm_kind::rms_norm || c.positions != io::position_kind::rotary ||
+        c.act != io::activation::silu)
       throw dist_error(errc::unsupported, "tp_decoder_lm: Llama-style configs only (RMSNorm, rotary positions, SwiGLU or SwiGLU experts); a '" +
                                               std::string(io::model_type_name(c.family)) + "' config is not one (GPT-2 is not tensor-parallel yet)");
     if (!c.is_moe() && opt_.ep && opt_.ep->size() > 1)
@@ -329,7 +334,8 @@ class tp_decoder_lm {
     }
     if (last_stage()) {
       final_norm_ = norm_of("model.norm");
-      head_ = c.tie_word_embeddings ? vocab_parallel_lm_head<Dev, T>(embed_) : vocab_parallel_lm_head<Dev, T>(params_, "lm_head.weight", c.vocab_size, d, *tp_);
+      head_ = c.tie_word_embeddings ? vocab_parallel_lm_head<Dev, T>(embed_)
+                                    : vocab_parallel_lm_head<Dev, T>(params_, "lm_head.weight", c.vocab_size, d, *tp_);
     }
     // one set of transient reduction buffers for every layer (they run one at a time)
     embed_.share_workspace(ws_);
@@ -436,16 +442,16 @@ class tp_decoder_lm {
     if (seq > SIZE_MAX / batch) throw dist_error(errc::overflow, "tp_decoder_lm: batch·seq overflows");
     const std::size_t n = batch * seq, d = cfg_.hidden_size;
     if (ids.size() != n)
-      throw dist_error(errc::invalid_argument, "tp_decoder_lm: " + std::to_string(ids.size()) + " token ids for batch " + std::to_string(batch) + " x seq " +
-                                                   std::to_string(seq));
+      throw dist_error(errc::invalid_argument, "tp_decoder_lm: " + std::to_string(ids.size()) + " token ids for batch " + std::to_string(batch) +
+                                                   " x seq " + std::to_string(seq));
     if (sp() && n % std::size_t(tp_->size()) != 0)
-      throw dist_error(errc::invalid_argument, "tp_decoder_lm: sequence parallelism splits the batch·seq = " + std::to_string(n) + " tokens over tp = " +
-                                                   std::to_string(tp_->size()) + ", which must divide them");
+      throw dist_error(errc::invalid_argument, "tp_decoder_lm: sequence parallelism splits the batch·seq = " + std::to_string(n) +
+                                                   " tokens over tp = " + std::to_string(tp_->size()) + ", which must divide them");
     n_ = n;
     const std::size_t m = sp() ? n / std::size_t(tp_->size()) : n;  // the stream's rows on this rank
     if (!first_stage() && in.size() != m * d)
-      throw dist_error(errc::invalid_argument, "tp_decoder_lm::stage_forward: the stage input holds " + std::to_string(in.size()) + " values, needs " +
-                                                   std::to_string(m) + " rows x hidden " + std::to_string(d));
+      throw dist_error(errc::invalid_argument, "tp_decoder_lm::stage_forward: the stage input holds " + std::to_string(in.size()) +
+                                                   " values, needs " + std::to_string(m) + " rows x hidden " + std::to_string(d));
     rows_ = m;
     ids_.assign(ids.begin(), ids.end());
     positions_.resize(n);
@@ -466,28 +472,34 @@ class tp_decoder_lm {
     auto gather_into = [&](device_buffer<T, Dev>& full) {
       if (sp()) tp_->all_gather(std::span<const T>(yl_.data(), m * d), std::span<T>(full.data(), n * d));
     };
-    if (first_stage()) embed_.forward(dev, std::span<const std::int64_t>(ids_), nn::rows_view<float>(blocks_[0].s_in, m, d));
-    else std::copy(in.begin(), in.end(), blocks_[0].s_in.data());
+    if (first_stage())
+      embed_.forward(dev, std::span<const std::int64_t>(ids_), nn::rows_view<float>(blocks_[0].s_in, m, d));
+    else
+      std::copy(in.begin(), in.end(), blocks_[0].s_in.data());
     for (std::size_t l = 0; l < blocks_.size(); ++l) {
       block& b = blocks_[l];
       // the block's input stream is s_in (layer 0: the embeddings; later: the previous block's
       // s_mid + MLP output, added by this norm and written to s_in)
-      if (l == 0) b.ln1.forward(dev, nn::crows_view<float>(b.s_in, m, d), nn::cview<float>{}, nn::mview<float>{}, norm_out(b.y1), train);
+      if (l == 0)
+        b.ln1.forward(dev, nn::crows_view<float>(b.s_in, m, d), nn::cview<float>{}, nn::mview<float>{}, norm_out(b.y1), train);
       else
         b.ln1.forward(dev, nn::crows_view<float>(tmp_, m, d), nn::crows_view<float>(blocks_[l - 1].s_mid, m, d), nn::rows_view<float>(b.s_in, m, d),
                       norm_out(b.y1), train);
       gather_into(b.y1);
-      b.attn.forward(dev, batch, seq, nn::crows_view<T>(b.y1, n, d), std::span<const std::int64_t>(positions_), nn::rows_view<float>(tmp_, m, d), train);
+      b.attn.forward(dev, batch, seq, nn::crows_view<T>(b.y1, n, d), std::span<const std::int64_t>(positions_), nn::rows_view<float>(tmp_, m, d),
+                     train);
       b.ln2.forward(dev, nn::crows_view<float>(tmp_, m, d), nn::crows_view<float>(b.s_in, m, d), nn::rows_view<float>(b.s_mid, m, d), norm_out(b.y2),
                     train);
       gather_into(b.y2);
-      if (cfg_.is_moe()) b.moe.forward(dev, nn::crows_view<T>(b.y2, n, d), nn::rows_view<float>(tmp_, m, d), train);
-      else b.mlp.forward(dev, nn::crows_view<T>(b.y2, n, d), nn::rows_view<float>(tmp_, m, d), train);
+      if (cfg_.is_moe())
+        b.moe.forward(dev, nn::crows_view<T>(b.y2, n, d), nn::rows_view<float>(tmp_, m, d), train);
+      else
+        b.mlp.forward(dev, nn::crows_view<T>(b.y2, n, d), nn::rows_view<float>(tmp_, m, d), train);
     }
     if (cfg_.is_moe()) aux_from_routing();
     if (!last_stage()) return;
-    final_norm_.forward(dev, nn::crows_view<float>(tmp_, m, d), nn::crows_view<float>(blocks_.back().s_mid, m, d), nn::rows_view<float>(s_final_, m, d),
-                        norm_out(yf_), train);
+    final_norm_.forward(dev, nn::crows_view<float>(tmp_, m, d), nn::crows_view<float>(blocks_.back().s_mid, m, d),
+                        nn::rows_view<float>(s_final_, m, d), norm_out(yf_), train);
     gather_into(yf_);
   }
 
@@ -516,8 +528,10 @@ class tp_decoder_lm {
     for (std::size_t li = blocks_.size(); li-- > 0;) {
       block& b = blocks_[li];
       // the MLP's output was added to s_mid: it receives dS
-      if (cfg_.is_moe()) b.moe.backward(dev, nn::crows_view<float>(dS_, m, d), nn::rows_view<float>(dy_, m, d), std::span<const double>(aux_dprob_));
-      else b.mlp.backward(dev, gathered(as_compute(dS_, m, d), gfull_), nn::rows_view<float>(dy_, m, d), false);
+      if (cfg_.is_moe())
+        b.moe.backward(dev, nn::crows_view<float>(dS_, m, d), nn::rows_view<float>(dy_, m, d), std::span<const double>(aux_dprob_));
+      else
+        b.mlp.backward(dev, gathered(as_compute(dS_, m, d), gfull_), nn::rows_view<float>(dy_, m, d), false);
       b.ln2.backward(dev, nn::crows_view<float>(dy_, m, d), nn::crows_view<float>(dS_, m, d), nn::rows_view<float>(dS2_, m, d));
       // the attention's output was added to s_in: it receives dS2
       b.attn.backward(dev, gathered(as_compute(dS2_, m, d), gfull_), nn::rows_view<float>(dy_, m, d), false);
@@ -531,12 +545,12 @@ class tp_decoder_lm {
   communicator* tp_;
   tp_decoder_options opt_;
   nn::parameters<Dev> params_;
-  detail::tp_workspace<Dev> ws_;  // before the layers that point at it
+  detail::tp_workspace<Dev> ws_;                              // before the layers that point at it
   std::unordered_set<const nn::parameter<Dev>*> replicated_;  // held whole (or as the same kv rows) by more than this rank
   std::vector<nn::parameter<Dev>*> norm_weights_;
-  std::unique_ptr<communicator> solo_;  // MoE without an ep group: a group of one
+  std::unique_ptr<communicator> solo_;                     // MoE without an ep group: a group of one
   std::unordered_set<const nn::parameter<Dev>*> experts_;  // this rank's experts' weights
-  std::vector<std::string> others_experts_;                 // the names of the ep group's other experts
+  std::vector<std::string> others_experts_;                // the names of the ep group's other experts
   double aux_ = 0.0;
   std::vector<double> aux_dprob_;
   vocab_parallel_embedding<Dev> embed_;
@@ -544,7 +558,7 @@ class tp_decoder_lm {
   nn::norm<Dev, T> final_norm_;
   vocab_parallel_lm_head<Dev, T> head_;
   std::vector<std::int64_t> ids_, positions_;
-  std::size_t layer0_ = 0;  // this stage's first layer
+  std::size_t layer0_ = 0;        // this stage's first layer
   std::size_t n_ = 0, rows_ = 0;  // tokens of the last forward; the stream's rows on this rank (n_/tp under sequence parallelism)
   device_buffer<float, Dev> tmp_, s_final_, dy_, dS_, dS2_, sfull_, norm_saved_, norm_sum_, out_;
   device_buffer<T, Dev> yf_, gT_, yl_, gfull_;

@@ -84,7 +84,8 @@ class vocab_parallel_embedding {
  public:
   vocab_parallel_embedding() = default;
   // with_bf16: keep a bf16 copy too (a bf16 LM head tied to this table reads it).
-  vocab_parallel_embedding(nn::parameters<Dev>& reg, const std::string& name, std::size_t vocab, std::size_t hidden, communicator& tp, bool with_bf16 = false)
+  vocab_parallel_embedding(nn::parameters<Dev>& reg, const std::string& name, std::size_t vocab, std::size_t hidden, communicator& tp,
+                           bool with_bf16 = false)
       : tp_(&tp), vocab_(vocab), hidden_(hidden), rows_(detail::vocab_rows_of(vocab, tp)) {
     if (hidden == 0) throw dist_error(errc::invalid_argument, "vocab_parallel_embedding: hidden size 0");
     w_ = &reg.add_shard(name, {vocab, hidden}, 0, rows_.offset, rows_.length, with_bf16);
@@ -133,8 +134,8 @@ class vocab_parallel_embedding {
   void check(std::span<const std::int64_t> ids, std::size_t rows, std::size_t cols, const char* what) const {
     if (rows != ids.size() || cols != hidden_)
       throw dist_error(errc::invalid_argument, std::string("vocab_parallel_embedding: ") + what + " is (" + std::to_string(rows) + ", " +
-                                                   std::to_string(cols) + "), needs (" + std::to_string(ids.size()) + " ids, hidden = " +
-                                                   std::to_string(hidden_) + ")");
+                                                   std::to_string(cols) + "), needs (" + std::to_string(ids.size()) +
+                                                   " ids, hidden = " + std::to_string(hidden_) + ")");
     for (std::size_t t = 0; t < ids.size(); ++t)
       if (ids[t] < 0 || std::uint64_t(ids[t]) >= vocab_)
         throw dist_error(errc::out_of_range, "vocab_parallel_embedding: id " + std::to_string(ids[t]) + " of token " + std::to_string(t) +
@@ -205,8 +206,8 @@ class vocab_parallel_lm_head {
     detail::ensure(dev, z_, n * len);
     detail::ensure(dev, st_, 3 * n);
     const mview<float> z = nn::rows_view<float>(z_, n, len);  // (N, V_r) logits, then e^{z − M}
-    float* mx = st_.data();                                    // (N) row maxima
-    float* se = st_.data() + n;                                // (2N) [S | z_y]
+    float* mx = st_.data();                                   // (N) row maxima
+    float* se = st_.data() + n;                               // (2N) [S | z_y]
     lin_.forward(dev, x, z, grad);
     for (std::size_t i = 0; i < n; ++i) {
       float m = ninf;
@@ -265,7 +266,8 @@ class vocab_parallel_lm_head {
  private:
   // One rank holds the whole vocabulary: the loss is ops' fused cross_entropy over the logits (with
   // dlogits in the compute type), exactly nn::decoder_lm's head, so a tp = 1 model is its bits.
-  cross_entropy_result whole_vocab_loss(Dev& dev, cview<T> x, std::span<const std::int64_t> labels, mview<float> dx, std::int64_t ignore_index, float grad_scale) {
+  cross_entropy_result whole_vocab_loss(Dev& dev, cview<T> x, std::span<const std::int64_t> labels, mview<float> dx, std::int64_t ignore_index,
+                                        float grad_scale) {
     const std::size_t n = x.rows();
     const bool grad = dx.data() != nullptr;
     detail::ensure(dev, z_, n * vocab_);

@@ -67,7 +67,9 @@ class card {
   struct event {
     card* owner = nullptr;
     double t = 0;
-    void wait() const { if (owner) owner->advance_to(t); }
+    void wait() const {
+      if (owner) owner->advance_to(t);
+    }
     bool ready() const { return true; }  // launches are synchronous in host time
     double time() const { return t; }
   };
@@ -77,9 +79,13 @@ class card {
   class stream {
    public:
     template <tile_program P>
-    void launch(const grid& g, const P& program) { c_->launch_on(index_, g, program, cost_of(program, g)); }
+    void launch(const grid& g, const P& program) {
+      c_->launch_on(index_, g, program, cost_of(program, g));
+    }
     template <tile_program P>
-    void launch(const grid& g, const P& program, const kernel_cost& cost) { c_->launch_on(index_, g, program, cost); }
+    void launch(const grid& g, const P& program, const kernel_cost& cost) {
+      c_->launch_on(index_, g, program, cost);
+    }
     event record() { return {c_, c_->stream_clock(index_)}; }
     void wait(const event& e) { c_->advance_stream(index_, e.t); }
     double clock() const { return c_->stream_clock(index_); }
@@ -93,8 +99,7 @@ class card {
   };
 
   card(std::size_t id, const card_spec& spec, executor& exec, bool timing_only, trace_recorder* trace)
-      : id_(id), spec_(spec), exec_(&exec), timing_only_(timing_only), trace_(trace),
-        clocks_(1, 0.0) {}
+      : id_(id), spec_(spec), exec_(&exec), timing_only_(timing_only), trace_(trace), clocks_(1, 0.0) {}
   card(const card&) = delete;
   card& operator=(const card&) = delete;
   ~card() { release_all(); }
@@ -159,7 +164,10 @@ class card {
     return owns_locked(p, bytes);
   }
   std::size_t capacity() const { return spec_.memory_bytes; }
-  std::size_t used() const { std::lock_guard lk(mu_); return used_; }
+  std::size_t used() const {
+    std::lock_guard lk(mu_);
+    return used_;
+  }
 
   // Copy on the card (or between host and card): bytes move for real; the clock advances by
   // read + write at HBM bandwidth.
@@ -192,10 +200,14 @@ class card {
 
   // ---- execution ----
   template <tile_program P>
-  void launch(const grid& g, const P& program) { launch_on(0, g, program, cost_of(program, g)); }
+  void launch(const grid& g, const P& program) {
+    launch_on(0, g, program, cost_of(program, g));
+  }
   // Launch with an explicit cost (for programs that do not declare one).
   template <tile_program P>
-  void launch(const grid& g, const P& program, const kernel_cost& cost) { launch_on(0, g, program, cost); }
+  void launch(const grid& g, const P& program, const kernel_cost& cost) {
+    launch_on(0, g, program, cost);
+  }
   void synchronize() {}
   event record() { return {this, clock()}; }
 
@@ -207,7 +219,10 @@ class card {
   stream default_stream() { return stream(this, 0); }
 
   // Simulated time of the default stream, in seconds.
-  double clock() const { std::lock_guard lk(mu_); return clocks_[0]; }
+  double clock() const {
+    std::lock_guard lk(mu_);
+    return clocks_[0];
+  }
   void advance_to(double t) { advance_stream(0, t); }
   // Charges `seconds` of compute without running anything (e.g. a modelled kernel).
   void charge(const kernel_cost& cost, const std::string& name = "kernel") { launch_on(0, grid{0}, ::tessel::detail::empty_program{}, cost, name); }
@@ -216,7 +231,10 @@ class card {
   double kernel_time(const kernel_cost& c) const { return roofline_time(spec_, c); }
   double peak_of(math_precision p) const { return emu::peak_of(spec_, p); }
 
-  card_counters counters() const { std::lock_guard lk(mu_); return counters_; }
+  card_counters counters() const {
+    std::lock_guard lk(mu_);
+    return counters_;
+  }
 
   device_caps capabilities() const {
     device_caps c;
@@ -250,17 +268,17 @@ class card {
  private:
   template <class P>
   static kernel_cost cost_of(const P& program, const grid& g) {
-    if constexpr (costed_program<P>) return static_cast<kernel_cost>(program.cost(g));
-    else return kernel_cost{};
+    if constexpr (costed_program<P>)
+      return static_cast<kernel_cost>(program.cost(g));
+    else
+      return kernel_cost{};
   }
 
   // Host memory behind card allocations. Large blocks are mapped with MAP_POPULATE: the kernel
   // faults them in bulk (~20 GB/s here, against ~1 GB/s for first-touch 4 KiB faults). Freed
   // blocks are cached by exact size and handed out again (a hot swap drops the cache too).
   static constexpr std::size_t map_threshold = std::size_t{64} << 10;
-  static std::size_t host_size(std::size_t bytes) {
-    return bytes >= map_threshold ? (bytes + 4095) / 4096 * 4096 : (bytes + 63) / 64 * 64;
-  }
+  static std::size_t host_size(std::size_t bytes) { return bytes >= map_threshold ? (bytes + 4095) / 4096 * 4096 : (bytes + 63) / 64 * 64; }
   void* host_allocate(std::size_t bytes) {
     const std::size_t sz = host_size(bytes);
     if (auto it = cache_.find(sz); it != cache_.end() && !it->second.empty()) {
@@ -287,7 +305,11 @@ class card {
   void host_free(void* p, std::size_t bytes) { cache_[host_size(bytes)].push_back(p); }
   void host_release(void* p, std::size_t sz) {
 #if defined(__linux__)
-    if (sz >= map_threshold) { ::munmap(p, sz); reserved_ -= sz; return; }
+    if (sz >= map_threshold) {
+      ::munmap(p, sz);
+      reserved_ -= sz;
+      return;
+    }
 #endif
     std::free(p);
     reserved_ -= sz;
@@ -320,7 +342,10 @@ class card {
     if (down()) throw card_failed_error(id_, clock(), std::string(what) + " on a failed card");
   }
 
-  double stream_clock(std::size_t s) const { std::lock_guard lk(mu_); return clocks_.at(s); }
+  double stream_clock(std::size_t s) const {
+    std::lock_guard lk(mu_);
+    return clocks_.at(s);
+  }
   void advance_stream(std::size_t s, double t) {
     std::lock_guard lk(mu_);
     clocks_.at(s) = std::max(clocks_.at(s), t);
@@ -331,7 +356,8 @@ class card {
     ensure_alive("launch");
     if (!timing_only_ && !g.empty()) {
       if (profiler::detail::level.load(std::memory_order_relaxed) != 0) [[unlikely]]
-        profiler::detail::profiled_launch(g, program, "card", id_, exec_->size(), [&] { exec_->run(g, program); }, &cost);
+        profiler::detail::profiled_launch(
+            g, program, "card", id_, exec_->size(), [&] { exec_->run(g, program); }, &cost);
       else
         exec_->run(g, program);
     }

@@ -66,23 +66,22 @@ namespace emu {
 
 // Utilization counters of a run.
 struct cluster_report {
-  double makespan = 0;               // latest card clock or delivery, seconds
-  double flop_utilization = 0;       // mean over cards: time at peak FLOP rate / makespan
-  double hbm_saturation = 0;         // mean over cards: time at full HBM bandwidth / makespan
-  double max_port_utilization = 0;   // busiest port: busy time / makespan
-  double mean_port_utilization = 0;  // over the card ports that carried traffic
-  std::string bottleneck;            // the busiest port, named
+  double makespan = 0;                                    // latest card clock or delivery, seconds
+  double flop_utilization = 0;                            // mean over cards: time at peak FLOP rate / makespan
+  double hbm_saturation = 0;                              // mean over cards: time at full HBM bandwidth / makespan
+  double max_port_utilization = 0;                        // busiest port: busy time / makespan
+  double mean_port_utilization = 0;                       // over the card ports that carried traffic
+  std::string bottleneck;                                 // the busiest port, named
   std::vector<std::pair<std::string, double>> top_ports;  // the 5 busiest ports and their utilization
   std::uint64_t messages = 0;
   double latency_p50 = 0, latency_p99 = 0;  // per-message, seconds
   std::string to_string() const {
     std::ostringstream o;
-    o << "makespan " << makespan * 1e6 << " us, FLOP utilization " << flop_utilization * 100 << " %, HBM saturation "
-      << hbm_saturation * 100 << " %\nlinks: busiest " << bottleneck << " at " << max_port_utilization * 100
-      << " %, mean of active ports " << mean_port_utilization * 100 << " %\n";
+    o << "makespan " << makespan * 1e6 << " us, FLOP utilization " << flop_utilization * 100 << " %, HBM saturation " << hbm_saturation * 100
+      << " %\nlinks: busiest " << bottleneck << " at " << max_port_utilization * 100 << " %, mean of active ports " << mean_port_utilization * 100
+      << " %\n";
     for (const auto& [name, u] : top_ports) o << "  " << name << ": " << u * 100 << " %\n";
-    o << "messages " << messages << ", latency p50 "
-      << latency_p50 * 1e6 << " us, p99 " << latency_p99 * 1e6 << " us";
+    o << "messages " << messages << ", latency p50 " << latency_p50 * 1e6 << " us, p99 " << latency_p99 * 1e6 << " us";
     return o.str();
   }
 };
@@ -193,11 +192,17 @@ class cluster {
   }
   // Also allow send/recv (not put/get) on buffers outside card memory, e.g. a transport's staging
   // vectors. Off by default: a pointer into the wrong card is then an error, not a silent copy.
-  void set_allow_host_buffers(bool on) { std::lock_guard lk(mu_); host_buffers_ = on; }
+  void set_allow_host_buffers(bool on) {
+    std::lock_guard lk(mu_);
+    host_buffers_ = on;
+  }
   // Also allow send/recv with a null buffer in a cluster that moves payloads: such a transfer is
   // timed like any other (links, latency, shaping) but moves no bytes. A transport uses it for
   // payload-free timing runs next to real metadata messages (e.g. MoE dispatch). Off by default.
-  void set_allow_count_only(bool on) { std::lock_guard lk(mu_); count_only_ = on; }
+  void set_allow_count_only(bool on) {
+    std::lock_guard lk(mu_);
+    count_only_ = on;
+  }
 
   // ---- data plane ----
   completion put(std::size_t src, const void* src_ptr, std::size_t dst, void* dst_ptr, std::size_t bytes) {
@@ -259,7 +264,10 @@ class cluster {
 
   // Waits (in simulated time) for a transfer; advances the initiator's clock, or `who`'s.
   void wait(const completion& c) { wait_impl(c, SIZE_MAX); }
-  void wait(const completion& c, std::size_t who) { check_card(who, "wait"); wait_impl(c, who); }
+  void wait(const completion& c, std::size_t who) {
+    check_card(who, "wait");
+    wait_impl(c, who);
+  }
   void wait_all(const std::vector<completion>& cs) {
     std::exception_ptr first;
     for (const auto& c : cs) {
@@ -326,7 +334,10 @@ class cluster {
         o.done = std::max(o.posted, net_.now());
         o.err = std::make_exception_ptr(fault_error(why, o.done));
       }
-    for (auto& [k, q] : unmatched_) { q.sends.clear(); q.recvs.clear(); }
+    for (auto& [k, q] : unmatched_) {
+      q.sends.clear();
+      q.recvs.clear();
+    }
     horizon_dirty_ = true;
     cv_.notify_all();
   }
@@ -395,14 +406,16 @@ class cluster {
     double sum = 0;
     std::size_t n = 0;
     for (std::size_t q = 0; q < net_.ports(); ++q)
-      if (net_.stats_of(q).bytes > 0) { sum += net_.utilization(q, r.makespan); ++n; }
+      if (net_.stats_of(q).bytes > 0) {
+        sum += net_.utilization(q, r.makespan);
+        ++n;
+      }
     r.mean_port_utilization = n ? sum / static_cast<double>(n) : 0;
     std::vector<std::pair<double, std::size_t>> busy;
     for (std::size_t q = 0; q < net_.ports(); ++q)
       if (net_.stats_of(q).bytes > 0) busy.emplace_back(-net_.utilization(q, r.makespan), q);
     std::partial_sort(busy.begin(), busy.begin() + static_cast<std::ptrdiff_t>(std::min<std::size_t>(5, busy.size())), busy.end());
-    for (std::size_t i = 0; i < std::min<std::size_t>(5, busy.size()); ++i)
-      r.top_ports.emplace_back(net_.port_name(busy[i].second), -busy[i].first);
+    for (std::size_t i = 0; i < std::min<std::size_t>(5, busy.size()); ++i) r.top_ports.emplace_back(net_.port_name(busy[i].second), -busy[i].first);
     r.messages = net_.messages();
     r.latency_p50 = net_.latency_percentile(50);
     r.latency_p99 = net_.latency_percentile(99);
@@ -459,7 +472,8 @@ class cluster {
 
   void check_card(std::size_t c, const char* what) const {
     if (c >= cards_.size())
-      throw invalid_card_error(std::string(what) + ": invalid card index " + std::to_string(c) + " (cluster has " + std::to_string(cards_.size()) + " cards)");
+      throw invalid_card_error(std::string(what) + ": invalid card index " + std::to_string(c) + " (cluster has " + std::to_string(cards_.size()) +
+                               " cards)");
   }
   void check_buf(std::size_t c, const void* p, std::size_t bytes, const char* what, bool host_ok = false, bool null_ok = false) const {
     check_card(c, what);
@@ -467,14 +481,15 @@ class cluster {
     if ((cfg_.timing_only || null_ok) && p == nullptr) return;
     if (!p) throw emulator_error(errc::invalid_argument, std::string(what) + ": null pointer for " + std::to_string(bytes) + " bytes");
     if (!host_ok && !cards_[c]->owns(p, bytes))
-      throw invalid_card_error(std::string(what) + ": [" + std::to_string(reinterpret_cast<std::uintptr_t>(p)) + ", +" +
-                               std::to_string(bytes) + ") is not inside one allocation of card " + std::to_string(c));
+      throw invalid_card_error(std::string(what) + ": [" + std::to_string(reinterpret_cast<std::uintptr_t>(p)) + ", +" + std::to_string(bytes) +
+                               ") is not inside one allocation of card " + std::to_string(c));
   }
   void check_op(const completion& c) const {
     if (c.owner != this || c.id >= ops_.size()) throw emulator_error(errc::invalid_argument, "completion does not belong to this cluster");
   }
 
-  op make_op(std::uint8_t kind, std::size_t initiator, std::size_t src, std::size_t dst, const void* s, void* d, std::size_t bytes, std::uint64_t tag) {
+  op make_op(std::uint8_t kind, std::size_t initiator, std::size_t src, std::size_t dst, const void* s, void* d, std::size_t bytes,
+             std::uint64_t tag) {
     op o;
     o.kind = kind;
     o.initiator = static_cast<std::uint32_t>(initiator);
@@ -505,8 +520,9 @@ class cluster {
     so.partner = r;
     ro.partner = s;
     if (so.bytes != ro.bytes) {
-      auto e = std::make_exception_ptr(emulator_error(errc::invalid_argument, "send of " + std::to_string(so.bytes) + " bytes from card " + std::to_string(so.src) +
-                                                         " matched a recv of " + std::to_string(ro.bytes) + " bytes on card " + std::to_string(ro.dst)));
+      auto e = std::make_exception_ptr(
+          emulator_error(errc::invalid_argument, "send of " + std::to_string(so.bytes) + " bytes from card " + std::to_string(so.src) +
+                                                     " matched a recv of " + std::to_string(ro.bytes) + " bytes on card " + std::to_string(ro.dst)));
       so.state = ro.state = op_failed;
       so.err = ro.err = e;
       so.done = ro.done = std::max(so.posted, ro.posted);
@@ -528,9 +544,7 @@ class cluster {
     if (!ok) {
       try {
         net_.rethrow_if_failed(m);
-      } catch (...) {
-        err = std::current_exception();
-      }
+      } catch (...) { err = std::current_exception(); }
     } else if (cards_[o.src]->incarnation() != o.inc_src || cards_[o.dst]->incarnation() != o.inc_dst) {
       std::size_t who = cards_[o.src]->incarnation() != o.inc_src ? o.src : o.dst;
       err = std::make_exception_ptr(card_failed_error(who, t, "hot-swapped during a transfer; its memory is gone"));
@@ -546,8 +560,10 @@ class cluster {
     settle(o);
     if (o.partner != UINT32_MAX) settle(ops_[o.partner]);
     if (cfg_.trace) {
-      trace_.record({o.src, track::send, "send " + std::to_string(o.bytes) + " B to " + std::to_string(o.dst), net_.post_time(m), t - net_.post_time(m), o.bytes, 0, o.dst});
-      trace_.record({o.dst, track::recv, "recv " + std::to_string(o.bytes) + " B from " + std::to_string(o.src), net_.post_time(m), t - net_.post_time(m), o.bytes, 0, o.src});
+      trace_.record({o.src, track::send, "send " + std::to_string(o.bytes) + " B to " + std::to_string(o.dst), net_.post_time(m),
+                     t - net_.post_time(m), o.bytes, 0, o.dst});
+      trace_.record({o.dst, track::recv, "recv " + std::to_string(o.bytes) + " B from " + std::to_string(o.src), net_.post_time(m),
+                     t - net_.post_time(m), o.bytes, 0, o.src});
     }
   }
 
@@ -591,11 +607,14 @@ class cluster {
     for (std::size_t c = 0; c < drivers_.size(); ++c) {
       const driver& d = drivers_[c];
       if (!d.attached || c == me || d.idle) continue;
-      if (d.waiting == UINT32_MAX) h = std::min(h, cards_[c]->clock());
-      else if (ops_[d.waiting].state != op_pending) h = std::min(h, ops_[d.waiting].done);
+      if (d.waiting == UINT32_MAX)
+        h = std::min(h, cards_[c]->clock());
+      else if (ops_[d.waiting].state != op_pending)
+        h = std::min(h, ops_[d.waiting].done);
       // An unmatched wait ends at its deadline (a timeout no fabric event marks), and that driver
       // may post again from there: nobody may simulate past it first.
-      else if (ops_[d.waiting].msg < 0) h = std::min(h, ops_[d.waiting].posted + cfg_.faults.op_timeout);
+      else if (ops_[d.waiting].msg < 0)
+        h = std::min(h, ops_[d.waiting].posted + cfg_.faults.op_timeout);
     }
     return h;
   }
@@ -607,7 +626,10 @@ class cluster {
     struct clear_t {
       cluster* cl;
       std::size_t me;
-      ~clear_t() { cl->drivers_[me].waiting = UINT32_MAX; cl->cv_.notify_all(); }
+      ~clear_t() {
+        cl->drivers_[me].waiting = UINT32_MAX;
+        cl->cv_.notify_all();
+      }
     } clear{this, me};
     while (ops_[id].state == op_pending) {
       const double h = horizon(me);

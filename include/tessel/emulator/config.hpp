@@ -49,29 +49,29 @@ struct card_spec {
 };
 
 struct fabric_spec {
-  std::size_t planes = 8;            // switch planes (one switch each)
-  std::size_t ports_per_card = 8;    // must be a multiple of `planes`; ports_per_card/planes per plane
-  double port_bandwidth = 50e9;      // bytes/s, each direction
-  double port_latency = 150e-9;      // card <-> switch wire, seconds
-  double switch_latency = 250e-9;    // switch traversal, seconds
-  std::size_t chunk_bytes = 256 << 10;  // simulation granularity (messages are split further so every plane gets a chunk)
-  bool shaping = false;              // credit-based pacing of senders per receiving port
+  std::size_t planes = 8;                  // switch planes (one switch each)
+  std::size_t ports_per_card = 8;          // must be a multiple of `planes`; ports_per_card/planes per plane
+  double port_bandwidth = 50e9;            // bytes/s, each direction
+  double port_latency = 150e-9;            // card <-> switch wire, seconds
+  double switch_latency = 250e-9;          // switch traversal, seconds
+  std::size_t chunk_bytes = 256 << 10;     // simulation granularity (messages are split further so every plane gets a chunk)
+  bool shaping = false;                    // credit-based pacing of senders per receiving port
   std::size_t shaping_window = 128 << 10;  // bytes of credit per receiving port
-  std::size_t switch_buffer = 0;     // bytes per switch output port; 0 = lossless (unbounded)
-  double retransmit_timeout = 20e-6; // a chunk dropped at a full switch buffer is resent after this
+  std::size_t switch_buffer = 0;           // bytes per switch output port; 0 = lossless (unbounded)
+  double retransmit_timeout = 20e-6;       // a chunk dropped at a full switch buffer is resent after this
   routing_policy routing = routing_policy::adaptive;
-  bool transit = true;               // allow 2-hop paths through another card
-  double transit_latency = 1e-6;     // forwarding cost at the intermediate card
+  bool transit = true;            // allow 2-hop paths through another card
+  double transit_latency = 1e-6;  // forwarding cost at the intermediate card
 
   bool operator==(const fabric_spec&) const = default;
 };
 
 struct scaleout_spec {
-  std::size_t supernodes = 1;        // super-nodes of `cards_per_supernode` cards each
-  double nic_bandwidth = 50e9;       // bytes/s per card into the fat tree
-  std::size_t spines = 8;            // spine switches of the 2-level fat tree (non-blocking)
-  double link_latency = 500e-9;      // per NIC/leaf/spine wire
-  double switch_latency = 350e-9;    // per leaf/spine traversal
+  std::size_t supernodes = 1;      // super-nodes of `cards_per_supernode` cards each
+  double nic_bandwidth = 50e9;     // bytes/s per card into the fat tree
+  std::size_t spines = 8;          // spine switches of the 2-level fat tree (non-blocking)
+  double link_latency = 500e-9;    // per NIC/leaf/spine wire
+  double switch_latency = 350e-9;  // per leaf/spine traversal
 
   bool operator==(const scaleout_spec&) const = default;
 };
@@ -82,9 +82,9 @@ struct fault_spec {
   double link_detect = 1e-6;          // PHY-level detection of a link/plane loss
   double op_timeout = 10e-3;          // a transfer with no progress for this long fails
   // seeded random faults (rate 0 = off): exponential times over [0, horizon]
-  double link_failure_rate = 0;       // failures per second per link
-  double card_failure_rate = 0;       // failures per second per card
-  double repair_time = 1e-3;          // a random fault recovers after this long (0 = never)
+  double link_failure_rate = 0;  // failures per second per link
+  double card_failure_rate = 0;  // failures per second per card
+  double repair_time = 1e-3;     // a random fault recovers after this long (0 = never)
   double horizon = 0;
   std::uint64_t seed = 1;
 
@@ -103,9 +103,7 @@ struct cluster_config {
   std::size_t cards() const { return cards_per_supernode * scaleout.supernodes; }
   std::size_t supernode_of(std::size_t c) const { return c / cards_per_supernode; }
   // Bandwidth of one card into one plane (all of its ports on that plane together).
-  double link_bandwidth() const {
-    return fabric.port_bandwidth * static_cast<double>(fabric.ports_per_card / (fabric.planes ? fabric.planes : 1));
-  }
+  double link_bandwidth() const { return fabric.port_bandwidth * static_cast<double>(fabric.ports_per_card / (fabric.planes ? fabric.planes : 1)); }
   double card_bandwidth() const { return link_bandwidth() * static_cast<double>(fabric.planes); }
   // Latency of one direct transfer inside a super-node (uplink wire + switch + downlink wire).
   double direct_latency() const { return 2 * fabric.port_latency + fabric.switch_latency; }
@@ -144,10 +142,10 @@ static_assert(std::is_same_v<std::uint64_t, std::size_t>, "tessel's emulator con
 using config_field = std::variant<std::size_t*, unsigned*, double*, bool*, routing_policy*>;
 
 struct config_key {
-  std::string_view name;     // flat name, unique
-  std::string_view group;    // JSON object when nested: "" (top level), "card", "fabric", "scaleout", "faults"
-  std::string_view field;    // name inside `group`
-  std::string_view alias;    // another accepted flat name ("" for none)
+  std::string_view name;   // flat name, unique
+  std::string_view group;  // JSON object when nested: "" (top level), "card", "fabric", "scaleout", "faults"
+  std::string_view field;  // name inside `group`
+  std::string_view alias;  // another accepted flat name ("" for none)
   key_type type;
   std::string_view unit;     // "B", "B/s", "s", "FLOP/s", "1/s" or "" (a plain number)
   double min, max;           // accepted range, inclusive (counts and reals)
@@ -171,8 +169,8 @@ inline std::span<const config_key> cluster_config_keys() {
   static const config_key keys[] = {
       {"cards_per_supernode", "", "cards_per_supernode", "cards", k::count, "", 1, 1 << 20, false, "",
        "cards in each super-node (one single-layer switch per plane)", +[](cluster_config& c) -> config_field { return &c.cards_per_supernode; }},
-      {"timing_only", "", "timing_only", "", k::flag, "", 0, 1, false, "",
-       "no payloads: transfers move no bytes, allocations take no host memory", +[](cluster_config& c) -> config_field { return &c.timing_only; }},
+      {"timing_only", "", "timing_only", "", k::flag, "", 0, 1, false, "", "no payloads: transfers move no bytes, allocations take no host memory",
+       +[](cluster_config& c) -> config_field { return &c.timing_only; }},
       {"trace", "", "trace", "", k::flag, "", 0, 1, false, "", "record a Chrome-trace timeline",
        +[](cluster_config& c) -> config_field { return &c.trace; }},
       // card
@@ -211,7 +209,8 @@ inline std::span<const config_key> cluster_config_keys() {
        "buffer per switch output port, 0 = lossless (else at least chunk_bytes/64)",
        +[](cluster_config& c) -> config_field { return &c.fabric.switch_buffer; }},
       {"retransmit_timeout", "fabric", "retransmit_timeout", "", k::real, "s", 0, inf, false, "",
-       "a chunk dropped at a full switch buffer is resent after this", +[](cluster_config& c) -> config_field { return &c.fabric.retransmit_timeout; }},
+       "a chunk dropped at a full switch buffer is resent after this",
+       +[](cluster_config& c) -> config_field { return &c.fabric.retransmit_timeout; }},
       {"routing", "fabric", "routing", "", k::choice, "", 0, 0, false, "adaptive|static/static_plane",
        "adaptive: shortest latency + load, striped over every healthy plane, 2-hop failover; static: one fixed plane per pair",
        +[](cluster_config& c) -> config_field { return &c.fabric.routing; }},
@@ -226,7 +225,8 @@ inline std::span<const config_key> cluster_config_keys() {
        "bandwidth of each card into the fat tree (positive with several super-nodes)",
        +[](cluster_config& c) -> config_field { return &c.scaleout.nic_bandwidth; }},
       {"spines", "scaleout", "spines", "", k::count, "", 0, 1 << 16, false, "",
-       "spine switches of the 2-level fat tree (positive with several super-nodes)", +[](cluster_config& c) -> config_field { return &c.scaleout.spines; }},
+       "spine switches of the 2-level fat tree (positive with several super-nodes)",
+       +[](cluster_config& c) -> config_field { return &c.scaleout.spines; }},
       {"scaleout_link_latency", "scaleout", "link_latency", "", k::real, "s", 0, inf, false, "", "latency of each NIC/leaf/spine wire",
        +[](cluster_config& c) -> config_field { return &c.scaleout.link_latency; }},
       {"scaleout_switch_latency", "scaleout", "switch_latency", "", k::real, "s", 0, inf, false, "", "latency of each leaf/spine traversal",
@@ -240,10 +240,10 @@ inline std::span<const config_key> cluster_config_keys() {
        +[](cluster_config& c) -> config_field { return &c.faults.link_detect; }},
       {"op_timeout", "faults", "op_timeout", "", k::real, "s", 0, inf, true, "", "a transfer with no progress for this long fails",
        +[](cluster_config& c) -> config_field { return &c.faults.op_timeout; }},
-      {"link_failure_rate", "faults", "link_failure_rate", "", k::real, "1/s", 0, inf, false, "", "random link failures per second per link (0 = off)",
-       +[](cluster_config& c) -> config_field { return &c.faults.link_failure_rate; }},
-      {"card_failure_rate", "faults", "card_failure_rate", "", k::real, "1/s", 0, inf, false, "", "random card failures per second per card (0 = off)",
-       +[](cluster_config& c) -> config_field { return &c.faults.card_failure_rate; }},
+      {"link_failure_rate", "faults", "link_failure_rate", "", k::real, "1/s", 0, inf, false, "",
+       "random link failures per second per link (0 = off)", +[](cluster_config& c) -> config_field { return &c.faults.link_failure_rate; }},
+      {"card_failure_rate", "faults", "card_failure_rate", "", k::real, "1/s", 0, inf, false, "",
+       "random card failures per second per card (0 = off)", +[](cluster_config& c) -> config_field { return &c.faults.card_failure_rate; }},
       {"repair_time", "faults", "repair_time", "", k::real, "s", 0, inf, false, "", "a random fault recovers after this long (0 = never)",
        +[](cluster_config& c) -> config_field { return &c.faults.repair_time; }},
       {"horizon", "faults", "horizon", "", k::real, "s", 0, inf, false, "", "random faults are drawn over [0, horizon]",
@@ -285,9 +285,12 @@ inline std::string range_text(const config_key& k) {
   std::string r(k.min_open ? "(" : "[");
   r += show_number(k.min);
   r += ", ";
-  if (std::isinf(k.max)) r += "inf)";
-  else if (k.max >= detail::u64max) r += "2^64-1]";
-  else r += show_number(k.max), r += "]";
+  if (std::isinf(k.max))
+    r += "inf)";
+  else if (k.max >= detail::u64max)
+    r += "2^64-1]";
+  else
+    r += show_number(k.max), r += "]";
   return r;
 }
 
@@ -342,8 +345,10 @@ inline double numeric_value(const config_key& k, const cluster_config& c) {
   return std::visit(
       [](auto* p) -> double {
         using T = std::remove_pointer_t<decltype(p)>;
-        if constexpr (std::is_same_v<T, routing_policy>) return static_cast<double>(static_cast<unsigned>(*p));
-        else return static_cast<double>(*p);
+        if constexpr (std::is_same_v<T, routing_policy>)
+          return static_cast<double>(static_cast<unsigned>(*p));
+        else
+          return static_cast<double>(*p);
       },
       k.at(m));
 }
@@ -353,13 +358,16 @@ inline void check_range(const config_key& k, double v, std::size_t line) {
   if (k.type != key_type::count && k.type != key_type::real) return;
   if (!std::isfinite(v)) key_error(k.name, line, "must be finite (got " + show_number(v) + ")");
   if ((k.min_open ? !(v > k.min) : !(v >= k.min)) || !(v <= k.max))
-    key_error(k.name, line, "is " + show_number(v) + ", outside its range " + range_text(k) + (k.unit.empty() ? "" : std::string(" ").append(k.unit)));
+    key_error(k.name, line,
+              "is " + show_number(v) + ", outside its range " + range_text(k) + (k.unit.empty() ? "" : std::string(" ").append(k.unit)));
 }
 
 inline std::string trim(std::string_view s) {
   std::size_t b = 0, e = s.size();
   while (b < e && (std::isspace(static_cast<unsigned char>(s[b])) || s[b] == '"' || s[b] == '\'' || s[b] == ',' || s[b] == '{' || s[b] == '}')) ++b;
-  while (e > b && (std::isspace(static_cast<unsigned char>(s[e - 1])) || s[e - 1] == '"' || s[e - 1] == '\'' || s[e - 1] == ',' || s[e - 1] == '{' || s[e - 1] == '}')) --e;
+  while (e > b && (std::isspace(static_cast<unsigned char>(s[e - 1])) || s[e - 1] == '"' || s[e - 1] == '\'' || s[e - 1] == ',' || s[e - 1] == '{' ||
+                   s[e - 1] == '}'))
+    --e;
   return std::string(s.substr(b, e - b));
 }
 
@@ -377,30 +385,42 @@ inline double parse_quantity(const config_key& k, const std::string& v, std::siz
   const std::string digits(b, static_cast<std::size_t>(end - b));
   std::string u(end);
   while (!u.empty() && std::isspace(static_cast<unsigned char>(u.front()))) u.erase(u.begin());
-  int exp10 = 0;     // decimal prefixes: applied in the text, so "3.2T" reads as exactly as 3.2e12
-  double bin = 1;    // binary prefixes: exact powers of two
-  char dim = 0;      // 't' time, 'b' bytes, 'r' byte rate, 'f' FLOP rate, 0 none
+  int exp10 = 0;   // decimal prefixes: applied in the text, so "3.2T" reads as exactly as 3.2e12
+  double bin = 1;  // binary prefixes: exact powers of two
+  char dim = 0;    // 't' time, 'b' bytes, 'r' byte rate, 'f' FLOP rate, 0 none
   auto eat = [&](std::string_view pre, int e, double s, char d) {
-    if (u.rfind(pre, 0) == 0) { exp10 = e; bin = s; u.erase(0, pre.size()); if (d) dim = d; return true; }
+    if (u.rfind(pre, 0) == 0) {
+      exp10 = e;
+      bin = s;
+      u.erase(0, pre.size());
+      if (d) dim = d;
+      return true;
+    }
     return false;
   };
   (void)(eat("Ki", 0, 1024.0, 0) || eat("Mi", 0, 1048576.0, 0) || eat("Gi", 0, 1073741824.0, 0) || eat("Ti", 0, 1099511627776.0, 0) ||
-         eat("ns", -9, 1, 't') || eat("us", -6, 1, 't') || eat("ms", -3, 1, 't') || eat("K", 3, 1, 0) || eat("k", 3, 1, 0) ||
-         eat("M", 6, 1, 0) || eat("G", 9, 1, 0) || eat("T", 12, 1, 0));
+         eat("ns", -9, 1, 't') || eat("us", -6, 1, 't') || eat("ms", -3, 1, 't') || eat("K", 3, 1, 0) || eat("k", 3, 1, 0) || eat("M", 6, 1, 0) ||
+         eat("G", 9, 1, 0) || eat("T", 12, 1, 0));
   double bits = 1;
   if (dim == 't') {
     if (!(u.empty() || u == "s")) key_error(key, line, "has an unknown unit '" + u + "' after a time prefix");
   } else if (u == "b/s" || u == "bps") {
     bits = 8;
     dim = 'r';
-  } else if (u == "B/s") dim = 'r';
-  else if (u == "B") dim = 'b';
-  else if (u == "s") dim = 't';
-  else if (u == "FLOP/s") dim = 'f';
-  else if (!u.empty()) key_error(key, line, "has an unknown unit '" + u + "'");
+  } else if (u == "B/s")
+    dim = 'r';
+  else if (u == "B")
+    dim = 'b';
+  else if (u == "s")
+    dim = 't';
+  else if (u == "FLOP/s")
+    dim = 'f';
+  else if (!u.empty())
+    key_error(key, line, "has an unknown unit '" + u + "'");
   const char want = k.unit == "s" ? 't' : k.unit == "B" ? 'b' : k.unit == "B/s" ? 'r' : k.unit == "FLOP/s" ? 'f' : 0;
   if (dim && dim != want)
-    key_error(key, line, "'" + v + "' has the wrong unit for a key measured in " + (k.unit.empty() ? std::string("plain numbers") : std::string(k.unit)));
+    key_error(key, line,
+              "'" + v + "' has the wrong unit for a key measured in " + (k.unit.empty() ? std::string("plain numbers") : std::string(k.unit)));
   if (exp10 != 0) {
     if (digits.find_first_of("eExXpP") == std::string::npos && digits.find_first_not_of("+-.0123456789") == std::string::npos)
       x = std::strtod((digits + "e" + std::to_string(exp10)).c_str(), nullptr);  // one correctly rounded conversion
@@ -475,7 +495,12 @@ inline parsed_value parse_text_value(const config_key& k, const std::string& v, 
 }
 
 inline std::string json_kind(const nlohmann::json& j) {
-  return j.is_object() ? "an object" : j.is_array() ? "an array" : j.is_string() ? "a string" : j.is_boolean() ? "a boolean" : j.is_null() ? "null" : "a number";
+  return j.is_object()    ? "an object"
+         : j.is_array()   ? "an array"
+         : j.is_string()  ? "a string"
+         : j.is_boolean() ? "a boolean"
+         : j.is_null()    ? "null"
+                          : "a number";
 }
 
 // A value given as a JSON value of any kind.
@@ -523,7 +548,8 @@ inline std::size_t json_key_line(std::string_view text, std::string_view name) {
 inline bool looks_like_json(std::string_view t) {
   std::size_t i = 0;
   while (i < t.size()) {
-    if (std::isspace(static_cast<unsigned char>(t[i]))) ++i;
+    if (std::isspace(static_cast<unsigned char>(t[i])))
+      ++i;
     else if (t[i] == '#' || t.substr(i, 2) == "//") {
       while (i < t.size() && t[i] != '\n') ++i;
     } else if (t.substr(i, 2) == "/*") {
@@ -556,8 +582,10 @@ inline cluster_config parse_cluster_json(std::string_view text) {
   std::vector<std::vector<std::string>> open;
   std::string duplicate;
   auto cb = [&](int /*depth*/, json::parse_event_t ev, json& parsed) {
-    if (ev == json::parse_event_t::object_start) open.emplace_back();
-    else if (ev == json::parse_event_t::object_end && !open.empty()) open.pop_back();
+    if (ev == json::parse_event_t::object_start)
+      open.emplace_back();
+    else if (ev == json::parse_event_t::object_end && !open.empty())
+      open.pop_back();
     else if (ev == json::parse_event_t::key && !open.empty() && parsed.is_string()) {
       auto& keys = open.back();
       const auto& s = parsed.get_ref<const std::string&>();
@@ -621,16 +649,17 @@ inline cluster_config parse_cluster_lines(std::string_view text) {
     bool in_str = false;
     for (char ch : raw) {
       if (ch == '"') in_str = !in_str;
-      if (ch == ',' && !in_str) pairs.emplace_back();
-      else pairs.back().push_back(ch);
+      if (ch == ',' && !in_str)
+        pairs.emplace_back();
+      else
+        pairs.back().push_back(ch);
     }
     for (const auto& pair : pairs) {
       const std::string t = trim(pair);
       if (t.empty()) continue;
       std::size_t sep = t.find('=');
       if (sep == std::string::npos) sep = t.find(':');
-      if (sep == std::string::npos)
-        throw config_error("", lineno, config_where("", lineno) + "not 'key = value': '" + t + "'", errc::format);
+      if (sep == std::string::npos) throw config_error("", lineno, config_where("", lineno) + "not 'key = value': '" + t + "'", errc::format);
       const std::string key = trim(t.substr(0, sep)), val = trim(t.substr(sep + 1));
       if (key.empty()) throw config_error("", lineno, config_where("", lineno) + "no key before the '='", errc::format);
       const config_key& k = set.lookup(key, lineno);
@@ -651,7 +680,8 @@ inline void cluster_config::validate() const {
   if (fabric.ports_per_card % fabric.planes != 0)
     bad("ports_per_card", std::to_string(fabric.ports_per_card) + " does not fit " + std::to_string(fabric.planes) + " planes (must be a multiple)");
   if (fabric.switch_buffer != 0 && fabric.switch_buffer < fabric.chunk_bytes / 64)
-    bad("switch_buffer", std::to_string(fabric.switch_buffer) + " is too small for chunk_bytes " + std::to_string(fabric.chunk_bytes) + " (need >= chunk_bytes/64)");
+    bad("switch_buffer",
+        std::to_string(fabric.switch_buffer) + " is too small for chunk_bytes " + std::to_string(fabric.chunk_bytes) + " (need >= chunk_bytes/64)");
   if (fabric.shaping && fabric.shaping_window == 0) bad("shaping_window", "must be positive when shaping is on");
   if (scaleout.supernodes > 1) {
     if (!(scaleout.nic_bandwidth > 0)) bad("nic_bandwidth", "must be positive with several super-nodes");
@@ -699,8 +729,10 @@ inline nlohmann::json to_json(const cluster_config& c) {
     std::visit(
         [&](auto* p) {
           using T = std::remove_pointer_t<decltype(p)>;
-          if constexpr (std::is_same_v<T, routing_policy>) slot = std::string(detail::choice_words(k, true).at(static_cast<unsigned>(*p)));
-          else slot = *p;
+          if constexpr (std::is_same_v<T, routing_policy>)
+            slot = std::string(detail::choice_words(k, true).at(static_cast<unsigned>(*p)));
+          else
+            slot = *p;
         },
         k.at(const_cast<cluster_config&>(c)));
   }
@@ -742,8 +774,8 @@ inline std::string describe_cluster_keys() {
     std::string name(k.name);
     if (!k.alias.empty()) name += std::string(" (").append(k.alias) + ")";
     std::snprintf(row, sizeof row, "%-24s %-28s %-7s %-7s %-17s %-22s %s\n", name.c_str(), k.nested_name().c_str(),
-                  std::string(key_type_name(k.type)).c_str(), k.unit.empty() ? "-" : std::string(k.unit).c_str(), def.c_str(),
-                  range.c_str(), std::string(k.meaning).c_str());
+                  std::string(key_type_name(k.type)).c_str(), k.unit.empty() ? "-" : std::string(k.unit).c_str(), def.c_str(), range.c_str(),
+                  std::string(k.meaning).c_str());
     o << row;
   }
   return o.str();

@@ -36,9 +36,11 @@ struct capacity_error : emulator_error {
   std::size_t card;
   std::size_t requested, available;
   capacity_error(std::size_t c, std::size_t req, std::size_t avail)
-      : emulator_error(errc::capacity, "card " + std::to_string(c) + ": allocation of " + std::to_string(req) +
-                                           " bytes exceeds the " + std::to_string(avail) + " bytes left"),
-        card(c), requested(req), available(avail) {}
+      : emulator_error(errc::capacity, "card " + std::to_string(c) + ": allocation of " + std::to_string(req) + " bytes exceeds the " +
+                                           std::to_string(avail) + " bytes left"),
+        card(c),
+        requested(req),
+        available(avail) {}
 };
 
 // A card index, plane, pointer or byte range that does not belong to the card it is used on.
@@ -63,19 +65,17 @@ struct card_failed_error : fault_error {
 struct link_failed_error : fault_error {
   std::size_t card, plane;
   link_failed_error(std::size_t c, std::size_t p, double t, const std::string& ctx = {})
-      : fault_error("link card " + std::to_string(c) + " plane " + std::to_string(p) + " is down" +
-                        (ctx.empty() ? "" : ": " + ctx),
-                    t),
-        card(c), plane(p) {}
+      : fault_error("link card " + std::to_string(c) + " plane " + std::to_string(p) + " is down" + (ctx.empty() ? "" : ": " + ctx), t),
+        card(c),
+        plane(p) {}
 };
 
 // A wait reached its simulated timeout; names the peer card it was waiting on.
 struct timeout_error : fault_error {
   std::size_t card;
   timeout_error(std::size_t c, double t, const std::string& ctx = {})
-      : fault_error("timed out at t=" + std::to_string(t) + " s waiting on card " + std::to_string(c) +
-                        (ctx.empty() ? "" : ": " + ctx),
-                    t, errc::timeout),
+      : fault_error("timed out at t=" + std::to_string(t) + " s waiting on card " + std::to_string(c) + (ctx.empty() ? "" : ": " + ctx), t,
+                    errc::timeout),
         card(c) {}
 };
 

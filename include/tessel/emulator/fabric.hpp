@@ -43,10 +43,10 @@ namespace emu {
 enum class msg_state : std::uint8_t { scheduled, active, done, failed };
 
 struct port_stats {
-  double busy = 0;                // seconds spent serializing
+  double busy = 0;  // seconds spent serializing
   std::uint64_t bytes = 0;
   std::uint64_t max_queue_bytes = 0;
-  std::uint64_t drops = 0;        // chunks dropped at a full switch buffer
+  std::uint64_t drops = 0;  // chunks dropped at a full switch buffer
 };
 
 class fabric {
@@ -106,9 +106,9 @@ class fabric {
   double now() const { return now_; }
 
   // ---- hooks (set once by the owner, e.g. the cluster) ----
-  std::function<void(msg_id, double, bool)> on_complete;       // message finished (ok) or failed
-  std::function<void(const failure_notice&)> on_failure;       // health monitor detections
-  std::function<void(std::size_t card, double t)> on_rejoin;   // a hot-swapped card is back, empty
+  std::function<void(msg_id, double, bool)> on_complete;                      // message finished (ok) or failed
+  std::function<void(const failure_notice&)> on_failure;                      // health monitor detections
+  std::function<void(std::size_t card, double t)> on_rejoin;                  // a hot-swapped card is back, empty
   std::function<void(std::size_t card, bool alive, double t)> on_card_state;  // physical up/down
 
   // ---- traffic ----
@@ -171,18 +171,48 @@ class fabric {
   }
 
   // ---- results ----
-  msg_state state(msg_id id) const { check_msg(id); return msgs_[id].state; }
-  bool finished(msg_id id) const { auto s = state(id); return s == msg_state::done || s == msg_state::failed; }
-  double completion_time(msg_id id) const { check_msg(id); return msgs_[id].done; }
-  double post_time(msg_id id) const { check_msg(id); return msgs_[id].post; }
-  double latency(msg_id id) const { check_msg(id); return msgs_[id].done - msgs_[id].post; }
-  std::uint64_t tag(msg_id id) const { check_msg(id); return msgs_[id].tag; }
-  std::size_t source(msg_id id) const { check_msg(id); return msgs_[id].src; }
-  std::size_t destination(msg_id id) const { check_msg(id); return msgs_[id].dst; }
-  std::uint64_t bytes(msg_id id) const { check_msg(id); return msgs_[id].bytes; }
+  msg_state state(msg_id id) const {
+    check_msg(id);
+    return msgs_[id].state;
+  }
+  bool finished(msg_id id) const {
+    auto s = state(id);
+    return s == msg_state::done || s == msg_state::failed;
+  }
+  double completion_time(msg_id id) const {
+    check_msg(id);
+    return msgs_[id].done;
+  }
+  double post_time(msg_id id) const {
+    check_msg(id);
+    return msgs_[id].post;
+  }
+  double latency(msg_id id) const {
+    check_msg(id);
+    return msgs_[id].done - msgs_[id].post;
+  }
+  std::uint64_t tag(msg_id id) const {
+    check_msg(id);
+    return msgs_[id].tag;
+  }
+  std::size_t source(msg_id id) const {
+    check_msg(id);
+    return msgs_[id].src;
+  }
+  std::size_t destination(msg_id id) const {
+    check_msg(id);
+    return msgs_[id].dst;
+  }
+  std::uint64_t bytes(msg_id id) const {
+    check_msg(id);
+    return msgs_[id].bytes;
+  }
   std::size_t messages() const { return msgs_.size(); }
   // Which transit card a message was last routed through (or -1 for direct paths).
-  long via(msg_id id) const { check_msg(id); return msgs_[id].route.kind == route_kind::transit ? static_cast<long>(msgs_[id].route.via) : -1; }
+  long via(msg_id id) const {
+    check_msg(id);
+    return msgs_[id].route.kind == route_kind::transit ? static_cast<long>(msgs_[id].route.via) : -1;
+  }
 
   // Throws the typed error of a failed message (no-op otherwise).
   void rethrow_if_failed(msg_id id) const {
@@ -219,11 +249,24 @@ class fabric {
   double makespan() const { return last_delivery_; }
 
   // ---- topology state ----
-  bool card_alive(std::size_t c) const { check_card(c, "query"); return card_alive_[c] != 0; }
-  bool link_up(std::size_t c, std::size_t p) const { check_card(c, "query"); check_plane(p); return link_ok_[c * planes_ + p] && plane_ok_[p] && card_alive_[c]; }
-  bool plane_up(std::size_t p) const { check_plane(p); return plane_ok_[p] != 0; }
+  bool card_alive(std::size_t c) const {
+    check_card(c, "query");
+    return card_alive_[c] != 0;
+  }
+  bool link_up(std::size_t c, std::size_t p) const {
+    check_card(c, "query");
+    check_plane(p);
+    return link_ok_[c * planes_ + p] && plane_ok_[p] && card_alive_[c];
+  }
+  bool plane_up(std::size_t p) const {
+    check_plane(p);
+    return plane_ok_[p] != 0;
+  }
   // Whether the health monitor has reported card `c` dead (as every card sees it now).
-  bool known_failed(std::size_t c) const { check_card(c, "query"); return card_known_alive_[c] == 0; }
+  bool known_failed(std::size_t c) const {
+    check_card(c, "query");
+    return card_known_alive_[c] == 0;
+  }
   const std::vector<failure_notice>& notices() const { return notices_; }
   // Every fault scheduled so far (explicit and seeded random), in scheduling order.
   const std::vector<fault>& faults() const { return faults_; }
@@ -329,11 +372,11 @@ class fabric {
     std::uint32_t cur = 0, cur_gen = 0;
     double cur_start = 0;
     std::uint64_t queued = 0, reserved = 0;
-    std::deque<std::uint32_t> fifo;                                // chunks, in arrival order
-    std::deque<std::pair<std::uint32_t, std::uint32_t>> rr;       // (message, route gen) to pull from
-    std::uint32_t last_dst = UINT32_MAX;                           // destination of the last own chunk
-    std::int64_t credit = 0;                                       // shaping: bytes a sender may still send here
-    std::vector<std::uint32_t> waiters;                            // source ports blocked on credit here
+    std::deque<std::uint32_t> fifo;                          // chunks, in arrival order
+    std::deque<std::pair<std::uint32_t, std::uint32_t>> rr;  // (message, route gen) to pull from
+    std::uint32_t last_dst = UINT32_MAX;                     // destination of the last own chunk
+    std::int64_t credit = 0;                                 // shaping: bytes a sender may still send here
+    std::vector<std::uint32_t> waiters;                      // source ports blocked on credit here
     port_stats st;
   };
   struct event {
@@ -362,7 +405,8 @@ class fabric {
 
   // ---------------------------------------------------------------- helpers
   void check_card(std::size_t c, const char* what) const {
-    if (c >= n_) throw invalid_card_error(std::string(what) + ": invalid card index " + std::to_string(c) + " (cluster has " + std::to_string(n_) + " cards)");
+    if (c >= n_)
+      throw invalid_card_error(std::string(what) + ": invalid card index " + std::to_string(c) + " (cluster has " + std::to_string(n_) + " cards)");
   }
   void check_plane(std::size_t p) const {
     if (p >= planes_) throw invalid_card_error("invalid plane " + std::to_string(p) + " of " + std::to_string(planes_));
@@ -411,8 +455,10 @@ class fabric {
     }
     for (std::size_t l = 0; l < (sn_ > 1 ? sn_ : 0); ++l)
       for (std::size_t k = 0; k < spines_; ++k) {
-        router_.graph().add_edge(static_cast<std::uint32_t>(leaf0 + l), static_cast<std::uint32_t>(spine0 + k), static_cast<std::uint32_t>(leaf_up(l, k)));
-        router_.graph().add_edge(static_cast<std::uint32_t>(spine0 + k), static_cast<std::uint32_t>(leaf0 + l), static_cast<std::uint32_t>(spine_down(k, l)));
+        router_.graph().add_edge(static_cast<std::uint32_t>(leaf0 + l), static_cast<std::uint32_t>(spine0 + k),
+                                 static_cast<std::uint32_t>(leaf_up(l, k)));
+        router_.graph().add_edge(static_cast<std::uint32_t>(spine0 + k), static_cast<std::uint32_t>(leaf0 + l),
+                                 static_cast<std::uint32_t>(spine_down(k, l)));
       }
   }
 
@@ -422,7 +468,10 @@ class fabric {
   // Source ports a message pulls chunks from under its route.
   template <class F>
   void for_source_ports(const message& m, F&& f) const {
-    if (m.route.kind == route_kind::scaleout) { f(nic_up(m.src)); return; }
+    if (m.route.kind == route_kind::scaleout) {
+      f(nic_up(m.src));
+      return;
+    }
     if (m.route.kind == route_kind::none) return;
     for (std::size_t p = 0; p < planes_; ++p)
       if (m.route.mask1 >> p & 1) f(up(m.src, p));
@@ -469,7 +518,8 @@ class fabric {
     std::uint64_t n = (m.bytes + cb - 1) / cb;
     n = std::max<std::uint64_t>(1, (n + width - 1) / width * width);
     if (m.bytes > 0) n = std::min<std::uint64_t>(n, m.bytes);
-    if (n > std::numeric_limits<std::uint32_t>::max() / 2) throw emulator_error(errc::invalid_argument, "message of " + std::to_string(m.bytes) + " bytes needs too many chunks; raise chunk_bytes");
+    if (n > std::numeric_limits<std::uint32_t>::max() / 2)
+      throw emulator_error(errc::invalid_argument, "message of " + std::to_string(m.bytes) + " bytes needs too many chunks; raise chunk_bytes");
     m.nchunks = static_cast<std::uint32_t>(n);
     m.chunk_base = m.bytes / n;
     m.chunk_extra = m.bytes % n;
@@ -615,7 +665,10 @@ class fabric {
   void on_deliver(std::uint32_t ci, std::uint32_t gen) {
     chunk& ch = chunks_[ci];
     if (ch.gen != gen) return;
-    if (ch.lost) { free_chunk(ci); return; }
+    if (ch.lost) {
+      free_chunk(ci);
+      return;
+    }
     const std::uint32_t id = ch.msg;
     return_credit(ch);  // may grow chunks_: `ch` dangles after it
     free_chunk(ci);
@@ -648,9 +701,15 @@ class fabric {
     }
     // Name the link that blocks the pair, if any; else the peer we were waiting on.
     for (std::size_t c : {static_cast<std::size_t>(m.src), static_cast<std::size_t>(m.dst)}) {
-      if (!card_alive_[c]) { fail(id, err_card, c, 0); return; }
+      if (!card_alive_[c]) {
+        fail(id, err_card, c, 0);
+        return;
+      }
       for (std::size_t p = 0; p < planes_; ++p)
-        if (!link_ok_[c * planes_ + p] || !plane_ok_[p]) { fail(id, err_link, c, p); return; }
+        if (!link_ok_[c * planes_ + p] || !plane_ok_[p]) {
+          fail(id, err_link, c, p);
+          return;
+        }
     }
     fail(id, err_timeout, m.dst, 0);
   }

@@ -59,8 +59,10 @@ inline std::string xml_escape(std::string_view s) {
       case '\'': o += "&apos;"; break;
       default:
         // control characters other than tab/newline are not allowed in XML 1.0
-        if (static_cast<unsigned char>(ch) < 0x20 && ch != '\t' && ch != '\n') o += ' ';
-        else o += ch;
+        if (static_cast<unsigned char>(ch) < 0x20 && ch != '\t' && ch != '\n')
+          o += ' ';
+        else
+          o += ch;
     }
   }
   return o;
@@ -75,8 +77,10 @@ inline std::string byte_label(double v) {
     ++u;
   }
   char buf[32];
-  if (v == std::floor(v)) std::snprintf(buf, sizeof buf, "%.0f%s", v, units[u]);
-  else std::snprintf(buf, sizeof buf, "%.3g%s", v, units[u]);
+  if (v == std::floor(v))
+    std::snprintf(buf, sizeof buf, "%.0f%s", v, units[u]);
+  else
+    std::snprintf(buf, sizeof buf, "%.3g%s", v, units[u]);
   return buf;
 }
 
@@ -106,15 +110,15 @@ class line_plot {
  public:
   explicit line_plot(plot_options o = {}) : o_(std::move(o)) {
     if (o_.width < 200 || o_.height < 150 || o_.width > 20000 || o_.height > 20000)
-      throw emulator_error(errc::invalid_argument, "plot: size " + std::to_string(o_.width) + "x" + std::to_string(o_.height) +
-                                                       " outside 200x150 .. 20000x20000");
+      throw emulator_error(errc::invalid_argument,
+                           "plot: size " + std::to_string(o_.width) + "x" + std::to_string(o_.height) + " outside 200x150 .. 20000x20000");
   }
 
   // Adds a series; `dashed` draws it dashed (a model or bound beside measured lines).
   line_plot& add(std::string name, std::vector<double> x, std::vector<double> y, bool dashed = false) {
     if (x.size() != y.size())
-      throw emulator_error(errc::invalid_argument, "plot: series '" + name + "' has " + std::to_string(x.size()) + " x values and " +
-                                                       std::to_string(y.size()) + " y values");
+      throw emulator_error(errc::invalid_argument,
+                           "plot: series '" + name + "' has " + std::to_string(x.size()) + " x values and " + std::to_string(y.size()) + " y values");
     if (x.empty()) throw emulator_error(errc::invalid_argument, "plot: series '" + name + "' has no points");
     series_.push_back({std::move(name), std::move(x), std::move(y), dashed});
     return *this;
@@ -138,8 +142,10 @@ class line_plot {
           x0 = std::min(x0, ax(s.x[i])), x1 = std::max(x1, ax(s.x[i]));
           y0 = std::min(y0, ay(s.y[i])), y1 = std::max(y1, ay(s.y[i]));
         }
-    if (!(x0 <= x1)) throw emulator_error(errc::invalid_argument, "plot: nothing to draw (no series has a finite point" +
-                                                                      std::string(o_.x_scale == axis_scale::log || o_.y_scale == axis_scale::log ? " above 0 on its log axes)" : ")"));
+    if (!(x0 <= x1))
+      throw emulator_error(errc::invalid_argument,
+                           "plot: nothing to draw (no series has a finite point" +
+                               std::string(o_.x_scale == axis_scale::log || o_.y_scale == axis_scale::log ? " above 0 on its log axes)" : ")"));
     // x: whole exponents on a log axis; y from 0 on a linear axis with values >= 0
     if (o_.x_scale == axis_scale::log) x0 = std::floor(x0), x1 = std::ceil(x1);
     if (x1 - x0 < 1e-12) x0 -= 1, x1 += 1;
@@ -160,8 +166,8 @@ class line_plot {
 
     std::ostringstream o;
     o << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
-      << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << o_.width << "\" height=\"" << o_.height << "\" viewBox=\"0 0 "
-      << o_.width << " " << o_.height << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
+      << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << o_.width << "\" height=\"" << o_.height << "\" viewBox=\"0 0 " << o_.width << " "
+      << o_.height << "\" font-family=\"sans-serif\" font-size=\"12\">\n"
       << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
     if (!o_.title.empty())
       o << "<text class=\"title\" x=\"" << detail::coord(L + pw / 2) << "\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">"
@@ -184,8 +190,8 @@ class line_plot {
       const double v = o_.x_scale == axis_scale::log ? std::pow(o_.x_bytes ? 2.0 : 10.0, t) : t;
       const std::string label = o_.x_bytes ? detail::byte_label(v) : detail::number_label(v);
       o << "<line x1=\"" << detail::coord(px(t)) << "\" y1=\"" << detail::coord(T) << "\" x2=\"" << detail::coord(px(t)) << "\" y2=\""
-        << detail::coord(T + ph) << "\"/><text stroke=\"none\" fill=\"black\" x=\"" << detail::coord(px(t)) << "\" y=\""
-        << detail::coord(T + ph + 16) << "\" text-anchor=\"middle\">" << detail::xml_escape(label) << "</text>\n";
+        << detail::coord(T + ph) << "\"/><text stroke=\"none\" fill=\"black\" x=\"" << detail::coord(px(t)) << "\" y=\"" << detail::coord(T + ph + 16)
+        << "\" text-anchor=\"middle\">" << detail::xml_escape(label) << "</text>\n";
     }
     o << "</g>\n<g class=\"y-ticks\" stroke=\"#ddd\">\n";
     const double ystride = o_.y_scale == axis_scale::log ? std::max(1.0, std::ceil((y1 - y0) / 8)) : ystep;
@@ -194,14 +200,13 @@ class line_plot {
       const double t = y0 + i * ystride;
       const double v = o_.y_scale == axis_scale::log ? std::pow(10.0, t) : t;
       o << "<line x1=\"" << detail::coord(L) << "\" y1=\"" << detail::coord(py(t)) << "\" x2=\"" << detail::coord(L + pw) << "\" y2=\""
-        << detail::coord(py(t)) << "\"/><text stroke=\"none\" fill=\"black\" x=\"" << detail::coord(L - 6) << "\" y=\""
-        << detail::coord(py(t) + 4) << "\" text-anchor=\"end\">" << detail::xml_escape(detail::number_label(std::fabs(v) < 1e-12 * ystride ? 0 : v))
-        << "</text>\n";
+        << detail::coord(py(t)) << "\"/><text stroke=\"none\" fill=\"black\" x=\"" << detail::coord(L - 6) << "\" y=\"" << detail::coord(py(t) + 4)
+        << "\" text-anchor=\"end\">" << detail::xml_escape(detail::number_label(std::fabs(v) < 1e-12 * ystride ? 0 : v)) << "</text>\n";
     }
     o << "</g>\n<rect x=\"" << detail::coord(L) << "\" y=\"" << detail::coord(T) << "\" width=\"" << detail::coord(pw) << "\" height=\""
       << detail::coord(ph) << "\" fill=\"none\" stroke=\"black\"/>\n";
-    o << "<text class=\"x-label\" x=\"" << detail::coord(L + pw / 2) << "\" y=\"" << detail::coord(H - 14)
-      << "\" text-anchor=\"middle\">" << detail::xml_escape(o_.x_label) << "</text>\n";
+    o << "<text class=\"x-label\" x=\"" << detail::coord(L + pw / 2) << "\" y=\"" << detail::coord(H - 14) << "\" text-anchor=\"middle\">"
+      << detail::xml_escape(o_.x_label) << "</text>\n";
     o << "<text class=\"y-label\" x=\"18\" y=\"" << detail::coord(T + ph / 2) << "\" text-anchor=\"middle\" transform=\"rotate(-90 18 "
       << detail::coord(T + ph / 2) << ")\">" << detail::xml_escape(o_.y_label) << "</text>\n";
     // series: one <g> each, a polyline per unbroken run of drawable points, a marker per point

@@ -34,7 +34,6 @@ struct trace_span {
   std::size_t peer = SIZE_MAX;
 };
 
-
 // Thread-safe span recorder. Compute spans are complete ("X") events on the card's compute
 // thread; sends and receives are async ("b"/"e") events, because transfers overlap each other.
 class trace_recorder {

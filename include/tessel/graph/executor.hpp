@@ -74,11 +74,11 @@ struct host_tensor {
 using tensor_map = std::map<std::string, host_tensor, std::less<>>;
 
 struct compile_options {
-  symbol_bindings symbols;                 // sizes of the symbolic dims ("batch" -> 8)
-  dtype compute = dtype::f32;              // f32, or bf16 for GEMM/attention inputs (f32 accumulation)
-  bool plan_memory = true;                 // false: one device buffer per intermediate (for comparison)
-  bool poison_freed = false;               // before each step, fill arena bytes no live value holds with NaN (0xff)
-  plan_options plan{};                     // the planner's alignment and in-place switch
+  symbol_bindings symbols;     // sizes of the symbolic dims ("batch" -> 8)
+  dtype compute = dtype::f32;  // f32, or bf16 for GEMM/attention inputs (f32 accumulation)
+  bool plan_memory = true;     // false: one device buffer per intermediate (for comparison)
+  bool poison_freed = false;   // before each step, fill arena bytes no live value holds with NaN (0xff)
+  plan_options plan{};         // the planner's alignment and in-place switch
 };
 
 template <device Dev>
@@ -121,9 +121,7 @@ class executable {
       if (opt_.poison_freed && opt_.plan_memory) poison_before(k);
       try {
         steps_[k](st);
-      } catch (const graph_error&) {
-        throw;
-      } catch (const error& x) {  // an operator's own error: say which node ran it
+      } catch (const graph_error&) { throw; } catch (const error& x) {  // an operator's own error: say which node ran it
         throw graph_error(x.code(), labels_[k] + ": " + x.what());
       }
     }
@@ -162,8 +160,8 @@ class executable {
   Dev* dev_;
   compile_options opt_;
   graph g_;
-  std::size_t values_ = 0;                       // value table size (ids index it)
-  std::vector<detail::exec::shape_t> shapes_;    // per value index
+  std::size_t values_ = 0;                     // value table size (ids index it)
+  std::vector<detail::exec::shape_t> shapes_;  // per value index
   activation_plan act_;
   std::map<value_id, std::size_t> offset_;
   device_buffer<std::byte, Dev> arena_;
@@ -202,13 +200,13 @@ class executable {
       if (!same) {
         std::string ts = "[";
         for (std::size_t i = 0; i < t.shape.size(); ++i) ts += std::string(i ? "," : "") + std::to_string(t.shape[i]);
-        throw graph_error(errc::invalid_argument, std::string("input '") + x.name + "' has shape " + ts + "], the graph takes " + ws +
-                                                      " (symbols as bound at compile)");
+        throw graph_error(errc::invalid_argument,
+                          std::string("input '") + x.name + "' has shape " + ts + "], the graph takes " + ws + " (symbols as bound at compile)");
       }
       const std::size_t need = tessel::detail::mul_checked(t.numel(), dtype_size(t.type), "graph: input bytes");
       if (t.data.size() != need)
-        throw graph_error(errc::invalid_argument, std::string("input '") + x.name + "' holds " + std::to_string(t.data.size()) + " bytes, its shape needs " +
-                                                      std::to_string(need));
+        throw graph_error(errc::invalid_argument, std::string("input '") + x.name + "' holds " + std::to_string(t.data.size()) +
+                                                      " bytes, its shape needs " + std::to_string(need));
     }
   }
 
@@ -250,10 +248,12 @@ executable<Dev> compile(const graph& source, Dev& dev, const compile_options& op
       }
       auto it = d.symbol.empty() ? opt.symbols.end() : opt.symbols.find(d.symbol);
       if (it == opt.symbols.end())
-        throw graph_error(errc::invalid_argument, std::string("input '") + x.name + "' " + x.shape.to_string() + ": " +
-                                                      (d.symbol.empty() ? std::string("an anonymous unknown dim") : "symbol '" + d.symbol + "' is not bound"));
+        throw graph_error(errc::invalid_argument,
+                          std::string("input '") + x.name + "' " + x.shape.to_string() + ": " +
+                              (d.symbol.empty() ? std::string("an anonymous unknown dim") : "symbol '" + d.symbol + "' is not bound"));
       if (it->second < 0)
-        throw graph_error(errc::invalid_argument, std::string("input '") + x.name + "': symbol '" + d.symbol + "' is bound to " + std::to_string(it->second));
+        throw graph_error(errc::invalid_argument,
+                          std::string("input '") + x.name + "': symbol '" + d.symbol + "' is bound to " + std::to_string(it->second));
       s.dims.emplace_back(it->second);
     }
     g.set_value_type(v, x.type, std::move(s));
@@ -272,8 +272,9 @@ executable<Dev> compile(const graph& source, Dev& dev, const compile_options& op
   auto bind = [&](value_id v) {
     const value& x = g.get(v);
     if (!x.type || !x.shape.fully_known())
-      throw graph_error(errc::unsupported, x.label() + ": " + x.type_info().to_string() +
-                                               " is not known after binding the symbols (a shape computed at run time); the executor needs static shapes");
+      throw graph_error(errc::unsupported,
+                        x.label() + ": " + x.type_info().to_string() +
+                            " is not known after binding the symbols (a shape computed at run time); the executor needs static shapes");
     detail::exec::shape_t s;
     for (const dim& d : x.shape.dims) s.push_back(static_cast<std::size_t>(d.size));
     e.shapes_[index_of(v)] = std::move(s);
@@ -296,7 +297,8 @@ executable<Dev> compile(const graph& source, Dev& dev, const compile_options& op
   }
   for (value_id v : g.outputs()) {
     e.outputs_.push_back(v);
-    const std::size_t bytes = tessel::detail::mul_checked(detail::exec::numel_of(e.shapes_[index_of(v)]), dtype_size(*g.get(v).type), "graph: output bytes");
+    const std::size_t bytes =
+        tessel::detail::mul_checked(detail::exec::numel_of(e.shapes_[index_of(v)]), dtype_size(*g.get(v).type), "graph: output bytes");
     e.out_bytes_.push_back(bytes);
     e.out_bufs_.emplace_back(dev, std::max<std::size_t>(bytes, 1));
   }
@@ -307,9 +309,7 @@ executable<Dev> compile(const graph& source, Dev& dev, const compile_options& op
     try {
       e.steps_.push_back(detail::exec::build_step<Dev>(c, dev));
       e.labels_.push_back(n.label());
-    } catch (const graph_error&) {
-      throw;
-    } catch (const error& x) {
+    } catch (const graph_error&) { throw; } catch (const error& x) {
       throw graph_error(errc::invalid_argument, n.label() + ": " + x.what());
     }
   }

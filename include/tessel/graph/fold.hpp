@@ -53,11 +53,16 @@ struct folded_tensor {
 
 inline bool foldable_dtype(dtype t) {
   switch (t) {
-    case dtype::f32: case dtype::f64: case dtype::i64: case dtype::i32: case dtype::i16: case dtype::i8:
-    case dtype::u32: case dtype::u16: case dtype::u8:
-      return true;
-    default:
-      return false;
+    case dtype::f32:
+    case dtype::f64:
+    case dtype::i64:
+    case dtype::i32:
+    case dtype::i16:
+    case dtype::i8:
+    case dtype::u32:
+    case dtype::u16:
+    case dtype::u8: return true;
+    default: return false;
   }
 }
 
@@ -79,8 +84,10 @@ inline void read_elems(const std::vector<std::byte>& b, std::size_t n, folded_te
   for (std::size_t k = 0; k < n; ++k) {
     T x;
     std::memcpy(&x, b.data() + k * sizeof(T), sizeof(T));
-    if constexpr (std::is_floating_point_v<T>) t.f[k] = static_cast<double>(x);
-    else t.i[k] = static_cast<std::int64_t>(x);
+    if constexpr (std::is_floating_point_v<T>)
+      t.f[k] = static_cast<double>(x);
+    else
+      t.i[k] = static_cast<std::int64_t>(x);
   }
 }
 
@@ -111,8 +118,10 @@ template <class T>
 inline void write_elems(const folded_tensor& t, std::vector<std::byte>& b) {
   for (std::size_t k = 0; k < t.numel(); ++k) {
     T x;
-    if constexpr (std::is_floating_point_v<T>) x = static_cast<T>(t.f[k]);
-    else x = static_cast<T>(t.i[k]);
+    if constexpr (std::is_floating_point_v<T>)
+      x = static_cast<T>(t.f[k]);
+    else
+      x = static_cast<T>(t.i[k]);
     std::memcpy(b.data() + k * sizeof(T), &x, sizeof(T));
   }
 }
@@ -153,9 +162,7 @@ struct evaluator {
   const std::vector<std::optional<folded_tensor>>& in;
   std::size_t max_bytes;
 
-  [[noreturn]] void fail(const std::string& msg, errc code = errc::invalid_argument) const {
-    throw graph_error(code, n.label() + ": " + msg);
-  }
+  [[noreturn]] void fail(const std::string& msg, errc code = errc::invalid_argument) const { throw graph_error(code, n.label() + ": " + msg); }
   const folded_tensor& arg(std::size_t k) const {
     if (k >= in.size() || !in[k]) throw not_foldable{};
     return *in[k];
@@ -247,8 +254,10 @@ struct evaluator {
     folded_tensor r = make(out_t, broadcast_dims({a.dims, b.dims}));
     const auto ma = broadcast_map(r.dims, a.dims), mb = broadcast_map(r.dims, b.dims);
     for (std::size_t e = 0; e < ma.size(); ++e) {
-      if (r.floating()) r.f[e] = fn(a, ma[e], b, mb[e]);
-      else r.i[e] = static_cast<std::int64_t>(fn(a, ma[e], b, mb[e]));
+      if (r.floating())
+        r.f[e] = fn(a, ma[e], b, mb[e]);
+      else
+        r.i[e] = static_cast<std::int64_t>(fn(a, ma[e], b, mb[e]));
     }
     return r;
   }
@@ -272,9 +281,12 @@ struct evaluator {
       const std::int64_t p = a.i[ma[e]], q = b.i[mb[e]];
       std::int64_t v = 0;
       bool overflow = false;
-      if (op == "Add") overflow = __builtin_add_overflow(p, q, &v);
-      else if (op == "Sub") overflow = __builtin_sub_overflow(p, q, &v);
-      else if (op == "Mul") overflow = __builtin_mul_overflow(p, q, &v);
+      if (op == "Add")
+        overflow = __builtin_add_overflow(p, q, &v);
+      else if (op == "Sub")
+        overflow = __builtin_sub_overflow(p, q, &v);
+      else if (op == "Mul")
+        overflow = __builtin_mul_overflow(p, q, &v);
       else {
         if (q == 0 || (q == -1 && p == std::numeric_limits<std::int64_t>::min())) throw not_foldable{};
         v = p / q;  // ONNX's integer Div truncates
@@ -308,11 +320,16 @@ struct evaluator {
       for (std::size_t e = 0; e < a.i.size(); ++e) {
         const std::int64_t x = a.i[e];
         if (x == std::numeric_limits<std::int64_t>::min() && op != "Relu") throw not_foldable{};
-        if (op == "Neg") r.i[e] = -x;
-        else if (op == "Abs") r.i[e] = x < 0 ? -x : x;
-        else if (op == "Relu") r.i[e] = std::max<std::int64_t>(x, 0);
-        else if (op == "Identity") r.i[e] = x;
-        else throw not_foldable{};
+        if (op == "Neg")
+          r.i[e] = -x;
+        else if (op == "Abs")
+          r.i[e] = x < 0 ? -x : x;
+        else if (op == "Relu")
+          r.i[e] = std::max<std::int64_t>(x, 0);
+        else if (op == "Identity")
+          r.i[e] = x;
+        else
+          throw not_foldable{};
       }
       finish(r);
       return r;
@@ -320,22 +337,38 @@ struct evaluator {
     for (std::size_t e = 0; e < a.f.size(); ++e) {
       const double x = a.f[e];
       double y = 0;
-      if (op == "Neg") y = -x;
-      else if (op == "Abs") y = std::fabs(x);
-      else if (op == "Relu") y = x > 0 ? x : 0.0;
-      else if (op == "Identity") y = x;
-      else if (op == "Sqrt") y = std::sqrt(x);
-      else if (op == "Reciprocal") y = 1.0 / x;
-      else if (op == "Exp") y = std::exp(x);
-      else if (op == "Log") y = std::log(x);
-      else if (op == "Erf") y = std::erf(x);
-      else if (op == "Tanh") y = std::tanh(x);
-      else if (op == "Sigmoid") y = 1.0 / (1.0 + std::exp(-x));
-      else if (op == "Floor") y = std::floor(x);
-      else if (op == "Ceil") y = std::ceil(x);
-      else if (op == "Sin") y = std::sin(x);
-      else if (op == "Cos") y = std::cos(x);
-      else throw not_foldable{};
+      if (op == "Neg")
+        y = -x;
+      else if (op == "Abs")
+        y = std::fabs(x);
+      else if (op == "Relu")
+        y = x > 0 ? x : 0.0;
+      else if (op == "Identity")
+        y = x;
+      else if (op == "Sqrt")
+        y = std::sqrt(x);
+      else if (op == "Reciprocal")
+        y = 1.0 / x;
+      else if (op == "Exp")
+        y = std::exp(x);
+      else if (op == "Log")
+        y = std::log(x);
+      else if (op == "Erf")
+        y = std::erf(x);
+      else if (op == "Tanh")
+        y = std::tanh(x);
+      else if (op == "Sigmoid")
+        y = 1.0 / (1.0 + std::exp(-x));
+      else if (op == "Floor")
+        y = std::floor(x);
+      else if (op == "Ceil")
+        y = std::ceil(x);
+      else if (op == "Sin")
+        y = std::sin(x);
+      else if (op == "Cos")
+        y = std::cos(x);
+      else
+        throw not_foldable{};
       r.f[e] = y;
     }
     finish(r);
@@ -346,9 +379,8 @@ struct evaluator {
     const folded_tensor& a = arg(0);
     const folded_tensor& b = arg(1);
     if (!a.floating()) throw not_foldable{};
-    folded_tensor r = map_binary(a.type, a, b, [](const folded_tensor& x, std::size_t i, const folded_tensor& y, std::size_t j) {
-      return std::pow(x.f[i], y.get(j));
-    });
+    folded_tensor r = map_binary(
+        a.type, a, b, [](const folded_tensor& x, std::size_t i, const folded_tensor& y, std::size_t j) { return std::pow(x.f[i], y.get(j)); });
     finish(r);
     return r;
   }
@@ -399,8 +431,10 @@ struct evaluator {
     const auto mc = broadcast_map(r.dims, c.dims), mx = broadcast_map(r.dims, x.dims), my = broadcast_map(r.dims, y.dims);
     for (std::size_t e = 0; e < mc.size(); ++e) {
       const bool pick = c.i[mc[e]] != 0;
-      if (r.floating()) r.f[e] = pick ? x.f[mx[e]] : y.f[my[e]];
-      else r.i[e] = pick ? x.i[mx[e]] : y.i[my[e]];
+      if (r.floating())
+        r.f[e] = pick ? x.f[mx[e]] : y.f[my[e]];
+      else
+        r.i[e] = pick ? x.i[mx[e]] : y.i[my[e]];
     }
     return r;
   }
@@ -409,8 +443,10 @@ struct evaluator {
   folded_tensor gather_flat(const folded_tensor& a, std::vector<std::int64_t> dims, const std::vector<std::size_t>& src) const {
     folded_tensor r = make(a.type, std::move(dims));
     for (std::size_t e = 0; e < src.size(); ++e) {
-      if (r.floating()) r.f[e] = a.f[src[e]];
-      else r.i[e] = a.i[src[e]];
+      if (r.floating())
+        r.f[e] = a.f[src[e]];
+      else
+        r.i[e] = a.i[src[e]];
     }
     return r;
   }
@@ -430,7 +466,8 @@ struct evaluator {
     std::vector<std::size_t> src;
     for (std::size_t o = 0; o < outer; ++o)
       for (std::int64_t j : idx) {
-        if (j < -d || j >= d) fail(std::string("index ") + std::to_string(j) + " is out of range for axis size " + std::to_string(d), errc::out_of_range);
+        if (j < -d || j >= d)
+          fail(std::string("index ") + std::to_string(j) + " is out of range for axis size " + std::to_string(d), errc::out_of_range);
         const auto jj = static_cast<std::size_t>(j < 0 ? j + d : j);
         for (std::size_t k = 0; k < inner; ++k) src.push_back((o * static_cast<std::size_t>(d) + jj) * inner + k);
       }
@@ -459,8 +496,10 @@ struct evaluator {
         const folded_tensor& a = arg(k);
         const std::size_t chunk = a.numel() / std::max<std::size_t>(outer, 1);
         for (std::size_t e = 0; e < chunk; ++e, ++at) {
-          if (r.floating()) r.f[at] = a.f[o * chunk + e];
-          else r.i[at] = a.i[o * chunk + e];
+          if (r.floating())
+            r.f[at] = a.f[o * chunk + e];
+          else
+            r.i[at] = a.i[o * chunk + e];
         }
       }
     return r;
@@ -592,7 +631,8 @@ struct evaluator {
     if (axes.empty())
       for (std::size_t k = 0; k < starts.size(); ++k) axes.push_back(static_cast<std::int64_t>(k));
     if (steps.empty()) steps.assign(starts.size(), 1);
-    if (ends.size() != starts.size() || axes.size() != starts.size() || steps.size() != starts.size()) fail("starts, ends, axes and steps differ in length");
+    if (ends.size() != starts.size() || axes.size() != starts.size() || steps.size() != starts.size())
+      fail("starts, ends, axes and steps differ in length");
     std::vector<std::int64_t> first(r, 0), step(r, 1), dims = a.dims;
     for (std::size_t k = 0; k < axes.size(); ++k) {
       const std::size_t ax = axis(axes[k], r);
@@ -625,7 +665,8 @@ struct evaluator {
     const folded_tensor& s = arg(0);
     const folded_tensor& l = arg(1);
     const folded_tensor& d = arg(2);
-    if (s.numel() != 1 || l.numel() != 1 || d.numel() != 1 || s.type != l.type || s.type != d.type) fail("start, limit and delta must be scalars of one dtype");
+    if (s.numel() != 1 || l.numel() != 1 || d.numel() != 1 || s.type != l.type || s.type != d.type)
+      fail("start, limit and delta must be scalars of one dtype");
     if (s.floating()) {
       if (d.f[0] == 0) fail("delta 0");
       const double count = std::max(std::ceil((l.f[0] - s.f[0]) / d.f[0]), 0.0);
@@ -652,9 +693,12 @@ struct evaluator {
     double fv = 0;
     std::int64_t iv = 0;
     if (auto it = n.attributes.find("value"); it != n.attributes.end()) {
-      if (const auto* p = std::get_if<double>(&it->second)) fv = *p;
-      else if (const auto* q = std::get_if<std::int64_t>(&it->second)) t = dtype::i64, iv = *q;
-      else throw not_foldable{};
+      if (const auto* p = std::get_if<double>(&it->second))
+        fv = *p;
+      else if (const auto* q = std::get_if<std::int64_t>(&it->second))
+        t = dtype::i64, iv = *q;
+      else
+        throw not_foldable{};
     }
     folded_tensor r = make(t, shape);
     std::fill(r.f.begin(), r.f.end(), fv);
@@ -667,11 +711,16 @@ struct evaluator {
     if (n.attributes.size() != 1) throw not_foldable{};
     const auto& [key, a] = *n.attributes.begin();
     folded_tensor r;
-    if (key == "value_int") r.type = dtype::i64, r.i = {std::get<std::int64_t>(a)};
-    else if (key == "value_ints") r.type = dtype::i64, r.i = std::get<ints>(a), r.dims = {static_cast<std::int64_t>(r.i.size())};
-    else if (key == "value_float") r.type = dtype::f32, r.f = {std::get<double>(a)};
-    else if (key == "value_floats") r.type = dtype::f32, r.f = std::get<floats>(a), r.dims = {static_cast<std::int64_t>(r.f.size())};
-    else throw not_foldable{};
+    if (key == "value_int")
+      r.type = dtype::i64, r.i = {std::get<std::int64_t>(a)};
+    else if (key == "value_ints")
+      r.type = dtype::i64, r.i = std::get<ints>(a), r.dims = {static_cast<std::int64_t>(r.i.size())};
+    else if (key == "value_float")
+      r.type = dtype::f32, r.f = {std::get<double>(a)};
+    else if (key == "value_floats")
+      r.type = dtype::f32, r.f = std::get<floats>(a), r.dims = {static_cast<std::int64_t>(r.f.size())};
+    else
+      throw not_foldable{};
     finish(r);
     return r;
   }
@@ -697,9 +746,7 @@ struct evaluator {
       if (op == "Range") return range();
       if (op == "ConstantOfShape") return constant_of_shape();
       return unary();
-    } catch (const std::bad_variant_access&) {
-      throw not_foldable{};
-    } catch (const overflow_error& e) {
+    } catch (const std::bad_variant_access&) { throw not_foldable{}; } catch (const overflow_error& e) {
       fail(e.what(), errc::overflow);
     }
   }
@@ -827,7 +874,8 @@ inline std::optional<ints> reshape_copy_dims(const graph& g, const node& rs) {
     std::size_t want_rank = 1;
     if (const node* un = producer(piece, "Unsqueeze")) {
       std::optional<ints> ax = un->has_attribute("axes") ? std::optional<ints>(un->get_ints("axes"))
-                                                         : un->inputs.size() > 1 ? g.constant_ints(un->inputs[1]) : std::nullopt;
+                               : un->inputs.size() > 1   ? g.constant_ints(un->inputs[1])
+                                                         : std::nullopt;
       if (!ax || *ax != ints{0}) return std::nullopt;
       ga = producer(un->inputs[0], "Gather");
       want_rank = 0;
@@ -888,9 +936,7 @@ inline std::size_t fold_sweep(graph& g, const fold_options& opt) {
       if (all && (!n.inputs.empty() || n.op == "Constant")) {
         try {
           result = detail::evaluator{n, in, opt.max_constant_bytes}.run();
-        } catch (const detail::not_foldable&) {
-          result.reset();
-        }
+        } catch (const detail::not_foldable&) { result.reset(); }
       } else if (n.op == "Gather") {
         result = detail::fold_gather_of_shape(g, n, opt);
       }

@@ -163,9 +163,7 @@ struct rewriter {
       rule(c);
     } catch (const shape_unknown&) {
       for (tensor_type& t : out) t.shape = tensor_shape::unknown_rank();
-    } catch (const error&) {
-      return false;
-    }
+    } catch (const error&) { return false; }
     for (std::size_t k = 0; k < replaces.size(); ++k) {
       if (replaces[k] == value_id::none) continue;
       const tensor_type old = g.get(replaces[k]).type_info();
@@ -340,8 +338,10 @@ inline std::size_t fuse_rms_norm(graph& g) {
     value_id inv = value_id::none;
     if (rc.op == "Reciprocal" && detail::onnx_op(rc)) inv = rc.outputs[0];
     if (rc.op == "Div" && detail::onnx_op(rc) && rc.inputs[1] == r) {
-      if (rc.inputs[0] == x) normed = rc.outputs[0];
-      else if (m.scalar_near(rc.inputs[0], 1.0, 0)) inv = rc.outputs[0];
+      if (rc.inputs[0] == x)
+        normed = rc.outputs[0];
+      else if (m.scalar_near(rc.inputs[0], 1.0, 0))
+        inv = rc.outputs[0];
     }
     interior.push_back(rc_id);
     if (inv != value_id::none) {
@@ -462,8 +462,8 @@ struct epilogue_match {
 };
 
 // `weight`: MatMul's B; when it is [K, N], a bias [N] (or [1]) fits the product whatever A's shape.
-inline epilogue_match match_epilogue(const matcher& m, value_id product, bool want_bias, bool want_residual,
-                                     bool only_relu = false, bool exact_residual = false, value_id weight = value_id::none) {
+inline epilogue_match match_epilogue(const matcher& m, value_id product, bool want_bias, bool want_residual, bool only_relu = false,
+                                     bool exact_residual = false, value_id weight = value_id::none) {
   epilogue_match e;
   e.result = product;
   const tensor_shape ps = m.shape(product);
@@ -477,8 +477,7 @@ inline epilogue_match match_epilogue(const matcher& m, value_id product, bool wa
   if (want_bias)
     if (const auto add = m.sole_consumer(e.result, "Add")) {
       const value_id o = matcher::other(m.g.get(*add), e.result);
-      if (o != value_id::none && m.g.get(o).role == value_role::constant &&
-          ((ps.rank_known && broadcasts_to(m.shape(o), ps)) || vector_fits(o))) {
+      if (o != value_id::none && m.g.get(o).role == value_role::constant && ((ps.rank_known && broadcasts_to(m.shape(o), ps)) || vector_fits(o))) {
         e.bias = o;
         e.result = m.g.get(*add).outputs[0];
         e.nodes.push_back(*add);
@@ -502,8 +501,10 @@ inline epilogue_match match_epilogue(const matcher& m, value_id product, bool wa
   if (!onnx_op(cn)) return e;
   if (r.consumers.size() == 1) {
     std::string act;
-    if (cn.op == "Relu") act = "Relu";
-    else if (!only_relu && (cn.op == "Sigmoid" || cn.op == "Tanh")) act = cn.op;
+    if (cn.op == "Relu")
+      act = "Relu";
+    else if (!only_relu && (cn.op == "Sigmoid" || cn.op == "Tanh"))
+      act = cn.op;
     else if (!only_relu && cn.op == "Gelu") {
       const std::string ap = cn.get_string("approximate", "none");
       act = ap == "tanh" ? "GeluTanh" : ap == "none" ? "Gelu" : "";
@@ -520,8 +521,7 @@ inline epilogue_match match_epilogue(const matcher& m, value_id product, bool wa
       if (k.op == "Sigmoid" && onnx_op(k)) sig = u.node;
       if (k.op == "Mul" && onnx_op(k)) mul = u.node;
     }
-    if (sig && mul && m.single_use(m.g.get(*sig).outputs[0]) &&
-        matcher::other(m.g.get(*mul), e.result) == m.g.get(*sig).outputs[0]) {
+    if (sig && mul && m.single_use(m.g.get(*sig).outputs[0]) && matcher::other(m.g.get(*mul), e.result) == m.g.get(*sig).outputs[0]) {
       e.activation = "Silu";
       e.result = m.g.get(*mul).outputs[0];
       e.nodes.insert(e.nodes.end(), {*sig, *mul});
@@ -539,8 +539,10 @@ inline std::optional<value_id> transposed_constant(graph& g, value_id w) {
   r.dims = {t->dims[1], t->dims[0]};
   for (std::size_t i = 0; i < rows; ++i)
     for (std::size_t j = 0; j < cols; ++j) {
-      if (r.floating()) r.f[j * rows + i] = t->f[i * cols + j];
-      else r.i[j * rows + i] = t->i[i * cols + j];
+      if (r.floating())
+        r.f[j * rows + i] = t->f[i * cols + j];
+      else
+        r.i[j * rows + i] = t->i[i * cols + j];
     }
   return g.add_constant(fresh_value_name(g, g.get(w).name + "_t"), r.type, r.dims, to_bytes(r));
 }
@@ -703,8 +705,7 @@ inline std::size_t fuse_rotary(graph& g) {
     const value_id cos = detail::matcher::other(g.get(*mul_cos), x);
     const value_id result = g.get(*add).outputs[0];
     if (cos == value_id::none || cos == x || sin == x) continue;
-    if (!detail::broadcasts_to(m.shape(cos), xs) || !detail::broadcasts_to(m.shape(sin), xs) || !detail::same_shape(m.shape(result), xs))
-      continue;
+    if (!detail::broadcasts_to(m.shape(cos), xs) || !detail::broadcasts_to(m.shape(sin), xs) || !detail::same_shape(m.shape(result), xs)) continue;
     detail::rewriter rw{g};
     const auto f = rw.add("RotaryEmbedding", std::string(detail::fused_domain), g.get(*add).name + "_rotary", {x, cos, sin}, {result},
                           {{"interleaved", std::int64_t{0}}});
@@ -749,7 +750,8 @@ inline value_id strip_repeat_kv(const matcher& m, value_id v, std::vector<node_i
   if (!un || !m.single_use(uv)) return v;
   const node& u = m.g.get(*un);
   std::optional<ints> ax = u.has_attribute("axes") ? std::optional<ints>(u.get_ints("axes"))
-                                                   : u.inputs.size() > 1 ? m.g.constant_ints(u.inputs[1]) : std::nullopt;
+                           : u.inputs.size() > 1   ? m.g.constant_ints(u.inputs[1])
+                                                   : std::nullopt;
   const value_id base = u.inputs[0];
   const tensor_shape& b = m.shape(base);
   const tensor_shape& e = m.shape(ev);
@@ -977,8 +979,7 @@ inline std::size_t fuse_conv(graph& g) {
       const bool consts = w && w->floating() && !w->dims.empty() && sc && sh && mean && var && (B == value_id::none || bias);
       bool ok = consts;
       if (ok)
-        for (const auto* p : {&*sc, &*sh, &*mean, &*var})
-          ok = ok && p->floating() && p->dims.size() == 1 && p->dims[0] == w->dims[0];
+        for (const auto* p : {&*sc, &*sh, &*mean, &*var}) ok = ok && p->floating() && p->dims.size() == 1 && p->dims[0] == w->dims[0];
       if (ok && bias) ok = bias->floating() && bias->dims.size() == 1 && bias->dims[0] == w->dims[0];
       if (!ok) bn.reset();
     }

@@ -40,10 +40,9 @@ struct dim {
 
   dim() = default;
   template <std::integral I>
-    requires(!std::same_as<I, bool>)
-  dim(I n) : size(static_cast<std::int64_t>(n)) {}  // NOLINT: implicit, for {2, "batch", 8}
-  dim(const char* sym) : symbol(sym) {}                       // NOLINT
-  dim(std::string sym) : symbol(std::move(sym)) {}            // NOLINT
+  requires(!std::same_as<I, bool>) dim(I n) : size(static_cast<std::int64_t>(n)) {}  // NOLINT: implicit, for {2, "batch", 8}
+  dim(const char* sym) : symbol(sym) {}                                              // NOLINT
+  dim(std::string sym) : symbol(std::move(sym)) {}                                   // NOLINT
 
   bool known() const { return size >= 0; }
   bool symbolic() const { return !known() && !symbol.empty(); }
@@ -146,19 +145,25 @@ using attribute = std::variant<std::int64_t, double, std::string, ints, floats, 
 using attribute_map = std::map<std::string, attribute, std::less<>>;
 
 inline std::string_view attribute_kind(const attribute& a) {
-  constexpr std::string_view names[] = {"an int", "a float", "a string", "a list of ints", "a list of floats",
-                                        "a list of strings"};
+  constexpr std::string_view names[] = {"an int", "a float", "a string", "a list of ints", "a list of floats", "a list of strings"};
   return names[a.index()];
 }
 
 namespace detail {
-template <class T> inline constexpr std::string_view attribute_kind_of = "";
-template <> inline constexpr std::string_view attribute_kind_of<std::int64_t> = "an int";
-template <> inline constexpr std::string_view attribute_kind_of<double> = "a float";
-template <> inline constexpr std::string_view attribute_kind_of<std::string> = "a string";
-template <> inline constexpr std::string_view attribute_kind_of<ints> = "a list of ints";
-template <> inline constexpr std::string_view attribute_kind_of<floats> = "a list of floats";
-template <> inline constexpr std::string_view attribute_kind_of<strings> = "a list of strings";
+template <class T>
+inline constexpr std::string_view attribute_kind_of = "";
+template <>
+inline constexpr std::string_view attribute_kind_of<std::int64_t> = "an int";
+template <>
+inline constexpr std::string_view attribute_kind_of<double> = "a float";
+template <>
+inline constexpr std::string_view attribute_kind_of<std::string> = "a string";
+template <>
+inline constexpr std::string_view attribute_kind_of<ints> = "a list of ints";
+template <>
+inline constexpr std::string_view attribute_kind_of<floats> = "a list of floats";
+template <>
+inline constexpr std::string_view attribute_kind_of<strings> = "a list of strings";
 
 inline std::string format_double(double x) {
   char buf[32];
@@ -201,7 +206,7 @@ struct value {
   value_role role = value_role::undefined;
   node_id producer = node_id::none;  // node_output only
   std::size_t producer_slot = 0;
-  std::vector<use> consumers;  // in the order the reads were added
+  std::vector<use> consumers;                          // in the order the reads were added
   std::shared_ptr<const std::vector<std::byte>> data;  // constant only: numel * dtype_size bytes, row-major
   bool is_output = false;
   bool declared = false;  // the type was given (input, constant, set_value_type): inference checks against it
@@ -213,8 +218,8 @@ struct value {
 
 struct node {
   std::string name;
-  std::string op;      // ONNX spelling: "MatMul", "Add", ...
-  std::string domain;  // "" (or "ai.onnx") for ONNX's own ops
+  std::string op;                         // ONNX spelling: "MatMul", "Add", ...
+  std::string domain;                     // "" (or "ai.onnx") for ONNX's own ops
   std::vector<value_id> inputs, outputs;  // value_id::none: an absent optional input or output
   attribute_map attributes;
   bool removed = false;
@@ -244,14 +249,13 @@ struct node {
     auto it = attributes.find(key);
     if (it == attributes.end()) return nullptr;
     if (const T* p = std::get_if<T>(&it->second)) return p;
-    throw graph_error(label() + ": attribute '" + std::string(key) + "' is " + std::string(attribute_kind(it->second)) +
-                      ", expected " + std::string(detail::attribute_kind_of<T>));
+    throw graph_error(label() + ": attribute '" + std::string(key) + "' is " + std::string(attribute_kind(it->second)) + ", expected " +
+                      std::string(detail::attribute_kind_of<T>));
   }
   template <class T>
   T required(std::string_view key) const {
     if (const T* p = find_as<T>(key)) return *p;
-    throw graph_error(label() + ": attribute '" + std::string(key) + "' (" + std::string(detail::attribute_kind_of<T>) +
-                      ") is required");
+    throw graph_error(label() + ": attribute '" + std::string(key) + "' (" + std::string(detail::attribute_kind_of<T>) + ") is required");
   }
   template <class T>
   T optional_or(std::string_view key, T def) const {
@@ -291,16 +295,15 @@ class graph {
 
   // A constant (ONNX initializer) of `t` with all-known `dims`; `bytes` must hold exactly
   // numel * dtype_size(t) bytes (i4x2 counts pairs), row-major.
-  value_id add_constant(std::string name, dtype t, std::vector<std::int64_t> dims,
-                        std::shared_ptr<const std::vector<std::byte>> bytes) {
+  value_id add_constant(std::string name, dtype t, std::vector<std::int64_t> dims, std::shared_ptr<const std::vector<std::byte>> bytes) {
     tensor_shape shape;
     for (std::int64_t d : dims) shape.dims.emplace_back(d);
     check_shape(name, shape, true);
     const std::size_t need = bytes_of(name, t, shape);
     if (!bytes) throw graph_error(std::string("constant '") + name + "': no bytes (a null pointer)");
     if (bytes->size() != need)
-      throw graph_error(std::string("constant '") + name + "': holds " + std::to_string(bytes->size()) + " bytes, " +
-                        std::string(dtype_name(t)) + shape.to_string() + " needs " + std::to_string(need));
+      throw graph_error(std::string("constant '") + name + "': holds " + std::to_string(bytes->size()) + " bytes, " + std::string(dtype_name(t)) +
+                        shape.to_string() + " needs " + std::to_string(need));
     const value_id v = define(name, "constant");
     value& x = values_[index_of(v)];
     x.role = value_role::constant;
@@ -327,8 +330,8 @@ class graph {
 
   // A node reading `inputs` and defining `outputs` (by name; "" is an absent optional one). An empty
   // `name` gets "<op>_<n>". Rejects a duplicate node name and an output that something else defines.
-  node_id add_node(std::string op, std::string name, const std::vector<std::string>& inputs,
-                   const std::vector<std::string>& outputs, attribute_map attributes = {}, std::string domain = {}) {
+  node_id add_node(std::string op, std::string name, const std::vector<std::string>& inputs, const std::vector<std::string>& outputs,
+                   attribute_map attributes = {}, std::string domain = {}) {
     if (op.empty()) throw graph_error(std::string("node '") + name + "': empty op type");
     if (name.empty()) {
       for (std::size_t k = nodes_.size();; ++k) {
@@ -345,8 +348,7 @@ class graph {
       for (std::size_t j = 0; j < i; ++j)
         if (outputs[j] == outputs[i]) throw graph_error(label + ": output '" + outputs[i] + "' is listed twice");
       if (auto v = find_value(outputs[i]); v && values_[index_of(*v)].role != value_role::undefined)
-        throw graph_error(label + ": output '" + outputs[i] + "' is already " + definition_of(*v) +
-                          " (a value has one producer)");
+        throw graph_error(label + ": output '" + outputs[i] + "' is already " + definition_of(*v) + " (a value has one producer)");
     }
     check_room(nodes_.size(), "nodes");
     check_room(values_.size() + inputs.size() + outputs.size(), "values");
@@ -468,8 +470,7 @@ class graph {
         auto it = p.attributes.find("value_ints");
         if (it != p.attributes.end() && std::holds_alternative<ints>(it->second)) return std::get<ints>(it->second);
         it = p.attributes.find("value_int");
-        if (it != p.attributes.end() && std::holds_alternative<std::int64_t>(it->second))
-          return ints{std::get<std::int64_t>(it->second)};
+        if (it != p.attributes.end() && std::holds_alternative<std::int64_t>(it->second)) return ints{std::get<std::int64_t>(it->second)};
       }
     }
     return std::nullopt;
@@ -523,8 +524,8 @@ class graph {
         const std::size_t need = bytes_of(x.name, *x.type, x.shape);
         const std::size_t have = x.data ? x.data->size() : 0;
         if (have != need)
-          throw graph_error(std::string("constant '") + x.name + "': holds " + std::to_string(have) + " bytes, " +
-                            x.type_info().to_string() + " needs " + std::to_string(need));
+          throw graph_error(std::string("constant '") + x.name + "': holds " + std::to_string(have) + " bytes, " + x.type_info().to_string() +
+                            " needs " + std::to_string(need));
       }
       if (x.role == value_role::node_output) {
         const node& p = nodes_[index_of(x.producer)];
@@ -569,9 +570,7 @@ class graph {
   //   return %y
   std::string to_string() const {
     auto ref = [&](value_id v) { return v == value_id::none ? std::string("_") : std::string("%") + values_[index_of(v)].name; };
-    auto typed = [&](value_id v) {
-      return v == value_id::none ? std::string("_") : ref(v) + ": " + values_[index_of(v)].type_info().to_string();
-    };
+    auto typed = [&](value_id v) { return v == value_id::none ? std::string("_") : ref(v) + ": " + values_[index_of(v)].type_info().to_string(); };
     std::string s = std::string("graph ") + (name_.empty() ? std::string("main") : name_) + "(";
     for (std::size_t i = 0; i < inputs_.size(); ++i) s += std::string(i ? ", " : "") + typed(inputs_[i]);
     s += ")\n";
@@ -580,9 +579,7 @@ class graph {
     std::vector<node_id> order;
     try {
       order = topological_order();
-    } catch (const graph_error&) {
-      order = node_ids();
-    }
+    } catch (const graph_error&) { order = node_ids(); }
     for (node_id id : order) {
       const node& n = nodes_[index_of(id)];
       s += "  ";
@@ -613,8 +610,8 @@ class graph {
   void set_input(node_id n, std::size_t slot, value_id v) {
     node& x = live_node(n);
     if (slot >= x.inputs.size())
-      throw graph_error(errc::out_of_range, x.label() + ": input slot " + std::to_string(slot) + " out of range (" +
-                                                std::to_string(x.inputs.size()) + " inputs)");
+      throw graph_error(errc::out_of_range,
+                        x.label() + ": input slot " + std::to_string(slot) + " out of range (" + std::to_string(x.inputs.size()) + " inputs)");
     if (v != value_id::none) (void)live_value(v);
     drop_use(x.inputs[slot], {n, slot});
     x.inputs[slot] = v;
@@ -627,8 +624,7 @@ class graph {
     value& f = live_value(from);
     value& t = live_value(to);
     if (from == to) return 0;
-    if (f.is_output && t.is_output)
-      throw graph_error(f.label() + ": cannot replace a graph output by " + t.label() + ", already a graph output");
+    if (f.is_output && t.is_output) throw graph_error(f.label() + ": cannot replace a graph output by " + t.label() + ", already a graph output");
     std::vector<use> keep, moved;
     for (const use& u : f.consumers) (u.node == except ? keep : moved).push_back(u);
     for (const use& u : moved) {
@@ -728,16 +724,16 @@ class graph {
 
   value& live_value(value_id v) {
     if (index_of(v) >= values_.size())
-      throw graph_error(errc::out_of_range, std::string("value id ") + std::to_string(index_of(v)) + " out of range (" +
-                                                std::to_string(values_.size()) + " values)");
+      throw graph_error(errc::out_of_range,
+                        std::string("value id ") + std::to_string(index_of(v)) + " out of range (" + std::to_string(values_.size()) + " values)");
     value& x = values_[index_of(v)];
     if (x.removed) throw graph_error(errc::out_of_range, x.label() + ": removed");
     return x;
   }
   node& live_node(node_id n) {
     if (index_of(n) >= nodes_.size())
-      throw graph_error(errc::out_of_range, std::string("node id ") + std::to_string(index_of(n)) + " out of range (" +
-                                                std::to_string(nodes_.size()) + " nodes)");
+      throw graph_error(errc::out_of_range,
+                        std::string("node id ") + std::to_string(index_of(n)) + " out of range (" + std::to_string(nodes_.size()) + " nodes)");
     node& x = nodes_[index_of(n)];
     if (x.removed) throw graph_error(errc::out_of_range, x.label() + ": removed");
     return x;
@@ -796,8 +792,7 @@ class graph {
     try {
       return tessel::detail::mul_checked(*s.numel(), dtype_size(t), "graph: bytes");
     } catch (const overflow_error& e) {
-      throw graph_error(errc::overflow, std::string("value '") + name + "': " + std::string(dtype_name(t)) + s.to_string() +
-                                            ": size " + e.what());
+      throw graph_error(errc::overflow, std::string("value '") + name + "': " + std::string(dtype_name(t)) + s.to_string() + ": size " + e.what());
     }
   }
 

@@ -25,11 +25,11 @@ namespace graph {
 using symbol_bindings = std::map<std::string, std::int64_t, std::less<>>;
 
 struct activation_plan {
-  memory_plan plan;                   // offsets, arena, lower bound, one-buffer-per-tensor total
-  std::vector<value_id> values;       // plan tensor i is values[i] (in order of definition)
-  std::vector<tensor_life> tensors;   // what the planner got: op indices count in `order`
-  std::vector<node_id> order;         // the topological order of the lifetimes
-  std::size_t unknown_size = 0;       // intermediates left out: a dtype or a dim not known
+  memory_plan plan;                  // offsets, arena, lower bound, one-buffer-per-tensor total
+  std::vector<value_id> values;      // plan tensor i is values[i] (in order of definition)
+  std::vector<tensor_life> tensors;  // what the planner got: op indices count in `order`
+  std::vector<node_id> order;        // the topological order of the lifetimes
+  std::size_t unknown_size = 0;      // intermediates left out: a dtype or a dim not known
 
   std::optional<std::size_t> offset_of(value_id v) const {
     for (std::size_t i = 0; i < values.size(); ++i)
@@ -40,9 +40,8 @@ struct activation_plan {
   // "activations: 14 tensors (5 in place, 0 of unknown size): peak 24.00 KiB planned vs 56.00 KiB
   // one buffer per tensor vs lower bound 24.00 KiB"
   std::string report() const {
-    return std::string("activations: ") + std::to_string(values.size()) + " tensors (" + std::to_string(plan.in_place) +
-           " in place, " + std::to_string(unknown_size) + " of unknown size): peak " +
-           tessel::detail::plan_format_bytes(plan.arena_bytes) + " planned vs " +
+    return std::string("activations: ") + std::to_string(values.size()) + " tensors (" + std::to_string(plan.in_place) + " in place, " +
+           std::to_string(unknown_size) + " of unknown size): peak " + tessel::detail::plan_format_bytes(plan.arena_bytes) + " planned vs " +
            tessel::detail::plan_format_bytes(plan.unplanned_bytes) + " one buffer per tensor vs lower bound " +
            tessel::detail::plan_format_bytes(plan.lower_bound_bytes);
   }
@@ -53,8 +52,8 @@ namespace detail {
 // Which inputs an op may overwrite with its first output, element for element.
 inline std::vector<std::size_t> in_place_inputs(const node& n) {
   if (!n.domain.empty() && n.domain != "ai.onnx") return {};
-  static constexpr std::string_view unary[] = {"Relu", "Gelu", "Erf", "Tanh", "Sigmoid", "Exp", "Log", "Sqrt", "Neg", "Abs",
-                                               "Reciprocal", "Identity", "Dropout", "Cast", "Ceil", "Floor", "Sin", "Cos",
+  static constexpr std::string_view unary[] = {"Relu", "Gelu", "Erf", "Tanh", "Sigmoid", "Exp", "Log", "Sqrt", "Neg", "Abs", "Reciprocal", "Identity",
+                                               "Dropout", "Cast", "Ceil", "Floor", "Sin", "Cos",
                                                // bytes relabelled, not changed
                                                "Reshape", "Flatten", "Squeeze", "Unsqueeze"};
   static constexpr std::string_view binary[] = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean"};
@@ -79,17 +78,14 @@ inline std::optional<std::size_t> bound_numel(const value& x, const symbol_bindi
       if (!d.known()) {
         auto it = d.symbol.empty() ? symbols.end() : symbols.find(d.symbol);
         if (it == symbols.end()) return std::nullopt;
-        if (it->second < 0)
-          throw graph_error(x.label() + ": symbol '" + d.symbol + "' is bound to " + std::to_string(it->second));
+        if (it->second < 0) throw graph_error(x.label() + ": symbol '" + d.symbol + "' is bound to " + std::to_string(it->second));
         s = it->second;
       }
       n = tessel::detail::mul_checked(n, static_cast<std::size_t>(s), "graph: element count");
     }
     (void)tessel::detail::mul_checked(n, dtype_size(*x.type), "graph: bytes");  // the caller multiplies
     return n;
-  } catch (const overflow_error& e) {
-    throw graph_error(errc::overflow, x.label() + ": " + x.type_info().to_string() + ": size " + e.what());
-  }
+  } catch (const overflow_error& e) { throw graph_error(errc::overflow, x.label() + ": " + x.type_info().to_string() + ": size " + e.what()); }
 }
 
 }  // namespace detail

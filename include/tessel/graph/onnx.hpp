@@ -18,7 +18,8 @@
 #pragma once
 
 #ifndef TESSEL_HAVE_ONNX
-#error "tessel/graph/onnx.hpp needs ONNX: link the CMake target tessel::onnx (found when Debian's libonnx-dev and libprotobuf-dev are installed), which defines TESSEL_HAVE_ONNX=1"
+#error \
+    "tessel/graph/onnx.hpp needs ONNX: link the CMake target tessel::onnx (found when Debian's libonnx-dev and libprotobuf-dev are installed), which defines TESSEL_HAVE_ONNX=1"
 #endif
 
 #include <bit>
@@ -57,8 +58,8 @@ struct onnx_import_info {
   std::int64_t opset = 0;           // the default domain's opset of the file
   std::int64_t imported_opset = 0;  // after a version conversion (== opset when none ran)
   bool converted = false;
-  std::string producer;             // producer_name and producer_version
-  std::vector<std::string> notes;   // what the importer changed or chose, one line each
+  std::string producer;            // producer_name and producer_version
+  std::vector<std::string> notes;  // what the importer changed or chose, one line each
 };
 
 struct onnx_options {
@@ -78,15 +79,13 @@ inline constexpr std::int64_t onnx_max_opset = 17;
 
 namespace detail {
 
-static_assert(std::endian::native == std::endian::little,
-              "ONNX's raw_data is little-endian; the importer copies it as it is");
+static_assert(std::endian::native == std::endian::little, "ONNX's raw_data is little-endian; the importer copies it as it is");
 
 [[noreturn]] inline void onnx_fail(errc code, const std::string& msg) { throw graph_error(code, "ONNX import: " + msg); }
 
 inline std::string onnx_dtype_label(std::int32_t code) {
-  static constexpr const char* names[] = {"UNDEFINED", "FLOAT",  "UINT8",     "INT8",     "UINT16",    "INT16",
-                                          "INT32",     "INT64",  "STRING",    "BOOL",     "FLOAT16",   "DOUBLE",
-                                          "UINT32",    "UINT64", "COMPLEX64", "COMPLEX128", "BFLOAT16"};
+  static constexpr const char* names[] = {"UNDEFINED", "FLOAT",   "UINT8",  "INT8",   "UINT16", "INT16",     "INT32",      "INT64",   "STRING",
+                                          "BOOL",      "FLOAT16", "DOUBLE", "UINT32", "UINT64", "COMPLEX64", "COMPLEX128", "BFLOAT16"};
   if (code >= 0 && code < static_cast<std::int32_t>(std::size(names))) return names[code];
   return "element type " + std::to_string(code);
 }
@@ -99,8 +98,7 @@ struct onnx_tensor_data {
 
 // A relative path below `base`, with no '..' and no absolute root, resolved through symlinks and
 // still below `base`: where an external data file may be.
-inline std::filesystem::path onnx_external_path(const std::filesystem::path& base, const std::string& location,
-                                                const std::string& what) {
+inline std::filesystem::path onnx_external_path(const std::filesystem::path& base, const std::string& location, const std::string& what) {
   namespace fs = std::filesystem;
   if (location.empty()) onnx_fail(errc::format, what + ": external data without a 'location'");
   if (location.find('\0') != std::string::npos) onnx_fail(errc::format, what + ": external data location holds a NUL byte");
@@ -108,8 +106,7 @@ inline std::filesystem::path onnx_external_path(const std::filesystem::path& bas
   if (rel.is_absolute() || rel.has_root_name() || rel.has_root_directory())
     onnx_fail(errc::invalid_argument, what + ": external data location '" + location + "' is absolute; it must be relative to the model's directory");
   for (const fs::path& part : rel)
-    if (part == "..")
-      onnx_fail(errc::invalid_argument, what + ": external data location '" + location + "' leaves the model's directory ('..')");
+    if (part == "..") onnx_fail(errc::invalid_argument, what + ": external data location '" + location + "' leaves the model's directory ('..')");
   std::error_code ec;
   const fs::path root = fs::weakly_canonical(base, ec);
   if (ec) onnx_fail(errc::io, what + ": the model directory '" + base.string() + "': " + ec.message());
@@ -136,15 +133,18 @@ inline std::uint64_t onnx_parse_u64(const std::string& s, const std::string& wha
   return v;
 }
 
-inline void onnx_read_external(const onnx::TensorProto& t, const std::filesystem::path* base, std::size_t need,
-                               const std::string& what, std::vector<std::byte>& out) {
+inline void onnx_read_external(const onnx::TensorProto& t, const std::filesystem::path* base, std::size_t need, const std::string& what,
+                               std::vector<std::byte>& out) {
   std::string location;
   std::uint64_t offset = 0;
   std::optional<std::uint64_t> length;
   for (const auto& kv : t.external_data()) {
-    if (kv.key() == "location") location = kv.value();
-    else if (kv.key() == "offset") offset = onnx_parse_u64(kv.value(), what + ": external data offset");
-    else if (kv.key() == "length") length = onnx_parse_u64(kv.value(), what + ": external data length");
+    if (kv.key() == "location")
+      location = kv.value();
+    else if (kv.key() == "offset")
+      offset = onnx_parse_u64(kv.value(), what + ": external data offset");
+    else if (kv.key() == "length")
+      length = onnx_parse_u64(kv.value(), what + ": external data length");
   }
   if (!base || base->empty())
     onnx_fail(errc::invalid_argument, what + ": stored in external file '" + location +
@@ -154,8 +154,8 @@ inline void onnx_read_external(const onnx::TensorProto& t, const std::filesystem
   const std::uintmax_t size = std::filesystem::file_size(file, ec);
   if (ec) onnx_fail(errc::io, what + ": external data file '" + location + "': " + ec.message());
   if (offset > size)
-    onnx_fail(errc::out_of_range, what + ": external data offset " + std::to_string(offset) + " is past the end of '" + location +
-                                      "' (" + std::to_string(size) + " bytes)");
+    onnx_fail(errc::out_of_range, what + ": external data offset " + std::to_string(offset) + " is past the end of '" + location + "' (" +
+                                      std::to_string(size) + " bytes)");
   const std::uint64_t len = length ? *length : size - offset;
   if (len != need)
     onnx_fail(errc::format, what + ": external data holds " + std::to_string(len) + " bytes, its dtype and dims need " + std::to_string(need));
@@ -172,19 +172,17 @@ inline void onnx_read_external(const onnx::TensorProto& t, const std::filesystem
 
 // Typed values of a repeated field into `out`, each checked to fit T.
 template <class T, class Field>
-void onnx_copy_typed(const Field& field, std::size_t numel, const std::string& what, const char* field_name,
-                     std::vector<std::byte>& out) {
+void onnx_copy_typed(const Field& field, std::size_t numel, const std::string& what, const char* field_name, std::vector<std::byte>& out) {
   if (static_cast<std::size_t>(field.size()) != numel)
-    onnx_fail(errc::format, what + ": " + field_name + " holds " + std::to_string(field.size()) + " values, its dims need " +
-                                std::to_string(numel));
+    onnx_fail(errc::format, what + ": " + field_name + " holds " + std::to_string(field.size()) + " values, its dims need " + std::to_string(numel));
   out.resize(numel * sizeof(T));
   for (std::size_t i = 0; i < numel; ++i) {
     const auto x = field.Get(static_cast<int>(i));
     T y;
     if constexpr (std::is_integral_v<T> && std::is_integral_v<decltype(x)>) {
       if (!std::in_range<T>(x))
-        onnx_fail(errc::format, what + ": " + field_name + " value " + std::to_string(x) + " at " + std::to_string(i) +
-                                    " does not fit the tensor's element type");
+        onnx_fail(errc::format,
+                  what + ": " + field_name + " value " + std::to_string(x) + " at " + std::to_string(i) + " does not fit the tensor's element type");
       y = static_cast<T>(x);
     } else {
       y = static_cast<T>(x);
@@ -205,17 +203,13 @@ inline onnx_tensor_data onnx_read_tensor(const onnx::TensorProto& t, const std::
     if (d < 0) onnx_fail(errc::format, what + ": dim " + std::to_string(d) + " is negative");
     try {
       numel = tessel::detail::mul_checked(numel, static_cast<std::size_t>(d), "element count");
-    } catch (const overflow_error&) {
-      onnx_fail(errc::overflow, what + ": the element count of its dims overflows");
-    }
+    } catch (const overflow_error&) { onnx_fail(errc::overflow, what + ": the element count of its dims overflows"); }
     r.dims.push_back(d);
   }
   std::size_t need = 0;
   try {
     need = tessel::detail::mul_checked(numel, dtype_size(r.type), "byte size");
-  } catch (const overflow_error&) {
-    onnx_fail(errc::overflow, what + ": its byte size overflows");
-  }
+  } catch (const overflow_error&) { onnx_fail(errc::overflow, what + ": its byte size overflows"); }
   r.bytes = std::make_shared<std::vector<std::byte>>();
   auto& out = *r.bytes;
   if (t.data_location() == onnx::TensorProto::EXTERNAL) {
@@ -224,9 +218,8 @@ inline onnx_tensor_data onnx_read_tensor(const onnx::TensorProto& t, const std::
   }
   if (t.has_raw_data()) {
     if (t.raw_data().size() != need)
-      onnx_fail(errc::format, what + ": raw_data holds " + std::to_string(t.raw_data().size()) + " bytes, " +
-                                  std::string(dtype_name(r.type)) + " with dims " + ints_to_string(r.dims) + " needs " +
-                                  std::to_string(need));
+      onnx_fail(errc::format, what + ": raw_data holds " + std::to_string(t.raw_data().size()) + " bytes, " + std::string(dtype_name(r.type)) +
+                                  " with dims " + ints_to_string(r.dims) + " needs " + std::to_string(need));
     out.resize(need);
     if (need) std::memcpy(out.data(), t.raw_data().data(), need);
     return r;
@@ -253,8 +246,7 @@ inline onnx_tensor_data onnx_read_tensor(const onnx::TensorProto& t, const std::
 
 // A declared value type (graph input, output, value_info). `keep_symbols` false turns dim_param
 // names into anonymous unknown dims (exporters name intermediate dims freely).
-inline std::pair<std::optional<dtype>, tensor_shape> onnx_value_type(const onnx::ValueInfoProto& vi, bool keep_symbols,
-                                                                     const std::string& what) {
+inline std::pair<std::optional<dtype>, tensor_shape> onnx_value_type(const onnx::ValueInfoProto& vi, bool keep_symbols, const std::string& what) {
   if (!vi.has_type()) return {std::nullopt, tensor_shape::unknown_rank()};
   if (!vi.type().has_tensor_type())
     onnx_fail(errc::unsupported, what + " is not a tensor (sequences, maps, optionals and sparse tensors are not supported)");
@@ -311,7 +303,8 @@ inline attribute onnx_attribute(const onnx::NodeProto& n, const onnx::AttributeP
 
 // A Constant node's value as a graph constant named by its output.
 inline void onnx_add_constant_node(graph& g, const onnx::NodeProto& n, const std::string& label, const std::filesystem::path* base) {
-  if (n.output_size() != 1 || n.output(0).empty()) onnx_fail(errc::format, label + ": a Constant has one output, not " + std::to_string(n.output_size()));
+  if (n.output_size() != 1 || n.output(0).empty())
+    onnx_fail(errc::format, label + ": a Constant has one output, not " + std::to_string(n.output_size()));
   if (n.input_size() != 0) onnx_fail(errc::format, label + ": a Constant takes no inputs");
   if (n.attribute_size() != 1)
     onnx_fail(errc::format, label + ": a Constant has exactly one value attribute, not " + std::to_string(n.attribute_size()));
@@ -364,8 +357,7 @@ inline void onnx_check_for_converter(const onnx::GraphProto& gp) {
       if (!in.empty() && !defined.count(in))
         onnx_fail(errc::invalid_argument, label + ": input '" + in + "' is not defined by any earlier node, graph input or initializer");
     for (const auto& out : n.output())
-      if (!out.empty() && !defined.insert(out).second)
-        onnx_fail(errc::invalid_argument, label + ": output '" + out + "' is already defined");
+      if (!out.empty() && !defined.insert(out).second) onnx_fail(errc::invalid_argument, label + ": output '" + out + "' is already defined");
   }
   for (const auto& out : gp.output())
     if (!defined.count(out.name()))
@@ -387,14 +379,12 @@ inline graph onnx_build(onnx::ModelProto& m, const onnx_options& opt) {
   if (opset < 0) onnx_fail(errc::format, "the model imports no opset of the default domain");
   info.opset = info.imported_opset = opset;
   if (opset > onnx_max_opset)
-    onnx_fail(errc::unsupported, "opset " + std::to_string(opset) + " is newer than this importer's " +
-                                     std::to_string(onnx_min_opset) + " to " + std::to_string(onnx_max_opset));
+    onnx_fail(errc::unsupported, "opset " + std::to_string(opset) + " is newer than this importer's " + std::to_string(onnx_min_opset) + " to " +
+                                     std::to_string(onnx_max_opset));
   if (opset < onnx_min_opset || opt.onnx_checker) {
     try {
       onnx::checker::check_model(m);
-    } catch (const std::exception& e) {
-      onnx_fail(errc::format, std::string("ONNX's checker rejects the model: ") + e.what());
-    }
+    } catch (const std::exception& e) { onnx_fail(errc::format, std::string("ONNX's checker rejects the model: ") + e.what()); }
   }
   if (opset < onnx_min_opset) {
     onnx_check_for_converter(m.graph());
@@ -460,8 +450,7 @@ inline graph onnx_build(onnx::ModelProto& m, const onnx_options& opt) {
     if (!find_shape_rule(probe) && !opt.allow_unknown_ops)
       onnx_fail(errc::unsupported, label + ": unknown op '" + (ours ? std::string() : n.domain() + "::") + n.op_type() +
                                        "' (no shape rule; onnx_options::allow_unknown_ops imports it with unknown outputs)");
-    g.add_node(n.op_type(), n.name().empty() ? std::string() : n.name(),
-               std::vector<std::string>(n.input().begin(), n.input().end()),
+    g.add_node(n.op_type(), n.name().empty() ? std::string() : n.name(), std::vector<std::string>(n.input().begin(), n.input().end()),
                std::vector<std::string>(n.output().begin(), n.output().end()), std::move(attrs), probe.domain);
   }
   if (constants) info.notes.push_back(std::to_string(constants) + " Constant nodes became graph constants");
@@ -500,18 +489,13 @@ inline graph import_onnx_bytes(std::string_view bytes, const onnx_options& optio
     google::protobuf::io::CodedInputStream in(reinterpret_cast<const std::uint8_t*>(bytes.data()), static_cast<int>(bytes.size()));
     in.SetRecursionLimit(64);
     if (!m.ParseFromCodedStream(&in) || !in.ConsumedEntireMessage())
-      detail::onnx_fail(errc::format, "the " + std::to_string(bytes.size()) +
-                                          " bytes are not an ONNX ModelProto (truncated, or not protobuf)");
+      detail::onnx_fail(errc::format, "the " + std::to_string(bytes.size()) + " bytes are not an ONNX ModelProto (truncated, or not protobuf)");
   }
   try {
     return detail::onnx_build(m, options);
-  } catch (const error&) {
-    throw;
-  } catch (const std::bad_alloc&) {
+  } catch (const error&) { throw; } catch (const std::bad_alloc&) {
     detail::onnx_fail(errc::capacity, "out of memory");
-  } catch (const std::exception& e) {
-    detail::onnx_fail(errc::format, e.what());
-  }
+  } catch (const std::exception& e) { detail::onnx_fail(errc::format, e.what()); }
 }
 
 // Imports an .onnx file; external data files are looked up next to it unless options say otherwise.
@@ -524,8 +508,7 @@ inline graph import_onnx(const std::filesystem::path& path, onnx_options options
                                              " bytes; protobuf reads at most 2 GiB (larger models keep their tensors in external data)");
   std::string bytes(static_cast<std::size_t>(size), '\0');
   std::ifstream in(path, std::ios::binary);
-  if (!in || (size && !in.read(bytes.data(), static_cast<std::streamsize>(size))))
-    detail::onnx_fail(errc::io, "cannot read '" + path.string() + "'");
+  if (!in || (size && !in.read(bytes.data(), static_cast<std::streamsize>(size)))) detail::onnx_fail(errc::io, "cannot read '" + path.string() + "'");
   if (options.external_data_dir.empty()) {
     options.external_data_dir = path.parent_path();
     if (options.external_data_dir.empty()) options.external_data_dir = ".";

@@ -57,8 +57,8 @@ struct fusion_report {
   // A summary line, the op table (before, after) and the pattern table.
   std::string to_string() const {
     char buf[160];
-    std::snprintf(buf, sizeof buf, "nodes: %zu -> %zu (-%.1f%%) in %zu rounds; folded %zu, merged %zu, dead %zu\n", nodes_before,
-                  nodes_after, reduction_percent(), rounds, folded, merged, dead);
+    std::snprintf(buf, sizeof buf, "nodes: %zu -> %zu (-%.1f%%) in %zu rounds; folded %zu, merged %zu, dead %zu\n", nodes_before, nodes_after,
+                  reduction_percent(), rounds, folded, merged, dead);
     std::string s = buf;
     std::snprintf(buf, sizeof buf, "%-26s %7s %7s\n", "op", "before", "after");
     s += buf;

@@ -73,9 +73,7 @@ struct infer_ctx {
   const node& n;
   std::vector<tensor_type>& out;  // one per output slot, preset to unknown
 
-  [[noreturn]] void fail(const std::string& msg, errc code = errc::invalid_argument) const {
-    throw graph_error(code, n.label() + ": " + msg);
-  }
+  [[noreturn]] void fail(const std::string& msg, errc code = errc::invalid_argument) const { throw graph_error(code, n.label() + ": " + msg); }
   std::size_t inputs() const { return n.inputs.size(); }
   std::size_t outputs() const { return n.outputs.size(); }
   bool has(std::size_t i) const { return i < n.inputs.size() && n.inputs[i] != value_id::none; }
@@ -110,8 +108,7 @@ struct infer_ctx {
   std::size_t axis(std::int64_t a, std::size_t rank, std::string_view what, bool inclusive = false) const {
     const auto r = static_cast<std::int64_t>(rank);
     const std::int64_t hi = inclusive ? r : r - 1;
-    if (a < -r || a > hi)
-      fail(std::string(what) + " " + std::to_string(a) + " is out of range for rank " + std::to_string(rank), errc::out_of_range);
+    if (a < -r || a > hi) fail(std::string(what) + " " + std::to_string(a) + " is out of range for rank " + std::to_string(rank), errc::out_of_range);
     return static_cast<std::size_t>(a < 0 ? a + r : a);
   }
   // Normalized, distinct axes.
@@ -135,8 +132,8 @@ struct infer_ctx {
       const auto u = type(i);
       if (!u) continue;
       if (t && *t != *u)
-        fail(std::string("input dtypes differ: ") + std::string(dtype_name(*t)) + " (" + quoted(from) + ") and " +
-             std::string(dtype_name(*u)) + " (" + quoted(i) + ")");
+        fail(std::string("input dtypes differ: ") + std::string(dtype_name(*t)) + " (" + quoted(from) + ") and " + std::string(dtype_name(*u)) +
+             " (" + quoted(i) + ")");
       if (!t) from = i;
       t = u;
     }
@@ -169,8 +166,7 @@ inline std::optional<dim> broadcast_dim(const dim& a, const dim& b) {
   return a.symbol == b.symbol ? a : dim();
 }
 
-inline tensor_shape broadcast(const infer_ctx& c, const tensor_shape& a, const tensor_shape& b,
-                              std::string_view what = "shapes") {
+inline tensor_shape broadcast(const infer_ctx& c, const tensor_shape& a, const tensor_shape& b, std::string_view what = "shapes") {
   const std::size_t r = std::max(a.rank(), b.rank());
   tensor_shape s;
   s.dims.resize(r);
@@ -179,8 +175,8 @@ inline tensor_shape broadcast(const infer_ctx& c, const tensor_shape& a, const t
     const dim db = k < b.rank() ? b.dims[b.rank() - 1 - k] : dim(1);
     auto d = broadcast_dim(da, db);
     if (!d)
-      c.fail(std::string(what) + " " + a.to_string() + " and " + b.to_string() + " do not broadcast: dims " +
-             std::to_string(da.size) + " and " + std::to_string(db.size) + " at axis -" + std::to_string(k + 1));
+      c.fail(std::string(what) + " " + a.to_string() + " and " + b.to_string() + " do not broadcast: dims " + std::to_string(da.size) + " and " +
+             std::to_string(db.size) + " at axis -" + std::to_string(k + 1));
     s.dims[r - 1 - k] = *d;
   }
   return s;
@@ -198,17 +194,16 @@ inline std::optional<dim> merge_dim(const dim& a, const dim& b) {
 inline ints spatial_attr(const infer_ctx& c, std::string_view key, std::size_t count, std::int64_t def, std::int64_t min) {
   ints v = c.n.get_ints(key, ints(count, def));
   if (v.size() != count)
-    c.fail(std::string("attribute '") + std::string(key) + "' " + ints_to_string(v) + " has " + std::to_string(v.size()) +
-           " values, expected " + std::to_string(count));
+    c.fail(std::string("attribute '") + std::string(key) + "' " + ints_to_string(v) + " has " + std::to_string(v.size()) + " values, expected " +
+           std::to_string(count));
   for (std::int64_t x : v)
     if (x < min) c.fail(std::string("attribute '") + std::string(key) + "' " + ints_to_string(v) + " has a value below " + std::to_string(min));
   return v;
 }
 
 // The output size of a sliding window (Conv and the pools) over one spatial axis.
-inline dim window_dim(const infer_ctx& c, const dim& in, std::int64_t k, std::int64_t stride, std::int64_t dil,
-                      std::int64_t pad_begin, std::int64_t pad_end, const std::string& auto_pad, bool ceil_mode,
-                      std::size_t axis) {
+inline dim window_dim(const infer_ctx& c, const dim& in, std::int64_t k, std::int64_t stride, std::int64_t dil, std::int64_t pad_begin,
+                      std::int64_t pad_end, const std::string& auto_pad, bool ceil_mode, std::size_t axis) {
   if (auto_pad != "NOTSET" && auto_pad != "VALID" && auto_pad != "SAME_UPPER" && auto_pad != "SAME_LOWER")
     c.fail(std::string("auto_pad '") + auto_pad + "' is not NOTSET, VALID, SAME_UPPER or SAME_LOWER");
   if (!in.known()) return dim();
@@ -345,8 +340,8 @@ inline void matmul_shape(infer_ctx& c) {
   const dim& kb = db[db.size() - 2];
   if (!merge_dim(ka, kb))
     c.fail(std::string("inner dims ") + ka.to_string() + " and " + kb.to_string() + " differ (" + a.to_string() + " x " + b.to_string() + ")");
-  const tensor_shape batch = broadcast(c, tensor_shape(std::vector<dim>(da.begin(), da.end() - 2)),
-                                       tensor_shape(std::vector<dim>(db.begin(), db.end() - 2)), "batch dims");
+  const tensor_shape batch =
+      broadcast(c, tensor_shape(std::vector<dim>(da.begin(), da.end() - 2)), tensor_shape(std::vector<dim>(db.begin(), db.end() - 2)), "batch dims");
   tensor_shape s = batch;
   if (a.rank() > 1) s.dims.push_back(da[da.size() - 2]);
   if (b.rank() > 1) s.dims.push_back(db.back());
@@ -367,14 +362,13 @@ inline void rule_gemm(infer_ctx& c) {
   const tensor_shape& a = c.ranked(0);
   const tensor_shape& b = c.ranked(1);
   for (std::size_t i : {0, 1})
-    if (c.in(i).shape.rank() != 2)
-      c.fail(std::string("input ") + c.quoted(i) + " has shape " + c.in(i).shape.to_string() + "; Gemm needs rank 2");
+    if (c.in(i).shape.rank() != 2) c.fail(std::string("input ") + c.quoted(i) + " has shape " + c.in(i).shape.to_string() + "; Gemm needs rank 2");
   const bool ta = c.n.get_int("transA", 0) != 0, tb = c.n.get_int("transB", 0) != 0;
   const dim m = a.dims[ta ? 1 : 0], ka = a.dims[ta ? 0 : 1];
   const dim kb = b.dims[tb ? 1 : 0], n = b.dims[tb ? 0 : 1];
   if (!merge_dim(ka, kb))
-    c.fail(std::string("inner dims ") + ka.to_string() + " and " + kb.to_string() + " differ (" + a.to_string() + std::string(ta ? "^T" : "") + " x " +
-           b.to_string() + std::string(tb ? "^T" : "") + ")");
+    c.fail(std::string("inner dims ") + ka.to_string() + " and " + kb.to_string() + " differ (" + a.to_string() + std::string(ta ? "^T" : "") +
+           " x " + b.to_string() + std::string(tb ? "^T" : "") + ")");
   const tensor_shape y{m, n};
   if (c.has(2)) {  // C broadcasts one way, to (M, N)
     const tensor_shape& cs = c.ranked(2);
@@ -404,8 +398,8 @@ inline void rule_transpose(infer_ctx& c) {
     if (ok) seen[static_cast<std::size_t>(perm[i])] = 1;
   }
   if (!ok)
-    c.fail(std::string("perm ") + ints_to_string(perm) + " is not a permutation of 0.." + std::to_string(r == 0 ? 0 : r - 1) +
-           " (input " + s.to_string() + ")");
+    c.fail(std::string("perm ") + ints_to_string(perm) + " is not a permutation of 0.." + std::to_string(r == 0 ? 0 : r - 1) + " (input " +
+           s.to_string() + ")");
   tensor_shape o;
   for (std::int64_t p : perm) o.dims.push_back(s.dims[static_cast<std::size_t>(p)]);
   c.set_shape(0, o);
@@ -417,16 +411,20 @@ struct elem_count {
   std::vector<std::string> symbols;
   bool opaque = false;
   void add(const dim& d) {
-    if (d.known()) known = dim_mul(known, d.size, "graph: element count");
-    else if (d.symbol.empty()) opaque = true;
-    else symbols.push_back(d.symbol);
+    if (d.known())
+      known = dim_mul(known, d.size, "graph: element count");
+    else if (d.symbol.empty())
+      opaque = true;
+    else
+      symbols.push_back(d.symbol);
   }
 };
 
 inline void rule_reshape(infer_ctx& c) {
   c.arity(2, 2, 1, 1);
   c.set_type(0, c.type(0));
-  if (auto t = c.type(1); t && *t != dtype::i64) c.fail(std::string("shape ") + c.quoted(1) + " is " + std::string(dtype_name(*t)) + ", expected i64");
+  if (auto t = c.type(1); t && *t != dtype::i64)
+    c.fail(std::string("shape ") + c.quoted(1) + " is " + std::string(dtype_name(*t)) + ", expected i64");
   const tensor_shape& in = c.ranked(0);
   const auto target = c.const_ints(1);
   if (!target) {  // a computed shape: the rank is its length, when known
@@ -500,7 +498,8 @@ inline std::optional<ints> axes_operand(const infer_ctx& c, std::size_t slot, bo
   present = true;
   if (c.n.has_attribute("axes")) return c.n.get_ints("axes");
   if (c.has(slot)) {
-    if (auto t = c.type(slot); t && *t != dtype::i64) c.fail(std::string("axes ") + c.quoted(slot) + " is " + std::string(dtype_name(*t)) + ", expected i64");
+    if (auto t = c.type(slot); t && *t != dtype::i64)
+      c.fail(std::string("axes ") + c.quoted(slot) + " is " + std::string(dtype_name(*t)) + ", expected i64");
     return c.const_ints(slot);
   }
   present = false;
@@ -523,7 +522,8 @@ inline void rule_squeeze(infer_ctx& c) {
     const auto ax = c.axes(*a, s.rank(), "axes");
     for (std::size_t k : ax)
       if (s.dims[k].known() && s.dims[k].size != 1)
-        c.fail(std::string("cannot squeeze axis ") + std::to_string(k) + " of size " + std::to_string(s.dims[k].size) + " (input " + s.to_string() + ")");
+        c.fail(std::string("cannot squeeze axis ") + std::to_string(k) + " of size " + std::to_string(s.dims[k].size) + " (input " + s.to_string() +
+               ")");
     for (std::size_t i = 0; i < s.rank(); ++i)
       if (std::find(ax.begin(), ax.end(), i) == ax.end()) o.dims.push_back(s.dims[i]);
   }
@@ -542,8 +542,7 @@ inline void rule_unsqueeze(infer_ctx& c) {
   const auto ax = c.axes(*a, r, "axes");
   tensor_shape o;
   std::size_t next = 0;
-  for (std::size_t i = 0; i < r; ++i)
-    o.dims.push_back(std::find(ax.begin(), ax.end(), i) != ax.end() ? dim(1) : s.dims[next++]);
+  for (std::size_t i = 0; i < r; ++i) o.dims.push_back(std::find(ax.begin(), ax.end(), i) != ax.end() ? dim(1) : s.dims[next++]);
   c.set_shape(0, o);
 }
 
@@ -583,10 +582,14 @@ inline void rule_split(infer_ctx& c) {
   const dim d = s.dims[ax];
   std::vector<dim> sizes(n);
   std::optional<ints> split;
-  if (c.n.has_attribute("split")) split = c.n.get_ints("split");
-  else if (c.has(1)) split = c.const_ints(1);
+  if (c.n.has_attribute("split"))
+    split = c.n.get_ints("split");
+  else if (c.has(1))
+    split = c.const_ints(1);
   if (split) {
-    if (split->size() != n) c.fail(std::string("split ") + ints_to_string(*split) + " has " + std::to_string(split->size()) + " sizes for " + std::to_string(n) + " outputs");
+    if (split->size() != n)
+      c.fail(std::string("split ") + ints_to_string(*split) + " has " + std::to_string(split->size()) + " sizes for " + std::to_string(n) +
+             " outputs");
     std::int64_t sum = 0;
     for (std::size_t k = 0; k < n; ++k) {
       if ((*split)[k] < 0) c.fail(std::string("split ") + ints_to_string(*split) + " has a negative size");
@@ -594,8 +597,8 @@ inline void rule_split(infer_ctx& c) {
       sizes[k] = dim((*split)[k]);
     }
     if (d.known() && sum != d.size)
-      c.fail(std::string("split ") + ints_to_string(*split) + " sums to " + std::to_string(sum) + ", but axis " + std::to_string(ax) +
-             " has " + std::to_string(d.size));
+      c.fail(std::string("split ") + ints_to_string(*split) + " sums to " + std::to_string(sum) + ", but axis " + std::to_string(ax) + " has " +
+             std::to_string(d.size));
   } else if (!c.has(1) && d.known()) {
     const std::int64_t parts = static_cast<std::int64_t>(n);
     if (c.n.has_attribute("num_outputs")) {  // opset 18: the last part may be smaller
@@ -603,12 +606,13 @@ inline void rule_split(infer_ctx& c) {
         c.fail(std::string("num_outputs ") + std::to_string(c.n.get_int("num_outputs")) + " but " + std::to_string(n) + " outputs");
       const std::int64_t chunk = (d.size + parts - 1) / parts;
       if (chunk * (parts - 1) > d.size)
-        c.fail(std::string("axis ") + std::to_string(ax) + " of size " + std::to_string(d.size) + " cannot give " + std::to_string(n) + " non-empty parts");
+        c.fail(std::string("axis ") + std::to_string(ax) + " of size " + std::to_string(d.size) + " cannot give " + std::to_string(n) +
+               " non-empty parts");
       for (std::size_t k = 0; k < n; ++k) sizes[k] = dim(k + 1 < n ? chunk : d.size - chunk * (parts - 1));
     } else {
       if (d.size % parts != 0)
-        c.fail(std::string("axis ") + std::to_string(ax) + " of size " + std::to_string(d.size) + " does not split evenly into " +
-               std::to_string(n) + " outputs");
+        c.fail(std::string("axis ") + std::to_string(ax) + " of size " + std::to_string(d.size) + " does not split evenly into " + std::to_string(n) +
+               " outputs");
       for (std::size_t k = 0; k < n; ++k) sizes[k] = dim(d.size / parts);
     }
   }
@@ -678,15 +682,16 @@ inline void rule_slice(infer_ctx& c) {
     return;
   }
   if (starts->size() != ax.size() || ends->size() != ax.size() || steps->size() != ax.size())
-    c.fail(std::string("starts ") + ints_to_string(*starts) + ", ends " + ints_to_string(*ends) + ", axes " + ints_to_string(*axes) +
-           " and steps " + ints_to_string(*steps) + " differ in length");
+    c.fail(std::string("starts ") + ints_to_string(*starts) + ", ends " + ints_to_string(*ends) + ", axes " + ints_to_string(*axes) + " and steps " +
+           ints_to_string(*steps) + " differ in length");
   for (std::size_t i = 0; i < ax.size(); ++i) {
     const std::int64_t st = (*starts)[i], en = (*ends)[i], sp = (*steps)[i];
     if (sp == 0) c.fail(std::string("step 0 on axis ") + std::to_string(ax[i]));
     const dim& d = s.dims[ax[i]];
     if (d.known()) o.dims[ax[i]] = dim(slice_len(d.size, st, en, sp));
     // An unknown dim is kept only by the whole-axis slice (0 to "the end": INT32_MAX or more).
-    else o.dims[ax[i]] = st == 0 && sp == 1 && en >= std::numeric_limits<std::int32_t>::max() ? d : dim();
+    else
+      o.dims[ax[i]] = st == 0 && sp == 1 && en >= std::numeric_limits<std::int32_t>::max() ? d : dim();
   }
   c.set_shape(0, o);
 }
@@ -704,7 +709,8 @@ inline void rule_gather(infer_ctx& c) {
     for (std::int64_t i : *v)
       if (i < -s.dims[ax].size || i >= s.dims[ax].size)
         c.fail(std::string("index ") + std::to_string(i) + " is out of range for axis " + std::to_string(ax) + " of size " +
-               std::to_string(s.dims[ax].size), errc::out_of_range);
+                   std::to_string(s.dims[ax].size),
+               errc::out_of_range);
   tensor_shape o;
   o.dims.assign(s.dims.begin(), s.dims.begin() + static_cast<std::ptrdiff_t>(ax));
   o.dims.insert(o.dims.end(), idx.dims.begin(), idx.dims.end());
@@ -736,8 +742,10 @@ inline void rule_reduce(infer_ctx& c) {  // ReduceMean ReduceSum ReduceMax Reduc
   }
   tensor_shape o;
   for (std::size_t i = 0; i < s.rank(); ++i) {
-    if (std::find(ax.begin(), ax.end(), i) == ax.end()) o.dims.push_back(s.dims[i]);
-    else if (keep) o.dims.emplace_back(1);
+    if (std::find(ax.begin(), ax.end(), i) == ax.end())
+      o.dims.push_back(s.dims[i]);
+    else if (keep)
+      o.dims.emplace_back(1);
   }
   c.set_shape(0, o);
 }
@@ -758,8 +766,7 @@ inline void rule_shape(infer_ctx& c) {
 
 inline void rule_constant(infer_ctx& c) {
   c.arity(0, 0, 1, 1);
-  if (c.n.attributes.size() != 1)
-    c.fail(std::string("needs exactly one value attribute, has ") + std::to_string(c.n.attributes.size()));
+  if (c.n.attributes.size() != 1) c.fail(std::string("needs exactly one value attribute, has ") + std::to_string(c.n.attributes.size()));
   const std::string& key = c.n.attributes.begin()->first;
   if (key == "value_int") {
     (void)c.n.get_int(key);
@@ -808,7 +815,8 @@ inline void conv_shape(infer_ctx& c) {
   const tensor_shape& x = image_input(c, 0);
   const tensor_shape& w = c.ranked(1);
   const std::size_t ns = x.rank() - 2;
-  if (w.rank() != x.rank()) c.fail(std::string("weight ") + c.quoted(1) + " has shape " + w.to_string() + ", rank " + std::to_string(x.rank()) + " expected");
+  if (w.rank() != x.rank())
+    c.fail(std::string("weight ") + c.quoted(1) + " has shape " + w.to_string() + ", rank " + std::to_string(x.rank()) + " expected");
   const std::int64_t group = c.n.get_int("group", 1);
   if (group < 1) c.fail(std::string("group ") + std::to_string(group) + " is not positive");
   const dim& ch = x.dims[1];
@@ -818,10 +826,12 @@ inline void conv_shape(infer_ctx& c) {
     c.fail(std::string("input ") + c.quoted(0) + " has " + std::to_string(ch.size) + " channels, weight " + c.quoted(1) + " takes " +
            std::to_string(ch_per_group.size) + " per group x group " + std::to_string(group));
   if (m.known() && m.size % group != 0)
-    c.fail(std::string("weight ") + c.quoted(1) + " has " + std::to_string(m.size) + " output channels, not a multiple of group " + std::to_string(group));
+    c.fail(std::string("weight ") + c.quoted(1) + " has " + std::to_string(m.size) + " output channels, not a multiple of group " +
+           std::to_string(group));
   if (c.has(2)) {
     const tensor_shape& b = c.ranked(2);
-    if (b.rank() != 1 || !merge_dim(b.dims[0], m)) c.fail(std::string("bias ") + c.quoted(2) + " has shape " + b.to_string() + ", expected [" + m.to_string() + "]");
+    if (b.rank() != 1 || !merge_dim(b.dims[0], m))
+      c.fail(std::string("bias ") + c.quoted(2) + " has shape " + b.to_string() + ", expected [" + m.to_string() + "]");
   }
   ints kernel(ns);
   for (std::size_t i = 0; i < ns; ++i) kernel[i] = w.dims[2 + i].known() ? w.dims[2 + i].size : -1;
@@ -839,9 +849,7 @@ inline void conv_shape(infer_ctx& c) {
   const std::string auto_pad = c.n.get_string("auto_pad", "NOTSET");
   tensor_shape o{x.dims[0], m};
   for (std::size_t i = 0; i < ns; ++i)
-    o.dims.push_back(kernel[i] < 0 ? dim()
-                                   : window_dim(c, x.dims[2 + i], kernel[i], strides[i], dil[i], pads[i], pads[ns + i], auto_pad,
-                                                false, i));
+    o.dims.push_back(kernel[i] < 0 ? dim() : window_dim(c, x.dims[2 + i], kernel[i], strides[i], dil[i], pads[i], pads[ns + i], auto_pad, false, i));
   c.set_shape(0, o);
 }
 
@@ -1097,7 +1105,8 @@ inline void rule_resize(infer_ctx& c) {  // opset 13 to 17: X, roi, scales, size
       return;
     }
     if (sizes->size() != x.rank())
-      c.fail(std::string("sizes ") + ints_to_string(*sizes) + " has " + std::to_string(sizes->size()) + " values for rank " + std::to_string(x.rank()));
+      c.fail(std::string("sizes ") + ints_to_string(*sizes) + " has " + std::to_string(sizes->size()) + " values for rank " +
+             std::to_string(x.rank()));
     for (std::int64_t d : *sizes) {
       if (d < 0) c.fail(std::string("sizes ") + ints_to_string(*sizes) + " holds a negative size");
       y.dims.emplace_back(d);
@@ -1111,10 +1120,13 @@ inline void rule_resize(infer_ctx& c) {  // opset 13 to 17: X, roi, scales, size
       c.fail(std::string("scales has ") + std::to_string(scales->size()) + " values for rank " + std::to_string(x.rank()));
     for (std::size_t k = 0; k < x.rank(); ++k) {
       const float f = (*scales)[k];
-      if (!(f > 0.0f) || !(f < 1e9f)) c.fail(std::string("scale ") + std::to_string(f) + " at axis " + std::to_string(k) + " is not a positive finite number");
+      if (!(f > 0.0f) || !(f < 1e9f))
+        c.fail(std::string("scale ") + std::to_string(f) + " at axis " + std::to_string(k) + " is not a positive finite number");
       const dim& d = x.dims[k];
-      if (f == 1.0f) y.dims.push_back(d);
-      else if (!d.known()) y.dims.emplace_back();
+      if (f == 1.0f)
+        y.dims.push_back(d);
+      else if (!d.known())
+        y.dims.emplace_back();
       else {
         const double o = std::floor(static_cast<double>(d.size) * static_cast<double>(f));
         if (o > 9.0e18) c.fail(std::string("axis ") + std::to_string(k) + ": the resized size overflows", errc::overflow);
@@ -1129,7 +1141,8 @@ inline void rule_logical(infer_ctx& c) {  // And Or Xor: bool inputs
   c.arity(2, 2, 1, 1);
   for (std::size_t i : {0, 1})
     if (auto t = c.type(i); t && *t != bool_dtype)
-      c.fail(std::string("input ") + c.quoted(i) + " is " + std::string(dtype_name(*t)) + ", expected bool (" + std::string(dtype_name(bool_dtype)) + ")");
+      c.fail(std::string("input ") + c.quoted(i) + " is " + std::string(dtype_name(*t)) + ", expected bool (" + std::string(dtype_name(bool_dtype)) +
+             ")");
   c.set_type(0, bool_dtype);
   c.set_shape(0, broadcast_all(c, {0, 1}));
 }
@@ -1137,7 +1150,8 @@ inline void rule_logical(infer_ctx& c) {  // And Or Xor: bool inputs
 inline void rule_not(infer_ctx& c) {
   c.arity(1, 1, 1, 1);
   if (auto t = c.type(0); t && *t != bool_dtype)
-    c.fail(std::string("input ") + c.quoted(0) + " is " + std::string(dtype_name(*t)) + ", expected bool (" + std::string(dtype_name(bool_dtype)) + ")");
+    c.fail(std::string("input ") + c.quoted(0) + " is " + std::string(dtype_name(*t)) + ", expected bool (" + std::string(dtype_name(bool_dtype)) +
+           ")");
   c.set_type(0, bool_dtype);
   c.set_shape(0, c.ranked(0));
 }
@@ -1169,10 +1183,14 @@ inline void rule_tile(infer_ctx& c) {
     const std::int64_t r = (*reps)[k];
     if (r < 0) c.fail(std::string("repeats ") + ints_to_string(*reps) + " holds a negative count");
     const dim& d = s.dims[k];
-    if (r == 1) y.dims.push_back(d);
-    else if (r == 0) y.dims.emplace_back(0);
-    else if (d.known()) y.dims.emplace_back(dim_mul(d.size, r, "graph: tiled size"));
-    else y.dims.emplace_back();
+    if (r == 1)
+      y.dims.push_back(d);
+    else if (r == 0)
+      y.dims.emplace_back(0);
+    else if (d.known())
+      y.dims.emplace_back(dim_mul(d.size, r, "graph: tiled size"));
+    else
+      y.dims.emplace_back();
   }
   c.set_shape(0, y);
 }
@@ -1183,39 +1201,71 @@ struct rule_entry {
 };
 
 inline constexpr rule_entry shape_rules[] = {
-    {"Abs", rule_unary},         {"Add", rule_binary},
-    {"And", rule_logical},       {"Not", rule_not},
-    {"Or", rule_logical},        {"Xor", rule_logical},
-    {"Resize", rule_resize},     {"Tile", rule_tile},
+    {"Abs", rule_unary},
+    {"Add", rule_binary},
+    {"And", rule_logical},
+    {"Not", rule_not},
+    {"Or", rule_logical},
+    {"Xor", rule_logical},
+    {"Resize", rule_resize},
+    {"Tile", rule_tile},
     {"Trilu", rule_trilu},
-    {"AveragePool", rule_pool},  {"BatchNormalization", rule_batch_norm},
-    {"Cast", rule_cast},         {"Ceil", rule_unary},
-    {"Concat", rule_concat},     {"Constant", rule_constant},
-    {"Conv", rule_conv},         {"Cos", rule_unary},
-    {"Div", rule_binary},        {"Dropout", rule_dropout},
-    {"Equal", rule_compare},     {"Erf", rule_unary},
-    {"Exp", rule_unary},         {"Expand", rule_expand},
-    {"Flatten", rule_flatten},   {"Floor", rule_unary},
-    {"Gather", rule_gather},     {"Gelu", rule_gelu},
-    {"Gemm", rule_gemm},         {"GlobalAveragePool", rule_global_pool},
-    {"GlobalMaxPool", rule_global_pool}, {"Greater", rule_compare},
-    {"Identity", rule_unary},    {"LayerNormalization", rule_layer_norm},
-    {"Less", rule_compare},      {"Log", rule_unary},
-    {"LogSoftmax", rule_softmax}, {"MatMul", rule_matmul},
-    {"Max", rule_variadic},      {"MaxPool", rule_pool},
-    {"Mean", rule_variadic},     {"Min", rule_variadic},
-    {"Mul", rule_binary},        {"Neg", rule_unary},
-    {"Pow", rule_pow},           {"Reciprocal", rule_unary},
-    {"ReduceMax", rule_reduce},  {"ReduceMean", rule_reduce},
-    {"ReduceMin", rule_reduce},  {"ReduceProd", rule_reduce},
-    {"ReduceSum", rule_reduce},  {"Relu", rule_unary},
-    {"Reshape", rule_reshape},   {"Shape", rule_shape},
-    {"Sigmoid", rule_unary},     {"Sin", rule_unary},
-    {"Slice", rule_slice},       {"Softmax", rule_softmax},
-    {"Split", rule_split},       {"Sqrt", rule_unary},
-    {"Squeeze", rule_squeeze},   {"Sub", rule_binary},
-    {"Sum", rule_variadic},      {"Tanh", rule_unary},
-    {"Transpose", rule_transpose}, {"Unsqueeze", rule_unsqueeze},
+    {"AveragePool", rule_pool},
+    {"BatchNormalization", rule_batch_norm},
+    {"Cast", rule_cast},
+    {"Ceil", rule_unary},
+    {"Concat", rule_concat},
+    {"Constant", rule_constant},
+    {"Conv", rule_conv},
+    {"Cos", rule_unary},
+    {"Div", rule_binary},
+    {"Dropout", rule_dropout},
+    {"Equal", rule_compare},
+    {"Erf", rule_unary},
+    {"Exp", rule_unary},
+    {"Expand", rule_expand},
+    {"Flatten", rule_flatten},
+    {"Floor", rule_unary},
+    {"Gather", rule_gather},
+    {"Gelu", rule_gelu},
+    {"Gemm", rule_gemm},
+    {"GlobalAveragePool", rule_global_pool},
+    {"GlobalMaxPool", rule_global_pool},
+    {"Greater", rule_compare},
+    {"Identity", rule_unary},
+    {"LayerNormalization", rule_layer_norm},
+    {"Less", rule_compare},
+    {"Log", rule_unary},
+    {"LogSoftmax", rule_softmax},
+    {"MatMul", rule_matmul},
+    {"Max", rule_variadic},
+    {"MaxPool", rule_pool},
+    {"Mean", rule_variadic},
+    {"Min", rule_variadic},
+    {"Mul", rule_binary},
+    {"Neg", rule_unary},
+    {"Pow", rule_pow},
+    {"Reciprocal", rule_unary},
+    {"ReduceMax", rule_reduce},
+    {"ReduceMean", rule_reduce},
+    {"ReduceMin", rule_reduce},
+    {"ReduceProd", rule_reduce},
+    {"ReduceSum", rule_reduce},
+    {"Relu", rule_unary},
+    {"Reshape", rule_reshape},
+    {"Shape", rule_shape},
+    {"Sigmoid", rule_unary},
+    {"Sin", rule_unary},
+    {"Slice", rule_slice},
+    {"Softmax", rule_softmax},
+    {"Split", rule_split},
+    {"Sqrt", rule_unary},
+    {"Squeeze", rule_squeeze},
+    {"Sub", rule_binary},
+    {"Sum", rule_variadic},
+    {"Tanh", rule_unary},
+    {"Transpose", rule_transpose},
+    {"Unsqueeze", rule_unsqueeze},
     {"Where", rule_where},
 };
 
@@ -1244,8 +1294,7 @@ inline rule_fn find_shape_rule(const node& n) {
 // The inferred type against a declared one: known facts must agree; the result keeps the most known.
 inline tensor_type merge_declared(const node& n, const value& x, const tensor_type& inferred) {
   auto mismatch = [&]() {
-    throw graph_error(n.label() + ": output '" + x.name + "' is declared " + x.type_info().to_string() + " but infers " +
-                      inferred.to_string());
+    throw graph_error(n.label() + ": output '" + x.name + "' is declared " + x.type_info().to_string() + " but infers " + inferred.to_string());
   };
   tensor_type r;
   if (x.type && inferred.type && *x.type != *inferred.type) mismatch();
@@ -1281,8 +1330,7 @@ inline void graph::infer_shapes(const infer_options& opt) {
     const node& n = nodes_[index_of(id)];
     for (value_id v : n.inputs)
       if (v != value_id::none && values_[index_of(v)].role == value_role::undefined)
-        throw graph_error(n.label() + ": input '" + values_[index_of(v)].name +
-                          "' is not defined by any node, graph input or constant");
+        throw graph_error(n.label() + ": input '" + values_[index_of(v)].name + "' is not defined by any node, graph input or constant");
     std::vector<tensor_type> out(n.outputs.size());
     if (const detail::rule_fn rule = detail::find_shape_rule(n)) {
       detail::infer_ctx c{*this, n, out};
@@ -1290,9 +1338,7 @@ inline void graph::infer_shapes(const infer_options& opt) {
         rule(c);
       } catch (const detail::shape_unknown&) {
         for (tensor_type& t : out) t.shape = tensor_shape::unknown_rank();
-      } catch (const overflow_error& e) {
-        throw graph_error(errc::overflow, n.label() + ": " + e.what());
-      }
+      } catch (const overflow_error& e) { throw graph_error(errc::overflow, n.label() + ": " + e.what()); }
     } else if (!opt.allow_unknown_ops) {
       throw graph_error(errc::unsupported, n.label() + ": unknown op '" + (n.domain.empty() ? "" : n.domain + "::") + n.op +
                                                "' (no shape rule; infer_options::allow_unknown_ops leaves its outputs unknown)");

@@ -18,8 +18,7 @@ namespace io {
 // errc::invalid_argument (a caller's request the file cannot satisfy: wrong element type),
 // errc::unsupported (well-formed but not handled: an unknown model_type or rope type).
 struct io_error : error {
-  io_error(errc code, std::string_view file, std::string_view detail)
-      : error(code, "io", std::string(file) + ": " + std::string(detail)) {}
+  io_error(errc code, std::string_view file, std::string_view detail) : error(code, "io", std::string(file) + ": " + std::string(detail)) {}
 };
 
 namespace detail {

@@ -81,8 +81,8 @@ struct model_config {
   // Attention window in tokens (Mistral; Qwen2 when enabled): query i attends to keys j with
   // i - window < j <= i, as transformers' mask code does (tools/torch/README.md).
   std::optional<std::size_t> sliding_window;
-  std::size_t max_window_layers = 0;          // Qwen2: layers below this index attend fully
-  std::size_t num_local_experts = 0;          // 0: dense MLP
+  std::size_t max_window_layers = 0;  // Qwen2: layers below this index attend fully
+  std::size_t num_local_experts = 0;  // 0: dense MLP
   std::size_t num_experts_per_tok = 0;
   double router_aux_loss_coef = 0.0;
   bool linear_weights_transposed = false;  // GPT-2's Conv1D stores weights as (in, out), not (out, in)
@@ -103,7 +103,7 @@ struct model_config {
     const auto add = [&](std::size_t a, std::size_t b) { return detail::add_checked(a, b, f, ctx); };
     const std::size_t q = mul(num_attention_heads, head_dim), kv = mul(num_key_value_heads, head_dim);
     std::size_t layer = add(mul(hidden_size, q), mul(mul(2, hidden_size), kv));  // q, k, v
-    layer = add(layer, mul(q, hidden_size));                                        // o
+    layer = add(layer, mul(q, hidden_size));                                     // o
     if (qkv_bias) layer = add(layer, add(q, mul(2, kv)));
     if (o_bias) layer = add(layer, hidden_size);
     const std::size_t norm_params = norm == norm_kind::layer_norm ? mul(2, hidden_size) : hidden_size;
@@ -131,8 +131,7 @@ namespace detail {
 // Typed access to config fields; a JSON null counts as absent (HF writes null for "use the default").
 class config_fields {
  public:
-  config_fields(const nlohmann::json& j, std::string_view file, std::string prefix = {})
-      : j_(j), file_(file), prefix_(std::move(prefix)) {}
+  config_fields(const nlohmann::json& j, std::string_view file, std::string prefix = {}) : j_(j), file_(file), prefix_(std::move(prefix)) {}
 
   [[noreturn]] void fail(std::string_view name, const std::string& detail, errc code = errc::config) const {
     throw io_error(code, file_, field_context(prefix_ + std::string(name)) + detail);
@@ -186,8 +185,7 @@ class config_fields {
   }
 
   std::optional<std::int64_t> token(const nlohmann::json& v, std::string_view name) const {
-    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<std::uint64_t>() > INT64_MAX) ||
-        v.get<std::int64_t>() < 0)
+    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<std::uint64_t>() > INT64_MAX) || v.get<std::int64_t>() < 0)
       fail(name, "expected a token id (a non-negative integer), got " + v.dump());
     return v.get<std::int64_t>();
   }
@@ -220,8 +218,7 @@ inline activation parse_activation(const config_fields& f, std::string_view fiel
   if (name == "gelu") return activation::gelu;
   if (name == "gelu_new" || name == "gelu_pytorch_tanh" || name == "gelu_fast") return activation::gelu_tanh;
   if (name == "relu") return activation::relu;
-  f.fail(field, "activation '" + name + "' is not supported (silu, swish, gelu, gelu_new, gelu_pytorch_tanh, gelu_fast, relu)",
-         errc::unsupported);
+  f.fail(field, "activation '" + name + "' is not supported (silu, swish, gelu, gelu_new, gelu_pytorch_tanh, gelu_fast, relu)", errc::unsupported);
 }
 
 inline rope_scaling_config parse_rope_scaling(const nlohmann::json& j, std::string_view file, std::size_t max_positions) {
@@ -232,16 +229,19 @@ inline rope_scaling_config parse_rope_scaling(const nlohmann::json& j, std::stri
   const config_fields f(*rs, file, "rope_scaling.");
   // Transformers renamed "type" to "rope_type" and accepts either.
   const auto type = f.string("rope_type"), old_type = f.string("type");
-  if (type && old_type && *type != *old_type)
-    f.fail("rope_type", "'" + *type + "' contradicts type '" + *old_type + "'");
+  if (type && old_type && *type != *old_type) f.fail("rope_type", "'" + *type + "' contradicts type '" + *old_type + "'");
   const std::string name = type ? *type : old_type ? *old_type : "";
   if (name.empty()) f.fail("rope_type", "missing");
   rope_scaling_config r;
   if (name == "default") return r;
-  if (name == "linear") r.type = rope_scaling_type::linear;
-  else if (name == "dynamic") r.type = rope_scaling_type::dynamic;
-  else if (name == "llama3") r.type = rope_scaling_type::llama3;
-  else f.fail("rope_type", "'" + name + "' is not supported (default, linear, dynamic, llama3)", errc::unsupported);
+  if (name == "linear")
+    r.type = rope_scaling_type::linear;
+  else if (name == "dynamic")
+    r.type = rope_scaling_type::dynamic;
+  else if (name == "llama3")
+    r.type = rope_scaling_type::llama3;
+  else
+    f.fail("rope_type", "'" + name + "' is not supported (default, linear, dynamic, llama3)", errc::unsupported);
   const auto factor = f.number("factor");
   if (!factor) f.fail("factor", "missing");
   if (*factor < 1.0) f.fail("factor", "must be at least 1, got " + std::to_string(*factor));
@@ -250,15 +250,13 @@ inline rope_scaling_config parse_rope_scaling(const nlohmann::json& j, std::stri
     const auto low = f.number("low_freq_factor"), high = f.number("high_freq_factor");
     if (!low) f.fail("low_freq_factor", "missing");
     if (!high) f.fail("high_freq_factor", "missing");
-    if (*high <= *low)
-      f.fail("high_freq_factor", "must exceed low_freq_factor (" + std::to_string(*low) + "), got " + std::to_string(*high));
+    if (*high <= *low) f.fail("high_freq_factor", "must exceed low_freq_factor (" + std::to_string(*low) + "), got " + std::to_string(*high));
     r.low_freq_factor = *low;
     r.high_freq_factor = *high;
     r.original_max_position_embeddings = f.required_size("original_max_position_embeddings");
     if (r.original_max_position_embeddings > max_positions)
       f.fail("original_max_position_embeddings",
-             std::to_string(r.original_max_position_embeddings) + " exceeds max_position_embeddings " +
-                 std::to_string(max_positions));
+             std::to_string(r.original_max_position_embeddings) + " exceeds max_position_embeddings " + std::to_string(max_positions));
   }
   return r;
 }
@@ -286,11 +284,9 @@ inline model_config parse_model_config(std::string_view text, std::string_view f
     }
   }
   if (const auto type = f.string("model_type")) {
-    const model_family all[] = {model_family::llama, model_family::mistral, model_family::qwen2, model_family::mixtral,
-                                model_family::gpt2};
+    const model_family all[] = {model_family::llama, model_family::mistral, model_family::qwen2, model_family::mixtral, model_family::gpt2};
     const auto it = std::find_if(std::begin(all), std::end(all), [&](model_family m) { return model_type_name(m) == *type; });
-    if (it == std::end(all))
-      f.fail("model_type", "'" + *type + "' is not supported (llama, mistral, qwen2, mixtral, gpt2)", errc::unsupported);
+    if (it == std::end(all)) f.fail("model_type", "'" + *type + "' is not supported (llama, mistral, qwen2, mixtral, gpt2)", errc::unsupported);
     c.family = *it;
     if (from_arch && *from_arch != c.family)
       f.fail("architectures", "names a " + std::string(model_type_name(*from_arch)) + " model, but model_type is '" + *type + "'");
@@ -332,18 +328,16 @@ inline model_config parse_model_config(std::string_view text, std::string_view f
       c.head_dim = *hd;
     } else {
       if (c.hidden_size % c.num_attention_heads != 0)
-        f.fail("num_attention_heads", std::to_string(c.num_attention_heads) + " does not divide hidden_size " +
-                                          std::to_string(c.hidden_size) + " (and head_dim is not given)");
+        f.fail("num_attention_heads", std::to_string(c.num_attention_heads) + " does not divide hidden_size " + std::to_string(c.hidden_size) +
+                                          " (and head_dim is not given)");
       c.head_dim = c.hidden_size / c.num_attention_heads;
     }
     c.num_key_value_heads = f.size_or("num_key_value_heads", c.num_attention_heads);
     if (c.num_attention_heads % c.num_key_value_heads != 0)
-      f.fail("num_key_value_heads", std::to_string(c.num_key_value_heads) + " does not divide num_attention_heads " +
-                                        std::to_string(c.num_attention_heads));
+      f.fail("num_key_value_heads",
+             std::to_string(c.num_key_value_heads) + " does not divide num_attention_heads " + std::to_string(c.num_attention_heads));
     // Defaults are transformers' own for each family.
-    c.max_position_embeddings = f.size_or("max_position_embeddings", c.family == model_family::llama ? 2048
-                                                                      : qwen                         ? 32768
-                                                                                                     : 131072);
+    c.max_position_embeddings = f.size_or("max_position_embeddings", c.family == model_family::llama ? 2048 : qwen ? 32768 : 131072);
     c.hidden_act = f.string("hidden_act").value_or("silu");
     c.act = detail::parse_activation(f, "hidden_act", c.hidden_act);
     c.norm = norm_kind::rms_norm;
@@ -364,15 +358,16 @@ inline model_config parse_model_config(std::string_view text, std::string_view f
       }
     } else if (c.family == model_family::mistral || mix) {
       // An absent key is transformers' default (4096 for Mistral); null disables the window.
-      if (f.present("sliding_window")) c.sliding_window = f.size("sliding_window");
-      else if (!mix) c.sliding_window = 4096;
+      if (f.present("sliding_window"))
+        c.sliding_window = f.size("sliding_window");
+      else if (!mix)
+        c.sliding_window = 4096;
     }
     if (mix) {
       c.num_local_experts = f.size_or("num_local_experts", 8);
       c.num_experts_per_tok = f.size_or("num_experts_per_tok", 2);
       if (c.num_experts_per_tok > c.num_local_experts)
-        f.fail("num_experts_per_tok", std::to_string(c.num_experts_per_tok) + " exceeds num_local_experts " +
-                                          std::to_string(c.num_local_experts));
+        f.fail("num_experts_per_tok", std::to_string(c.num_experts_per_tok) + " exceeds num_local_experts " + std::to_string(c.num_local_experts));
       c.router_aux_loss_coef = f.number("router_aux_loss_coef", true).value_or(0.001);
       c.naming = param_naming::mixtral;
     }
@@ -457,8 +452,10 @@ inline nlohmann::json to_json(const model_config& c) {
   }
   j["tie_word_embeddings"] = c.tie_word_embeddings;
   if (c.bos_token_id) j["bos_token_id"] = *c.bos_token_id;
-  if (c.eos_token_ids.size() == 1) j["eos_token_id"] = c.eos_token_ids[0];
-  else if (!c.eos_token_ids.empty()) j["eos_token_id"] = c.eos_token_ids;
+  if (c.eos_token_ids.size() == 1)
+    j["eos_token_id"] = c.eos_token_ids[0];
+  else if (!c.eos_token_ids.empty())
+    j["eos_token_id"] = c.eos_token_ids;
   if (!c.torch_dtype.empty()) j["torch_dtype"] = c.torch_dtype;
   return j;
 }

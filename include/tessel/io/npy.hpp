@@ -45,7 +45,8 @@ struct npy_array {
   // The elements as T (T must be the array's element type).
   template <class T>
   std::vector<T> values() const {
-    if (!detail_has_type<T>()) throw io_error(errc::invalid_argument, "npy", std::string("values<T>(): the array holds ") + std::string(dtype_name(type)));
+    if (!detail_has_type<T>())
+      throw io_error(errc::invalid_argument, "npy", std::string("values<T>(): the array holds ") + std::string(dtype_name(type)));
     std::vector<T> v(numel());
     if (!v.empty()) std::memcpy(v.data(), data.data(), v.size() * sizeof(T));
     return v;
@@ -120,8 +121,8 @@ class npy_header_parser {
     if (i_ >= s_.size() || !std::isdigit(static_cast<unsigned char>(s_[i_]))) fail("expected a non-negative integer");
     std::size_t v = 0;
     while (i_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[i_]))) {
-      v = io::detail::add_checked(io::detail::mul_checked(v, 10, file_, "npy header: shape: "),
-                                  static_cast<std::size_t>(s_[i_] - '0'), file_, "npy header: shape: ");
+      v = io::detail::add_checked(io::detail::mul_checked(v, 10, file_, "npy header: shape: "), static_cast<std::size_t>(s_[i_] - '0'), file_,
+                                  "npy header: shape: ");
       ++i_;
     }
     if (i_ < s_.size() && s_[i_] == 'L') ++i_;  // Python 2's long suffix, which old numpy wrote
@@ -179,12 +180,13 @@ inline npy_header parse_npy_header(std::span<const std::byte> bytes, std::string
     for (int k = 0; k < 4; ++k) len |= static_cast<std::size_t>(bytes[8 + static_cast<std::size_t>(k)]) << (8 * k);
     pre = 12;
   } else {
-    throw io_error(errc::unsupported, file, "npy format version " + std::to_string(major) + "." +
-                                                std::to_string(static_cast<unsigned>(bytes[7])) + " (1.0 to 3.0 are read)");
+    throw io_error(errc::unsupported, file,
+                   "npy format version " + std::to_string(major) + "." + std::to_string(static_cast<unsigned>(bytes[7])) + " (1.0 to 3.0 are read)");
   }
   if (len > npy_max_header) throw io_error(errc::format, file, "npy header: " + std::to_string(len) + " bytes is more than the 1 MiB limit");
   if (bytes.size() - pre < len)
-    throw io_error(errc::format, file, "npy header: says " + std::to_string(len) + " bytes but the file has " + std::to_string(bytes.size() - pre) + " after the length");
+    throw io_error(errc::format, file,
+                   "npy header: says " + std::to_string(len) + " bytes but the file has " + std::to_string(bytes.size() - pre) + " after the length");
   std::string_view text(reinterpret_cast<const char*>(bytes.data() + pre), len);
   while (!text.empty() && (text.back() == '\n' || text.back() == ' ' || text.back() == '\0')) text.remove_suffix(1);
 
@@ -203,8 +205,8 @@ inline npy_header parse_npy_header(std::span<const std::byte> bytes, std::string
       std::string norm = d;
       if (norm.size() == 3 && norm[0] == '=') norm[0] = '<';  // native order is little-endian here
       if (norm == "<i1" || norm == "<u1" || norm == "<b1") norm[0] = '|';
-      const auto it = std::find_if(std::begin(detail::npy_descrs), std::end(detail::npy_descrs),
-                                   [&](const detail::npy_descr& x) { return x.descr == norm; });
+      const auto it =
+          std::find_if(std::begin(detail::npy_descrs), std::end(detail::npy_descrs), [&](const detail::npy_descr& x) { return x.descr == norm; });
       if (it == std::end(detail::npy_descrs))
         throw io_error(errc::unsupported, file, "npy dtype '" + d + "' (little-endian f8 f4 f2 i8 i4 i2 i1 u8 u4 u2 u1 and b1 are read)");
       h.type = it->type;
@@ -236,8 +238,8 @@ inline npy_array parse_npy(std::span<const std::byte> bytes, std::string_view fi
   const npy_header h = parse_npy_header(bytes, file);
   const std::size_t have = bytes.size() - h.data_offset;
   if (have != h.data_bytes)
-    throw io_error(errc::format, file, "npy data: the header's shape and dtype need " + std::to_string(h.data_bytes) + " bytes, the file has " +
-                                           std::to_string(have));
+    throw io_error(errc::format, file,
+                   "npy data: the header's shape and dtype need " + std::to_string(h.data_bytes) + " bytes, the file has " + std::to_string(have));
   npy_array a;
   a.type = h.type;
   a.boolean = h.boolean;
@@ -275,12 +277,12 @@ inline npy_array read_npy(const std::filesystem::path& path) {
 inline std::vector<std::byte> npy_bytes(dtype type, std::span<const std::size_t> shape, std::span<const std::byte> data, bool boolean = false) {
   const auto it = std::find_if(std::begin(detail::npy_descrs), std::end(detail::npy_descrs),
                                [&](const detail::npy_descr& x) { return x.type == type && x.boolean == boolean; });
-  if (it == std::end(detail::npy_descrs))
-    throw io_error(errc::unsupported, "npy", std::string("no npy dtype for ") + std::string(dtype_name(type)));
+  if (it == std::end(detail::npy_descrs)) throw io_error(errc::unsupported, "npy", std::string("no npy dtype for ") + std::string(dtype_name(type)));
   std::size_t n = dtype_size(type);
   for (std::size_t d : shape) n = io::detail::mul_checked(n, d, "npy", "npy: data size: ");
   if (n != data.size())
-    throw io_error(errc::invalid_argument, "npy", "the shape and dtype need " + std::to_string(n) + " bytes, the data has " + std::to_string(data.size()));
+    throw io_error(errc::invalid_argument, "npy",
+                   "the shape and dtype need " + std::to_string(n) + " bytes, the data has " + std::to_string(data.size()));
   std::string dict = "{'descr': '" + std::string(it->descr) + "', 'fortran_order': False, 'shape': (";
   for (std::size_t k = 0; k < shape.size(); ++k) dict += std::to_string(shape[k]) + (shape.size() == 1 || k + 1 < shape.size() ? ", " : "");
   if (!shape.empty()) dict.resize(dict.size() - (shape.size() == 1 ? 1 : 0));

@@ -36,10 +36,9 @@ static_assert(std::endian::native == std::endian::little, "tessel::io reads safe
 // Element types a safetensors file may name (the format's spelling in st_dtype_name).
 enum class st_dtype : std::uint8_t { f64, f32, f16, bf16, f8_e4m3, f8_e5m2, i64, i32, i16, i8, u64, u32, u16, u8, boolean };
 
-inline constexpr st_dtype all_st_dtypes[] = {st_dtype::f64,     st_dtype::f32, st_dtype::f16, st_dtype::bf16,
-                                             st_dtype::f8_e4m3, st_dtype::f8_e5m2, st_dtype::i64, st_dtype::i32,
-                                             st_dtype::i16,     st_dtype::i8,  st_dtype::u64, st_dtype::u32,
-                                             st_dtype::u16,     st_dtype::u8,  st_dtype::boolean};
+inline constexpr st_dtype all_st_dtypes[] = {st_dtype::f64,     st_dtype::f32, st_dtype::f16, st_dtype::bf16, st_dtype::f8_e4m3,
+                                             st_dtype::f8_e5m2, st_dtype::i64, st_dtype::i32, st_dtype::i16,  st_dtype::i8,
+                                             st_dtype::u64,     st_dtype::u32, st_dtype::u16, st_dtype::u8,   st_dtype::boolean};
 
 constexpr std::string_view st_dtype_name(st_dtype d) noexcept {
   switch (d) {
@@ -70,9 +69,16 @@ constexpr std::optional<st_dtype> st_dtype_from_name(std::string_view name) noex
 
 constexpr std::size_t st_dtype_size(st_dtype d) noexcept {
   switch (d) {
-    case st_dtype::f64: case st_dtype::i64: case st_dtype::u64: return 8;
-    case st_dtype::f32: case st_dtype::i32: case st_dtype::u32: return 4;
-    case st_dtype::f16: case st_dtype::bf16: case st_dtype::i16: case st_dtype::u16: return 2;
+    case st_dtype::f64:
+    case st_dtype::i64:
+    case st_dtype::u64: return 8;
+    case st_dtype::f32:
+    case st_dtype::i32:
+    case st_dtype::u32: return 4;
+    case st_dtype::f16:
+    case st_dtype::bf16:
+    case st_dtype::i16:
+    case st_dtype::u16: return 2;
     default: return 1;
   }
 }
@@ -108,7 +114,7 @@ inline st_dtype to_st_dtype(dtype d) {
 
 // C++ element types with a safetensors spelling: tessel's dtype elements (but packed int4) and bool.
 template <class T>
-concept st_element = std::is_same_v<T, bool> || (dtype_element<T> && !std::is_same_v<T, int4x2>);
+concept st_element = std::is_same_v<T, bool> ||(dtype_element<T> && !std::is_same_v<T, int4x2>);
 
 template <st_element T>
 inline constexpr st_dtype st_dtype_of = [] {
@@ -150,10 +156,8 @@ inline std::string shape_string(std::span<const std::size_t> shape) {
   return s + "]";
 }
 
-inline std::size_t json_size(const nlohmann::json& v, std::string_view file, const std::string& ctx,
-                             std::string_view what) {
-  if (!v.is_number_unsigned())
-    throw io_error(errc::format, file, ctx + std::string(what) + " is not a non-negative integer: " + v.dump());
+inline std::size_t json_size(const nlohmann::json& v, std::string_view file, const std::string& ctx, std::string_view what) {
+  if (!v.is_number_unsigned()) throw io_error(errc::format, file, ctx + std::string(what) + " is not a non-negative integer: " + v.dump());
   const auto u = v.get<std::uint64_t>();
   if (u > SIZE_MAX) throw io_error(errc::overflow, file, ctx + std::string(what) + " does not fit in size_t");
   return static_cast<std::size_t>(u);
@@ -163,8 +167,7 @@ inline tensor_entry parse_entry(const std::string& name, const nlohmann::json& v
   const std::string ctx = tensor_context(name);
   if (!v.is_object()) throw io_error(errc::format, file, ctx + "entry is not an object");
   for (const auto& [key, _] : v.items())
-    if (key != "dtype" && key != "shape" && key != "data_offsets")
-      throw io_error(errc::format, file, ctx + "unknown key '" + key + "'");
+    if (key != "dtype" && key != "shape" && key != "data_offsets") throw io_error(errc::format, file, ctx + "unknown key '" + key + "'");
   for (const char* key : {"dtype", "shape", "data_offsets"})
     if (!v.contains(key)) throw io_error(errc::format, file, ctx + "missing '" + key + "'");
   tensor_entry e;
@@ -181,42 +184,35 @@ inline tensor_entry parse_entry(const std::string& name, const nlohmann::json& v
     e.numel = mul_checked(e.numel, e.shape.back(), file, ctx + "element count: ");
   }
   const auto& off = v["data_offsets"];
-  if (!off.is_array() || off.size() != 2)
-    throw io_error(errc::format, file, ctx + "data_offsets is not an array of two offsets");
+  if (!off.is_array() || off.size() != 2) throw io_error(errc::format, file, ctx + "data_offsets is not an array of two offsets");
   e.begin = json_size(off[0], file, ctx, "data_offsets[0]");
   e.end = json_size(off[1], file, ctx, "data_offsets[1]");
   if (e.begin > e.end)
-    throw io_error(errc::format, file,
-                   ctx + "data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) + ") end before they begin");
+    throw io_error(errc::format, file, ctx + "data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) + ") end before they begin");
   const std::size_t need = mul_checked(e.numel, st_dtype_size(e.dtype), file, ctx + "byte size: ");
   if (e.end - e.begin != need)
     throw io_error(errc::format, file,
-                   ctx + "data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) + ") hold " +
-                       std::to_string(e.end - e.begin) + " bytes but shape " + shape_string(e.shape) + " of " +
-                       std::string(st_dtype_name(e.dtype)) + " needs " + std::to_string(need));
+                   ctx + "data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) + ") hold " + std::to_string(e.end - e.begin) +
+                       " bytes but shape " + shape_string(e.shape) + " of " + std::string(st_dtype_name(e.dtype)) + " needs " + std::to_string(need));
   return e;
 }
 
 // Every rule of the format, in the order the reference implementation checks them.
-inline std::shared_ptr<file_state> validate(std::shared_ptr<const void> owner, std::span<const std::byte> bytes,
-                                            std::string file) {
+inline std::shared_ptr<file_state> validate(std::shared_ptr<const void> owner, std::span<const std::byte> bytes, std::string file) {
   auto st = std::make_shared<file_state>();
   st->owner = std::move(owner);
   st->bytes = bytes;
   st->file = std::move(file);
   const std::string_view f = st->file;
   if (bytes.size() < 8)
-    throw io_error(errc::format, f,
-                   "file of " + std::to_string(bytes.size()) + " bytes is shorter than the 8-byte header length");
+    throw io_error(errc::format, f, "file of " + std::to_string(bytes.size()) + " bytes is shorter than the 8-byte header length");
   std::uint64_t n = 0;
   std::memcpy(&n, bytes.data(), 8);
   if (n > max_header_bytes)
-    throw io_error(errc::format, f,
-                   "header length " + std::to_string(n) + " exceeds the " + std::to_string(max_header_bytes) + "-byte limit");
+    throw io_error(errc::format, f, "header length " + std::to_string(n) + " exceeds the " + std::to_string(max_header_bytes) + "-byte limit");
   if (n > bytes.size() - 8)
     throw io_error(errc::format, f,
-                   "header length " + std::to_string(n) + " runs past the end of the file (" +
-                       std::to_string(bytes.size()) + " bytes)");
+                   "header length " + std::to_string(n) + " runs past the end of the file (" + std::to_string(bytes.size()) + " bytes)");
   st->header_size = static_cast<std::size_t>(n);
   const std::string_view header(reinterpret_cast<const char*>(bytes.data()) + 8, st->header_size);
   if (header.empty() || header.front() != '{') throw io_error(errc::format, f, "header does not start with '{'");
@@ -229,8 +225,7 @@ inline std::shared_ptr<file_state> validate(std::shared_ptr<const void> owner, s
     if (key == "__metadata__") {
       if (!value.is_object()) throw io_error(errc::format, f, "__metadata__ is not an object");
       for (const auto& [mk, mv] : value.items()) {
-        if (!mv.is_string())
-          throw io_error(errc::format, f, "__metadata__: value of '" + mk + "' is not a string");
+        if (!mv.is_string()) throw io_error(errc::format, f, "__metadata__: value of '" + mk + "' is not a string");
         st->metadata.emplace(mk, mv.get<std::string>());
       }
       continue;
@@ -239,30 +234,28 @@ inline std::shared_ptr<file_state> validate(std::shared_ptr<const void> owner, s
     by_offset.push_back(&it->second);
   }
   // Contiguous from 0, without gaps or overlaps, ending exactly at the end of the file.
-  std::sort(by_offset.begin(), by_offset.end(), [](const tensor_entry* a, const tensor_entry* b) {
-    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
-  });
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](const tensor_entry* a, const tensor_entry* b) { return a->begin != b->begin ? a->begin < b->begin : a->end < b->end; });
   std::size_t at = 0;
   for (const tensor_entry* e : by_offset) {
     if (e->begin < at)
       throw io_error(errc::format, f,
-                     tensor_context(e->name) + "data_offsets begin at " + std::to_string(e->begin) +
-                         ", inside the previous tensor (which ends at " + std::to_string(at) + ")");
+                     tensor_context(e->name) + "data_offsets begin at " + std::to_string(e->begin) + ", inside the previous tensor (which ends at " +
+                         std::to_string(at) + ")");
     if (e->begin > at)
-      throw io_error(errc::format, f,
-                     tensor_context(e->name) + "data_offsets begin at " + std::to_string(e->begin) +
-                         ", leaving a gap after offset " + std::to_string(at));
+      throw io_error(
+          errc::format, f,
+          tensor_context(e->name) + "data_offsets begin at " + std::to_string(e->begin) + ", leaving a gap after offset " + std::to_string(at));
     at = e->end;
   }
   const std::size_t data_size = bytes.size() - 8 - st->header_size;
   if (at > data_size)
     throw io_error(errc::format, f,
-                   tensor_context(by_offset.back()->name) + "data ends at " + std::to_string(at) + ", past the " +
-                       std::to_string(data_size) + " data bytes in the file (truncated?)");
+                   tensor_context(by_offset.back()->name) + "data ends at " + std::to_string(at) + ", past the " + std::to_string(data_size) +
+                       " data bytes in the file (truncated?)");
   if (at < data_size)
     throw io_error(errc::format, f,
-                   std::to_string(data_size - at) + " bytes follow the last tensor's data (file length " +
-                       std::to_string(bytes.size()) + ")");
+                   std::to_string(data_size - at) + " bytes follow the last tensor's data (file length " + std::to_string(bytes.size()) + ")");
   return st;
 }
 }  // namespace detail
@@ -291,9 +284,7 @@ class tensor_view {
   st_dtype dtype() const noexcept { return entry_->dtype; }
   std::span<const std::size_t> shape() const noexcept { return entry_->shape; }
   std::size_t numel() const noexcept { return entry_->numel; }
-  std::span<const std::byte> bytes() const noexcept {
-    return state_->data().subspan(entry_->begin, entry_->end - entry_->begin);
-  }
+  std::span<const std::byte> bytes() const noexcept { return state_->data().subspan(entry_->begin, entry_->end - entry_->begin); }
   const std::string& file() const noexcept { return state_->file; }
 
   // True when span<T>() can view the bytes in place.
@@ -310,8 +301,7 @@ class tensor_view {
     check_type<T>();
     if (!aligned<T>())
       throw io_error(errc::invalid_argument, file(),
-                     detail::tensor_context(name()) + "bytes are not aligned to " + std::to_string(alignof(T)) +
-                         " (use data<T>(), which copies)");
+                     detail::tensor_context(name()) + "bytes are not aligned to " + std::to_string(alignof(T)) + " (use data<T>(), which copies)");
     check_bools<T>();
     return {reinterpret_cast<const T*>(bytes().data()), numel()};
   }
@@ -340,9 +330,9 @@ class tensor_view {
   template <class T>
   void check_type() const {
     if (st_dtype_of<T> != dtype())
-      throw io_error(errc::invalid_argument, file(),
-                     detail::tensor_context(name()) + "holds " + std::string(st_dtype_name(dtype())) + ", not " +
-                         std::string(st_dtype_name(st_dtype_of<T>)));
+      throw io_error(
+          errc::invalid_argument, file(),
+          detail::tensor_context(name()) + "holds " + std::string(st_dtype_name(dtype())) + ", not " + std::string(st_dtype_name(st_dtype_of<T>)));
   }
   template <class T>
   void check_bools() const {
@@ -351,8 +341,8 @@ class tensor_view {
       const auto bad = std::find_if(b.begin(), b.end(), [](std::byte x) { return x > std::byte{1}; });
       if (bad != b.end())
         throw io_error(errc::format, file(),
-                       detail::tensor_context(name()) + "BOOL element " + std::to_string(bad - b.begin()) +
-                           " is byte " + std::to_string(static_cast<int>(*bad)) + ", not 0 or 1");
+                       detail::tensor_context(name()) + "BOOL element " + std::to_string(bad - b.begin()) + " is byte " +
+                           std::to_string(static_cast<int>(*bad)) + ", not 0 or 1");
     }
   }
 
@@ -388,8 +378,7 @@ class safetensors_reader {
   // Throws errc::out_of_range for a name the file does not hold.
   tensor_view tensor(std::string_view name) const {
     const auto it = state_->tensors.find(name);
-    if (it == state_->tensors.end())
-      throw io_error(errc::out_of_range, file(), detail::tensor_context(name) + "not in this file");
+    if (it == state_->tensors.end()) throw io_error(errc::out_of_range, file(), detail::tensor_context(name) + "not in this file");
     return tensor_view(state_, &it->second);
   }
 
@@ -440,8 +429,8 @@ class safetensors_writer {
     const std::size_t need = detail::mul_checked(n, st_dtype_size(dt), label, ctx + "byte size: ");
     if (bytes.size() != need)
       throw io_error(errc::invalid_argument, label,
-                     ctx + std::to_string(bytes.size()) + " bytes given but shape " + detail::shape_string(shape) +
-                         " of " + std::string(st_dtype_name(dt)) + " needs " + std::to_string(need));
+                     ctx + std::to_string(bytes.size()) + " bytes given but shape " + detail::shape_string(shape) + " of " +
+                         std::string(st_dtype_name(dt)) + " needs " + std::to_string(need));
     data_bytes_ = detail::add_checked(data_bytes_, need, label, ctx + "file size: ");
     names_.insert(name);  // a set, not a scan: checkpoints of MoE models hold ~10^5 tensors
     entries_.push_back({std::move(name), dt, std::move(shape), bytes});
@@ -451,9 +440,7 @@ class safetensors_writer {
     add(std::move(name), st_dtype_of<T>, std::move(shape), std::as_bytes(values));
   }
   // Re-emits a tensor of another file (its bytes stay in that file's mapping).
-  void add(const tensor_view& t) {
-    add(t.name(), t.dtype(), std::vector<std::size_t>(t.shape().begin(), t.shape().end()), t.bytes());
-  }
+  void add(const tensor_view& t) { add(t.name(), t.dtype(), std::vector<std::size_t>(t.shape().begin(), t.shape().end()), t.bytes()); }
   void add_metadata(std::string key, std::string value) { metadata_[std::move(key)] = std::move(value); }
 
   const std::vector<entry>& entries() const noexcept { return entries_; }  // insertion order
@@ -582,21 +569,18 @@ class safetensors_checkpoint {
     c.file_ = index.string();
     const std::string_view f = c.file_;
     const nlohmann::json j = detail::parse_json(detail::read_file(index, max_header_bytes), f, 8);
-    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
-      throw io_error(errc::format, f, "no weight_map object");
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) throw io_error(errc::format, f, "no weight_map object");
     std::map<std::string, std::size_t> shard_index;  // file name -> position in shards_
     for (const auto& [name, v] : j["weight_map"].items()) {
       if (!v.is_string()) throw io_error(errc::format, f, detail::tensor_context(name) + "shard is not a string");
       const auto& shard = v.get_ref<const std::string&>();
       // Plain file names only: an index must not reach outside its directory.
-      if (shard.empty() || shard == "." || shard == ".." || shard.find('/') != std::string::npos ||
-          shard.find('\0') != std::string::npos)
+      if (shard.empty() || shard == "." || shard == ".." || shard.find('/') != std::string::npos || shard.find('\0') != std::string::npos)
         throw io_error(errc::format, f, detail::tensor_context(name) + "shard '" + shard + "' is not a file name");
       auto [it, added] = shard_index.emplace(shard, shard_index.size());
       if (added) c.shards_.push_back(safetensors_reader::open(index.parent_path() / shard));
       const safetensors_reader& r = c.shards_[it->second];
-      if (!r.contains(name))
-        throw io_error(errc::format, f, detail::tensor_context(name) + "listed in shard " + shard + ", which does not hold it");
+      if (!r.contains(name)) throw io_error(errc::format, f, detail::tensor_context(name) + "listed in shard " + shard + ", which does not hold it");
       c.where_.emplace(name, it->second);
     }
     for (const auto& [shard, i] : shard_index)
@@ -617,8 +601,7 @@ class safetensors_checkpoint {
 // of tensor data, otherwise "<stem>-00001-of-0000N.safetensors"... filled in insertion order (a
 // tensor larger than the limit gets a shard of its own) plus "<stem>.safetensors.index.json".
 // Every shard carries the writer's metadata. Returns the files written, index last.
-inline std::vector<std::filesystem::path> write_sharded(const safetensors_writer& tensors,
-                                                        const std::filesystem::path& dir,
+inline std::vector<std::filesystem::path> write_sharded(const safetensors_writer& tensors, const std::filesystem::path& dir,
                                                         std::size_t max_shard_bytes, std::string_view stem = "model") {
   std::vector<std::vector<const safetensors_writer::entry*>> groups(1);
   std::size_t in_group = 0;

@@ -56,7 +56,9 @@ using vnni2 = col_panel<NR, 2>;
 // XOR swizzle of 16-byte chunks within a row (bank-conflict avoidance on GPUs; kept for API parity,
 // and testable as a bijection).
 template <std::size_t Bits>
-constexpr std::size_t swizzle(std::size_t row, std::size_t chunk) { return chunk ^ (row & ((std::size_t{1} << Bits) - 1)); }
+constexpr std::size_t swizzle(std::size_t row, std::size_t chunk) {
+  return chunk ^ (row & ((std::size_t{1} << Bits) - 1));
+}
 
 // A layout: maps (r, c) of a (rows, cols) tile to an offset within size(rows, cols).
 template <class L>
@@ -65,9 +67,13 @@ concept tile_layout = requires(std::size_t n) {
   { L::offset(n, n, n, n) } -> std::convertible_to<std::size_t>;
 };
 
-template <class L> inline constexpr bool is_panel = false;
-template <std::size_t MR, std::size_t KP> inline constexpr bool is_panel<panel<MR, KP>> = true;
-template <class L> inline constexpr bool is_col_panel = false;
-template <std::size_t NR, std::size_t KP> inline constexpr bool is_col_panel<col_panel<NR, KP>> = true;
+template <class L>
+inline constexpr bool is_panel = false;
+template <std::size_t MR, std::size_t KP>
+inline constexpr bool is_panel<panel<MR, KP>> = true;
+template <class L>
+inline constexpr bool is_col_panel = false;
+template <std::size_t NR, std::size_t KP>
+inline constexpr bool is_col_panel<col_panel<NR, KP>> = true;
 
 }  // namespace tessel::layout

@@ -128,7 +128,9 @@ step_result adamw_update(Dev& dev, parameters<Dev>& params, const adamw_params& 
       p.m = device_buffer<float, Dev>::zeros(dev, p.numel);
       p.v = device_buffer<float, Dev>::zeros(dev, p.numel);
     }
-    auto part = [&](std::size_t off, std::size_t cnt) { ts.push_back(optim_part(p, off, cnt, p.m.span().subspan(off, cnt), p.v.span().subspan(off, cnt))); };
+    auto part = [&](std::size_t off, std::size_t cnt) {
+      ts.push_back(optim_part(p, off, cnt, p.m.span().subspan(off, cnt), p.v.span().subspan(off, cnt)));
+    };
     const std::size_t r = p.sparse_row;
     if (!lazy_rows || r == 0 || p.numel % r != 0) {
       part(0, p.numel);
@@ -197,7 +199,8 @@ class decoder_lm {
   double forward_backward(std::span<const std::int64_t> ids, std::span<const std::int64_t> targets, std::size_t batch, std::size_t seq,
                           std::int64_t ignore_index = -100) {
     if (targets.size() != ids.size())
-      throw nn_error(errc::invalid_argument, "forward_backward: " + std::to_string(targets.size()) + " targets for " + std::to_string(ids.size()) + " tokens");
+      throw nn_error(errc::invalid_argument,
+                     "forward_backward: " + std::to_string(targets.size()) + " targets for " + std::to_string(ids.size()) + " tokens");
     run_forward(ids, batch, seq, true);
     const std::size_t V = cfg_.vocab_size;
     cross_entropy_options co;
@@ -245,22 +248,26 @@ class decoder_lm {
     check_cache(cache);
     const std::size_t B = seqs.size();
     if (B == 0 || lengths.size() != B)
-      throw nn_error(errc::invalid_argument, "prefill: " + std::to_string(B) + " sequences with " + std::to_string(lengths.size()) + " prompt lengths");
+      throw nn_error(errc::invalid_argument,
+                     "prefill: " + std::to_string(B) + " sequences with " + std::to_string(lengths.size()) + " prompt lengths");
     cache.check_distinct(seqs, "prefill");
     std::size_t n = 0;
     for (std::size_t i = 0; i < B; ++i) {
       if (lengths[i] == 0) throw nn_error(errc::invalid_argument, "prefill: the prompt of sequence " + std::to_string(seqs[i]) + " is empty");
       if (cache.length(seqs[i]) != 0)
-        throw nn_error(errc::invalid_argument, "prefill: sequence " + std::to_string(seqs[i]) + " already holds " + std::to_string(cache.length(seqs[i])) +
+        throw nn_error(errc::invalid_argument, "prefill: sequence " + std::to_string(seqs[i]) + " already holds " +
+                                                   std::to_string(cache.length(seqs[i])) +
                                                    " tokens (prefill starts a sequence; continue it with decode_step)");
       if (lengths[i] > max_length(cache))
-        throw nn_error(errc::out_of_range, "prefill: a prompt of " + std::to_string(lengths[i]) + " tokens exceeds the " + std::to_string(max_length(cache)) +
-                                               " positions this model and cache hold");
+        throw nn_error(errc::out_of_range, "prefill: a prompt of " + std::to_string(lengths[i]) + " tokens exceeds the " +
+                                               std::to_string(max_length(cache)) + " positions this model and cache hold");
       n = detail::add_checked(n, lengths[i], "prefill tokens");
     }
     if (tokens.size() != n)
-      throw nn_error(errc::invalid_argument, "prefill: " + std::to_string(tokens.size()) + " token ids for prompts of " + std::to_string(n) + " in total");
-    if (n > std::size_t(std::numeric_limits<std::int32_t>::max())) throw nn_error(errc::overflow, "prefill: " + std::to_string(n) + " tokens in one batch");
+      throw nn_error(errc::invalid_argument,
+                     "prefill: " + std::to_string(tokens.size()) + " token ids for prompts of " + std::to_string(n) + " in total");
+    if (n > std::size_t(std::numeric_limits<std::int32_t>::max()))
+      throw nn_error(errc::overflow, "prefill: " + std::to_string(n) + " tokens in one batch");
     check_ids(tokens);
     cache.reserve(seqs, lengths);  // all pages or none
     cu_.assign(B + 1, 0);
@@ -275,10 +282,9 @@ class decoder_lm {
     const attention_varlen_shape vs{cu_, cu_, cfg_.num_attention_heads, cfg_.num_key_value_heads, cfg_.head_dim};
     run_inference(tokens, [&](std::size_t l, std::size_t rows, const T* q, const T* k, const T* v, T* o) {
       attention_forward_varlen(*dev_, vs, std::span<const T>(q, rows * cfg_.num_attention_heads * cfg_.head_dim), std::span<const T>(k, rows * kvd),
-                               std::span<const T>(v, rows * kvd), std::span<T>(o, rows * cfg_.num_attention_heads * cfg_.head_dim), std::span<float>{},
-                               blocks_[l].attn.options());
-      for (std::size_t i = 0; i < B; ++i)
-        cache.write(l, seqs[i], 0, k + std::size_t(cu_[i]) * kvd, v + std::size_t(cu_[i]) * kvd, lengths[i], kvd);
+                               std::span<const T>(v, rows * kvd), std::span<T>(o, rows * cfg_.num_attention_heads * cfg_.head_dim),
+                               std::span<float>{}, blocks_[l].attn.options());
+      for (std::size_t i = 0; i < B; ++i) cache.write(l, seqs[i], 0, k + std::size_t(cu_[i]) * kvd, v + std::size_t(cu_[i]) * kvd, lengths[i], kvd);
     });
     for (std::size_t i = 0; i < B; ++i) cache.commit(seqs[i], lengths[i]);
     return {inf_.logits.data(), B * cfg_.vocab_size};
@@ -304,8 +310,9 @@ class decoder_lm {
       const std::size_t len = cache.length(seqs[i]);
       if (len == 0) throw nn_error(errc::invalid_argument, "decode_step: sequence " + std::to_string(seqs[i]) + " is empty (start it with prefill)");
       if (len >= max_length(cache))
-        throw nn_error(errc::out_of_range, "decode_step: sequence " + std::to_string(seqs[i]) + " holds " + std::to_string(len) + " tokens, position " +
-                                               std::to_string(len) + " exceeds the " + std::to_string(max_length(cache)) + " positions this model and cache hold");
+        throw nn_error(errc::out_of_range, "decode_step: sequence " + std::to_string(seqs[i]) + " holds " + std::to_string(len) +
+                                               " tokens, position " + std::to_string(len) + " exceeds the " + std::to_string(max_length(cache)) +
+                                               " positions this model and cache hold");
       positions_inf_[i] = std::int64_t(len);
       seqlens_[i] = std::int32_t(len + 1);
     }
@@ -377,7 +384,8 @@ class decoder_lm {
     if (c.num_attention_heads % c.num_key_value_heads != 0)
       throw nn_error(errc::invalid_argument, "decoder_lm: heads (" + std::to_string(c.num_attention_heads) + ") not a multiple of kv heads (" +
                                                  std::to_string(c.num_key_value_heads) + ")");
-    if (gated() && c.act != io::activation::silu) throw nn_error(errc::unsupported, "decoder_lm: gated MLPs use silu (SwiGLU); got '" + c.hidden_act + "'");
+    if (gated() && c.act != io::activation::silu)
+      throw nn_error(errc::unsupported, "decoder_lm: gated MLPs use silu (SwiGLU); got '" + c.hidden_act + "'");
     if (!gated() && c.act != io::activation::gelu_tanh && c.act != io::activation::gelu)
       throw nn_error(errc::unsupported, "decoder_lm: GPT-2 MLPs use gelu; got '" + c.hidden_act + "'");
     if (c.positions == io::position_kind::rotary) rope_freq_ = rope_frequencies(c);
@@ -462,7 +470,8 @@ class decoder_lm {
   void check_batch(std::span<const std::int64_t> ids, std::size_t batch, std::size_t seq) {
     const std::size_t n = detail::mul_checked(batch, seq, "tokens");
     if (ids.size() != n)
-      throw nn_error(errc::invalid_argument, std::to_string(ids.size()) + " token ids for batch " + std::to_string(batch) + " x seq " + std::to_string(seq));
+      throw nn_error(errc::invalid_argument,
+                     std::to_string(ids.size()) + " token ids for batch " + std::to_string(batch) + " x seq " + std::to_string(seq));
     if (n == 0) throw nn_error(errc::invalid_argument, "an empty batch");
     if (cfg_.positions == io::position_kind::learned && seq > cfg_.max_position_embeddings)
       throw nn_error(errc::invalid_argument, "sequence of " + std::to_string(seq) + " tokens is longer than the " +
@@ -473,8 +482,8 @@ class decoder_lm {
   void check_ids(std::span<const std::int64_t> ids) const {
     for (std::size_t t = 0; t < ids.size(); ++t)
       if (ids[t] < 0 || std::uint64_t(ids[t]) >= cfg_.vocab_size)
-        throw nn_error(errc::invalid_argument, "token id " + std::to_string(ids[t]) + " at position " + std::to_string(t) + " is outside the vocabulary [0, " +
-                                                   std::to_string(cfg_.vocab_size) + ")");
+        throw nn_error(errc::invalid_argument, "token id " + std::to_string(ids[t]) + " at position " + std::to_string(t) +
+                                                   " is outside the vocabulary [0, " + std::to_string(cfg_.vocab_size) + ")");
   }
 
   void check_cache(const kv_cache<Dev, T>& c) const {
@@ -525,8 +534,11 @@ class decoder_lm {
     // the stream: sa entering a block, sb after its attention (as s_in and s_mid of forward())
     for (std::size_t l = 0; l < blocks_.size(); ++l) {
       block& b = blocks_[l];
-      if (l == 0) b.ln1.forward(dev, crows_view<float>(f.sa, n, d), cview<float>{}, mview<float>{}, rows_view<T>(f.y, n, d), false);
-      else b.ln1.forward(dev, crows_view<float>(f.tmp, n, d), crows_view<float>(f.sb, n, d), rows_view<float>(f.sa, n, d), rows_view<T>(f.y, n, d), false);
+      if (l == 0)
+        b.ln1.forward(dev, crows_view<float>(f.sa, n, d), cview<float>{}, mview<float>{}, rows_view<T>(f.y, n, d), false);
+      else
+        b.ln1.forward(dev, crows_view<float>(f.tmp, n, d), crows_view<float>(f.sb, n, d), rows_view<float>(f.sa, n, d), rows_view<T>(f.y, n, d),
+                      false);
       const cview<T> y1 = crows_view<T>(f.y, n, d);
       b.q.forward(dev, y1, rows_view<T>(f.q, n, qd), false);
       b.k.forward(dev, y1, rows_view<T>(f.k, n, kvd), false);
@@ -605,7 +617,8 @@ class decoder_lm {
     const std::size_t n = n_, d = c.hidden_size, I = c.intermediate_size;
     const std::size_t qd = c.num_attention_heads * c.head_dim, kvd = c.num_key_value_heads * c.head_dim;
     Dev& dev = *dev_;
-    embedding_forward(dev, std::span<const std::int64_t>(ids_), crows_view<float>(embed_->value, c.vocab_size, d), rows_view<float>(blocks_[0].s_in, n, d));
+    embedding_forward(dev, std::span<const std::int64_t>(ids_), crows_view<float>(embed_->value, c.vocab_size, d),
+                      rows_view<float>(blocks_[0].s_in, n, d));
     if (pos_)
       embedding_forward(dev, std::span<const std::int64_t>(positions_), crows_view<float>(pos_->value, c.max_position_embeddings, d),
                         rows_view<float>(blocks_[0].s_in, n, d), true);
@@ -616,8 +629,11 @@ class decoder_lm {
       block& b = blocks_[l];
       // ln1: the block's input stream is s_in (layer 0: the embeddings; later: the previous
       // block's s_mid + MLP output, added by this norm and written to s_in).
-      if (l == 0) b.ln1.forward(dev, crows_view<float>(b.s_in, n, d), cview<float>{}, mview<float>{}, rows_view<T>(b.y1, n, d), train);
-      else b.ln1.forward(dev, crows_view<float>(tmp_, n, d), crows_view<float>(blocks_[l - 1].s_mid, n, d), rows_view<float>(b.s_in, n, d), rows_view<T>(b.y1, n, d), train);
+      if (l == 0)
+        b.ln1.forward(dev, crows_view<float>(b.s_in, n, d), cview<float>{}, mview<float>{}, rows_view<T>(b.y1, n, d), train);
+      else
+        b.ln1.forward(dev, crows_view<float>(tmp_, n, d), crows_view<float>(blocks_[l - 1].s_mid, n, d), rows_view<float>(b.s_in, n, d),
+                      rows_view<T>(b.y1, n, d), train);
       const cview<T> y1 = crows_view<T>(b.y1, n, d);
       b.q.forward(dev, y1, rows_view<T>(b.qb, n, qd), train);
       b.k.forward(dev, y1, rows_view<T>(b.kb, n, kvd), train);
@@ -630,7 +646,8 @@ class decoder_lm {
                      std::span<const T>(b.vb.data(), n * kvd), std::span<T>(b.ob.data(), n * qd),
                      std::span<float>(b.lse.data(), batch * c.num_attention_heads * seq));
       b.o.forward(dev, crows_view<T>(b.ob, n, qd), rows_view<float>(tmp_, n, d), train);
-      b.ln2.forward(dev, crows_view<float>(tmp_, n, d), crows_view<float>(b.s_in, n, d), rows_view<float>(b.s_mid, n, d), rows_view<T>(b.y2, n, d), train);
+      b.ln2.forward(dev, crows_view<float>(tmp_, n, d), crows_view<float>(b.s_in, n, d), rows_view<float>(b.s_mid, n, d), rows_view<T>(b.y2, n, d),
+                    train);
       const cview<T> y2 = crows_view<T>(b.y2, n, d);
       if (moe()) {
         b.moe.forward(dev, y2, rows_view<float>(tmp_, n, d), train);
@@ -714,7 +731,8 @@ class decoder_lm {
           b.gate.backward(dev, crows_view<T>(dg_, n, I), rows_view<float>(dy_, n, d), false);
           b.up.backward(dev, crows_view<T>(du_, n, I), rows_view<float>(dy_, n, d), true);
         } else {
-          gelu_backward(dev, std::span<const T>(dT_.data(), n * I), std::span<const T>(b.ub.data(), n * I), std::span<T>(du_.data(), n * I), gelu_kind());
+          gelu_backward(dev, std::span<const T>(dT_.data(), n * I), std::span<const T>(b.ub.data(), n * I), std::span<T>(du_.data(), n * I),
+                        gelu_kind());
           b.up.backward(dev, crows_view<T>(du_, n, I), rows_view<float>(dy_, n, d), false);
         }
       }

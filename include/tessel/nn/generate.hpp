@@ -41,7 +41,8 @@ inline double uniform01(std::uint64_t seed, std::uint64_t i) {
 // The token drawn from `logits` with the `draw`-th random number of s.seed.
 inline std::int64_t sample_token(std::span<const float> logits, const sampling& s, std::uint64_t draw) {
   if (logits.empty()) throw nn_error(errc::invalid_argument, "sample_token: no logits");
-  if (!(s.temperature >= 0.0f) || !std::isfinite(s.temperature)) throw nn_error(errc::invalid_argument, "sample_token: temperature must be finite and >= 0");
+  if (!(s.temperature >= 0.0f) || !std::isfinite(s.temperature))
+    throw nn_error(errc::invalid_argument, "sample_token: temperature must be finite and >= 0");
   if (!(s.top_p > 0.0f && s.top_p <= 1.0f)) throw nn_error(errc::invalid_argument, "sample_token: top_p must be in (0, 1]");
   for (float x : logits)
     if (std::isnan(x)) throw nn_error(errc::invalid_argument, "sample_token: NaN logit");
@@ -104,11 +105,11 @@ struct generation_stats {
 // The requests take sequences of `cache` for the call and give them back (also on an error);
 // prompt + max_new - 1 tokens of each must fit m.max_length(cache) (checked before any work).
 template <class Model, class Cache>
-  requires requires(Model& m, Cache& c, std::size_t id) {
-    c.add_sequence();
-    c.release(id);
-    m.decode_step(c, std::span<const std::size_t>{}, std::span<const std::int64_t>{});
-  }
+requires requires(Model& m, Cache& c, std::size_t id) {
+  c.add_sequence();
+  c.release(id);
+  m.decode_step(c, std::span<const std::size_t>{}, std::span<const std::int64_t>{});
+}
 std::vector<std::vector<std::int64_t>> generate(Model& m, Cache& cache, const std::vector<std::vector<std::int64_t>>& prompts, std::size_t max_new,
                                                 const std::vector<sampling>& per_request, std::int64_t stop = -1, generation_stats* stats = nullptr) {
   using clock = std::chrono::steady_clock;
@@ -121,7 +122,8 @@ std::vector<std::vector<std::int64_t>> generate(Model& m, Cache& cache, const st
     if (prompts[r].empty()) throw nn_error(errc::invalid_argument, "generate: prompt " + std::to_string(r) + " is empty");
     if (max_new > 0 && prompts[r].size() + max_new - 1 > m.max_length(cache))
       throw nn_error(errc::out_of_range, "generate: prompt " + std::to_string(r) + " of " + std::to_string(prompts[r].size()) + " tokens + " +
-                                             std::to_string(max_new) + " new ones exceeds the " + std::to_string(m.max_length(cache)) + " positions of the model and cache");
+                                             std::to_string(max_new) + " new ones exceeds the " + std::to_string(m.max_length(cache)) +
+                                             " positions of the model and cache");
   }
   if (max_new == 0) return out;
   // the sequences of this call, released however it ends
@@ -140,7 +142,8 @@ std::vector<std::vector<std::int64_t>> generate(Model& m, Cache& cache, const st
     lengths.push_back(p.size());
   }
   auto t0 = clock::now();
-  auto logits = m.prefill(cache, std::span<const std::size_t>(seqs.ids), std::span<const std::int64_t>(tokens), std::span<const std::size_t>(lengths));
+  auto logits =
+      m.prefill(cache, std::span<const std::size_t>(seqs.ids), std::span<const std::int64_t>(tokens), std::span<const std::size_t>(lengths));
   generation_stats st;
   st.prefill_tokens = tokens.size();
   st.prefill_seconds = std::chrono::duration<double>(clock::now() - t0).count();
@@ -175,11 +178,11 @@ std::vector<std::vector<std::int64_t>> generate(Model& m, Cache& cache, const st
 }
 // The same with one sampling for every request.
 template <class Model, class Cache>
-  requires requires(Model& m, Cache& c, std::size_t id) {
-    c.add_sequence();
-    c.release(id);
-    m.decode_step(c, std::span<const std::size_t>{}, std::span<const std::int64_t>{});
-  }
+requires requires(Model& m, Cache& c, std::size_t id) {
+  c.add_sequence();
+  c.release(id);
+  m.decode_step(c, std::span<const std::size_t>{}, std::span<const std::int64_t>{});
+}
 std::vector<std::vector<std::int64_t>> generate(Model& m, Cache& cache, const std::vector<std::vector<std::int64_t>>& prompts, std::size_t max_new,
                                                 const sampling& s, std::int64_t stop = -1, generation_stats* stats = nullptr) {
   return generate(m, cache, prompts, max_new, std::vector<sampling>(prompts.size(), s), stop, stats);

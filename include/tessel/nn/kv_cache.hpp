@@ -44,10 +44,10 @@ class kv_cache {
 
   kv_cache(Dev& dev, const kv_cache_shape& s) : dev_(&dev), s_(s) {
     if (s.layers == 0 || s.heads_kv == 0 || s.head_dim == 0 || s.page_size == 0 || s.num_pages == 0 || s.max_sequences == 0 || s.max_length == 0)
-      throw nn_error(errc::invalid_argument, "kv_cache: a zero dimension (layers " + std::to_string(s.layers) + ", heads_kv " + std::to_string(s.heads_kv) +
-                                                 ", head_dim " + std::to_string(s.head_dim) + ", page_size " + std::to_string(s.page_size) + ", pages " +
-                                                 std::to_string(s.num_pages) + ", sequences " + std::to_string(s.max_sequences) + ", max_length " +
-                                                 std::to_string(s.max_length) + ")");
+      throw nn_error(errc::invalid_argument, "kv_cache: a zero dimension (layers " + std::to_string(s.layers) + ", heads_kv " +
+                                                 std::to_string(s.heads_kv) + ", head_dim " + std::to_string(s.head_dim) + ", page_size " +
+                                                 std::to_string(s.page_size) + ", pages " + std::to_string(s.num_pages) + ", sequences " +
+                                                 std::to_string(s.max_sequences) + ", max_length " + std::to_string(s.max_length) + ")");
     constexpr std::size_t i32 = std::size_t(std::numeric_limits<std::int32_t>::max());
     // attention_decode takes lengths and page indices as int32
     if (s.num_pages > i32 || s.max_length > i32)
@@ -106,7 +106,8 @@ class kv_cache {
   // list, for all of them or (an error) for none.
   void reserve(std::span<const seq_id> ids, std::span<const std::size_t> counts) {
     if (ids.size() != counts.size())
-      throw nn_error(errc::invalid_argument, "kv_cache: reserve of " + std::to_string(ids.size()) + " sequences with " + std::to_string(counts.size()) + " counts");
+      throw nn_error(errc::invalid_argument,
+                     "kv_cache: reserve of " + std::to_string(ids.size()) + " sequences with " + std::to_string(counts.size()) + " counts");
     check_distinct(ids, "reserve");
     std::size_t need = 0;
     std::vector<std::size_t> want(ids.size());
@@ -114,8 +115,8 @@ class kv_cache {
       const slot& q = at(ids[i], "reserve");
       const std::size_t end = detail::add_checked(q.len, counts[i], "kv_cache length");
       if (end > s_.max_length)
-        throw nn_error(errc::out_of_range, "kv_cache: sequence " + std::to_string(ids[i]) + " would hold " + std::to_string(end) + " tokens, more than its max_length " +
-                                               std::to_string(s_.max_length));
+        throw nn_error(errc::out_of_range, "kv_cache: sequence " + std::to_string(ids[i]) + " would hold " + std::to_string(end) +
+                                               " tokens, more than its max_length " + std::to_string(s_.max_length));
       want[i] = (end + s_.page_size - 1) / s_.page_size;
       if (want[i] > q.pages) need += want[i] - q.pages;
     }
@@ -137,11 +138,12 @@ class kv_cache {
   // heads_kv·head_dim, `ld` elements apart); the tokens must be reserved.
   void write(std::size_t layer, seq_id s, std::size_t pos, const T* k, const T* v, std::size_t n, std::size_t ld) {
     const slot& q = at(s, "write");
-    if (layer >= s_.layers) throw nn_error(errc::invalid_argument, "kv_cache: no layer " + std::to_string(layer) + " of " + std::to_string(s_.layers));
+    if (layer >= s_.layers)
+      throw nn_error(errc::invalid_argument, "kv_cache: no layer " + std::to_string(layer) + " of " + std::to_string(s_.layers));
     if (n == 0) return;
     if (pos > q.pages * s_.page_size || n > q.pages * s_.page_size - pos)
-      throw nn_error(errc::out_of_range, "kv_cache: tokens [" + std::to_string(pos) + ", " + std::to_string(pos + n) + ") of sequence " + std::to_string(s) +
-                                             " are not reserved (" + std::to_string(q.pages) + " pages)");
+      throw nn_error(errc::out_of_range, "kv_cache: tokens [" + std::to_string(pos) + ", " + std::to_string(pos + n) + ") of sequence " +
+                                             std::to_string(s) + " are not reserved (" + std::to_string(q.pages) + " pages)");
     if (ld < row_) throw nn_error(errc::invalid_argument, "kv_cache: row stride " + std::to_string(ld) + " below the row of " + std::to_string(row_));
     const std::int32_t* t = table_.data() + s * pages_per_seq_;
     T* kl = k_.data() + layer * layer_elems_;
@@ -212,7 +214,8 @@ class kv_cache {
     for (std::size_t i = 0; i < sorted.size(); ++i) {
       (void)at(sorted[i], what);
       if (i > 0 && sorted[i] == sorted[i - 1])
-        throw nn_error(errc::invalid_argument, std::string("kv_cache: ") + what + ": sequence " + std::to_string(sorted[i]) + " appears twice in one batch");
+        throw nn_error(errc::invalid_argument,
+                       std::string("kv_cache: ") + what + ": sequence " + std::to_string(sorted[i]) + " appears twice in one batch");
     }
   }
 
@@ -223,12 +226,14 @@ class kv_cache {
   };
   const slot& at(seq_id s, const char* what) const {
     if (s >= seqs_.size() || !seqs_[s].live)
-      throw nn_error(errc::invalid_argument, std::string("kv_cache: ") + what + ": sequence " + std::to_string(s) + " is not a live sequence of this cache");
+      throw nn_error(errc::invalid_argument,
+                     std::string("kv_cache: ") + what + ": sequence " + std::to_string(s) + " is not a live sequence of this cache");
     return seqs_[s];
   }
   slot& at(seq_id s, const char* what) { return const_cast<slot&>(static_cast<const kv_cache*>(this)->at(s, what)); }
   std::size_t layer_check(std::size_t layer) const {
-    if (layer >= s_.layers) throw nn_error(errc::invalid_argument, "kv_cache: no layer " + std::to_string(layer) + " of " + std::to_string(s_.layers));
+    if (layer >= s_.layers)
+      throw nn_error(errc::invalid_argument, "kv_cache: no layer " + std::to_string(layer) + " of " + std::to_string(s_.layers));
     return layer;
   }
   std::size_t row_offset(seq_id s, std::size_t j) const {
@@ -241,9 +246,9 @@ class kv_cache {
   Dev* dev_;
   kv_cache_shape s_;
   std::size_t pages_per_seq_ = 0, row_ = 0, page_elems_ = 0, layer_elems_ = 0, live_ = 0;
-  device_buffer<T, Dev> k_, v_;     // [layers][num_pages, page_size, heads_kv, head_dim]
-  std::vector<std::int32_t> free_;  // free pages (a stack)
-  std::vector<std::int32_t> table_; // [max_sequences, pages_per_seq]
+  device_buffer<T, Dev> k_, v_;      // [layers][num_pages, page_size, heads_kv, head_dim]
+  std::vector<std::int32_t> free_;   // free pages (a stack)
+  std::vector<std::int32_t> table_;  // [max_sequences, pages_per_seq]
   std::vector<slot> seqs_;
 };
 

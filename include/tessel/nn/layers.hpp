@@ -50,8 +50,10 @@ cview<T> crows_view(const Buf& b, std::size_t rows, std::size_t cols) {
 // The weight of a parameter as a compute-type pointer: the master for f32, its bf16 copy for bf16.
 template <compute_type T, device Dev>
 const T* compute_data(const parameter<Dev>& p) {
-  if constexpr (std::is_same_v<T, float>) return p.value.data();
-  else return p.value_bf16.data();
+  if constexpr (std::is_same_v<T, float>)
+    return p.value.data();
+  else
+    return p.value_bf16.data();
 }
 
 // y (N, out) = x (N, in) · Wᵀ + b, with W (out, in) stored either as Hugging Face's Linear does,
@@ -80,8 +82,10 @@ class linear {
   void forward(Dev& dev, cview<T> x, mview<Y> y, bool save) {
     if (save) x_ = x;
     const auto W = weight_view<const T>(compute_data<T>(*w_));
-    if (b_) gemm(dev, x, W.transposed(), y, 1.0f, 0.0f, epilogue::bias(std::span<const float>(b_->value.data() + col0_, out_)));
-    else gemm(dev, x, W.transposed(), y);
+    if (b_)
+      gemm(dev, x, W.transposed(), y, 1.0f, 0.0f, epilogue::bias(std::span<const float>(b_->value.data() + col0_, out_)));
+    else
+      gemm(dev, x, W.transposed(), y);
   }
   // The same products as problems for one grouped launch (gemm_grouped) with other layers' (a bank
   // of experts): y = x Wᵀ (saving x when `save`), dx = dy W (+ dx when `accumulate_dx`) and
@@ -164,9 +168,11 @@ class norm {
     }
     const std::span<float> rstd(rstd_.data(), rows);
     const norm_options o{.eps = eps_};
-    if (rms_) rmsnorm_forward(dev, x, w_->value.cspan(), y, rstd, o, residual, residual_out);
-    else layernorm_forward(dev, x, w_->value.cspan(), b_ ? b_->value.cspan() : std::span<const float>{}, y, std::span<float>(mean_.data(), rows), rstd, o,
-                           residual, residual_out);
+    if (rms_)
+      rmsnorm_forward(dev, x, w_->value.cspan(), y, rstd, o, residual, residual_out);
+    else
+      layernorm_forward(dev, x, w_->value.cspan(), b_ ? b_->value.cspan() : std::span<const float>{}, y, std::span<float>(mean_.data(), rows), rstd,
+                        o, residual, residual_out);
     if (save) h_ = residual.data() ? cview<float>(residual_out) : x;
   }
   // dx = d(loss)/d(h) from dy (the gradient of y) plus `dres` (the gradient arriving on the stream
@@ -176,9 +182,11 @@ class norm {
     if (dy.rows() != rows) throw nn_error(errc::invalid_argument, "norm: backward without a matching forward");
     const norm_options o{.eps = eps_, .accumulate = true};
     const std::span<const float> rstd(rstd_.data(), rows);
-    if (rms_) rmsnorm_backward(dev, dy, h_, w_->value.cspan(), rstd, dx, w_->grad.span(), o, dres);
-    else layernorm_backward(dev, dy, h_, w_->value.cspan(), std::span<const float>(mean_.data(), rows), rstd, dx, w_->grad.span(),
-                            b_ ? b_->grad.span() : std::span<float>{}, o, dres);
+    if (rms_)
+      rmsnorm_backward(dev, dy, h_, w_->value.cspan(), rstd, dx, w_->grad.span(), o, dres);
+    else
+      layernorm_backward(dev, dy, h_, w_->value.cspan(), std::span<const float>(mean_.data(), rows), rstd, dx, w_->grad.span(),
+                         b_ ? b_->grad.span() : std::span<float>{}, o, dres);
   }
 
  private:
@@ -214,8 +222,8 @@ class self_attention {
                std::span<float> lse) {
     attention_forward(dev, shape(batch, seq), q, k, v, o, lse, options());
   }
-  void backward(Dev& dev, std::size_t batch, std::size_t seq, std::span<const T> q, std::span<const T> k, std::span<const T> v,
-                std::span<const T> o, std::span<const T> dout, std::span<const float> lse, std::span<T> dq, std::span<T> dk, std::span<T> dv) {
+  void backward(Dev& dev, std::size_t batch, std::size_t seq, std::span<const T> q, std::span<const T> k, std::span<const T> v, std::span<const T> o,
+                std::span<const T> dout, std::span<const float> lse, std::span<T> dq, std::span<T> dk, std::span<T> dv) {
     attention_backward(dev, shape(batch, seq), q, k, v, o, dout, lse, dq, dk, dv, options());
   }
 

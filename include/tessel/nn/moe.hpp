@@ -40,7 +40,8 @@ class moe_routing {
  public:
   moe_routing() = default;
   moe_routing(std::size_t experts, std::size_t top_k) : E_(experts), k_(top_k) {
-    if (E_ == 0 || k_ == 0 || k_ > E_) throw nn_error(errc::invalid_argument, "sparse_moe: top-" + std::to_string(k_) + " of " + std::to_string(E_) + " experts");
+    if (E_ == 0 || k_ == 0 || k_ > E_)
+      throw nn_error(errc::invalid_argument, "sparse_moe: top-" + std::to_string(k_) + " of " + std::to_string(E_) + " experts");
   }
   std::size_t experts() const { return E_; }
   std::size_t top_k() const { return k_; }
@@ -119,7 +120,8 @@ class moe_routing {
 // aux = E · Σ_e f_e · P_e with f_e = counts[e] / N and P_e = prob_sums[e] / N (counts and sums over
 // the layers), and dprob[e] = coef · E · f_e / N, the gradient of coef · aux with respect to every
 // row's probability of e (the top-k selection carries none). Returns aux.
-inline double load_balancing_loss(std::span<const double> counts, std::span<const double> prob_sums, double rows, double coef, std::vector<double>& dprob) {
+inline double load_balancing_loss(std::span<const double> counts, std::span<const double> prob_sums, double rows, double coef,
+                                  std::vector<double>& dprob) {
   const std::size_t E = counts.size();
   double aux = 0.0;
   dprob.assign(E, 0.0);
@@ -228,7 +230,8 @@ class sparse_moe {
   // y (n, d) f32 = the block applied to x (n, d). Keeps routing and per-expert activations.
   void forward(Dev& dev, cview<T> x, mview<float> y, bool train) {
     const std::size_t n = x.rows();
-    if (x.cols() != d_ || y.rows() != n || y.cols() != d_ || x.col_stride() != 1 || y.col_stride() != 1) throw nn_error(errc::invalid_argument, "sparse_moe: shapes do not match the block");
+    if (x.cols() != d_ || y.rows() != n || y.cols() != d_ || x.col_stride() != 1 || y.col_stride() != 1)
+      throw nn_error(errc::invalid_argument, "sparse_moe: shapes do not match the block");
     reserve(dev, n);
     n_ = n;
     router_.forward(dev, x, rows_view<float>(logits_, n, E_), train);

@@ -122,8 +122,9 @@ class parameters {
   parameter<Dev>& add_shard(std::string name, std::vector<std::size_t> global_shape, std::size_t dim, std::size_t offset, std::size_t length,
                             bool with_bf16 = false) {
     if (dim >= global_shape.size() || offset > global_shape[dim] || length > global_shape[dim] - offset || length == 0)
-      throw nn_error(errc::invalid_argument, "parameters: shard [" + std::to_string(offset) + ", " + std::to_string(offset + length) + ") along dim " +
-                                                 std::to_string(dim) + " does not fit '" + name + "' of shape " + io::detail::shape_string(global_shape));
+      throw nn_error(errc::invalid_argument, "parameters: shard [" + std::to_string(offset) + ", " + std::to_string(offset + length) +
+                                                 ") along dim " + std::to_string(dim) + " does not fit '" + name + "' of shape " +
+                                                 io::detail::shape_string(global_shape));
     std::vector<std::size_t> local = global_shape;
     local[dim] = length;
     parameter<Dev>& p = add(std::move(name), std::move(local), with_bf16);
@@ -249,9 +250,7 @@ class parameters {
     if (it == meta.end()) throw nn_error(errc::format, ck.file() + ": no 'step' in the metadata of a training checkpoint");
     try {
       return std::stoull(it->second);
-    } catch (const std::exception&) {
-      throw nn_error(errc::format, ck.file() + ": metadata 'step' is '" + it->second + "', not a count");
-    }
+    } catch (const std::exception&) { throw nn_error(errc::format, ck.file() + ": metadata 'step' is '" + it->second + "', not a count"); }
   }
 
   // Normal(0, std) for matrices and embeddings, 1 for norm weights, 0 for biases (names ending in
@@ -262,8 +261,10 @@ class parameters {
       const bool vec = p.shape.size() == 1;
       const bool is_bias = p.name.size() >= 4 && p.name.compare(p.name.size() - 4, 4, "bias") == 0;
       std::span<float> v = p.value.span();
-      if (vec && is_bias) std::fill(v.begin(), v.end(), 0.0f);
-      else if (vec) std::fill(v.begin(), v.end(), 1.0f);
+      if (vec && is_bias)
+        std::fill(v.begin(), v.end(), 0.0f);
+      else if (vec)
+        std::fill(v.begin(), v.end(), 1.0f);
       else
         for (float& x : v) x = float(rng() * std);
     }

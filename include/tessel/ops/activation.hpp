@@ -30,18 +30,22 @@ namespace detail::act {
 namespace st = tessel::arch::stream;
 using namespace tessel::detail::rows;
 
-inline constexpr float k_tanh = 0.7978845608028654f;   // sqrt(2/pi)
+inline constexpr float k_tanh = 0.7978845608028654f;  // sqrt(2/pi)
 inline constexpr float c_tanh = 0.044715f;
 inline constexpr float inv_sqrt2 = 0.7071067811865476f;
 inline constexpr float inv_sqrt_2pi = 0.3989422804014327f;
 
 template <class V>
 inline V erf_(V x) {
-  if constexpr (std::is_same_v<V, float>) return std::erf(x);
-  else return xsimd::erf(x);
+  if constexpr (std::is_same_v<V, float>)
+    return std::erf(x);
+  else
+    return xsimd::erf(x);
 }
 template <class V>
-inline V sigmoid(V x) { return V(1.0f) / (V(1.0f) + st::exp_fast(-x)); }
+inline V sigmoid(V x) {
+  return V(1.0f) / (V(1.0f) + st::exp_fast(-x));
+}
 
 template <class V>
 inline V gelu_tanh(V x) {
@@ -57,7 +61,9 @@ inline V gelu_tanh_grad(V x) {
   return st::fma(V(2.0f) * x * s * (V(1.0f) - s), du, s);
 }
 template <class V>
-inline V gelu_erf(V x) { return V(0.5f) * x * (V(1.0f) + erf_(x * V(inv_sqrt2))); }
+inline V gelu_erf(V x) {
+  return V(0.5f) * x * (V(1.0f) + erf_(x * V(inv_sqrt2)));
+}
 template <class V>
 inline V gelu_erf_grad(V x) {
   const V cdf = V(0.5f) * (V(1.0f) + erf_(x * V(inv_sqrt2)));
@@ -65,10 +71,14 @@ inline V gelu_erf_grad(V x) {
   return st::fma(x, pdf, cdf);
 }
 template <class V>
-inline V silu(V x) { return x / (V(1.0f) + st::exp_fast(-x)); }
+inline V silu(V x) {
+  return x / (V(1.0f) + st::exp_fast(-x));
+}
 // ReLU as max(0, x): vmaxps returns its second operand for a NaN lane, so NaN propagates.
 template <class V>
-inline V relu(V x) { return st::max(V(0.0f), x); }
+inline V relu(V x) {
+  return st::max(V(0.0f), x);
+}
 // dy where x > 0, else exactly 0 (also for an infinite dy, which a product with a 0/1 mask would
 // turn into NaN).
 inline float relu_grad(float dy, float x) { return x > 0.0f ? dy : 0.0f; }
@@ -131,9 +141,15 @@ void gelu_forward(Dev& dev, std::span<const In> x, std::span<Out> y, gelu_approx
   const In* xp = x.data();
   Out* yp = y.data();
   if (a == gelu_approx::tanh)
-    launch_map<Out>(dev, x.size(), (const void*)yp == (const void*)xp, [=](std::size_t i, auto v0, bool nt) { using V = decltype(v0); typed_store_nt<Out, V>(yp, i, gelu_tanh(typed_load<In, V>(xp, i)), nt); });
+    launch_map<Out>(dev, x.size(), (const void*)yp == (const void*)xp, [=](std::size_t i, auto v0, bool nt) {
+      using V = decltype(v0);
+      typed_store_nt<Out, V>(yp, i, gelu_tanh(typed_load<In, V>(xp, i)), nt);
+    });
   else
-    launch_map<Out>(dev, x.size(), (const void*)yp == (const void*)xp, [=](std::size_t i, auto v0, bool nt) { using V = decltype(v0); typed_store_nt<Out, V>(yp, i, gelu_erf(typed_load<In, V>(xp, i)), nt); });
+    launch_map<Out>(dev, x.size(), (const void*)yp == (const void*)xp, [=](std::size_t i, auto v0, bool nt) {
+      using V = decltype(v0);
+      typed_store_nt<Out, V>(yp, i, gelu_erf(typed_load<In, V>(xp, i)), nt);
+    });
 }
 
 // dx = dy · gelu'(x).
@@ -168,7 +184,10 @@ void silu_forward(Dev& dev, std::span<const In> x, std::span<Out> y) {
   check_ptr(x, "silu_forward", "x");
   const In* xp = x.data();
   Out* yp = y.data();
-  launch_map<Out>(dev, x.size(), (const void*)yp == (const void*)xp, [=](std::size_t i, auto v0, bool nt) { using V = decltype(v0); typed_store_nt<Out, V>(yp, i, silu(typed_load<In, V>(xp, i)), nt); });
+  launch_map<Out>(dev, x.size(), (const void*)yp == (const void*)xp, [=](std::size_t i, auto v0, bool nt) {
+    using V = decltype(v0);
+    typed_store_nt<Out, V>(yp, i, silu(typed_load<In, V>(xp, i)), nt);
+  });
 }
 
 template <class Dev, class Dy, class In, class Dx>
@@ -221,13 +240,16 @@ void swiglu_backward(Dev& dev, std::span<const Dy> dy, std::span<const In> a, st
   const In* bp = b.data();
   Dx* dap = da.data();
   Dx* dbp = db.data();
-  launch_map<Dx>(dev, n, (const void*)dap == (const void*)ap || (const void*)dap == (const void*)bp || (const void*)dap == (const void*)gp || (const void*)dbp == (const void*)ap || (const void*)dbp == (const void*)bp || (const void*)dbp == (const void*)gp, [=](std::size_t i, auto v0, bool nt) {
-    using V = decltype(v0);
-    const V g = typed_load<Dy, V>(gp, i), x = typed_load<In, V>(ap, i), u = typed_load<In, V>(bp, i);
-    const V s = sigmoid(x);
-    typed_store_nt<Dx, V>(dap, i, g * u * (s * st::fma(x, V(1.0f) - s, V(1.0f))), nt);
-    typed_store_nt<Dx, V>(dbp, i, g * (x * s), nt);
-  });
+  launch_map<Dx>(dev, n,
+                 (const void*)dap == (const void*)ap || (const void*)dap == (const void*)bp || (const void*)dap == (const void*)gp ||
+                     (const void*)dbp == (const void*)ap || (const void*)dbp == (const void*)bp || (const void*)dbp == (const void*)gp,
+                 [=](std::size_t i, auto v0, bool nt) {
+                   using V = decltype(v0);
+                   const V g = typed_load<Dy, V>(gp, i), x = typed_load<In, V>(ap, i), u = typed_load<In, V>(bp, i);
+                   const V s = sigmoid(x);
+                   typed_store_nt<Dx, V>(dap, i, g * u * (s * st::fma(x, V(1.0f) - s, V(1.0f))), nt);
+                   typed_store_nt<Dx, V>(dbp, i, g * (x * s), nt);
+                 });
 }
 
 // y = max(0, x). y may be x's own storage.
@@ -240,7 +262,10 @@ void relu_forward(Dev& dev, std::span<const In> x, std::span<Out> y) {
   check_ptr(y, "relu_forward", "y");
   const In* xp = x.data();
   Out* yp = y.data();
-  launch_map<Out>(dev, x.size(), (const void*)yp == (const void*)xp, [=](std::size_t i, auto v0, bool nt) { using V = decltype(v0); typed_store_nt<Out, V>(yp, i, relu(typed_load<In, V>(xp, i)), nt); });
+  launch_map<Out>(dev, x.size(), (const void*)yp == (const void*)xp, [=](std::size_t i, auto v0, bool nt) {
+    using V = decltype(v0);
+    typed_store_nt<Out, V>(yp, i, relu(typed_load<In, V>(xp, i)), nt);
+  });
 }
 
 // dx = dy where x > 0, else 0. `x` may be the forward's input or its output y = relu(x) (both are

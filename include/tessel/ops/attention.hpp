@@ -57,11 +57,11 @@ struct attention_varlen_shape {
 };
 
 struct attention_options {
-  float scale = 0.0f;            // softmax scale; 0 means 1/sqrt(head_dim)
-  bool causal = false;           // key j visible to row i only if j <= i + offset
-  mask_align align = mask_align::top_left;  // offset = 0 (top-left) or seq_kv - seq_q (bottom-right)
-  std::ptrdiff_t window_left = -1;   // sliding window: j >= i + offset - window_left (-1: unbounded)
-  std::ptrdiff_t window_right = -1;  //                 j <= i + offset + window_right (-1: unbounded)
+  float scale = 0.0f;                                    // softmax scale; 0 means 1/sqrt(head_dim)
+  bool causal = false;                                   // key j visible to row i only if j <= i + offset
+  mask_align align = mask_align::top_left;               // offset = 0 (top-left) or seq_kv - seq_q (bottom-right)
+  std::ptrdiff_t window_left = -1;                       // sliding window: j >= i + offset - window_left (-1: unbounded)
+  std::ptrdiff_t window_right = -1;                      //                 j <= i + offset + window_right (-1: unbounded)
   float q_scale = 1.0f, k_scale = 1.0f, v_scale = 1.0f;  // dequantisation scales (e4m3 inputs)
 };
 
@@ -120,8 +120,8 @@ struct io_counts {
 // The checks every entry point makes of its buffers and options, in one order: each q-like buffer
 // holds n.q elements, each kv-like one n.kv, lse n.lse (an optional lse may also be empty), none
 // is null where it must hold data, and the mask options are valid.
-inline void check_io(const io_counts& n, std::initializer_list<named_buffer> q_like, std::initializer_list<named_buffer> kv_like,
-                     named_buffer lse, bool lse_optional, const attention_options& opt) {
+inline void check_io(const io_counts& n, std::initializer_list<named_buffer> q_like, std::initializer_list<named_buffer> kv_like, named_buffer lse,
+                     bool lse_optional, const attention_options& opt) {
   for (const auto& b : q_like) check_named(b, n.q);
   for (const auto& b : kv_like) check_named(b, n.kv);
   if (!(lse_optional && lse.size == 0)) check_named(lse, n.lse);
@@ -138,9 +138,9 @@ inline io_counts dense_counts(const attention_shape& s) {
 }
 // The checks of both dense backward entry points, whatever their element types; returns the counts.
 template <class Q, class KV, class O, class G>
-io_counts check_dense_backward(const attention_shape& s, std::span<const Q> q, std::span<const KV> k, std::span<const KV> v,
-                               std::span<const O> o, std::span<const O> dout, std::span<const float> lse, std::span<G> dq,
-                               std::span<G> dk, std::span<G> dv, const attention_options& opt) {
+io_counts check_dense_backward(const attention_shape& s, std::span<const Q> q, std::span<const KV> k, std::span<const KV> v, std::span<const O> o,
+                               std::span<const O> dout, std::span<const float> lse, std::span<G> dq, std::span<G> dk, std::span<G> dv,
+                               const attention_options& opt) {
   const io_counts n = dense_counts(s);
   check_io(n, {{q, "q"}, {o, "o"}, {dout, "dout"}, {dq, "dq"}}, {{k, "k"}, {v, "v"}, {dk, "dk"}, {dv, "dv"}}, {lse, "lse"}, false, opt);
   return n;
@@ -165,7 +165,10 @@ inline void assign_blocks(std::vector<seq_geom>& seqs, std::size_t bq, std::size
 // Dense batch -> per-sequence geometry.
 inline void dense_geom(const attention_shape& s, geom& g, std::vector<seq_geom>& seqs) {
   const std::size_t H = s.heads_q, HK = s.heads_kv, D = s.head_dim;
-  g.hq = H; g.hkv = HK; g.d = D; g.group = H / HK;
+  g.hq = H;
+  g.hkv = HK;
+  g.d = D;
+  g.group = H / HK;
   const bool bshd = s.layout == attention_layout::bshd;
   g.q_tok = g.o_tok = bshd ? H * D : D;
   g.q_head = g.o_head = bshd ? D : s.seq_q * D;
@@ -185,8 +188,8 @@ inline void dense_geom(const attention_shape& s, geom& g, std::vector<seq_geom>&
 
 // Runs the two forward passes over prepared geometry.
 template <class T, class O, class Dev>
-void run_forward(Dev& dev, const geom& g, std::vector<seq_geom>& seqs, std::size_t max_sq, std::size_t max_skv,
-                 const T* q, const T* k, const T* v, O* o, float* lse, const attention_options& opt) {
+void run_forward(Dev& dev, const geom& g, std::vector<seq_geom>& seqs, std::size_t max_sq, std::size_t max_skv, const T* q, const T* k, const T* v,
+                 O* o, float* lse, const attention_options& opt) {
   using sf = stage_for<T>;
   std::size_t total_q_blocks = 0, total_kv_blocks = 0;
   assign_blocks(seqs, fwd_bq, fwd_bkv, total_q_blocks, total_kv_blocks);
@@ -194,19 +197,24 @@ void run_forward(Dev& dev, const geom& g, std::vector<seq_geom>& seqs, std::size
   const mask_rule mask = make_mask(opt);
   if (seqs.empty() || max_sq == 0) return;
   const std::size_t D = g.d, Dp = round_up(D, sf::NR);
-  const std::size_t per_blk = detail::add_checked(detail::mul_checked(fwd_bkv, D, "attention workspace"), detail::mul_checked(fwd_bkv, Dp, "attention workspace"), "attention workspace");
+  const std::size_t per_blk = detail::add_checked(detail::mul_checked(fwd_bkv, D, "attention workspace"),
+                                                  detail::mul_checked(fwd_bkv, Dp, "attention workspace"), "attention workspace");
   const std::size_t ws_elems = mul3(total_kv_blocks, g.hkv, per_blk, "attention workspace");
   E* ws = ws_elems ? static_cast<E*>(dev.allocate(detail::mul_checked(ws_elems, sizeof(E), "attention workspace"))) : nullptr;
   E* kp = ws;
   E* vp = ws ? ws + total_kv_blocks * g.hkv * fwd_bkv * D : nullptr;
-  struct guard { Dev& d; void* p; ~guard() { if (p) d.deallocate(p); } } gd{dev, ws};
+  struct guard {
+    Dev& d;
+    void* p;
+    ~guard() {
+      if (p) d.deallocate(p);
+    }
+  } gd{dev, ws};
   if (max_skv > 0)
-    dev.launch(grid{ceil_div(max_skv, fwd_bkv), g.hkv, seqs.size()},
-               pack_kv_program<T, E, sf::NR, sf::KP>{k, v, seqs.data(), g, fwd_bkv, kp, vp});
+    dev.launch(grid{ceil_div(max_skv, fwd_bkv), g.hkv, seqs.size()}, pack_kv_program<T, E, sf::NR, sf::KP>{k, v, seqs.data(), g, fwd_bkv, kp, vp});
   const float sc = softmax_scale(opt, D) * opt.q_scale * opt.k_scale * log2e;
   const std::size_t nqb = ceil_div(max_sq, fwd_bq);
-  dev.launch(grid{nqb, g.hq, seqs.size()},
-             flash_fwd_program<T, O, typename sf::atom>{q, o, lse, kp, vp, seqs.data(), g, mask, sc, opt.v_scale, nqb});
+  dev.launch(grid{nqb, g.hq, seqs.size()}, flash_fwd_program<T, O, typename sf::atom>{q, o, lse, kp, vp, seqs.data(), g, mask, sc, opt.v_scale, nqb});
 }
 
 }  // namespace detail::attn
@@ -224,8 +232,7 @@ void attention_forward(Dev& dev, const attention_shape& s, std::span<const T> q,
   geom g;
   std::vector<seq_geom> seqs;
   dense_geom(s, g, seqs);
-  run_forward<T, O>(dev, g, seqs, s.seq_q, s.seq_kv, q.data(), k.data(), v.data(), o.data(),
-                    lse.empty() ? nullptr : lse.data(), opt);
+  run_forward<T, O>(dev, g, seqs, s.seq_q, s.seq_kv, q.data(), k.data(), v.data(), o.data(), lse.empty() ? nullptr : lse.data(), opt);
 }
 
 }  // namespace v0
@@ -236,13 +243,15 @@ inline std::size_t check_offsets(std::span<const std::int32_t> cu, const char* n
   check(!cu.empty(), std::string(name) + " must have batch + 1 entries (got 0)");
   check(cu[0] >= 0, std::string(name) + "[0] = " + std::to_string(cu[0]) + " is negative");
   for (std::size_t i = 1; i < cu.size(); ++i)
-    check(cu[i] >= cu[i - 1], std::string(name) + " is not non-decreasing at index " + std::to_string(i) + " (" + std::to_string(cu[i - 1]) + " > " + std::to_string(cu[i]) + ")");
+    check(cu[i] >= cu[i - 1], std::string(name) + " is not non-decreasing at index " + std::to_string(i) + " (" + std::to_string(cu[i - 1]) + " > " +
+                                  std::to_string(cu[i]) + ")");
   return static_cast<std::size_t>(cu.back());
 }
 // Counts of a varlen batch (checks the head shape, the offsets and the size arithmetic).
 inline io_counts varlen_counts(const attention_varlen_shape& s) {
   check_heads(s.heads_q, s.heads_kv, s.head_dim);
-  check(s.cu_q.size() == s.cu_kv.size(), "cu_q and cu_kv must have the same length (batch + 1): " + std::to_string(s.cu_q.size()) + " vs " + std::to_string(s.cu_kv.size()));
+  check(s.cu_q.size() == s.cu_kv.size(),
+        "cu_q and cu_kv must have the same length (batch + 1): " + std::to_string(s.cu_q.size()) + " vs " + std::to_string(s.cu_kv.size()));
   const std::size_t tq = check_offsets(s.cu_q, "cu_q"), tkv = check_offsets(s.cu_kv, "cu_kv");
   io_counts n;
   n.q = mul3(tq, s.heads_q, s.head_dim, "attention shape");
@@ -252,7 +261,10 @@ inline io_counts varlen_counts(const attention_varlen_shape& s) {
 }
 inline void varlen_geom(const attention_varlen_shape& s, geom& g, std::vector<seq_geom>& seqs, std::size_t& max_sq, std::size_t& max_skv) {
   const std::size_t H = s.heads_q, HK = s.heads_kv, D = s.head_dim;
-  g.hq = H; g.hkv = HK; g.d = D; g.group = H / HK;
+  g.hq = H;
+  g.hkv = HK;
+  g.d = D;
+  g.group = H / HK;
   g.q_tok = g.o_tok = H * D;
   g.q_head = g.o_head = D;
   g.k_tok = g.v_tok = HK * D;
@@ -295,8 +307,8 @@ void attention_forward_varlen(Dev& dev, const attention_varlen_shape& s, std::sp
 
 namespace detail::attn {
 template <class T, class Dev>
-void run_backward(Dev& dev, const geom& g, std::vector<seq_geom>& seqs, std::size_t max_sq, std::size_t max_skv, const T* q, const T* k,
-                  const T* v, const T* o, const T* dout, const float* lse, T* dq, T* dk, T* dv, const attention_options& opt) {
+void run_backward(Dev& dev, const geom& g, std::vector<seq_geom>& seqs, std::size_t max_sq, std::size_t max_skv, const T* q, const T* k, const T* v,
+                  const T* o, const T* dout, const float* lse, T* dq, T* dk, T* dv, const attention_options& opt) {
   using sf = stage_for<T>;
   using E = typename sf::elem;
   const mask_rule mask = make_mask(opt);
@@ -309,23 +321,38 @@ void run_backward(Dev& dev, const geom& g, std::vector<seq_geom>& seqs, std::siz
   const std::size_t bytes = detail::add_checked(detail::mul_checked(elems, sizeof(E), "attention workspace"),
                                                 detail::mul_checked(qe, sizeof(float), "attention workspace") + 64, "attention workspace");
   void* mem = bytes ? dev.allocate(bytes) : nullptr;
-  struct guard { Dev& d; void* p; ~guard() { if (p) d.deallocate(p); } } gd{dev, mem};
+  struct guard {
+    Dev& d;
+    void* p;
+    ~guard() {
+      if (p) d.deallocate(p);
+    }
+  } gd{dev, mem};
   bwd_ws<E> ws{};
   E* p = static_cast<E*>(mem);
-  ws.qt = p; p += qe * D;
-  ws.qn = p; p += qe * Dp;
-  ws.dot = p; p += qe * D;
-  ws.don = p; p += qe * Dp;
-  ws.kt = p; p += ke * D;
-  ws.kn = p; p += ke * Dp;
-  ws.vt = p; p += ke * D;
+  ws.qt = p;
+  p += qe * D;
+  ws.qn = p;
+  p += qe * Dp;
+  ws.dot = p;
+  p += qe * D;
+  ws.don = p;
+  p += qe * Dp;
+  ws.kt = p;
+  p += ke * D;
+  ws.kn = p;
+  p += ke * Dp;
+  ws.vt = p;
+  p += ke * D;
   ws.delta = reinterpret_cast<float*>((reinterpret_cast<std::uintptr_t>(p) + 63) & ~std::uintptr_t{63});
   const float scale = softmax_scale(opt, D);
   const std::size_t nqb = ceil_div(max_sq, bwd_bq), nkb = ceil_div(max_skv, bwd_bkv);
   if (nqb) dev.launch(grid{nqb, g.hq, seqs.size()}, pack_q_program<T, E, sf::NR, sf::KP>{q, o, dout, seqs.data(), g, ws});
   if (nkb) dev.launch(grid{nkb, g.hkv, seqs.size()}, pack_kv_bwd_program<T, E, sf::NR, sf::KP>{k, v, seqs.data(), g, ws});
-  if (nkb) dev.launch(grid{nkb, g.hkv, seqs.size()}, flash_bwd_dkdv_program<T, typename sf::atom>{k, v, lse, dk, dv, seqs.data(), g, ws, mask, scale, nkb});
-  if (nqb) dev.launch(grid{nqb, g.hq, seqs.size()}, flash_bwd_dq_program<T, typename sf::atom>{q, dout, lse, dq, seqs.data(), g, ws, mask, scale, nqb});
+  if (nkb)
+    dev.launch(grid{nkb, g.hkv, seqs.size()}, flash_bwd_dkdv_program<T, typename sf::atom>{k, v, lse, dk, dv, seqs.data(), g, ws, mask, scale, nkb});
+  if (nqb)
+    dev.launch(grid{nqb, g.hq, seqs.size()}, flash_bwd_dq_program<T, typename sf::atom>{q, dout, lse, dq, seqs.data(), g, ws, mask, scale, nqb});
 }
 }  // namespace detail::attn
 
@@ -335,31 +362,32 @@ inline namespace v0 {
 // gradient dout and the forward log-sum-exp, computes dq (like q), dk and dv (like k, v). With
 // GQA, dk/dv sum the gradients of every q head of the group (in head order). Deterministic.
 template <class Dev, attention_output T>
-void attention_backward(Dev& dev, const attention_shape& s, std::span<const T> q, std::span<const T> k, std::span<const T> v,
-                        std::span<const T> o, std::span<const T> dout, std::span<const float> lse, std::span<T> dq, std::span<T> dk,
-                        std::span<T> dv, const attention_options& opt = {}) {
+void attention_backward(Dev& dev, const attention_shape& s, std::span<const T> q, std::span<const T> k, std::span<const T> v, std::span<const T> o,
+                        std::span<const T> dout, std::span<const float> lse, std::span<T> dq, std::span<T> dk, std::span<T> dv,
+                        const attention_options& opt = {}) {
   using namespace detail::attn;
   check_dense_backward(s, q, k, v, o, dout, lse, dq, dk, dv, opt);
   geom g;
   std::vector<seq_geom> seqs;
   dense_geom(s, g, seqs);
-  run_backward<T>(dev, g, seqs, s.seq_q, s.seq_kv, q.data(), k.data(), v.data(), o.data(), dout.data(), lse.data(), dq.data(), dk.data(),
-                  dv.data(), opt);
+  run_backward<T>(dev, g, seqs, s.seq_q, s.seq_kv, q.data(), k.data(), v.data(), o.data(), dout.data(), lse.data(), dq.data(), dk.data(), dv.data(),
+                  opt);
 }
 
 // Backward attention over a varlen batch (layouts as attention_forward_varlen).
 template <class Dev, attention_output T>
 void attention_backward_varlen(Dev& dev, const attention_varlen_shape& s, std::span<const T> q, std::span<const T> k, std::span<const T> v,
-                               std::span<const T> o, std::span<const T> dout, std::span<const float> lse, std::span<T> dq,
-                               std::span<T> dk, std::span<T> dv, const attention_options& opt = {}) {
+                               std::span<const T> o, std::span<const T> dout, std::span<const float> lse, std::span<T> dq, std::span<T> dk,
+                               std::span<T> dv, const attention_options& opt = {}) {
   using namespace detail::attn;
-  check_io(varlen_counts(s), {{q, "q"}, {o, "o"}, {dout, "dout"}, {dq, "dq"}}, {{k, "k"}, {v, "v"}, {dk, "dk"}, {dv, "dv"}}, {lse, "lse"}, false, opt);
+  check_io(varlen_counts(s), {{q, "q"}, {o, "o"}, {dout, "dout"}, {dq, "dq"}}, {{k, "k"}, {v, "v"}, {dk, "dk"}, {dv, "dv"}}, {lse, "lse"}, false,
+           opt);
   geom g;
   std::vector<seq_geom> seqs;
   std::size_t max_sq = 0, max_skv = 0;
   varlen_geom(s, g, seqs, max_sq, max_skv);
-  run_backward<T>(dev, g, seqs, max_sq, max_skv, q.data(), k.data(), v.data(), o.data(), dout.data(), lse.data(), dq.data(), dk.data(),
-                  dv.data(), opt);
+  run_backward<T>(dev, g, seqs, max_sq, max_skv, q.data(), k.data(), v.data(), o.data(), dout.data(), lse.data(), dq.data(), dk.data(), dv.data(),
+                  opt);
 }
 
 }  // namespace v0
@@ -372,22 +400,33 @@ inline namespace v0 {
 // f32 (exact up to f32 rounding of the scale product) and the f32 backward runs on them.
 template <class Dev, attention_output O>
 void attention_backward(Dev& dev, const attention_shape& s, std::span<const e4m3> q, std::span<const e4m3> k, std::span<const e4m3> v,
-                        std::span<const O> o, std::span<const O> dout, std::span<const float> lse, std::span<O> dq, std::span<O> dk,
-                        std::span<O> dv, const attention_options& opt = {}) {
+                        std::span<const O> o, std::span<const O> dout, std::span<const float> lse, std::span<O> dq, std::span<O> dk, std::span<O> dv,
+                        const attention_options& opt = {}) {
   using namespace detail::attn;
   const io_counts n = check_dense_backward(s, q, k, v, o, dout, lse, dq, dk, dv, opt);
   const std::size_t nq = n.q, nkv = n.kv;
   // f32 copies: q, k, v (dequantised), and o, dout, dq, dk, dv when O is not f32
   constexpr bool same = std::is_same_v<O, float>;
   const std::size_t base = detail::add_checked(nq, detail::mul_checked(2, nkv, "attention workspace"), "attention workspace");
-  const std::size_t extra = same ? 0 : detail::add_checked(detail::mul_checked(3, nq, "attention workspace"), detail::mul_checked(2, nkv, "attention workspace"), "attention workspace");
+  const std::size_t extra = same ? 0
+                                 : detail::add_checked(detail::mul_checked(3, nq, "attention workspace"),
+                                                       detail::mul_checked(2, nkv, "attention workspace"), "attention workspace");
   const std::size_t total = detail::add_checked(base, extra, "attention workspace");
   float* mem = total ? static_cast<float*>(dev.allocate(detail::mul_checked(total, sizeof(float), "attention workspace"))) : nullptr;
-  struct guard { Dev& d; void* p; ~guard() { if (p) d.deallocate(p); } } gd{dev, mem};
+  struct guard {
+    Dev& d;
+    void* p;
+    ~guard() {
+      if (p) d.deallocate(p);
+    }
+  } gd{dev, mem};
   float* p = mem;
-  float* q32 = p; p += nq;
-  float* k32 = p; p += nkv;
-  float* v32 = p; p += nkv;
+  float* q32 = p;
+  p += nq;
+  float* k32 = p;
+  p += nkv;
+  float* v32 = p;
+  p += nkv;
   detail::quant::convert_on<float>(dev, q.data(), q32, nq, opt.q_scale);
   detail::quant::convert_on<float>(dev, k.data(), k32, nkv, opt.k_scale);
   detail::quant::convert_on<float>(dev, v.data(), v32, nkv, opt.v_scale);
@@ -397,10 +436,14 @@ void attention_backward(Dev& dev, const attention_shape& s, std::span<const e4m3
     attention_backward<Dev, float>(dev, s, std::span<const float>(q32, nq), std::span<const float>(k32, nkv), std::span<const float>(v32, nkv), o,
                                    dout, lse, dq, dk, dv, o1);
   } else {
-    float* o32 = p; p += nq;
-    float* do32 = p; p += nq;
-    float* dq32 = p; p += nq;
-    float* dk32 = p; p += nkv;
+    float* o32 = p;
+    p += nq;
+    float* do32 = p;
+    p += nq;
+    float* dq32 = p;
+    p += nq;
+    float* dk32 = p;
+    p += nkv;
     float* dv32 = p;
     detail::quant::convert_on<float>(dev, o.data(), o32, nq, 1.0f);
     detail::quant::convert_on<float>(dev, dout.data(), do32, nq, 1.0f);
@@ -427,14 +470,14 @@ inline namespace v0 {
 // Masks as attention_forward (use causal + bottom_right for new tokens appended to the cache).
 struct attention_decode_shape {
   std::size_t batch = 1, seq_q = 1, heads_q = 1, heads_kv = 1, head_dim = 0;
-  std::size_t max_kv = 0;                                      // contiguous cache
+  std::size_t max_kv = 0;                                       // contiguous cache
   std::size_t page_size = 0, num_pages = 0, pages_per_seq = 0;  // paged cache
 };
 
 template <class Dev, attention_input T, attention_output O>
 void attention_decode(Dev& dev, const attention_decode_shape& s, std::span<const T> q, std::span<const T> k, std::span<const T> v,
-                      std::span<const std::int32_t> seqlens_kv, std::span<const std::int32_t> block_table, std::span<O> o,
-                      std::span<float> lse = {}, const attention_options& opt = {}) {
+                      std::span<const std::int32_t> seqlens_kv, std::span<const std::int32_t> block_table, std::span<O> o, std::span<float> lse = {},
+                      const attention_options& opt = {}) {
   using namespace detail::attn;
   // the cache is checked below: it is shaped by max_kv or by pages, not by seq_kv
   const io_counts n = dense_counts(attention_shape{s.batch, s.seq_q, 0, s.heads_q, s.heads_kv, s.head_dim, attention_layout::bshd});
@@ -455,7 +498,10 @@ void attention_decode(Dev& dev, const attention_decode_shape& s, std::span<const
     cap = s.max_kv;
   }
   geom g;
-  g.hq = s.heads_q; g.hkv = s.heads_kv; g.d = s.head_dim; g.group = s.heads_q / s.heads_kv;
+  g.hq = s.heads_q;
+  g.hkv = s.heads_kv;
+  g.d = s.head_dim;
+  g.group = s.heads_q / s.heads_kv;
   g.q_tok = g.o_tok = s.heads_q * s.head_dim;
   g.q_head = g.o_head = s.head_dim;
   g.k_tok = g.v_tok = row;
@@ -467,7 +513,8 @@ void attention_decode(Dev& dev, const attention_decode_shape& s, std::span<const
   std::size_t max_kv = 0;
   for (std::size_t b = 0; b < s.batch; ++b) {
     const std::int32_t n = seqlens_kv[b];
-    check(n >= 0 && static_cast<std::size_t>(n) <= cap, "seqlens_kv[" + std::to_string(b) + "] = " + std::to_string(n) + " is outside [0, " + std::to_string(cap) + "]");
+    check(n >= 0 && static_cast<std::size_t>(n) <= cap,
+          "seqlens_kv[" + std::to_string(b) + "] = " + std::to_string(n) + " is outside [0, " + std::to_string(cap) + "]");
     seq_geom& q0 = seqs[b];
     q0.sq = s.seq_q;
     q0.skv = static_cast<std::size_t>(n);
@@ -478,8 +525,9 @@ void attention_decode(Dev& dev, const attention_decode_shape& s, std::span<const
       q0.pages = block_table.data() + b * s.pages_per_seq;
       for (std::size_t p = 0; p < ceil_div(q0.skv, s.page_size); ++p)
         if (q0.pages[p] < 0 || static_cast<std::size_t>(q0.pages[p]) >= s.num_pages)
-          throw attention_error(errc::out_of_range, "block_table[" + std::to_string(b) + "][" + std::to_string(p) + "] = " + std::to_string(q0.pages[p]) +
-                                  " is not a page index in [0, " + std::to_string(s.num_pages) + ")");
+          throw attention_error(errc::out_of_range, "block_table[" + std::to_string(b) + "][" + std::to_string(p) +
+                                                        "] = " + std::to_string(q0.pages[p]) + " is not a page index in [0, " +
+                                                        std::to_string(s.num_pages) + ")");
     }
     max_kv = std::max(max_kv, q0.skv);
   }
@@ -487,11 +535,16 @@ void attention_decode(Dev& dev, const attention_decode_shape& s, std::span<const
   const decode_plan plan = decode_plan::make(R, s.heads_kv, s.head_dim, max_kv);
   const std::size_t part_elems = mul3(mul3(s.batch, s.heads_kv, plan.nsplit, "attention workspace"), R, s.head_dim + 2, "attention workspace");
   float* part = static_cast<float*>(dev.allocate(detail::mul_checked(part_elems, sizeof(float), "attention workspace")));
-  struct guard { Dev& d; void* p; ~guard() { d.deallocate(p); } } gd{dev, part};
+  struct guard {
+    Dev& d;
+    void* p;
+    ~guard() { d.deallocate(p); }
+  } gd{dev, part};
   const float sc = softmax_scale(opt, s.head_dim) * opt.q_scale * opt.k_scale * log2e;
   dev.launch(grid{plan.nsplit, plan.head_tiles * plan.row_tiles, s.batch},
              decode_split_program<T>{q.data(), k.data(), v.data(), seqs.data(), g, make_mask(opt), sc, plan, part});
-  dev.launch(grid{s.heads_kv, s.batch}, decode_merge_program<O>{part, o.data(), lse.empty() ? nullptr : lse.data(), seqs.data(), g, R, plan.nsplit, opt.v_scale});
+  dev.launch(grid{s.heads_kv, s.batch},
+             decode_merge_program<O>{part, o.data(), lse.empty() ? nullptr : lse.data(), seqs.data(), g, R, plan.nsplit, opt.v_scale});
 }
 
 }  // namespace v0

@@ -32,7 +32,8 @@ namespace detail {
 
 template <class Message>
 void bn_check(bool ok, const Message& message) {
-  if (!ok) [[unlikely]] throw layer_error("batchnorm: " + message());
+  if (!ok) [[unlikely]]
+    throw layer_error("batchnorm: " + message());
 }
 
 // Per-channel fp64 sums over the pixels in (n, h, w) order. Block b owns channels [b·CB, b·CB + CB)
@@ -41,7 +42,7 @@ void bn_check(bool ok, const Message& message) {
 template <class T>
 struct bn_sums_program {
   const T* x;
-  const T* dy;       // backward only
+  const T* dy;        // backward only
   const float* mean;  // backward only
   double* s1;
   double* s2;
@@ -114,11 +115,15 @@ struct bn_apply_program {
 
   static TO one(float xv, float dyv, const float* kc) {
     float v;
-    if constexpr (Backward) v = kc[1] * std::fma(-(xv - kc[0]), kc[3], dyv - kc[2]);
-    else v = std::fma(xv - kc[0], kc[1], kc[2]);
+    if constexpr (Backward)
+      v = kc[1] * std::fma(-(xv - kc[0]), kc[3], dyv - kc[2]);
+    else
+      v = std::fma(xv - kc[0], kc[1], kc[2]);
     (void)dyv;
-    if constexpr (std::is_same_v<TO, float>) return v;
-    else return TO(v);
+    if constexpr (std::is_same_v<TO, float>)
+      return v;
+    else
+      return TO(v);
   }
 
   void operator()(block_ctx& ctx) const {
@@ -195,11 +200,13 @@ void batchnorm_forward_training(Dev& dev, image<const T> x, std::span<const floa
   detail::bn_check_image("y", y.data, y.dims, x.dims);
   detail::bn_check_channels("gamma", gamma.size(), C, true);
   detail::bn_check_channels("beta", beta.size(), C, true);
-  detail::bn_check(running_mean.size() == running_var.size(), [] { return std::string("running_mean and running_var must both be given or both empty"); });
+  detail::bn_check(running_mean.size() == running_var.size(),
+                   [] { return std::string("running_mean and running_var must both be given or both empty"); });
   detail::bn_check_channels("running_mean", running_mean.size(), C, true);
   detail::bn_check_channels("save_mean", save_mean.size(), C, false);
   detail::bn_check_channels("save_rstd", save_rstd.size(), C, false);
-  detail::bn_check(M > 1, [&] { return "training needs more than one value per channel, input " + detail::dims_str(x.dims) + " has " + std::to_string(M); });
+  detail::bn_check(M > 1,
+                   [&] { return "training needs more than one value per channel, input " + detail::dims_str(x.dims) + " has " + std::to_string(M); });
   std::vector<double> s1, s2;
   detail::bn_sums(dev, x.data, static_cast<const T*>(nullptr), nullptr, x.dims, p.layout, s1, s2);
   std::vector<float> k(4 * C);

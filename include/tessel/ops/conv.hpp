@@ -103,7 +103,8 @@ namespace detail {
 
 template <class Message>
 void conv_check(bool ok, const Message& message) {
-  if (!ok) [[unlikely]] throw conv_error(message());
+  if (!ok) [[unlikely]]
+    throw conv_error(message());
 }
 
 inline std::string dims_str(const image_dims& d) {
@@ -126,8 +127,7 @@ struct conv_geom {
 };
 
 // Output extent of one axis: (in + pads − dilation·(kernel − 1) − 1) / stride + 1, checked.
-inline std::size_t conv_out_extent(const char* axis, std::size_t in, std::size_t pa, std::size_t pb, std::size_t k, std::size_t dil,
-                                   std::size_t st) {
+inline std::size_t conv_out_extent(const char* axis, std::size_t in, std::size_t pa, std::size_t pb, std::size_t k, std::size_t dil, std::size_t st) {
   const std::size_t padded = add_checked(add_checked(in, pa, "conv padded extent"), pb, "conv padded extent");
   const std::size_t span = add_checked(mul_checked(k - 1, dil, "conv kernel extent"), 1, "conv kernel extent");
   conv_check(padded >= span, [&] {
@@ -139,14 +139,16 @@ inline std::size_t conv_out_extent(const char* axis, std::size_t in, std::size_t
 
 inline conv_geom conv_geometry(const image_dims& x, const filter_dims& f, const conv2d_params& p) {
   conv_check(p.layout == conv_layout::nchw || p.layout == conv_layout::nhwc, [] { return std::string("unknown layout"); });
-  conv_check(p.stride_h >= 1 && p.stride_w >= 1, [&] { return "stride must be at least 1, got " + std::to_string(p.stride_h) + "x" + std::to_string(p.stride_w); });
+  conv_check(p.stride_h >= 1 && p.stride_w >= 1,
+             [&] { return "stride must be at least 1, got " + std::to_string(p.stride_h) + "x" + std::to_string(p.stride_w); });
   conv_check(p.dilation_h >= 1 && p.dilation_w >= 1,
              [&] { return "dilation must be at least 1, got " + std::to_string(p.dilation_h) + "x" + std::to_string(p.dilation_w); });
   conv_check(p.groups >= 1, [] { return std::string("groups must be at least 1"); });
   conv_check(f.kh >= 1 && f.kw >= 1, [&] { return "empty kernel " + dims_str(f); });
   conv_check(x.c >= 1 && f.out >= 1, [&] { return "no channels: input " + dims_str(x) + ", filter " + dims_str(f); });
   conv_check(x.c % p.groups == 0 && f.out % p.groups == 0, [&] {
-    return "groups " + std::to_string(p.groups) + " must divide the input channels " + std::to_string(x.c) + " and the output channels " + std::to_string(f.out);
+    return "groups " + std::to_string(p.groups) + " must divide the input channels " + std::to_string(x.c) + " and the output channels " +
+           std::to_string(f.out);
   });
   conv_check(f.in == x.c / p.groups, [&] {
     return "filter " + dims_str(f) + " (OIHW) needs I = C/groups = " + std::to_string(x.c / p.groups) + " for input " + dims_str(x) + " and groups " +
@@ -189,8 +191,10 @@ inline void conv_row_run(const S* row, std::size_t W, std::ptrdiff_t x, D* d, st
                        hi = std::max(lo, std::min(n, static_cast<std::ptrdiff_t>(W) - x));
   std::fill(d, d + lo, D{});
   if (hi > lo) {
-    if constexpr (sizeof(D) == 4) arch::copy_words(reinterpret_cast<const D*>(row + (x + lo)), d + lo, static_cast<std::size_t>(hi - lo));
-    else std::memcpy(d + lo, row + (x + lo), static_cast<std::size_t>(hi - lo) * sizeof(D));
+    if constexpr (sizeof(D) == 4)
+      arch::copy_words(reinterpret_cast<const D*>(row + (x + lo)), d + lo, static_cast<std::size_t>(hi - lo));
+    else
+      std::memcpy(d + lo, row + (x + lo), static_cast<std::size_t>(hi - lo) * sizeof(D));
   }
   std::fill(d + hi, d + n, D{});
 }
@@ -450,7 +454,8 @@ struct conv_pixel_cols {
           }
           const S* rowp = a.img + ch * plane + static_cast<std::size_t>(iy) * W;
           if (ch + PF < cpg) {  // the same run PF planes on (4·H·W bytes apart: too far for the hardware's prefetch)
-            const std::ptrdiff_t lo = std::max<std::ptrdiff_t>(0, a.x + dx), hi = std::min<std::ptrdiff_t>(static_cast<std::ptrdiff_t>(W), a.x + dx + static_cast<std::ptrdiff_t>(a.len));
+            const std::ptrdiff_t lo = std::max<std::ptrdiff_t>(0, a.x + dx),
+                                 hi = std::min<std::ptrdiff_t>(static_cast<std::ptrdiff_t>(W), a.x + dx + static_cast<std::ptrdiff_t>(a.len));
             for (std::ptrdiff_t l = lo; l < hi; l += 16) __builtin_prefetch(rowp + PF * plane + l, 0, 3);
           }
           conv_row_run(rowp, W, a.x + dx, d + a.at, a.len);
@@ -486,8 +491,8 @@ struct conv_filter_rows {
 // time through a buffer, with 16x16 register transposes where whole (one store per element into
 // the planes was most of a conv's store on U-Net).
 template <class Chain>
-void store_nchw_block(const float* acc, std::size_t ps, std::size_t cs, std::size_t n, std::size_t nc, float* o, std::size_t plane,
-                      std::size_t row, std::size_t col0, const Chain& ep) {
+void store_nchw_block(const float* acc, std::size_t ps, std::size_t cs, std::size_t n, std::size_t nc, float* o, std::size_t plane, std::size_t row,
+                      std::size_t col0, const Chain& ep) {
   constexpr std::size_t V = 16, CW = 64;
   alignas(64) float buf[V * CW];
   for (std::size_t p0 = 0; p0 < n; p0 += V) {
@@ -539,8 +544,10 @@ struct conv_image_out {
     for (std::size_t i = 0; i < rows;) {  // NCHW: rows split at image boundaries
       const std::size_t m = m0 + i, img = m / plane, q = m % plane, len = std::min(plane - q, rows - i);
       TY* d = y + (img * channels + col) * plane + q;
-      if constexpr (std::is_same_v<TY, float>) store_nchw_block(acc + i * lda, lda, 1, len, cols, d, plane, m, col, ep);
-      else store_rows<TY>(acc + i * lda, lda, len, cols, d, 1, plane, m, col, ep);
+      if constexpr (std::is_same_v<TY, float>)
+        store_nchw_block(acc + i * lda, lda, 1, len, cols, d, plane, m, col, ep);
+      else
+        store_rows<TY>(acc + i * lda, lda, len, cols, d, 1, plane, m, col, ep);
       i += len;
     }
   }
@@ -604,7 +611,8 @@ struct conv_gemm_program {
   static constexpr std::size_t KS_max = 4096;
   static constexpr bool b_matrix = std::is_same_v<BSrc, conv_matrix<S>>;
   static constexpr bool b_panels = std::is_same_v<BSrc, conv_panels<S>>;
-  static constexpr bool b_direct = requires { BSrc::writes_panels; } && KP == 1;  // B gathered straight into its panels
+  static constexpr bool b_direct = requires { BSrc::writes_panels; }
+  &&KP == 1;  // B gathered straight into its panels
   std::size_t M, N, K, groups, MB;
   std::size_t NW = NB;  // columns per block: NB, or NB/2^i (whole NR panels, never straddling an (KC,NB) tile) when M is small
   ASrc a;
@@ -625,12 +633,12 @@ struct conv_gemm_program {
     const std::size_t g = idx[2], m0 = idx[0] * MB, rows = std::min(MB, M - m0), n0 = idx[1] * NW, cols = std::min(NW, N - n0);
     using b_stage = staged<S, KC, NB, typename cfg::b_layout>;
     constexpr std::size_t panel_elems = NR * layout::col_panel<NR, KP>::padded_rows(KC);  // one (KC,NR) panel of a B tile
-    const std::size_t p0 = (n0 % NB) / NR;  // a prepacked tile's first panel of this block
+    const std::size_t p0 = (n0 % NB) / NR;                                                // a prepacked tile's first panel of this block
     const std::size_t nk = ceil_div(K, KC), chunks = std::min(nk, KS_max / KC);
     S* strip = b_panels ? nullptr : ctx.scratch().allocate_array<S>(chunks * b_stage::elements);  // chunks x (KC,NB)
     const std::size_t rows_pad = ceil_div(rows, MC) * MC;
-    float* acc = ctx.scratch().allocate_array<float>((nk > chunks ? rows_pad : MC) * NB);  // (MB,NB) or one (MC,NB) slab
-    staged<S, MC, KC, layout::row> at{ctx};                                               // (MC,KC) A by im2col addressing
+    float* acc = ctx.scratch().allocate_array<float>((nk > chunks ? rows_pad : MC) * NB);             // (MB,NB) or one (MC,NB) slab
+    staged<S, MC, KC, layout::row> at{ctx};                                                           // (MC,KC) A by im2col addressing
     S* bsrc = b_matrix || b_panels || b_direct ? nullptr : ctx.scratch().allocate_array<S>(KC * NB);  // (KC,NB) gathered B
     for (std::size_t kq = 0; kq < nk; kq += chunks) {
       const std::size_t kn = std::min(chunks, nk - kq);
@@ -663,8 +671,10 @@ struct conv_gemm_program {
           p.accumulate = kq + k > 0;
           p.a_rs = KC;
           const S* bkp;
-          if constexpr (b_panels) bkp = b.at(g, n0 / NB, kq + k) + p0 * panel_elems;
-          else bkp = strip + k * b_stage::elements;
+          if constexpr (b_panels)
+            bkp = b.at(g, n0 / NB, kq + k) + p0 * panel_elems;
+          else
+            bkp = strip + k * b_stage::elements;
           for (std::size_t jp = 0; jp * NR < cols; ++jp) {
             p.b = bkp + jp * panel_elems;
             for (std::size_t ip = 0; ip * MR < r; ++ip) {
@@ -821,8 +831,10 @@ template <class S, class ASrc, class BSrc, class Out, class Chain, class Dev>
 void conv_gemm_run(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::size_t groups, const ASrc& a, const BSrc& b, const Out& out,
                    const Chain& ep, const kernel_cost& work, const char* what) {
   bool narrow = false;
-  if constexpr (std::is_same_v<BSrc, conv_panels<S>>) narrow = b.narrow;  // as packed
-  else narrow = conv_narrow<S>(N);
+  if constexpr (std::is_same_v<BSrc, conv_panels<S>>)
+    narrow = b.narrow;  // as packed
+  else
+    narrow = conv_narrow<S>(N);
   if constexpr (conv_has_narrow<S>)
     if (narrow) return conv_gemm_launch<S, true>(dev, M, N, K, groups, a, b, out, ep, work, what);
   conv_gemm_launch<S, false>(dev, M, N, K, groups, a, b, out, ep, work, what);
@@ -868,7 +880,8 @@ struct conv_pack_filter_program {
           for (; c + 16 <= cg && row0 + (c + 16) * rs_n + 15 <= total; c += 16)
             for (std::size_t rs0 = 0; rs0 < rs_n; rs0 += 16) {
               arch::transpose16_b32(src + c * rs_n + rs0, rs_n * sizeof(S), t, 16 * sizeof(S));
-              for (std::size_t q = 0; q < std::min<std::size_t>(16, rs_n - rs0); ++q) std::memcpy(dst + (rs0 + q) * cg + c, t + q * 16, 16 * sizeof(S));
+              for (std::size_t q = 0; q < std::min<std::size_t>(16, rs_n - rs0); ++q)
+                std::memcpy(dst + (rs0 + q) * cg + c, t + q * 16, 16 * sizeof(S));
             }
         }
         for (; c < cg; ++c)
@@ -912,7 +925,8 @@ struct conv_panel_pack_program {
   kernel_cost cost(const grid& gr) const { return {0.0, double(gr.size()) * double(b_stage::elements) * 2.0 * sizeof(S), math_precision::f32}; }
   void operator()(block_ctx& ctx) const {
     const auto idx = ctx.block_index3();
-    const std::size_t g = idx[0], nb = idx[1], k = idx[2], k0 = k * KC, kv = std::min(KC, b.rows - k0), n0 = nb * NB, cols = std::min(NB, b.cols - n0);
+    const std::size_t g = idx[0], nb = idx[1], k = idx[2], k0 = k * KC, kv = std::min(KC, b.rows - k0), n0 = nb * NB,
+                      cols = std::min(NB, b.cols - n0);
     b_stage bk(out + ((g * nblocks + nb) * nk + k) * b_stage::elements);  // (KC,NB)
     load(b.view(g).template tile_at<KC, NB>(k0, n0), bk, tile_extent{kv, cols});
   }
@@ -954,7 +968,6 @@ struct conv_panel_direct_pack_program {
   }
 };
 
-
 }  // namespace detail
 
 inline namespace v0 {
@@ -976,8 +989,7 @@ kernel_cost conv2d_cost(const image_dims& x, const filter_dims& f, const conv2d_
 // (N, O, OH, OW) in the layout of p; w is OIHW (O, C/groups, KH, KW); bias has O values or none.
 // A 1x1, stride-1, unpadded NHWC convolution without groups is a GEMM and runs as one.
 template <class Dev, conv_element T, conv_element TY, class Chain = epilogue::chain<>>
-void conv2d(Dev& dev, image<const T> x, filter<const T> w, std::span<const float> bias, image<TY> y, const conv2d_params& p,
-            const Chain& ep = {}) {
+void conv2d(Dev& dev, image<const T> x, filter<const T> w, std::span<const float> bias, image<TY> y, const conv2d_params& p, const Chain& ep = {}) {
   const auto g = detail::conv_geometry(x.dims, w.dims, p);
   detail::conv_check(y.dims == g.out(), [&] {
     return "output " + detail::dims_str(y.dims) + " does not match input " + detail::dims_str(x.dims) + " and filter " + detail::dims_str(w.dims) +
@@ -1012,7 +1024,7 @@ void conv2d(Dev& dev, image<const T> x, filter<const T> w, std::span<const float
     const detail::conv_gather<T> a{x.data, g.layout, g.c, g.h, g.w, g.oh, g.ow, g.cg, g.kh, g.kw, g.sh, g.sw, g.pt, g.pl, g.dh, g.dw, false};
     const detail::conv_image_out<TY> out{y.data, g.layout, g.k, g.oh * g.ow, g.kg};
     if constexpr (std::is_same_v<S, T>) {  // without a conversion to the stage type (bf16 stages in f32 without AVX512-BF16)
-      if (g.kh * g.kw == 1) {  // a 1x1 OIHW filter is already OHWI: B is the filter itself, transposed
+      if (g.kh * g.kw == 1) {              // a 1x1 OIHW filter is already OHWI: B is the filter itself, transposed
         const detail::conv_matrix<S> b{w.data, g.depth(), g.kg, true};
         return detail::conv_gemm_run<S>(dev, g.pixels(), g.kg, g.depth(), g.groups, a, b, out, ch, work, "conv2d");
       }
@@ -1022,8 +1034,10 @@ void conv2d(Dev& dev, image<const T> x, filter<const T> w, std::span<const float
     const detail::conv_matrix<S> b{wp, g.depth(), g.kg, true};
     detail::conv_gemm_run<S>(dev, g.pixels(), g.kg, g.depth(), g.groups, a, b, out, ch, work, "conv2d");
   };
-  if (bias.empty()) launch(chain);
-  else launch(epilogue::bias(bias) | chain);
+  if (bias.empty())
+    launch(chain);
+  else
+    launch(epilogue::bias(bias) | chain);
 }
 
 // A forward filter packed once into the implicit GEMM's B panel tiles (the layout the atoms read),
@@ -1037,8 +1051,9 @@ class conv2d_packed_filter {
  public:
   using stage = typename mma_traits<T>::stage_type;
   conv2d_packed_filter(Dev& dev, filter<const T> w, std::size_t groups) : dev_(&dev), dims_(w.dims), groups_(groups) {
-    detail::conv_check(groups >= 1 && w.dims.out % groups == 0,
-                       [&] { return "packed filter: groups " + std::to_string(groups) + " must divide the output channels " + std::to_string(w.dims.out); });
+    detail::conv_check(groups >= 1 && w.dims.out % groups == 0, [&] {
+      return "packed filter: groups " + std::to_string(groups) + " must divide the output channels " + std::to_string(w.dims.out);
+    });
     detail::conv_check(w.dims.in >= 1 && w.dims.kh >= 1 && w.dims.kw >= 1, [&] { return "packed filter: empty filter " + detail::dims_str(w.dims); });
     detail::conv_check_buffer("w", w.data, w.dims.size());
     conv2d_params p;
@@ -1053,7 +1068,13 @@ class conv2d_packed_filter {
     pack<false>(dev, w.data, g);
   }
   conv2d_packed_filter(conv2d_packed_filter&& o) noexcept
-      : dev_(o.dev_), p_(std::exchange(o.p_, nullptr)), dims_(o.dims_), groups_(o.groups_), nblocks_(o.nblocks_), nk_(o.nk_), tile_(o.tile_),
+      : dev_(o.dev_),
+        p_(std::exchange(o.p_, nullptr)),
+        dims_(o.dims_),
+        groups_(o.groups_),
+        nblocks_(o.nblocks_),
+        nk_(o.nk_),
+        tile_(o.tile_),
         narrow_(o.narrow_) {}
   conv2d_packed_filter& operator=(conv2d_packed_filter&& o) noexcept {
     if (this != &o) {
@@ -1124,15 +1145,19 @@ void conv2d(Dev& dev, image<const T> x, const conv2d_packed_filter<T, Dev>& w, s
   using S = typename mma_traits<T>::stage_type;
   if constexpr (std::is_same_v<S, T> && std::is_same_v<T, float> && std::is_same_v<TY, float>) {
     if (detail::conv_use_channel_rows<T, TY>(g)) {
-      if (bias.empty()) detail::conv_channel_rows_run<S>(dev, g, x.data, w.panels(), y.data, chain, work);
-      else detail::conv_channel_rows_run<S>(dev, g, x.data, w.panels(), y.data, epilogue::bias(bias) | chain, work);
+      if (bias.empty())
+        detail::conv_channel_rows_run<S>(dev, g, x.data, w.panels(), y.data, chain, work);
+      else
+        detail::conv_channel_rows_run<S>(dev, g, x.data, w.panels(), y.data, epilogue::bias(bias) | chain, work);
       return;
     }
   }
   const detail::conv_gather<T> a{x.data, g.layout, g.c, g.h, g.w, g.oh, g.ow, g.cg, g.kh, g.kw, g.sh, g.sw, g.pt, g.pl, g.dh, g.dw, false};
   const detail::conv_image_out<TY> out{y.data, g.layout, g.k, g.oh * g.ow, g.kg};
-  if (bias.empty()) detail::conv_gemm_run<S>(dev, g.pixels(), g.kg, g.depth(), g.groups, a, w.panels(), out, chain, work, "conv2d");
-  else detail::conv_gemm_run<S>(dev, g.pixels(), g.kg, g.depth(), g.groups, a, w.panels(), out, epilogue::bias(bias) | chain, work, "conv2d");
+  if (bias.empty())
+    detail::conv_gemm_run<S>(dev, g.pixels(), g.kg, g.depth(), g.groups, a, w.panels(), out, chain, work, "conv2d");
+  else
+    detail::conv_gemm_run<S>(dev, g.pixels(), g.kg, g.depth(), g.groups, a, w.panels(), out, epilogue::bias(bias) | chain, work, "conv2d");
 }
 
 // The data gradient: dx = conv2d's transpose applied to dy (same params; dx is (N, C, H, W)). An
@@ -1155,8 +1180,8 @@ void conv2d_backward_data(Dev& dev, image<const T> dy, filter<const T> w, image<
   const detail::conv_gather<T> a{dy.data, g.layout, g.k, g.oh, g.ow, g.h, g.w, g.kg, g.kh, g.kw, g.sh, g.sw, g.pt, g.pl, g.dh, g.dw, true};
   const detail::conv_matrix<S> b{wp, K, g.cg};
   const detail::conv_image_out<TX> out{dx.data, g.layout, g.c, g.h * g.w, g.cg};
-  kernel_cost work{2.0 * double(M) * double(g.c) * double(K), double(g.out().size() + g.fil().size()) * sizeof(T) + double(g.in().size()) * sizeof(TX),
-                   detail::conv_precision<T>()};
+  kernel_cost work{2.0 * double(M) * double(g.c) * double(K),
+                   double(g.out().size() + g.fil().size()) * sizeof(T) + double(g.in().size()) * sizeof(TX), detail::conv_precision<T>()};
   detail::conv_gemm_run<S>(dev, M, g.cg, K, g.groups, a, b, out, epilogue::chain<>{}, work, "conv2d_backward_data");
 }
 
@@ -1222,7 +1247,8 @@ inline namespace v0 {
 // The bias gradient: db[o] = Σ_{n, oh, ow} dy(n, o, oh, ow), in f32, in pixel order.
 template <class Dev, conv_element T>
 void conv2d_backward_bias(Dev& dev, image<const T> dy, std::span<float> db, conv_layout layout) {
-  detail::conv_check(db.size() == dy.dims.c, [&] { return "bias gradient has " + std::to_string(db.size()) + " values for " + std::to_string(dy.dims.c) + " channels"; });
+  detail::conv_check(db.size() == dy.dims.c,
+                     [&] { return "bias gradient has " + std::to_string(db.size()) + " values for " + std::to_string(dy.dims.c) + " channels"; });
   detail::conv_check_buffer("dy", dy.data, dy.dims.size());
   if (dy.dims.c == 0) return;
   using P = detail::conv_bias_grad_program<T>;
@@ -1235,9 +1261,9 @@ void conv2d_backward_bias(Dev& dev, image<const T> dy, std::span<float> db, conv
 inline void fold_batchnorm(filter<float> w, std::span<const float> bias, std::span<const float> gamma, std::span<const float> beta,
                            std::span<const float> mean, std::span<const float> var, float eps, std::span<float> bias_out) {
   const std::size_t o = w.dims.out;
-  detail::conv_check(gamma.size() == o && beta.size() == o && mean.size() == o && var.size() == o && bias_out.size() == o &&
-                         (bias.empty() || bias.size() == o),
-                     [&] { return "fold_batchnorm: every per-channel vector needs " + std::to_string(o) + " values (the filter's output channels)"; });
+  detail::conv_check(
+      gamma.size() == o && beta.size() == o && mean.size() == o && var.size() == o && bias_out.size() == o && (bias.empty() || bias.size() == o),
+      [&] { return "fold_batchnorm: every per-channel vector needs " + std::to_string(o) + " values (the filter's output channels)"; });
   detail::conv_check(eps >= 0.0f, [] { return std::string("fold_batchnorm: eps must be non-negative"); });
   detail::conv_check_buffer("w", w.data, w.dims.size());
   const std::size_t per = w.dims.in * w.dims.kh * w.dims.kw;

@@ -63,8 +63,8 @@ struct bwd_program {
 inline void check_ids(std::span<const std::int64_t> ids, std::size_t vocab, const std::string& who) {
   for (std::size_t t = 0; t < ids.size(); ++t)
     if (ids[t] < 0 || static_cast<std::uint64_t>(ids[t]) >= vocab)
-      throw layer_error(errc::out_of_range, who + ": id " + std::to_string(ids[t]) + " of token " + std::to_string(t) + " is outside [0, " +
-                                                std::to_string(vocab) + ")");
+      throw layer_error(errc::out_of_range,
+                        who + ": id " + std::to_string(ids[t]) + " of token " + std::to_string(t) + " is outside [0, " + std::to_string(vocab) + ")");
 }
 
 }  // namespace detail::embed

@@ -47,11 +47,11 @@ struct gemm_scales {
 };
 
 template <class T>
-concept gemm_input = std::is_same_v<T, float> || std::is_same_v<T, bf16> || std::is_same_v<T, fp16> ||
-                     std::is_same_v<T, e4m3> || std::is_same_v<T, e5m2>;
+concept gemm_input =
+    std::is_same_v<T, float> || std::is_same_v<T, bf16> || std::is_same_v<T, fp16> || std::is_same_v<T, e4m3> || std::is_same_v<T, e5m2>;
 template <class T>
-concept gemm_output = std::is_same_v<T, float> || std::is_same_v<T, bf16> || std::is_same_v<T, fp16> ||
-                      std::is_same_v<T, e4m3> || std::is_same_v<T, e5m2>;
+concept gemm_output =
+    std::is_same_v<T, float> || std::is_same_v<T, bf16> || std::is_same_v<T, fp16> || std::is_same_v<T, e4m3> || std::is_same_v<T, e5m2>;
 
 }  // namespace v0
 
@@ -86,7 +86,7 @@ struct gemm_config {
   // either atom, in either orientation, for the same result.
   static constexpr std::size_t KC = Skinny ? 72 : (traits::pair ? 2048 : (Narrow ? gemm_config<TA, TB>::KC : (NR >= 64 ? 512 : 1024)));
   static constexpr std::size_t KC_scaled = Skinny ? 72 : 512;  // block-scaled (FP8) chunks
-  static constexpr std::size_t NB = Skinny ? 1024 : 256;  // columns per block ((KC,NB) B tile in L3, its (KC,NR) micro-panels streamed from L2)
+  static constexpr std::size_t NB = Skinny ? 1024 : 256;       // columns per block ((KC,NB) B tile in L3, its (KC,NR) micro-panels streamed from L2)
   // rows per mma step: the (MC,KC) A tile (f32 144 KiB, bf16 288 KiB), the B micro-panel
   // (128 KiB) and the (MC,NB) accumulators (72 KiB) share the 1 MiB L2 with room to spare; measured
   // against 96 with the deeper chunks: +0.8-2.8% f32, +0.4-0.8% bf16 (48 was no better than 72)
@@ -137,10 +137,10 @@ struct gemm_program {
                 "gemm_program: the block-scaled atom must have the pair atom's tile");
 
   std::size_t M, N, K, batch;
-  tensor<const TA, 2> A;  // (M,K) view of batch 0
-  tensor<const TB, 2> B;  // (K,N)
-  tensor<TC, 2> C;        // (M,N)
-  std::size_t sa, sb, sc; // batch strides (elements)
+  tensor<const TA, 2> A;              // (M,K) view of batch 0
+  tensor<const TB, 2> B;              // (K,N)
+  tensor<TC, 2> C;                    // (M,N)
+  std::size_t sa, sb, sc;             // batch strides (elements)
   const TA* const* a_ptrs = nullptr;  // pointer-array batching (overrides strides)
   const TB* const* b_ptrs = nullptr;
   TC* const* c_ptrs = nullptr;
@@ -166,8 +166,9 @@ struct gemm_program {
     kernel_cost c;
     c.flops = 2.0 * double(M) * double(N) * double(K) * double(batch);
     c.bytes = (double(M) * K * sizeof(TA) + double(K) * N * sizeof(TB) + double(M) * N * sizeof(TC) * (beta != 0 ? 2 : 1)) * double(batch);
-    c.precision = std::is_same_v<TA, float> ? math_precision::f32
-                  : (std::is_same_v<TA, bf16> ? math_precision::bf16 : (std::is_same_v<TA, fp16> ? math_precision::fp16 : math_precision::fp8));
+    c.precision = std::is_same_v<TA, float>
+                      ? math_precision::f32
+                      : (std::is_same_v<TA, bf16> ? math_precision::bf16 : (std::is_same_v<TA, fp16> ? math_precision::fp16 : math_precision::fp8));
     return c;
   }
 
@@ -181,11 +182,11 @@ struct gemm_program {
                     std::size_t rows, std::size_t n0, std::size_t cols) const {
     using b_stage = staged<S, KC, NB, typename cfg::b_layout>;
     const std::size_t nk = ceil_div(K, KC), chunks = std::min(nk, KS_max / KC);
-    S* strip = ctx.scratch().allocate_array<S>(chunks * b_stage::elements);     // chunks x (KC,NB)
+    S* strip = ctx.scratch().allocate_array<S>(chunks * b_stage::elements);  // chunks x (KC,NB)
     const std::size_t rows_pad = ceil_div(rows, MC) * MC;
     float* acc = ctx.scratch().allocate_array<float>((nk > chunks ? rows_pad : MC) * NB);  // (MB,NB) or one (MC,NB) slab
-    staged<S, MC, KC, layout::row> a{ctx};                                      // (MC,KC) converted A
-    staged<S, MC, KC, typename cfg::a_layout> ap{ctx};               // (MC,KC) transposed A as MR-row panels (K pairs for bf16)
+    staged<S, MC, KC, layout::row> a{ctx};                                                 // (MC,KC) converted A
+    staged<S, MC, KC, typename cfg::a_layout> ap{ctx};                                     // (MC,KC) transposed A as MR-row panels (K pairs for bf16)
     // a column-major (transposed) A packs fastest into the atom's panels: MR consecutive rows per
     // K step (f32), or the K pair (k, k+1) of MR rows from two contiguous runs (bf16, FP8); into the
     // row layout a bf16 A was gathered element by element, a column stride apart, per slab
@@ -215,10 +216,13 @@ struct gemm_program {
           const std::size_t k0 = (kq + k) * KC, kv = std::min(KC, K - k0);
           const bool direct = direct_a && kv % KP == 0;
           const S* apd = ap.data();
-          if (a_packed) apd = a_packed + ((m0 + mc) / MC * a_chunks + kq + k) * MC * KC;
+          if (a_packed)
+            apd = a_packed + ((m0 + mc) / MC * a_chunks + kq + k) * MC * KC;
           else if (!direct) {  // the rows and K columns (whole pairs) the atoms read
-            if (panel_a) load(Az.template tile_at<MC, KC>(m0 + mc, k0), ap, tile_extent{r, kv});
-            else load(Az.template tile_at<MC, KC>(m0 + mc, k0), a, tile_extent{r, ceil_div(kv, KP) * KP});
+            if (panel_a)
+              load(Az.template tile_at<MC, KC>(m0 + mc, k0), ap, tile_extent{r, kv});
+            else
+              load(Az.template tile_at<MC, KC>(m0 + mc, k0), a, tile_extent{r, ceil_div(kv, KP) * KP});
           }
           const S* bkp = strip + k * b_stage::elements;
           arch::ukernel_args p;
@@ -261,8 +265,10 @@ struct gemm_program {
               const std::size_t rf = panel_a && !last_direct ? r / MR * MR : r;  // rows the atoms wrote
               if (rf < r && done > 0)
                 store_streaming(accm + rf * NB, r - rf, done, c + rf * Cz.row_stride(), Cz.row_stride(), m0 + mc + rf, n0, chain);
-              if (done < cols) store_streaming(accm + done, r, cols - done, c + done, Cz.row_stride(), m0 + mc, n0 + done, chain);
-              else arch::store_fence();
+              if (done < cols)
+                store_streaming(accm + done, r, cols - done, c + done, Cz.row_stride(), m0 + mc, n0 + done, chain);
+              else
+                arch::store_fence();
               continue;
             }
             if (stream_c) {
@@ -339,10 +345,10 @@ struct gemm_program {
       if (K > 0) return run_resident(ctx, Az, Bz, Cz, m0, rows, n0, cols);
     }
     const std::size_t rows_pad = ceil_div(rows, MC) * MC;
-    float* acc = ctx.scratch().allocate_array<float>(rows_pad * NB);           // (MB,NB)
-    staged<S, KC, NB, typename cfg::b_layout> b{ctx};                // (KC,NB)
-    staged<S, MC, KC, layout::row> a{ctx};                                      // (MC,KC) converted A, read in place
-    staged<S, MC, KC, typename cfg::a_layout> ap{ctx};               // (MC,KC) transposed A as MR-row panels
+    float* acc = ctx.scratch().allocate_array<float>(rows_pad * NB);  // (MB,NB)
+    staged<S, KC, NB, typename cfg::b_layout> b{ctx};                 // (KC,NB)
+    staged<S, MC, KC, layout::row> a{ctx};                            // (MC,KC) converted A, read in place
+    staged<S, MC, KC, typename cfg::a_layout> ap{ctx};                // (MC,KC) transposed A as MR-row panels
     // a column-major (transposed) A packs fastest into panels (MR contiguous rows per K step)
     const bool panel_a = KP == 1 && Az.row_stride() == 1 && K > 1;
     alignas(64) float rs[SB * MC];  // rs[q*MC + i]: row scales of scale block q of the chunk
@@ -386,14 +392,18 @@ struct gemm_program {
         }
         const bool direct = direct_a && kv % KP == 0;
         if (!direct) {
-          if (panel_a) load(Az.template tile_at<MC, KC>(m0 + mc, k0), ap, tile_extent{r, kv});
-          else load(Az.template tile_at<MC, KC>(m0 + mc, k0), a, tile_extent{r, ceil_div(kv, KP) * KP});
+          if (panel_a)
+            load(Az.template tile_at<MC, KC>(m0 + mc, k0), ap, tile_extent{r, kv});
+          else
+            load(Az.template tile_at<MC, KC>(m0 + mc, k0), a, tile_extent{r, ceil_div(kv, KP) * KP});
         }
         if (pf_a) {  // the A tile of the next mc step (or of the next K chunk's first)
           const std::size_t mn = mc + MC < rows ? mc + MC : 0, kn = mc + MC < rows ? k0 : k0 + KC;
-          if (kn < K) next_a.start(Az.data() + (m0 + mn) * Az.row_stride() + kn, std::min(MC, rows - mn), std::min(KC, K - kn) * sizeof(TA),
-                                   Az.row_stride() * sizeof(TA));
-          else next_a.lines = 0;
+          if (kn < K)
+            next_a.start(Az.data() + (m0 + mn) * Az.row_stride() + kn, std::min(MC, rows - mn), std::min(KC, K - kn) * sizeof(TA),
+                         Az.row_stride() * sizeof(TA));
+          else
+            next_a.lines = 0;
         }
         const std::size_t a_per_call = ceil_div(next_a.lines, calls_per_mc);
         const std::size_t steps = ceil_div(kv, KP);  // a staged A is zero beyond kv
@@ -435,13 +445,13 @@ struct gemm_program {
           }
         }
         if (k.last())
-          detail::store_rows<TC>(accm, NB, r, cols, Cz.data() + (m0 + mc) * Cz.row_stride() + n0 * Cz.col_stride(), Cz.row_stride(),
-                                 Cz.col_stride(), m0 + mc, n0, chain);
+          detail::store_rows<TC>(accm, NB, r, cols, Cz.data() + (m0 + mc) * Cz.row_stride() + n0 * Cz.col_stride(), Cz.row_stride(), Cz.col_stride(),
+                                 m0 + mc, n0, chain);
       }
     }
     if (nk == 0)
-      detail::store_rows<TC>(acc, NB, rows, cols, Cz.data() + m0 * Cz.row_stride() + n0 * Cz.col_stride(), Cz.row_stride(), Cz.col_stride(),
-                             m0, n0, chain);
+      detail::store_rows<TC>(acc, NB, rows, cols, Cz.data() + m0 * Cz.row_stride() + n0 * Cz.col_stride(), Cz.row_stride(), Cz.col_stride(), m0, n0,
+                             chain);
   }
 };
 
@@ -551,7 +561,7 @@ struct gemm_skinny_program {
     const std::size_t n0 = idx[0] * W, z = idx[2];
     const std::size_t n = std::min(W, N - n0);
     const std::size_t KC = kc();
-    const std::size_t ldc = W + 16;  // rows of acc not a multiple of 4 KiB apart (L1 sets)
+    const std::size_t ldc = W + 16;                             // rows of acc not a multiple of 4 KiB apart (L1 sets)
     float* acc = ctx.scratch().allocate_array<float>(M * ldc);  // (M,W)
     // (with K = 0, A and B may be null: no offsets are applied to them then)
     const auto* b = K ? reinterpret_cast<const std::uint16_t*>(B.data() + z * sb + n0) : nullptr;
@@ -657,8 +667,10 @@ struct gemm_skinny_program {
               if ((pf_line += take) == row_lines) pf_line = 0, ++pf_row;
             }
             const int rows = static_cast<int>(std::min(R, M - r0));
-            if (pf_step == 1) arch::run_rows_of<arch::avx512bf16_dot_inplace_bf16bf16f32<12, 1>>(rows, p);
-            else arch::run_rows_of<arch::avx512bf16_dot_inplace_bf16bf16f32<12, 2>>(rows, p);
+            if (pf_step == 1)
+              arch::run_rows_of<arch::avx512bf16_dot_inplace_bf16bf16f32<12, 1>>(rows, p);
+            else
+              arch::run_rows_of<arch::avx512bf16_dot_inplace_bf16bf16f32<12, 2>>(rows, p);
             prefetch_next(per_call - p.prefetch_lines);
           }
         }
@@ -718,7 +730,8 @@ struct gemm_transposed_store {
     float* t = ctx.scratch().allocate_array<float>(rows * N);
     for (std::size_t j = 0; j < N; ++j)
       for (std::size_t i = 0; i < rows; ++i) t[i * N + j] = W[j * M + m0 + i];
-    detail::store_rows<TC>(t, N, rows, N, C.data() + m0 * C.row_stride(), C.row_stride(), C.col_stride(), m0, 0, epilogue::alpha_beta(alpha, beta) | ep);
+    detail::store_rows<TC>(t, N, rows, N, C.data() + m0 * C.row_stride(), C.row_stride(), C.col_stride(), m0, 0,
+                           epilogue::alpha_beta(alpha, beta) | ep);
   }
 };
 
@@ -758,10 +771,14 @@ bool gemm_swap_narrow(std::size_t M, std::size_t N, std::size_t K, bool a_transp
 // when a block holds one (MC,NB) slab of accumulators (the resident program), MB_max otherwise
 // (scaled and skinny programs hold the whole (MB,NB) block).
 template <class Cfg>
-std::size_t gemm_row_blocks(std::size_t M, bool resident) { return ceil_div(M, resident ? 2 * Cfg::MB_max : Cfg::MB_max); }
+std::size_t gemm_row_blocks(std::size_t M, bool resident) {
+  return ceil_div(M, resident ? 2 * Cfg::MB_max : Cfg::MB_max);
+}
 // Rows per block for `mblocks` blocks: whole MC slabs.
 template <class Cfg>
-std::size_t gemm_block_rows(std::size_t M, std::size_t mblocks) { return ceil_div(ceil_div(M, mblocks), Cfg::MC) * Cfg::MC; }
+std::size_t gemm_block_rows(std::size_t M, std::size_t mblocks) {
+  return ceil_div(ceil_div(M, mblocks), Cfg::MC) * Cfg::MC;
+}
 
 // Row blocks shared out over `workers`: from `base` blocks, 2, 3 and 4 times as many are tried
 // (blocks of at least MC rows), each block's work taken as its rows times its columns, both
@@ -900,7 +917,7 @@ struct gemm_direct_program {
   Chain chain;            // alpha, beta and the epilogue
   std::size_t per_block;  // matrices per block
   std::size_t dot_min_k;
-  bool plain;             // f32 C, alpha 1, beta 0, no epilogue: the atoms write C
+  bool plain;                      // f32 C, alpha 1, beta 0, no epilogue: the atoms write C
   std::size_t rows_per_block = 0;  // one matrix (batch 1) split by rows of C, or 0: whole matrices
   std::size_t cols_per_block = 0;  // one matrix (batch 1) split by columns of C (when rows_per_block is 0)
 
@@ -911,14 +928,17 @@ struct gemm_direct_program {
     kernel_cost c;
     c.flops = 2.0 * double(M) * double(N) * double(K) * double(batch);
     c.bytes = (double(M) * K * sizeof(TA) + double(K) * N * sizeof(TB) + double(M) * N * sizeof(TC) * 2) * double(batch);
-    c.precision = std::is_same_v<TA, float> ? math_precision::f32
-                  : (std::is_same_v<TA, bf16> ? math_precision::bf16 : (std::is_same_v<TA, fp16> ? math_precision::fp16 : math_precision::fp8));
+    c.precision = std::is_same_v<TA, float>
+                      ? math_precision::f32
+                      : (std::is_same_v<TA, bf16> ? math_precision::bf16 : (std::is_same_v<TA, fp16> ? math_precision::fp16 : math_precision::fp8));
     return c;
   }
 
   // p + off, where an empty operand (K = 0 leaves A and B with no elements) may be null
   template <class T>
-  static T* at(T* p, std::size_t off) { return p ? p + off : p; }
+  static T* at(T* p, std::size_t off) {
+    return p ? p + off : p;
+  }
 
   void operator()(block_ctx& ctx) const {
     const std::size_t b = ctx.block_index3()[0];
@@ -937,7 +957,8 @@ struct gemm_direct_program {
     const std::size_t z0 = b * per_block;
     for (std::size_t z = z0; z < std::min(batch, z0 + per_block); ++z) {
       const auto m = ctx.scratch().mark();
-      one(ctx.scratch(), a_ptrs ? a_ptrs[z] : at(A.data(), z * sa), b_ptrs ? b_ptrs[z] : at(B.data(), z * sb), c_ptrs ? c_ptrs[z] : at(C.data(), z * sc), M, 0, N, 0);
+      one(ctx.scratch(), a_ptrs ? a_ptrs[z] : at(A.data(), z * sa), b_ptrs ? b_ptrs[z] : at(B.data(), z * sb),
+          c_ptrs ? c_ptrs[z] : at(C.data(), z * sc), M, 0, N, 0);
       ctx.scratch().rewind(m);
     }
   }
@@ -960,7 +981,8 @@ struct gemm_direct_program {
         return {buf, 1, rows};
       }
       for (std::size_t r = 0; r < rows; ++r) {
-        if (X.col_stride() == 1) arch::widen(p + r * X.row_stride(), buf + r * cols, cols);
+        if (X.col_stride() == 1)
+          arch::widen(p + r * X.row_stride(), buf + r * cols, cols);
         else
           for (std::size_t c = 0; c < cols; ++c) buf[r * cols + c] = arch::to_f32(p[r * X.row_stride() + c * X.col_stride()]);
       }
@@ -996,8 +1018,10 @@ struct gemm_direct_program {
       p.k = K;
       const auto* a16 = reinterpret_cast<const std::uint16_t*>(pa);
       const auto* b16 = reinterpret_cast<const std::uint16_t*>(pb);
-      if (M <= 2) arch::run_dots<arch::best_direct_dot_bf16_atom_few_rows>(p, a16, b16, M, N, acc, ldc);
-      else arch::run_dots<arch::best_direct_dot_bf16_atom>(p, a16, b16, M, N, acc, ldc);
+      if (M <= 2)
+        arch::run_dots<arch::best_direct_dot_bf16_atom_few_rows>(p, a16, b16, M, N, acc, ldc);
+      else
+        arch::run_dots<arch::best_direct_dot_bf16_atom>(p, a16, b16, M, N, acc, ldc);
       if (acc != static_cast<void*>(pc)) detail::store_rows<TC>(acc, N, M, N, pc, C.row_stride(), C.col_stride(), row0, col0, chain);
       return;
     }
@@ -1021,9 +1045,12 @@ struct gemm_direct_program {
       p.lda = a.rs;
       p.ldb = b.cs;
       p.k = K;
-      if (M <= 2 && N > 4) arch::run_dots<arch::best_direct_dot_atom_few_rows>(p, a.p, b.p, M, N, acc, ldc);  // (4 columns fit the 4x4 tile)
-      else if (N == 1) arch::run_dots<arch::best_direct_dot_atom_one_col>(p, a.p, b.p, M, N, acc, ldc);
-      else arch::run_dots<dot_atom>(p, a.p, b.p, M, N, acc, ldc);
+      if (M <= 2 && N > 4)
+        arch::run_dots<arch::best_direct_dot_atom_few_rows>(p, a.p, b.p, M, N, acc, ldc);  // (4 columns fit the 4x4 tile)
+      else if (N == 1)
+        arch::run_dots<arch::best_direct_dot_atom_one_col>(p, a.p, b.p, M, N, acc, ldc);
+      else
+        arch::run_dots<dot_atom>(p, a.p, b.p, M, N, acc, ldc);
     } else if (a.rs == 1 && a.cs != 1 && N <= 4 && this->M >= 16) {  // (the whole matrix's M: a function of the shape, not of the split)
       // a narrow C from a column-major A (Aᵀ·b-like): Cᵀ = Bᵀ·Aᵀ by the rows atom, Aᵀ's rows being
       // A's stored columns, vectorized along M instead of along C's few columns (fma(a, b, c) =
@@ -1080,7 +1107,8 @@ struct gemm_direct_program {
 // shape into strings on every call cost ~0.5 us, more than a whole 8x8x8 product.
 template <class Message>
 void gemm_check(bool ok, const Message& message) {
-  if (!ok) [[unlikely]] throw gemm_error(message());
+  if (!ok) [[unlikely]]
+    throw gemm_error(message());
 }
 
 // Validates one operand: (rows, cols) of op(X) stored with leading dimension ld.
@@ -1089,8 +1117,8 @@ void gemm_check_operand(const char* name, const void* p, transpose t, std::size_
   const std::size_t stored_cols = t == transpose::none ? cols : rows;
   const std::size_t stored_rows = t == transpose::none ? rows : cols;
   gemm_check(ld >= std::max<std::size_t>(stored_cols, 1), [&] {
-    return std::string("leading dimension of ") + name + " is " + std::to_string(ld) + ", needs >= " +
-           std::to_string(std::max<std::size_t>(stored_cols, 1)) + " for a stored (" + std::to_string(stored_rows) + "," +
+    return std::string("leading dimension of ") + name + " is " + std::to_string(ld) +
+           ", needs >= " + std::to_string(std::max<std::size_t>(stored_cols, 1)) + " for a stored (" + std::to_string(stored_rows) + "," +
            std::to_string(stored_cols) + ") " + name + ", " + shape();
   });
   gemm_check(p != nullptr || rows == 0 || cols == 0, [&] { return std::string("null ") + name + " with non-zero size, " + shape(); });
@@ -1112,7 +1140,8 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
   if (!plan_in) gemm_plan_consulted = false, gemm_plan_applied = {};
   // An empty product reads no scales: an empty operand's block scales may be null (an empty vector's data()).
   if (M == 0 || N == 0 || batch == 0) return;
-  gemm_check(!(s.a_block == nullptr) == !(s.b_block == nullptr), [&] { return "block scales need both a_block and b_block, " + gemm_shape(M, N, K); });
+  gemm_check(!(s.a_block == nullptr) == !(s.b_block == nullptr),
+             [&] { return "block scales need both a_block and b_block, " + gemm_shape(M, N, K); });
   (void)detail::mul_checked(detail::mul_checked(M, N, "gemm size"), batch, "gemm size");
   (void)detail::mul_checked(detail::mul_checked(M, K, "gemm size"), batch, "gemm size");
   const auto chain = epilogue::detail::as_chain<Chain>::make(ep);
@@ -1122,7 +1151,8 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
   // heuristic's choices. Only one-matrix unscaled packed products have one.
   auto plan_of = [&] {
     if (plan_in) return *plan_in;
-    const gemm_tune_key key{dtype_of<TA>, dtype_of<TB>, dtype_of<TC>, A.col_stride() != 1, B.col_stride() != 1, M, N, K, std::max(1u, dev.capabilities().workers)};
+    const gemm_tune_key key{
+        dtype_of<TA>, dtype_of<TB>, dtype_of<TC>, A.col_stride() != 1, B.col_stride() != 1, M, N, K, std::max(1u, dev.capabilities().workers)};
     return gemm_plan_lookup(key);
   };
   // Row blocks: the plan's rows per block (whole MC slabs, at most the program's largest block),
@@ -1176,14 +1206,15 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
   auto run_split = [&](std::size_t ks) {
     using cfg = gemm_config<TA, TB>;
     const std::size_t splits = ceil_div(K, ks), ps = mul_checked(M, N, "gemm size");
-    float* P = static_cast<float*>(dev.allocate(mul_checked(mul_checked(ps, splits, "gemm split-K workspace"), sizeof(float), "gemm split-K workspace")));
+    float* P =
+        static_cast<float*>(dev.allocate(mul_checked(mul_checked(ps, splits, "gemm split-K workspace"), sizeof(float), "gemm split-K workspace")));
     const device_workspace<Dev> guard{dev, P};  // back to the pool after both launches ran
     const std::size_t mblocks = gemm_balanced_row_blocks<cfg>(M, N, splits, dev.capabilities().workers, gemm_row_blocks<cfg>(M, true));
     const gemm_plan plan = plan_of();
     const std::size_t MB = block_rows.template operator()<cfg>(plan, mblocks);
     gemm_plan_applied = {MB, -1, plan.calling_thread || !shares(grid{ceil_div(M, MB), ceil_div(N, cfg::NB), splits}, flops), 0};
-    gemm_program<TA, TB, float, epilogue::chain<>, false, false> part{M, N, K, 1, A, B, tensor<float, 2>::strided(P, M, N, N, 1), 0, 0, ps,
-                                                                      nullptr, nullptr, nullptr, 1.0f, 0.0f, gemm_scales{}, MB, {}};
+    gemm_program<TA, TB, float, epilogue::chain<>, false, false> part{
+        M, N, K, 1, A, B, tensor<float, 2>::strided(P, M, N, N, 1), 0, 0, ps, nullptr, nullptr, nullptr, 1.0f, 0.0f, gemm_scales{}, MB, {}};
     part.k_split = ks;
     gemm_run(dev, grid{ceil_div(M, MB), ceil_div(N, cfg::NB), splits}, part, flops, plan.calling_thread);
     using R = gemm_splitk_reduce<TC, chain_t>;
@@ -1226,12 +1257,15 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
     const auto dchain = epilogue::alpha_beta(alpha * s.a * s.b, beta) | chain;
     // matrices per block: about direct_max_macs of work each (a function of the shape only)
     // (an empty product, M or N = 0, has macs = 0: one block of all its matrices, no division)
-    const std::size_t per = macs > 0.0 ? std::max<std::size_t>(1, static_cast<std::size_t>(std::min(direct_max / macs, double(std::max<std::size_t>(batch, 1)))))
-                                       : std::max<std::size_t>(batch, 1);
+    const std::size_t per =
+        macs > 0.0 ? std::max<std::size_t>(1, static_cast<std::size_t>(std::min(direct_max / macs, double(std::max<std::size_t>(batch, 1)))))
+                   : std::max<std::size_t>(batch, 1);
     // batch 1 above the threshold: blocks of about 2^20 multiply-adds of rows (a function of the shape)
-    const std::size_t rows_pb = !skinny_dots && batch == 1 && macs > direct_max ? ceil_div(std::max<std::size_t>(1, (std::size_t{1} << 20) / (N * K)), 8) * 8 : 0;
+    const std::size_t rows_pb =
+        !skinny_dots && batch == 1 && macs > direct_max ? ceil_div(std::max<std::size_t>(1, (std::size_t{1} << 20) / (N * K)), 8) * 8 : 0;
     // skinny dots: about two blocks per worker, whole 16-column strips
-    const std::size_t cols_pb = skinny_dots ? std::max<std::size_t>(16, ceil_div(ceil_div(N, 2 * std::max(1u, dev.capabilities().workers)), 16) * 16) : 0;
+    const std::size_t cols_pb =
+        skinny_dots ? std::max<std::size_t>(16, ceil_div(ceil_div(N, 2 * std::max(1u, dev.capabilities().workers)), 16) * 16) : 0;
     const bool plain = chain_t::empty && alpha * s.a * s.b == 1.0f && beta == 0.0f && C.col_stride() == 1;
     gemm_direct_program<TA, TB, TC, std::remove_cvref_t<decltype(dchain)>> prog{
         M, N, K, batch, A, B, C, sa, sb, sc, ap, bp, cp, dchain, per, gemm_tune().direct_dot_min_k, plain, rows_pb, cols_pb};
@@ -1271,10 +1305,14 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
       return;
     }
   }
-  if (s.a_block) run.template operator()<true, false>();
-  else if (const std::size_t ks = batch == 1 && !ap ? gemm_k_split<TA, TB>(M, N, K) : 0; ks > 0 && !skinny) run_split(ks);
-  else if (skinny) run.template operator()<false, true>();
-  else run.template operator()<false, false>();
+  if (s.a_block)
+    run.template operator()<true, false>();
+  else if (const std::size_t ks = batch == 1 && !ap ? gemm_k_split<TA, TB>(M, N, K) : 0; ks > 0 && !skinny)
+    run_split(ks);
+  else if (skinny)
+    run.template operator()<false, true>();
+  else
+    run.template operator()<false, false>();
 }
 
 }  // namespace detail
@@ -1284,8 +1322,8 @@ inline namespace v0 {
 // BLAS-style row-major GEMM: C(M,N) = alpha·op(A)·op(B) + beta·C, then `ep`.
 // op(A) is (M,K): A stored (M,K) with lda >= K, or (K,M) with lda >= M when transposed.
 template <class Dev, gemm_input TA, gemm_input TB, gemm_output TC, class Chain = epilogue::chain<>>
-void gemm(Dev& dev, transpose ta, transpose tb, std::size_t M, std::size_t N, std::size_t K, float alpha, const TA* A, std::size_t lda,
-          const TB* B, std::size_t ldb, float beta, TC* C, std::size_t ldc, const Chain& ep = {}, const gemm_scales& s = {}) {
+void gemm(Dev& dev, transpose ta, transpose tb, std::size_t M, std::size_t N, std::size_t K, float alpha, const TA* A, std::size_t lda, const TB* B,
+          std::size_t ldb, float beta, TC* C, std::size_t ldc, const Chain& ep = {}, const gemm_scales& s = {}) {
   const auto shape = [&] { return detail::gemm_shape(M, N, K); };
   detail::gemm_check_operand("A", A, ta, M, K, lda, shape);
   detail::gemm_check_operand("B", B, tb, K, N, ldb, shape);
@@ -1296,8 +1334,8 @@ void gemm(Dev& dev, transpose ta, transpose tb, std::size_t M, std::size_t N, st
 
 // Tensor form: A is (M,K), B is (K,N), C is (M,N) (use .transposed() views for transposes).
 template <class Dev, gemm_input TA, gemm_input TB, gemm_output TC, class Chain = epilogue::chain<>>
-void gemm(Dev& dev, tensor<const TA, 2> A, tensor<const TB, 2> B, tensor<TC, 2> C, float alpha = 1.0f, float beta = 0.0f,
-          const Chain& ep = {}, const gemm_scales& s = {}) {
+void gemm(Dev& dev, tensor<const TA, 2> A, tensor<const TB, 2> B, tensor<TC, 2> C, float alpha = 1.0f, float beta = 0.0f, const Chain& ep = {},
+          const gemm_scales& s = {}) {
   const auto shape = [&] {
     return detail::gemm_shape(C.rows(), C.cols(), A.cols()) + " with A (" + std::to_string(A.rows()) + "," + std::to_string(A.cols()) + "), B (" +
            std::to_string(B.rows()) + "," + std::to_string(B.cols()) + "), C (" + std::to_string(C.rows()) + "," + std::to_string(C.cols()) + ")";
@@ -1319,18 +1357,19 @@ void gemm_strided_batched(Dev& dev, transpose ta, transpose tb, std::size_t M, s
 
   if (batch > 1) {
     (void)detail::mul_checked(batch - 1, std::max({stride_a, stride_b, stride_c}), "batch stride");
-    detail::gemm_check(stride_c >= (M ? (M - 1) * ldc + N : 0) || M == 0 || N == 0, [&] { return "C batch stride " + std::to_string(stride_c) + " makes batches overlap, " + shape(); });
+    detail::gemm_check(stride_c >= (M ? (M - 1) * ldc + N : 0) || M == 0 || N == 0,
+                       [&] { return "C batch stride " + std::to_string(stride_c) + " makes batches overlap, " + shape(); });
   }
   if (s.a_block) detail::gemm_check(batch <= 1, [&] { return "block scales are per matrix; use batch 1, " + shape(); });
   detail::gemm_launch<TA, TB, TC>(dev, M, N, K, batch, detail::op_view(A, ta, M, K, lda), detail::op_view(B, tb, K, N, ldb),
-                                  tensor<TC, 2>::strided(C, M, N, ldc, 1), stride_a, stride_b, stride_c, nullptr, nullptr, nullptr, alpha, beta, s, ep);
+                                  tensor<TC, 2>::strided(C, M, N, ldc, 1), stride_a, stride_b, stride_c, nullptr, nullptr, nullptr, alpha, beta, s,
+                                  ep);
 }
 
 // Pointer-array batch.
 template <class Dev, gemm_input TA, gemm_input TB, gemm_output TC, class Chain = epilogue::chain<>>
-void gemm_batched(Dev& dev, transpose ta, transpose tb, std::size_t M, std::size_t N, std::size_t K, float alpha, const TA* const* A,
-                  std::size_t lda, const TB* const* B, std::size_t ldb, float beta, TC* const* C, std::size_t ldc, std::size_t batch,
-                  const Chain& ep = {}) {
+void gemm_batched(Dev& dev, transpose ta, transpose tb, std::size_t M, std::size_t N, std::size_t K, float alpha, const TA* const* A, std::size_t lda,
+                  const TB* const* B, std::size_t ldb, float beta, TC* const* C, std::size_t ldc, std::size_t batch, const Chain& ep = {}) {
   const auto shape = [&] { return detail::gemm_shape(M, N, K) + " x batch " + std::to_string(batch); };
   if (batch == 0) return;
   detail::gemm_check(A && B && C, [&] { return "null pointer array, " + shape(); });

@@ -37,11 +37,11 @@ struct gemm_tune_options {
 struct gemm_tune_result {
   gemm_tune_problem problem;
   gemm_tune_key key;
-  bool tunable = false;            // takes the packed path (others have no plan to choose)
-  gemm_plan plan;                  // the chosen plan, explicit (default: the heuristic's blocking won)
-  double heuristic_seconds = 0;    // fastest round of the heuristic's blocking
-  double best_seconds = 0;         // fastest round of the chosen plan
-  std::size_t candidates = 0;      // distinct blockings timed (the heuristic's included)
+  bool tunable = false;          // takes the packed path (others have no plan to choose)
+  gemm_plan plan;                // the chosen plan, explicit (default: the heuristic's blocking won)
+  double heuristic_seconds = 0;  // fastest round of the heuristic's blocking
+  double best_seconds = 0;       // fastest round of the chosen plan
+  std::size_t candidates = 0;    // distinct blockings timed (the heuristic's included)
   int rounds = 0;
   double speedup() const { return best_seconds > 0 ? heuristic_seconds / best_seconds : 1.0; }
 };
@@ -126,7 +126,8 @@ std::vector<gemm_tune_result> gemm_autotune(Dev& dev, std::span<const gemm_tune_
     // The key as the launch computes it (from the operands' strides).
     const auto av = detail::op_view(a.data(), p.ta, M, K, lda);
     const auto bv = detail::op_view(b.data(), p.tb, K, N, ldb);
-    r.key = gemm_tune_key{dtype_of<TA>, dtype_of<TB>, dtype_of<TC>, av.col_stride() != 1, bv.col_stride() != 1, M, N, K, std::max(1u, dev.capabilities().workers)};
+    r.key = gemm_tune_key{
+        dtype_of<TA>, dtype_of<TB>, dtype_of<TC>, av.col_stride() != 1, bv.col_stride() != 1, M, N, K, std::max(1u, dev.capabilities().workers)};
     struct unforce {
       ~unforce() { detail::gemm_plan_forced = nullptr; }
     } guard;
@@ -153,9 +154,9 @@ std::vector<gemm_tune_result> gemm_autotune(Dev& dev, std::span<const gemm_tune_
       std::fill(c.begin(), c.end(), TC(0.0f));
       call(plan, c);
       if (std::memcmp(c.data(), ref.data(), c.size() * sizeof(TC)) != 0)
-        throw gemm_error(errc::unsupported, "gemm_autotune: plan {block_rows " + std::to_string(plan.block_rows) + ", pack_a " + std::to_string(plan.pack_a) +
-                                                ", swap " + std::to_string(plan.swap) + "} changed the result's bits, " + detail::gemm_shape(M, N, K) +
-                                                " (a library bug)");
+        throw gemm_error(errc::unsupported, "gemm_autotune: plan {block_rows " + std::to_string(plan.block_rows) + ", pack_a " +
+                                                std::to_string(plan.pack_a) + ", swap " + std::to_string(plan.swap) +
+                                                "} changed the result's bits, " + detail::gemm_shape(M, N, K) + " (a library bug)");
       if (std::find(cands.begin(), cands.end(), detail::gemm_plan_applied) == cands.end()) cands.push_back(detail::gemm_plan_applied);
     }
     r.candidates = cands.size();

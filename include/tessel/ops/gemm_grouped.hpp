@@ -89,14 +89,17 @@ struct gemm_grouped_program {
     kernel_cost c;
     c.flops = t->flops;
     c.bytes = t->bytes;
-    c.precision = std::is_same_v<TA, float> ? math_precision::f32
-                  : (std::is_same_v<TA, bf16> ? math_precision::bf16 : (std::is_same_v<TA, fp16> ? math_precision::fp16 : math_precision::fp8));
+    c.precision = std::is_same_v<TA, float>
+                      ? math_precision::f32
+                      : (std::is_same_v<TA, bf16> ? math_precision::bf16 : (std::is_same_v<TA, fp16> ? math_precision::fp16 : math_precision::fp8));
     return c;
   }
   void operator()(block_ctx& ctx) const {
     const block& b = t->blocks[ctx.block_linear()];
-    if (b.skinny) t->skinny[b.program].run_block(ctx, b.mb, b.nb, 0);
-    else t->wide[b.program].run_block(ctx, b.mb, b.nb, 0);
+    if (b.skinny)
+      t->skinny[b.program].run_block(ctx, b.mb, b.nb, 0);
+    else
+      t->wide[b.program].run_block(ctx, b.mb, b.nb, 0);
   }
 };
 
@@ -143,7 +146,9 @@ void gemm_grouped(Dev& dev, std::span<const gemm_problem<TA, TB, TC>> problems, 
   std::vector<sized> order;
   for (std::size_t i = 0; i < problems.size(); ++i) {
     const auto& q = problems[i];
-    const auto shape = [&] { return "grouped product " + std::to_string(i) + " of " + std::to_string(problems.size()) + ", " + gemm_shape(q.M, q.N, q.K); };
+    const auto shape = [&] {
+      return "grouped product " + std::to_string(i) + " of " + std::to_string(problems.size()) + ", " + gemm_shape(q.M, q.N, q.K);
+    };
     gemm_check_operand("A", q.A, q.ta, q.M, q.K, q.lda, shape);
     gemm_check_operand("B", q.B, q.tb, q.K, q.N, q.ldb, shape);
     gemm_check_operand("C", q.C, transpose::none, q.M, q.N, q.ldc, shape);
@@ -162,10 +167,12 @@ void gemm_grouped(Dev& dev, std::span<const gemm_problem<TA, TB, TC>> problems, 
     std::size_t index = 0;
     if (skinny) {
       index = t->skinny.size();
-      t->skinny.push_back(typename P::skinny_program{q.M, q.N, q.K, 1, A, B, C, 0, 0, 0, nullptr, nullptr, nullptr, q.alpha, q.beta, gemm_scales{}, MB, chain});
+      t->skinny.push_back(
+          typename P::skinny_program{q.M, q.N, q.K, 1, A, B, C, 0, 0, 0, nullptr, nullptr, nullptr, q.alpha, q.beta, gemm_scales{}, MB, chain});
     } else {
       index = t->wide.size();
-      t->wide.push_back(typename P::wide_program{q.M, q.N, q.K, 1, A, B, C, 0, 0, 0, nullptr, nullptr, nullptr, q.alpha, q.beta, gemm_scales{}, MB, chain});
+      t->wide.push_back(
+          typename P::wide_program{q.M, q.N, q.K, 1, A, B, C, 0, 0, 0, nullptr, nullptr, nullptr, q.alpha, q.beta, gemm_scales{}, MB, chain});
     }
     const double flops = 2.0 * double(q.M) * double(q.N) * double(q.K);
     t->flops += flops;

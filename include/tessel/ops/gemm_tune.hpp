@@ -134,8 +134,10 @@ inline std::string gemm_tune_cpu_slug() {
   std::string s;
   for (char ch : arch::cpu_model()) {
     const bool keep = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9');
-    if (keep) s += ch;
-    else if (!s.empty() && s.back() != '-') s += '-';
+    if (keep)
+      s += ch;
+    else if (!s.empty() && s.back() != '-')
+      s += '-';
   }
   while (!s.empty() && s.back() == '-') s.pop_back();
   return s.empty() ? std::string("unknown") : s;
@@ -202,8 +204,9 @@ inline gemm_tune_status parse_gemm_tune(std::string_view text, const std::string
   if (*target != arch::target_name())
     return detail::gemm_tune_reject(state::stale, path, "written for target " + *target + ", this build is " + arch::target_name());
   if (rev->get<std::int64_t>() != gemm_tune_revision)
-    return detail::gemm_tune_reject(state::stale, path,
-                                    "blocking revision " + std::to_string(rev->get<std::int64_t>()) + ", this library is " + std::to_string(gemm_tune_revision));
+    return detail::gemm_tune_reject(
+        state::stale, path,
+        "blocking revision " + std::to_string(rev->get<std::int64_t>()) + ", this library is " + std::to_string(gemm_tune_revision));
   std::size_t index = 0;
   for (const auto& e : j["plans"]) {
     const std::string where = "plan " + std::to_string(index++) + ": ";
@@ -245,7 +248,8 @@ inline gemm_tune_status parse_gemm_tune(std::string_view text, const std::string
       return detail::gemm_tune_reject(state::corrupt, path, where + "block_rows is not a multiple of 72 in [0, 2048]");
     if (pack == e.end() || !pack->is_number_integer() || pack->get<std::int64_t>() < -1 || pack->get<std::int64_t>() > 1)
       return detail::gemm_tune_reject(state::corrupt, path, where + "pack_a is not -1, 0 or 1");
-    if (calling == e.end() || !calling->is_boolean()) return detail::gemm_tune_reject(state::corrupt, path, where + "calling_thread is not a boolean");
+    if (calling == e.end() || !calling->is_boolean())
+      return detail::gemm_tune_reject(state::corrupt, path, where + "calling_thread is not a boolean");
     if (swap == e.end() || !swap->is_number_integer() || swap->get<std::int64_t>() < -1 || swap->get<std::int64_t>() > 1)
       return detail::gemm_tune_reject(state::corrupt, path, where + "swap is not -1, 0 or 1");
     gemm_tune_key key{*a, *b, *c, *ta, *tb, *M, *N, *K, static_cast<unsigned>(*workers)};
@@ -306,7 +310,9 @@ inline gemm_tune_status gemm_tune_read_default() {
 inline void gemm_tune_ensure_loaded() {
   std::call_once(gemm_tune_store().loaded, [] { (void)gemm_tune_read_default(); });
 }
-inline void gemm_tune_mark_loaded() { std::call_once(gemm_tune_store().loaded, [] {}); }
+inline void gemm_tune_mark_loaded() {
+  std::call_once(gemm_tune_store().loaded, [] {});
+}
 }  // namespace detail
 
 inline namespace v0 {
@@ -338,15 +344,19 @@ inline void set_gemm_plan(const gemm_tune_key& key, const gemm_plan& plan) {
   if (key.M == 0 || key.N == 0 || key.K == 0 || key.workers == 0)
     throw gemm_error(errc::invalid_argument, "set_gemm_plan: M, N, K and workers must be positive");
   if (plan.block_rows % detail::gemm_mc != 0 || plan.block_rows > detail::gemm_max_block_rows)
-    throw gemm_error(errc::invalid_argument, "set_gemm_plan: block_rows " + std::to_string(plan.block_rows) + " is not a multiple of 72 in [0, 2048]");
+    throw gemm_error(errc::invalid_argument,
+                     "set_gemm_plan: block_rows " + std::to_string(plan.block_rows) + " is not a multiple of 72 in [0, 2048]");
   if (plan.pack_a < -1 || plan.pack_a > 1)
     throw gemm_error(errc::invalid_argument, "set_gemm_plan: pack_a " + std::to_string(plan.pack_a) + " is not -1, 0 or 1");
-  if (plan.swap < -1 || plan.swap > 1) throw gemm_error(errc::invalid_argument, "set_gemm_plan: swap " + std::to_string(plan.swap) + " is not -1, 0 or 1");
+  if (plan.swap < -1 || plan.swap > 1)
+    throw gemm_error(errc::invalid_argument, "set_gemm_plan: swap " + std::to_string(plan.swap) + " is not -1, 0 or 1");
   auto& t = detail::gemm_tune_store();
   detail::gemm_tune_ensure_loaded();
   std::unique_lock lock(t.mu);
-  if (plan.is_default()) t.plans.erase(key);
-  else t.plans[key] = plan;
+  if (plan.is_default())
+    t.plans.erase(key);
+  else
+    t.plans[key] = plan;
   t.any.store(!t.plans.empty(), std::memory_order_release);
 }
 
@@ -397,11 +407,8 @@ inline void save_gemm_tune(const std::string& path) {
                      {"pack_a", p.pack_a},
                      {"calling_thread", p.calling_thread},
                      {"swap", p.swap}});
-  const nlohmann::json j = {{"format", gemm_tune_format},
-                            {"cpu", arch::cpu_model()},
-                            {"target", arch::target_name()},
-                            {"revision", gemm_tune_revision},
-                            {"plans", plans}};
+  const nlohmann::json j = {
+      {"format", gemm_tune_format}, {"cpu", arch::cpu_model()}, {"target", arch::target_name()}, {"revision", gemm_tune_revision}, {"plans", plans}};
   const std::filesystem::path target(path);
   std::error_code ec;
   if (target.has_parent_path()) std::filesystem::create_directories(target.parent_path(), ec);

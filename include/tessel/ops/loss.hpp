@@ -31,7 +31,7 @@ struct cross_entropy_options {
 };
 
 struct cross_entropy_result {
-  double loss = 0.0;       // mean over the rows not ignored (0 if none)
+  double loss = 0.0;        // mean over the rows not ignored (0 if none)
   std::size_t counted = 0;  // rows not ignored
 };
 
@@ -55,8 +55,10 @@ struct ce_program {
   std::size_t rpb, rows, n;
   bool nt;
   void operator()(block_ctx& ctx) const {
-    if (g.data() != nullptr) pipelined_rows(ctx);
-    else plain_rows(ctx);
+    if (g.data() != nullptr)
+      pipelined_rows(ctx);
+    else
+      plain_rows(ctx);
   }
 
   // With a gradient: a pipeline over the block's rows, column block by column block. One loop
@@ -76,7 +78,7 @@ struct ce_program {
     float out_lse = 0.0f;  // log-sum-exp of the row being written
     for (std::size_t t = 0; t <= cnt; ++t) {
       const bool head = t < cnt && labels[r0 + t] != ignore;  // row r0 + t is read
-      const bool out = t >= 1;                                 // row r0 + t - 1 is written
+      const bool out = t >= 1;                                // row r0 + t - 1 is written
       const bool out_zero = out && labels[r0 + t - 1] == ignore;
       const In* zr = t < cnt ? &z(r0 + t, 0) : nullptr;
       G* gr = out ? &g(r0 + t - 1, 0) : nullptr;
@@ -108,8 +110,10 @@ struct ce_program {
         const float flat = out_zero ? 0.0f : -scale * smooth;
         const auto grad = [&](std::size_t i, auto v0) {
           using V = decltype(v0);
-          if (dense) typed_store_nt<G, V>(gb, i, V(scale) * st::fma(lanes_load<V>(eb, i), V(f), V(-smooth)), nt);
-          else typed_store_nt<G, V>(gb, i, V(flat), nt);
+          if (dense)
+            typed_store_nt<G, V>(gb, i, V(scale) * st::fma(lanes_load<V>(eb, i), V(f), V(-smooth)), nt);
+          else
+            typed_store_nt<G, V>(gb, i, V(flat), nt);
         };
         const auto expo = [&](std::size_t i, auto v0) {
           using V = decltype(v0);
@@ -174,8 +178,10 @@ struct ce_program {
       if (out) {
         const std::size_t ro = r0 + t - 1;
         if (nt) st::nt_fence();  // the label's entry is patched with an ordinary store
-        if (!out_zero) store1(gr, oy, scale * ((py - smooth) - (1.0f - eps)));
-        else row_loss[ro] = 0.0f;
+        if (!out_zero)
+          store1(gr, oy, scale * ((py - smooth) - (1.0f - eps)));
+        else
+          row_loss[ro] = 0.0f;
       }
       if (head) {
         const std::size_t rh = r0 + t;
@@ -212,8 +218,10 @@ struct ce_program {
         const float bz = sum_lanes(len, [&](std::size_t i, auto v0) {
           using V = decltype(v0);
           const V x = typed_load<In, V>(zb, i);
-          if constexpr (std::is_same_v<V, float>) ms = st::max(ms, x);
-          else mv = st::max(mv, x);
+          if constexpr (std::is_same_v<V, float>)
+            ms = st::max(ms, x);
+          else
+            mv = st::max(mv, x);
           return x;
         });
         sum_z += bz;
@@ -296,8 +304,8 @@ cross_entropy_result cross_entropy(Dev& dev, tensor<const In, 2> logits, std::sp
     const std::int64_t l = labels[r];
     if (l == o.ignore_index) continue;
     if (l < 0 || std::uint64_t(l) >= n)
-      throw layer_error(errc::out_of_range, "cross_entropy: label " + std::to_string(l) + " of row " + std::to_string(r) + " is outside [0, " +
-                              std::to_string(n) + ")");
+      throw layer_error(errc::out_of_range,
+                        "cross_entropy: label " + std::to_string(l) + " of row " + std::to_string(r) + " is outside [0, " + std::to_string(n) + ")");
     ++res.counted;
   }
   float scale = o.grad_scale;
@@ -313,7 +321,7 @@ cross_entropy_result cross_entropy(Dev& dev, tensor<const In, 2> logits, std::sp
   const std::size_t rpb = rows_per_block(rows, n, dlogits.data() ? std::size_t{1} << 20 : std::size_t{1} << 15);
   dev.launch(grid{(rows + rpb - 1) / rpb},
              detail::loss::ce_program<In, G>{logits, dlogits, labels.data(), rl, o.ignore_index, o.label_smoothing, scale, rpb, rows, n,
-                                                             detail::rows::stream_out<G>(rows, n) && (const void*)dlogits.data() != (const void*)logits.data()});
+                                             detail::rows::stream_out<G>(rows, n) && (const void*)dlogits.data() != (const void*)logits.data()});
   double sum = 0.0;
   for (std::size_t r = 0; r < rows; ++r) sum += double(rl[r]);
   res.loss = res.counted ? sum / double(res.counted) : 0.0;

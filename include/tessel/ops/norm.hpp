@@ -29,9 +29,9 @@ inline namespace v0 {
 
 struct norm_options {
   float eps = 1e-5f;
-  float out_scale = 1.0f;    // e4m3 output: y_q = e4m3(y * out_scale), saturating
-  float* amax = nullptr;     // if set: max |y| over the tensor (before out_scale)
-  bool accumulate = false;   // backward: add into dweight/dbias instead of overwriting
+  float out_scale = 1.0f;   // e4m3 output: y_q = e4m3(y * out_scale), saturating
+  float* amax = nullptr;    // if set: max |y| over the tensor (before out_scale)
+  bool accumulate = false;  // backward: add into dweight/dbias instead of overwriting
 };
 
 }  // namespace v0
@@ -43,8 +43,10 @@ using namespace tessel::detail::rows;
 
 template <class V>
 inline V round_bf16(V x) {
-  if constexpr (std::is_same_v<V, float>) return st::bf16_bits_to_f32(st::f32_to_bf16_bits(x));
-  else return st::from_bits(st::bf16_rne_lanes(x) << 16);
+  if constexpr (std::is_same_v<V, float>)
+    return st::bf16_bits_to_f32(st::f32_to_bf16_bits(x));
+  else
+    return st::from_bits(st::bf16_rne_lanes(x) << 16);
 }
 
 // k < g (a function, so that an empty group's loops draw no always-false-comparison warning)
@@ -52,7 +54,8 @@ constexpr bool below(std::size_t k, std::size_t g) { return k < g; }
 // f(k) for k = 0 .. G − 1 as compile-time constants, so per-row accumulators stay in registers
 template <std::size_t G, class F>
 inline void unrolled(F&& f) {
-  [&]<std::size_t... K>(std::index_sequence<K...>) { (f(std::integral_constant<std::size_t, K>{}), ...); }(std::make_index_sequence<G>{});
+  [&]<std::size_t... K>(std::index_sequence<K...>) { (f(std::integral_constant<std::size_t, K>{}), ...); }
+  (std::make_index_sequence<G>{});
 }
 
 template <class In, class Out>
@@ -71,8 +74,10 @@ struct fwd_program {
   bool nt;
 
   void operator()(block_ctx& ctx) const {
-    if (has_res) rms ? rows_<true, true>(ctx) : rows_<true, false>(ctx);
-    else rms ? rows_<false, true>(ctx) : rows_<false, false>(ctx);
+    if (has_res)
+      rms ? rows_<true, true>(ctx) : rows_<true, false>(ctx);
+    else
+      rms ? rows_<false, true>(ctx) : rows_<false, false>(ctx);
   }
 
   // Rows travel through the pipeline in groups of `group`: one loop over the columns writes the
@@ -132,8 +137,10 @@ struct fwd_program {
       const std::size_t p = ro + k;
       xo[k] = &x(p, 0);
       if constexpr (Res) bo[k] = ps.bufs[(p - ps.r0) % (2 * group)];
-      if constexpr (fp8) qo[k] = ps.qs[k];
-      else yo[k] = &y(p, 0);
+      if constexpr (fp8)
+        qo[k] = ps.qs[k];
+      else
+        yo[k] = &y(p, 0);
       muo[k] = mu[k];
       rso[k] = rs[k];
     }
@@ -170,8 +177,10 @@ struct fwd_program {
           unrolled<U>([&](auto u) {
             const std::size_t j = i + u * S;
             V hv;
-            if constexpr (Res) hv = lanes_load<V>(bo[k], j);
-            else hv = typed_load<In, V>(xo[k], j);
+            if constexpr (Res)
+              hv = lanes_load<V>(bo[k], j);
+            else
+              hv = typed_load<In, V>(xo[k], j);
             const V xh = (hv - V(muo[k])) * V(rso[k]);
             yv[u] = bp ? st::fma(xh, wv[u], bv[u]) : xh * wv[u];
             if (want_amax) am = st::max(am, st::abs(yv[u]));
@@ -241,7 +250,8 @@ struct fwd_program {
     const float inv_n = 1.0f / float(n);
     // the shift of row r: its first h (LayerNorm; RMSNorm sums plain squares)
     const auto shift = [&](std::size_t r) {
-      if constexpr (Rms) return (void)r, 0.0f;
+      if constexpr (Rms)
+        return (void)r, 0.0f;
       else if constexpr (Res) {
         float h = load1(&x(r, 0), 0) + load1(&res(r, 0), 0);
         if constexpr (std::is_same_v<In, bf16>) h = round_bf16(h);
@@ -271,11 +281,15 @@ struct fwd_program {
             const In* xr = &x(q, 0);
             const float* bf = Res ? ps.bufs[(q - ps.r0) % (2 * group)] : nullptr;
             const float mq = mu[k];
-            var = sum_lanes<true>(n, [&](std::size_t i, auto v0) {
-              using V = decltype(v0);
-              if constexpr (Res) return lanes_load<V>(bf, i) - V(mq);
-              else return (void)bf, typed_load<In, V>(xr, i) - V(mq);
-            }) * inv_n;
+            var = sum_lanes<true>(n,
+                                  [&](std::size_t i, auto v0) {
+                                    using V = decltype(v0);
+                                    if constexpr (Res)
+                                      return lanes_load<V>(bf, i) - V(mq);
+                                    else
+                                      return (void)bf, typed_load<In, V>(xr, i) - V(mq);
+                                  }) *
+                  inv_n;
           }
           rs[k] = 1.0f / std::sqrt(var + eps);
           if (mean) mean[q] = mu[k];
@@ -339,8 +353,10 @@ struct bwd_program {
   bool nt;
 
   void operator()(block_ctx& ctx) const {
-    if (mean) rows_<true>(ctx);
-    else rows_<false>(ctx);
+    if (mean)
+      rows_<true>(ctx);
+    else
+      rows_<false>(ctx);
   }
 
   // Rows go in groups of `group`: one pass reads a group's dy and h and sums each row's two
@@ -422,8 +438,7 @@ struct bwd_program {
       }
       unrolled<GI>([&](auto kc) {
         constexpr std::size_t k = kc;
-        if constexpr (!std::is_same_v<V, float>) {
-        }
+        if constexpr (!std::is_same_v<V, float>) {}
         const V d = typed_load<Dy, V>(dyi[k], i);
         const V xh = (typed_load<In, V>(hi[k], i) - V(mui[k])) * V(rsi[k]);
         const V g = d * wv;
@@ -496,8 +511,8 @@ template <class T>
 concept norm_out = std::is_same_v<T, float> || std::is_same_v<T, bf16> || std::is_same_v<T, e4m3>;
 
 template <class Dev, class In, class Out>
-void forward(Dev& dev, bool rms, tensor<const In, 2> x, std::span<const float> w, std::span<const float> b, tensor<Out, 2> y,
-             std::span<float> mean, std::span<float> rstd, const norm_options& o, tensor<const In, 2> res, tensor<In, 2> h_out) {
+void forward(Dev& dev, bool rms, tensor<const In, 2> x, std::span<const float> w, std::span<const float> b, tensor<Out, 2> y, std::span<float> mean,
+             std::span<float> rstd, const norm_options& o, tensor<const In, 2> res, tensor<In, 2> h_out) {
   static_assert(row_io_type<In>, "tessel norm: input must be f32 or bf16");
   static_assert(norm_out<Out>, "tessel norm: output must be f32, bf16 or e4m3");
   const char* who = rms ? "rmsnorm_forward" : "layernorm_forward";
@@ -507,7 +522,8 @@ void forward(Dev& dev, bool rms, tensor<const In, 2> x, std::span<const float> w
   check_rows<layer_error>(y, rows, n, W + ": y");
   require<layer_error>(n > 0 || rows == 0, W + ": rows must not be empty");
   require<layer_error>(w.size() == n, W + ": weight has " + std::to_string(w.size()) + " elements, rows have " + std::to_string(n));
-  if (!rms) require<layer_error>(b.empty() || b.size() == n, W + ": bias has " + std::to_string(b.size()) + " elements, rows have " + std::to_string(n));
+  if (!rms)
+    require<layer_error>(b.empty() || b.size() == n, W + ": bias has " + std::to_string(b.size()) + " elements, rows have " + std::to_string(n));
   require<layer_error>(mean.empty() || rms || mean.size() == rows, W + ": mean must have one element per row");
   require<layer_error>(rstd.empty() || rstd.size() == rows, W + ": rstd must have one element per row");
   require<layer_error>(std::isfinite(o.eps) && o.eps > 0.0f, W + ": eps must be positive and finite");
@@ -526,9 +542,24 @@ void forward(Dev& dev, bool rms, tensor<const In, 2> x, std::span<const float> w
   const std::size_t rpb = rows_per_block(rows, n, pipelined_block);
   const std::size_t blocks = (rows + rpb - 1) / rpb;
   std::vector<float> am(o.amax ? blocks : 0, 0.0f);
-  fwd_program<In, Out> p{x, res, h_out, w.data(), (rms || b.empty()) ? nullptr : b.data(), y, (rms || mean.empty()) ? nullptr : mean.data(),
-                         rstd.empty() ? nullptr : rstd.data(), o.eps, o.out_scale, rms, has_res, has_h,
-                         o.amax ? am.data() : nullptr, rpb, rows, n, stream_out<Out>(rows, n)};
+  fwd_program<In, Out> p{x,
+                         res,
+                         h_out,
+                         w.data(),
+                         (rms || b.empty()) ? nullptr : b.data(),
+                         y,
+                         (rms || mean.empty()) ? nullptr : mean.data(),
+                         rstd.empty() ? nullptr : rstd.data(),
+                         o.eps,
+                         o.out_scale,
+                         rms,
+                         has_res,
+                         has_h,
+                         o.amax ? am.data() : nullptr,
+                         rpb,
+                         rows,
+                         n,
+                         stream_out<Out>(rows, n)};
   dev.launch(grid{blocks}, p);
   if (o.amax) {
     float m = 0.0f;
@@ -566,8 +597,8 @@ void backward(Dev& dev, bool rms, tensor<const Dy, 2> dy, tensor<const In, 2> h,
   const std::size_t nb = (rows + rpb - 1) / rpb;
   std::vector<float> partials(nb * 2 * n);
   const bool want_db = !rms && !db.empty();
-  dev.launch(grid{nb}, bwd_program<Dy, In, Dx>{dy, h, dres, dx, w.data(), rms ? nullptr : mean.data(), rstd.data(), partials.data(), want_db, rpb, rows, n,
-                                                    stream_out<Dx>(rows, n) && (const void*)dx.data() != (const void*)dy.data()});
+  dev.launch(grid{nb}, bwd_program<Dy, In, Dx>{dy, h, dres, dx, w.data(), rms ? nullptr : mean.data(), rstd.data(), partials.data(), want_db, rpb,
+                                               rows, n, stream_out<Dx>(rows, n) && (const void*)dx.data() != (const void*)dy.data()});
   const std::size_t cpb = 4096;
   dev.launch(grid{(n + cpb - 1) / cpb}, reduce_program{partials.data(), dw.data(), want_db ? db.data() : nullptr, nb, n, cpb, o.accumulate});
 }
@@ -598,8 +629,8 @@ void rmsnorm_forward(Dev& dev, tensor<const In, 2> x, std::span<const float> wei
 // (the fused residual add's backward).
 template <class Dev, class Dy, class In, class Dx>
 void layernorm_backward(Dev& dev, tensor<const Dy, 2> dy, tensor<const In, 2> h, std::span<const float> weight, std::span<const float> mean,
-                        std::span<const float> rstd, tensor<Dx, 2> dx, std::span<float> dweight, std::span<float> dbias,
-                        const norm_options& o = {}, tensor<const float, 2> dresidual = {}) {
+                        std::span<const float> rstd, tensor<Dx, 2> dx, std::span<float> dweight, std::span<float> dbias, const norm_options& o = {},
+                        tensor<const float, 2> dresidual = {}) {
   detail::norm::backward(dev, false, dy, h, weight, mean, rstd, dx, dweight, dbias, o, dresidual);
 }
 

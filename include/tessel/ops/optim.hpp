@@ -46,10 +46,10 @@ struct optim_tensor {
   std::span<float> master;             // bf16_master
   std::span<std::uint16_t> remainder;  // bf16_remainder
   std::span<const Grad> grad;
-  std::span<State> m;                  // AdamW first moment, SGD momentum buffer, Lion momentum
-  std::span<State> v;                  // AdamW second moment
-  std::span<State> v_max;              // AdamW with AMSGrad
-  std::size_t unit = 0;                // adaptive clipping: unit (row) length; 0 = whole tensor
+  std::span<State> m;      // AdamW first moment, SGD momentum buffer, Lion momentum
+  std::span<State> v;      // AdamW second moment
+  std::span<State> v_max;  // AdamW with AMSGrad
+  std::size_t unit = 0;    // adaptive clipping: unit (row) length; 0 = whole tensor
 };
 
 struct adamw_params {
@@ -67,20 +67,20 @@ struct lion_params {
 // What is fused around the update.
 struct step_options {
   param_storage storage = param_storage::f32;
-  float loss_scale = 1.0f;      // gradients are multiplied by 1/loss_scale
-  bool check_finite = true;     // skip the step (write nothing) if any gradient is Inf/NaN
-  float max_grad_norm = 0.0f;   // > 0: clip the global L2 norm of the unscaled gradient
-  float agc_clip = 0.0f;        // > 0: adaptive gradient clipping factor lambda (Brock et al. 2021)
-  float agc_eps = 1e-3f;        // AGC: parameter norms are at least this
+  float loss_scale = 1.0f;             // gradients are multiplied by 1/loss_scale
+  bool check_finite = true;            // skip the step (write nothing) if any gradient is Inf/NaN
+  float max_grad_norm = 0.0f;          // > 0: clip the global L2 norm of the unscaled gradient
+  float agc_clip = 0.0f;               // > 0: adaptive gradient clipping factor lambda (Brock et al. 2021)
+  float agc_eps = 1e-3f;               // AGC: parameter norms are at least this
   rounding round = rounding::nearest;  // for bf16 parameters
-  std::uint64_t seed = 0;       // stochastic rounding seed (the step number is mixed in)
+  std::uint64_t seed = 0;              // stochastic rounding seed (the step number is mixed in)
   std::size_t chunk = default_stream_chunk;
 };
 
 struct step_result {
-  bool skipped = false;     // true: a non-finite gradient was found, nothing was written
+  bool skipped = false;  // true: a non-finite gradient was found, nothing was written
   bool found_inf = false;
-  double grad_norm = -1.0;  // global L2 norm of the unscaled gradient (-1 when not computed)
+  double grad_norm = -1.0;       // global L2 norm of the unscaled gradient (-1 when not computed)
   float grad_multiplier = 1.0f;  // what every gradient was multiplied by (1/scale * clip coefficient)
 };
 
@@ -88,8 +88,7 @@ struct step_result {
 // skipped; `growth_interval` clean steps in a row double it (growth).
 class loss_scaler {
  public:
-  explicit loss_scaler(float init_scale = 65536.0f, float growth_factor = 2.0f, float backoff_factor = 0.5f,
-                       std::uint32_t growth_interval = 2000)
+  explicit loss_scaler(float init_scale = 65536.0f, float growth_factor = 2.0f, float backoff_factor = 0.5f, std::uint32_t growth_interval = 2000)
       : scale_(init_scale), growth_(growth_factor), backoff_(backoff_factor), interval_(growth_interval) {
     if (!(init_scale > 0.0f) || !std::isfinite(init_scale)) throw optim_error("loss_scaler: initial scale must be positive and finite");
     if (!(growth_factor > 1.0f) || !std::isfinite(growth_factor)) throw optim_error("loss_scaler: growth factor must be > 1");
@@ -170,29 +169,41 @@ struct lion_rule {
 };
 
 template <class T>
-inline const std::uint16_t* raw16(const T* p) { return reinterpret_cast<const std::uint16_t*>(p); }
+inline const std::uint16_t* raw16(const T* p) {
+  return reinterpret_cast<const std::uint16_t*>(p);
+}
 template <class T>
-inline std::uint16_t* raw16(T* p) { return reinterpret_cast<std::uint16_t*>(p); }
+inline std::uint16_t* raw16(T* p) {
+  return reinterpret_cast<std::uint16_t*>(p);
+}
 
 template <class T>
 inline float load1(const T* p, std::size_t i) {
-  if constexpr (std::is_same_v<T, float>) return p[i];
-  else return st::bf16_bits_to_f32(raw16(p)[i]);
+  if constexpr (std::is_same_v<T, float>)
+    return p[i];
+  else
+    return st::bf16_bits_to_f32(raw16(p)[i]);
 }
 template <class T>
 inline st::vf loadv(const T* p, std::size_t i) {
-  if constexpr (std::is_same_v<T, float>) return st::load(p + i);
-  else return st::load_bf16(raw16(p) + i);
+  if constexpr (std::is_same_v<T, float>)
+    return st::load(p + i);
+  else
+    return st::load_bf16(raw16(p) + i);
 }
 template <class T>
 inline void store1(T* p, std::size_t i, float x) {
-  if constexpr (std::is_same_v<T, float>) p[i] = x;
-  else raw16(p)[i] = st::f32_to_bf16_bits(x);
+  if constexpr (std::is_same_v<T, float>)
+    p[i] = x;
+  else
+    raw16(p)[i] = st::f32_to_bf16_bits(x);
 }
 template <class T>
 inline void storev(T* p, std::size_t i, st::vf x) {
-  if constexpr (std::is_same_v<T, float>) st::store(x, p + i);
-  else st::store_bf16(x, raw16(p) + i);
+  if constexpr (std::is_same_v<T, float>)
+    st::store(x, p + i);
+  else
+    st::store_bf16(x, raw16(p) + i);
 }
 
 // The f32 master of the remainder storage: bf16 `hi` was rounded half-up on the bit pattern from
@@ -206,8 +217,8 @@ inline void remainder_split(float x, std::uint16_t& hi, std::uint16_t& lo) {
   lo = std::uint16_t(u & 0xFFFFu);
 }
 inline st::vf remainder_join(const std::uint16_t* hi, const std::uint16_t* lo) {
-  const st::vu h = st::bits(st::load_bf16(hi));          // hi << 16
-  const st::vu l = st::bits(st::load_bf16(lo)) >> 16;    // lo
+  const st::vu h = st::bits(st::load_bf16(hi));        // hi << 16
+  const st::vu l = st::bits(st::load_bf16(lo)) >> 16;  // lo
   return st::from_bits((h | l) - ((l & st::vu(0x8000u)) << 1));
 }
 inline void remainder_split(st::vf x, std::uint16_t* hi, std::uint16_t* lo) {
@@ -217,7 +228,7 @@ inline void remainder_split(st::vf x, std::uint16_t* hi, std::uint16_t* lo) {
 }
 
 struct pass_args {
-  float gmul = 1.0f;       // 1/scale * global clip coefficient
+  float gmul = 1.0f;  // 1/scale * global clip coefficient
   float agc_clip = 0.0f, agc_eps = 0.0f;
   bool stochastic = false;
   std::uint64_t seed = 0, step = 0;
@@ -255,16 +266,24 @@ template <param_storage S, class State, class Grad>
 struct param_io {
   const optim_tensor<State, Grad>& t;
   float load1(std::size_t i) const {
-    if constexpr (S == param_storage::f32) return t.param[i];
-    else if constexpr (S == param_storage::bf16) return st::bf16_bits_to_f32(raw16(t.param_bf16.data())[i]);
-    else if constexpr (S == param_storage::bf16_master) return t.master[i];
-    else return remainder_join(raw16(t.param_bf16.data())[i], t.remainder[i]);
+    if constexpr (S == param_storage::f32)
+      return t.param[i];
+    else if constexpr (S == param_storage::bf16)
+      return st::bf16_bits_to_f32(raw16(t.param_bf16.data())[i]);
+    else if constexpr (S == param_storage::bf16_master)
+      return t.master[i];
+    else
+      return remainder_join(raw16(t.param_bf16.data())[i], t.remainder[i]);
   }
   st::vf loadv(std::size_t i) const {
-    if constexpr (S == param_storage::f32) return st::load(t.param.data() + i);
-    else if constexpr (S == param_storage::bf16) return st::load_bf16(raw16(t.param_bf16.data()) + i);
-    else if constexpr (S == param_storage::bf16_master) return st::load(t.master.data() + i);
-    else return remainder_join(raw16(t.param_bf16.data()) + i, t.remainder.data() + i);
+    if constexpr (S == param_storage::f32)
+      return st::load(t.param.data() + i);
+    else if constexpr (S == param_storage::bf16)
+      return st::load_bf16(raw16(t.param_bf16.data()) + i);
+    else if constexpr (S == param_storage::bf16_master)
+      return st::load(t.master.data() + i);
+    else
+      return remainder_join(raw16(t.param_bf16.data()) + i, t.remainder.data() + i);
   }
   void store1(std::size_t i, float x, std::uint32_t key, bool sr) const {
     if constexpr (S == param_storage::f32) {
@@ -286,16 +305,17 @@ struct param_io {
       std::uint16_t* dst = raw16(t.param_bf16.data()) + i;
       // In master mode the bf16 copy is write-only: stream it past the cache.
       constexpr bool nt = S == param_storage::bf16_master;
-      if (sr) st::store_u16(st::bf16_sr_lanes(x, st::random_bits_v(key, std::uint32_t(i))), dst, nt);
-      else st::store_bf16(x, dst, nt);
+      if (sr)
+        st::store_u16(st::bf16_sr_lanes(x, st::random_bits_v(key, std::uint32_t(i))), dst, nt);
+      else
+        st::store_bf16(x, dst, nt);
     }
   }
 };
 
 // Updates elements [b, e) of one tensor: the whole fused per-element pass.
 template <class Rule, param_storage S, class State, class Grad>
-void update_range(const Rule& rule, const optim_tensor<State, Grad>& t, std::size_t tensor_index, std::size_t b, std::size_t e,
-                  const pass_args& a) {
+void update_range(const Rule& rule, const optim_tensor<State, Grad>& t, std::size_t tensor_index, std::size_t b, std::size_t e, const pass_args& a) {
   const param_io<S, State, Grad> io{t};
   const Grad* g = t.grad.data();
   State* m = t.m.empty() ? nullptr : t.m.data();
@@ -411,8 +431,7 @@ inline void require(bool ok, const std::string& msg) {
 inline bool finite_nonneg(float x) { return std::isfinite(x) && x >= 0.0f; }
 
 template <class State, class Grad>
-void validate(std::span<const optim_tensor<State, Grad>> ts, const step_options& o, bool need_m, bool need_v, bool need_vmax,
-              const char* who) {
+void validate(std::span<const optim_tensor<State, Grad>> ts, const step_options& o, bool need_m, bool need_v, bool need_vmax, const char* who) {
   const std::string w = who;
   require(std::isfinite(o.loss_scale) && o.loss_scale > 0.0f, w + ": loss scale must be positive and finite, got " + std::to_string(o.loss_scale));
   require(finite_nonneg(o.max_grad_norm), w + ": max_grad_norm must be finite and >= 0");
@@ -506,9 +525,7 @@ step_result run_step(Dev& dev, std::span<const optim_tensor<State, Grad>> ts, co
   res.grad_multiplier = a.gmul;
   const std::vector<chunk_range> chunks = make_chunks(sizes, o.chunk, units);
   if (chunks.empty()) return res;
-  auto go = [&]<param_storage S>() {
-    dev.launch(grid{chunks.size()}, update_program<Rule, S, State, Grad>{ts, chunks.data(), rule, a});
-  };
+  auto go = [&]<param_storage S>() { dev.launch(grid{chunks.size()}, update_program<Rule, S, State, Grad>{ts, chunks.data(), rule, a}); };
   switch (o.storage) {
     case param_storage::f32: go.template operator()<param_storage::f32>(); break;
     case param_storage::bf16: go.template operator()<param_storage::bf16>(); break;
@@ -533,8 +550,8 @@ inline namespace v0 {
 inline detail::optim::adamw_rule make_adamw_rule(const adamw_params& h, std::uint64_t step) {
   const double bc1 = 1.0 - std::pow(double(h.beta1), double(step));
   const double bc2 = 1.0 - std::pow(double(h.beta2), double(step));
-  return {1.0f - h.lr * h.weight_decay, h.beta1, 1.0f - h.beta1, h.beta2, 1.0f - h.beta2, float(1.0 / std::sqrt(bc2)), h.eps,
-          float(-double(h.lr) / bc1), h.amsgrad};
+  return {1.0f - h.lr * h.weight_decay, h.beta1,  1.0f - h.beta1, h.beta2, 1.0f - h.beta2, float(1.0 / std::sqrt(bc2)), h.eps,
+          float(-double(h.lr) / bc1),   h.amsgrad};
 }
 inline detail::optim::sgd_rule make_sgd_rule(const sgd_params& h, std::uint64_t step) {
   return {h.weight_decay, h.momentum, 1.0f - h.dampening, -h.lr, h.nesterov, step <= 1, h.momentum != 0.0f};
@@ -595,10 +612,12 @@ std::vector<optim_tensor<State, Grad>> zip_tensors(const std::vector<std::span<f
   auto len = [&](std::size_t got, const char* name) {
     if (got != 0 && got != params.size())
       throw optim_error(errc::invalid_argument, "zip_tensors: " + std::string(name) + " list has " + std::to_string(got) + " tensors, params " +
-                              std::to_string(params.size()));
+                                                    std::to_string(params.size()));
   };
   len(grads.size(), "grads");
-  if (grads.size() != params.size()) throw optim_error(errc::invalid_argument, "zip_tensors: grads list has " + std::to_string(grads.size()) + " tensors, params " + std::to_string(params.size()));
+  if (grads.size() != params.size())
+    throw optim_error(errc::invalid_argument,
+                      "zip_tensors: grads list has " + std::to_string(grads.size()) + " tensors, params " + std::to_string(params.size()));
   len(m.size(), "m");
   len(v.size(), "v");
   std::vector<optim_tensor<State, Grad>> out(params.size());

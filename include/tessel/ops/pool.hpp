@@ -89,8 +89,9 @@ inline pool_axis pool_axis_of(const char* axis, std::size_t in, std::size_t k, s
   for (std::size_t o = 0; o < a.out; ++o) {
     const auto t = a.window(o);
     conv_check(t.lo < t.hi, [&] {
-      return std::string("pool: window ") + std::to_string(o) + " along the " + axis + " has no tap inside the input of " + axis + " " + std::to_string(in) +
-             " (padding " + std::to_string(pa) + "/" + std::to_string(pb) + ", kernel " + std::to_string(k) + ", dilation " + std::to_string(dil) + ")";
+      return std::string("pool: window ") + std::to_string(o) + " along the " + axis + " has no tap inside the input of " + axis + " " +
+             std::to_string(in) + " (padding " + std::to_string(pa) + "/" + std::to_string(pb) + ", kernel " + std::to_string(k) + ", dilation " +
+             std::to_string(dil) + ")";
     });
   }
   return a;
@@ -111,8 +112,10 @@ inline pool_geom pool_geometry(const image_dims& x, const pool2d_params& p) {
 
 template <class T>
 inline T pool_from_f32(float v) {
-  if constexpr (std::is_same_v<T, float>) return v;
-  else return T(v);
+  if constexpr (std::is_same_v<T, float>)
+    return v;
+  else
+    return T(v);
 }
 
 // The max of a window keeps its first tap on ties; a NaN tap wins over numbers (the first NaN).
@@ -170,8 +173,10 @@ struct pool_fwd_program {
               const std::size_t b = r0 + r * ry + s * dx;
               for (std::size_t ox = ia; ox < ib; ++ox) {
                 const float v = arch::to_f32(p[b + ox * sx]);
-                if constexpr (Kind == pool_kind::max) acc[ox] = pool_better(v, acc[ox]) ? v : acc[ox];
-                else acc[ox] += v;
+                if constexpr (Kind == pool_kind::max)
+                  acc[ox] = pool_better(v, acc[ox]) ? v : acc[ox];
+                else
+                  acc[ox] += v;
               }
             }
           const float div_whole = float(g.include_pad ? ty.padded * kx : nr * kx);
@@ -184,8 +189,10 @@ struct pool_fwd_program {
             for (std::size_t r = 0; r < nr; ++r)
               for (std::size_t s = tx.lo; s < tx.hi; ++s) {
                 const float v = arch::to_f32(p[q + r * ry + s * dx]);
-                if constexpr (Kind == pool_kind::max) a = pool_better(v, a) ? v : a;
-                else a += v;
+                if constexpr (Kind == pool_kind::max)
+                  a = pool_better(v, a) ? v : a;
+                else
+                  a += v;
               }
             o[ox] = pool_from_f32<T>(Kind == pool_kind::max ? a : a / div);
           };
@@ -208,8 +215,10 @@ struct pool_fwd_program {
             const T* p = x + ((img * H + g.y.coord(oy, r)) * W + g.x.coord(ox, s)) * g.c + c0;
             for (std::size_t j = 0; j < cn; ++j) {
               const float v = arch::to_f32(p[j]);
-              if constexpr (Kind == pool_kind::max) acc[j] = pool_better(v, acc[j]) ? v : acc[j];
-              else acc[j] += v;
+              if constexpr (Kind == pool_kind::max)
+                acc[j] = pool_better(v, acc[j]) ? v : acc[j];
+              else
+                acc[j] += v;
             }
           }
         T* o = y + ((img * g.y.out + oy) * OW + ox) * g.c + c0;
@@ -232,7 +241,8 @@ struct pool_bwd_program {
 
   kernel_cost cost(const grid&) const {
     const double xs = Kind == pool_kind::max ? double(g.in().size()) * sizeof(T) : 0.0;
-    return {double(g.out().size()) * double(g.taps()), xs + double(g.out().size()) * sizeof(T) + double(g.in().size()) * sizeof(TX), math_precision::f32};
+    return {double(g.out().size()) * double(g.taps()), xs + double(g.out().size()) * sizeof(T) + double(g.in().size()) * sizeof(TX),
+            math_precision::f32};
   }
 
   // The argmax (r, s) of window (oy, ox) of channel j, `at(iy, ix)` giving the input value.
@@ -268,10 +278,12 @@ struct pool_bwd_program {
             std::size_t by, bx;
             if (nchw) {
               const T* p = x + (img * g.c + ch) * plane;
-              argmax(ty, tx, g.y, g.x, oy, ox, [&](std::size_t iy, std::size_t ix) { return arch::to_f32(p[iy * W + ix]); }, by, bx);
+              argmax(
+                  ty, tx, g.y, g.x, oy, ox, [&](std::size_t iy, std::size_t ix) { return arch::to_f32(p[iy * W + ix]); }, by, bx);
             } else {
               const T* p = x + img * plane * g.c + ch;
-              argmax(ty, tx, g.y, g.x, oy, ox, [&](std::size_t iy, std::size_t ix) { return arch::to_f32(p[(iy * W + ix) * g.c]); }, by, bx);
+              argmax(
+                  ty, tx, g.y, g.x, oy, ox, [&](std::size_t iy, std::size_t ix) { return arch::to_f32(p[(iy * W + ix) * g.c]); }, by, bx);
             }
             acc[(by * W + bx) * cn + j] += gv;
           } else {
@@ -362,7 +374,8 @@ void avg_pool2d(Dev& dev, image<const T> x, image<T> y, const pool2d_params& p) 
 // (kernel row, kernel column) order on ties), recomputed from x. dx is overwritten.
 template <class Dev, conv_element T, conv_element TX>
 void max_pool2d_backward(Dev& dev, image<const T> x, image<const T> dy, image<TX> dx, const pool2d_params& p) {
-  detail::conv_check(x.dims == dx.dims, [&] { return "pool: input " + detail::dims_str(x.dims) + " and its gradient " + detail::dims_str(dx.dims) + " differ"; });
+  detail::conv_check(x.dims == dx.dims,
+                     [&] { return "pool: input " + detail::dims_str(x.dims) + " and its gradient " + detail::dims_str(dx.dims) + " differ"; });
   detail::pool_backward<pool_kind::max>(dev, x.data, dy, dx, p);
 }
 
@@ -387,7 +400,8 @@ void global_avg_pool2d_backward(Dev& dev, image<const T> dy, image<TX> dx, conv_
 }
 template <class Dev, conv_element T, conv_element TX>
 void global_max_pool2d_backward(Dev& dev, image<const T> x, image<const T> dy, image<TX> dx, conv_layout layout) {
-  detail::conv_check(x.dims == dx.dims, [&] { return "pool: input " + detail::dims_str(x.dims) + " and its gradient " + detail::dims_str(dx.dims) + " differ"; });
+  detail::conv_check(x.dims == dx.dims,
+                     [&] { return "pool: input " + detail::dims_str(x.dims) + " and its gradient " + detail::dims_str(dx.dims) + " differ"; });
   detail::pool_backward<pool_kind::max>(dev, x.data, dy, dx, detail::global_pool_params(dx.dims, layout));
 }
 

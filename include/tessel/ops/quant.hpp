@@ -24,8 +24,10 @@ namespace detail::quant {
 
 template <class To>
 inline To from_f32(float x) {
-  if constexpr (std::is_same_v<To, float>) return x;
-  else return To(x);
+  if constexpr (std::is_same_v<To, float>)
+    return x;
+  else
+    return To(x);
 }
 
 template <class From, class To>
@@ -65,8 +67,8 @@ inline namespace v0 {
 template <class Dev, class From, class To>
 void convert(Dev& dev, std::span<const From> src, std::span<To> dst, float scale = 1.0f) {
   if (src.size() != dst.size())
-    throw layer_error(errc::invalid_argument, "convert: source has " + std::to_string(src.size()) + " elements, destination " +
-                                                  std::to_string(dst.size()));
+    throw layer_error(errc::invalid_argument,
+                      "convert: source has " + std::to_string(src.size()) + " elements, destination " + std::to_string(dst.size()));
   if (!src.empty() && (!src.data() || !dst.data())) throw layer_error(errc::invalid_argument, "convert: null buffer");
   if constexpr (std::is_same_v<std::remove_const_t<From>, To>) {
     if (static_cast<const void*>(src.data()) == static_cast<const void*>(dst.data()) && scale == 1.0f) return;

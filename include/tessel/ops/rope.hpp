@@ -87,14 +87,14 @@ void apply(Dev& dev, tensor<T, 2> x, std::size_t head_dim, std::span<const std::
   require<layer_error>(positions.size() == rows, W + ": " + std::to_string(positions.size()) + " positions for " + std::to_string(rows) + " tokens");
   require<layer_error>(std::isfinite(o.theta) && o.theta > 0.0, W + ": theta must be positive and finite");
   if (rows == 0 || n == 0) return;
-  require<layer_error>(o.inv_freq.empty() || o.inv_freq.size() == head_dim / 2,
-                       W + ": " + std::to_string(o.inv_freq.size()) + " frequencies given for head_dim " + std::to_string(head_dim) + " (need head_dim/2)");
+  require<layer_error>(
+      o.inv_freq.empty() || o.inv_freq.size() == head_dim / 2,
+      W + ": " + std::to_string(o.inv_freq.size()) + " frequencies given for head_dim " + std::to_string(head_dim) + " (need head_dim/2)");
   std::vector<double> inv_freq(head_dim / 2);
   for (std::size_t j = 0; j < inv_freq.size(); ++j)
     inv_freq[j] = o.inv_freq.empty() ? std::pow(o.theta, -2.0 * double(j) / double(head_dim)) : o.inv_freq[j];
   const std::size_t rpb = rows_per_block(rows, n);
-  dev.launch(grid{(rows + rpb - 1) / rpb},
-             program<T>{x, positions.data(), inv_freq.data(), head_dim, n / head_dim, rpb, rows, o.interleaved, sign});
+  dev.launch(grid{(rows + rpb - 1) / rpb}, program<T>{x, positions.data(), inv_freq.data(), head_dim, n / head_dim, rpb, rows, o.interleaved, sign});
 }
 
 }  // namespace detail::rope

@@ -19,9 +19,9 @@ namespace tessel {
 inline namespace v0 {
 
 struct softmax_options {
-  float scale = 1.0f;                 // applied to x before the mask
-  tensor<const float, 2> mask{};      // additive (rows, n) mask, e.g. 0 / -inf; empty = none
-  bool causal = false;                // column j of row i is masked when j > i + causal_offset
+  float scale = 1.0f;             // applied to x before the mask
+  tensor<const float, 2> mask{};  // additive (rows, n) mask, e.g. 0 / -inf; empty = none
+  bool causal = false;            // column j of row i is masked when j > i + causal_offset
   std::int64_t causal_offset = 0;
 };
 
@@ -45,8 +45,10 @@ struct fwd_program {
   std::size_t rpb, rows, n;
   bool nt;
   void operator()(block_ctx& ctx) const {
-    if (causal) causal_rows(ctx);
-    else pipelined_rows(ctx);
+    if (causal)
+      causal_rows(ctx);
+    else
+      pipelined_rows(ctx);
   }
 
   // Full rows, as a three-stage pipeline over the block's rows: one loop over the columns writes
@@ -131,8 +133,10 @@ struct fwd_program {
         V z = typed_load<In, V>(xr, i) * V(scale);
         if (mr) z = z + lanes_load<V>(mr, i);
         lanes_store<V>(buf, i, z);
-        if constexpr (std::is_same_v<V, float>) ms = st::max(ms, z);
-        else mv = st::max(mv, z);
+        if constexpr (std::is_same_v<V, float>)
+          ms = st::max(ms, z);
+        else
+          mv = st::max(mv, z);
       });
       const float m = std::max(ms, st::hmax(mv));
       Out* yr = &y(r, 0);
@@ -204,8 +208,9 @@ void softmax_forward(Dev& dev, tensor<const In, 2> x, tensor<Out, 2> y, const so
   require<layer_error>(std::isfinite(o.scale), "softmax_forward: scale must be finite");
   if (rows == 0 || n == 0) return;
   const std::size_t rpb = rows_per_block(rows, n, o.causal ? std::size_t{1} << 15 : pipelined_block);
-  dev.launch(grid{(rows + rpb - 1) / rpb}, detail::softmax::fwd_program<In, Out>{x, y, o.mask, o.scale, o.causal, o.causal_offset, rpb, rows, n,
-                                                                                 detail::rows::stream_out<Out>(rows, n) && (const void*)y.data() != (const void*)x.data()});
+  dev.launch(grid{(rows + rpb - 1) / rpb},
+             detail::softmax::fwd_program<In, Out>{x, y, o.mask, o.scale, o.causal, o.causal_offset, rpb, rows, n,
+                                                   detail::rows::stream_out<Out>(rows, n) && (const void*)y.data() != (const void*)x.data()});
 }
 
 // dx = scale · y ⊙ (dy − Σ_j dy_j y_j) per row: the gradient with respect to x of softmax_forward.
@@ -220,10 +225,10 @@ void softmax_backward(Dev& dev, tensor<const Dy, 2> dy, tensor<const Y, 2> y, te
   require<layer_error>(std::isfinite(scale), "softmax_backward: scale must be finite");
   if (rows == 0 || n == 0) return;
   const std::size_t rpb = rows_per_block(rows, n);
-  dev.launch(grid{(rows + rpb - 1) / rpb}, detail::softmax::bwd_program<Dy, Y, Dx>{
-                                                   dy, y, dx, scale, rpb, rows, n,
-                                                   detail::rows::stream_out<Dx>(rows, n) && (const void*)dx.data() != (const void*)dy.data() &&
-                                                       (const void*)dx.data() != (const void*)y.data()});
+  dev.launch(grid{(rows + rpb - 1) / rpb},
+             detail::softmax::bwd_program<Dy, Y, Dx>{dy, y, dx, scale, rpb, rows, n,
+                                                     detail::rows::stream_out<Dx>(rows, n) && (const void*)dx.data() != (const void*)dy.data() &&
+                                                         (const void*)dx.data() != (const void*)y.data()});
 }
 
 }  // namespace v0

@@ -35,13 +35,12 @@ struct grid {
   // line, so the check inlines into a launch).
   constexpr std::size_t size() const {
     std::size_t xy = 0, xyz = 0;
-    if (__builtin_mul_overflow(x, y, &xy) || __builtin_mul_overflow(xy, z, &xyz)) [[unlikely]] throw_too_many(x, y, z);
+    if (__builtin_mul_overflow(x, y, &xy) || __builtin_mul_overflow(xy, z, &xyz)) [[unlikely]]
+      throw_too_many(x, y, z);
     return xyz;
   }
   constexpr bool empty() const { return x == 0 || y == 0 || z == 0; }
-  constexpr std::array<std::size_t, 3> index_of(std::size_t linear) const {
-    return {linear % x, (linear / x) % y, linear / (x * y)};
-  }
+  constexpr std::array<std::size_t, 3> index_of(std::size_t linear) const { return {linear % x, (linear / x) % y, linear / (x * y)}; }
   friend constexpr bool operator==(const grid&, const grid&) = default;
 };
 
@@ -111,7 +110,9 @@ class scratch_arena {
     current_ = 0;
   }
   // Marks/rewinds for nested scopes inside a block.
-  struct mark_t { std::size_t chunk, used; };
+  struct mark_t {
+    std::size_t chunk, used;
+  };
   mark_t mark() const { return chunks_.empty() ? mark_t{0, 0} : mark_t{current_, chunks_[current_].used}; }
   void rewind(mark_t m) {
     if (chunks_.empty()) return;
@@ -127,8 +128,14 @@ class scratch_arena {
   std::size_t high_water() const { return high_water_; }
 
  private:
-  struct freer { void operator()(std::byte* p) const noexcept { detail::os_free(p); } };
-  struct chunk { std::unique_ptr<std::byte[], freer> data; std::size_t size; std::size_t used; };
+  struct freer {
+    void operator()(std::byte* p) const noexcept { detail::os_free(p); }
+  };
+  struct chunk {
+    std::unique_ptr<std::byte[], freer> data;
+    std::size_t size;
+    std::size_t used;
+  };
   void note_use() {
     std::size_t t = 0;
     for (std::size_t i = 0; i < current_; ++i) t += chunks_[i].size;
@@ -166,7 +173,9 @@ class block_ctx {
 
 // A tile program: a copyable callable run once per block of the grid.
 template <class P>
-concept tile_program = std::is_copy_constructible_v<P> && requires(const P& p, block_ctx& ctx) { p(ctx); };
+concept tile_program = std::is_copy_constructible_v<P> && requires(const P& p, block_ctx& ctx) {
+  p(ctx);
+};
 
 }  // namespace v0
 }  // namespace tessel

@@ -56,7 +56,8 @@ class staged {
 };
 
 // Per-dtype aliases (ThunderKittens style): rt_f<16,64> is a float register tile.
-template <std::size_t R, std::size_t C> using rt_f = fragment<float, R, C>;
+template <std::size_t R, std::size_t C>
+using rt_f = fragment<float, R, C>;
 
 // ---- concepts ----
 template <class X>
@@ -69,7 +70,7 @@ concept tile_like = requires(X& x) {
 // A tile stored row-major with a compile-time leading dimension (accumulators, epilogue sources).
 template <class X>
 concept row_major_tile = tile_like<X> && std::is_same_v<typename X::layout_type, layout::row> && requires(X& x) {
-  { x.data() };
+  {x.data()};
 };
 template <class X>
 concept f32_accumulator = row_major_tile<X> && std::is_same_v<typename X::value_type, float>;

@@ -14,14 +14,12 @@
 #include <tessel/tile/tensor.hpp>
 
 namespace tessel {
-inline namespace v0 {
-
-}  // namespace v0
+inline namespace v0 {}  // namespace v0
 namespace detail {
 // Element types a tile can be loaded from.
 template <class T>
-inline constexpr bool loadable_v = std::is_same_v<T, float> || std::is_same_v<T, bf16> || std::is_same_v<T, fp16> ||
-                                   std::is_same_v<T, e4m3> || std::is_same_v<T, e5m2>;
+inline constexpr bool loadable_v =
+    std::is_same_v<T, float> || std::is_same_v<T, bf16> || std::is_same_v<T, fp16> || std::is_same_v<T, e4m3> || std::is_same_v<T, e5m2>;
 // Element types a staged/fragment tile can hold for compute.
 template <class T>
 inline constexpr bool stage_type_v = std::is_same_v<T, float> || std::is_same_v<T, bf16>;
@@ -38,8 +36,10 @@ inline D convert_elem(S x, float scale, bool scaled) {
 }
 template <class D>
 inline D zero_elem() {
-  if constexpr (std::is_same_v<D, float>) return 0.0f;
-  else return D::from_bits(0);
+  if constexpr (std::is_same_v<D, float>)
+    return 0.0f;
+  else
+    return D::from_bits(0);
 }
 }  // namespace detail
 inline namespace v0 {
@@ -103,7 +103,8 @@ void load(const tensor_tile<S, R, C>& src, staged<D, R, C, L>& dst, tile_extent 
               __builtin_prefetch(reinterpret_cast<const char*>(s + (ahead + 1) * src.row_stride) + l);
             }
           for (std::size_t p = 0; p < NP; ++p)
-            arch::interleave_u16(reinterpret_cast<const std::uint16_t*>(s + p * NR), reinterpret_cast<const std::uint16_t*>(s + src.row_stride + p * NR),
+            arch::interleave_u16(reinterpret_cast<const std::uint16_t*>(s + p * NR),
+                                 reinterpret_cast<const std::uint16_t*>(s + src.row_stride + p * NR),
                                  reinterpret_cast<std::uint16_t*>(out + p * NR * PR + k * NR), NR, false);
         }
         return;
@@ -185,8 +186,10 @@ void load(const tensor_tile<S, R, C>& src, staged<D, R, C, L>& dst, tile_extent 
             const SV* s = src.data + r * src.row_stride + c0 * src.col_stride;
             if (src.col_stride == 1) {
               if constexpr (KP == 1 && std::is_same_v<SV, D>) {
-                if (!scaled) { std::memcpy(row, s, nc * sizeof(D)); }
-                else for (std::size_t j = 0; j < nc; ++j) row[j] = detail::convert_elem<D>(s[j], scale, true);
+                if (!scaled) {
+                  std::memcpy(row, s, nc * sizeof(D));
+                } else
+                  for (std::size_t j = 0; j < nc; ++j) row[j] = detail::convert_elem<D>(s[j], scale, true);
               } else {
                 for (std::size_t j = 0; j < nc; ++j) row[j * KP + q] = detail::convert_elem<D>(s[j], scale, scaled);
               }
@@ -203,7 +206,7 @@ void load(const tensor_tile<S, R, C>& src, staged<D, R, C, L>& dst, tile_extent 
   } else if constexpr (layout::is_panel<L>) {
     constexpr std::size_t MR = L::mr, KP = L::kp;
     constexpr std::size_t PC = L::padded_cols(C);
-    const std::size_t UC = used.cols < C ? L::padded_cols(used.cols) : PC;  // K columns written
+    const std::size_t UC = used.cols < C ? L::padded_cols(used.cols) : PC;                        // K columns written
     const std::size_t UP = (used.rows < R ? L::padded_rows(used.rows) : L::padded_rows(R)) / MR;  // panels written
     if constexpr (KP == 2 && std::is_same_v<D, bf16>) {
       // column-major source (a transposed A): the K pair (k, k+1) of consecutive rows is two
@@ -230,7 +233,8 @@ void load(const tensor_tile<S, R, C>& src, staged<D, R, C, L>& dst, tile_extent 
               }
             }
             for (std::size_t i = 2 * nr; i < 2 * np * MR; ++i) tmp[i] = 0;
-            for (std::size_t q = 0; q < np; ++q) std::memcpy(reinterpret_cast<std::uint16_t*>(out + (p0 + q) * MR * PC + k * MR), tmp + q * MR * 2, MR * 2 * sizeof(D));
+            for (std::size_t q = 0; q < np; ++q)
+              std::memcpy(reinterpret_cast<std::uint16_t*>(out + (p0 + q) * MR * PC + k * MR), tmp + q * MR * 2, MR * 2 * sizeof(D));
           }
         }
         return;
@@ -297,8 +301,7 @@ void load(const tensor_tile<S, R, C>& src, staged<D, R, C, L>& dst, tile_extent 
   } else {
     const std::size_t UR = used.rows < R ? used.rows : R, UC = used.cols < C ? used.cols : C;
     for (std::size_t r = 0; r < UR; ++r)
-      for (std::size_t c = 0; c < UC; ++c)
-        out[L::offset(r, c, R, C)] = (r < vr && c < vc) ? detail::convert_elem<D>(src(r, c), scale, scaled) : zero;
+      for (std::size_t c = 0; c < UC; ++c) out[L::offset(r, c, R, C)] = (r < vr && c < vc) ? detail::convert_elem<D>(src(r, c), scale, scaled) : zero;
   }
 }
 
@@ -314,14 +317,12 @@ void load(const tensor_tile<S, R, C>& src, fragment<D, R, C>& dst, float scale =
   const bool scaled = scale != 1.0f;
   const D zero = detail::zero_elem<D>();
   for (std::size_t r = 0; r < R; ++r)
-    for (std::size_t c = 0; c < C; ++c)
-      dst(r, c) = (r < src.rows && c < src.cols) ? detail::convert_elem<D>(src(r, c), scale, scaled) : zero;
+    for (std::size_t c = 0; c < C; ++c) dst(r, c) = (r < src.rows && c < src.cols) ? detail::convert_elem<D>(src(r, c), scale, scaled) : zero;
 }
 
 // Mismatched shapes get a message instead of an overload-resolution wall.
 template <class S, std::size_t R1, std::size_t C1, class Dst>
-  requires(Dst::tile_rows != R1 || Dst::tile_cols != C1)
-void load(const tensor_tile<S, R1, C1>&, Dst&, float = 1.0f) {
+requires(Dst::tile_rows != R1 || Dst::tile_cols != C1) void load(const tensor_tile<S, R1, C1>&, Dst&, float = 1.0f) {
   static_assert(Dst::tile_rows == R1 && Dst::tile_cols == C1, "tessel::load: source tile and destination tile have different (R, C)");
 }
 

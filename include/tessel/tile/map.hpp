@@ -16,7 +16,9 @@ void map(const Src& src, Dst& dst, F f) {
     for (std::size_t c = 0; c < Src::tile_cols; ++c) dst(r, c) = f(src(r, c));
 }
 template <tile_like T, class F>
-void map(T& t, F f) { map(t, t, f); }
+void map(T& t, F f) {
+  map(t, t, f);
+}
 
 // out[r] = op(... op(init, t(r,0)), t(r,1)) ...) in column order.
 template <tile_like T, class Out, class Op>

@@ -26,8 +26,8 @@ inline namespace v0 {
 // where the CPU has one (FP8 widens to bf16 exactly), else widen to f32.
 template <class In>
 struct mma_traits {
-  static_assert(std::is_same_v<In, float> || std::is_same_v<In, fp16> || std::is_same_v<In, bf16> ||
-                    std::is_same_v<In, e4m3> || std::is_same_v<In, e5m2>,
+  static_assert(std::is_same_v<In, float> || std::is_same_v<In, fp16> || std::is_same_v<In, bf16> || std::is_same_v<In, e4m3> ||
+                    std::is_same_v<In, e5m2>,
                 "tessel::mma_traits: supported operand types are float, fp16, bf16, e4m3, e5m2");
   static constexpr bool pair = arch::has_pair_atom && !std::is_same_v<In, float> && !std::is_same_v<In, fp16>;
   using stage_type = std::conditional_t<pair, bf16, float>;
@@ -39,20 +39,27 @@ struct mma_traits {
 
 // Options of one mma call.
 struct mma_opts {
-  bool accumulate = true;              // acc += a·b (false: acc = a·b)
-  const float* row_scale = nullptr;    // BM scales: acc(i,j) (+)= (a·b)(i,j) * row_scale[i] * col_scale[j]
-  const float* col_scale = nullptr;    // BN scales (null = 1)
-  std::size_t k = SIZE_MAX;            // depth actually used (<= BK; rest treated as zero)
-  std::size_t n = SIZE_MAX;            // columns actually used (<= BN): only the atom panels holding
-                                       // them are computed; accumulator columns past those are left as they are
+  bool accumulate = true;            // acc += a·b (false: acc = a·b)
+  const float* row_scale = nullptr;  // BM scales: acc(i,j) (+)= (a·b)(i,j) * row_scale[i] * col_scale[j]
+  const float* col_scale = nullptr;  // BN scales (null = 1)
+  std::size_t k = SIZE_MAX;          // depth actually used (<= BK; rest treated as zero)
+  std::size_t n = SIZE_MAX;          // columns actually used (<= BN): only the atom panels holding
+                                     // them are computed; accumulator columns past those are left as they are
 };
 
 }  // namespace v0
 namespace detail {
-template <class T> struct atom_for_stage;
-template <> struct atom_for_stage<float> { using type = arch::best_f32_atom; };
+template <class T>
+struct atom_for_stage;
+template <>
+struct atom_for_stage<float> {
+  using type = arch::best_f32_atom;
+};
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
-template <> struct atom_for_stage<bf16> { using type = arch::best_bf16_atom; };
+template <>
+struct atom_for_stage<bf16> {
+  using type = arch::best_bf16_atom;
+};
 #endif
 template <class TA, class TB>
 concept same_stage = std::is_same_v<TA, TB>;
@@ -61,8 +68,7 @@ inline namespace v0 {
 
 // Staged A (panel<MR,KP>) × staged B (col_panel<NR,KP>) → f32 accumulator tile.
 template <class T, std::size_t BM, std::size_t BK, std::size_t BN, std::size_t MR, std::size_t NR, std::size_t KP, f32_accumulator Acc>
-void mma(const staged<T, BM, BK, layout::panel<MR, KP>>& a, const staged<T, BK, BN, layout::col_panel<NR, KP>>& b, Acc& acc,
-         const mma_opts& o = {}) {
+void mma(const staged<T, BM, BK, layout::panel<MR, KP>>& a, const staged<T, BK, BN, layout::col_panel<NR, KP>>& b, Acc& acc, const mma_opts& o = {}) {
   using atom = typename detail::atom_for_stage<T>::type;
   static_assert(atom::mr == MR && atom::nr == NR && atom::k_pack == KP,
                 "tessel::mma: staged layouts must be mma_traits<T>::a_layout / b_layout (the atom's panel shapes)");

@@ -24,7 +24,10 @@ class pipelined_range {
   struct iterator {
     std::size_t i, n;
     constexpr stage operator*() const { return {i, n}; }
-    constexpr iterator& operator++() { ++i; return *this; }
+    constexpr iterator& operator++() {
+      ++i;
+      return *this;
+    }
     constexpr bool operator!=(const iterator& o) const { return i != o.i; }
     constexpr bool operator==(const iterator& o) const { return i == o.i; }
   };
@@ -38,7 +41,9 @@ class pipelined_range {
 };
 
 template <std::size_t Depth = 1>
-constexpr pipelined_range<Depth> pipelined(std::size_t n) { return pipelined_range<Depth>(n); }
+constexpr pipelined_range<Depth> pipelined(std::size_t n) {
+  return pipelined_range<Depth>(n);
+}
 
 }  // namespace v0
 }  // namespace tessel

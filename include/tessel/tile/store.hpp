@@ -17,23 +17,25 @@
 #include <tessel/types/convert.hpp>
 
 namespace tessel {
-inline namespace v0 {
-
-}  // namespace v0
+inline namespace v0 {}  // namespace v0
 namespace detail {
 template <class T>
-inline float read_as_f32(const void* p, std::size_t i) { return arch::to_f32(static_cast<const T*>(p)[i]); }
+inline float read_as_f32(const void* p, std::size_t i) {
+  return arch::to_f32(static_cast<const T*>(p)[i]);
+}
 
 template <class T>
-inline constexpr bool storable_v = std::is_same_v<T, float> || std::is_same_v<T, bf16> || std::is_same_v<T, fp16> ||
-                                   std::is_same_v<T, e4m3> || std::is_same_v<T, e5m2>;
+inline constexpr bool storable_v =
+    std::is_same_v<T, float> || std::is_same_v<T, bf16> || std::is_same_v<T, fp16> || std::is_same_v<T, e4m3> || std::is_same_v<T, e5m2>;
 
 // Converts n floats to T at dst (stride ds elements). Narrow types saturate.
 template <class T>
 inline void write_row(const float* v, std::size_t n, T* dst, std::size_t ds) {
   if constexpr (std::is_same_v<T, float>) {
-    if (ds == 1) std::memcpy(dst, v, n * sizeof(float));
-    else for (std::size_t j = 0; j < n; ++j) dst[j * ds] = v[j];
+    if (ds == 1)
+      std::memcpy(dst, v, n * sizeof(float));
+    else
+      for (std::size_t j = 0; j < n; ++j) dst[j * ds] = v[j];
   } else {
     if (ds == 1) {
       convert(std::span<const float>(v, n), std::span<T>(dst, n), overflow::saturate);
@@ -51,8 +53,8 @@ inline void write_row(const float* v, std::size_t n, T* dst, std::size_t ds) {
 // The general row-wise store used by `store` and by operators that store micro-tiles directly.
 // acc: nrows x ncols floats with leading dimension lda. dst: element (i,j) at dst[i*drs + j*dcs].
 template <class T, class Chain>
-void store_rows(const float* acc, std::size_t lda, std::size_t nrows, std::size_t ncols, T* dst, std::size_t drs,
-                std::size_t dcs, std::size_t row0, std::size_t col0, const Chain& ep) {
+void store_rows(const float* acc, std::size_t lda, std::size_t nrows, std::size_t ncols, T* dst, std::size_t drs, std::size_t dcs, std::size_t row0,
+                std::size_t col0, const Chain& ep) {
   using cast_t = epilogue::cast_type_t<Chain>;
   static_assert(std::is_void_v<cast_t> || std::is_same_v<cast_t, T>,
                 "tessel::store: the epilogue casts to a type different from the destination's element type");

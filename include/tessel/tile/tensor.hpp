@@ -29,7 +29,8 @@ inline std::string shape_str(std::size_t r, std::size_t c) {
 // Number of elements a (rows, cols) view with these strides spans: (rows-1)*rs + (cols-1)*cs + 1.
 inline std::size_t span_of(std::size_t rows, std::size_t cols, std::size_t rs, std::size_t cs) {
   if (rows == 0 || cols == 0) return 0;
-  return add_checked(add_checked(mul_checked(rows - 1, rs, "tensor extent"), mul_checked(cols - 1, cs, "tensor extent"), "tensor extent"), 1, "tensor extent");
+  return add_checked(add_checked(mul_checked(rows - 1, rs, "tensor extent"), mul_checked(cols - 1, cs, "tensor extent"), "tensor extent"), 1,
+                     "tensor extent");
 }
 }  // namespace detail
 inline namespace v0 {
@@ -42,9 +43,9 @@ struct tensor_tile {
   using element_type = T;
   static constexpr std::size_t tile_rows = R, tile_cols = C;
   T* data = nullptr;
-  std::size_t rows = 0, cols = 0;            // valid extent
+  std::size_t rows = 0, cols = 0;  // valid extent
   std::size_t row_stride = 0, col_stride = 0;
-  std::size_t row0 = 0, col0 = 0;            // position of element (0,0) in the whole tensor
+  std::size_t row0 = 0, col0 = 0;  // position of element (0,0) in the whole tensor
   T& operator()(std::size_t r, std::size_t c) const { return data[r * row_stride + c * col_stride]; }
   bool full() const { return rows == R && cols == C; }
 };
@@ -63,12 +64,12 @@ class tensor<T, 2> {
 
   // Unchecked-extent view over caller memory: validates null data and leading dimension.
   // row_major: element (r,c) at r*ld + c (ld >= cols); col_major: at c*ld + r (ld >= rows).
-  tensor(T* data, std::size_t rows, std::size_t cols, std::size_t ld, order o = order::row_major)
-      : data_(data), rows_(rows), cols_(cols) {
+  tensor(T* data, std::size_t rows, std::size_t cols, std::size_t ld, order o = order::row_major) : data_(data), rows_(rows), cols_(cols) {
     const std::size_t need = o == order::row_major ? cols : rows;
     if (ld < need || ld == 0)
       throw tile_error(errc::invalid_argument, "leading dimension " + std::to_string(ld) + " too small for a " +
-                                  (o == order::row_major ? "row-major " : "column-major ") + detail::shape_str(rows, cols) + " tensor (needs >= " + std::to_string(need == 0 ? 1 : need) + ")");
+                                                   (o == order::row_major ? "row-major " : "column-major ") + detail::shape_str(rows, cols) +
+                                                   " tensor (needs >= " + std::to_string(need == 0 ? 1 : need) + ")");
     rs_ = o == order::row_major ? ld : 1;
     cs_ = o == order::row_major ? 1 : ld;
     check_null();
@@ -82,8 +83,8 @@ class tensor<T, 2> {
       : tensor(storage.data(), rows, cols, ld, o) {
     const std::size_t need = detail::span_of(rows_, cols_, rs_, cs_);
     if (need > storage.size())
-      throw tile_error(errc::out_of_range, "a " + detail::shape_str(rows, cols) + " tensor with leading dimension " + std::to_string(ld) +
-                              " needs " + std::to_string(need) + " elements but its storage has " + std::to_string(storage.size()));
+      throw tile_error(errc::out_of_range, "a " + detail::shape_str(rows, cols) + " tensor with leading dimension " + std::to_string(ld) + " needs " +
+                                               std::to_string(need) + " elements but its storage has " + std::to_string(storage.size()));
   }
   tensor(std::span<T> storage, std::size_t rows, std::size_t cols, order o = order::row_major)
       : tensor(storage, rows, cols, o == order::row_major ? (cols ? cols : 1) : (rows ? rows : 1), o) {}
@@ -102,9 +103,7 @@ class tensor<T, 2> {
   }
 
   // mutable -> const
-  operator tensor<const T, 2>() const requires(!std::is_const_v<T>) {
-    return tensor<const T, 2>::strided(data_, rows_, cols_, rs_, cs_);
-  }
+  operator tensor<const T, 2>() const requires(!std::is_const_v<T>) { return tensor<const T, 2>::strided(data_, rows_, cols_, rs_, cs_); }
 
   T* data() const { return data_; }
   std::size_t rows() const { return rows_; }
@@ -127,7 +126,8 @@ class tensor<T, 2> {
   // Sub-view of nr x nc elements at (r0, c0); must lie inside.
   tensor sub(std::size_t r0, std::size_t c0, std::size_t nr, std::size_t nc) const {
     if (r0 > rows_ || c0 > cols_ || nr > rows_ - r0 || nc > cols_ - c0)
-      throw tile_error(errc::out_of_range, "sub-view " + detail::shape_str(nr, nc) + " at " + detail::shape_str(r0, c0) + " outside a " + detail::shape_str(rows_, cols_) + " tensor");
+      throw tile_error(errc::out_of_range, "sub-view " + detail::shape_str(nr, nc) + " at " + detail::shape_str(r0, c0) + " outside a " +
+                                               detail::shape_str(rows_, cols_) + " tensor");
     return strided((nr && nc) ? data_ + r0 * rs_ + c0 * cs_ : data_, nr, nc, rs_, cs_);
   }
 
@@ -137,7 +137,8 @@ class tensor<T, 2> {
     static_assert(R > 0 && C > 0, "tile<R, C>: tile extents must be positive");
     const std::size_t r0 = detail::mul_checked(i, R, "tile row"), c0 = detail::mul_checked(j, C, "tile column");
     if (r0 >= rows_ || c0 >= cols_)
-      throw tile_error(errc::out_of_range, "tile " + detail::shape_str(i, j) + " of shape " + detail::shape_str(R, C) + " starts outside a " + detail::shape_str(rows_, cols_) + " tensor");
+      throw tile_error(errc::out_of_range, "tile " + detail::shape_str(i, j) + " of shape " + detail::shape_str(R, C) + " starts outside a " +
+                                               detail::shape_str(rows_, cols_) + " tensor");
     tensor_tile<T, R, C> t;
     t.data = data_ + r0 * rs_ + c0 * cs_;
     t.rows = rows_ - r0 < R ? rows_ - r0 : R;
@@ -152,7 +153,8 @@ class tensor<T, 2> {
   template <std::size_t R, std::size_t C>
   tensor_tile<T, R, C> tile_at(std::size_t r0, std::size_t c0) const {
     if (r0 >= rows_ || c0 >= cols_)
-      throw tile_error(errc::out_of_range, "tile at " + detail::shape_str(r0, c0) + " starts outside a " + detail::shape_str(rows_, cols_) + " tensor");
+      throw tile_error(errc::out_of_range,
+                       "tile at " + detail::shape_str(r0, c0) + " starts outside a " + detail::shape_str(rows_, cols_) + " tensor");
     tensor_tile<T, R, C> t;
     t.data = data_ + r0 * rs_ + c0 * cs_;
     t.rows = rows_ - r0 < R ? rows_ - r0 : R;

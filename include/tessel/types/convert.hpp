@@ -22,8 +22,7 @@ namespace tessel {
 inline namespace v0 {
 // A narrow float type that the bulk API converts to and from float.
 template <class T>
-concept narrow_float = std::is_same_v<T, bf16> || std::is_same_v<T, fp16> || std::is_same_v<T, e4m3> ||
-                       std::is_same_v<T, e5m2>;
+concept narrow_float = std::is_same_v<T, bf16> || std::is_same_v<T, fp16> || std::is_same_v<T, e4m3> || std::is_same_v<T, e5m2>;
 
 // Largest finite value of a narrow type, as float (448 for e4m3, 57344 for e5m2, ...).
 template <narrow_float T>
@@ -34,25 +33,25 @@ inline constexpr float max_finite = static_cast<float>(T::from_bits(T::format::m
 namespace detail {
 inline void check_sizes(const char* fn, const char* a, std::size_t na, const char* b, std::size_t nb) {
   if (na != nb)
-    throw type_error(errc::invalid_argument, std::string(fn) + ": " + a + " has " + std::to_string(na) +
-                                " elements but " + b + " has " + std::to_string(nb));
+    throw type_error(errc::invalid_argument,
+                     std::string(fn) + ": " + a + " has " + std::to_string(na) + " elements but " + b + " has " + std::to_string(nb));
 }
 inline void check_block(const char* fn, std::size_t n, std::size_t block) {
   if (block == 0) throw type_error(errc::invalid_argument, std::string(fn) + ": block size is 0");
   if (n % block != 0)
-    throw type_error(errc::invalid_argument, std::string(fn) + ": block size " + std::to_string(block) +
-                                " does not divide the length " + std::to_string(n));
+    throw type_error(errc::invalid_argument,
+                     std::string(fn) + ": block size " + std::to_string(block) + " does not divide the length " + std::to_string(n));
 }
 inline void check_scale(const char* fn, float scale) {
   if (!(scale > 0.0f) || scale == std::numeric_limits<float>::infinity())
-    throw type_error(errc::invalid_argument, std::string(fn) + ": scale " + std::to_string(scale) +
-                                " is not a positive finite number");
+    throw type_error(errc::invalid_argument, std::string(fn) + ": scale " + std::to_string(scale) + " is not a positive finite number");
 }
 template <class T>
 auto* raw(T* p) noexcept {
   if constexpr (narrow_float<std::remove_const_t<T>>)
-    return reinterpret_cast<std::conditional_t<std::is_const_v<T>, const typename std::remove_const_t<T>::storage_type,
-                                               typename std::remove_const_t<T>::storage_type>*>(p);
+    return reinterpret_cast<
+        std::conditional_t<std::is_const_v<T>, const typename std::remove_const_t<T>::storage_type, typename std::remove_const_t<T>::storage_type>*>(
+        p);
   else
     return p;
 }
@@ -94,8 +93,9 @@ template <class T>
 concept bulk_float = narrow_float<T> || std::is_same_v<T, float> || std::is_same_v<T, double>;
 
 template <bulk_float From, bulk_float To>
-  requires(!(std::is_same_v<From, float> && narrow_float<To>) && !(narrow_float<From> && std::is_same_v<To, float>))
-void convert(std::span<const From> src, std::span<To> dst, overflow ov = overflow::propagate) {
+requires(!(std::is_same_v<From, float> && narrow_float<To>)&&!(narrow_float<From> &&
+                                                               std::is_same_v<To, float>)) void convert(std::span<const From> src, std::span<To> dst,
+                                                                                                        overflow ov = overflow::propagate) {
   detail::check_sizes("convert", "source", src.size(), "destination", dst.size());
   for (std::size_t i = 0; i < src.size(); ++i) {
     if constexpr (narrow_float<To>) {
@@ -145,24 +145,24 @@ float block_scale(float amax) noexcept {
 // largest finite |x|; NaN and +-Inf do not set the scale and then follow `ov`), written to
 // `scales` (size src.size() / block). dst[i] = To(src[i] / scales[i / block]).
 template <narrow_float To>
-void quantize_blocks(std::span<const float> src, std::span<To> dst, std::span<float> scales,
-                     std::size_t block = default_quant_block, overflow ov = overflow::saturate) {
+void quantize_blocks(std::span<const float> src, std::span<To> dst, std::span<float> scales, std::size_t block = default_quant_block,
+                     overflow ov = overflow::saturate) {
   detail::check_sizes("quantize_blocks", "source", src.size(), "destination", dst.size());
   detail::check_block("quantize_blocks", src.size(), block);
   detail::check_sizes("quantize_blocks", "scales", scales.size(), "source / block", src.size() / block);
   const auto scale_of = [](float amax) { return block_scale<To>(amax); };
   if (ov == overflow::saturate)
-    arch::quantize_blocks_f32<typename To::format, overflow::saturate>(src.data(), detail::raw(dst.data()), scales.data(),
-                                                                     src.size(), block, scale_of);
+    arch::quantize_blocks_f32<typename To::format, overflow::saturate>(src.data(), detail::raw(dst.data()), scales.data(), src.size(), block,
+                                                                       scale_of);
   else
-    arch::quantize_blocks_f32<typename To::format, overflow::propagate>(src.data(), detail::raw(dst.data()), scales.data(),
-                                                                      src.size(), block, scale_of);
+    arch::quantize_blocks_f32<typename To::format, overflow::propagate>(src.data(), detail::raw(dst.data()), scales.data(), src.size(), block,
+                                                                        scale_of);
 }
 
 // Same, returning the scales.
 template <narrow_float To>
-std::vector<float> quantize_blocks(std::span<const float> src, std::span<To> dst,
-                                   std::size_t block = default_quant_block, overflow ov = overflow::saturate) {
+std::vector<float> quantize_blocks(std::span<const float> src, std::span<To> dst, std::size_t block = default_quant_block,
+                                   overflow ov = overflow::saturate) {
   detail::check_block("quantize_blocks", src.size(), block);
   std::vector<float> scales(src.size() / block);
   quantize_blocks(src, dst, std::span<float>(scales), block, ov);
@@ -171,8 +171,7 @@ std::vector<float> quantize_blocks(std::span<const float> src, std::span<To> dst
 
 // Inverse of quantize_blocks: dst[i] = float(src[i]) * scales[i / block].
 template <narrow_float From>
-void dequantize_blocks(std::span<const From> src, std::span<const float> scales, std::span<float> dst,
-                       std::size_t block = default_quant_block) {
+void dequantize_blocks(std::span<const From> src, std::span<const float> scales, std::span<float> dst, std::size_t block = default_quant_block) {
   detail::check_sizes("dequantize_blocks", "source", src.size(), "destination", dst.size());
   detail::check_block("dequantize_blocks", src.size(), block);
   detail::check_sizes("dequantize_blocks", "scales", scales.size(), "source / block", src.size() / block);

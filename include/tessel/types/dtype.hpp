@@ -20,9 +20,8 @@ inline namespace v0 {
 
 enum class dtype : std::uint8_t { f64, f32, bf16, fp16, e4m3, e5m2, i64, i32, i16, i8, u64, u32, u16, u8, i4x2 };
 
-inline constexpr dtype all_dtypes[] = {dtype::f64, dtype::f32, dtype::bf16, dtype::fp16, dtype::e4m3,
-                                       dtype::e5m2, dtype::i64, dtype::i32, dtype::i16, dtype::i8,
-                                       dtype::u64, dtype::u32, dtype::u16, dtype::u8, dtype::i4x2};
+inline constexpr dtype all_dtypes[] = {dtype::f64, dtype::f32, dtype::bf16, dtype::fp16, dtype::e4m3, dtype::e5m2, dtype::i64, dtype::i32,
+                                       dtype::i16, dtype::i8,  dtype::u64,  dtype::u32,  dtype::u16,  dtype::u8,   dtype::i4x2};
 
 }  // namespace v0
 
@@ -55,21 +54,66 @@ TESSEL_DTYPE_MAP_(tessel::int4x2, dtype::i4x2)
 
 template <dtype D>
 struct dtype_type;
-template <> struct dtype_type<dtype::f64> { using type = double; };
-template <> struct dtype_type<dtype::f32> { using type = float; };
-template <> struct dtype_type<dtype::bf16> { using type = tessel::bf16; };
-template <> struct dtype_type<dtype::fp16> { using type = tessel::fp16; };
-template <> struct dtype_type<dtype::e4m3> { using type = tessel::e4m3; };
-template <> struct dtype_type<dtype::e5m2> { using type = tessel::e5m2; };
-template <> struct dtype_type<dtype::i64> { using type = std::int64_t; };
-template <> struct dtype_type<dtype::i32> { using type = std::int32_t; };
-template <> struct dtype_type<dtype::i16> { using type = std::int16_t; };
-template <> struct dtype_type<dtype::i8> { using type = std::int8_t; };
-template <> struct dtype_type<dtype::u64> { using type = std::uint64_t; };
-template <> struct dtype_type<dtype::u32> { using type = std::uint32_t; };
-template <> struct dtype_type<dtype::u16> { using type = std::uint16_t; };
-template <> struct dtype_type<dtype::u8> { using type = std::uint8_t; };
-template <> struct dtype_type<dtype::i4x2> { using type = tessel::int4x2; };
+template <>
+struct dtype_type<dtype::f64> {
+  using type = double;
+};
+template <>
+struct dtype_type<dtype::f32> {
+  using type = float;
+};
+template <>
+struct dtype_type<dtype::bf16> {
+  using type = tessel::bf16;
+};
+template <>
+struct dtype_type<dtype::fp16> {
+  using type = tessel::fp16;
+};
+template <>
+struct dtype_type<dtype::e4m3> {
+  using type = tessel::e4m3;
+};
+template <>
+struct dtype_type<dtype::e5m2> {
+  using type = tessel::e5m2;
+};
+template <>
+struct dtype_type<dtype::i64> {
+  using type = std::int64_t;
+};
+template <>
+struct dtype_type<dtype::i32> {
+  using type = std::int32_t;
+};
+template <>
+struct dtype_type<dtype::i16> {
+  using type = std::int16_t;
+};
+template <>
+struct dtype_type<dtype::i8> {
+  using type = std::int8_t;
+};
+template <>
+struct dtype_type<dtype::u64> {
+  using type = std::uint64_t;
+};
+template <>
+struct dtype_type<dtype::u32> {
+  using type = std::uint32_t;
+};
+template <>
+struct dtype_type<dtype::u16> {
+  using type = std::uint16_t;
+};
+template <>
+struct dtype_type<dtype::u8> {
+  using type = std::uint8_t;
+};
+template <>
+struct dtype_type<dtype::i4x2> {
+  using type = tessel::int4x2;
+};
 
 [[noreturn]] inline void bad_dtype(dtype d) {
   throw type_error(errc::invalid_argument, "invalid dtype value " + std::to_string(static_cast<int>(d)));
@@ -95,8 +139,7 @@ template <class F>
 constexpr decltype(auto) visit_dtype(dtype d, F&& f) {
   switch (d) {
 #define TESSEL_DTYPE_CASE_(D) \
-  case dtype::D:              \
-    return static_cast<F&&>(f)(std::type_identity<dtype_type_t<dtype::D>>{});
+  case dtype::D: return static_cast<F&&>(f)(std::type_identity<dtype_type_t<dtype::D>>{});
     TESSEL_DTYPE_CASE_(f64)
     TESSEL_DTYPE_CASE_(f32)
     TESSEL_DTYPE_CASE_(bf16)
@@ -152,19 +195,23 @@ constexpr dtype dtype_from_name(std::string_view name) {
 
 constexpr bool dtype_is_floating(dtype d) {
   switch (d) {
-    case dtype::f64: case dtype::f32: case dtype::bf16: case dtype::fp16: case dtype::e4m3: case dtype::e5m2:
-      return true;
-    default:
-      return false;
+    case dtype::f64:
+    case dtype::f32:
+    case dtype::bf16:
+    case dtype::fp16:
+    case dtype::e4m3:
+    case dtype::e5m2: return true;
+    default: return false;
   }
 }
 
 constexpr bool dtype_is_signed(dtype d) {
   switch (d) {
-    case dtype::u64: case dtype::u32: case dtype::u16: case dtype::u8:
-      return false;
-    default:
-      return true;
+    case dtype::u64:
+    case dtype::u32:
+    case dtype::u16:
+    case dtype::u8: return false;
+    default: return true;
   }
 }
 

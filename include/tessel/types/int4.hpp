@@ -44,8 +44,7 @@ struct int4x2 {
 
  private:
   static constexpr int check(int v) {
-    if (v < min_value || v > max_value)
-      throw type_error(errc::out_of_range, "int4x2: value " + std::to_string(v) + " outside [-8, 7]");
+    if (v < min_value || v > max_value) throw type_error(errc::out_of_range, "int4x2: value " + std::to_string(v) + " outside [-8, 7]");
     return v;
   }
   static constexpr int clamp(int v) noexcept { return v < min_value ? min_value : (v > max_value ? max_value : v); }
@@ -58,29 +57,26 @@ struct int4x2 {
 };
 static_assert(sizeof(int4x2) == 1 && std::is_trivially_copyable_v<int4x2>);
 
-
 // Packs src[2i], src[2i+1] into dst[i] (low, high). src.size() must be 2 * dst.size()
 // (std::invalid_argument otherwise). saturate clamps to [-8, 7]; propagate throws
 // std::out_of_range naming the first value that does not fit (dst is then unspecified).
 inline void pack_int4(std::span<const std::int8_t> src, std::span<int4x2> dst, overflow ov = overflow::saturate) {
   if (src.size() != 2 * dst.size())
-    throw type_error(errc::invalid_argument, "pack_int4: source has " + std::to_string(src.size()) +
-                                " values but destination has " + std::to_string(dst.size()) + " pairs (needs " +
-                                std::to_string(dst.size() * 2) + " values)");
+    throw type_error(errc::invalid_argument, "pack_int4: source has " + std::to_string(src.size()) + " values but destination has " +
+                                                 std::to_string(dst.size()) + " pairs (needs " + std::to_string(dst.size() * 2) + " values)");
   if (ov == overflow::propagate)
     for (std::size_t i = 0; i < src.size(); ++i)
       if (src[i] < int4x2::min_value || src[i] > int4x2::max_value)
-        throw type_error(errc::out_of_range, "pack_int4: value " + std::to_string(int(src[i])) + " at index " +
-                                std::to_string(i) + " outside [-8, 7]");
+        throw type_error(errc::out_of_range,
+                         "pack_int4: value " + std::to_string(int(src[i])) + " at index " + std::to_string(i) + " outside [-8, 7]");
   for (std::size_t i = 0; i < dst.size(); ++i) dst[i] = int4x2::saturate(src[2 * i], src[2 * i + 1]);
 }
 
 // Inverse of pack_int4: dst.size() must be 2 * src.size().
 inline void unpack_int4(std::span<const int4x2> src, std::span<std::int8_t> dst) {
   if (dst.size() != 2 * src.size())
-    throw type_error(errc::invalid_argument, "unpack_int4: source has " + std::to_string(src.size()) +
-                                " pairs but destination has " + std::to_string(dst.size()) + " values (needs " +
-                                std::to_string(src.size() * 2) + ")");
+    throw type_error(errc::invalid_argument, "unpack_int4: source has " + std::to_string(src.size()) + " pairs but destination has " +
+                                                 std::to_string(dst.size()) + " values (needs " + std::to_string(src.size() * 2) + ")");
   for (std::size_t i = 0; i < src.size(); ++i) {
     dst[2 * i] = static_cast<std::int8_t>(src[i].lo());
     dst[2 * i + 1] = static_cast<std::int8_t>(src[i].hi());

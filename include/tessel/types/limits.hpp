@@ -33,9 +33,7 @@ struct narrow_float_limits_base {
   static constexpr T lowest() noexcept { return T::from_bits(T::format::max_code | T::format::sign_bit); }
   static constexpr T denorm_min() noexcept { return T::from_bits(1); }
   // 2^-man_bits: biased exponent bias - man_bits, mantissa 0.
-  static constexpr T epsilon() noexcept {
-    return T::from_bits((T::format::bias - T::format::man_bits) << T::format::man_bits);
-  }
+  static constexpr T epsilon() noexcept { return T::from_bits((T::format::bias - T::format::man_bits) << T::format::man_bits); }
   static constexpr T round_error() noexcept { return T::from_bits((T::format::bias - 1) << T::format::man_bits); }
   static constexpr T quiet_NaN() noexcept { return T::from_bits(T::format::nan_code); }
 };

@@ -41,19 +41,22 @@ struct verify_error : error_of<verify_error> {
 
 // The element types a check reads: IEEE float/double, tessel's narrow floats, and integers.
 template <class T>
-concept checkable = std::is_arithmetic_v<T> || std::is_same_v<T, bf16> || std::is_same_v<T, fp16> ||
-                    std::is_same_v<T, e4m3> || std::is_same_v<T, e5m2>;
+concept checkable =
+    std::is_arithmetic_v<T> || std::is_same_v<T, bf16> || std::is_same_v<T, fp16> || std::is_same_v<T, e4m3> || std::is_same_v<T, e5m2>;
 
 template <checkable T>
 constexpr double to_double(T x) noexcept {
-  if constexpr (std::is_arithmetic_v<T>) return static_cast<double>(x);
-  else return static_cast<double>(x);
+  if constexpr (std::is_arithmetic_v<T>)
+    return static_cast<double>(x);
+  else
+    return static_cast<double>(x);
 }
 
 // Unit roundoff u = 2^-digits of a floating type (0 for integers: they are exact).
 template <checkable T>
 constexpr double unit_roundoff() noexcept {
-  if constexpr (std::is_integral_v<T>) return 0.0;
+  if constexpr (std::is_integral_v<T>)
+    return 0.0;
   else {
     double u = 1.0;
     for (int i = 0; i < std::numeric_limits<T>::digits; ++i) u *= 0.5;
@@ -83,7 +86,8 @@ inline double gamma(std::size_t k, double u) noexcept {
 // The spacing of T's values at x (its ULP there); subnormal spacing below the smallest normal.
 template <checkable T>
 double ulp(double x) noexcept {
-  if constexpr (std::is_integral_v<T>) return 1.0;
+  if constexpr (std::is_integral_v<T>)
+    return 1.0;
   else {
     const double ax = std::fabs(x);
     const double min_normal = to_double(std::numeric_limits<T>::min());
@@ -115,10 +119,10 @@ inline const char* to_string(fill f) {
 }
 
 struct fill_options {
-  int range = 3;          // small_int: [-range, range]
-  double lo = -1, hi = 1; // uniform
-  double stddev = 1;      // normal
-  bool specials = true;   // adversarial: include NaN and Inf (off: only finite extremes)
+  int range = 3;           // small_int: [-range, range]
+  double lo = -1, hi = 1;  // uniform
+  double stddev = 1;       // normal
+  bool specials = true;    // adversarial: include NaN and Inf (off: only finite extremes)
 };
 
 // A seeded generator whose stream is the same with every standard library (splitmix64), so a
@@ -149,8 +153,10 @@ class rng {
 
 template <checkable T>
 T from_double(double x) noexcept {
-  if constexpr (std::is_integral_v<T>) return static_cast<T>(x);
-  else return static_cast<T>(x);
+  if constexpr (std::is_integral_v<T>)
+    return static_cast<T>(x);
+  else
+    return static_cast<T>(x);
 }
 
 // Fills `v` with values of kind `f` from `seed`; the same seed gives the same values everywhere.
@@ -176,12 +182,18 @@ void fill_values(std::span<T> v, fill f, std::uint64_t seed, const fill_options&
           const double sign = (g.next() & 1) ? -1.0 : 1.0;
           const auto pick = g.next() % 16;
           double d = g.uniform(o.lo, o.hi);
-          if (pick == 0) d = sign * 0.0;
-          else if (pick == 1) d = sign * sub * static_cast<double>(1 + g.next() % 3);  // subnormals
-          else if (pick == 2) d = sign * mn;
-          else if (pick == 3) d = sign * mx;
-          else if (pick == 4 && o.specials) d = std::numeric_limits<double>::quiet_NaN();
-          else if (pick == 5 && o.specials) d = sign * std::numeric_limits<double>::infinity();
+          if (pick == 0)
+            d = sign * 0.0;
+          else if (pick == 1)
+            d = sign * sub * static_cast<double>(1 + g.next() % 3);  // subnormals
+          else if (pick == 2)
+            d = sign * mn;
+          else if (pick == 3)
+            d = sign * mx;
+          else if (pick == 4 && o.specials)
+            d = std::numeric_limits<double>::quiet_NaN();
+          else if (pick == 5 && o.specials)
+            d = sign * std::numeric_limits<double>::infinity();
           x = from_double<T>(d);
         }
         break;
@@ -242,7 +254,7 @@ struct check_options {
   double mistrust_zero_fraction = 0.8;
   std::size_t mistrust_min = 16;
   bool detect_mistrust = true;  // off when zeros are the whole point (a K = 0 product into a NaN-poisoned output)
-  std::size_t keep = 8;  // how many failing elements (in index order) the report lists
+  std::size_t keep = 8;         // how many failing elements (in index order) the report lists
 };
 
 struct mismatch {
@@ -253,10 +265,10 @@ struct mismatch {
 
 struct report {
   std::string name;
-  std::size_t count = 0;         // elements compared
-  std::size_t over = 0;          // elements over the bound (or a NaN/Inf mismatch)
-  std::optional<mismatch> worst; // largest error relative to its bound (largest absolute error if none is over)
-  std::vector<mismatch> first;   // the first `keep` elements over the bound
+  std::size_t count = 0;          // elements compared
+  std::size_t over = 0;           // elements over the bound (or a NaN/Inf mismatch)
+  std::optional<mismatch> worst;  // largest error relative to its bound (largest absolute error if none is over)
+  std::vector<mismatch> first;    // the first `keep` elements over the bound
   double max_abs_err = 0, max_rel_err = 0, max_ulps = 0;
   bool mistrusted = false;
   std::string mistrust_reason;
@@ -271,8 +283,8 @@ struct report {
     std::snprintf(buf, sizeof buf, ", %zu of %zu over the bound", over, count);
     s += buf;
     if (worst) {
-      std::snprintf(buf, sizeof buf, "; worst [%zu] got %.9g want %.9g abs %.3g rel %.3g ulps %.3g bound %.3g", worst->index, worst->got,
-                    worst->want, worst->abs_err, worst->rel_err, worst->ulps, worst->bound);
+      std::snprintf(buf, sizeof buf, "; worst [%zu] got %.9g want %.9g abs %.3g rel %.3g ulps %.3g bound %.3g", worst->index, worst->got, worst->want,
+                    worst->abs_err, worst->rel_err, worst->ulps, worst->bound);
       s += buf;
     }
     return s;
@@ -288,8 +300,8 @@ inline bool same_special(double got, double want) {
 
 // Compares `got` (the operator's output, type T) with the fp64 reference `want`, element by element.
 template <checkable T>
-report compare(std::string name, std::span<const T> got, std::span<const double> want, const tolerance& tol,
-               std::span<const double> magnitude = {}, const check_options& o = {}) {
+report compare(std::string name, std::span<const T> got, std::span<const double> want, const tolerance& tol, std::span<const double> magnitude = {},
+               const check_options& o = {}) {
   if (got.size() != want.size())
     throw verify_error(name + ": output has " + std::to_string(got.size()) + " elements, the reference " + std::to_string(want.size()));
   if (!magnitude.empty() && magnitude.size() != want.size())

@@ -31,7 +31,7 @@ struct gradcheck_options {
   std::size_t directions = 16;  // random_directions: how many
   double step = 1e-6;           // h, relative to max(1, |x_i|) (full) or max(1, max|x|) (directions)
   double rtol = 1e-3, atol = 1e-6;
-  std::uint64_t seed = 1;       // dy and the directions
+  std::uint64_t seed = 1;  // dy and the directions
   std::size_t keep = 8;
 };
 
@@ -55,8 +55,8 @@ struct gradcheck_report {
     std::snprintf(buf, sizeof buf, ", %zu of %zu over the bound", over, count);
     s += buf;
     if (worst) {
-      std::snprintf(buf, sizeof buf, "; worst [%zu] analytic %.9g numeric %.9g error %.3g bound %.3g", worst->index, worst->analytic,
-                    worst->numeric, worst->error, worst->bound);
+      std::snprintf(buf, sizeof buf, "; worst [%zu] analytic %.9g numeric %.9g error %.3g bound %.3g", worst->index, worst->analytic, worst->numeric,
+                    worst->error, worst->bound);
       s += buf;
     }
     return s;
@@ -69,9 +69,11 @@ using backward_fn = std::function<std::vector<double>(std::span<const double> x,
 inline gradcheck_report gradcheck(std::string name, const forward_fn& forward, const backward_fn& backward, std::span<const double> x,
                                   const gradcheck_options& o = {}) {
   if (!forward || !backward) throw verify_error(name + ": gradcheck needs a forward and a backward");
-  if (!(o.step > 0) || !std::isfinite(o.step)) throw verify_error(name + ": gradcheck step " + std::to_string(o.step) + " is not positive and finite");
+  if (!(o.step > 0) || !std::isfinite(o.step))
+    throw verify_error(name + ": gradcheck step " + std::to_string(o.step) + " is not positive and finite");
   if (!(o.rtol >= 0) || !(o.atol >= 0)) throw verify_error(name + ": gradcheck tolerances must be non-negative");
-  if (o.mode == grad_mode::random_directions && o.directions == 0) throw verify_error(name + ": gradcheck with zero random directions checks nothing");
+  if (o.mode == grad_mode::random_directions && o.directions == 0)
+    throw verify_error(name + ": gradcheck with zero random directions checks nothing");
   for (std::size_t i = 0; i < x.size(); ++i)
     if (!std::isfinite(x[i])) throw verify_error(name + ": gradcheck input x[" + std::to_string(i) + "] is not finite");
 

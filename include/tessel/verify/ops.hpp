@@ -51,10 +51,10 @@ inline namespace v0 {
 namespace verify {
 
 struct run_options {
-  unsigned threads = 2;     // the device's threads; determinism compares 1 thread against this
-  std::uint64_t seed = 1;   // fills
-  bool quick = false;       // fewer shapes
-  bool card = true;         // determinism also runs on an emulated card (its bits must be the host's)
+  unsigned threads = 2;    // the device's threads; determinism compares 1 thread against this
+  std::uint64_t seed = 1;  // fills
+  bool quick = false;      // fewer shapes
+  bool card = true;        // determinism also runs on an emulated card (its bits must be the host's)
 };
 
 struct entry {
@@ -139,15 +139,15 @@ void gemm_entry(suite& s, const run_options& o) {
           auto run = [&](auto& d) {
             auto c = poisoned<TC>(m * n);
             // BLAS leading dimensions: at least 1, even for an empty operand
-            gemm(d, ta ? transpose::yes : transpose::none, tb ? transpose::yes : transpose::none, m, n, k, 1.0f, a.data(), std::max<std::size_t>(1, ta ? m : k),
-                 b.data(), std::max<std::size_t>(1, tb ? k : n), 0.0f, c.data(), n);
+            gemm(d, ta ? transpose::yes : transpose::none, tb ? transpose::yes : transpose::none, m, n, k, 1.0f, a.data(),
+                 std::max<std::size_t>(1, ta ? m : k), b.data(), std::max<std::size_t>(1, tb ? k : n), 0.0f, c.data(), n);
             return c;
           };
           const std::string name = std::string("gemm ") + (ta ? "T" : "N") + (tb ? "T" : "N") + " " + dims({m, n, k});
           check_options co;
           co.detect_mistrust = k != 0;  // K = 0: all zeros is the answer, written over NaN
-          s.add(compare(name, std::span<const TC>(run(dev)), std::span<const double>(want), tolerance::reduction(k, dtype::f32, tessel::detail::dtype_of_v<TC>),
-                        std::span<const double>(mag), co));
+          s.add(compare(name, std::span<const TC>(run(dev)), std::span<const double>(want),
+                        tolerance::reduction(k, dtype::f32, tessel::detail::dtype_of_v<TC>), std::span<const double>(mag), co));
           if (m == ms.back() && k == ks.back()) determinism<TC>(s, name, run, o);
         }
 }
@@ -199,13 +199,13 @@ inline void softmax_entry(suite& s, const run_options& o) {
       [&](std::span<const double> xx, std::span<const double> dy) {
         const auto y64 = softmax64(xx, rows, n);
         std::vector<float> y(y64.begin(), y64.end()), g(dy.begin(), dy.end()), dx(xx.size());
-        softmax_backward(dev, tensor<const float, 2>(g.data(), rows, n), tensor<const float, 2>(y.data(), rows, n), tensor<float, 2>(dx.data(), rows, n));
+        softmax_backward(dev, tensor<const float, 2>(g.data(), rows, n), tensor<const float, 2>(y.data(), rows, n),
+                         tensor<float, 2>(dx.data(), rows, n));
         return std::vector<double>(dx.begin(), dx.end());
       },
       x, go);
   s.add(as_report(r));
 }
-
 
 inline std::vector<double> norm64(bool rms, std::span<const double> x, std::size_t rows, std::size_t n, std::span<const float> w,
                                   std::span<const float> b, double eps, std::vector<double>* mag = nullptr) {
@@ -241,7 +241,8 @@ inline void norm_entry(suite& s, const run_options& o, bool rms) {
     auto run = [&](auto& d) {
       auto y = poisoned<float>(x.size());
       std::vector<float> mean(rows), rstd(rows);
-      if (rms) rmsnorm_forward(d, tensor<const float, 2>(x.data(), rows, n), std::span<const float>(w), tensor<float, 2>(y.data(), rows, n), rstd, no);
+      if (rms)
+        rmsnorm_forward(d, tensor<const float, 2>(x.data(), rows, n), std::span<const float>(w), tensor<float, 2>(y.data(), rows, n), rstd, no);
       else
         layernorm_forward(d, tensor<const float, 2>(x.data(), rows, n), std::span<const float>(w), std::span<const float>(b),
                           tensor<float, 2>(y.data(), rows, n), mean, rstd, no);
@@ -269,11 +270,12 @@ inline void norm_entry(suite& s, const run_options& o, bool rms) {
         const tensor<const float, 2> xt(xf.data(), m, n);
         if (rms) {
           rmsnorm_forward(dev, xt, std::span<const float>(w), tensor<float, 2>(y.data(), m, n), rstd, no);
-          rmsnorm_backward(dev, tensor<const float, 2>(g.data(), m, n), xt, std::span<const float>(w), rstd, tensor<float, 2>(dx.data(), m, n), dw, no);
+          rmsnorm_backward(dev, tensor<const float, 2>(g.data(), m, n), xt, std::span<const float>(w), rstd, tensor<float, 2>(dx.data(), m, n), dw,
+                           no);
         } else {
           layernorm_forward(dev, xt, std::span<const float>(w), bs, tensor<float, 2>(y.data(), m, n), mean, rstd, no);
-          layernorm_backward(dev, tensor<const float, 2>(g.data(), m, n), xt, std::span<const float>(w), mean, rstd, tensor<float, 2>(dx.data(), m, n),
-                             dw, db, no);
+          layernorm_backward(dev, tensor<const float, 2>(g.data(), m, n), xt, std::span<const float>(w), mean, rstd,
+                             tensor<float, 2>(dx.data(), m, n), dw, db, no);
         }
         return std::vector<double>(dx.begin(), dx.end());
       },
@@ -295,8 +297,10 @@ inline void activation_entry(suite& s, const run_options& o, act a) {
   host_device dev(o.threads);
   const char* op = a == act::gelu_tanh ? "gelu_tanh" : a == act::gelu_erf ? "gelu_erf" : "silu";
   auto fwd = [a](auto& d, std::span<const float> x, std::span<float> y) {
-    if (a == act::silu) silu_forward(d, x, y);
-    else gelu_forward(d, x, y, a == act::gelu_tanh ? gelu_approx::tanh : gelu_approx::erf);
+    if (a == act::silu)
+      silu_forward(d, x, y);
+    else
+      gelu_forward(d, x, y, a == act::gelu_tanh ? gelu_approx::tanh : gelu_approx::erf);
   };
   for (std::size_t n : pick(sizes({8, 16, 64}, 100003), o.quick)) {
     const auto x = filled<float>(n, fill::normal, o.seed + n, {3, -1, 1, 3.0, true});
@@ -329,7 +333,8 @@ inline void activation_entry(suite& s, const run_options& o, act a) {
       },
       [&](std::span<const double> x, std::span<const double> dy) {
         std::vector<float> xf(x.begin(), x.end()), g(dy.begin(), dy.end()), dx(x.size());
-        if (a == act::silu) silu_backward(dev, std::span<const float>(g), std::span<const float>(xf), std::span<float>(dx));
+        if (a == act::silu)
+          silu_backward(dev, std::span<const float>(g), std::span<const float>(xf), std::span<float>(dx));
         else
           gelu_backward(dev, std::span<const float>(g), std::span<const float>(xf), std::span<float>(dx),
                         a == act::gelu_tanh ? gelu_approx::tanh : gelu_approx::erf);
@@ -371,7 +376,8 @@ inline void swiglu_entry(suite& s, const run_options& o) {
       },
       [&](std::span<const double> x, std::span<const double> dy) {
         std::vector<float> af(x.begin(), x.begin() + n), bf(x.begin() + n, x.end()), g(dy.begin(), dy.end()), da(n), db(n);
-        swiglu_backward(dev, std::span<const float>(g), std::span<const float>(af), std::span<const float>(bf), std::span<float>(da), std::span<float>(db));
+        swiglu_backward(dev, std::span<const float>(g), std::span<const float>(af), std::span<const float>(bf), std::span<float>(da),
+                        std::span<float>(db));
         std::vector<double> dx(da.begin(), da.end());
         dx.insert(dx.end(), db.begin(), db.end());
         return dx;
@@ -405,7 +411,8 @@ inline void cross_entropy_entry(suite& s, const run_options& o) {
     double loss = 0;
     auto run = [&](auto& d) {
       auto dl = poisoned<float>(x.size());
-      loss = cross_entropy(d, tensor<const float, 2>(x.data(), rows, n), std::span<const std::int64_t>(labels), tensor<float, 2>(dl.data(), rows, n)).loss;
+      loss = cross_entropy(d, tensor<const float, 2>(x.data(), rows, n), std::span<const std::int64_t>(labels), tensor<float, 2>(dl.data(), rows, n))
+                 .loss;
       return dl;
     };
     const std::string name = "cross_entropy " + dims({rows, n});
@@ -537,8 +544,8 @@ inline void attention_entry(suite& s, const run_options& o) {
         const auto want = attention64(sh, causal, widen(q), widen(k), widen(v), &mag);
         tolerance t;
         t.mag = gamma(sh.seq_kv + d + 16, u32);
-        const std::string name = std::string("attention ") + (causal ? "causal " : "") + "hq" + std::to_string(sh.heads_q) + " hkv2 " +
-                                 dims({sh.batch, sq, sh.seq_kv, d});
+        const std::string name =
+            std::string("attention ") + (causal ? "causal " : "") + "hq" + std::to_string(sh.heads_q) + " hkv2 " + dims({sh.batch, sq, sh.seq_kv, d});
         s.add(compare(name, run(dev), want, t, mag));
         determinism<float>(s, name, run, o);
       }
@@ -573,8 +580,8 @@ inline void attention_entry(suite& s, const run_options& o) {
 
 // One output row of attention in fp64: q (d) against the keys `keys` (pointers to d-long k and v
 // rows); a row without keys is "fully masked" (zeros). Returns Σ_j p_j·|v_j| / Σ p in `mag`.
-inline void attention_row64(const double* q, const std::vector<const double*>& ks, const std::vector<const double*>& vs, std::size_t d,
-                            double scale, double* out, double* mag) {
+inline void attention_row64(const double* q, const std::vector<const double*>& ks, const std::vector<const double*>& vs, std::size_t d, double scale,
+                            double* out, double* mag) {
   if (ks.empty()) {
     for (std::size_t e = 0; e < d; ++e) out[e] = mag[e] = 0;
     return;
@@ -614,7 +621,8 @@ inline void attention_variants_entry(suite& s, const run_options& o) {
     const auto qd = widen(q), kd = widen(k), vd = widen(v);
     std::vector<double> want(q.size()), mag(q.size());
     for (std::size_t b = 0; b + 1 < cu_q.size(); ++b) {
-      const std::size_t q0 = std::size_t(cu_q[b]), nq = std::size_t(cu_q[b + 1]) - q0, k0 = std::size_t(cu_kv[b]), nk = std::size_t(cu_kv[b + 1]) - k0;
+      const std::size_t q0 = std::size_t(cu_q[b]), nq = std::size_t(cu_q[b + 1]) - q0, k0 = std::size_t(cu_kv[b]),
+                        nk = std::size_t(cu_kv[b + 1]) - k0;
       for (std::size_t i = 0; i < nq; ++i)
         for (std::size_t h = 0; h < hq; ++h) {
           std::vector<const double*> ks, vs;
@@ -636,7 +644,8 @@ inline void attention_variants_entry(suite& s, const run_options& o) {
     ao.causal = causal;
     auto run = [&](auto& dv) {
       auto out = poisoned<float>(q.size());
-      attention_forward_varlen(dv, sh, std::span<const float>(q), std::span<const float>(k), std::span<const float>(v), std::span<float>(out), {}, ao);
+      attention_forward_varlen(dv, sh, std::span<const float>(q), std::span<const float>(k), std::span<const float>(v), std::span<float>(out), {},
+                               ao);
       return out;
     };
     tolerance t;
@@ -651,7 +660,8 @@ inline void attention_variants_entry(suite& s, const run_options& o) {
     const std::vector<std::int32_t> lens = {int(seq_q), 37, 80};
     std::vector<std::int32_t> table(batch * per_seq);
     for (std::size_t i = 0; i < table.size(); ++i) table[i] = std::int32_t((i * 7 + 3) % pages);  // a permutation of the pages
-    const auto q = filled<float>(batch * seq_q * hq * d, fill::normal, o.seed + 41), k = filled<float>(pages * page * hkv * d, fill::normal, o.seed + 42),
+    const auto q = filled<float>(batch * seq_q * hq * d, fill::normal, o.seed + 41),
+               k = filled<float>(pages * page * hkv * d, fill::normal, o.seed + 42),
                v = filled<float>(pages * page * hkv * d, fill::normal, o.seed + 43);
     const auto qd = widen(q), kd = widen(k), vd = widen(v);
     std::vector<double> want(q.size()), mag(q.size());
@@ -751,12 +761,14 @@ inline void embedding_entry(suite& s, const run_options& o) {
       }
     auto fwd = [&](auto& d) {
       auto out = poisoned<float>(tokens * width);
-      embedding_forward(d, std::span<const std::int64_t>(ids), tensor<const float, 2>(table.data(), vocab, width), tensor<float, 2>(out.data(), tokens, width));
+      embedding_forward(d, std::span<const std::int64_t>(ids), tensor<const float, 2>(table.data(), vocab, width),
+                        tensor<float, 2>(out.data(), tokens, width));
       return out;
     };
     auto bwd = [&](auto& d) {
       std::vector<float> dt(vocab * width, 0.0f);
-      embedding_backward(d, std::span<const std::int64_t>(ids), tensor<const float, 2>(dout.data(), tokens, width), tensor<float, 2>(dt.data(), vocab, width));
+      embedding_backward(d, std::span<const std::int64_t>(ids), tensor<const float, 2>(dout.data(), tokens, width),
+                         tensor<float, 2>(dt.data(), vocab, width));
       return dt;
     };
     const std::string name = "embedding " + dims({tokens, vocab, width});
@@ -813,7 +825,8 @@ inline void optimizer_entry(suite& s, const run_options& o, optimizer which) {
       t.m = m;
       if (which == optimizer::adamw) t.v = v;
       const std::span<const optim_tensor<float, float>> ts(&t, 1);
-      if (which == optimizer::adamw) adamw_step(dev, ts, adamw_params{}, step);
+      if (which == optimizer::adamw)
+        adamw_step(dev, ts, adamw_params{}, step);
       else if (which == optimizer::sgd_nesterov) {
         sgd_params h;
         h.lr = 0.01f;
@@ -918,7 +931,8 @@ inline void gemm_batched_entry(suite& s, const run_options& o) {
             }
       auto run = [&](auto& d) {
         auto c = poisoned<float>(batch * m * n);
-        gemm_strided_batched(d, transpose::none, transpose::yes, m, n, k, 1.0f, a.data(), k, m * k, b.data(), k, k * n, 0.0f, c.data(), n, m * n, batch);
+        gemm_strided_batched(d, transpose::none, transpose::yes, m, n, k, 1.0f, a.data(), k, m * k, b.data(), k, k * n, 0.0f, c.data(), n, m * n,
+                             batch);
         return c;
       };
       const std::string name = "gemm strided batched NT " + dims({batch, m, n, k});
@@ -970,9 +984,9 @@ inline std::vector<conv_case> conv_cases(conv_layout l) {
     p.layout = l;
     return p;
   };
-  return {{{1, 3, 9, 9}, {5, 3, 3, 3}, geo(1, 1, 1, 1, 1, 1, 1)},    {{2, 6, 11, 10}, {9, 2, 3, 3}, geo(2, 1, 0, 2, 1, 1, 3)},
-          {{1, 5, 12, 12}, {7, 5, 3, 3}, geo(1, 2, 2, 2, 2, 2, 1)},  {{2, 13, 6, 5}, {17, 13, 1, 1}, geo(1, 0, 0, 0, 0, 1, 1)},
-          {{1, 3, 19, 19}, {8, 3, 7, 7}, geo(2, 3, 3, 3, 3, 1, 1)},  {{1, 70, 5, 5}, {67, 70, 3, 3}, geo(1, 1, 1, 1, 1, 1, 1)}};
+  return {{{1, 3, 9, 9}, {5, 3, 3, 3}, geo(1, 1, 1, 1, 1, 1, 1)},   {{2, 6, 11, 10}, {9, 2, 3, 3}, geo(2, 1, 0, 2, 1, 1, 3)},
+          {{1, 5, 12, 12}, {7, 5, 3, 3}, geo(1, 2, 2, 2, 2, 2, 1)}, {{2, 13, 6, 5}, {17, 13, 1, 1}, geo(1, 0, 0, 0, 0, 1, 1)},
+          {{1, 3, 19, 19}, {8, 3, 7, 7}, geo(2, 3, 3, 3, 3, 1, 1)}, {{1, 70, 5, 5}, {67, 70, 3, 3}, geo(1, 1, 1, 1, 1, 1, 1)}};
 }
 inline std::size_t conv_at(conv_layout l, const image_dims& d, std::size_t n, std::size_t c, std::size_t y, std::size_t x) {
   return l == conv_layout::nchw ? ((n * d.c + c) * d.h + y) * d.w + x : ((n * d.h + y) * d.w + x) * d.c + c;
@@ -989,7 +1003,8 @@ void conv_taps(const conv_case& cc, const image_dims& y, const F& f) {
           for (std::size_t c = 0; c < cc.f.in; ++c)
             for (std::size_t r = 0; r < cc.f.kh; ++r)
               for (std::size_t q = 0; q < cc.f.kw; ++q) {
-                const long iy = long(oy * p.stride_h + r * p.dilation_h) - long(p.pad_top), ix = long(ox * p.stride_w + q * p.dilation_w) - long(p.pad_left);
+                const long iy = long(oy * p.stride_h + r * p.dilation_h) - long(p.pad_top),
+                           ix = long(ox * p.stride_w + q * p.dilation_w) - long(p.pad_left);
                 if (iy < 0 || ix < 0 || iy >= long(cc.x.h) || ix >= long(cc.x.w)) continue;
                 f(conv_at(p.layout, y, n, o, oy, ox), conv_at(p.layout, cc.x, n, o / kg * cc.f.in + c, std::size_t(iy), std::size_t(ix)),
                   ((o * cc.f.in + c) * cc.f.kh + r) * cc.f.kw + q);
@@ -1108,15 +1123,19 @@ inline const std::vector<entry>& library() {
       {"gemm/e4m3_block", "FP8 E4M3 GEMM with 1x128 / 128x128 block scales (DeepSeek-V3 recipe)", detail::gemm_fp8_entry},
       {"gemm/epilogue", "bf16 GEMM with a fused bias + exact GELU + bf16 cast epilogue", detail::gemm_epilogue_entry},
       {"gemm/batched", "strided-batched f32 GEMM (NT), batch 1, 3, 8", detail::gemm_batched_entry},
-      {"conv2d/f32", "f32 conv2d (implicit GEMM) + bias, NCHW and NHWC: padding, stride 2, dilation 2, groups, 1x1, 7x7 stem", detail::conv_entry<float, float>},
+      {"conv2d/f32", "f32 conv2d (implicit GEMM) + bias, NCHW and NHWC: padding, stride 2, dilation 2, groups, 1x1, 7x7 stem",
+       detail::conv_entry<float, float>},
       {"conv2d/bf16", "bf16 conv2d into bf16 (one rounding of the f32 sum), NCHW and NHWC", detail::conv_entry<bf16, bf16>},
-      {"conv2d/backward", "conv2d data and weight gradients (groups 3, stride 2, asymmetric padding) by gradcheck, both layouts", detail::conv_backward_entry},
+      {"conv2d/backward", "conv2d data and weight gradients (groups 3, stride 2, asymmetric padding) by gradcheck, both layouts",
+       detail::conv_backward_entry},
       {"convert", "bulk f32 -> bf16/fp16/e4m3/e5m2 with and without a scale, adversarial values, bit for bit", detail::convert_entry},
       {"softmax", "softmax forward over row lengths 1..1031; backward gradcheck", detail::softmax_entry},
       {"rmsnorm", "RMSNorm forward; backward (dx) gradcheck", [](suite& s, const run_options& o) { detail::norm_entry(s, o, true); }},
       {"layernorm", "LayerNorm forward; backward (dx) gradcheck", [](suite& s, const run_options& o) { detail::norm_entry(s, o, false); }},
-      {"gelu_tanh", "tanh-approximated GELU forward and backward", [](suite& s, const run_options& o) { detail::activation_entry(s, o, detail::act::gelu_tanh); }},
-      {"gelu_erf", "exact (erf) GELU forward and backward", [](suite& s, const run_options& o) { detail::activation_entry(s, o, detail::act::gelu_erf); }},
+      {"gelu_tanh", "tanh-approximated GELU forward and backward",
+       [](suite& s, const run_options& o) { detail::activation_entry(s, o, detail::act::gelu_tanh); }},
+      {"gelu_erf", "exact (erf) GELU forward and backward",
+       [](suite& s, const run_options& o) { detail::activation_entry(s, o, detail::act::gelu_erf); }},
       {"silu", "SiLU forward and backward", [](suite& s, const run_options& o) { detail::activation_entry(s, o, detail::act::silu); }},
       {"swiglu", "SwiGLU forward and backward (both inputs)", detail::swiglu_entry},
       {"cross_entropy", "cross-entropy loss and dlogits (an ignored row, vocab up to 32003), and a gradcheck of the mean loss",
@@ -1126,10 +1145,13 @@ inline const std::vector<entry>& library() {
        }},
       {"rope", "rotary embedding forward (head_dim 2, 64, 128); backward gradcheck", detail::rope_entry},
       {"attention", "flash attention forward, causal and not, GQA 1 and 4; backward (dq, dk, dv) gradcheck", detail::attention_entry},
-      {"attention/variants", "varlen batches (an empty sequence), decode against a paged KV cache, E4M3 inputs with scales", detail::attention_variants_entry},
+      {"attention/variants", "varlen batches (an empty sequence), decode against a paged KV cache, E4M3 inputs with scales",
+       detail::attention_variants_entry},
       {"embedding", "embedding gather (exact) and its deterministic scatter-add backward", detail::embedding_entry},
-      {"adamw", "fused AdamW, three steps, each against fp64 from the kernel's state", [](suite& s, const run_options& o) { detail::optimizer_entry(s, o, detail::optimizer::adamw); }},
-      {"sgd", "fused SGD with Nesterov momentum, three steps", [](suite& s, const run_options& o) { detail::optimizer_entry(s, o, detail::optimizer::sgd_nesterov); }},
+      {"adamw", "fused AdamW, three steps, each against fp64 from the kernel's state",
+       [](suite& s, const run_options& o) { detail::optimizer_entry(s, o, detail::optimizer::adamw); }},
+      {"sgd", "fused SGD with Nesterov momentum, three steps",
+       [](suite& s, const run_options& o) { detail::optimizer_entry(s, o, detail::optimizer::sgd_nesterov); }},
       {"lion", "fused Lion, three steps", [](suite& s, const run_options& o) { detail::optimizer_entry(s, o, detail::optimizer::lion); }},
   };
   return all;

@@ -49,8 +49,10 @@ int main(int argc, char** argv) {
     const auto st = dist::resume(tiers, dp, grp.world(), &from);
     std::uint64_t step = st ? st->step : 0;
     if (rank == 0) {
-      if (st) std::printf("resumed from step %llu (%s)\n", static_cast<unsigned long long>(step), from.c_str());
-      else std::printf("fresh start\n");
+      if (st)
+        std::printf("resumed from step %llu (%s)\n", static_cast<unsigned long long>(step), from.c_str());
+      else
+        std::printf("fresh start\n");
       std::fflush(stdout);
     }
     nn::adamw_config h;

@@ -21,7 +21,8 @@ namespace tessel::arch {
 template <int MR, int NV>
 struct avx2_fma_f32 {
   static constexpr int mr = MR, nr = 8 * NV, k_pack = 1;
-  template <int R> using with_rows = avx2_fma_f32<R, NV>;
+  template <int R>
+  using with_rows = avx2_fma_f32<R, NV>;
   using a_type = float;
   using b_type = float;
   static void run(const ukernel_args& p) {
@@ -60,8 +61,10 @@ struct avx2_fma_f32 {
         } else if (p.accumulate) {
           r = _mm256_add_ps(_mm256_loadu_ps(c + 8 * v), r);
         }
-        if (p.out) _mm256_stream_ps(p.out + static_cast<std::size_t>(i) * p.ldo + 8 * v, r);
-        else _mm256_storeu_ps(c + 8 * v, r);
+        if (p.out)
+          _mm256_stream_ps(p.out + static_cast<std::size_t>(i) * p.ldo + 8 * v, r);
+        else
+          _mm256_storeu_ps(c + 8 * v, r);
       }
     }
   }

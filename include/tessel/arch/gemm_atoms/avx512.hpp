@@ -36,8 +36,10 @@ inline void finish_avx512(const ukernel_args& p, __m512 (&t)[MR][NV]) {
       } else if (p.accumulate) {
         t[i][v] = _mm512_add_ps(_mm512_loadu_ps(c + 16 * v), t[i][v]);
       }
-      if (p.out) _mm512_stream_ps(p.out + static_cast<std::size_t>(i) * p.ldo + 16 * v, t[i][v]);
-      else _mm512_storeu_ps(c + 16 * v, t[i][v]);
+      if (p.out)
+        _mm512_stream_ps(p.out + static_cast<std::size_t>(i) * p.ldo + 16 * v, t[i][v]);
+      else
+        _mm512_storeu_ps(c + 16 * v, t[i][v]);
     }
   }
 }
@@ -47,12 +49,15 @@ inline void finish_avx512(const ukernel_args& p, __m512 (&t)[MR][NV]) {
 template <int MR, int NV>
 struct avx512_fma_f32 {
   static constexpr int mr = MR, nr = 16 * NV, k_pack = 1;
-  template <int R> using with_rows = avx512_fma_f32<R, NV>;
+  template <int R>
+  using with_rows = avx512_fma_f32<R, NV>;
   using a_type = float;
   using b_type = float;
   static void run(const ukernel_args& p) {
-    if (p.a_rs) run_impl<true>(p);
-    else run_impl<false>(p);
+    if (p.a_rs)
+      run_impl<true>(p);
+    else
+      run_impl<false>(p);
   }
   template <bool Direct>
   static void run_impl(const ukernel_args& p) {
@@ -96,12 +101,15 @@ using avx512_fma_6x64_f32 = avx512_fma_f32<6, 4>;
 template <int MR, int NV>
 struct avx512bf16_dot_bf16bf16f32 {
   static constexpr int mr = MR, nr = 16 * NV, k_pack = 2;
-  template <int R> using with_rows = avx512bf16_dot_bf16bf16f32<R, NV>;
+  template <int R>
+  using with_rows = avx512bf16_dot_bf16bf16f32<R, NV>;
   using a_type = std::uint16_t;
   using b_type = std::uint16_t;
   static void run(const ukernel_args& p) {
-    if (p.a_rs) run_impl<true>(p);
-    else run_impl<false>(p);
+    if (p.a_rs)
+      run_impl<true>(p);
+    else
+      run_impl<false>(p);
   }
   template <bool Direct>
   static void run_impl(const ukernel_args& p) {
@@ -146,12 +154,15 @@ using avx512bf16_dot_6x32_bf16bf16f32 = avx512bf16_dot_bf16bf16f32<6, 2>;
 template <int MR, int NV>
 struct avx512bf16_dot_scaled_bf16bf16f32 {
   static constexpr int mr = MR, nr = 16 * NV, k_pack = 2;
-  template <int R> using with_rows = avx512bf16_dot_scaled_bf16bf16f32<R, NV>;
+  template <int R>
+  using with_rows = avx512bf16_dot_scaled_bf16bf16f32<R, NV>;
   using a_type = std::uint16_t;
   using b_type = std::uint16_t;
   static void run(const scaled_ukernel_args& p) {
-    if (p.a_rs) run_impl<true>(p);
-    else run_impl<false>(p);
+    if (p.a_rs)
+      run_impl<true>(p);
+    else
+      run_impl<false>(p);
   }
   template <bool Direct>
   static void run_impl(const scaled_ukernel_args& p) {
@@ -216,7 +227,8 @@ struct avx512bf16_dot_scaled_bf16bf16f32 {
 template <int MR, int NP>
 struct avx512bf16_rows_dot_bf16bf16f32 {
   static constexpr int mr = MR, nc = 32 * NP;
-  template <int R> using with_rows = avx512bf16_rows_dot_bf16bf16f32<R, NP>;
+  template <int R>
+  using with_rows = avx512bf16_rows_dot_bf16bf16f32<R, NP>;
   static void run(const rows_args& p) {
     // scrambled (lo, hi) accumulator lanes <-> natural columns, for vpermt2ps
     alignas(64) static constexpr std::int32_t to_nat0[16] = {0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23};
@@ -323,8 +335,7 @@ struct avx512bf16_rows_dot_bf16bf16f32 {
 // permute costs as much as the math for M = 16), so within each 32-column unit the atom's output
 // columns come out in the order `scrambled_col`; unscramble_pairs32 restores it once per result.
 // An odd k and columns beyond n are zero-filled. Rows are read whole and in order (long bursts).
-inline void pack_pairs_bf16(const std::uint16_t* b, std::size_t ldb, std::size_t k, std::size_t n, std::uint16_t* out,
-                            std::size_t panel_stride) {
+inline void pack_pairs_bf16(const std::uint16_t* b, std::size_t ldb, std::size_t k, std::size_t n, std::uint16_t* out, std::size_t panel_stride) {
   const std::size_t full = n / 32, rest = n % 32;
   const __mmask32 m = rest ? __mmask32((1u << rest) - 1) : __mmask32(0);
   for (std::size_t r = 0; r < k; r += 2) {
@@ -382,7 +393,8 @@ struct inplace_pairs_args {
 template <int MR, int PF>
 struct avx512bf16_dot_inplace_bf16bf16f32 {
   static constexpr int mr = MR, nr = 32;
-  template <int R> using with_rows = avx512bf16_dot_inplace_bf16bf16f32<R, PF>;
+  template <int R>
+  using with_rows = avx512bf16_dot_inplace_bf16bf16f32<R, PF>;
   static void run(const inplace_pairs_args& p) {
     const auto* a = p.a;
     const auto* b = p.b;
@@ -435,8 +447,8 @@ struct avx512bf16_dot_inplace_bf16bf16f32 {
       }
     }
     for (; pf_left > 0; --pf_left) _mm_prefetch(pf, _MM_HINT_T0), pf += 64;  // lines beyond PF per step
-    // written out here, not through finish_avx512: GCC -O3 does not inline that call, and an
-    // accumulator array passed by reference is then stored to the stack on every K step
+      // written out here, not through finish_avx512: GCC -O3 does not inline that call, and an
+      // accumulator array passed by reference is then stored to the stack on every K step
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
       float* c = p.c + static_cast<std::size_t>(i) * p.ldc;
@@ -475,8 +487,7 @@ template <int M>
 struct avx512_rows_bf16_f32 {
   static_assert(M >= 1 && M <= 3, "avx512_rows_bf16_f32: 1 to 3 rows");
   static constexpr int max_cols = 128;
-  static void run(const std::uint16_t* a, std::size_t lda, const std::uint16_t* b, std::size_t ldb, std::size_t K, int n, float* c,
-                  std::size_t ldc) {
+  static void run(const std::uint16_t* a, std::size_t lda, const std::uint16_t* b, std::size_t ldb, std::size_t K, int n, float* c, std::size_t ldc) {
     __m512 t[M][8];
     for (int i = 0; i < M; ++i)
       for (int v = 0; v < 8; ++v) t[i][v] = _mm512_setzero_ps();

@@ -58,9 +58,7 @@ inline float bf16_bits_to_f32(std::uint16_t b) {
   return f;
 }
 // Flush a subnormal to (signed) zero, as vdpbf16ps does with its inputs and outputs.
-inline float flush_subnormal(float x) {
-  return std::fpclassify(x) == FP_SUBNORMAL ? std::copysign(0.0f, x) : x;
-}
+inline float flush_subnormal(float x) { return std::fpclassify(x) == FP_SUBNORMAL ? std::copysign(0.0f, x) : x; }
 }  // namespace detail
 
 // ---- scalar references ------------------------------------------------------------------------
@@ -69,7 +67,8 @@ inline float flush_subnormal(float x) {
 template <int MR, int NR>
 struct scalar_fma_f32 {
   static constexpr int mr = MR, nr = NR, k_pack = 1;
-  template <int R> using with_rows = scalar_fma_f32<R, NR>;
+  template <int R>
+  using with_rows = scalar_fma_f32<R, NR>;
   using a_type = float;
   using b_type = float;
   static void run(const ukernel_args& p) {
@@ -89,7 +88,8 @@ struct scalar_fma_f32 {
 template <int MR, int NR>
 struct scalar_dot2_bf16 {
   static constexpr int mr = MR, nr = NR, k_pack = 2;
-  template <int R> using with_rows = scalar_dot2_bf16<R, NR>;
+  template <int R>
+  using with_rows = scalar_dot2_bf16<R, NR>;
   using a_type = std::uint16_t;
   using b_type = std::uint16_t;
   static void run(const ukernel_args& p) {
@@ -132,7 +132,8 @@ struct scaled_ukernel_args : ukernel_args {
 template <int MR, int NR>
 struct scalar_dot2_scaled_bf16 {
   static constexpr int mr = MR, nr = NR, k_pack = 2;
-  template <int R> using with_rows = scalar_dot2_scaled_bf16<R, NR>;
+  template <int R>
+  using with_rows = scalar_dot2_scaled_bf16<R, NR>;
   using a_type = std::uint16_t;
   using b_type = std::uint16_t;
   static void run(const scaled_ukernel_args& p) {
@@ -179,7 +180,8 @@ struct rows_args {
 template <int MR, int NC>
 struct scalar_rows_dot2_bf16 {
   static constexpr int mr = MR, nc = NC;
-  template <int R> using with_rows = scalar_rows_dot2_bf16<R, NC>;
+  template <int R>
+  using with_rows = scalar_rows_dot2_bf16<R, NC>;
   static void run(const rows_args& p) {
     using detail::bf16_bits_to_f32;
     using detail::flush_subnormal;
@@ -215,9 +217,12 @@ inline void run_rows_of(int rows, const Args& p) {
 // element by the same FMA chain: the choice never changes the bits.
 template <class Atom, class Args>
 inline void run_rows_narrow(int rows, const Args& p) {
-  if (p.n <= Atom::nc / 4) run_rows_of<typename Atom::template with_cols<Atom::nc / 4>>(rows, p);
-  else if (p.n <= Atom::nc / 2) run_rows_of<typename Atom::template with_cols<Atom::nc / 2>>(rows, p);
-  else run_rows_of<Atom>(rows, p);
+  if (p.n <= Atom::nc / 4)
+    run_rows_of<typename Atom::template with_cols<Atom::nc / 4>>(rows, p);
+  else if (p.n <= Atom::nc / 2)
+    run_rows_of<typename Atom::template with_cols<Atom::nc / 2>>(rows, p);
+  else
+    run_rows_of<Atom>(rows, p);
 }
 
 }  // namespace tessel::arch

@@ -67,8 +67,7 @@ inline std::size_t last_level_cache_bytes() {
 // Benchmarks and tests set it to compare the two paths or to reach the streaming one with small
 // buffers; SIZE_MAX turns streaming off.
 inline std::atomic<std::size_t> ar_stream_above{0};
-inline bool ar_direct_shared(coll_ctx& c, const std::byte* send, std::byte* recv, std::size_t count, dtype d,
-                             reduce_op op) {
+inline bool ar_direct_shared(coll_ctx& c, const std::byte* send, std::byte* recv, std::size_t count, dtype d, reduce_op op) {
   const int r = c.rank, n = c.n;
   const std::size_t es = dtype_size(d), as = dtype_size(accumulator_dtype(d)), bytes = count * es;
   const tag_t tag = c.tag + 70;
@@ -83,8 +82,7 @@ inline bool ar_direct_shared(coll_ctx& c, const std::byte* send, std::byte* recv
   auto work = [&] {
     for (int p = 0; p < n && ok; ++p)
       for (int q = 0; q < n && ok; ++q)
-        if (p != q && (overlaps(bufs[p].recv, bytes, bufs[q].send, bytes) || overlaps(bufs[p].recv, bytes, bufs[q].recv, bytes)))
-          ok = false;
+        if (p != q && (overlaps(bufs[p].recv, bytes, bufs[q].send, bytes) || overlaps(bufs[p].recv, bytes, bufs[q].recv, bytes))) ok = false;
     if (!ok) return;
     const auto off = even_blocks(count, n);
     const std::size_t lo0 = off[r], hi0 = off[r + 1];
@@ -103,8 +101,10 @@ inline bool ar_direct_shared(coll_ctx& c, const std::byte* send, std::byte* recv
         }
         tessel::arch::sum_streaming(in.data(), n, outs.data(), n, hi0 - lo0);
       };
-      if (d == dtype::f32) sum_all(std::type_identity<float>{});
-      else sum_all(std::type_identity<double>{});
+      if (d == dtype::f32)
+        sum_all(std::type_identity<float>{});
+      else
+        sum_all(std::type_identity<double>{});
       tessel::arch::store_fence();
       return;
     }
@@ -112,8 +112,7 @@ inline bool ar_direct_shared(coll_ctx& c, const std::byte* send, std::byte* recv
     const std::size_t chunk = std::max<std::size_t>(1, (std::size_t{32} << 10) / as);
     // the accumulator may be our output unless in place with our input folded after the first two
     // (ordered_fold's aliasing rule); peers' inputs never overlap our output (checked above)
-    const bool acc_in_out = accumulator_dtype(d) == d &&
-                            (r < 2 || !overlaps(recv + lo0 * es, (hi0 - lo0) * es, send + lo0 * es, (hi0 - lo0) * es));
+    const bool acc_in_out = accumulator_dtype(d) == d && (r < 2 || !overlaps(recv + lo0 * es, (hi0 - lo0) * es, send + lo0 * es, (hi0 - lo0) * es));
     scratch accs(acc_in_out ? 0 : std::min(chunk, hi0 - lo0) * as);
     std::vector<fold_src> seq(static_cast<std::size_t>(n));
     for (std::size_t lo = lo0; lo < hi0; lo += chunk) {
@@ -231,16 +230,14 @@ inline void ar_ring_posted(coll_ctx& c, const std::byte* send, std::byte* recv, 
     const std::size_t slots = std::min(ring_window, nseg);
     scratch stage(slots * seg * in_size);
     std::vector<treq> in(nseg);
-    auto post = [&](std::size_t s) {
-      in[s] = c.tp.irecv_into(k - 1, tr, {stage.data() + (s % slots) * seg * in_size, len_of(s) * in_size});
-    };
+    auto post = [&](std::size_t s) { in[s] = c.tp.irecv_into(k - 1, tr, {stage.data() + (s % slots) * seg * in_size, len_of(s) * in_size}); };
     for (std::size_t s = 0; s < slots; ++s) post(s);
     for (std::size_t s = 0; s < nseg; ++s) {
       const std::size_t lo = lo_of(s), m = len_of(s);
       c.tp.wait(in[s]);
       const std::vector<fold_src> seq{fold_src{-1, stage.data() + (s % slots) * seg * in_size, !raw_in}, fold_src{-1, send + lo * es, false}};
       ordered_fold(c, d, op, seq, acc + lo * as, m, tr);  // both local: a plain fold
-      if (s + slots < nseg) post(s + slots);                // its slot is free again
+      if (s + slots < nseg) post(s + slots);              // its slot is free again
       if (k < n - 1) {
         red[s] = c.tp.isend(k + 1, tr, {acc + lo * as, m * as});
       } else {

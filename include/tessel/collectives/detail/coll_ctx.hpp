@@ -23,15 +23,13 @@ struct coll_ctx {
   transport_iface& tp;
   int rank;
   int n;
-  tag_t tag;                          // base tag of this collective
+  tag_t tag;                            // base tag of this collective
   std::size_t segment_bytes = 1 << 20;  // pipelining unit of the ring algorithms
-  int node_size = 1;                  // ranks per super-node for hierarchical
+  int node_size = 1;                    // ranks per super-node for hierarchical
 
   // sends must complete before their buffers are reused; dropping them cancels (see transports)
   std::vector<treq> pending;
-  void send(int peer, tag_t t, const std::byte* p, std::size_t bytes) {
-    pending.push_back(tp.isend(peer, t, {p, bytes}));
-  }
+  void send(int peer, tag_t t, const std::byte* p, std::size_t bytes) { pending.push_back(tp.isend(peer, t, {p, bytes})); }
   void wait_all() {
     for (auto& r : pending) tp.wait(r);
     pending.clear();
@@ -80,8 +78,8 @@ struct fold_src {
 // acc (m accumulator elements) = contributions folded in sequence order. acc may alias a local
 // contribution only if that contribution is one of the first two (element-wise reads come first).
 // Messages carry `tag`; a partial (is_acc) message carries `partial_tag`.
-inline void ordered_fold(coll_ctx& c, dtype d, reduce_op op, const std::vector<fold_src>& seq, std::byte* acc,
-                         std::size_t m, tag_t tag, tag_t partial_tag) {
+inline void ordered_fold(coll_ctx& c, dtype d, reduce_op op, const std::vector<fold_src>& seq, std::byte* acc, std::size_t m, tag_t tag,
+                         tag_t partial_tag) {
   const std::size_t es = dtype_size(d), as = dtype_size(accumulator_dtype(d));
   auto bytes_of = [&](const fold_src& s) { return m * (s.is_acc ? as : es); };
   auto elem_of = [&](const fold_src& s, std::size_t off) { return off / (s.is_acc ? as : es); };
@@ -106,12 +104,13 @@ inline void ordered_fold(coll_ctx& c, dtype d, reduce_op op, const std::vector<f
   const fold_src& s0 = seq[0];
   std::size_t next = 1;
   if (seq.size() == 1) {
-    if (s0.rank < 0) to_acc_kernel(d, s0.local, acc, m);
-    else if (s0.is_acc) c.tp.recv_into(s0.rank, partial_tag, {acc, m * as});
+    if (s0.rank < 0)
+      to_acc_kernel(d, s0.local, acc, m);
+    else if (s0.is_acc)
+      c.tp.recv_into(s0.rank, partial_tag, {acc, m * as});
     else
-      c.tp.recv(s0.rank, tag, bytes_of(s0), [&](std::span<const std::byte> p, std::size_t off) {
-        to_acc_kernel(d, p.data(), acc + elem_of(s0, off) * as, p.size() / es);
-      });
+      c.tp.recv(s0.rank, tag, bytes_of(s0),
+                [&](std::span<const std::byte> p, std::size_t off) { to_acc_kernel(d, p.data(), acc + elem_of(s0, off) * as, p.size() / es); });
     return;
   }
   const fold_src& s1 = seq[1];
@@ -132,11 +131,11 @@ inline void ordered_fold(coll_ctx& c, dtype d, reduce_op op, const std::vector<f
     });
     next = 2;
   } else {
-    if (s0.is_acc) c.tp.recv_into(s0.rank, partial_tag, {acc, m * as});
+    if (s0.is_acc)
+      c.tp.recv_into(s0.rank, partial_tag, {acc, m * as});
     else
-      c.tp.recv(s0.rank, tag, bytes_of(s0), [&](std::span<const std::byte> p, std::size_t off) {
-        to_acc_kernel(d, p.data(), acc + elem_of(s0, off) * as, p.size() / es);
-      });
+      c.tp.recv(s0.rank, tag, bytes_of(s0),
+                [&](std::span<const std::byte> p, std::size_t off) { to_acc_kernel(d, p.data(), acc + elem_of(s0, off) * as, p.size() / es); });
   }
   for (std::size_t k = next; k < seq.size(); ++k) {
     const fold_src& s = seq[k];
@@ -152,8 +151,7 @@ inline void ordered_fold(coll_ctx& c, dtype d, reduce_op op, const std::vector<f
   }
 }
 
-inline void ordered_fold(coll_ctx& c, dtype d, reduce_op op, const std::vector<fold_src>& seq, std::byte* acc,
-                         std::size_t m, tag_t tag) {
+inline void ordered_fold(coll_ctx& c, dtype d, reduce_op op, const std::vector<fold_src>& seq, std::byte* acc, std::size_t m, tag_t tag) {
   ordered_fold(c, d, op, seq, acc, m, tag, tag);
 }
 

@@ -13,8 +13,7 @@
 namespace tessel::detail {
 
 // direct: every rank sends block q to its owner q, which folds the n contributions in rank order.
-inline void rs_direct(coll_ctx& c, const std::byte* send, std::byte* out, dtype d, reduce_op op,
-                      const std::vector<std::size_t>& off) {
+inline void rs_direct(coll_ctx& c, const std::byte* send, std::byte* out, dtype d, reduce_op op, const std::vector<std::size_t>& off) {
   const std::size_t es = dtype_size(d);
   const int r = c.rank;
   const tag_t tag = c.tag + 1;
@@ -34,8 +33,8 @@ inline void rs_direct(coll_ctx& c, const std::byte* send, std::byte* out, dtype 
 // ring: a pipelined chain. The partial of each segment starts as rank 0's raw data, visits ranks
 // 1, 2, ..., n-1 in ring order (each folds its own data in), and is complete on rank n-1.
 // `final_out` gets the result on rank n-1. Returns after the rank's part of every segment.
-inline void chain_reduce(coll_ctx& c, const std::byte* send, dtype d, reduce_op op, std::size_t lo, std::size_t hi,
-                         std::byte* acc_space, std::byte* final_out, tag_t tag) {
+inline void chain_reduce(coll_ctx& c, const std::byte* send, dtype d, reduce_op op, std::size_t lo, std::size_t hi, std::byte* acc_space,
+                         std::byte* final_out, tag_t tag) {
   const std::size_t es = dtype_size(d), as = dtype_size(accumulator_dtype(d));
   const int k = c.rank, n = c.n;
   const std::size_t m = hi - lo;
@@ -45,8 +44,10 @@ inline void chain_reduce(coll_ctx& c, const std::byte* send, dtype d, reduce_op 
   }
   std::vector<fold_src> seq{fold_src{k - 1, nullptr, k >= 2}, fold_src{-1, send + lo * es, false}};
   ordered_fold(c, d, op, seq, acc_space, m, tag);
-  if (k < n - 1) c.send(k + 1, tag, acc_space, m * as);
-  else finalize_kernel(op, d, n, acc_space, final_out, m);
+  if (k < n - 1)
+    c.send(k + 1, tag, acc_space, m * as);
+  else
+    finalize_kernel(op, d, n, acc_space, final_out, m);
 }
 
 // halving-doubling (Rabenseifner's schedule), moving raw contributions so that the owner of each
@@ -89,8 +90,7 @@ inline hd_plan make_hd_plan(int n) {
 
 // Runs the halving phase; core ranks fold their final block range into `out_full` (indexed like the
 // whole buffer: element i at out_full + i*es), extra ranks only send their data. Returns the plan.
-inline hd_plan hd_halving(coll_ctx& c, const std::byte* send, std::byte* out_full, dtype d, reduce_op op,
-                          const std::vector<std::size_t>& off) {
+inline hd_plan hd_halving(coll_ctx& c, const std::byte* send, std::byte* out_full, dtype d, reduce_op op, const std::vector<std::size_t>& off) {
   const std::size_t es = dtype_size(d);
   const std::size_t count = off.back();
   hd_plan h = make_hd_plan(c.n);
@@ -140,8 +140,7 @@ inline hd_plan hd_halving(coll_ctx& c, const std::byte* send, std::byte* out_ful
   return h;
 }
 
-inline void rs_ring(coll_ctx& c, const std::byte* send, std::byte* out, dtype d, reduce_op op,
-                    const std::vector<std::size_t>& off) {
+inline void rs_ring(coll_ctx& c, const std::byte* send, std::byte* out, dtype d, reduce_op op, const std::vector<std::size_t>& off) {
   const std::size_t es = dtype_size(d), as = dtype_size(accumulator_dtype(d));
   const int k = c.rank, n = c.n;
   const std::size_t count = off.back();
@@ -158,8 +157,7 @@ inline void rs_ring(coll_ctx& c, const std::byte* send, std::byte* out, dtype d,
   if (k != n - 1) c.tp.recv_into(n - 1, tf, {out, (off[k + 1] - off[k]) * es});
 }
 
-inline void rs_hd(coll_ctx& c, const std::byte* send, std::byte* out, dtype d, reduce_op op,
-                  const std::vector<std::size_t>& off) {
+inline void rs_hd(coll_ctx& c, const std::byte* send, std::byte* out, dtype d, reduce_op op, const std::vector<std::size_t>& off) {
   const std::size_t es = dtype_size(d);
   const std::size_t count = off.back();
   const int r = c.rank;
@@ -188,8 +186,7 @@ inline void rs_hd(coll_ctx& c, const std::byte* send, std::byte* out, dtype d, r
   c.wait_all();
 }
 
-inline void rs_tree(coll_ctx& c, const std::byte* send, std::byte* out, dtype d, reduce_op op,
-                    const std::vector<std::size_t>& off) {
+inline void rs_tree(coll_ctx& c, const std::byte* send, std::byte* out, dtype d, reduce_op op, const std::vector<std::size_t>& off) {
   const std::size_t es = dtype_size(d);
   const std::size_t count = off.back();
   scratch g = tree_gather(c, send, count * es, 0, c.tag + 14);
@@ -203,7 +200,6 @@ inline void rs_tree(coll_ctx& c, const std::byte* send, std::byte* out, dtype d,
   } else {
     c.tp.recv_into(0, tf, {out, (off[c.rank + 1] - off[c.rank]) * es});
   }
-
 }
 
 }  // namespace tessel::detail

@@ -119,8 +119,10 @@ class scratch {
  public:
   scratch() = default;
   explicit scratch(std::size_t bytes) : n_(bytes) {
-    if (bytes && !coll_dry_run) std::tie(p_, cls_) = scratch_pool::instance().get(bytes);
-    else if (bytes) dry_ = dry_region(bytes);
+    if (bytes && !coll_dry_run)
+      std::tie(p_, cls_) = scratch_pool::instance().get(bytes);
+    else if (bytes)
+      dry_ = dry_region(bytes);
   }
   scratch(scratch&& o) noexcept
       : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)), cls_(std::exchange(o.cls_, 0)), dry_(std::move(o.dry_)) {}

@@ -25,8 +25,7 @@ inline scratch tree_gather(coll_ctx& c, const std::byte* send, std::size_t bytes
     }
     if (v + mask < n) {
       const int child = v + mask, csub = std::min(mask, n - child);
-      c.tp.recv_into((child + root) % n, tag,
-                     {buf.data() + static_cast<std::size_t>(mask) * bytes, static_cast<std::size_t>(csub) * bytes});
+      c.tp.recv_into((child + root) % n, tag, {buf.data() + static_cast<std::size_t>(mask) * bytes, static_cast<std::size_t>(csub) * bytes});
     }
   }
   return buf;
@@ -48,8 +47,7 @@ inline void tree_bcast(coll_ctx& c, std::byte* buf, std::size_t bytes, int root,
 }
 
 // Root folds the gathered raw contributions (virtual order) in real rank order into out.
-inline void fold_gathered(coll_ctx& c, const scratch& g, std::size_t count, dtype d, reduce_op op, int root,
-                          std::byte* out) {
+inline void fold_gathered(coll_ctx& c, const scratch& g, std::size_t count, dtype d, reduce_op op, int root, std::byte* out) {
   const std::size_t es = dtype_size(d);
   std::vector<fold_src> seq;
   for (int q = 0; q < c.n; ++q) {

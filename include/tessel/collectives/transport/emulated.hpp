@@ -38,9 +38,7 @@
 #include <tessel/emulator/cluster.hpp>
 
 namespace tessel {
-inline namespace v0 {
-
-}  // namespace v0
+inline namespace v0 {}  // namespace v0
 namespace detail {
 struct emulated_shared {
   emu::cluster* cl = nullptr;
@@ -112,8 +110,7 @@ class emulated_world {
     if (cards.empty()) throw comm_error(errc::invalid_argument, "emulated_world: no cards");
     for (std::size_t c : cards)
       if (c >= cl.size())
-        throw comm_error(errc::out_of_range, "emulated_world: card " + std::to_string(c) + " outside the cluster of " +
-                                std::to_string(cl.size()));
+        throw comm_error(errc::out_of_range, "emulated_world: card " + std::to_string(c) + " outside the cluster of " + std::to_string(cl.size()));
     s_->cl = &cl;
     s_->cards = std::move(cards);
     // the algorithms' own buffers (host memory) are sent and received directly, no staging copy
@@ -136,8 +133,7 @@ class emulated_world {
     emu::cluster_config cfg;
     const std::size_t n = static_cast<std::size_t>(ranks);
     cfg.cards_per_supernode = std::min<std::size_t>(n, 128);
-    if (n % cfg.cards_per_supernode != 0)
-      throw comm_error(errc::invalid_argument, "emulated_world: more than 128 ranks must be a multiple of 128");
+    if (n % cfg.cards_per_supernode != 0) throw comm_error(errc::invalid_argument, "emulated_world: more than 128 ranks must be a multiple of 128");
     cfg.scaleout.supernodes = n / cfg.cards_per_supernode;
     cfg.timing_only = timing_only;
     cfg.faults.op_timeout = 1.0;  // large transfers queue behind each other for long in big runs
@@ -174,8 +170,7 @@ class emulated_transport {
       if (owner_ && live_ && !waited_) {
         try {
           owner_->cl->wait(done_);
-        } catch (...) {
-        }
+        } catch (...) {}
       }
     }
 
@@ -209,8 +204,8 @@ class emulated_transport {
     send_request r;
     r.owner_ = s_.get();
     post([&] {
-      r.done_ = s_->cl->send(card(), s_->cards[static_cast<std::size_t>(peer)], timing_only() ? nullptr : src.data(),
-                             src.size(), s_->cluster_tag(tag));
+      r.done_ =
+          s_->cl->send(card(), s_->cards[static_cast<std::size_t>(peer)], timing_only() ? nullptr : src.data(), src.size(), s_->cluster_tag(tag));
     });
     r.live_ = true;
     return r;
@@ -248,7 +243,8 @@ class emulated_transport {
     send_request r;
     r.owner_ = s_.get();
     post([&] {
-      r.done_ = s_->cl->recv(card(), s_->cards[static_cast<std::size_t>(peer)], timing_only() ? nullptr : dst.data(), dst.size(), s_->cluster_tag(tag));
+      r.done_ =
+          s_->cl->recv(card(), s_->cards[static_cast<std::size_t>(peer)], timing_only() ? nullptr : dst.data(), dst.size(), s_->cluster_tag(tag));
     });
     r.live_ = true;
     return r;
@@ -324,8 +320,7 @@ class emulated_transport {
       s_->successor = next;
     }
     const auto it = std::find(s_->successor_ranks.begin(), s_->successor_ranks.end(), rank_);
-    if (it == s_->successor_ranks.end())
-      throw comm_revoked_error(-1, "emulated_transport: this rank's card failed; it is not in the shrunk world");
+    if (it == s_->successor_ranks.end()) throw comm_revoked_error(-1, "emulated_transport: this rank's card failed; it is not in the shrunk world");
     return emulated_transport(s_->successor, static_cast<int>(it - s_->successor_ranks.begin()));
   }
 
@@ -335,8 +330,7 @@ class emulated_transport {
 
   void check_peer(int peer) const {
     if (peer < 0 || peer >= size())
-      throw comm_error(errc::out_of_range, "emulated_transport: peer " + std::to_string(peer) + " outside [0, " +
-                              std::to_string(size()) + ")");
+      throw comm_error(errc::out_of_range, "emulated_transport: peer " + std::to_string(peer) + " outside [0, " + std::to_string(size()) + ")");
   }
   // Posts one transfer: the world is checked and the transfer posted under the revoke lock.
   // (An error is mapped after the lock is released: the mapping may revoke.)
@@ -348,17 +342,15 @@ class emulated_transport {
       check_state();
       try {
         f();
-      } catch (...) {
-        err = std::current_exception();
-      }
+      } catch (...) { err = std::current_exception(); }
     }
     if (err) guard([&] { std::rethrow_exception(err); });
   }
   void check_state() const {
     if (s_->aborted) throw comm_aborted_error("emulated_transport: communicator aborted");
     if (s_->revoked)
-      throw comm_revoked_error(s_->revoked_by, "emulated_transport: communicator revoked after rank " +
-                                                   std::to_string(s_->revoked_by.load()) + " failed");
+      throw comm_revoked_error(s_->revoked_by,
+                               "emulated_transport: communicator revoked after rank " + std::to_string(s_->revoked_by.load()) + " failed");
   }
   // Emulator faults -> the collectives' error types (and the communicator is revoked).
   template <class F>
@@ -375,7 +367,8 @@ class emulated_transport {
       throw comm_timeout_error(who, std::string("emulated_transport: ") + e.what());
     } catch (const emu::fault_error& e) {
       if (s_->revoked)  // ended by a revoke
-        throw comm_revoked_error(s_->revoked_by, "emulated_transport: communicator revoked after rank " + std::to_string(s_->revoked_by.load()) + " failed");
+        throw comm_revoked_error(s_->revoked_by,
+                                 "emulated_transport: communicator revoked after rank " + std::to_string(s_->revoked_by.load()) + " failed");
       revoke(-1);
       throw comm_error(std::string("emulated_transport: ") + e.what());
     }
@@ -387,8 +380,7 @@ class emulated_transport {
 
 inline emulated_transport emulated_world::transport(int rank) const {
   if (rank < 0 || rank >= size())
-    throw comm_error(errc::out_of_range, "emulated_world: rank " + std::to_string(rank) + " outside [0, " +
-                            std::to_string(size()) + ")");
+    throw comm_error(errc::out_of_range, "emulated_world: rank " + std::to_string(rank) + " outside [0, " + std::to_string(size()) + ")");
   return emulated_transport(s_, rank);
 }
 

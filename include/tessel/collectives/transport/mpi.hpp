@@ -88,8 +88,7 @@ class mpi_transport {
     r.reqs_.resize(pieces, MPI_REQUEST_NULL);
     for (std::size_t k = 0; k < pieces; ++k) {
       const std::size_t off = k * piece_bytes, len = std::min(piece_bytes, src.size() - std::min(src.size(), off));
-      MPI_Isend(len ? src.data() + off : nullptr, static_cast<int>(len), MPI_BYTE, peer, mpi_tag(tag), comm_of(tag),
-                &r.reqs_[k]);
+      MPI_Isend(len ? src.data() + off : nullptr, static_cast<int>(len), MPI_BYTE, peer, mpi_tag(tag), comm_of(tag), &r.reqs_[k]);
     }
     return r;
   }
@@ -118,8 +117,7 @@ class mpi_transport {
     std::vector<MPI_Request> reqs(pieces, MPI_REQUEST_NULL);
     for (std::size_t k = 0; k < pieces; ++k) {
       const std::size_t off = k * piece_bytes, len = std::min(piece_bytes, dst.size() - std::min(dst.size(), off));
-      MPI_Irecv(len ? dst.data() + off : nullptr, static_cast<int>(len), MPI_BYTE, peer, mpi_tag(tag), comm_of(tag),
-                &reqs[k]);
+      MPI_Irecv(len ? dst.data() + off : nullptr, static_cast<int>(len), MPI_BYTE, peer, mpi_tag(tag), comm_of(tag), &reqs[k]);
     }
     wait_all(reqs, peer);
   }
@@ -147,28 +145,28 @@ class mpi_transport {
 
   void check_peer(int peer) const {
     if (peer < 0 || peer >= st_->size)
-      throw comm_error(errc::out_of_range, "mpi_transport: peer " + std::to_string(peer) + " outside [0, " +
-                              std::to_string(st_->size) + ")");
+      throw comm_error(errc::out_of_range, "mpi_transport: peer " + std::to_string(peer) + " outside [0, " + std::to_string(st_->size) + ")");
   }
   static void check_len(const MPI_Status& s, std::size_t want, int peer) {
     int got = 0;
     MPI_Get_count(&s, MPI_BYTE, &got);
     if (static_cast<std::size_t>(got) != want)
-      throw comm_error(errc::invalid_argument, "mpi_transport: expected " + std::to_string(want) + " bytes from rank " +
-                              std::to_string(peer) + ", got " + std::to_string(got));
+      throw comm_error(errc::invalid_argument, "mpi_transport: expected " + std::to_string(want) + " bytes from rank " + std::to_string(peer) +
+                                                   ", got " + std::to_string(got));
   }
   // Polls so that abort() and the timeout can end the wait (a blocking MPI_Wait could not).
   void wait_all(std::vector<MPI_Request>& reqs, int peer, MPI_Status* one = nullptr) {
     const auto deadline = std::chrono::steady_clock::now() + st_->timeout;
     for (unsigned spins = 0;; ++spins) {
       int done = 0;
-      if (one) MPI_Test(&reqs[0], &done, one);
-      else MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE);
+      if (one)
+        MPI_Test(&reqs[0], &done, one);
+      else
+        MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE);
       if (done) return;
       if (st_->aborted) throw comm_aborted_error("mpi_transport: communicator aborted");
       if ((spins & 1023) == 0 && std::chrono::steady_clock::now() > deadline)
-        throw comm_timeout_error(peer, "mpi_transport: rank " + std::to_string(st_->rank) +
-                                           " timed out waiting on rank " + std::to_string(peer));
+        throw comm_timeout_error(peer, "mpi_transport: rank " + std::to_string(st_->rank) + " timed out waiting on rank " + std::to_string(peer));
       if (spins > 64) std::this_thread::yield();  // oversubscribed runs: let the peer process work
     }
   }

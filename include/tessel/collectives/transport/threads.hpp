@@ -27,9 +27,7 @@
 #include <tessel/collectives/transport.hpp>
 
 namespace tessel {
-inline namespace v0 {
-
-}  // namespace v0
+inline namespace v0 {}  // namespace v0
 namespace detail {
 
 struct threads_desc {
@@ -57,17 +55,21 @@ inline std::unique_lock<std::mutex> lock_spinning(std::mutex& m) {
 
 struct threads_shared {
   explicit threads_shared(int ranks, std::chrono::nanoseconds to)
-      : n(ranks), cv(std::make_unique<std::condition_variable[]>(static_cast<std::size_t>(ranks))),
-        inbox(static_cast<std::size_t>(ranks)), alive(static_cast<std::size_t>(ranks), 1),
-        reading_from(static_cast<std::size_t>(ranks), 0), fail_after(static_cast<std::size_t>(ranks), -1),
-        timeout(to), epoch(std::make_unique<padded_epoch[]>(static_cast<std::size_t>(ranks))) {}
+      : n(ranks),
+        cv(std::make_unique<std::condition_variable[]>(static_cast<std::size_t>(ranks))),
+        inbox(static_cast<std::size_t>(ranks)),
+        alive(static_cast<std::size_t>(ranks), 1),
+        reading_from(static_cast<std::size_t>(ranks), 0),
+        fail_after(static_cast<std::size_t>(ranks), -1),
+        timeout(to),
+        epoch(std::make_unique<padded_epoch[]>(static_cast<std::size_t>(ranks))) {}
   int n;
   std::mutex mu;
   std::unique_ptr<std::condition_variable[]> cv;  // cv[r]: rank r waits on it
   std::vector<std::deque<std::shared_ptr<threads_desc>>> inbox;
   std::vector<char> alive;
-  std::vector<int> reading_from;          // readers currently inside rank r's send buffers
-  std::vector<std::int64_t> fail_after;   // transport operations left before rank r stops (-1: never)
+  std::vector<int> reading_from;         // readers currently inside rank r's send buffers
+  std::vector<std::int64_t> fail_after;  // transport operations left before rank r stops (-1: never)
   bool aborted = false;
   bool revoked = false;
   int revoked_by = -1;
@@ -80,7 +82,7 @@ struct threads_shared {
   struct alignas(64) padded_epoch {
     std::atomic<std::uint32_t> v{0};
   };
-  std::unique_ptr<padded_epoch[]> epoch;  // epoch[r] changes (under mu) whenever cv[r] is notified
+  std::unique_ptr<padded_epoch[]> epoch;      // epoch[r] changes (under mu) whenever cv[r] is notified
   std::shared_ptr<threads_shared> successor;  // the shrunk world, once a survivor asked for it
   std::vector<int> successor_ranks;           // old rank of each new rank
 
@@ -102,8 +104,7 @@ struct threads_shared {
   // thread can unwind safely.
   void kill_locked(std::unique_lock<std::mutex>& lk, int r) {
     alive[static_cast<std::size_t>(r)] = 0;
-    for (auto& q : inbox)
-      std::erase_if(q, [r](const std::shared_ptr<threads_desc>& d) { return d->src == r; });
+    for (auto& q : inbox) std::erase_if(q, [r](const std::shared_ptr<threads_desc>& d) { return d->src == r; });
     notify_all_locked();
     cv[r].wait(lk, [&] { return reading_from[static_cast<std::size_t>(r)] == 0; });
   }
@@ -167,8 +168,7 @@ class threads_world {
  private:
   void check_rank(int r) const {
     if (r < 0 || r >= s_->n)
-      throw comm_error(errc::out_of_range, "threads_world: rank " + std::to_string(r) + " outside [0, " +
-                              std::to_string(s_->n) + ")");
+      throw comm_error(errc::out_of_range, "threads_world: rank " + std::to_string(r) + " outside [0, " + std::to_string(s_->n) + ")");
   }
   std::shared_ptr<detail::threads_shared> s_;
   friend class threads_transport;
@@ -199,8 +199,7 @@ class threads_transport {
 
    private:
     friend class threads_transport;
-    send_request(std::shared_ptr<detail::threads_shared> s, std::shared_ptr<detail::threads_desc> d)
-        : s_(std::move(s)), d_(std::move(d)) {}
+    send_request(std::shared_ptr<detail::threads_shared> s, std::shared_ptr<detail::threads_desc> d) : s_(std::move(s)), d_(std::move(d)) {}
     // An unfinished send that is dropped (an exception unwinds the algorithm) is withdrawn, or
     // waited for if a reader is inside it, so the buffer can be freed.
     void cancel() noexcept {
@@ -222,9 +221,7 @@ class threads_transport {
 
   int rank() const { return rank_; }
   int size() const { return s_->n; }
-  double now() const {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-  }
+  double now() const { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
   send_request isend(int peer, tag_t tag, std::span<const std::byte> src) {
     check_peer(peer);
@@ -243,7 +240,8 @@ class threads_transport {
     tick_locked(lk);
     auto* d = r.d_.get();
     const int peer = d->dst;
-    wait_locked(lk, peer, [d] { return d->done; }, "send completion");
+    wait_locked(
+        lk, peer, [d] { return d->done; }, "send completion");
     const bool failed = d->failed;
     lk.unlock();
     r.d_.reset();
@@ -254,8 +252,8 @@ class threads_transport {
         std::lock_guard g(s_->mu);
         check_state_locked(peer);  // revoked / aborted / dead: say so
       }
-      throw peer_failed_error(peer, "threads_transport: rank " + std::to_string(peer) +
-                                        " failed while consuming a message from rank " + std::to_string(rank_));
+      throw peer_failed_error(
+          peer, "threads_transport: rank " + std::to_string(peer) + " failed while consuming a message from rank " + std::to_string(rank_));
     }
   }
 
@@ -289,9 +287,8 @@ class threads_transport {
     if (d->size != bytes) {
       const std::size_t got = d->size;
       finish(true);  // rejected unread: the sender's buffer is simply free again
-      throw comm_error(errc::invalid_argument, "threads_transport: rank " + std::to_string(rank_) + " expected " +
-                              std::to_string(bytes) + " bytes from rank " + std::to_string(peer) + ", got " +
-                              std::to_string(got));
+      throw comm_error(errc::invalid_argument, "threads_transport: rank " + std::to_string(rank_) + " expected " + std::to_string(bytes) +
+                                                   " bytes from rank " + std::to_string(peer) + ", got " + std::to_string(got));
     }
     try {
       fn(std::span<const std::byte>(d->data, d->size), 0);
@@ -327,18 +324,15 @@ class threads_transport {
   // survivor calls it; the first one creates the new world.
   threads_transport shrink() {
     std::lock_guard lk(s_->mu);
-    if (!s_->alive[static_cast<std::size_t>(rank_)])
-      throw rank_stopped_error(rank_, "threads_transport: a stopped rank cannot shrink");
+    if (!s_->alive[static_cast<std::size_t>(rank_)]) throw rank_stopped_error(rank_, "threads_transport: a stopped rank cannot shrink");
     if (!s_->successor) {
       for (int r = 0; r < s_->n; ++r)
         if (s_->alive[static_cast<std::size_t>(r)]) s_->successor_ranks.push_back(r);
-      s_->successor = std::make_shared<detail::threads_shared>(static_cast<int>(s_->successor_ranks.size()),
-                                                                s_->timeout);
+      s_->successor = std::make_shared<detail::threads_shared>(static_cast<int>(s_->successor_ranks.size()), s_->timeout);
     }
     const auto it = std::find(s_->successor_ranks.begin(), s_->successor_ranks.end(), rank_);
     if (it == s_->successor_ranks.end())
-      throw comm_revoked_error(-1, "threads_transport: rank " + std::to_string(rank_) +
-                                       " was not alive when the communicator shrank");
+      throw comm_revoked_error(-1, "threads_transport: rank " + std::to_string(rank_) + " was not alive when the communicator shrank");
     return threads_transport(s_->successor, static_cast<int>(it - s_->successor_ranks.begin()));
   }
 
@@ -348,8 +342,7 @@ class threads_transport {
 
   void check_peer(int peer) const {
     if (peer < 0 || peer >= s_->n)
-      throw comm_error(errc::out_of_range, "threads_transport: peer " + std::to_string(peer) + " outside [0, " +
-                              std::to_string(s_->n) + ")");
+      throw comm_error(errc::out_of_range, "threads_transport: peer " + std::to_string(peer) + " outside [0, " + std::to_string(s_->n) + ")");
   }
   // Counts this rank's operations for fault injection; stops the rank when its count runs out.
   void tick_locked(std::unique_lock<std::mutex>& lk) {
@@ -363,14 +356,12 @@ class threads_transport {
     }
     left = -1;
     s_->kill_locked(lk, rank_);
-    throw rank_stopped_error(rank_, "threads_transport: rank " + std::to_string(rank_) +
-                                        " stopped (fault injection)");
+    throw rank_stopped_error(rank_, "threads_transport: rank " + std::to_string(rank_) + " stopped (fault injection)");
   }
   void check_state_locked(int peer) {
     if (s_->aborted) throw comm_aborted_error("threads_transport: communicator aborted");
     if (s_->revoked)
-      throw comm_revoked_error(s_->revoked_by, "threads_transport: communicator revoked after rank " +
-                                                   std::to_string(s_->revoked_by) + " failed");
+      throw comm_revoked_error(s_->revoked_by, "threads_transport: communicator revoked after rank " + std::to_string(s_->revoked_by) + " failed");
     if (peer >= 0 && !s_->alive[static_cast<std::size_t>(peer)]) {
       s_->revoke_locked(peer);
       throw peer_failed_error(peer, "threads_transport: peer rank " + std::to_string(peer) + " is dead");
@@ -407,8 +398,8 @@ class threads_transport {
         if (ready()) return;
         check_state_locked(peer);
         s_->revoke_locked(peer);
-        throw comm_timeout_error(peer, "threads_transport: rank " + std::to_string(rank_) +
-                                           " timed out waiting for " + what + " from rank " + std::to_string(peer));
+        throw comm_timeout_error(
+            peer, "threads_transport: rank " + std::to_string(rank_) + " timed out waiting for " + what + " from rank " + std::to_string(peer));
       }
     }
   }
@@ -448,8 +439,8 @@ void threads_world::run(F&& f) const {
         s_->notify_all_locked();
       }
       for (auto& t : ts) t.join();
-      throw comm_error(errc::capacity, "threads_world: the system could not start the thread of rank " + std::to_string(r) +
-                                           " of " + std::to_string(s_->n) + " (" + e.what() + "); use fewer ranks");
+      throw comm_error(errc::capacity, "threads_world: the system could not start the thread of rank " + std::to_string(r) + " of " +
+                                           std::to_string(s_->n) + " (" + e.what() + "); use fewer ranks");
     }
   }
   for (auto& t : ts) t.join();

@@ -40,27 +40,46 @@ inline void fabric::kill_card_ports(std::size_t c, std::size_t only_plane) {
     kill_port(up(c, p));
     kill_port(down(c, p));
   }
-  if (sn_ > 1 && only_plane == SIZE_MAX) { kill_port(nic_up(c)); kill_port(nic_down(c)); }
+  if (sn_ > 1 && only_plane == SIZE_MAX) {
+    kill_port(nic_up(c));
+    kill_port(nic_down(c));
+  }
 }
 
 inline void fabric::wake_card_ports(std::size_t c) {
-  for (std::size_t p = 0; p < planes_; ++p) { try_start(up(c, p)); try_start(down(c, p)); }
-  if (sn_ > 1) { try_start(nic_up(c)); try_start(nic_down(c)); }
+  for (std::size_t p = 0; p < planes_; ++p) {
+    try_start(up(c, p));
+    try_start(down(c, p));
+  }
+  if (sn_ > 1) {
+    try_start(nic_up(c));
+    try_start(nic_down(c));
+  }
 }
 
 // `phase` 1 = the second half of a hot swap (the card comes back empty).
 inline void fabric::apply_fault(const fault& f, std::uint32_t phase) {
   double detect = now_ + cfg_.faults.link_detect + cfg_.direct_latency();
   switch (f.kind) {
-    case fault_kind::link_down: set_link(f.card, f.plane, false); kill_card_ports(f.card, f.plane); break;
-    case fault_kind::link_up: set_link(f.card, f.plane, true); try_start(up(f.card, f.plane)); try_start(down(f.card, f.plane)); break;
+    case fault_kind::link_down:
+      set_link(f.card, f.plane, false);
+      kill_card_ports(f.card, f.plane);
+      break;
+    case fault_kind::link_up:
+      set_link(f.card, f.plane, true);
+      try_start(up(f.card, f.plane));
+      try_start(down(f.card, f.plane));
+      break;
     case fault_kind::plane_down:
       plane_ok_[f.plane] = 0;
       for (std::size_t c = 0; c < n_; ++c) kill_card_ports(c, f.plane);
       break;
     case fault_kind::plane_up:
       plane_ok_[f.plane] = 1;
-      for (std::size_t c = 0; c < n_; ++c) { try_start(up(c, f.plane)); try_start(down(c, f.plane)); }
+      for (std::size_t c = 0; c < n_; ++c) {
+        try_start(up(c, f.plane));
+        try_start(down(c, f.plane));
+      }
       break;
     case fault_kind::card_down:
     case fault_kind::hot_swap:
@@ -72,7 +91,8 @@ inline void fabric::apply_fault(const fault& f, std::uint32_t phase) {
         const double h = cfg_.faults.heartbeat_interval;
         detect = (std::floor(now_ / h) + cfg_.faults.missed_heartbeats) * h + 2 * cfg_.direct_latency();
         if (detect <= now_) detect = now_ + h;
-        if (f.kind == fault_kind::hot_swap) push_event(now_ + std::max(f.duration, 0.0), ev_fault, static_cast<std::uint32_t>(&f - faults_.data()), 1);
+        if (f.kind == fault_kind::hot_swap)
+          push_event(now_ + std::max(f.duration, 0.0), ev_fault, static_cast<std::uint32_t>(&f - faults_.data()), 1);
       } else {
         card_alive_[f.card] = 1;
         wake_card_ports(f.card);
@@ -101,13 +121,25 @@ inline void fabric::on_detect(std::uint32_t code) {
   const bool second = code % 2;
   bool down_now = false;
   switch (f.kind) {
-    case fault_kind::link_down: link_known_ok_[f.card * planes_ + f.plane] = 0; down_now = true; break;
+    case fault_kind::link_down:
+      link_known_ok_[f.card * planes_ + f.plane] = 0;
+      down_now = true;
+      break;
     case fault_kind::link_up: link_known_ok_[f.card * planes_ + f.plane] = 1; break;
-    case fault_kind::plane_down: plane_known_ok_[f.plane] = 0; down_now = true; break;
+    case fault_kind::plane_down:
+      plane_known_ok_[f.plane] = 0;
+      down_now = true;
+      break;
     case fault_kind::plane_up: plane_known_ok_[f.plane] = 1; break;
-    case fault_kind::card_down: card_known_alive_[f.card] = 0; down_now = true; break;
+    case fault_kind::card_down:
+      card_known_alive_[f.card] = 0;
+      down_now = true;
+      break;
     case fault_kind::card_up: card_known_alive_[f.card] = 1; break;
-    case fault_kind::hot_swap: card_known_alive_[f.card] = second ? 1 : 0; down_now = !second; break;
+    case fault_kind::hot_swap:
+      card_known_alive_[f.card] = second ? 1 : 0;
+      down_now = !second;
+      break;
   }
   router_.invalidate();
   failure_notice note{second ? fault_kind::card_up : f.kind, f.card, f.plane, second ? f.at + f.duration : f.at, now_};
@@ -142,8 +174,10 @@ inline void fabric::schedule_random_faults() {
       });
   for (std::size_t c = 0; c < n_; ++c)
     draw(fs.card_failure_rate, [&](double t) {
-      if (fs.repair_time > 0) schedule_fault({t, fault_kind::hot_swap, c, 0, fs.repair_time});
-      else schedule_fault({t, fault_kind::card_down, c, 0, 0});
+      if (fs.repair_time > 0)
+        schedule_fault({t, fault_kind::hot_swap, c, 0, fs.repair_time});
+      else
+        schedule_fault({t, fault_kind::card_down, c, 0, 0});
     });
 }
 

@@ -37,7 +37,10 @@ inline void fabric::build_path(chunk& ch, const message& m, std::size_t q) {
       for (std::size_t i = 0; i < spines_; ++i) {
         std::size_t k = (off + i) % spines_;
         double l = port_backlog(leaf_up(ls, k)) + port_backlog(spine_down(k, ld));
-        if (l < bl) { bl = l; best = k; }
+        if (l < bl) {
+          bl = l;
+          best = k;
+        }
       }
     }
     ch.ports[0] = static_cast<std::uint32_t>(q);
@@ -61,7 +64,10 @@ inline void fabric::build_path(chunk& ch, const message& m, std::size_t q) {
     const std::size_t p2 = (ch.index + i) % planes_;
     if (!(m.route.mask2 >> p2 & 1)) continue;
     double l = port_backlog(up(m.route.via, p2));
-    if (l < bl) { bl = l; best = p2; }
+    if (l < bl) {
+      bl = l;
+      best = p2;
+    }
   }
   ch.ports[0] = static_cast<std::uint32_t>(q);
   ch.ports[1] = static_cast<std::uint32_t>(down(m.route.via, p));
@@ -109,7 +115,12 @@ inline void fabric::try_start(std::size_t q) {
   while (!pt.fifo.empty()) {
     std::uint32_t ci = pt.fifo.front();
     pt.fifo.pop_front();
-    if (chunks_[ci].lost) { pt.queued -= chunks_[ci].bytes; release_after(chunks_[ci]); free_chunk(ci); continue; }
+    if (chunks_[ci].lost) {
+      pt.queued -= chunks_[ci].bytes;
+      release_after(chunks_[ci]);
+      free_chunk(ci);
+      continue;
+    }
     start(q, ci);
     return;
   }
@@ -165,8 +176,10 @@ inline void fabric::try_start(std::size_t q) {
       fin.credit -= need;
       ch.credited = true;
     }
-    if (m.retry.empty()) m.next_chunk++;
-    else m.retry.pop_back();
+    if (m.retry.empty())
+      m.next_chunk++;
+    else
+      m.retry.pop_back();
     if (m.has_more()) pt.rr.emplace_back(id, gen);
     // the rotation restarts after the source itself once the port has nothing more of its own,
     // so every exchange starts in the same phase on every card (one permutation per round)

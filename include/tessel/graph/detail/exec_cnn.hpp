@@ -28,11 +28,11 @@ namespace detail::exec {
 
 // A 2-D window geometry (1-D inputs have h = kh = 1, stride/dilation 1, no padding along H).
 struct window2d {
-  std::size_t n = 0, c = 0, h = 0, w = 0;    // input
-  std::size_t oh = 0, ow = 0;                // output
+  std::size_t n = 0, c = 0, h = 0, w = 0;  // input
+  std::size_t oh = 0, ow = 0;              // output
   std::size_t kh = 1, kw = 1, sh = 1, sw = 1, dh = 1, dw = 1;
-  std::ptrdiff_t ph = 0, pw = 0;             // padding before (top, left)
-  std::ptrdiff_t ph_end = 0, pw_end = 0;     // padding after (bottom, right)
+  std::ptrdiff_t ph = 0, pw = 0;          // padding before (top, left)
+  std::ptrdiff_t ph_end = 0, pw_end = 0;  // padding after (bottom, right)
 };
 
 // MaxPool (max = true) or AveragePool over NCHW windows clipped to the input.
@@ -58,8 +58,10 @@ void pool_nchw(Dev& dev, const window2d& g, bool max, bool count_include_pad, co
                 continue;
               }
               const double v = xp[static_cast<std::size_t>(iy) * g.w + static_cast<std::size_t>(ix)];
-              if (max) acc = (v > acc || v != v) ? v : acc;
-              else acc += v;
+              if (max)
+                acc = (v > acc || v != v) ? v : acc;
+              else
+                acc += v;
               ++count;
             }
           if (!max) {
@@ -88,8 +90,8 @@ void global_avg_nchw(Dev& dev, std::size_t planes, std::size_t hw, const float* 
 
 // y = (x - mean[c]) / sqrt(var[c] + eps) * scale[c] + b[c] over (n, c, hw).
 template <class Dev>
-void batch_norm_nchw(Dev& dev, std::size_t n, std::size_t c, std::size_t hw, double eps, const float* x, const float* scale,
-                     const float* b, const float* mean, const float* var, float* y) {
+void batch_norm_nchw(Dev& dev, std::size_t n, std::size_t c, std::size_t hw, double eps, const float* x, const float* scale, const float* b,
+                     const float* mean, const float* var, float* y) {
   auto body = [&](std::size_t lo, std::size_t hi) {
     for (std::size_t p = lo; p < hi; ++p) {
       const std::size_t ch = p % c;

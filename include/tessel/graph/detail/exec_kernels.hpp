@@ -197,8 +197,8 @@ std::shared_ptr<const device_buffer<bf16, Dev>> const_bf16(const build_ctx& c, D
 // A and B already in bf16 (constant weights converted at compile time).
 template <class Dev, class Chain = epilogue::chain<>>
 void matmul_run(Dev& dev, dtype compute, std::size_t M, std::size_t N, std::size_t K, float alpha, const float* A, std::size_t a_numel,
-                const std::vector<std::size_t>& a_off, const float* B, std::size_t b_numel, const std::vector<std::size_t>& b_off,
-                float* C, const Chain& ep = {}, const bf16* a16p = nullptr, const bf16* b16p = nullptr) {
+                const std::vector<std::size_t>& a_off, const float* B, std::size_t b_numel, const std::vector<std::size_t>& b_off, float* C,
+                const Chain& ep = {}, const bf16* a16p = nullptr, const bf16* b16p = nullptr) {
   const std::size_t batch = a_off.size();
   if (K == 0) {
     std::fill_n(C, batch * M * N, 0.0f);
@@ -325,13 +325,17 @@ void attention_by_parts(Dev& dev, dtype compute, std::size_t B, std::size_t Hq, 
     if (D > 0) run(q16.data(), k16.data(), v16.data(), static_cast<const bf16*>(nullptr));
     if (rows && Sk) softmax_forward(dev, tensor<const float, 2>(s.data(), rows, Sk), tensor<float, 2>(p.data(), rows, Sk), so);
     const auto p16 = to_bf16(dev, p.data(), rows * Sk);
-    if (Sk == 0) std::fill_n(o, rows * Dv, 0.0f);
-    else run(q16.data(), k16.data(), v16.data(), p16.data());
+    if (Sk == 0)
+      std::fill_n(o, rows * Dv, 0.0f);
+    else
+      run(q16.data(), k16.data(), v16.data(), p16.data());
   } else {
     if (D > 0) run(q, k, v, static_cast<const float*>(nullptr));
     if (rows && Sk) softmax_forward(dev, tensor<const float, 2>(s.data(), rows, Sk), tensor<float, 2>(p.data(), rows, Sk), so);
-    if (Sk == 0) std::fill_n(o, rows * Dv, 0.0f);
-    else run(q, k, v, static_cast<const float*>(p.data()));
+    if (Sk == 0)
+      std::fill_n(o, rows * Dv, 0.0f);
+    else
+      run(q, k, v, static_cast<const float*>(p.data()));
   }
 }
 
@@ -355,25 +359,40 @@ step_fn<Dev> build_unary(const build_ctx& c) {
   };
   if (op == "Abs" || op == "Neg" || op == "Relu") {
     dispatch_arith(t, c.n, [&]<class T>(T z) {
-      if (op == "Abs") make(z, [](T v) { return v < T(0) ? T(-v) : v; });
-      else if (op == "Neg") make(z, [](T v) { return T(-v); });
-      else make(z, [](T v) { return v > T(0) ? v : (v != v ? v : T(0)); });
+      if (op == "Abs")
+        make(z, [](T v) { return v < T(0) ? T(-v) : v; });
+      else if (op == "Neg")
+        make(z, [](T v) { return T(-v); });
+      else
+        make(z, [](T v) { return v > T(0) ? v : (v != v ? v : T(0)); });
     });
     return fn;
   }
   dispatch_float(t, c.n, [&]<class T>(T z) {
-    if (op == "Ceil") make(z, [](T v) { return std::ceil(v); });
-    else if (op == "Floor") make(z, [](T v) { return std::floor(v); });
-    else if (op == "Sqrt") make(z, [](T v) { return std::sqrt(v); });
-    else if (op == "Exp") make(z, [](T v) { return std::exp(v); });
-    else if (op == "Log") make(z, [](T v) { return std::log(v); });
-    else if (op == "Sin") make(z, [](T v) { return std::sin(v); });
-    else if (op == "Cos") make(z, [](T v) { return std::cos(v); });
-    else if (op == "Tanh") make(z, [](T v) { return std::tanh(v); });
-    else if (op == "Erf") make(z, [](T v) { return std::erf(v); });
-    else if (op == "Reciprocal") make(z, [](T v) { return T(1) / v; });
-    else if (op == "Sigmoid") make(z, [](T v) { return T(1) / (T(1) + std::exp(-v)); });
-    else c.fail("no kernel");
+    if (op == "Ceil")
+      make(z, [](T v) { return std::ceil(v); });
+    else if (op == "Floor")
+      make(z, [](T v) { return std::floor(v); });
+    else if (op == "Sqrt")
+      make(z, [](T v) { return std::sqrt(v); });
+    else if (op == "Exp")
+      make(z, [](T v) { return std::exp(v); });
+    else if (op == "Log")
+      make(z, [](T v) { return std::log(v); });
+    else if (op == "Sin")
+      make(z, [](T v) { return std::sin(v); });
+    else if (op == "Cos")
+      make(z, [](T v) { return std::cos(v); });
+    else if (op == "Tanh")
+      make(z, [](T v) { return std::tanh(v); });
+    else if (op == "Erf")
+      make(z, [](T v) { return std::erf(v); });
+    else if (op == "Reciprocal")
+      make(z, [](T v) { return T(1) / v; });
+    else if (op == "Sigmoid")
+      make(z, [](T v) { return T(1) / (T(1) + std::exp(-v)); });
+    else
+      c.fail("no kernel");
   });
   return fn;
 }
@@ -400,8 +419,10 @@ step_fn<Dev> build_broadcast(const build_ctx& c) {
       std::byte* out = s.at(y);
       parallel_for(s.dev, n, 4096, [&](std::size_t lo, std::size_t hi) {
         bc.for_range(lo, hi, [&](std::size_t i, const std::size_t* off) {
-          if (cond[off[0]]) copy_elem(out, i, a, off[1], es);
-          else copy_elem(out, i, b, off[2], es);
+          if (cond[off[0]])
+            copy_elem(out, i, a, off[1], es);
+          else
+            copy_elem(out, i, b, off[2], es);
         });
       });
     };
@@ -443,14 +464,22 @@ step_fn<Dev> build_broadcast(const build_ctx& c) {
       return;
     }
     int kind = 0;  // 0 add, 1 sub, 2 mul, 3 div, 4 max, 5 min, 6 mean
-    if (op == "Add" || op == "Sum") kind = 0;
-    else if (op == "Sub") kind = 1;
-    else if (op == "Mul") kind = 2;
-    else if (op == "Div") kind = 3;
-    else if (op == "Max") kind = 4;
-    else if (op == "Min") kind = 5;
-    else if (op == "Mean") kind = 6;
-    else c.fail("no kernel");
+    if (op == "Add" || op == "Sum")
+      kind = 0;
+    else if (op == "Sub")
+      kind = 1;
+    else if (op == "Mul")
+      kind = 2;
+    else if (op == "Div")
+      kind = 3;
+    else if (op == "Max")
+      kind = 4;
+    else if (op == "Min")
+      kind = 5;
+    else if (op == "Mean")
+      kind = 6;
+    else
+      c.fail("no kernel");
     const std::size_t k = ins.size();
     const std::string label = c.n.label();
     const std::size_t s0 = k == 2 ? bc.inner(0) : 2, s1 = k == 2 ? bc.inner(1) : 2;
@@ -496,7 +525,8 @@ step_fn<Dev> build_broadcast(const build_ctx& c) {
           for (std::size_t j = 1; j < k; ++j) {
             const T v = p[j][off[j]];
             switch (kind) {
-              case 0: case 6: acc = T(acc + v); break;
+              case 0:
+              case 6: acc = T(acc + v); break;
               case 1: acc = T(acc - v); break;
               case 2: acc = T(acc * v); break;
               case 3: acc = T(acc / v); break;
@@ -735,14 +765,18 @@ step_fn<Dev> build_constant(const build_ctx& c) {
     bytes.resize(v.size() * sizeof(T));
     if (!v.empty()) std::memcpy(bytes.data(), v.data(), bytes.size());
   };
-  if (key == "value_int") put(std::vector<std::int64_t>{c.n.get_int(key)});
-  else if (key == "value_ints") put(c.n.get_ints(key));
-  else if (key == "value_float") put(std::vector<float>{static_cast<float>(c.n.get_float(key))});
+  if (key == "value_int")
+    put(std::vector<std::int64_t>{c.n.get_int(key)});
+  else if (key == "value_ints")
+    put(c.n.get_ints(key));
+  else if (key == "value_float")
+    put(std::vector<float>{static_cast<float>(c.n.get_float(key))});
   else if (key == "value_floats") {
     std::vector<float> f;
     for (double d : c.n.get_floats(key)) f.push_back(static_cast<float>(d));
     put(f);
-  } else c.fail("attribute '" + key + "' is not taken");
+  } else
+    c.fail("attribute '" + key + "' is not taken");
   const value_id y = c.out();
   return [=](const run_state<Dev>& s) {
     if (!bytes.empty()) std::memcpy(s.at(y), bytes.data(), bytes.size());
@@ -756,8 +790,10 @@ step_fn<Dev> build_reduce(const build_ctx& c) {
   const shape_t& in = c.in_shape(0);
   const std::size_t r = in.size();
   ints a;
-  if (c.n.has_attribute("axes")) a = c.n.get_ints("axes");
-  else if (c.has(1)) a = c.const_operand(1, "axes");
+  if (c.n.has_attribute("axes"))
+    a = c.n.get_ints("axes");
+  else if (c.has(1))
+    a = c.const_operand(1, "axes");
   std::vector<char> red(r, 0);
   if (a.empty()) {  // every axis, unless noop_with_empty_axes
     if (c.n.get_int("noop_with_empty_axes", 0) == 0) std::fill(red.begin(), red.end(), char{1});
@@ -800,10 +836,14 @@ step_fn<Dev> build_reduce(const build_ctx& c) {
           if (op == "ReduceMin" && std::is_floating_point_v<T> && box.empty()) acc = std::numeric_limits<A>::infinity();
           for (std::size_t b : box) {
             const A v = A(xp[off[0] + b]);
-            if (op == "ReduceSum" || op == "ReduceMean") acc = A(acc + v);
-            else if (op == "ReduceProd") acc = A(acc * v);
-            else if (op == "ReduceMax") acc = (v > acc || v != v) ? v : acc;
-            else acc = (v < acc || v != v) ? v : acc;
+            if (op == "ReduceSum" || op == "ReduceMean")
+              acc = A(acc + v);
+            else if (op == "ReduceProd")
+              acc = A(acc * v);
+            else if (op == "ReduceMax")
+              acc = (v > acc || v != v) ? v : acc;
+            else
+              acc = (v < acc || v != v) ? v : acc;
           }
           if (op == "ReduceMean") acc = box.empty() ? A(0) : A(acc / A(box.size()));
           yp[i] = static_cast<T>(acc);
@@ -824,7 +864,8 @@ step_fn<Dev> build_softmax(const build_ctx& c) {
   const value_id x = c.in(0), y = c.out();
   if (!log && inner == 1)  // the last axis: tessel's softmax operator
     return [=](const run_state<Dev>& s) {
-      if (outer && len) softmax_forward(s.dev, tensor<const float, 2>(s.template as<float>(x), outer, len), tensor<float, 2>(s.template as<float>(y), outer, len));
+      if (outer && len)
+        softmax_forward(s.dev, tensor<const float, 2>(s.template as<float>(x), outer, len), tensor<float, 2>(s.template as<float>(y), outer, len));
     };
   return [=](const run_state<Dev>& s) {
     const float* xp = s.template as<float>(x);
@@ -906,18 +947,17 @@ step_fn<Dev> build_norm(const build_ctx& c) {
     const tensor<float, 2> ht = sum_out == value_id::none ? tensor<float, 2>{} : tensor<float, 2>(s.template as<float>(sum_out), rows, n);
     const std::span<float> mean = mean_out == value_id::none ? std::span<float>{} : std::span<float>(s.template as<float>(mean_out), rows);
     const std::span<float> rstd = rstd_out == value_id::none ? std::span<float>{} : std::span<float>(s.template as<float>(rstd_out), rows);
-    if (rms) rmsnorm_forward(s.dev, xt, std::span<const float>(w), yt, std::span<float>{}, o, res, ht);
-    else layernorm_forward(s.dev, xt, std::span<const float>(w), std::span<const float>(b), yt, mean, rstd, o, res, ht);
+    if (rms)
+      rmsnorm_forward(s.dev, xt, std::span<const float>(w), yt, std::span<float>{}, o, res, ht);
+    else
+      layernorm_forward(s.dev, xt, std::span<const float>(w), std::span<const float>(b), yt, mean, rstd, o, res, ht);
   };
 }
-
 
 // ---- GEMM family ----------------------------------------------------------------------------------------
 
 // Whether `bs` is a per-column bias of an (., N) product: N values along the last axis.
-inline bool per_column(const shape_t& bs, std::size_t N) {
-  return numel_of(bs) == N && (bs.empty() ? N == 1 : bs.back() == N);
-}
+inline bool per_column(const shape_t& bs, std::size_t N) { return numel_of(bs) == N && (bs.empty() ? N == 1 : bs.back() == N); }
 
 // MatMul, and FusedMatMul: Y = act(alpha·(A @ B) + bias + residual). When B is one matrix (A's
 // batch folds into the rows), the bias is per column and the residual has Y's shape, the tail runs
@@ -955,8 +995,8 @@ step_fn<Dev> build_matmul(const build_ctx& c, Dev& dev) {
       ft.res = resp;
       ft.ld = geom.N;
       ft.act = act;
-      matmul_run(s.dev, compute, geom.M, geom.N, geom.K, alpha, ap, an, geom.a_off, bp, bn, geom.b_off, yp, epilogue::chain<fused_tail>{std::tuple<fused_tail>(ft)},
-                 a16p, b16p);
+      matmul_run(s.dev, compute, geom.M, geom.N, geom.K, alpha, ap, an, geom.a_off, bp, bn, geom.b_off, yp,
+                 epilogue::chain<fused_tail>{std::tuple<fused_tail>(ft)}, a16p, b16p);
       return;
     }
     matmul_run(s.dev, compute, geom.M, geom.N, geom.K, alpha, ap, an, geom.a_off, bp, bn, geom.b_off, yp, epilogue::chain<>{}, a16p, b16p);
@@ -985,9 +1025,8 @@ step_fn<Dev> build_gemm(const build_ctx& c, Dev& dev) {
     if (cv != value_id::none) {  // Y = C (broadcast), then the GEMM adds alpha·AB to beta·Y
       const float* cp = s.template as<float>(cv);
       const bcast bc({M, N}, {cs});
-      parallel_for(s.dev, M * N, 4096, [&](std::size_t lo, std::size_t hi) {
-        bc.for_range(lo, hi, [&](std::size_t i, const std::size_t* off) { yp[i] = cp[off[0]]; });
-      });
+      parallel_for(s.dev, M * N, 4096,
+                   [&](std::size_t lo, std::size_t hi) { bc.for_range(lo, hi, [&](std::size_t i, const std::size_t* off) { yp[i] = cp[off[0]]; }); });
     }
     const float bt = cv == value_id::none ? 0.0f : beta;
     if (K == 0) {
@@ -1002,7 +1041,8 @@ step_fn<Dev> build_gemm(const build_ctx& c, Dev& dev) {
       const bf16* b16p = b16c ? b16c->data() : b16.emplace(to_bf16(s.dev, s.template as<float>(b), bn)).data();
       gemm(s.dev, tA, tB, M, N, K, alpha, a16p, lda, b16p, ldb, bt, yp, N);
     } else {
-      gemm(s.dev, tA, tB, M, N, K, alpha, static_cast<const float*>(s.template as<float>(a)), lda, static_cast<const float*>(s.template as<float>(b)), ldb, bt, yp, N);
+      gemm(s.dev, tA, tB, M, N, K, alpha, static_cast<const float*>(s.template as<float>(a)), lda, static_cast<const float*>(s.template as<float>(b)),
+           ldb, bt, yp, N);
     }
   };
 }
@@ -1050,11 +1090,11 @@ step_fn<Dev> build_attention(const build_ctx& c) {
     const std::size_t nq = B * Hq * Sq * D, nk = B * Hkv * Sk * D;
     if (compute == dtype::bf16) {
       const auto q16 = to_bf16(s.dev, qp, nq), k16 = to_bf16(s.dev, kp, nk), v16 = to_bf16(s.dev, vp, nk);
-      attention_forward(s.dev, sh, std::span<const bf16>(q16.data(), nq), std::span<const bf16>(k16.data(), nk), std::span<const bf16>(v16.data(), nk),
-                        std::span<float>(op, nq), std::span<float>{}, o);
+      attention_forward(s.dev, sh, std::span<const bf16>(q16.data(), nq), std::span<const bf16>(k16.data(), nk),
+                        std::span<const bf16>(v16.data(), nk), std::span<float>(op, nq), std::span<float>{}, o);
     } else {
-      attention_forward(s.dev, sh, std::span<const float>(qp, nq), std::span<const float>(kp, nk), std::span<const float>(vp, nk), std::span<float>(op, nq),
-                        std::span<float>{}, o);
+      attention_forward(s.dev, sh, std::span<const float>(qp, nq), std::span<const float>(kp, nk), std::span<const float>(vp, nk),
+                        std::span<float>(op, nq), std::span<float>{}, o);
     }
   };
 }
@@ -1105,7 +1145,7 @@ step_fn<Dev> build_rotary(const build_ctx& c) {
           return;
         }
         const std::size_t split = j0 < half ? std::min(len, half - j0) : 0;  // [0, split) in the first half
-        const auto h = static_cast<std::ptrdiff_t>(half);  // x[t - h] for t >= split lies in the same row
+        const auto h = static_cast<std::ptrdiff_t>(half);                    // x[t - h] for t >= split lies in the same row
         if (ic == 1 && is == 1) {
           for (std::size_t t = 0; t < split; ++t) yr[t] = x[t] * cr[t] + (-x[t + half]) * sr[t];
           for (std::size_t t = split; t < len; ++t) yr[t] = x[t] * cr[t] + x[static_cast<std::ptrdiff_t>(t) - h] * sr[t];
@@ -1182,7 +1222,8 @@ step_fn<Dev> build_conv(const build_ctx& c, Dev& dev) {
   const shape_t& xs = c.in_shape(0);
   const shape_t& ws = c.in_shape(1);
   const shape_t ys = c.shape(c.out());
-  if (ws.size() != xs.size() || xs.size() < 3) c.fail("filter rank " + std::to_string(ws.size()) + " for input rank " + std::to_string(xs.size()), errc::invalid_argument);
+  if (ws.size() != xs.size() || xs.size() < 3)
+    c.fail("filter rank " + std::to_string(ws.size()) + " for input rank " + std::to_string(xs.size()), errc::invalid_argument);
   const shape_t kernel(ws.begin() + 2, ws.end());
   const window2d g = window_of(c, xs, ys, kernel);
   check_pads(c, g);
@@ -1191,13 +1232,15 @@ step_fn<Dev> build_conv(const build_ctx& c, Dev& dev) {
   if (group_attr < 1 || g.c % static_cast<std::size_t>(group_attr) != 0 || m % static_cast<std::size_t>(group_attr) != 0 ||
       ws[1] * static_cast<std::size_t>(group_attr) != g.c)
     c.fail("group " + std::to_string(group_attr) + " does not fit " + std::to_string(g.c) + " input channels, filter " + std::to_string(m) + "x" +
-               std::to_string(ws[1]), errc::invalid_argument);
+               std::to_string(ws[1]),
+           errc::invalid_argument);
   const bool fused = c.n.op == "FusedConv";
   const act_kind act = fused ? parse_act(c) : act_kind::none;
   const value_id x = c.in(0), w = c.in(1), y = c.out();
   const value_id b = c.has(2) ? c.in(2) : value_id::none;
   const value_id z = fused && c.has(3) ? c.in(3) : value_id::none;
-  if (b != value_id::none && numel_of(c.shape(b)) != m) c.fail("bias has " + std::to_string(numel_of(c.shape(b))) + " values for " + std::to_string(m) + " output channels", errc::invalid_argument);
+  if (b != value_id::none && numel_of(c.shape(b)) != m)
+    c.fail("bias has " + std::to_string(numel_of(c.shape(b))) + " values for " + std::to_string(m) + " output channels", errc::invalid_argument);
   const shape_t zs = z == value_id::none ? shape_t{} : c.shape(z);
   const bool z_in_chain = z != value_id::none && zs == ys;
   conv2d_params p;
@@ -1241,11 +1284,15 @@ step_fn<Dev> build_conv(const build_ctx& c, Dev& dev) {
         const auto w16 = to_bf16(s.dev, s.template as<float>(w), fd.size());
         return conv2d(s.dev, xb, tessel::filter<const bf16>{w16.data(), fd}, bias, yi, p, chain);
       }
-      if (packed) conv2d(s.dev, xi, *packed, bias, yi, p, chain);
-      else conv2d(s.dev, xi, tessel::filter<const float>{s.template as<float>(w), fd}, bias, yi, p, chain);
+      if (packed)
+        conv2d(s.dev, xi, *packed, bias, yi, p, chain);
+      else
+        conv2d(s.dev, xi, tessel::filter<const float>{s.template as<float>(w), fd}, bias, yi, p, chain);
     };
-    if (z_in_chain) run(conv_residual<float>(tessel::image<const float>{s.template as<float>(z), yd}, conv_layout::nchw) | act_op(act));
-    else if (z == value_id::none) run(epilogue::chain<act_op>{std::tuple<act_op>(act_op(act))});
+    if (z_in_chain)
+      run(conv_residual<float>(tessel::image<const float>{s.template as<float>(z), yd}, conv_layout::nchw) | act_op(act));
+    else if (z == value_id::none)
+      run(epilogue::chain<act_op>{std::tuple<act_op>(act_op(act))});
     else {  // a Z that broadcasts to Y: one pass adds it, then the activation
       run(epilogue::chain<>{});
       tail_pass(s.dev, yp, ys, nullptr, shape_t{}, s.template as<float>(z), zs, act);
@@ -1270,7 +1317,8 @@ step_fn<Dev> build_pool(const build_ctx& c) {
     if (op == "GlobalAveragePool")  // fp64 sums (see exec_cnn.hpp)
       return [=](const run_state<Dev>& s) { global_avg_nchw(s.dev, xd.n * xd.c, xd.w, s.template as<float>(x), s.template as<float>(y)); };
     return [=](const run_state<Dev>& s) {
-      global_max_pool2d(s.dev, tessel::image<const float>{s.template as<float>(x), xd}, tessel::image<float>{s.template as<float>(y), yd}, conv_layout::nchw);
+      global_max_pool2d(s.dev, tessel::image<const float>{s.template as<float>(x), xd}, tessel::image<float>{s.template as<float>(y), yd},
+                        conv_layout::nchw);
     };
   }
   if (c.has_out(1)) c.fail("MaxPool's indices output is not supported");
@@ -1299,8 +1347,10 @@ step_fn<Dev> build_pool(const build_ctx& c) {
   return [=](const run_state<Dev>& s) {
     const tessel::image<const float> xi{s.template as<float>(x), xd};
     const tessel::image<float> yi{s.template as<float>(y), yd};
-    if (max) max_pool2d(s.dev, xi, yi, p);
-    else avg_pool2d(s.dev, xi, yi, p);
+    if (max)
+      max_pool2d(s.dev, xi, yi, p);
+    else
+      avg_pool2d(s.dev, xi, yi, p);
   };
 }
 
@@ -1314,7 +1364,9 @@ step_fn<Dev> build_batch_norm(const build_ctx& c) {
   if (xs.size() < 2) c.fail("input rank " + std::to_string(xs.size()) + " has no channel axis", errc::invalid_argument);
   const std::size_t n = xs[0], ch = xs[1], hw = prod(xs, 2, xs.size());
   for (std::size_t i = 1; i < 5; ++i)
-    if (numel_of(c.in_shape(i)) != ch) c.fail("input " + std::to_string(i) + " has " + std::to_string(numel_of(c.in_shape(i))) + " values for " + std::to_string(ch) + " channels", errc::invalid_argument);
+    if (numel_of(c.in_shape(i)) != ch)
+      c.fail("input " + std::to_string(i) + " has " + std::to_string(numel_of(c.in_shape(i))) + " values for " + std::to_string(ch) + " channels",
+             errc::invalid_argument);
   const double eps = c.n.get_float("epsilon", 1e-5);
   const value_id x = c.in(0), sc = c.in(1), b = c.in(2), mean = c.in(3), var = c.in(4), y = c.out();
   const float eps_f = static_cast<float>(eps);
@@ -1374,18 +1426,28 @@ step_fn<Dev> build_resize(const build_ctx& c) {
   if (mode != "nearest" && mode != "linear") c.fail("mode '" + mode + "' is not supported (nearest, linear)");
   const std::string ctm = c.n.get_string("coordinate_transformation_mode", "half_pixel");
   resize_coord coord;
-  if (ctm == "half_pixel") coord = resize_coord::half_pixel;
-  else if (ctm == "pytorch_half_pixel") coord = resize_coord::pytorch_half_pixel;
-  else if (ctm == "align_corners") coord = resize_coord::align_corners;
-  else if (ctm == "asymmetric") coord = resize_coord::asymmetric;
-  else c.fail("coordinate_transformation_mode '" + ctm + "' is not supported (half_pixel, pytorch_half_pixel, align_corners, asymmetric)");
+  if (ctm == "half_pixel")
+    coord = resize_coord::half_pixel;
+  else if (ctm == "pytorch_half_pixel")
+    coord = resize_coord::pytorch_half_pixel;
+  else if (ctm == "align_corners")
+    coord = resize_coord::align_corners;
+  else if (ctm == "asymmetric")
+    coord = resize_coord::asymmetric;
+  else
+    c.fail("coordinate_transformation_mode '" + ctm + "' is not supported (half_pixel, pytorch_half_pixel, align_corners, asymmetric)");
   const std::string nm = c.n.get_string("nearest_mode", "round_prefer_floor");
   resize_nearest near;
-  if (nm == "round_prefer_floor") near = resize_nearest::round_prefer_floor;
-  else if (nm == "round_prefer_ceil") near = resize_nearest::round_prefer_ceil;
-  else if (nm == "floor") near = resize_nearest::floor;
-  else if (nm == "ceil") near = resize_nearest::ceil;
-  else c.fail("nearest_mode '" + nm + "' is not supported (round_prefer_floor, round_prefer_ceil, floor, ceil)");
+  if (nm == "round_prefer_floor")
+    near = resize_nearest::round_prefer_floor;
+  else if (nm == "round_prefer_ceil")
+    near = resize_nearest::round_prefer_ceil;
+  else if (nm == "floor")
+    near = resize_nearest::floor;
+  else if (nm == "ceil")
+    near = resize_nearest::ceil;
+  else
+    c.fail("nearest_mode '" + nm + "' is not supported (round_prefer_floor, round_prefer_ceil, floor, ceil)");
   if (c.n.get_int("antialias", 0) != 0) c.fail("antialias = 1 is not supported");
   if (c.n.has_attribute("axes")) c.fail("attribute 'axes' is not supported");
   if (c.n.get_string("keep_aspect_ratio_policy", "stretch") != "stretch") c.fail("keep_aspect_ratio_policy other than stretch is not supported");
@@ -1400,10 +1462,12 @@ step_fn<Dev> build_resize(const build_ctx& c) {
   if (has_scales) {
     const float* sp = c.const_f32(2);
     if (!sp) c.fail("scales must be a constant f32 tensor");
-    if (numel_of(c.in_shape(2)) != r) c.fail("scales has " + std::to_string(numel_of(c.in_shape(2))) + " values for rank " + std::to_string(r), errc::invalid_argument);
+    if (numel_of(c.in_shape(2)) != r)
+      c.fail("scales has " + std::to_string(numel_of(c.in_shape(2))) + " values for rank " + std::to_string(r), errc::invalid_argument);
     for (std::size_t a = 0; a < r; ++a) {
       scale[a] = static_cast<double>(sp[a]);
-      if (!(scale[a] > 0.0) || !std::isfinite(scale[a])) c.fail("scale " + std::to_string(scale[a]) + " at axis " + std::to_string(a) + " is not positive and finite", errc::invalid_argument);
+      if (!(scale[a] > 0.0) || !std::isfinite(scale[a]))
+        c.fail("scale " + std::to_string(scale[a]) + " at axis " + std::to_string(a) + " is not positive and finite", errc::invalid_argument);
     }
   } else {
     for (std::size_t a = 0; a < r; ++a) scale[a] = xs[a] ? static_cast<double>(ys[a]) / static_cast<double>(xs[a]) : 1.0;
@@ -1417,7 +1481,8 @@ step_fn<Dev> build_resize(const build_ctx& c) {
   if (mode == "nearest") {
     std::vector<std::vector<std::size_t>> src(r);  // [axis][output index] -> input element offset along the axis
     for (std::size_t a = 0; a < r; ++a)
-      for (std::size_t o = 0; o < ys[a]; ++o) src[a].push_back(resize_nearest_index(near, resize_source(coord, o, scale[a], xs[a], ys[a]), xs[a]) * xst[a]);
+      for (std::size_t o = 0; o < ys[a]; ++o)
+        src[a].push_back(resize_nearest_index(near, resize_source(coord, o, scale[a], xs[a], ys[a]), xs[a]) * xst[a]);
     const std::size_t es = dtype_size(c.in_type(0));
     return [=](const run_state<Dev>& s) {
       const std::byte* xp = s.at(x);
@@ -1438,11 +1503,16 @@ step_fn<Dev> build_resize(const build_ctx& c) {
             const std::byte* q = xp + off * E;
             for (std::size_t o = 0; o < W; ++o) std::memcpy(d + o * E, q + sx[o] * E, E);  // a fixed-size copy: one move
           };
-          if (es == 4) typed(std::integral_constant<std::size_t, 4>{});
-          else if (es == 2) typed(std::integral_constant<std::size_t, 2>{});
-          else if (es == 8) typed(std::integral_constant<std::size_t, 8>{});
-          else if (es == 1) typed(std::integral_constant<std::size_t, 1>{});
-          else for (std::size_t o = 0; o < W; ++o) copy_elem(yp, row * W + o, xp, off + sx[o], es);
+          if (es == 4)
+            typed(std::integral_constant<std::size_t, 4>{});
+          else if (es == 2)
+            typed(std::integral_constant<std::size_t, 2>{});
+          else if (es == 8)
+            typed(std::integral_constant<std::size_t, 8>{});
+          else if (es == 1)
+            typed(std::integral_constant<std::size_t, 1>{});
+          else
+            for (std::size_t o = 0; o < W; ++o) copy_elem(yp, row * W + o, xp, off + sx[o], es);
         }
       });
     };
@@ -1451,8 +1521,7 @@ step_fn<Dev> build_resize(const build_ctx& c) {
   // linear: bilinear on the last two axes (linear on the last one for rank 1); others unchanged
   const std::size_t lin0 = r >= 2 ? r - 2 : 0;
   for (std::size_t a = 0; a < lin0; ++a)
-    if (xs[a] != ys[a] || scale[a] != 1.0)
-      c.fail("linear resize of axis " + std::to_string(a) + " is not supported (only the last two axes)");
+    if (xs[a] != ys[a] || scale[a] != 1.0) c.fail("linear resize of axis " + std::to_string(a) + " is not supported (only the last two axes)");
   struct tap {
     std::size_t i0, i1;
     float w;  // weight of i1
@@ -1503,9 +1572,10 @@ step_fn<Dev> build_step(const build_ctx& c, Dev& dev) {
     c.fail("no kernel for tessel::" + op);
   }
   if (!c.n.domain.empty() && c.n.domain != "ai.onnx") c.fail("no kernel for domain '" + c.n.domain + "'");
-  static constexpr std::string_view unary[] = {"Abs", "Ceil", "Cos", "Erf", "Exp", "Floor", "Log", "Neg", "Reciprocal", "Relu", "Sigmoid", "Sin",
-                                               "Sqrt", "Tanh"};
-  static constexpr std::string_view bcast_ops[] = {"Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "Mean", "Equal", "Less", "Greater", "Pow", "Where"};
+  static constexpr std::string_view unary[] = {"Abs", "Ceil",       "Cos",  "Erf",     "Exp", "Floor", "Log",
+                                               "Neg", "Reciprocal", "Relu", "Sigmoid", "Sin", "Sqrt",  "Tanh"};
+  static constexpr std::string_view bcast_ops[] = {"Add",  "Sub",   "Mul",  "Div",     "Max", "Min",  "Sum",
+                                                   "Mean", "Equal", "Less", "Greater", "Pow", "Where"};
   static constexpr std::string_view copies[] = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"};
   auto in = [&](const auto& list) { return std::find(std::begin(list), std::end(list), std::string_view(op)) != std::end(list); };
   if (in(unary)) return build_unary<Dev>(c);

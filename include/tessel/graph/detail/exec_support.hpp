@@ -63,7 +63,7 @@ struct bcast {
       std::size_t acc = 1;
       for (std::size_t k = 0; k < s.size(); ++k) {
         const std::size_t ax = s.size() - 1 - k;  // input axis
-        const std::size_t oa = r - 1 - k;          // output axis
+        const std::size_t oa = r - 1 - k;         // output axis
         st[oa] = s[ax] == 1 ? 0 : acc;
         acc *= s[ax];
       }
@@ -196,8 +196,18 @@ inline void store_double(dtype t, std::byte* p, std::size_t i, double x) {
 
 inline bool castable(dtype t) {
   switch (t) {
-    case dtype::f32: case dtype::f64: case dtype::i64: case dtype::i32: case dtype::i16: case dtype::i8: case dtype::u8:
-    case dtype::u16: case dtype::u32: case dtype::u64: case dtype::bf16: case dtype::fp16: return true;
+    case dtype::f32:
+    case dtype::f64:
+    case dtype::i64:
+    case dtype::i32:
+    case dtype::i16:
+    case dtype::i8:
+    case dtype::u8:
+    case dtype::u16:
+    case dtype::u32:
+    case dtype::u64:
+    case dtype::bf16:
+    case dtype::fp16: return true;
     default: return false;
   }
 }
@@ -212,7 +222,8 @@ void dispatch_arith(dtype t, const node& n, F&& f) {
     case dtype::i32: f(std::int32_t{}); return;
     default: break;
   }
-  throw graph_error(errc::unsupported, n.label() + ": dtype " + std::string(dtype_name(t)) + " is not supported by the executor (f32, f64, i64, i32)");
+  throw graph_error(errc::unsupported,
+                    n.label() + ": dtype " + std::string(dtype_name(t)) + " is not supported by the executor (f32, f64, i64, i32)");
 }
 
 template <class F>

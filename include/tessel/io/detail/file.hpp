@@ -40,16 +40,12 @@ namespace detail {
 inline std::size_t mul_checked(std::size_t a, std::size_t b, std::string_view file, const std::string& ctx) {
   try {
     return tessel::detail::mul_checked(a, b, "size");
-  } catch (const tessel::overflow_error& e) {
-    throw io_error(errc::overflow, file, ctx + e.what());
-  }
+  } catch (const tessel::overflow_error& e) { throw io_error(errc::overflow, file, ctx + e.what()); }
 }
 inline std::size_t add_checked(std::size_t a, std::size_t b, std::string_view file, const std::string& ctx) {
   try {
     return tessel::detail::add_checked(a, b, "size");
-  } catch (const tessel::overflow_error& e) {
-    throw io_error(errc::overflow, file, ctx + e.what());
-  }
+  } catch (const tessel::overflow_error& e) { throw io_error(errc::overflow, file, ctx + e.what()); }
 }
 
 // A whole file mapped read-only. An empty file maps nothing (mmap refuses length 0).
@@ -168,9 +164,7 @@ class atomic_file {
   int fd_ = -1;
 };
 
-inline std::span<const std::byte> as_bytes(std::string_view s) noexcept {
-  return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
-}
+inline std::span<const std::byte> as_bytes(std::string_view s) noexcept { return {reinterpret_cast<const std::byte*>(s.data()), s.size()}; }
 
 // Parses JSON text, rejecting what nlohmann accepts but the formats forbid: duplicate keys in any
 // object (nlohmann would keep the last one silently) and nesting deeper than `max_depth`. Invalid
@@ -200,13 +194,9 @@ inline nlohmann::json parse_json(std::string_view text, std::string_view file, i
   };
   try {
     return nlohmann::json::parse(text.begin(), text.end(), check);
-  } catch (const duplicate_key& d) {
-    throw io_error(errc::format, file, "duplicate key '" + d.key + "' in JSON");
-  } catch (const too_deep&) {
+  } catch (const duplicate_key& d) { throw io_error(errc::format, file, "duplicate key '" + d.key + "' in JSON"); } catch (const too_deep&) {
     throw io_error(errc::format, file, "JSON nested deeper than " + std::to_string(max_depth) + " levels");
-  } catch (const nlohmann::json::exception& e) {
-    throw io_error(errc::format, file, std::string("invalid JSON: ") + e.what());
-  }
+  } catch (const nlohmann::json::exception& e) { throw io_error(errc::format, file, std::string("invalid JSON: ") + e.what()); }
 }
 
 }  // namespace detail

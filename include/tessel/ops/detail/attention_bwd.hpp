@@ -27,9 +27,14 @@ inline constexpr std::size_t bwd_bkv = 96;  // K/V rows per block
 // Workspaces of the backward pass (stage elements E), indexed by packed block.
 template <class E>
 struct bwd_ws {
-  E* qt; E* qn; E* dot; E* don;  // per (q blk, h): BQ*D, BQ*Dp, BQ*D, BQ*Dp
-  float* delta;                  // per (q blk, h): BQ
-  E* kt; E* kn; E* vt;           // per (kv blk, hk): BKV*D, BKV*Dp, BKV*D
+  E* qt;
+  E* qn;
+  E* dot;
+  E* don;        // per (q blk, h): BQ*D, BQ*Dp, BQ*D, BQ*Dp
+  float* delta;  // per (q blk, h): BQ
+  E* kt;
+  E* kn;
+  E* vt;  // per (kv blk, hk): BKV*D, BKV*Dp, BKV*D
 };
 
 template <class E, class T>
@@ -50,7 +55,9 @@ inline void stage_rows(const T* src, std::size_t tok, std::size_t n, std::size_t
 
 template <class T, class E, std::size_t NR, std::size_t KP>
 struct pack_q_program {
-  const T* q; const T* o; const T* dout;
+  const T* q;
+  const T* o;
+  const T* dout;
   const seq_geom* seqs;
   geom g;
   bwd_ws<E> ws;
@@ -81,7 +88,8 @@ struct pack_q_program {
 
 template <class T, class E, std::size_t NR, std::size_t KP>
 struct pack_kv_bwd_program {
-  const T* k; const T* v;
+  const T* k;
+  const T* v;
   const seq_geom* seqs;
   geom g;
   bwd_ws<E> ws;
@@ -110,8 +118,11 @@ struct flash_bwd_dkdv_program {
   // padded tiles (rows rounded up to MR, columns to NR) must fit the blocks' workspace
   static_assert(BQ % MR == 0 && BQ % NR == 0 && BK % MR == 0 && BK % NR == 0,
                 "flash attention backward: block sizes must be multiples of the atom's MR and NR");
-  const T* k; const T* v; const float* lse;
-  T* dk; T* dv;
+  const T* k;
+  const T* v;
+  const float* lse;
+  T* dk;
+  T* dv;
   const seq_geom* seqs;
   geom g;
   bwd_ws<E> ws;
@@ -122,7 +133,9 @@ struct flash_bwd_dkdv_program {
   // An f32 (rows, BQ) tile as the atom's A operand: itself for f32 atoms, else bf16 codes in `buf`.
   static const E* stage_tile(const float* x, std::size_t rows, std::size_t cols, E* buf) {
     if constexpr (std::is_same_v<E, float>) {
-      (void)rows; (void)cols; (void)buf;
+      (void)rows;
+      (void)cols;
+      (void)buf;
       return x;
     } else {
       for (std::size_t r = 0; r < rows; ++r) arch::softmax::to_bf16_row(x + r * BQ, cols, buf + r * BQ);
@@ -139,13 +152,13 @@ struct flash_bwd_dkdv_program {
     const std::size_t nk = std::min(BK, s.skv - j0), nk_pad = round_up(nk, MR);
     const std::size_t D = g.d, Dp = round_up(D, NR);
     auto& sc = ctx.scratch();
-    E* ks = sc.allocate_array<E>(BK * D);        // (BK,D) K rows
-    E* vs = sc.allocate_array<E>(BK * D);        // (BK,D) V rows
-    float* st = sc.allocate_array<float>(BK * BQ);  // (BK,BQ) Sᵀ then Pᵀ
-    float* dpt = sc.allocate_array<float>(BK * BQ); // (BK,BQ) dPᵀ then dSᵀ
-    E* pe = sc.allocate_array<E>(BK * BQ);       // (BK,BQ) Pᵀ / dSᵀ in stage type
-    float* dka = sc.allocate_array<float>(BK * Dp); // (BK,Dp)
-    float* dva = sc.allocate_array<float>(BK * Dp); // (BK,Dp)
+    E* ks = sc.allocate_array<E>(BK * D);            // (BK,D) K rows
+    E* vs = sc.allocate_array<E>(BK * D);            // (BK,D) V rows
+    float* st = sc.allocate_array<float>(BK * BQ);   // (BK,BQ) Sᵀ then Pᵀ
+    float* dpt = sc.allocate_array<float>(BK * BQ);  // (BK,BQ) dPᵀ then dSᵀ
+    E* pe = sc.allocate_array<E>(BK * BQ);           // (BK,BQ) Pᵀ / dSᵀ in stage type
+    float* dka = sc.allocate_array<float>(BK * Dp);  // (BK,Dp)
+    float* dva = sc.allocate_array<float>(BK * Dp);  // (BK,Dp)
     stage_rows<E>(k + s.k_base + hk * g.k_head + j0 * g.k_tok, g.k_tok, nk, nk_pad, D, ks);
     stage_rows<E>(v + s.v_base + hk * g.v_head + j0 * g.v_tok, g.v_tok, nk, nk_pad, D, vs);
     std::fill_n(dka, nk_pad * Dp, 0.0f);
@@ -226,7 +239,9 @@ struct flash_bwd_dq_program {
   // padded tiles (rows rounded up to MR, columns to NR) must fit the blocks' workspace
   static_assert(BQ % MR == 0 && BQ % NR == 0 && BK % MR == 0 && BK % NR == 0,
                 "flash attention backward: block sizes must be multiples of the atom's MR and NR");
-  const T* q; const T* dout; const float* lse;
+  const T* q;
+  const T* dout;
+  const float* lse;
   T* dq;
   const seq_geom* seqs;
   geom g;
@@ -246,8 +261,8 @@ struct flash_bwd_dq_program {
     auto& sc = ctx.scratch();
     E* qs = sc.allocate_array<E>(BQ * D);
     E* ds = sc.allocate_array<E>(BQ * D);
-    float* sb = sc.allocate_array<float>(BQ * BK);   // (BQ,BK) S then P
-    float* dp = sc.allocate_array<float>(BQ * BK);   // (BQ,BK) dP then dS
+    float* sb = sc.allocate_array<float>(BQ * BK);  // (BQ,BK) S then P
+    float* dp = sc.allocate_array<float>(BQ * BK);  // (BQ,BK) dP then dS
     E* pe = sc.allocate_array<E>(BQ * BK);
     float* acc = sc.allocate_array<float>(BQ * Dp);
     stage_rows<E>(q + s.q_base + h * g.q_head + i0 * g.q_tok, g.q_tok, nq, nq_pad, D, qs);
@@ -261,7 +276,10 @@ struct flash_bwd_dq_program {
     for (std::size_t i = 0; i < nq; ++i) {
       mask.range(i0 + i, s.sq, s.skv, lo[i], hi[i]);
       mrow[i] = lse[s.lse_base + h * g.lse_head + i0 + i] * log2e;
-      if (lo[i] < hi[i] && mrow[i] != -std::numeric_limits<float>::infinity()) { jlo = std::min(jlo, lo[i]); jhi = std::max(jhi, hi[i]); }
+      if (lo[i] < hi[i] && mrow[i] != -std::numeric_limits<float>::infinity()) {
+        jlo = std::min(jlo, lo[i]);
+        jhi = std::max(jhi, hi[i]);
+      }
     }
     for (std::size_t kb = jlo < jhi ? jlo / BK : 0; jlo < jhi && kb < (jhi + BK - 1) / BK; ++kb) {
       const std::size_t j0 = kb * BK, nk = std::min({BK, s.skv - j0, jhi - j0});
@@ -280,8 +298,10 @@ struct flash_bwd_dq_program {
         if (a >= e) continue;
         arch::softmax::exp2_inplace(sr + a, e - a, c, mrow[i]);
         arch::softmax::softmax_grad_row(sr + a, dr + a, e - a, delta[i], 1.0f);
-        if constexpr (std::is_same_v<E, float>) std::copy(dr + a, dr + e, pr + a);
-        else arch::softmax::to_bf16_row(dr + a, e - a, pr + a);
+        if constexpr (std::is_same_v<E, float>)
+          std::copy(dr + a, dr + e, pr + a);
+        else
+          arch::softmax::to_bf16_row(dr + a, e - a, pr + a);
       }
       // dQ += dS · K
       mma_direct<Atom>(pe, BK, nq_pad, ws.kn + blk * BK * Dp, BK, Dp, kdep, acc, Dp, true);

@@ -37,8 +37,8 @@ struct geom {
   std::size_t hq = 0, hkv = 0, d = 0, group = 1;
   std::size_t q_tok = 0, q_head = 0, k_tok = 0, k_head = 0, v_tok = 0, v_head = 0, o_tok = 0, o_head = 0;
   std::size_t lse_head = 0;
-  std::size_t page = 0;            // paged KV: tokens per page (0 = contiguous)
-  std::size_t page_stride = 0;     // elements between pages
+  std::size_t page = 0;         // paged KV: tokens per page (0 = contiguous)
+  std::size_t page_stride = 0;  // elements between pages
 };
 
 // Which keys row i may attend to: [lo, hi). Causal and windows are offsets from the diagonal
@@ -54,7 +54,10 @@ struct mask_rule {
     std::ptrdiff_t r = wr;
     if (causal) r = r < 0 ? 0 : std::min<std::ptrdiff_t>(r, 0);
     if (r >= 0) h = std::min<std::ptrdiff_t>(h, diag + r + 1);
-    if (h <= l) { lo = hi = 0; return; }
+    if (h <= l) {
+      lo = hi = 0;
+      return;
+    }
     lo = static_cast<std::size_t>(l);
     hi = static_cast<std::size_t>(h);
   }
@@ -72,19 +75,25 @@ struct stage_for {
 
 template <class E, class T>
 inline E to_stage(T x) {
-  if constexpr (std::is_same_v<E, float>) return arch::to_f32(x);
-  else return arch::to_bf16_bits(x);
+  if constexpr (std::is_same_v<E, float>)
+    return arch::to_f32(x);
+  else
+    return arch::to_bf16_bits(x);
 }
 template <class E>
 inline E stage_from_f32(float x) {
-  if constexpr (std::is_same_v<E, float>) return x;
-  else return arch::softmax::f32_to_bf16_bits(x);
+  if constexpr (std::is_same_v<E, float>)
+    return x;
+  else
+    return arch::softmax::f32_to_bf16_bits(x);
 }
 
 template <class T>
 inline T from_f32(float x) {
-  if constexpr (std::is_same_v<T, float>) return x;
-  else return T(x);
+  if constexpr (std::is_same_v<T, float>)
+    return x;
+  else
+    return T(x);
 }
 
 inline constexpr std::size_t round_up(std::size_t x, std::size_t m) { return (x + m - 1) / m * m; }
@@ -93,8 +102,8 @@ inline constexpr std::size_t round_up(std::size_t x, std::size_t m) { return (x 
 // K-pairs adjacent), b packed as col_panel<NR, KP> with `b_rows` padded rows per panel, c row-major
 // with ldc. Runs the atom over whole MR row panels (callers pad a with zero rows) and NR panels.
 template <class Atom>
-inline void mma_direct(const typename Atom::a_type* a, std::size_t a_rs, std::size_t rows, const typename Atom::b_type* b,
-                       std::size_t b_rows, std::size_t ncols, std::size_t kdepth, float* c, std::size_t ldc, bool accumulate) {
+inline void mma_direct(const typename Atom::a_type* a, std::size_t a_rs, std::size_t rows, const typename Atom::b_type* b, std::size_t b_rows,
+                       std::size_t ncols, std::size_t kdepth, float* c, std::size_t ldc, bool accumulate) {
   constexpr std::size_t MR = Atom::mr, NR = Atom::nr, KP = Atom::k_pack;
   arch::ukernel_args p;
   p.k = kdepth / KP;
@@ -106,8 +115,10 @@ inline void mma_direct(const typename Atom::a_type* a, std::size_t a_rs, std::si
     for (std::size_t ip = 0; ip < rows; ip += MR) {
       p.a = a + ip * a_rs;
       p.c = c + ip * ldc + jp;
-      if (ip + MR <= rows) Atom::run(p);
-      else arch::run_rows<Atom>(static_cast<int>(rows - ip), p);
+      if (ip + MR <= rows)
+        Atom::run(p);
+      else
+        arch::run_rows<Atom>(static_cast<int>(rows - ip), p);
     }
   }
 }
@@ -120,9 +131,9 @@ inline void mma_direct(const typename Atom::a_type* a, std::size_t a_rs, std::si
 // nothing); in the column form the skipped micro-tiles are left unwritten (their scores are masked
 // and never read).
 template <class Atom>
-inline void mma_direct_panels(const typename Atom::a_type* a, std::size_t a_rs, std::size_t rows, const typename Atom::b_type* b,
-                              std::size_t b_rows, std::size_t ncols, std::size_t kdepth, float* c, std::size_t ldc, bool accumulate,
-                              const std::size_t* cols, bool kdepth_from_cols) {
+inline void mma_direct_panels(const typename Atom::a_type* a, std::size_t a_rs, std::size_t rows, const typename Atom::b_type* b, std::size_t b_rows,
+                              std::size_t ncols, std::size_t kdepth, float* c, std::size_t ldc, bool accumulate, const std::size_t* cols,
+                              bool kdepth_from_cols) {
   constexpr std::size_t MR = Atom::mr, NR = Atom::nr, KP = Atom::k_pack;
   arch::ukernel_args p;
   p.ldc = ldc;
@@ -141,8 +152,10 @@ inline void mma_direct_panels(const typename Atom::a_type* a, std::size_t a_rs, 
       p.k = kd / KP;
       p.a = a + ip * a_rs;
       p.c = c + ip * ldc + jp;
-      if (ip + MR <= rows) Atom::run(p);
-      else arch::run_rows<Atom>(static_cast<int>(rows - ip), p);
+      if (ip + MR <= rows)
+        Atom::run(p);
+      else
+        arch::run_rows<Atom>(static_cast<int>(rows - ip), p);
     }
   }
 }

@@ -24,20 +24,20 @@
 
 namespace tessel::detail::attn {
 
-inline constexpr std::size_t dec_chunk = 512;      // keys per split (multiple of dec_group)
-inline constexpr std::size_t dec_group = 32;       // keys per online-softmax step (multiple of 16)
-inline constexpr std::size_t dec_tok_group = 128;  // keys per step on the token-order path (64: 5%, 32: 11% slower)
-inline constexpr std::size_t dec_row_tile = 64;    // query rows per block; more rows make more blocks
+inline constexpr std::size_t dec_chunk = 512;             // keys per split (multiple of dec_group)
+inline constexpr std::size_t dec_group = 32;              // keys per online-softmax step (multiple of 16)
+inline constexpr std::size_t dec_tok_group = 128;         // keys per step on the token-order path (64: 5%, 32: 11% slower)
+inline constexpr std::size_t dec_row_tile = 64;           // query rows per block; more rows make more blocks
 inline constexpr std::size_t dec_acc_budget = 64 * 1024;  // bytes of f32 accumulators per block
 
 // How the rows and kv heads of one (chunk, sequence) are cut into blocks.
 struct decode_plan {
-  std::size_t rows = 0;          // R = (heads_q / heads_kv) * seq_q query rows per kv head
-  std::size_t row_tile = 0;      // rows per block
+  std::size_t rows = 0;      // R = (heads_q / heads_kv) * seq_q query rows per kv head
+  std::size_t row_tile = 0;  // rows per block
   std::size_t row_tiles = 0;
-  std::size_t heads_per_blk = 0; // kv heads per block (all of them when the accumulators fit)
+  std::size_t heads_per_blk = 0;  // kv heads per block (all of them when the accumulators fit)
   std::size_t head_tiles = 0;
-  std::size_t nsplit = 0;        // chunks of the longest sequence
+  std::size_t nsplit = 0;  // chunks of the longest sequence
   static decode_plan make(std::size_t R, std::size_t hkv, std::size_t d, std::size_t max_kv) {
     decode_plan p;
     p.rows = R;
@@ -62,7 +62,7 @@ struct decode_split_program {
   mask_rule mask;
   float scale_log2;
   decode_plan plan;
-  float* part;             // [(b*hkv + hk)*nsplit + s][R][D + 2]
+  float* part;  // [(b*hkv + hk)*nsplit + s][R][D + 2]
 
   static constexpr bool has_fast = arch::decode::has_bf16_decode && std::is_same_v<T, bf16>;
 
@@ -118,17 +118,20 @@ struct decode_split_program {
       h = std::min(h, j0 + n);
       lo[r] = l < h ? l - j0 : 0;
       hi[r] = l < h ? h - j0 : 0;
-      if (lo[r] < hi[r]) { clo = std::min(clo, lo[r]); chi = std::max(chi, hi[r]); }
+      if (lo[r] < hi[r]) {
+        clo = std::min(clo, lo[r]);
+        chi = std::max(chi, hi[r]);
+      }
     }
     if (clo >= chi) return write_empty();
     using E = std::conditional_t<fast_bf16, std::uint16_t, float>;  // stage type of Q and P
     auto& sc = ctx.scratch();
-    E* qs = sc.allocate_array<E>(nh * nr * D);          // (nh, nr, D) query rows
+    E* qs = sc.allocate_array<E>(nh * nr * D);           // (nh, nr, D) query rows
     float* acc = sc.allocate_array<float>(nh * nr * D);  // (nh, nr, D) unnormalised output
     float* m = sc.allocate_array<float>(nh * nr);
     float* l = sc.allocate_array<float>(nh * nr);
-    float* sbuf = sc.allocate_array<float>(nr * G);      // (nr, G) scores of one step
-    E* pbuf = sc.allocate_array<E>(nr * G);              // (nr, G) probabilities of one step
+    float* sbuf = sc.allocate_array<float>(nr * G);                      // (nr, G) scores of one step
+    E* pbuf = sc.allocate_array<E>(nr * G);                              // (nr, G) probabilities of one step
     float* kvf = fast_bf16 ? nullptr : sc.allocate_array<float>(G * D);  // (G, D) rows in f32
     // Token order (bf16, 4 query rows per kv head, the GQA-4 decode): full groups are walked in
     // address order, 4 token rows at a time (K rows, then V rows), with the lines 4 rows further
@@ -158,8 +161,10 @@ struct decode_split_program {
         const std::size_t rr = r0 + r;
         const T* src = q + s.q_base + ((h0 + hh) * g.group + rr / s.sq) * g.q_head + (rr % s.sq) * g.q_tok;
         E* dst = qs + (hh * nr + r) * D;
-        if constexpr (fast_bf16) std::memcpy(dst, src, D * 2);
-        else for (std::size_t d = 0; d < D; ++d) dst[d] = arch::to_f32(src[d]);
+        if constexpr (fast_bf16)
+          std::memcpy(dst, src, D * 2);
+        else
+          for (std::size_t d = 0; d < D; ++d) dst[d] = arch::to_f32(src[d]);
       }
     // Token rows (kv head 0) of the current and the next group.
     const T* kt[2][G];
@@ -208,8 +213,10 @@ struct decode_split_program {
               rows[u] = reinterpret_cast<const U16*>(kt[cur][t + u] + kh0);
               pf[u] = walk(t + u + PF);
             }
-            if (nh % 4 == 0) arch::decode::qk_tok4_seq_bf16(qs, nh, D, rows, g.k_head, pf, st + t * ldr, ldr);
-            else arch::decode::qk_tok4_bf16(qs, nh, D, rows, g.k_head, pf, st + t * ldr, ldr);
+            if (nh % 4 == 0)
+              arch::decode::qk_tok4_seq_bf16(qs, nh, D, rows, g.k_head, pf, st + t * ldr, ldr);
+            else
+              arch::decode::qk_tok4_bf16(qs, nh, D, rows, g.k_head, pf, st + t * ldr, ldr);
           }
           arch::decode::online_tok_max(st, ldr, G, nh * 4, c, m, alph);
           for (std::size_t row = 0; row < nh * 4; ++row) {
@@ -246,7 +253,8 @@ struct decode_split_program {
         } else {
           const float* fr[G];
           for (std::size_t t = 0; t < cnt; ++t) {
-            if constexpr (std::is_same_v<T, float>) fr[t] = krow[t];
+            if constexpr (std::is_same_v<T, float>)
+              fr[t] = krow[t];
             else {
               for (std::size_t d = 0; d < D; ++d) kvf[t * D + d] = arch::to_f32(krow[t][d]);
               fr[t] = kvf + t * D;
@@ -291,7 +299,8 @@ struct decode_split_program {
         } else {
           const float* fr[G];
           for (std::size_t t = 0; t < cnt; ++t) {
-            if constexpr (std::is_same_v<T, float>) fr[t] = vrow[t];
+            if constexpr (std::is_same_v<T, float>)
+              fr[t] = vrow[t];
             else {
               for (std::size_t d = 0; d < D; ++d) kvf[t * D + d] = arch::to_f32(vrow[t][d]);
               fr[t] = kvf + t * D;
@@ -306,9 +315,12 @@ struct decode_split_program {
         float* o = out_row(h0 + hh, r);
         o[0] = m[hh * nr + r];
         o[1] = l[hh * nr + r];
-        if (l[hh * nr + r] == 0.0f) o[0] = -std::numeric_limits<float>::infinity();
-        else if constexpr (fast_bf16) arch::decode::from_pv_order(acc + (hh * nr + r) * D, o + 2, D);
-        else std::memcpy(o + 2, acc + (hh * nr + r) * D, D * sizeof(float));
+        if (l[hh * nr + r] == 0.0f)
+          o[0] = -std::numeric_limits<float>::infinity();
+        else if constexpr (fast_bf16)
+          arch::decode::from_pv_order(acc + (hh * nr + r) * D, o + 2, D);
+        else
+          std::memcpy(o + 2, acc + (hh * nr + r) * D, D * sizeof(float));
       }
   }
 };

@@ -22,8 +22,9 @@
 namespace tessel::detail::attn {
 
 // Tile sizes of the forward pass.
-inline constexpr std::size_t fwd_bq = 96;   // Q rows per block (multiple of every atom's MR)
-inline constexpr std::size_t fwd_bkv = 256; // K/V tokens per block (multiple of every atom's NR; 256 halves the acc round trips and row steps per flop of 128)
+inline constexpr std::size_t fwd_bq = 96;  // Q rows per block (multiple of every atom's MR)
+inline constexpr std::size_t fwd_bkv =
+    256;  // K/V tokens per block (multiple of every atom's NR; 256 halves the acc round trips and row steps per flop of 128)
 
 // Pass 1: pack block kb of K (T-form) and V (N-form) of kv head hk of sequence b.
 template <class T, class E, std::size_t NR, std::size_t KP>
@@ -32,9 +33,9 @@ struct pack_kv_program {
   const T* v;
   const seq_geom* seqs;
   geom g;
-  std::size_t NB;       // tokens per block
-  E* kp;                // [(blk)*hkv + hk] * NB*D
-  E* vp;                // [(blk)*hkv + hk] * NB*Dp
+  std::size_t NB;  // tokens per block
+  E* kp;           // [(blk)*hkv + hk] * NB*D
+  E* vp;           // [(blk)*hkv + hk] * NB*Dp
   void operator()(block_ctx& ctx) const {
     const auto [kb, hk, b] = ctx.block_index3();
     const seq_geom& s = seqs[b];
@@ -60,15 +61,15 @@ struct flash_fwd_program {
   static_assert(BQ % MR == 0 && BKV % NR == 0, "flash attention forward: block sizes must be multiples of the atom's MR and NR");
   const T* q;
   O* o;
-  float* lse;            // may be null
+  float* lse;  // may be null
   const E* kp;
   const E* vp;
   const seq_geom* seqs;
   geom g;
   mask_rule mask;
-  float scale_log2;      // softmax scale * q_scale * k_scale * log2(e)
-  float out_scale;       // v_scale
-  std::size_t nqb;       // Q blocks of the longest sequence (grid x)
+  float scale_log2;  // softmax scale * q_scale * k_scale * log2(e)
+  float out_scale;   // v_scale
+  std::size_t nqb;   // Q blocks of the longest sequence (grid x)
 
   void operator()(block_ctx& ctx) const {
     const auto idx = ctx.block_index3();
@@ -80,10 +81,10 @@ struct flash_fwd_program {
     const std::size_t D = g.d, Dp = round_up(D, NR), hk = h / g.group;
     const std::size_t nq_pad = round_up(nq, MR);
     auto& sc = ctx.scratch();
-    E* qs = sc.allocate_array<E>(BQ * D);           // (BQ,D) Q rows in stage type
+    E* qs = sc.allocate_array<E>(BQ * D);              // (BQ,D) Q rows in stage type
     float* sbuf = sc.allocate_array<float>(BQ * BKV);  // (BQ,BKV) logits
-    E* pbuf = sc.allocate_array<E>(BQ * BKV);       // (BQ,BKV) probabilities
-    float* acc = sc.allocate_array<float>(BQ * Dp); // (BQ,Dp) unnormalised O
+    E* pbuf = sc.allocate_array<E>(BQ * BKV);          // (BQ,BKV) probabilities
+    float* acc = sc.allocate_array<float>(BQ * Dp);    // (BQ,Dp) unnormalised O
     float m[BQ], l[BQ];
     std::size_t lo[BQ], hi[BQ];
 
@@ -92,9 +93,12 @@ struct flash_fwd_program {
       E* dst = qs + i * D;
       if (i < nq) {
         const T* src = qrow0 + i * g.q_tok;
-        if constexpr (std::is_same_v<T, float> && std::is_same_v<E, float>) std::memcpy(dst, src, D * sizeof(float));
-        else if constexpr (std::is_same_v<T, bf16> && std::is_same_v<E, std::uint16_t>) std::memcpy(dst, src, D * 2);
-        else for (std::size_t d = 0; d < D; ++d) dst[d] = to_stage<E>(src[d]);
+        if constexpr (std::is_same_v<T, float> && std::is_same_v<E, float>)
+          std::memcpy(dst, src, D * sizeof(float));
+        else if constexpr (std::is_same_v<T, bf16> && std::is_same_v<E, std::uint16_t>)
+          std::memcpy(dst, src, D * 2);
+        else
+          for (std::size_t d = 0; d < D; ++d) dst[d] = to_stage<E>(src[d]);
       } else {
         std::fill_n(dst, D, E{});
       }
@@ -104,7 +108,10 @@ struct flash_fwd_program {
       m[i] = -std::numeric_limits<float>::infinity();
       l[i] = 0.0f;
       mask.range(i0 + i, s.sq, s.skv, lo[i], hi[i]);
-      if (lo[i] < hi[i]) { jlo = std::min(jlo, lo[i]); jhi = std::max(jhi, hi[i]); }
+      if (lo[i] < hi[i]) {
+        jlo = std::min(jlo, lo[i]);
+        jhi = std::max(jhi, hi[i]);
+      }
     }
     const float c = scale_log2;
     if (jlo < jhi) {
@@ -129,8 +136,10 @@ struct flash_fwd_program {
           partial |= re[i] < nk;
         }
         // S = Q · Kᵀ  (nq_pad, ncol)
-        if (partial) mma_direct_panels<Atom>(qs, D, nq_pad, kp + blk * BKV * D, D, ncol, D, sbuf, BKV, false, pcols, false);
-        else mma_direct<Atom>(qs, D, nq_pad, kp + blk * BKV * D, D, ncol, D, sbuf, BKV, false);
+        if (partial)
+          mma_direct_panels<Atom>(qs, D, nq_pad, kp + blk * BKV * D, D, ncol, D, sbuf, BKV, false, pcols, false);
+        else
+          mma_direct<Atom>(qs, D, nq_pad, kp + blk * BKV * D, D, ncol, D, sbuf, BKV, false);
         for (std::size_t i = 0; i < nq_pad; ++i) {
           float* srow = sbuf + i * BKV;
           E* prow = pbuf + i * BKV;
@@ -145,8 +154,10 @@ struct flash_fwd_program {
           if (!first && alpha != 1.0f) arch::softmax::scale_row(acc + i * Dp, Dp, alpha);
         }
         // O += P · V  (nq_pad, Dp)
-        if (partial) mma_direct_panels<Atom>(pbuf, BKV, nq_pad, vp + blk * BKV * Dp, BKV, Dp, kdep, acc, Dp, !first, pcols, true);
-        else mma_direct<Atom>(pbuf, BKV, nq_pad, vp + blk * BKV * Dp, BKV, Dp, kdep, acc, Dp, !first);
+        if (partial)
+          mma_direct_panels<Atom>(pbuf, BKV, nq_pad, vp + blk * BKV * Dp, BKV, Dp, kdep, acc, Dp, !first, pcols, true);
+        else
+          mma_direct<Atom>(pbuf, BKV, nq_pad, vp + blk * BKV * Dp, BKV, Dp, kdep, acc, Dp, !first);
         first = false;
       }
     }

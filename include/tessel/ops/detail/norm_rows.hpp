@@ -15,33 +15,41 @@
 #include <tessel/tile/tensor.hpp>
 #include <tessel/types/bf16.hpp>
 
-
 namespace tessel::detail::rows {
 
 namespace st = tessel::arch::stream;
 
 template <class T>
-concept row_io_type = std::is_same_v<std::remove_const_t<T>, float> || std::is_same_v<std::remove_const_t<T>, bf16>;
+concept row_io_type = std::is_same_v < std::remove_const_t<T>,
+float > || std::is_same_v<std::remove_const_t<T>, bf16>;
 
 template <class T>
 inline float load1(const T* p, std::size_t i) {
-  if constexpr (std::is_same_v<std::remove_const_t<T>, float>) return p[i];
-  else return st::bf16_bits_to_f32(reinterpret_cast<const std::uint16_t*>(p)[i]);
+  if constexpr (std::is_same_v<std::remove_const_t<T>, float>)
+    return p[i];
+  else
+    return st::bf16_bits_to_f32(reinterpret_cast<const std::uint16_t*>(p)[i]);
 }
 template <class T>
 inline st::vf loadv(const T* p, std::size_t i) {
-  if constexpr (std::is_same_v<std::remove_const_t<T>, float>) return st::load(p + i);
-  else return st::load_bf16(reinterpret_cast<const std::uint16_t*>(p) + i);
+  if constexpr (std::is_same_v<std::remove_const_t<T>, float>)
+    return st::load(p + i);
+  else
+    return st::load_bf16(reinterpret_cast<const std::uint16_t*>(p) + i);
 }
 template <class T>
 inline void store1(T* p, std::size_t i, float x) {
-  if constexpr (std::is_same_v<T, float>) p[i] = x;
-  else reinterpret_cast<std::uint16_t*>(p)[i] = st::f32_to_bf16_bits(x);
+  if constexpr (std::is_same_v<T, float>)
+    p[i] = x;
+  else
+    reinterpret_cast<std::uint16_t*>(p)[i] = st::f32_to_bf16_bits(x);
 }
 template <class T>
 inline void storev(T* p, std::size_t i, st::vf x) {
-  if constexpr (std::is_same_v<T, float>) st::store(x, p + i);
-  else st::store_bf16(x, reinterpret_cast<std::uint16_t*>(p) + i);
+  if constexpr (std::is_same_v<T, float>)
+    st::store(x, p + i);
+  else
+    st::store_bf16(x, reinterpret_cast<std::uint16_t*>(p) + i);
 }
 
 // Write-only outputs larger than this go around the cache with non-temporal stores (no
@@ -78,8 +86,10 @@ inline void for_lanes(std::size_t n, F&& f) {
 // context and not in another, and two code paths meant to agree bit for bit would not.
 template <bool Sq, class V>
 inline V accumulate(V acc, V v) {
-  if constexpr (Sq) return st::fma(v, v, acc);
-  else return acc + v;
+  if constexpr (Sq)
+    return st::fma(v, v, acc);
+  else
+    return acc + v;
 }
 
 // Fixed-order sum of g(i, V) (or of its squares) over [0, n): lane accumulators, pairwise lane
@@ -152,23 +162,31 @@ inline moments for_lanes_moments(std::size_t n, float c, F&& f, G&& g) {
 
 template <class V>
 inline V lanes_load(const float* p, std::size_t i) {
-  if constexpr (std::is_same_v<V, float>) return p[i];
-  else return st::load(p + i);
+  if constexpr (std::is_same_v<V, float>)
+    return p[i];
+  else
+    return st::load(p + i);
 }
 template <class V>
 inline void lanes_store(float* p, std::size_t i, V x) {
-  if constexpr (std::is_same_v<V, float>) p[i] = x;
-  else st::store(x, p + i);
+  if constexpr (std::is_same_v<V, float>)
+    p[i] = x;
+  else
+    st::store(x, p + i);
 }
 template <class T, class V>
 inline V typed_load(const T* p, std::size_t i) {
-  if constexpr (std::is_same_v<V, float>) return load1(p, i);
-  else return loadv(p, i);
+  if constexpr (std::is_same_v<V, float>)
+    return load1(p, i);
+  else
+    return loadv(p, i);
 }
 template <class T, class V>
 inline void typed_store(T* p, std::size_t i, V x) {
-  if constexpr (std::is_same_v<V, float>) store1(p, i, x);
-  else storev(p, i, x);
+  if constexpr (std::is_same_v<V, float>)
+    store1(p, i, x);
+  else
+    storev(p, i, x);
 }
 
 // Rows per block so a block streams about `target` elements (at least one row). Row-streaming

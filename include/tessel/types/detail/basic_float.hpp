@@ -53,9 +53,7 @@ struct basic_float {
 
   // -0 == +0, NaN unordered (compares through float).
   friend constexpr bool operator==(basic_float a, basic_float b) noexcept { return float(a) == float(b); }
-  friend constexpr std::partial_ordering operator<=>(basic_float a, basic_float b) noexcept {
-    return float(a) <=> float(b);
-  }
+  friend constexpr std::partial_ordering operator<=>(basic_float a, basic_float b) noexcept { return float(a) <=> float(b); }
 
   friend constexpr bool isnan(basic_float a) noexcept {
     const std::uint32_t m = a.bits_ & Fmt::abs_mask;
@@ -64,9 +62,7 @@ struct basic_float {
   friend constexpr bool isinf(basic_float a) noexcept { return Fmt::ieee && (a.bits_ & Fmt::abs_mask) == Fmt::inf_code; }
   friend constexpr bool isfinite(basic_float a) noexcept { return !isnan(a) && !isinf(a); }
   friend constexpr bool signbit(basic_float a) noexcept { return (a.bits_ & Fmt::sign_bit) != 0; }
-  friend constexpr basic_float abs(basic_float a) noexcept {
-    return from_bits(static_cast<storage_type>(a.bits_ & Fmt::abs_mask));
-  }
+  friend constexpr basic_float abs(basic_float a) noexcept { return from_bits(static_cast<storage_type>(a.bits_ & Fmt::abs_mask)); }
 
   template <class CharT, class Traits>
   friend std::basic_ostream<CharT, Traits>& operator<<(std::basic_ostream<CharT, Traits>& os, basic_float a) {

@@ -123,7 +123,9 @@ constexpr Src decode_bits(typename Fmt::storage h) noexcept;
 template <class Fmt>
 struct decode_table {
   static constexpr auto values = [] {
-    struct table { std::uint32_t v[256]; } t{};
+    struct table {
+      std::uint32_t v[256];
+    } t{};
     for (unsigned c = 0; c < 256; ++c) t.v[c] = std::bit_cast<std::uint32_t>(decode_bits<Fmt, float>(static_cast<std::uint8_t>(c)));
     return t;
   }();
@@ -157,9 +159,7 @@ constexpr Src decode_bits(typename Fmt::storage h) noexcept {
     const U normal = (em << shift) + (U(sbias - Fmt::bias) << sm);
     // Subnormal (em = mantissa < 2^man): normalize by its leading one at bit p; zero stays zero.
     const int p = std::bit_width(static_cast<std::uint32_t>(em) | 1u) - 1;
-    const U sub = em == 0 ? U(0)
-                          : (U(p + 1 - Fmt::bias - Fmt::man_bits + sbias) << sm) |
-                                ((em << (sm - p)) & ((U(1) << sm) - 1));
+    const U sub = em == 0 ? U(0) : (U(p + 1 - Fmt::bias - Fmt::man_bits + sbias) << sm) | ((em << (sm - p)) & ((U(1) << sm) - 1));
     U f = ex == 0 ? sub : normal;
     if constexpr (Fmt::ieee)
       f = ex == Fmt::exp_max ? src_inf | ((em & Fmt::man_mask) << shift) : f;
