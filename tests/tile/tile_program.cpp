@@ -222,7 +222,7 @@ TEMPLATE_TEST_CASE("mma with A read in place matches the reference for odd K", "
   }
 }
 
-// mma_opts::n: only the atom panels holding the first n columns are computed (edge strips of C
+// mma_options::n: only the atom panels holding the first n columns are computed (edge strips of C
 // need not pay for the full BN); the accumulator's later panels keep their values.
 TEMPLATE_TEST_CASE("mma computes only the panels holding the first n columns", "[tile][mma]", float, bf16) {
   using tr = mma_traits<TestType>;

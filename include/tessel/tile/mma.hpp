@@ -38,7 +38,7 @@ struct mma_traits {
 };
 
 // Options of one mma call.
-struct mma_opts {
+struct mma_options {
   bool accumulate = true;            // acc += a·b (false: acc = a·b)
   const float* row_scale = nullptr;  // BM scales: acc(i,j) (+)= (a·b)(i,j) * row_scale[i] * col_scale[j]
   const float* col_scale = nullptr;  // BN scales (null = 1)
@@ -46,6 +46,8 @@ struct mma_opts {
   std::size_t n = SIZE_MAX;          // columns actually used (<= BN): only the atom panels holding
                                      // them are computed; accumulator columns past those are left as they are
 };
+// The name before the options structs were named <op>_options (issue 16); kept for existing code.
+using mma_opts [[deprecated("use tessel::mma_options")]] = mma_options;
 
 }  // namespace v0
 namespace detail {
@@ -68,7 +70,8 @@ inline namespace v0 {
 
 // Staged A (panel<MR,KP>) × staged B (col_panel<NR,KP>) → f32 accumulator tile.
 template <class T, std::size_t BM, std::size_t BK, std::size_t BN, std::size_t MR, std::size_t NR, std::size_t KP, f32_accumulator Acc>
-void mma(const staged<T, BM, BK, layout::panel<MR, KP>>& a, const staged<T, BK, BN, layout::col_panel<NR, KP>>& b, Acc& acc, const mma_opts& o = {}) {
+void mma(const staged<T, BM, BK, layout::panel<MR, KP>>& a, const staged<T, BK, BN, layout::col_panel<NR, KP>>& b, Acc& acc,
+         const mma_options& o = {}) {
   using atom = typename detail::atom_for_stage<T>::type;
   static_assert(atom::mr == MR && atom::nr == NR && atom::k_pack == KP,
                 "tessel::mma: staged layouts must be mma_traits<T>::a_layout / b_layout (the atom's panel shapes)");
@@ -112,7 +115,7 @@ void mma(const staged<T, BM, BK, layout::panel<MR, KP>>& a, const staged<T, BK, 
 // are treated as zero. Other A tiles (transposed, other element types) are staged by the caller.
 template <class TA, std::size_t BM, std::size_t BK, std::size_t BN, std::size_t NR, std::size_t KP, f32_accumulator Acc>
 void mma(const tensor_tile<TA, BM, BK>& a, const staged<std::remove_const_t<TA>, BK, BN, layout::col_panel<NR, KP>>& b, Acc& acc,
-         const mma_opts& o = {}) {
+         const mma_options& o = {}) {
   using T = std::remove_const_t<TA>;
   using atom = typename detail::atom_for_stage<T>::type;
   constexpr std::size_t MR = atom::mr;
