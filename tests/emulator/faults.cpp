@@ -12,7 +12,7 @@ namespace tessel_test_emulator_faults {
 
 using namespace tessel::emu;
 
-constexpr fault_kind kinds[] = {fault_kind::link_down, fault_kind::link_up,   fault_kind::plane_down, fault_kind::plane_up,
+constexpr fault_kind kinds[] = {fault_kind::link_down, fault_kind::link_up, fault_kind::plane_down, fault_kind::plane_up,
                                 fault_kind::card_down, fault_kind::card_up, fault_kind::hot_swap};
 
 TEST_CASE("fault kinds: distinct names, and a value outside the enum prints as '?'", "[emulator][faults]") {

@@ -1086,16 +1086,23 @@ struct gemm_direct_program {
       p.k = K;
       p.ldc = ldc;
       // (each element is one FMA chain in k order whatever the atom's width: the same bits)
+      // Column chunks whose B rows (K x chunk) stay in L2 (128 KiB), and in each chunk a row group's
+      // C rows written left to right: a few long store streams rather than one short burst per row
+      // of the block (with columns outermost, a 32-row block wrote 32 rows 256 bytes at a time, and
+      // an 8192x2048x16 product wrote C at 4.5 GB/s: 36 GFLOP/s, 63 in this order).
       auto sweep = [&]<class Atom>() {
-        for (std::size_t j = 0; j < N; j += Atom::nc) {
-          p.n = static_cast<int>(std::min<std::size_t>(Atom::nc, N - j));
-          p.b = b.p + j;
+        const std::size_t chunk =
+            std::max<std::size_t>(Atom::nc, (std::size_t{128} << 10) / (std::max<std::size_t>(K, 1) * sizeof(float)) / Atom::nc * Atom::nc);
+        for (std::size_t j0 = 0; j0 < N; j0 += chunk)
           for (std::size_t i = 0; i < M; i += Atom::mr) {
             p.a = a.p + i * a.rs;
-            p.c = acc + i * ldc + j;
-            arch::run_rows_narrow<Atom>(static_cast<int>(std::min<std::size_t>(Atom::mr, M - i)), p);
+            for (std::size_t j = j0; j < std::min(N, j0 + chunk); j += Atom::nc) {
+              p.n = static_cast<int>(std::min<std::size_t>(Atom::nc, N - j));
+              p.b = b.p + j;
+              p.c = acc + i * ldc + j;
+              arch::run_rows_narrow<Atom>(static_cast<int>(std::min<std::size_t>(Atom::mr, M - i)), p);
+            }
           }
-        }
       };
       sweep.template operator()<rows_atom>();
     }
