@@ -937,25 +937,28 @@ TEST_CASE("direct path: skinny bf16 dots over a transposed B, columns shared out
     h.run(dev2(), 1.0f, 0.0f);
     REQUIRE(check_bound(h.C, h.ldc, rp, M, N, K) == 0);
   }
-  // f32 GEMV-like products: the row-major B read by rows, a transposed B by dots, where they lie
-  for (bool tb : {false, true})
-    for (auto [M, N, K] : {std::tuple<std::size_t, std::size_t, std::size_t>{1, 1536, 512},
-                           {2, 64, 700},
-                           {1, 15, 100},
-                           {2, 2100, 2048},
-                           {16, 700, 300},
-                           {9, 33, 4096}}) {
-      INFO("f32 M=" << M << " N=" << N << " K=" << K << " tb=" << tb);
-      gemm_case<float, float, float> c(M, N, K, false, tb, 1);
-      ref::fill_int(c.A, g, 2);
-      ref::fill_int(c.B, g, 2);
-      auto c1 = c;
-      auto r = ref::gemm(false, tb, M, N, K, 1.0, c.A.data(), c.lda, c.B.data(), c.ldb, 0.0, c.C.data(), c.ldc);
-      c.run(dev2(), 1.0f, 0.0f);
-      c1.run(dev1(), 1.0f, 0.0f);
-      REQUIRE(std::memcmp(c.C.data(), c1.C.data(), c.C.size() * sizeof(float)) == 0);
-      REQUIRE(check_exact(c.C, c.ldc, r, M, N) == 0);
-    }
+  // f32 GEMV-like products: the row-major B read by rows, a transposed B by dots, where they lie;
+  // a transposed A of at most 16 rows is copied into rows for the dots
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (auto [M, N, K] : {std::tuple<std::size_t, std::size_t, std::size_t>{1, 1536, 512},
+                             {2, 64, 700},
+                             {1, 15, 100},
+                             {2, 2100, 2048},
+                             {16, 700, 300},
+                             {9, 33, 4096},
+                             {2, 325, 2052}}) {
+        INFO("f32 M=" << M << " N=" << N << " K=" << K << " ta=" << ta << " tb=" << tb);
+        gemm_case<float, float, float> c(M, N, K, ta, tb, 1);
+        ref::fill_int(c.A, g, 2);
+        ref::fill_int(c.B, g, 2);
+        auto c1 = c;
+        auto r = ref::gemm(ta, tb, M, N, K, 1.0, c.A.data(), c.lda, c.B.data(), c.ldb, 0.0, c.C.data(), c.ldc);
+        c.run(dev2(), 1.0f, 0.0f);
+        c1.run(dev1(), 1.0f, 0.0f);
+        REQUIRE(std::memcmp(c.C.data(), c1.C.data(), c.C.size() * sizeof(float)) == 0);
+        REQUIRE(check_exact(c.C, c.ldc, r, M, N) == 0);
+      }
 }
 
 // A narrow C (N <= 4) of any size takes the direct path, its rows shared out over blocks; a

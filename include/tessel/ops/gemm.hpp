@@ -917,9 +917,10 @@ struct gemm_direct_program {
   Chain chain;            // alpha, beta and the epilogue
   std::size_t per_block;  // matrices per block
   std::size_t dot_min_k;
-  bool plain;                      // f32 C, alpha 1, beta 0, no epilogue: the atoms write C
-  std::size_t rows_per_block = 0;  // one matrix (batch 1) split by rows of C, or 0: whole matrices
-  std::size_t cols_per_block = 0;  // one matrix (batch 1) split by columns of C (when rows_per_block is 0)
+  bool plain;                                        // f32 C, alpha 1, beta 0, no epilogue: the atoms write C
+  static constexpr std::size_t dot_copy_max_m = 16;  // a transposed A this short is copied into rows for dot products
+  std::size_t rows_per_block = 0;                    // one matrix (batch 1) split by rows of C, or 0: whole matrices
+  std::size_t cols_per_block = 0;                    // one matrix (batch 1) split by columns of C (when rows_per_block is 0)
 
   // For the profiler's trace: the product's shape.
   std::string shape() const { return detail::gemm_shape(M, N, K) + (batch > 1 ? std::string(" x batch ") + std::to_string(batch) : std::string()); }
@@ -1025,7 +1026,7 @@ struct gemm_direct_program {
       if (acc != static_cast<void*>(pc)) detail::store_rows<TC>(acc, N, M, N, pc, C.row_stride(), C.col_stride(), row0, col0, chain);
       return;
     }
-    const f32_view a = as_f32(arena, pa, A, M, K);
+    f32_view a = as_f32(arena, pa, A, M, K);
     f32_view b = as_f32(arena, pb, B, K, N);
     // Dot products (A row-major) cost a reduction per element of C (~8 cycles); reading B by rows
     // costs a broadcast of every element of A per 16 columns of C and, for a transposed B, a copy
@@ -1034,7 +1035,14 @@ struct gemm_direct_program {
     // is then copied into them.
     // (Copying a row-major B into Bᵀ rows costs more than the product it serves unless C is narrow:
     // a row-major B is read by rows from 16 columns on.)
-    if (a.cs == 1 && K >= dot_min_k && (K >= 8 * M || N < 16) && (b.rs == 1 || N < 16)) {
+    // A transposed A of a few rows is copied into rows first (M x K, 1/N of the product's work).
+    if ((a.cs == 1 || M <= dot_copy_max_m) && K >= dot_min_k && (K >= 8 * M || N < 16) && (b.rs == 1 || N < 16)) {
+      if (a.cs != 1) {
+        float* buf = arena.allocate_array<float>(M * K);
+        for (std::size_t k = 0; k < K; ++k)
+          for (std::size_t i = 0; i < M; ++i) buf[i * K + k] = a.p[i * a.rs + k * a.cs];
+        a = {buf, K, 1};
+      }
       if (b.rs != 1) {  // Bᵀ rows, read along B's stored rows
         float* buf = arena.allocate_array<float>(N * K);
         for (std::size_t k = 0; k < K; ++k)
@@ -1254,7 +1262,8 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
   if constexpr (std::is_same_v<TA, float> && std::is_same_v<TB, float>)
     skinny_dots = !direct && !s.a_block && batch == 1 && !ap &&
                   ((M <= gemm_tune().direct_gemv_max_m && B.col_stride() == 1) ||
-                   (M <= gemm_tune().direct_dot_max_m && B.row_stride() == 1 && A.col_stride() == 1 && K >= gemm_tune().direct_dot_min_k));
+                   (M <= gemm_tune().direct_dot_max_m && B.row_stride() == 1 && K >= gemm_tune().direct_dot_min_k &&
+                    (A.col_stride() == 1 || M <= gemm_direct_program<TA, TB, TC, epilogue::chain<>>::dot_copy_max_m)));
   direct = direct || skinny_dots;
   // a narrow C (N <= 4: a matrix times a vector or a few): bound by reading A once, which the
   // direct atoms do in place (f32) or after one widening pass; its rows shared out over blocks
