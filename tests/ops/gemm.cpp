@@ -961,15 +961,21 @@ TEST_CASE("direct path: skinny bf16 dots over a transposed B, columns shared out
       }
 }
 
-// A narrow C (N <= 4) of any size takes the direct path, its rows shared out over blocks; a
+// A narrow C (N <= 4; f32 with a row-major A: N <= 8) of any size takes the direct path, its rows shared out over blocks; a
 // column-major A is read as Aᵀ's rows (Cᵀ = Bᵀ·Aᵀ). Every transpose, f32 and bf16, integers
 // bitwise with a row-indexed epilogue, real values within gamma_K, 1 vs 2 threads bitwise.
 TEMPLATE_TEST_CASE("direct path: narrow C from a matrix times a few vectors, every transpose", "[ops][gemm][direct]", float, bf16) {
   std::mt19937 g(85);
   for (bool ta : {false, true})
     for (bool tb : {false, true})
-      for (auto [M, N, K] :
-           {std::tuple<std::size_t, std::size_t, std::size_t>{3000, 1, 700}, {1002, 4, 2496}, {63, 1, 2109}, {517, 3, 33}, {20, 2, 5000}}) {
+      for (auto [M, N, K] : {std::tuple<std::size_t, std::size_t, std::size_t>{3000, 1, 700},
+                             {1002, 4, 2496},
+                             {63, 1, 2109},
+                             {517, 3, 33},
+                             {20, 2, 5000},
+                             {1000, 7, 300},
+                             {210, 5, 220},
+                             {2048, 8, 1024}}) {
         INFO("M=" << M << " N=" << N << " K=" << K << " ta=" << ta << " tb=" << tb);
         check_direct_integers<TestType>(g, M, N, K, ta, tb, true, 2);
         check_direct_reals<TestType>(g, M, N, K, ta, tb);

@@ -897,7 +897,11 @@ struct gemm_tuning {
   std::size_t direct_dot_min_k = 32;      // a transposed B is read by dot products from this depth
   std::size_t direct_dot_max_m = 16;      // a transposed B: dot products in place up to this many rows
   std::size_t direct_narrow_max_n = 4;    // C this narrow (matrix-vector-like) takes the direct path at any size
-  std::size_t direct_gemv_max_m = 2;      // f32: B read in place (by rows, or Bᵀ rows by dots) up to this many rows
+  // ... and this narrow for f32 with a row-major A: dot products of A's rows beat the packed path's
+  // 32-column atom on 5-8 columns (NN f32 1 thread: 4096x8x4096 19 -> 36 GFLOP/s, 2048x6x1024 27 -> 64,
+  // 1000x7x300 35 -> 70, 8192x5x512 24 -> 45; a transposed A keeps its swapped path, 2-5x faster there)
+  std::size_t direct_narrow_max_n_f32_rows = 8;
+  std::size_t direct_gemv_max_m = 2;  // f32: B read in place (by rows, or Bᵀ rows by dots) up to this many rows
 };
 inline gemm_tuning& gemm_tune() {
   static gemm_tuning t;
@@ -1267,7 +1271,10 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
   direct = direct || skinny_dots;
   // a narrow C (N <= 4: a matrix times a vector or a few): bound by reading A once, which the
   // direct atoms do in place (f32) or after one widening pass; its rows shared out over blocks
-  const bool narrow = !direct && !s.a_block && batch == 1 && !ap && K > 0 && N > 0 && N <= gemm_tune().direct_narrow_max_n;
+  const std::size_t narrow_max_n = std::is_same_v<TA, float> && std::is_same_v<TB, float> && A.col_stride() == 1
+                                       ? std::max(gemm_tune().direct_narrow_max_n, gemm_tune().direct_narrow_max_n_f32_rows)
+                                       : gemm_tune().direct_narrow_max_n;
+  const bool narrow = !direct && !s.a_block && batch == 1 && !ap && K > 0 && N > 0 && N <= narrow_max_n;
   direct = direct || narrow;
   if (direct) {
     const auto dchain = epilogue::alpha_beta(alpha * s.a * s.b, beta) | chain;
