@@ -1039,8 +1039,9 @@ struct gemm_direct_program {
     // is then copied into them.
     // (Copying a row-major B into Bᵀ rows costs more than the product it serves unless C is narrow:
     // a row-major B is read by rows from 16 columns on.)
-    // A transposed A of a few rows is copied into rows first (M x K, 1/N of the product's work).
-    if ((a.cs == 1 || M <= dot_copy_max_m) && K >= dot_min_k && (K >= 8 * M || N < 16) && (b.rs == 1 || N < 16)) {
+    // A transposed A of a few rows is copied into rows first (M x K, 1/N of the product's work); "a
+    // few" counts the whole matrix's rows (this->M), so every block of a split takes the same branch.
+    if ((a.cs == 1 || this->M <= dot_copy_max_m) && K >= dot_min_k && (K >= 8 * M || N < 16) && (b.rs == 1 || N < 16)) {
       if (a.cs != 1) {
         float* buf = arena.allocate_array<float>(M * K);
         for (std::size_t k = 0; k < K; ++k)
