@@ -891,12 +891,13 @@ void gemm_run(Dev& dev, const grid& g, const P& prog, double flops, bool calling
 // bf16 direct (widened to f32) lost to the pair atoms from 40^3 on (NN 0.95, 96^3 0.7) and, for M
 // <= 8 with a row-major B, to the skinny rows path (0.2-0.7), which keeps those.
 struct gemm_tuning {
-  double direct_max_macs = 1 << 20;       // f32 and fp16 inputs (f32 atoms)
-  double direct_max_macs_pair = 1 << 15;  // bf16 and FP8 inputs (pair atoms)
-  std::size_t direct_max_k = 16;          // any size this shallow
-  std::size_t direct_dot_min_k = 32;      // a transposed B is read by dot products from this depth
-  std::size_t direct_dot_max_m = 16;      // a transposed B: dot products in place up to this many rows
-  std::size_t direct_narrow_max_n = 4;    // C this narrow (matrix-vector-like) takes the direct path at any size
+  double direct_max_macs = 1 << 20;        // f32 and fp16 inputs (f32 atoms)
+  double direct_max_macs_pair = 1 << 15;   // bf16 and FP8 inputs (pair atoms)
+  std::size_t direct_max_k = 16;           // any size this shallow
+  std::size_t direct_dot_min_k = 32;       // a transposed B is read by dot products from this depth
+  std::size_t direct_dot_max_m = 16;       // a transposed B: dot products in place up to this many rows
+  std::size_t direct_dot_copy_max_m = 16;  // a transposed A this short (whole matrix) is copied into rows for dot products
+  std::size_t direct_narrow_max_n = 4;     // C this narrow (matrix-vector-like) takes the direct path at any size
   // ... and this narrow for f32 with a row-major A: dot products of A's rows beat the packed path's
   // 32-column atom on 5-8 columns (NN f32 1 thread: 4096x8x4096 19 -> 36 GFLOP/s, 2048x6x1024 27 -> 64,
   // 1000x7x300 35 -> 70, 8192x5x512 24 -> 45; a transposed A keeps its swapped path, 2-5x faster there)
@@ -921,10 +922,10 @@ struct gemm_direct_program {
   Chain chain;            // alpha, beta and the epilogue
   std::size_t per_block;  // matrices per block
   std::size_t dot_min_k;
-  bool plain;                                        // f32 C, alpha 1, beta 0, no epilogue: the atoms write C
-  static constexpr std::size_t dot_copy_max_m = 16;  // a transposed A this short is copied into rows for dot products
-  std::size_t rows_per_block = 0;                    // one matrix (batch 1) split by rows of C, or 0: whole matrices
-  std::size_t cols_per_block = 0;                    // one matrix (batch 1) split by columns of C (when rows_per_block is 0)
+  bool plain;                      // f32 C, alpha 1, beta 0, no epilogue: the atoms write C
+  std::size_t rows_per_block = 0;  // one matrix (batch 1) split by rows of C, or 0: whole matrices
+  std::size_t cols_per_block = 0;  // one matrix (batch 1) split by columns of C (when rows_per_block is 0)
+  std::size_t dot_copy_max_m = 0;  // a transposed A of at most this many rows (whole matrix) is copied into rows for dots
 
   // For the profiler's trace: the product's shape.
   std::string shape() const { return detail::gemm_shape(M, N, K) + (batch > 1 ? std::string(" x batch ") + std::to_string(batch) : std::string()); }
@@ -1268,7 +1269,7 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
     skinny_dots = !direct && !s.a_block && batch == 1 && !ap &&
                   ((M <= gemm_tune().direct_gemv_max_m && B.col_stride() == 1) ||
                    (M <= gemm_tune().direct_dot_max_m && B.row_stride() == 1 && K >= gemm_tune().direct_dot_min_k &&
-                    (A.col_stride() == 1 || M <= gemm_direct_program<TA, TB, TC, epilogue::chain<>>::dot_copy_max_m)));
+                    (A.col_stride() == 1 || M <= gemm_tune().direct_dot_copy_max_m)));
   direct = direct || skinny_dots;
   // a narrow C (N <= 4: a matrix times a vector or a few): bound by reading A once, which the
   // direct atoms do in place (f32) or after one widening pass; its rows shared out over blocks
@@ -1293,6 +1294,7 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
     const bool plain = chain_t::empty && alpha * s.a * s.b == 1.0f && beta == 0.0f && C.col_stride() == 1;
     gemm_direct_program<TA, TB, TC, std::remove_cvref_t<decltype(dchain)>> prog{
         M, N, K, batch, A, B, C, sa, sb, sc, ap, bp, cp, dchain, per, gemm_tune().direct_dot_min_k, plain, rows_pb, cols_pb};
+    prog.dot_copy_max_m = gemm_tune().direct_dot_copy_max_m;
     gemm_run(dev, grid{rows_pb ? ceil_div(M, rows_pb) : (cols_pb ? ceil_div(N, cols_pb) : ceil_div(batch, per))}, prog, flops);
     return;
   }
