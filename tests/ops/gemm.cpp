@@ -756,6 +756,33 @@ TEST_CASE("direct path: f32 products read by rows have the packed path's bits", 
       }
 }
 
+// A bf16 product with a row-major B and C at least 16 wide runs vdpbf16ps over K-pairs of B's rows
+// (A's pairs broadcast; a transposed A copied into rows first): one chain from zero per element,
+// the packed pair atom's order for a one-chunk K, so the direct path gives the packed path's bits.
+TEST_CASE("direct path: bf16 products over B's rows have the packed path's bits", "[ops][gemm][direct]") {
+  std::mt19937 g(64);
+  for (bool ta : {false, true})
+    for (auto [M, N, K] :
+         {std::tuple<std::size_t, std::size_t, std::size_t>{1, 16, 1}, {7, 70, 9}, {13, 64, 16}, {33, 130, 31}, {20, 17, 60}, {200, 100, 16}}) {
+      gemm_case<bf16, bf16, float> c(M, N, K, ta, false, 2);
+      ref::fill_real(c.A, g);
+      ref::fill_real(c.B, g);
+      ref::fill_real(c.C, g);
+      auto p = c;
+      {
+        direct_threshold all(1e300);
+        c.run(dev2(), 0.75f, 0.25f, epilogue::relu);
+      }
+      {
+        direct_threshold packed(0);
+        tessel::detail::gemm_tune().direct_max_k = 0;
+        p.run(dev2(), 0.75f, 0.25f, epilogue::relu);
+      }
+      INFO("M=" << M << " N=" << N << " K=" << K << " ta=" << ta);
+      REQUIRE(std::memcmp(c.C.data(), p.C.data(), c.C.size() * sizeof(float)) == 0);
+    }
+}
+
 TEST_CASE("direct path: epilogues, bf16 output, per-tensor scales, strided and pointer batches", "[ops][gemm][direct]") {
   std::mt19937 g(63);
   const std::size_t M = 6, N = 20, K = 40, batch = 5;

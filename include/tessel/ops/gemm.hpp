@@ -1005,6 +1005,16 @@ struct gemm_direct_program {
       return false;
   }
 
+  // Both bf16, B row-major and C at least a vector wide: K-pairs of B's rows by vdpbf16ps with A's
+  // pair broadcast (the rows atom), instead of widening both operands to f32 for FMAs (half the
+  // multiply-add rate). A function of the strides and the whole matrix's width, never of the split.
+  bool bf16_pair_rows() const {
+    if constexpr (std::is_same_v<TA, bf16> && std::is_same_v<TB, bf16> && arch::has_rows_dot_atom)
+      return B.col_stride() == 1 && this->N >= 16;
+    else
+      return false;
+  }
+
   // rows [row0, row0 + M) and columns [col0, col0 + N) of one matrix (pa, pb, pc at that row of A
   // and C and that column of B and C)
   void one(scratch_arena& arena, const TA* pa, const TB* pb, TC* pc, std::size_t M, std::size_t row0, std::size_t N, std::size_t col0) const {
@@ -1030,6 +1040,43 @@ struct gemm_direct_program {
         arch::run_dots<arch::best_direct_dot_bf16_atom>(p, a16, b16, M, N, acc, ldc);
       if (acc != static_cast<void*>(pc)) detail::store_rows<TC>(acc, N, M, N, pc, C.row_stride(), C.col_stride(), row0, col0, chain);
       return;
+    }
+    if constexpr (std::is_same_v<TA, bf16> && std::is_same_v<TB, bf16> && arch::has_rows_dot_atom) {
+      if (bf16_pair_rows()) {
+        // A's pairs (elements 2q, 2q+1 of a row) are broadcast from its rows: a transposed A is
+        // copied into rows first (M x K, 1/N of the product's work). Each element of C is one
+        // vdpbf16ps chain over K-pairs from zero, the packed pair atom's order for one K chunk.
+        const auto* a16 = reinterpret_cast<const std::uint16_t*>(pa);
+        std::size_t lda = A.row_stride();
+        if (A.col_stride() != 1) {
+          auto* buf = arena.allocate_array<std::uint16_t>(M * K);
+          for (std::size_t k = 0; k < K; ++k)
+            for (std::size_t i = 0; i < M; ++i) buf[i * K + k] = a16[i * A.row_stride() + k * A.col_stride()];
+          a16 = buf, lda = K;
+        }
+        using Atom = arch::avx512bf16_rows_dot_bf16bf16f32<6, 2>;
+        arch::rows_args p;
+        p.lda = lda;
+        p.ldb = B.row_stride();
+        p.k = K;
+        p.ldc = ldc;
+        const auto* b16 = reinterpret_cast<const std::uint16_t*>(pb);
+        // column chunks whose B rows stay in L2 (128 KiB), row groups in each (see the f32 sweep below)
+        const std::size_t chunk =
+            std::max<std::size_t>(Atom::nc, (std::size_t{128} << 10) / (std::max<std::size_t>(K, 1) * sizeof(bf16)) / Atom::nc * Atom::nc);
+        for (std::size_t j0 = 0; j0 < N; j0 += chunk)
+          for (std::size_t i = 0; i < M; i += Atom::mr) {
+            p.a = a16 + i * lda;
+            for (std::size_t j = j0; j < std::min(N, j0 + chunk); j += Atom::nc) {
+              p.n = static_cast<int>(std::min<std::size_t>(Atom::nc, N - j));
+              p.b = b16 + j;
+              p.c = acc + i * ldc + j;
+              arch::run_rows_of<Atom>(static_cast<int>(std::min<std::size_t>(Atom::mr, M - i)), p);
+            }
+          }
+        if (acc != static_cast<void*>(pc)) detail::store_rows<TC>(acc, N, M, N, pc, C.row_stride(), C.col_stride(), row0, col0, chain);
+        return;
+      }
     }
     f32_view a = as_f32(arena, pa, A, M, K);
     f32_view b = as_f32(arena, pb, B, K, N);
