@@ -756,31 +756,35 @@ TEST_CASE("direct path: f32 products read by rows have the packed path's bits", 
       }
 }
 
-// A bf16 product with a row-major B and C at least 16 wide runs vdpbf16ps over K-pairs of B's rows
-// (A's pairs broadcast; a transposed A copied into rows first): one chain from zero per element,
-// the packed pair atom's order for a one-chunk K, so the direct path gives the packed path's bits.
+// A bf16 product with C at least 16 wide runs vdpbf16ps over K-pairs of B's rows (A's pairs
+// broadcast; a transposed A or B copied into rows first), unless it is read by dots: one chain from
+// zero per element, the packed pair atom's order for a one-chunk K, so the direct path gives the
+// packed path's bits.
 TEST_CASE("direct path: bf16 products over B's rows have the packed path's bits", "[ops][gemm][direct]") {
   std::mt19937 g(64);
+  const auto& t = tessel::detail::gemm_tune();
   for (bool ta : {false, true})
-    for (auto [M, N, K] :
-         {std::tuple<std::size_t, std::size_t, std::size_t>{1, 16, 1}, {7, 70, 9}, {13, 64, 16}, {33, 130, 31}, {20, 17, 60}, {200, 100, 16}}) {
-      gemm_case<bf16, bf16, float> c(M, N, K, ta, false, 2);
-      ref::fill_real(c.A, g);
-      ref::fill_real(c.B, g);
-      ref::fill_real(c.C, g);
-      auto p = c;
-      {
-        direct_threshold all(1e300);
-        c.run(dev2(), 0.75f, 0.25f, epilogue::relu);
+    for (bool tb : {false, true})
+      for (auto [M, N, K] :
+           {std::tuple<std::size_t, std::size_t, std::size_t>{1, 16, 1}, {7, 70, 9}, {13, 64, 16}, {33, 130, 31}, {20, 17, 60}, {200, 100, 16}}) {
+        if (tb && K >= t.direct_dot_min_k && (!ta || M <= t.direct_dot_copy_max_m)) continue;  // read by dot products: another order
+        gemm_case<bf16, bf16, float> c(M, N, K, ta, tb, 2);
+        ref::fill_real(c.A, g);
+        ref::fill_real(c.B, g);
+        ref::fill_real(c.C, g);
+        auto p = c;
+        {
+          direct_threshold all(1e300);
+          c.run(dev2(), 0.75f, 0.25f, epilogue::relu);
+        }
+        {
+          direct_threshold packed(0);
+          tessel::detail::gemm_tune().direct_max_k = 0;
+          p.run(dev2(), 0.75f, 0.25f, epilogue::relu);
+        }
+        INFO("M=" << M << " N=" << N << " K=" << K << " ta=" << ta << " tb=" << tb);
+        REQUIRE(std::memcmp(c.C.data(), p.C.data(), c.C.size() * sizeof(float)) == 0);
       }
-      {
-        direct_threshold packed(0);
-        tessel::detail::gemm_tune().direct_max_k = 0;
-        p.run(dev2(), 0.75f, 0.25f, epilogue::relu);
-      }
-      INFO("M=" << M << " N=" << N << " K=" << K << " ta=" << ta);
-      REQUIRE(std::memcmp(c.C.data(), p.C.data(), c.C.size() * sizeof(float)) == 0);
-    }
 }
 
 TEST_CASE("direct path: epilogues, bf16 output, per-tensor scales, strided and pointer batches", "[ops][gemm][direct]") {
@@ -952,18 +956,19 @@ TEST_CASE("direct path: skinny bf16 dots over a transposed B, columns shared out
                          {5, 513, 1408},
                          {8, 300, 4096},
                          {16, 700, 255},
-                         {1, 1, 8192}}) {
-    INFO("M=" << M << " N=" << N << " K=" << K);
-    check_direct_integers<bf16>(g, M, N, K, false, true, false, 3);
-    // real values, plain (the atoms write C), bf16 output too
-    ref::gemm_result rp;
-    const auto p = check_direct_reals<bf16>(g, M, N, K, false, true, &rp);
-    gemm_case<bf16, bf16, bf16> h(M, N, K, false, true);
-    h.A = p.A;
-    h.B = p.B;
-    h.run(dev2(), 1.0f, 0.0f);
-    REQUIRE(check_bound(h.C, h.ldc, rp, M, N, K) == 0);
-  }
+                         {1, 1, 8192}})
+    for (bool ta : {false, true}) {  // (a transposed A of at most 16 rows is copied into rows)
+      INFO("M=" << M << " N=" << N << " K=" << K << " ta=" << ta);
+      check_direct_integers<bf16>(g, M, N, K, ta, true, false, 3);
+      // real values, plain (the atoms write C), bf16 output too
+      ref::gemm_result rp;
+      const auto p = check_direct_reals<bf16>(g, M, N, K, ta, true, &rp);
+      gemm_case<bf16, bf16, bf16> h(M, N, K, ta, true);
+      h.A = p.A;
+      h.B = p.B;
+      h.run(dev2(), 1.0f, 0.0f);
+      REQUIRE(check_bound(h.C, h.ldc, rp, M, N, K) == 0);
+    }
   // f32 GEMV-like products: the row-major B read by rows, a transposed B by dots, where they lie;
   // a transposed A of at most 16 rows is copied into rows for the dots
   for (bool ta : {false, true})

@@ -996,21 +996,23 @@ struct gemm_direct_program {
     }
   }
 
-  // Both bf16, A row-major and B stored as Bᵀ rows: dot products on the bf16 elements in place
-  // (vdpbf16ps), no widened copies. A function of the strides and K, never of the split.
+  // Both bf16, A row-major (or a transposed A of at most dot_copy_max_m rows, copied into rows) and
+  // B stored as Bᵀ rows: dot products on the bf16 elements in place (vdpbf16ps), no widened copies.
+  // A function of the strides, the whole matrix's M and K, never of the split.
   bool bf16_dots() const {
     if constexpr (std::is_same_v<TA, bf16> && std::is_same_v<TB, bf16> && arch::has_direct_dot_bf16_atom)
-      return A.col_stride() == 1 && B.row_stride() == 1 && K >= dot_min_k;
+      return (A.col_stride() == 1 || this->M <= dot_copy_max_m) && B.row_stride() == 1 && K >= dot_min_k;
     else
       return false;
   }
 
-  // Both bf16, B row-major and C at least a vector wide: K-pairs of B's rows by vdpbf16ps with A's
-  // pair broadcast (the rows atom), instead of widening both operands to f32 for FMAs (half the
-  // multiply-add rate). A function of the strides and the whole matrix's width, never of the split.
+  // Both bf16 and C at least a vector wide (when not read by dots): K-pairs of B's rows by
+  // vdpbf16ps with A's pair broadcast (the rows atom), instead of widening both operands to f32 for
+  // FMAs (half the multiply-add rate); a transposed B is copied into rows first (K x N, 1/M of the
+  // product's work). A function of the strides and the whole matrix's shape, never of the split.
   bool bf16_pair_rows() const {
     if constexpr (std::is_same_v<TA, bf16> && std::is_same_v<TB, bf16> && arch::has_rows_dot_atom)
-      return B.col_stride() == 1 && this->N >= 16;
+      return !bf16_dots() && this->N >= 16;
     else
       return false;
   }
@@ -1034,6 +1036,12 @@ struct gemm_direct_program {
       p.k = K;
       const auto* a16 = reinterpret_cast<const std::uint16_t*>(pa);
       const auto* b16 = reinterpret_cast<const std::uint16_t*>(pb);
+      if (A.col_stride() != 1) {  // a transposed A of a few rows, copied into rows (M x K)
+        auto* buf = arena.allocate_array<std::uint16_t>(M * K);
+        for (std::size_t k = 0; k < K; ++k)
+          for (std::size_t i = 0; i < M; ++i) buf[i * K + k] = a16[i * A.row_stride() + k * A.col_stride()];
+        a16 = buf, p.lda = K;
+      }
       if (M <= 2)
         arch::run_dots<arch::best_direct_dot_bf16_atom_few_rows>(p, a16, b16, M, N, acc, ldc);
       else
@@ -1054,13 +1062,20 @@ struct gemm_direct_program {
             for (std::size_t i = 0; i < M; ++i) buf[i * K + k] = a16[i * A.row_stride() + k * A.col_stride()];
           a16 = buf, lda = K;
         }
+        const auto* b16 = reinterpret_cast<const std::uint16_t*>(pb);
+        std::size_t ldb = B.row_stride();
+        if (B.col_stride() != 1) {  // a transposed B, copied into rows along its stored rows (K x N)
+          auto* buf = arena.allocate_array<std::uint16_t>(K * N);
+          for (std::size_t j = 0; j < N; ++j)
+            for (std::size_t k = 0; k < K; ++k) buf[k * N + j] = b16[k * B.row_stride() + j * B.col_stride()];
+          b16 = buf, ldb = N;
+        }
         using Atom = arch::avx512bf16_rows_dot_bf16bf16f32<6, 2>;
         arch::rows_args p;
         p.lda = lda;
-        p.ldb = B.row_stride();
+        p.ldb = ldb;
         p.k = K;
         p.ldc = ldc;
-        const auto* b16 = reinterpret_cast<const std::uint16_t*>(pb);
         // column chunks whose B rows stay in L2 (128 KiB), row groups in each (see the f32 sweep below)
         const std::size_t chunk =
             std::max<std::size_t>(Atom::nc, (std::size_t{128} << 10) / (std::max<std::size_t>(K, 1) * sizeof(bf16)) / Atom::nc * Atom::nc);
@@ -1308,7 +1323,7 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
   bool skinny_dots = false;
   if constexpr (std::is_same_v<TA, bf16> && std::is_same_v<TB, bf16> && arch::has_direct_dot_bf16_atom)
     skinny_dots = !direct && !s.a_block && batch == 1 && !ap && K >= gemm_tune().direct_dot_min_k && M <= gemm_tune().direct_dot_max_m &&
-                  A.col_stride() == 1 && B.row_stride() == 1;
+                  (A.col_stride() == 1 || M <= gemm_tune().direct_dot_copy_max_m) && B.row_stride() == 1;
   // an f32 GEMV-like product (a layer's forward or input gradient for a token or two): a row-major
   // B streamed by rows (the rows atom), a transposed one by dot products of A's rows and Bᵀ's rows,
   // C's columns shared out the same way
