@@ -739,7 +739,13 @@ TEST_CASE("direct path: f32 products read by rows have the packed path's bits", 
   std::mt19937 g(62);
   for (bool ta : {false, true})
     for (bool tb : {false, true})
-      for (auto [M, N, K] : {std::tuple<std::size_t, std::size_t, std::size_t>{1, 1, 1}, {3, 70, 9}, {7, 5, 31}, {33, 40, 20}, {8, 64, 60}}) {
+      for (auto [M, N, K] : {std::tuple<std::size_t, std::size_t, std::size_t>{1, 1, 1},
+                             {3, 70, 9},
+                             {7, 5, 31},
+                             {33, 40, 20},
+                             {8, 64, 60},
+                             {40, 11, 30},
+                             {19, 6, 40}}) {
         if (!ta && K >= tessel::detail::gemm_tune().direct_dot_min_k && (K >= 8 * M || N < 16)) continue;  // read by dot products: another order
         gemm_case<float, float, float> c(M, N, K, ta, tb, 2);
         ref::fill_real(c.A, g);
@@ -994,7 +1000,7 @@ TEST_CASE("direct path: skinny bf16 dots over a transposed B, columns shared out
 }
 
 // A narrow C (N <= 4; f32 with a row-major A: N <= 8) of any size takes the direct path, its rows shared out over blocks; a
-// column-major A is read as Aᵀ's rows (Cᵀ = Bᵀ·Aᵀ). Every transpose, f32 and bf16, integers
+// column-major A is read as Aᵀ's rows (Cᵀ = Bᵀ·Aᵀ, in groups of the atom's rows up to N = 12). Every transpose, f32 and bf16, integers
 // bitwise with a row-indexed epilogue, real values within gamma_K, 1 vs 2 threads bitwise.
 TEMPLATE_TEST_CASE("direct path: narrow C from a matrix times a few vectors, every transpose", "[ops][gemm][direct]", float, bf16) {
   std::mt19937 g(85);
@@ -1007,6 +1013,9 @@ TEMPLATE_TEST_CASE("direct path: narrow C from a matrix times a few vectors, eve
                              {20, 2, 5000},
                              {1000, 7, 300},
                              {210, 5, 220},
+                             {300, 12, 200},
+                             {77, 10, 64},
+                             {1000, 9, 16},
                              {2048, 8, 1024}}) {
         INFO("M=" << M << " N=" << N << " K=" << K << " ta=" << ta << " tb=" << tb);
         check_direct_integers<TestType>(g, M, N, K, ta, tb, true, 2);

@@ -903,6 +903,10 @@ struct gemm_tuning {
   // 1000x7x300 35 -> 70, 8192x5x512 24 -> 45; a transposed A keeps its swapped path, 2-5x faster there)
   std::size_t direct_narrow_max_n_f32_rows = 8;
   std::size_t direct_gemv_max_m = 2;  // f32: B read in place (by rows, or Bᵀ rows by dots) up to this many rows
+  // C this narrow from a column-major A (direct path, A of 16 rows or more) is computed as Cᵀ = Bᵀ·Aᵀ,
+  // vectorized along M: TN f32 1 thread 210x5x220 32 -> 73 GFLOP/s, 300x12x200 84 -> 100; from 14
+  // columns on, C's rows fill most of a vector and the transposed store costs more (500x15x100: 98 -> 94)
+  std::size_t direct_col_major_max_n = 12;
 };
 inline gemm_tuning& gemm_tune() {
   static gemm_tuning t;
@@ -922,10 +926,11 @@ struct gemm_direct_program {
   Chain chain;            // alpha, beta and the epilogue
   std::size_t per_block;  // matrices per block
   std::size_t dot_min_k;
-  bool plain;                      // f32 C, alpha 1, beta 0, no epilogue: the atoms write C
-  std::size_t rows_per_block = 0;  // one matrix (batch 1) split by rows of C, or 0: whole matrices
-  std::size_t cols_per_block = 0;  // one matrix (batch 1) split by columns of C (when rows_per_block is 0)
-  std::size_t dot_copy_max_m = 0;  // a transposed A of at most this many rows (whole matrix) is copied into rows for dots
+  bool plain;                       // f32 C, alpha 1, beta 0, no epilogue: the atoms write C
+  std::size_t rows_per_block = 0;   // one matrix (batch 1) split by rows of C, or 0: whole matrices
+  std::size_t cols_per_block = 0;   // one matrix (batch 1) split by columns of C (when rows_per_block is 0)
+  std::size_t dot_copy_max_m = 0;   // a transposed A of at most this many rows (whole matrix) is copied into rows for dots
+  std::size_t col_major_max_n = 0;  // C at most this narrow (whole matrix) from a column-major A: computed as Cᵀ = Bᵀ·Aᵀ
 
   // For the profiler's trace: the product's shape.
   std::string shape() const { return detail::gemm_shape(M, N, K) + (batch > 1 ? std::string(" x batch ") + std::to_string(batch) : std::string()); }
@@ -1127,24 +1132,25 @@ struct gemm_direct_program {
         arch::run_dots<arch::best_direct_dot_atom_one_col>(p, a.p, b.p, M, N, acc, ldc);
       else
         arch::run_dots<dot_atom>(p, a.p, b.p, M, N, acc, ldc);
-    } else if (a.rs == 1 && a.cs != 1 && N <= 4 && this->M >= 16) {  // (the whole matrix's M: a function of the shape, not of the split)
+    } else if (a.rs == 1 && a.cs != 1 && this->N <= col_major_max_n && this->M >= 16) {  // (the whole matrix's shape, not the split's)
       // a narrow C from a column-major A (Aᵀ·b-like): Cᵀ = Bᵀ·Aᵀ by the rows atom, Aᵀ's rows being
-      // A's stored columns, vectorized along M instead of along C's few columns (fma(a, b, c) =
-      // fma(b, a, c): each element is the same chain, the same bits)
+      // A's stored columns, vectorized along M instead of along C's few columns, in groups of the
+      // atom's rows (fma(a, b, c) = fma(b, a, c): each element is the same chain, the same bits)
       float* t = arena.allocate_array<float>(N * M);  // Cᵀ, (N, M)
       arch::direct_rows_args p;
-      p.a = b.p;
       p.a_rs = b.cs;
       p.a_cs = b.rs;
       p.ldb = a.cs;
       p.k = K;
       p.ldc = M;
-      const int r = static_cast<int>(N);
       for (std::size_t j = 0; j < M; j += rows_atom::nc) {
         p.n = static_cast<int>(std::min<std::size_t>(rows_atom::nc, M - j));
         p.b = a.p + j;
-        p.c = t + j;
-        arch::run_rows_narrow<rows_atom>(r, p);
+        for (std::size_t r = 0; r < N; r += rows_atom::mr) {
+          p.a = b.p + r * b.cs;
+          p.c = t + r * M + j;
+          arch::run_rows_narrow<rows_atom>(static_cast<int>(std::min<std::size_t>(rows_atom::mr, N - r)), p);
+        }
       }
       for (std::size_t i = 0; i < M; ++i)
         for (std::size_t j = 0; j < N; ++j) acc[i * ldc + j] = t[j * M + i];
@@ -1357,6 +1363,7 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
     gemm_direct_program<TA, TB, TC, std::remove_cvref_t<decltype(dchain)>> prog{
         M, N, K, batch, A, B, C, sa, sb, sc, ap, bp, cp, dchain, per, gemm_tune().direct_dot_min_k, plain, rows_pb, cols_pb};
     prog.dot_copy_max_m = gemm_tune().direct_dot_copy_max_m;
+    prog.col_major_max_n = gemm_tune().direct_col_major_max_n;
     gemm_run(dev, grid{rows_pb ? ceil_div(M, rows_pb) : (cols_pb ? ceil_div(N, cols_pb) : ceil_div(batch, per))}, prog, flops);
     return;
   }
