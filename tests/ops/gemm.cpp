@@ -975,8 +975,9 @@ TEST_CASE("direct path: skinny bf16 dots over a transposed B, columns shared out
       h.run(dev2(), 1.0f, 0.0f);
       REQUIRE(check_bound(h.C, h.ldc, rp, M, N, K) == 0);
     }
-  // f32 GEMV-like products: the row-major B read by rows, a transposed B by dots, where they lie;
-  // a transposed A of at most 16 rows is copied into rows for the dots
+  // f32 GEMV-like products: the row-major B read by rows (up to 16 rows of A; 5-8 in one pass of
+  // the 8-row atom), a transposed B by dots, where they lie; a transposed A of at most 16 rows is
+  // copied into rows for the dots
   for (bool ta : {false, true})
     for (bool tb : {false, true})
       for (auto [M, N, K] : {std::tuple<std::size_t, std::size_t, std::size_t>{1, 1536, 512},
@@ -985,7 +986,10 @@ TEST_CASE("direct path: skinny bf16 dots over a transposed B, columns shared out
                              {2, 2100, 2048},
                              {16, 700, 300},
                              {9, 33, 4096},
-                             {2, 325, 2052}}) {
+                             {2, 325, 2052},
+                             {8, 1000, 300},
+                             {13, 300, 700},
+                             {6, 96, 4000}}) {
         INFO("f32 M=" << M << " N=" << N << " K=" << K << " ta=" << ta << " tb=" << tb);
         gemm_case<float, float, float> c(M, N, K, ta, tb, 1);
         ref::fill_int(c.A, g, 2);

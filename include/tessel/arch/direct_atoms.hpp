@@ -32,6 +32,7 @@ struct direct_rows_args {
   int n = 0;
   float* c = nullptr;
   std::size_t ldc = 0;
+  std::size_t prefetch_rows = 0;  // > 0: B's row k + prefetch_rows is requested at step k (a long ldb defeats the hardware's)
 };
 
 // Arguments of a dot atom: c(i, j) = A(i,:)·Bt(j,:) for i < rows, j < n, with A's row i at
@@ -168,8 +169,12 @@ struct avx512_direct_rows_f32 {
       for (int v = 0; v < NV; ++v) t[i][v] = _mm512_setzero_ps();
     const float* b = p.b;
     const float* a = p.a;
+    const std::size_t pf = p.prefetch_rows * p.ldb;
     for (std::size_t k = 0; k < p.k; ++k) {
       __m512 bv[NV];
+      if (pf)
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; ++v) _mm_prefetch(reinterpret_cast<const char*>(b + pf + 16 * v), _MM_HINT_T0);
 #pragma GCC unroll 8
       for (int v = 0; v < NV; ++v) bv[v] = _mm512_maskz_loadu_ps(mk[v], b + 16 * v);
 #pragma GCC unroll 8
@@ -373,6 +378,8 @@ struct avx2_direct_dot_f32 {
 // ---- best direct atoms for this compilation ---------------------------------------------------
 #if defined(__AVX512F__)
 using best_direct_rows_atom = avx512_direct_rows_f32<4, 4>;  // 4 x 64: 16 accumulators
+// up to 8 rows in one pass (each element of B loaded once): 8 x 32, 16 accumulators
+using best_direct_rows_atom_few_rows = avx512_direct_rows_f32<8, 2>;
 using best_direct_dot_atom = avx512_direct_dot_f32<4, 4>;
 // one or two rows: 8 columns, so 8 or 16 sums are in flight (4 chains of one row waited on the FMA
 // latency: 1x13x2449 NT 43-46 -> 50-53 GFLOP/s, 1 thread)
@@ -381,11 +388,13 @@ using best_direct_dot_atom_few_rows = avx512_direct_dot_f32<2, 8>;
 using best_direct_dot_atom_one_col = avx512_direct_dot_f32<8, 1>;
 #elif defined(__AVX2__) && defined(__FMA__)
 using best_direct_rows_atom = avx2_direct_rows_f32<4, 2>;  // 4 x 16: 8 accumulators
-using best_direct_dot_atom = avx2_direct_dot_f32<2, 3>;    // 12 accumulator pairs
+using best_direct_rows_atom_few_rows = best_direct_rows_atom;
+using best_direct_dot_atom = avx2_direct_dot_f32<2, 3>;  // 12 accumulator pairs
 using best_direct_dot_atom_few_rows = best_direct_dot_atom;
 using best_direct_dot_atom_one_col = avx2_direct_dot_f32<4, 1>;
 #else
 using best_direct_rows_atom = scalar_direct_rows_f32<4, 16>;
+using best_direct_rows_atom_few_rows = best_direct_rows_atom;
 using best_direct_dot_atom = scalar_direct_dot_f32<2, 4>;
 using best_direct_dot_atom_few_rows = best_direct_dot_atom;
 using best_direct_dot_atom_one_col = scalar_direct_dot_f32<4, 1>;

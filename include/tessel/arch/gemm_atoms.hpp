@@ -46,10 +46,13 @@ using best_bf16_atom = avx512bf16_dot_bf16bf16f32<12, 2>;
 inline constexpr bool has_pair_atom = true;
 // Block-scaled (FP8 DeepSeek-V3) pair atom with the same tile as best_bf16_atom.
 using best_bf16_scaled_atom = avx512bf16_dot_scaled_bf16bf16f32<12, 2>;
+// bf16 rows of B paired in registers, A's pairs broadcast from its rows (the direct path's)
+using best_rows_dot_bf16_atom = avx512bf16_rows_dot_bf16bf16f32<6, 2>;
 #else
 using best_bf16_atom = best_f32_atom;
 inline constexpr bool has_pair_atom = false;
 using best_bf16_scaled_atom = scalar_dot2_scaled_bf16<best_f32_atom::mr, best_f32_atom::nr>;  // unused: no pair staging
+using best_rows_dot_bf16_atom = scalar_rows_dot2_bf16<6, 64>;                                 // unused: needs the instruction
 #endif
 
 // Runs Atom::with_rows<rows> (1 <= rows <= Atom::mr): the same atom for a partial row panel,

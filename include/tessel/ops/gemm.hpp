@@ -907,11 +907,21 @@ struct gemm_tuning {
   // vectorized along M: TN f32 1 thread 210x5x220 32 -> 73 GFLOP/s, 300x12x200 84 -> 100; from 14
   // columns on, C's rows fill most of a vector and the transposed store costs more (500x15x100: 98 -> 94)
   std::size_t direct_col_major_max_n = 12;
+  // f32 with a row-major B: A's rows against B read in place by rows (C's columns shared out) up
+  // to this many rows, where packing B costs more than the product saves (NN 1 thread: 8x1000x2048
+  // 62 -> 107 GFLOP/s, 12x3000x1000 65 -> 105); see gemm_direct_rows_few
+  std::size_t direct_rows_max_m = 16;
 };
 inline gemm_tuning& gemm_tune() {
   static gemm_tuning t;
   return t;
 }
+
+// Whether an f32 product of M rows (more than direct_gemv_max_m) reads a row-major B (ldb elements
+// apart) in place by rows: up to direct_rows_max_m rows when B's rows are not a multiple of 4 KiB
+// apart. Rows that are share a few cache sets and evict each other before the next pass over B's
+// column strip (16x4096x1024: 43 GFLOP/s in place, 67 packed; 6x2048x2048: 41 and 47).
+inline bool gemm_direct_rows_few(std::size_t M, std::size_t ldb) { return M <= gemm_tune().direct_rows_max_m && (ldb * sizeof(float)) % 4096 != 0; }
 
 template <class TA, class TB, class TC, class Chain>
 struct gemm_direct_program {
@@ -1075,7 +1085,7 @@ struct gemm_direct_program {
             for (std::size_t k = 0; k < K; ++k) buf[k * N + j] = b16[k * B.row_stride() + j * B.col_stride()];
           b16 = buf, ldb = N;
         }
-        using Atom = arch::avx512bf16_rows_dot_bf16bf16f32<6, 2>;
+        using Atom = arch::best_rows_dot_bf16_atom;
         arch::rows_args p;
         p.lda = lda;
         p.ldb = ldb;
@@ -1167,6 +1177,10 @@ struct gemm_direct_program {
       p.ldb = b.rs;
       p.k = K;
       p.ldc = ldc;
+      // B's rows 16 ahead requested at each step when it walks far down B: with a long ldb each row
+      // is another page, which the hardware's prefetchers do not cross (NN 8x4096x1024 46 -> 63
+      // GFLOP/s, 6x2048x2048 29 -> 42)
+      p.prefetch_rows = K >= 64 ? 16 : 0;
       // (each element is one FMA chain in k order whatever the atom's width: the same bits)
       // Column chunks whose B rows (K x chunk) stay in L2 (128 KiB), and in each chunk a row group's
       // C rows written left to right: a few long store streams rather than one short burst per row
@@ -1186,7 +1200,13 @@ struct gemm_direct_program {
             }
           }
       };
-      sweep.template operator()<rows_atom>();
+      // 5-8 rows in one pass of the 8-row atom (B loaded once) rather than two of the 4-row one (the
+      // whole matrix's rows: a function of the shape, not of the split)
+      using few_rows_atom = arch::best_direct_rows_atom_few_rows;
+      if (this->M > std::size_t(rows_atom::mr) && this->M <= std::size_t(few_rows_atom::mr))
+        sweep.template operator()<few_rows_atom>();
+      else
+        sweep.template operator()<rows_atom>();
     }
     if (acc != static_cast<void*>(pc)) detail::store_rows<TC>(acc, N, M, N, pc, C.row_stride(), C.col_stride(), row0, col0, chain);
   }
@@ -1335,7 +1355,7 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
   // C's columns shared out the same way
   if constexpr (std::is_same_v<TA, float> && std::is_same_v<TB, float>)
     skinny_dots = !direct && !s.a_block && batch == 1 && !ap &&
-                  ((M <= gemm_tune().direct_gemv_max_m && B.col_stride() == 1) ||
+                  ((B.col_stride() == 1 && (M <= gemm_tune().direct_gemv_max_m || gemm_direct_rows_few(M, B.row_stride()))) ||
                    (M <= gemm_tune().direct_dot_max_m && B.row_stride() == 1 && K >= gemm_tune().direct_dot_min_k &&
                     (A.col_stride() == 1 || M <= gemm_tune().direct_dot_copy_max_m)));
   direct = direct || skinny_dots;
