@@ -42,6 +42,7 @@ void check_rows(std::mt19937& g) {
             p.k = k;
             p.n = n;
             p.ldc = ldc;
+            p.prefetch_rows = integer ? 3 : 0;  // (a request past B's last row is harmless, and changes nothing)
             p.c = c1.data();
             arch::run_rows_of<Atom>(rows, p);
             p.c = c2.data();
@@ -115,6 +116,10 @@ TEST_CASE("direct rows atoms equal their scalar reference bitwise", "[arch][dire
   check_rows<arch::avx2_direct_rows_f32<4, 2>, arch::scalar_direct_rows_f32<4, 16>>(g);
 #endif
   check_rows<arch::best_direct_rows_atom, arch::scalar_direct_rows_f32<arch::best_direct_rows_atom::mr, arch::best_direct_rows_atom::nc>>(g);
+  using few = arch::best_direct_rows_atom_few_rows;
+  using gemv = arch::best_direct_rows_atom_gemv;
+  check_rows<few, arch::scalar_direct_rows_f32<few::mr, few::nc>>(g);
+  check_rows<gemv, arch::scalar_direct_rows_f32<gemv::mr, gemv::nc>>(g);
 }
 
 TEST_CASE("direct dot atoms equal their scalar reference bitwise (16 partial sums, halving tree)", "[arch][direct]") {

@@ -380,6 +380,8 @@ struct avx2_direct_dot_f32 {
 using best_direct_rows_atom = avx512_direct_rows_f32<4, 4>;  // 4 x 64: 16 accumulators
 // up to 8 rows in one pass (each element of B loaded once): 8 x 32, 16 accumulators
 using best_direct_rows_atom_few_rows = avx512_direct_rows_f32<8, 2>;
+// one or two rows (a GEMV-like product): 128 columns, so 8 chains per row are in flight
+using best_direct_rows_atom_gemv = avx512_direct_rows_f32<2, 8>;
 using best_direct_dot_atom = avx512_direct_dot_f32<4, 4>;
 // one or two rows: 8 columns, so 8 or 16 sums are in flight (4 chains of one row waited on the FMA
 // latency: 1x13x2449 NT 43-46 -> 50-53 GFLOP/s, 1 thread)
@@ -389,12 +391,14 @@ using best_direct_dot_atom_one_col = avx512_direct_dot_f32<8, 1>;
 #elif defined(__AVX2__) && defined(__FMA__)
 using best_direct_rows_atom = avx2_direct_rows_f32<4, 2>;  // 4 x 16: 8 accumulators
 using best_direct_rows_atom_few_rows = best_direct_rows_atom;
+using best_direct_rows_atom_gemv = best_direct_rows_atom;
 using best_direct_dot_atom = avx2_direct_dot_f32<2, 3>;  // 12 accumulator pairs
 using best_direct_dot_atom_few_rows = best_direct_dot_atom;
 using best_direct_dot_atom_one_col = avx2_direct_dot_f32<4, 1>;
 #else
 using best_direct_rows_atom = scalar_direct_rows_f32<4, 16>;
 using best_direct_rows_atom_few_rows = best_direct_rows_atom;
+using best_direct_rows_atom_gemv = best_direct_rows_atom;
 using best_direct_dot_atom = scalar_direct_dot_f32<2, 4>;
 using best_direct_dot_atom_few_rows = best_direct_dot_atom;
 using best_direct_dot_atom_one_col = scalar_direct_dot_f32<4, 1>;

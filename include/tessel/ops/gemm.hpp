@@ -1205,6 +1205,8 @@ struct gemm_direct_program {
       using few_rows_atom = arch::best_direct_rows_atom_few_rows;
       if (this->M > std::size_t(rows_atom::mr) && this->M <= std::size_t(few_rows_atom::mr))
         sweep.template operator()<few_rows_atom>();
+      else if (this->M <= std::size_t(arch::best_direct_rows_atom_gemv::mr))  // 8 chains per row, not 4 (2x4096x1024 20 -> 30 GFLOP/s)
+        sweep.template operator()<arch::best_direct_rows_atom_gemv>();
       else
         sweep.template operator()<rows_atom>();
     }
