@@ -786,6 +786,7 @@ TEST_CASE("direct path: bf16 products over B's rows have the packed path's bits"
         {
           direct_threshold packed(0);
           tessel::detail::gemm_tune().direct_max_k = 0;
+          tessel::detail::gemm_tune().direct_pair_rows_max_kn = 0;
           p.run(dev2(), 0.75f, 0.25f, epilogue::relu);
         }
         INFO("M=" << M << " N=" << N << " K=" << K << " ta=" << ta << " tb=" << tb);
@@ -948,6 +949,28 @@ TEMPLATE_TEST_CASE("direct path: shallow products of any size, rows shared out o
         p.run(dev2(), 1.0f, 0.0f);
         REQUIRE(check_exact(p.C, p.ldc, rp, M, N) == 0);
       }
+}
+
+// A bf16 product with a row-major B of at most 2^16 elements and at least 64 columns takes the
+// pair-rows direct path at any size and depth (rows shared out over blocks): integers bitwise
+// with a column-indexed epilogue, real values within gamma_K, 1 vs 2 threads bitwise, and the
+// packed path's bits (one chain per element over a K that fits one packed chunk).
+TEST_CASE("direct path: bf16 with a small row-major B at any depth, the packed path's bits", "[ops][gemm][direct]") {
+  std::mt19937 g(65);
+  for (bool ta : {false, true})
+    for (auto [M, N, K] : {std::tuple<std::size_t, std::size_t, std::size_t>{3136, 64, 64}, {301, 64, 1023}, {500, 129, 300}, {77, 256, 255}}) {
+      INFO("M=" << M << " N=" << N << " K=" << K << " ta=" << ta);
+      check_direct_integers<bf16>(g, M, N, K, ta, false, false, 1);
+      const auto c = check_direct_reals<bf16>(g, M, N, K, ta, false);
+      auto p = c;
+      {
+        tessel::detail::gemm_tuning saved = tessel::detail::gemm_tune();
+        tessel::detail::gemm_tune().direct_pair_rows_max_kn = 0;
+        p.run(dev2(), 1.0f, 0.0f);
+        tessel::detail::gemm_tune() = saved;
+      }
+      REQUIRE(std::memcmp(c.C.data(), p.C.data(), c.C.size() * sizeof(float)) == 0);
+    }
 }
 
 // A skinny bf16 product with a transposed B (M <= 16, any size) runs vdpbf16ps dots on the

@@ -38,6 +38,14 @@ struct clean_table {
   ~clean_table() { clear_gemm_tune(); }
 };
 
+// Keeps bf16 products with a small row-major B on the packed path for one scope: these tests are
+// about the packed path's plans, which the direct pair-rows path (no plan) would otherwise take.
+struct packed_pair_products {
+  detail::gemm_tuning saved = detail::gemm_tune();
+  packed_pair_products() { detail::gemm_tune().direct_pair_rows_max_kn = 0; }
+  ~packed_pair_products() { detail::gemm_tune() = saved; }
+};
+
 // A scratch folder of this test's own.
 std::filesystem::path scratch(const std::string& name) {
   const auto dir = std::filesystem::temp_directory_path() / ("tessel_gemm_tune_" + std::to_string(::getpid()) + "_" + name);
@@ -89,6 +97,7 @@ const std::string good_plan =
 
 TEMPLATE_TEST_CASE("every candidate plan gives the heuristic's bits", "[ops][gemm_tune]", float, bf16) {
   clean_table clean;
+  packed_pair_products packed;
   struct shape {
     std::size_t M, N, K;
   };
@@ -137,6 +146,7 @@ TEMPLATE_TEST_CASE("every candidate plan gives the heuristic's bits", "[ops][gem
 
 TEST_CASE("a narrow product run as its transpose: alpha, beta, the epilogue and the output type as without", "[ops][gemm_tune]") {
   clean_table clean;
+  packed_pair_products packed;
   // C's rows and columns index the epilogue (bias per column, bias_row per row) after the swap too
   struct shape {
     std::size_t M, N, K;
@@ -320,6 +330,7 @@ TEST_CASE("the tuning cache: present, absent, stale, corrupt, off", "[ops][gemm_
 
 TEST_CASE("the tuner times distinct blockings and records only a real gain", "[ops][gemm_tune]") {
   clean_table clean;
+  packed_pair_products packed;
   const std::vector<gemm_tune_problem> problems = {
       {transpose::none, transpose::none, 8, 8, 8},       // direct path: nothing to tune
       {transpose::yes, transpose::none, 200, 300, 150},  // transposed A: pack-once candidates

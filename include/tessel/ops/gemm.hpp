@@ -911,6 +911,13 @@ struct gemm_tuning {
   // to this many rows, where packing B costs more than the product saves (NN 1 thread: 8x1000x2048
   // 62 -> 107 GFLOP/s, 12x3000x1000 65 -> 105); see gemm_direct_rows_few
   std::size_t direct_rows_max_m = 16;
+  // bf16 with a row-major B of at most this many elements (128 KiB, L2-resident while every row
+  // group reads it) and at least 64 columns (the pair-rows atom's width): the direct path at any
+  // size and depth, A's pairs broadcast against B's rows paired in registers, with no packing of A
+  // (1 thread: NN 3136x64x64 153 -> 202 GFLOP/s, 2000x1024x64 145 -> 192, 256x256x128 182 -> 206,
+  // TN 2000x1024x32 102 -> 156; a larger B loses: 256x4096x64 147 -> 100, 2000x1024x128 170 -> 163)
+  std::size_t direct_pair_rows_max_kn = std::size_t{1} << 16;
+  std::size_t direct_pair_rows_min_n = 64;
 };
 inline gemm_tuning& gemm_tune() {
   static gemm_tuning t;
@@ -1344,6 +1351,10 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
   // accumulators and copies them out); its rows are then shared out over blocks
   bool direct = !s.a_block && K > 0 && (macs <= direct_max || (batch == 1 && K <= gemm_tune().direct_max_k));
   if constexpr (std::is_same_v<TA, bf16> && std::is_same_v<TB, bf16> && arch::has_rows_dot_atom)
+    if (!s.a_block && batch == 1 && K > 0 && B.col_stride() == 1 && N >= gemm_tune().direct_pair_rows_min_n &&
+        double(N) * double(K) <= double(gemm_tune().direct_pair_rows_max_kn))
+      direct = true;  // (read by the pair-rows atom: B row-major and C at least 16 wide)
+  if constexpr (std::is_same_v<TA, bf16> && std::is_same_v<TB, bf16> && arch::has_rows_dot_atom)
     if (M <= 8 && B.col_stride() == 1 && C.col_stride() == 1 && !ap) direct = false;  // the skinny path streams B faster
   // a skinny bf16 product with a transposed B (dX = dY·W for a few tokens): vdpbf16ps dots read A's
   // rows and Bᵀ's rows in place, C's columns shared out over blocks (each element is one dot, so
@@ -1375,9 +1386,10 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
     const std::size_t per =
         macs > 0.0 ? std::max<std::size_t>(1, static_cast<std::size_t>(std::min(direct_max / macs, double(std::max<std::size_t>(batch, 1)))))
                    : std::max<std::size_t>(batch, 1);
-    // batch 1 above the threshold: blocks of about 2^20 multiply-adds of rows (a function of the shape)
+    // batch 1 above the threshold: blocks of about 2^20 multiply-adds of rows (a function of the
+    // shape), a multiple of 24 rows (of the rows atoms' 4, 6 and 8)
     const std::size_t rows_pb =
-        !skinny_dots && batch == 1 && macs > direct_max ? ceil_div(std::max<std::size_t>(1, (std::size_t{1} << 20) / (N * K)), 8) * 8 : 0;
+        !skinny_dots && batch == 1 && macs > direct_max ? ceil_div(std::max<std::size_t>(1, (std::size_t{1} << 20) / (N * K)), 24) * 24 : 0;
     // skinny dots: about two blocks per worker, whole 16-column strips
     const std::size_t cols_pb =
         skinny_dots ? std::max<std::size_t>(16, ceil_div(ceil_div(N, 2 * std::max(1u, dev.capabilities().workers)), 16) * 16) : 0;
