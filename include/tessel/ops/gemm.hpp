@@ -1103,10 +1103,10 @@ struct gemm_direct_program {
             std::max<std::size_t>(Atom::nc, (std::size_t{128} << 10) / (std::max<std::size_t>(K, 1) * sizeof(bf16)) / Atom::nc * Atom::nc);
         for (std::size_t j0 = 0; j0 < N; j0 += chunk)
           for (std::size_t i = 0; i < M; i += Atom::mr) {
-            p.a = a16 + i * lda;
+            p.a = at(a16, i * lda);  // (null when K = 0)
             for (std::size_t j = j0; j < std::min(N, j0 + chunk); j += Atom::nc) {
               p.n = static_cast<int>(std::min<std::size_t>(Atom::nc, N - j));
-              p.b = b16 + j;
+              p.b = at(b16, j);
               p.c = acc + i * ldc + j;
               arch::run_rows_of<Atom>(static_cast<int>(std::min<std::size_t>(Atom::mr, M - i)), p);
             }
@@ -1162,9 +1162,9 @@ struct gemm_direct_program {
       p.ldc = M;
       for (std::size_t j = 0; j < M; j += rows_atom::nc) {
         p.n = static_cast<int>(std::min<std::size_t>(rows_atom::nc, M - j));
-        p.b = a.p + j;
+        p.b = at(a.p, j);
         for (std::size_t r = 0; r < N; r += rows_atom::mr) {
-          p.a = b.p + r * b.cs;
+          p.a = at(b.p, r * b.cs);
           p.c = t + r * M + j;
           arch::run_rows_narrow<rows_atom>(static_cast<int>(std::min<std::size_t>(rows_atom::mr, N - r)), p);
         }
@@ -1198,10 +1198,10 @@ struct gemm_direct_program {
             std::max<std::size_t>(Atom::nc, (std::size_t{128} << 10) / (std::max<std::size_t>(K, 1) * sizeof(float)) / Atom::nc * Atom::nc);
         for (std::size_t j0 = 0; j0 < N; j0 += chunk)
           for (std::size_t i = 0; i < M; i += Atom::mr) {
-            p.a = a.p + i * a.rs;
+            p.a = at(a.p, i * a.rs);  // (null when K = 0)
             for (std::size_t j = j0; j < std::min(N, j0 + chunk); j += Atom::nc) {
               p.n = static_cast<int>(std::min<std::size_t>(Atom::nc, N - j));
-              p.b = b.p + j;
+              p.b = at(b.p, j);
               p.c = acc + i * ldc + j;
               arch::run_rows_narrow<Atom>(static_cast<int>(std::min<std::size_t>(Atom::mr, M - i)), p);
             }
@@ -1367,7 +1367,7 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
   // B streamed by rows (the rows atom), a transposed one by dot products of A's rows and Bᵀ's rows,
   // C's columns shared out the same way
   if constexpr (std::is_same_v<TA, float> && std::is_same_v<TB, float>)
-    skinny_dots = !direct && !s.a_block && batch == 1 && !ap &&
+    skinny_dots = !direct && !s.a_block && batch == 1 && !ap && K > 0 &&
                   ((B.col_stride() == 1 && (M <= gemm_tune().direct_gemv_max_m || gemm_direct_rows_few(M, B.row_stride()))) ||
                    (M <= gemm_tune().direct_dot_max_m && B.row_stride() == 1 && K >= gemm_tune().direct_dot_min_k &&
                     (A.col_stride() == 1 || M <= gemm_tune().direct_dot_copy_max_m)));
