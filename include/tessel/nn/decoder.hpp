@@ -346,6 +346,28 @@ class decoder_lm {
     return cross_entropy(*dev_, crows_view<float>(logits_, n_, cfg_.vocab_size), targets, mview<float>{}, {}, co).loss;
   }
 
+  // FP8 mode (linear::set_fp8, DeepSeek-V3's block-scaled recipe) for every projection of the
+  // blocks: attention's q, k, v, o and the dense MLP's. The embedding, the LM head, the router and
+  // MoE experts (grouped products) keep the compute type, as in DeepSeek-V3's recipe (which keeps
+  // the embedding, head, gating and norms in higher precision).
+  void set_fp8_linears(bool on) {
+    for (block& b : blocks_)
+      for (linear<Dev, T>* l : {&b.q, &b.k, &b.v, &b.o, &b.up, &b.gate, &b.down})
+        if (l->weight()) l->set_fp8(on);
+  }
+  // The largest |x| the FP8 projections have seen since set_fp8_linears(true), per operand.
+  fp8_amax fp8_amax_max() const {
+    fp8_amax m;
+    for (const block& b : blocks_)
+      for (const linear<Dev, T>* l : {&b.q, &b.k, &b.v, &b.o, &b.up, &b.gate, &b.down})
+        if (l->fp8()) {
+          m.x = m.x_max = std::max(m.x_max, l->amax().x_max);
+          m.w = m.w_max = std::max(m.w_max, l->amax().w_max);
+          m.dy = m.dy_max = std::max(m.dy_max, l->amax().dy_max);
+        }
+    return m;
+  }
+
   // One AdamW step over every parameter (step counts from 1), as torch.optim.AdamW; bf16 models
   // update the f32 masters and refresh their bf16 copies in the same pass.
   step_result adamw(const adamw_config& h, std::uint64_t step) {

@@ -21,9 +21,11 @@
 #include <tessel/ops/gemm.hpp>
 #include <tessel/ops/gemm_grouped.hpp>
 #include <tessel/ops/norm.hpp>
+#include <tessel/ops/quant.hpp>
 #include <tessel/tile/epilogue.hpp>
 #include <tessel/tile/tensor.hpp>
 #include <tessel/types/bf16.hpp>
+#include <tessel/types/fp8.hpp>
 
 namespace tessel {
 inline namespace v0 {
@@ -56,9 +58,24 @@ const T* compute_data(const parameter<Dev>& p) {
     return p.value_bf16.data();
 }
 
+// The largest |x| a linear layer in FP8 mode saw in its last step, per GEMM operand, and the
+// largest over all steps since it was switched on (amax history, as FP8 training recipes log it).
+struct fp8_amax {
+  float x = 0, w = 0, dy = 0;              // last forward/backward
+  float x_max = 0, w_max = 0, dy_max = 0;  // since fp8 mode was set
+};
+
 // y (N, out) = x (N, in) · Wᵀ + b, with W (out, in) stored either as Hugging Face's Linear does,
 // (out, in) row-major, or as GPT-2's Conv1D does, (in, out) row-major, possibly as a column slice
 // [col0, col0 + out) of a wider (in, total) matrix (GPT-2's fused q|k|v).
+//
+// FP8 mode (set_fp8): DeepSeek-V3's block-scaled recipe for all three GEMMs. Each operand is
+// quantised to e4m3 in the layout its GEMM reads, the A side in 1x128 blocks along the reduction
+// (x for y, dy for dx, dyᵀ along tokens for dW), the B side in 128x128 tiles (W from its f32
+// master, read as Wᵀ for y and as W for dx; x for dW); the GEMMs accumulate in FP32 and apply the
+// block scales per 128-deep step. Outputs, gradients and masters stay as in the layer's compute
+// type. The one departure from DeepSeek-V3: x in the weight gradient takes 128x128 tiles (our
+// GEMM's B scales), where DeepSeek-V3 scales it 128x1 along tokens.
 template <device Dev, compute_type T>
 class linear {
  public:
@@ -77,10 +94,25 @@ class linear {
   parameter<Dev>* weight() const { return w_; }
   parameter<Dev>* bias() const { return b_; }
 
+  // FP8 mode on or off (above); switching it on resets the amax history.
+  void set_fp8(bool on) {
+    if (on && !fp8_) amax_ = {};
+    fp8_ = on;
+  }
+  bool fp8() const { return fp8_; }
+  const fp8_amax& amax() const { return amax_; }
+
   // y = x Wᵀ + b (Y: T or f32). Saves x for backward when `save`.
   template <class Y>
   void forward(Dev& dev, cview<T> x, mview<Y> y, bool save) {
     if (save) x_ = x;
+    if (fp8_) {
+      const auto ep = b_ ? epilogue::bias(std::span<const float>(b_->value.data() + col0_, out_)) : epilogue::bias(std::span<const float>{});
+      fp8_gemm(dev, x, weight_view<const float>(w_->value.data()).transposed(), y, 0.0f, b_ != nullptr, ep, amax_.x, amax_.w);
+      amax_.x_max = std::max(amax_.x_max, amax_.x);
+      amax_.w_max = std::max(amax_.w_max, amax_.w);
+      return;
+    }
     const auto W = weight_view<const T>(compute_data<T>(*w_));
     if (b_)
       gemm(dev, x, W.transposed(), y, 1.0f, 0.0f, epilogue::bias(std::span<const float>(b_->value.data() + col0_, out_)));
@@ -93,15 +125,18 @@ class linear {
   // its own).
   template <class Y>
   gemm_problem<T, T, Y> forward_problem(cview<T> x, mview<Y> y, bool save) {
+    if (fp8_) throw nn_error(errc::unsupported, "linear: a layer in FP8 mode cannot run as a grouped product");
     if (b_) throw nn_error(errc::unsupported, "linear: a layer with a bias cannot run as a grouped product");
     if (save) x_ = x;
     return gemm_problem_of(x, weight_view<const T>(compute_data<T>(*w_)).transposed(), y);
   }
   template <class DX>
   gemm_problem<T, T, DX> input_grad_problem(cview<T> dy, mview<DX> dx, bool accumulate_dx) const {
+    if (fp8_) throw nn_error(errc::unsupported, "linear: a layer in FP8 mode cannot run as a grouped product");
     return gemm_problem_of(dy, weight_view<const T>(compute_data<T>(*w_)), dx, 1.0f, accumulate_dx ? 1.0f : 0.0f);
   }
   gemm_problem<T, T, float> weight_grad_problem(cview<T> dy) const {
+    if (fp8_) throw nn_error(errc::unsupported, "linear: a layer in FP8 mode cannot run as a grouped product");
     if (x_.rows() != dy.rows()) throw nn_error(errc::invalid_argument, "linear: backward without a matching forward");
     const auto g = weight_grad_operands(dy);
     return gemm_problem_of(g.a, g.b, g.c, 1.0f, 1.0f);
@@ -112,10 +147,21 @@ class linear {
   template <class DX>
   void backward(Dev& dev, cview<T> dy, mview<DX> dx, bool accumulate_dx) {
     if (x_.rows() != dy.rows()) throw nn_error(errc::invalid_argument, "linear: backward without a matching forward");
-    const auto W = weight_view<const T>(compute_data<T>(*w_));
-    if (dx.data()) gemm(dev, dy, W, dx, 1.0f, accumulate_dx ? 1.0f : 0.0f);
-    const auto g = weight_grad_operands(dy);
-    gemm(dev, g.a, g.b, g.c, 1.0f, 1.0f);
+    if (fp8_) {
+      float unused = 0;
+      if (dx.data())
+        fp8_gemm(dev, dy, weight_view<const float>(w_->value.data()), dx, accumulate_dx ? 1.0f : 0.0f, false, epilogue::chain<>{}, amax_.dy, unused);
+      const auto g = weight_grad_operands(dy);
+      float amax_a = 0, amax_b = 0;
+      fp8_gemm(dev, g.a, g.b, g.c, 1.0f, false, epilogue::chain<>{}, amax_a, amax_b);
+      if (!dx.data()) amax_.dy = in_out_ ? amax_b : amax_a;  // dy is b (x^T dy) or a (dy^T x)
+      amax_.dy_max = std::max(amax_.dy_max, amax_.dy);
+    } else {
+      const auto W = weight_view<const T>(compute_data<T>(*w_));
+      if (dx.data()) gemm(dev, dy, W, dx, 1.0f, accumulate_dx ? 1.0f : 0.0f);
+      const auto g = weight_grad_operands(dy);
+      gemm(dev, g.a, g.b, g.c, 1.0f, 1.0f);
+    }
     if (b_) {
       if (ones_.size() < dy.rows()) ones_ = device_buffer<T, Dev>(dev, dy.rows(), T(1.0f));
       mview<float> db = mview<float>::strided(b_->grad.data() + col0_, out_, 1, 1, 1);
@@ -124,6 +170,36 @@ class linear {
   }
 
  private:
+  // An e4m3 copy of a GEMM operand and its block scales (reused across steps; grows as needed).
+  struct fp8_operand {
+    device_buffer<e4m3, Dev> v;
+    device_buffer<float, Dev> s;
+    template <class S>
+    cview<e4m3> quantize(Dev& dev, tensor<const S, 2> src, std::size_t block_rows, float& amax) {
+      const std::size_t R = src.rows(), C = src.cols();
+      const std::size_t n = tessel::detail::mul_checked(R, C, "linear: fp8 operand"), ns = ceil_div(R, block_rows) * ceil_div(C, std::size_t{128});
+      if (v.size() < n) v = device_buffer<e4m3, Dev>(dev, n);
+      if (s.size() < ns) s = device_buffer<float, Dev>(dev, ns);
+      quantize_e4m3(dev, src, mview<e4m3>(v.data(), R, C, C), std::span<float>(s.data(), ns), {.block_rows = block_rows, .amax = &amax});
+      return cview<e4m3>(v.data(), R, C, C);
+    }
+  };
+  // c = a·b + beta·c (then `ep`) with a in 1x128 blocks along K and b in 128x128 tiles; the
+  // operands' amax go to amax_a, amax_b.
+  template <class SA, class SB, class Y, class Chain>
+  void fp8_gemm(Dev& dev, tensor<const SA, 2> a, tensor<const SB, 2> b, mview<Y> c, float beta, bool with_ep, const Chain& ep, float& amax_a,
+                float& amax_b) {
+    const auto qa = fp8_a_.quantize(dev, a, 1, amax_a);
+    const auto qb = fp8_b_.quantize(dev, b, gemm_scales::block, amax_b);
+    gemm_scales sc;
+    sc.a_block = fp8_a_.s.data();
+    sc.b_block = fp8_b_.s.data();
+    if (with_ep)
+      gemm(dev, qa, qb, c, 1.0f, beta, ep, sc);
+    else
+      gemm(dev, qa, qb, c, 1.0f, beta, epilogue::chain<>{}, sc);
+  }
+
   // dW += a·b into c: dyᵀ·x into the (out, in) gradient, or, for a weight stored (in, total),
   // xᵀ·dy into its columns [col0, col0 + out).
   struct grad_operands {
@@ -146,6 +222,9 @@ class linear {
   std::size_t col0_ = 0;
   cview<T> x_;
   device_buffer<T, Dev> ones_;
+  bool fp8_ = false;
+  fp8_amax amax_;
+  fp8_operand fp8_a_, fp8_b_;
 };
 
 // RMSNorm or LayerNorm over the f32 residual stream, writing the compute type. With a residual,
