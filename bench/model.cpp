@@ -3,7 +3,7 @@
 // zero_grad + forward + cross-entropy + backward + one fused AdamW step, in f32 and in bf16 (bf16
 // GEMMs/attention, f32 masters), on 1 and 2 threads; and the forward alone (prefill). The same for
 // its Mixtral-style twin (_moe: 8 experts of the same width, top 2), and the dense model with FP8
-// projections (_fp8).
+// projections (_fp8); and the bf16 step under each activation recompute mode (_recompute).
 //
 // Counters: tokens/s, model FLOP/s = 6·N_matmul per token (N_matmul: every weight a GEMM reads,
 // the LM head included, embeddings' lookups excluded) + causal attention 6·S·q_dim per token and
@@ -55,6 +55,23 @@ void BM_train_step(benchmark::State& st) {
   st.counters["params"] = double(m.params().numel());
 }
 
+// The dense bf16 model's step under each recompute mode (range 0: 0 none, 1 attention, 2 blocks),
+// 2 threads; act_MiB = the activations the step keeps (decoder_lm::activation_bytes).
+void BM_train_step_recompute(benchmark::State& st) {
+  host_device dev(2);
+  const auto cfg = tessel_bench::small_llama();
+  nn::decoder_lm<host_device, bf16> m(dev, cfg);
+  m.init(1);
+  m.set_recompute(static_cast<nn::recompute>(st.range(0)));
+  const tessel_bench::small_batch_data b;
+  std::uint64_t step = 0;
+  tessel_bench::train_step(m, b, ++step);
+  for (auto _ : st) tessel_bench::train_step(m, b, ++step);
+  const double tokens = double(small_batch * small_seq) * double(st.iterations());
+  st.counters["tokens"] = benchmark::Counter(tokens, benchmark::Counter::kIsRate);
+  st.counters["act_MiB"] = double(m.activation_bytes()) / double(1 << 20);
+}
+
 template <class T, bool Moe = false, bool Fp8 = false>
 void BM_prefill(benchmark::State& st) {
   const unsigned threads = unsigned(st.range(0));
@@ -86,6 +103,7 @@ BENCHMARK(BM_prefill<float, true>)->Name("BM_prefill_moe<float>")->Arg(1)->Arg(2
 // bf16 dot, which e4m3 products run on after widening: this CPU has no FP8 arithmetic)
 BENCHMARK(BM_train_step<bf16, false, true>)->Name("BM_train_step_fp8<bf16>")->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_prefill<bf16, false, true>)->Name("BM_prefill_fp8<bf16>")->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_train_step_recompute)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 

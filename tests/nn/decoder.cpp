@@ -1,5 +1,6 @@
 // Decoder models (tessel/nn/decoder.hpp): gradients against central differences of the loss,
-// determinism across thread counts, bf16 against f32, checkpoints round-trip by name, training
+// determinism across thread counts, bf16 against f32, recomputation (same bits, less memory),
+// checkpoints round-trip by name, training
 // lowers the loss, and bad input is a typed error. The PyTorch conformance lives in *_torch.cpp.
 #include <catch2/catch.hpp>
 
@@ -175,6 +176,56 @@ TEST_CASE("a bf16 decoder tracks the f32 one", "[nn][decoder][bf16]") {
     }
     CHECK(dot / std::sqrt(nf * nh) > 0.99);  // the gradients point the same way
   }
+}
+
+TEST_CASE("recomputing attention or whole blocks gives the same loss and gradient bits with less activation memory", "[nn][decoder][recompute]") {
+  host_device dev(2);
+  for (const auto& cfg : {llama_config(), gpt2_config(), mixtral_config()}) {
+    INFO(cfg.vocab_size << " vocab, moe " << cfg.is_moe());
+    const auto x = make_batch(cfg.vocab_size, 4);
+    std::vector<std::vector<float>> ref;
+    double ref_loss = 0;
+    std::size_t last_bytes = 0;
+    for (nn::recompute r : {nn::recompute::none, nn::recompute::attention, nn::recompute::blocks}) {
+      nn::decoder_lm<host_device, bf16> m(dev, cfg);
+      m.init(31, 0.1);
+      m.set_recompute(r);
+      CHECK(m.recompute_mode() == r);
+      // two steps: the second runs on buffers the first left behind (recomputation must overwrite them all)
+      double loss = 0;
+      for (int step = 0; step < 2; ++step) {
+        m.params().zero_grad();
+        loss = m.forward_backward(x.ids, x.targets, x.b, x.s);
+      }
+      std::vector<std::vector<float>> grads;
+      for (auto& p : m.params()) grads.emplace_back(p.grad.data(), p.grad.data() + p.numel);
+      const std::size_t bytes = m.activation_bytes();
+      if (r == nn::recompute::none) {
+        ref = grads;
+        ref_loss = loss;
+      } else {
+        CHECK(loss == ref_loss);
+        REQUIRE(grads.size() == ref.size());
+        for (std::size_t i = 0; i < grads.size(); ++i) CHECK(grads[i] == ref[i]);
+        CHECK(bytes < last_bytes);  // attention keeps less than none, blocks less than attention
+      }
+      last_bytes = bytes;
+    }
+  }
+  // switching back frees nothing it needs: none after blocks trains like none from the start
+  nn::decoder_lm<host_device, float> m(dev, llama_config());
+  m.init(3, 0.1);
+  const auto x = make_batch(37, 5);
+  m.set_recompute(nn::recompute::blocks);
+  (void)m.forward_backward(x.ids, x.targets, x.b, x.s);
+  const std::size_t small = m.activation_bytes();
+  m.set_recompute(nn::recompute::none);
+  m.params().zero_grad();
+  const double l1 = m.forward_backward(x.ids, x.targets, x.b, x.s);
+  CHECK(m.activation_bytes() > small);
+  nn::decoder_lm<host_device, float> f(dev, llama_config());
+  f.init(3, 0.1);
+  CHECK(f.forward_backward(x.ids, x.targets, x.b, x.s) == l1);
 }
 
 TEST_CASE("a decoder saved by name loads back to the same logits", "[nn][decoder][io]") {

@@ -153,6 +153,9 @@ step_result adamw_update(Dev& dev, parameters<Dev>& params, const adamw_params& 
   return adamw_step(dev, std::span<const optim_tensor<float, float>>(ts), hyper, step, so);
 }
 
+// What a training step recomputes in backward instead of keeping (decoder_lm::set_recompute).
+enum class recompute : std::uint8_t { none, attention, blocks };
+
 template <device Dev, compute_type T = float>
 class decoder_lm {
   static constexpr bool bf16_compute = std::is_same_v<T, bf16>;
@@ -368,6 +371,42 @@ class decoder_lm {
     return m;
   }
 
+  // Activation recomputation for training steps (forward_backward): none keeps every block's
+  // activations; attention keeps q, k, v and recomputes the attention core (its output and
+  // log-sum-exp rows) in backward; blocks keeps each block's input stream alone and reruns the
+  // block's forward in backward. Gradients are the same bits in every mode (the kernels are
+  // deterministic); recomputed activations share one set of buffers. MoE experts keep their own.
+  // Set it between steps (not between a forward and its backward).
+  void set_recompute(recompute r) {
+    if (r == recompute_) return;
+    recompute_ = r;
+    for (std::size_t l = 1; l < blocks_.size(); ++l) {  // free what other blocks no longer hold
+      block& b = blocks_[l];
+      if (&acts(l) != &b) {
+        for (auto* f : {&b.s_mid}) *f = {};
+        for (auto* t : {&b.y1, &b.qb, &b.kb, &b.vb, &b.y2, &b.gb, &b.ub, &b.hb}) *t = {};
+      }
+      if (&attn_acts(l) != &b) {
+        b.ob = {};
+        b.lse = {};
+      }
+    }
+  }
+  recompute recompute_mode() const noexcept { return recompute_; }
+  // Bytes of the activations a training step keeps (every block's buffers, the head's logits and
+  // their gradient, the final norm's); scratch that backward alone uses is not counted.
+  std::size_t activation_bytes() const {
+    std::size_t total = 0;
+    const auto add = [&](const auto& buf) { total += buf.size() * sizeof(*buf.data()); };
+    for (const block& b : blocks_) {
+      for (const auto* f : {&b.s_in, &b.s_mid, &b.lse}) add(*f);
+      for (const auto* t : {&b.y1, &b.qb, &b.kb, &b.vb, &b.ob, &b.y2, &b.gb, &b.ub, &b.hb}) add(*t);
+    }
+    for (const auto* f : {&tmp_, &s_final_, &logits_}) add(*f);
+    for (const auto* t : {&yf_, &dlogits_}) add(*t);
+    return total;
+  }
+
   // One AdamW step over every parameter (step counts from 1), as torch.optim.AdamW; bf16 models
   // update the f32 masters and refresh their bf16 copies in the same pass.
   step_result adamw(const adamw_config& h, std::uint64_t step) {
@@ -388,6 +427,11 @@ class decoder_lm {
     device_buffer<T, Dev> y1, qb, kb, vb, ob, y2, gb, ub, hb;
     device_buffer<float, Dev> lse;
   };
+
+  // The block whose buffers hold block l's activations (block 0's when they are recomputed), and
+  // those of its attention core (block 0's under either recompute mode).
+  block& acts(std::size_t l) { return recompute_ == recompute::blocks ? blocks_[0] : blocks_[l]; }
+  block& attn_acts(std::size_t l) { return recompute_ != recompute::none ? blocks_[0] : blocks_[l]; }
 
   bool gpt2() const { return cfg_.naming == io::param_naming::gpt2; }
   bool gated() const { return !gpt2(); }
@@ -603,21 +647,28 @@ class decoder_lm {
     const auto& c = cfg_;
     const std::size_t n = batch * seq, d = c.hidden_size, I = c.intermediate_size;
     const std::size_t qd = c.num_attention_heads * c.head_dim, kvd = c.num_key_value_heads * c.head_dim;
-    for (block& b : blocks_) {
+    // Every block keeps its input stream; the other activations live in block 0's buffers alone
+    // when they are recomputed (attn_acts, acts), and other blocks hold none.
+    for (std::size_t l = 0; l < blocks_.size(); ++l) {
+      block& b = blocks_[l];
       ensure(b.s_in, n * d);
-      ensure(b.s_mid, n * d);
-      ensure(b.y1, n * d);
-      ensure(b.qb, n * qd);
-      ensure(b.kb, n * kvd);
-      ensure(b.vb, n * kvd);
-      ensure(b.ob, n * qd);
-      ensure(b.y2, n * d);
-      if (!moe()) {
-        if (gated()) ensure(b.gb, n * I);
-        ensure(b.ub, n * I);
-        ensure(b.hb, n * I);
+      if (&acts(l) == &b) {
+        ensure(b.s_mid, n * d);
+        ensure(b.y1, n * d);
+        ensure(b.qb, n * qd);
+        ensure(b.kb, n * kvd);
+        ensure(b.vb, n * kvd);
+        ensure(b.y2, n * d);
+        if (!moe()) {
+          if (gated()) ensure(b.gb, n * I);
+          ensure(b.ub, n * I);
+          ensure(b.hb, n * I);
+        }
       }
-      ensure(b.lse, batch * c.num_attention_heads * seq);
+      if (&attn_acts(l) == &b) {
+        ensure(b.ob, n * qd);
+        ensure(b.lse, batch * c.num_attention_heads * seq);
+      }
     }
     ensure(tmp_, n * d);
     ensure(s_final_, n * d);
@@ -636,60 +687,76 @@ class decoder_lm {
     n_ = batch * seq;
     ids_.assign(ids.begin(), ids.end());
     const auto& c = cfg_;
-    const std::size_t n = n_, d = c.hidden_size, I = c.intermediate_size;
-    const std::size_t qd = c.num_attention_heads * c.head_dim, kvd = c.num_key_value_heads * c.head_dim;
+    const std::size_t n = n_, d = c.hidden_size;
     Dev& dev = *dev_;
     embedding_forward(dev, std::span<const std::int64_t>(ids_), crows_view<float>(embed_->value, c.vocab_size, d),
                       rows_view<float>(blocks_[0].s_in, n, d));
     if (pos_)
       embedding_forward(dev, std::span<const std::int64_t>(positions_), crows_view<float>(pos_->value, c.max_position_embeddings, d),
                         rows_view<float>(blocks_[0].s_in, n, d), true);
-    rope_options ro;
-    ro.theta = c.rope_theta;
-    ro.inv_freq = rope_freq_;
-    for (std::size_t l = 0; l < blocks_.size(); ++l) {
-      block& b = blocks_[l];
-      // ln1: the block's input stream is s_in (layer 0: the embeddings; later: the previous
-      // block's s_mid + MLP output, added by this norm and written to s_in).
-      if (l == 0)
-        b.ln1.forward(dev, crows_view<float>(b.s_in, n, d), cview<float>{}, mview<float>{}, rows_view<T>(b.y1, n, d), train);
-      else
-        b.ln1.forward(dev, crows_view<float>(tmp_, n, d), crows_view<float>(blocks_[l - 1].s_mid, n, d), rows_view<float>(b.s_in, n, d),
-                      rows_view<T>(b.y1, n, d), train);
-      const cview<T> y1 = crows_view<T>(b.y1, n, d);
-      b.q.forward(dev, y1, rows_view<T>(b.qb, n, qd), train);
-      b.k.forward(dev, y1, rows_view<T>(b.kb, n, kvd), train);
-      b.v.forward(dev, y1, rows_view<T>(b.vb, n, kvd), train);
-      if (!rope_freq_.empty()) {
-        rope_forward(dev, rows_view<T>(b.qb, n, qd), c.head_dim, std::span<const std::int64_t>(positions_), ro);
-        rope_forward(dev, rows_view<T>(b.kb, n, kvd), c.head_dim, std::span<const std::int64_t>(positions_), ro);
-      }
-      b.attn.forward(dev, batch, seq, std::span<const T>(b.qb.data(), n * qd), std::span<const T>(b.kb.data(), n * kvd),
-                     std::span<const T>(b.vb.data(), n * kvd), std::span<T>(b.ob.data(), n * qd),
-                     std::span<float>(b.lse.data(), batch * c.num_attention_heads * seq));
-      b.o.forward(dev, crows_view<T>(b.ob, n, qd), rows_view<float>(tmp_, n, d), train);
-      b.ln2.forward(dev, crows_view<float>(tmp_, n, d), crows_view<float>(b.s_in, n, d), rows_view<float>(b.s_mid, n, d), rows_view<T>(b.y2, n, d),
-                    train);
-      const cview<T> y2 = crows_view<T>(b.y2, n, d);
-      if (moe()) {
-        b.moe.forward(dev, y2, rows_view<float>(tmp_, n, d), train);
-        continue;
-      }
-      const std::span<T> h(b.hb.data(), n * I);
-      if (gated()) {
-        b.gate.forward(dev, y2, rows_view<T>(b.gb, n, I), train);
-        b.up.forward(dev, y2, rows_view<T>(b.ub, n, I), train);
-        swiglu_forward(dev, std::span<const T>(b.gb.data(), n * I), std::span<const T>(b.ub.data(), n * I), h);
-      } else {
-        b.up.forward(dev, y2, rows_view<T>(b.ub, n, I), train);
-        gelu_forward(dev, std::span<const T>(b.ub.data(), n * I), h, gelu_kind());
-      }
-      b.down.forward(dev, crows_view<T>(b.hb, n, I), rows_view<float>(tmp_, n, d), train);
-    }
+    for (std::size_t l = 0; l < blocks_.size(); ++l) block_forward(l, train, false);
     if (moe()) aux_from_routing();
-    final_norm_.forward(dev, crows_view<float>(tmp_, n, d), crows_view<float>(blocks_.back().s_mid, n, d), rows_view<float>(s_final_, n, d),
+    final_norm_.forward(dev, crows_view<float>(tmp_, n, d), crows_view<float>(acts(blocks_.size() - 1).s_mid, n, d), rows_view<float>(s_final_, n, d),
                         rows_view<T>(yf_, n, d), train);
     head_.forward(dev, crows_view<T>(yf_, n, d), rows_view<float>(logits_, n, c.vocab_size), train);
+  }
+
+  // Block l's forward: its input stream s_in (layer 0: the embeddings; later: the previous block's
+  // s_mid + MLP output, which ln1 adds and writes to s_in) to its MLP output in tmp_ (added to s_mid
+  // by the next norm). `recomputing` (backward under recompute::blocks): s_in holds the stream
+  // already, and the activations are rebuilt, the same bits as the first pass.
+  void block_forward(std::size_t l, bool train, bool recomputing) {
+    const auto& c = cfg_;
+    const std::size_t n = n_, d = c.hidden_size, I = c.intermediate_size;
+    const std::size_t qd = c.num_attention_heads * c.head_dim, kvd = c.num_key_value_heads * c.head_dim;
+    Dev& dev = *dev_;
+    block& b = blocks_[l];
+    block& a = acts(l);
+    if (l == 0 || recomputing)
+      b.ln1.forward(dev, crows_view<float>(b.s_in, n, d), cview<float>{}, mview<float>{}, rows_view<T>(a.y1, n, d), train);
+    else
+      b.ln1.forward(dev, crows_view<float>(tmp_, n, d), crows_view<float>(acts(l - 1).s_mid, n, d), rows_view<float>(b.s_in, n, d),
+                    rows_view<T>(a.y1, n, d), train);
+    const cview<T> y1 = crows_view<T>(a.y1, n, d);
+    b.q.forward(dev, y1, rows_view<T>(a.qb, n, qd), train);
+    b.k.forward(dev, y1, rows_view<T>(a.kb, n, kvd), train);
+    b.v.forward(dev, y1, rows_view<T>(a.vb, n, kvd), train);
+    if (!rope_freq_.empty()) {
+      rope_options ro;
+      ro.theta = c.rope_theta;
+      ro.inv_freq = rope_freq_;
+      rope_forward(dev, rows_view<T>(a.qb, n, qd), c.head_dim, std::span<const std::int64_t>(positions_), ro);
+      rope_forward(dev, rows_view<T>(a.kb, n, kvd), c.head_dim, std::span<const std::int64_t>(positions_), ro);
+    }
+    attention_forward_of(l);
+    block& at = attn_acts(l);
+    b.o.forward(dev, crows_view<T>(at.ob, n, qd), rows_view<float>(tmp_, n, d), train);
+    b.ln2.forward(dev, crows_view<float>(tmp_, n, d), crows_view<float>(b.s_in, n, d), rows_view<float>(a.s_mid, n, d), rows_view<T>(a.y2, n, d),
+                  train);
+    const cview<T> y2 = crows_view<T>(a.y2, n, d);
+    if (moe()) {
+      b.moe.forward(dev, y2, rows_view<float>(tmp_, n, d), train);
+      return;
+    }
+    const std::span<T> h(a.hb.data(), n * I);
+    if (gated()) {
+      b.gate.forward(dev, y2, rows_view<T>(a.gb, n, I), train);
+      b.up.forward(dev, y2, rows_view<T>(a.ub, n, I), train);
+      swiglu_forward(dev, std::span<const T>(a.gb.data(), n * I), std::span<const T>(a.ub.data(), n * I), h);
+    } else {
+      b.up.forward(dev, y2, rows_view<T>(a.ub, n, I), train);
+      gelu_forward(dev, std::span<const T>(a.ub.data(), n * I), h, gelu_kind());
+    }
+    b.down.forward(dev, crows_view<T>(a.hb, n, I), rows_view<float>(tmp_, n, d), train);
+  }
+  // Block l's attention core: its q, k, v to o and the log-sum-exp rows backward reads.
+  void attention_forward_of(std::size_t l) {
+    const std::size_t n = n_, qd = cfg_.num_attention_heads * cfg_.head_dim, kvd = cfg_.num_key_value_heads * cfg_.head_dim;
+    block& a = acts(l);
+    block& at = attn_acts(l);
+    blocks_[l].attn.forward(*dev_, batch_, seq_, std::span<const T>(a.qb.data(), n * qd), std::span<const T>(a.kb.data(), n * kvd),
+                            std::span<const T>(a.vb.data(), n * kvd), std::span<T>(at.ob.data(), n * qd),
+                            std::span<float>(at.lse.data(), batch_ * cfg_.num_attention_heads * seq_));
   }
 
   // HF's load_balancing_loss_func over the rows of every layer: aux = E · Σ_e f_e · P_e, and its
@@ -741,6 +808,13 @@ class decoder_lm {
     ro.inv_freq = rope_freq_;
     for (std::size_t li = blocks_.size(); li-- > 0;) {
       block& b = blocks_[li];
+      block& a = acts(li);
+      block& at = attn_acts(li);
+      // Recomputation: the block's activations (or its attention output) again, from what was kept.
+      if (recompute_ == recompute::blocks)
+        block_forward(li, true, true);
+      else if (recompute_ == recompute::attention)
+        attention_forward_of(li);
       // MLP: its output was added to s_mid, so it receives dS.
       if (moe()) {
         b.moe.backward(dev, crows_view<float>(dS_, n, d), rows_view<float>(dy_, n, d), std::span<const double>(aux_dprob_));
@@ -748,12 +822,12 @@ class decoder_lm {
         const cview<T> dm = as_compute(dS_, n, d);
         b.down.backward(dev, dm, rows_view<T>(dT_, n, I), false);
         if (gated()) {
-          swiglu_backward(dev, std::span<const T>(dT_.data(), n * I), std::span<const T>(b.gb.data(), n * I), std::span<const T>(b.ub.data(), n * I),
+          swiglu_backward(dev, std::span<const T>(dT_.data(), n * I), std::span<const T>(a.gb.data(), n * I), std::span<const T>(a.ub.data(), n * I),
                           std::span<T>(dg_.data(), n * I), std::span<T>(du_.data(), n * I));
           b.gate.backward(dev, crows_view<T>(dg_, n, I), rows_view<float>(dy_, n, d), false);
           b.up.backward(dev, crows_view<T>(du_, n, I), rows_view<float>(dy_, n, d), true);
         } else {
-          gelu_backward(dev, std::span<const T>(dT_.data(), n * I), std::span<const T>(b.ub.data(), n * I), std::span<T>(du_.data(), n * I),
+          gelu_backward(dev, std::span<const T>(dT_.data(), n * I), std::span<const T>(a.ub.data(), n * I), std::span<T>(du_.data(), n * I),
                         gelu_kind());
           b.up.backward(dev, crows_view<T>(du_, n, I), rows_view<float>(dy_, n, d), false);
         }
@@ -763,9 +837,9 @@ class decoder_lm {
       // attention: its output was added to s_in, so it receives dS2.
       const cview<T> da = as_compute(dS2_, n, d);
       b.o.backward(dev, da, rows_view<T>(dT_, n, qd), false);
-      b.attn.backward(dev, batch_, seq_, std::span<const T>(b.qb.data(), n * qd), std::span<const T>(b.kb.data(), n * kvd),
-                      std::span<const T>(b.vb.data(), n * kvd), std::span<const T>(b.ob.data(), n * qd), std::span<const T>(dT_.data(), n * qd),
-                      std::span<const float>(b.lse.data(), batch_ * c.num_attention_heads * seq_), std::span<T>(dq_.data(), n * qd),
+      b.attn.backward(dev, batch_, seq_, std::span<const T>(a.qb.data(), n * qd), std::span<const T>(a.kb.data(), n * kvd),
+                      std::span<const T>(a.vb.data(), n * kvd), std::span<const T>(at.ob.data(), n * qd), std::span<const T>(dT_.data(), n * qd),
+                      std::span<const float>(at.lse.data(), batch_ * c.num_attention_heads * seq_), std::span<T>(dq_.data(), n * qd),
                       std::span<T>(dk_.data(), n * kvd), std::span<T>(dv_.data(), n * kvd));
       if (!rope_freq_.empty()) {
         rope_backward(dev, rows_view<T>(dq_, n, qd), c.head_dim, std::span<const std::int64_t>(positions_), ro);
@@ -789,6 +863,7 @@ class decoder_lm {
   parameter<Dev>* embed_ = nullptr;
   parameter<Dev>* pos_ = nullptr;
   std::vector<block> blocks_;
+  recompute recompute_ = recompute::none;
   norm<Dev, T> final_norm_;
   linear<Dev, T> head_;
   std::vector<double> rope_freq_;
