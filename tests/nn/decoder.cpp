@@ -228,6 +228,44 @@ TEST_CASE("recomputing attention or whole blocks gives the same loss and gradien
   CHECK(f.forward_backward(x.ids, x.targets, x.b, x.s) == l1);
 }
 
+TEST_CASE("the LM head in chunks of rows gives the unchunked loss and gradients", "[nn][decoder][recompute]") {
+  host_device dev(2);
+  for (const auto& cfg : {llama_config(), llama_config(true), gpt2_config()}) {
+    INFO("vocab " << cfg.vocab_size << ", tied " << cfg.tie_word_embeddings);
+    const auto x = make_batch(cfg.vocab_size, 8);  // 14 rows: chunks of 5, 5 and 4
+    nn::decoder_lm<host_device, float> whole(dev, cfg), chunked(dev, cfg);
+    whole.init(17, 0.1);
+    chunked.init(17, 0.1);
+    whole.set_head_chunk_rows(0);
+    chunked.set_head_chunk_rows(5);
+    CHECK(chunked.head_chunk_rows() == 5);
+    const double lw = whole.forward_backward(x.ids, x.targets, x.b, x.s), lc = chunked.forward_backward(x.ids, x.targets, x.b, x.s);
+    // each row's loss from its own logits, summed in the same order; the head's GEMM may take
+    // another path for 5 rows than for 14 (other f32 roundings of the same products)
+    CHECK(std::fabs(lw - lc) <= 1e-6 * std::fabs(lw));
+    CHECK(chunked.activation_bytes() < whole.activation_bytes());
+    auto pc = chunked.params().begin();
+    for (auto& p : whole.params()) {
+      INFO(p.name);
+      // The head weight's gradient sums its 14 rows in chunks (f32 rounding of a 14-term sum); the
+      // head's input gradient is row by row, but its GEMM may take another path for 5 rows than
+      // for 14, so what flows back is held to the same f32 bound, not to equal bits.
+      double worst = 0, scale = 0;
+      for (std::size_t i = 0; i < p.numel; ++i) {
+        worst = std::max(worst, std::fabs(double(p.grad.data()[i]) - double(pc->grad.data()[i])));
+        scale = std::max(scale, std::fabs(double(p.grad.data()[i])));
+      }
+      CHECK(worst <= 1e-5 * scale);
+      ++pc;
+    }
+  }
+  // a target outside the vocabulary is a typed error naming it, before anything runs
+  nn::decoder_lm<host_device, float> m(dev, llama_config());
+  auto x = make_batch(37, 9);
+  x.targets[4] = 37;
+  CHECK_THROWS_MATCHES(m.forward_backward(x.ids, x.targets, x.b, x.s), nn::nn_error, is_error(errc::out_of_range, "nn", "target 37 of row 4"));
+}
+
 TEST_CASE("a decoder saved by name loads back to the same logits", "[nn][decoder][io]") {
   host_device dev(2);
   const auto dir = std::filesystem::temp_directory_path() / "tessel_nn_roundtrip";

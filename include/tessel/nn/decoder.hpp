@@ -204,14 +204,47 @@ class decoder_lm {
     if (targets.size() != ids.size())
       throw nn_error(errc::invalid_argument,
                      "forward_backward: " + std::to_string(targets.size()) + " targets for " + std::to_string(ids.size()) + " tokens");
-    run_forward(ids, batch, seq, true);
     const std::size_t V = cfg_.vocab_size;
+    std::size_t counted = 0;  // the mean's denominator over every row, before any chunk runs
+    for (std::size_t r = 0; r < targets.size(); ++r) {
+      const std::int64_t t = targets[r];
+      if (t == ignore_index) continue;
+      if (t < 0 || std::uint64_t(t) >= V)
+        throw nn_error(errc::out_of_range, "forward_backward: target " + std::to_string(t) + " of row " + std::to_string(r) + " is outside [0, " +
+                                               std::to_string(V) + ")");
+      ++counted;
+    }
+    run_forward(ids, batch, seq, true, false);
+    // The LM head and the cross-entropy, head_chunk_rows rows at a time: logits, their gradient
+    // and the head's backward for those rows (dW accumulates), so the (rows, vocab) logits never
+    // exist whole. The loss is the mean over every row (the same row order and scale as one pass).
+    const std::size_t n = n_, d = cfg_.hidden_size, R = head_chunk_ && head_chunk_ < n ? head_chunk_ : n;
+    ensure(logits_, R * V);
+    ensure(dlogits_, R * V);
+    ensure(dy_, n * d);
+    row_loss_.resize(n);
     cross_entropy_options co;
     co.ignore_index = ignore_index;
-    const auto r = cross_entropy(*dev_, crows_view<float>(logits_, n_, V), targets, rows_view<T>(dlogits_, n_, V), {}, co);
+    co.grad_scale = counted ? 1.0f / float(counted) : 0.0f;  // cross_entropy's own mean scale, over all rows
+    for (std::size_t r0 = 0; r0 < n; r0 += R) {
+      const std::size_t rows = std::min(R, n - r0);
+      head_.forward(*dev_, cview<T>(yf_.data() + r0 * d, rows, d, d), mview<float>(logits_.data(), rows, V, V), true);
+      cross_entropy(*dev_, cview<float>(logits_.data(), rows, V, V), targets.subspan(r0, rows), mview<T>(dlogits_.data(), rows, V, V),
+                    std::span<float>(row_loss_.data() + r0, rows), co);
+      head_.backward(*dev_, cview<T>(dlogits_.data(), rows, V, V), mview<float>(dy_.data() + r0 * d, rows, d, d), false);
+    }
     run_backward();
-    return r.loss;
+    double sum = 0.0;
+    for (float l : row_loss_) sum += double(l);
+    return counted ? sum / double(counted) : 0.0;
   }
+
+  // Rows of the LM head and cross-entropy per pass in forward_backward (0: all at once). Chunks
+  // bound the logits and their gradient to rows x vocab; the head weight's gradient then sums
+  // over the chunks, and the head's GEMMs, with fewer rows, may round differently (within f32
+  // bounds; the result does not depend on the thread count). Default 512.
+  void set_head_chunk_rows(std::size_t rows) { head_chunk_ = rows; }
+  std::size_t head_chunk_rows() const noexcept { return head_chunk_; }
 
   // Mixture-of-experts models: the load-balancing loss of the last forward (HF's
   // load_balancing_loss_func, without its coefficient; 0 for dense models), and layer l's router
@@ -673,13 +706,12 @@ class decoder_lm {
     ensure(tmp_, n * d);
     ensure(s_final_, n * d);
     ensure(yf_, n * d);
-    ensure(logits_, n * c.vocab_size);
-    ensure(dlogits_, n * c.vocab_size);
     positions_.resize(n);
     for (std::size_t t = 0; t < n; ++t) positions_[t] = std::int64_t(t % seq);
   }
 
-  void run_forward(std::span<const std::int64_t> ids, std::size_t batch, std::size_t seq, bool train) {
+  // The blocks and the final norm, then (with `head`) the LM head's logits of every row.
+  void run_forward(std::span<const std::int64_t> ids, std::size_t batch, std::size_t seq, bool train, bool head = true) {
     check_batch(ids, batch, seq);
     allocate(batch, seq);
     batch_ = batch;
@@ -698,6 +730,8 @@ class decoder_lm {
     if (moe()) aux_from_routing();
     final_norm_.forward(dev, crows_view<float>(tmp_, n, d), crows_view<float>(acts(blocks_.size() - 1).s_mid, n, d), rows_view<float>(s_final_, n, d),
                         rows_view<T>(yf_, n, d), train);
+    if (!head) return;
+    ensure(logits_, n * c.vocab_size);
     head_.forward(dev, crows_view<T>(yf_, n, d), rows_view<float>(logits_, n, c.vocab_size), train);
   }
 
@@ -788,7 +822,7 @@ class decoder_lm {
 
   void run_backward() {
     const auto& c = cfg_;
-    const std::size_t n = n_, d = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
+    const std::size_t n = n_, d = c.hidden_size, I = c.intermediate_size;
     const std::size_t qd = c.num_attention_heads * c.head_dim, kvd = c.num_key_value_heads * c.head_dim;
     Dev& dev = *dev_;
     ensure(dS_, n * d);
@@ -800,8 +834,7 @@ class decoder_lm {
     ensure(dv_, n * kvd);
     ensure(dg_, n * I);
     ensure(du_, n * I);
-    // head and final norm: dS = d loss / d s_final
-    head_.backward(dev, crows_view<T>(dlogits_, n, V), rows_view<float>(dy_, n, d), false);
+    // final norm (dy_ holds the head's input gradient): dS = d loss / d s_final
     final_norm_.backward(dev, crows_view<float>(dy_, n, d), cview<float>{}, rows_view<float>(dS_, n, d));
     rope_options ro;
     ro.theta = c.rope_theta;
@@ -864,6 +897,8 @@ class decoder_lm {
   parameter<Dev>* pos_ = nullptr;
   std::vector<block> blocks_;
   recompute recompute_ = recompute::none;
+  std::size_t head_chunk_ = 512;
+  std::vector<float> row_loss_;
   norm<Dev, T> final_norm_;
   linear<Dev, T> head_;
   std::vector<double> rope_freq_;
