@@ -55,14 +55,16 @@ void BM_train_step(benchmark::State& st) {
   st.counters["params"] = double(m.params().numel());
 }
 
-// The dense bf16 model's step under each recompute mode (range 0: 0 none, 1 attention, 2 blocks),
-// 2 threads; act_MiB = the activations the step keeps (decoder_lm::activation_bytes).
+// The dense bf16 model's step under each recompute mode (range 0: 0 none, 1 attention, 2 blocks)
+// and LM-head chunk (range 1: rows per chunk, 0 all), 2 threads; act_MiB = the activations the
+// step keeps (decoder_lm::activation_bytes).
 void BM_train_step_recompute(benchmark::State& st) {
   host_device dev(2);
   const auto cfg = tessel_bench::small_llama();
   nn::decoder_lm<host_device, bf16> m(dev, cfg);
   m.init(1);
   m.set_recompute(static_cast<nn::recompute>(st.range(0)));
+  m.set_head_chunk_rows(std::size_t(st.range(1)));
   const tessel_bench::small_batch_data b;
   std::uint64_t step = 0;
   tessel_bench::train_step(m, b, ++step);
@@ -103,7 +105,14 @@ BENCHMARK(BM_prefill<float, true>)->Name("BM_prefill_moe<float>")->Arg(1)->Arg(2
 // bf16 dot, which e4m3 products run on after widening: this CPU has no FP8 arithmetic)
 BENCHMARK(BM_train_step<bf16, false, true>)->Name("BM_train_step_fp8<bf16>")->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_prefill<bf16, false, true>)->Name("BM_prefill_fp8<bf16>")->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_train_step_recompute)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_train_step_recompute)
+    ->Args({0, 0})
+    ->Args({0, 512})
+    ->Args({0, 1024})
+    ->Args({1, 1024})
+    ->Args({2, 1024})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 }  // namespace
 
