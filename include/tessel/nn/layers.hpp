@@ -74,8 +74,9 @@ struct fp8_amax {
 // (x for y, dy for dx, dyᵀ along tokens for dW), the B side in 128x128 tiles (W from its f32
 // master, read as Wᵀ for y and as W for dx; x for dW); the GEMMs accumulate in FP32 and apply the
 // block scales per 128-deep step. Outputs, gradients and masters stay as in the layer's compute
-// type. The one departure from DeepSeek-V3: x in the weight gradient takes 128x128 tiles (our
-// GEMM's B scales), where DeepSeek-V3 scales it 128x1 along tokens.
+// type. The one departure from DeepSeek-V3: the B side of the weight gradient takes 128x128 tiles
+// (our GEMM's B scales) where DeepSeek-V3 scales along tokens in 128x1 blocks; that is x for
+// Hugging Face's layout (dW = dyᵀ x) and dy for GPT-2's Conv1D (dWᵀ = xᵀ dy).
 template <device Dev, compute_type T>
 class linear {
  public:
@@ -107,8 +108,8 @@ class linear {
   void forward(Dev& dev, cview<T> x, mview<Y> y, bool save) {
     if (save) x_ = x;
     if (fp8_) {
-      const auto ep = b_ ? epilogue::bias(std::span<const float>(b_->value.data() + col0_, out_)) : epilogue::bias(std::span<const float>{});
-      fp8_gemm(dev, x, weight_view<const float>(w_->value.data()).transposed(), y, 0.0f, b_ != nullptr, ep, amax_.x, amax_.w);
+      const std::span<const float> bias = b_ ? std::span<const float>(b_->value.data() + col0_, out_) : std::span<const float>{};
+      fp8_gemm(dev, x, weight_view<const float>(w_->value.data()).transposed(), y, 0.0f, bias, amax_.x, amax_.w);
       amax_.x_max = std::max(amax_.x_max, amax_.x);
       amax_.w_max = std::max(amax_.w_max, amax_.w);
       return;
@@ -149,11 +150,10 @@ class linear {
     if (x_.rows() != dy.rows()) throw nn_error(errc::invalid_argument, "linear: backward without a matching forward");
     if (fp8_) {
       float unused = 0;
-      if (dx.data())
-        fp8_gemm(dev, dy, weight_view<const float>(w_->value.data()), dx, accumulate_dx ? 1.0f : 0.0f, false, epilogue::chain<>{}, amax_.dy, unused);
+      if (dx.data()) fp8_gemm(dev, dy, weight_view<const float>(w_->value.data()), dx, accumulate_dx ? 1.0f : 0.0f, {}, amax_.dy, unused);
       const auto g = weight_grad_operands(dy);
       float amax_a = 0, amax_b = 0;
-      fp8_gemm(dev, g.a, g.b, g.c, 1.0f, false, epilogue::chain<>{}, amax_a, amax_b);
+      fp8_gemm(dev, g.a, g.b, g.c, 1.0f, {}, amax_a, amax_b);
       if (!dx.data()) amax_.dy = in_out_ ? amax_b : amax_a;  // dy is b (x^T dy) or a (dy^T x)
       amax_.dy_max = std::max(amax_.dy_max, amax_.dy);
     } else {
@@ -184,18 +184,18 @@ class linear {
       return cview<e4m3>(v.data(), R, C, C);
     }
   };
-  // c = a·b + beta·c (then `ep`) with a in 1x128 blocks along K and b in 128x128 tiles; the
-  // operands' amax go to amax_a, amax_b.
-  template <class SA, class SB, class Y, class Chain>
-  void fp8_gemm(Dev& dev, tensor<const SA, 2> a, tensor<const SB, 2> b, mview<Y> c, float beta, bool with_ep, const Chain& ep, float& amax_a,
+  // c = a·b + beta·c (+ bias per column, if any) with a in 1x128 blocks along K and b in 128x128
+  // tiles; the operands' amax go to amax_a, amax_b.
+  template <class SA, class SB, class Y>
+  void fp8_gemm(Dev& dev, tensor<const SA, 2> a, tensor<const SB, 2> b, mview<Y> c, float beta, std::span<const float> bias, float& amax_a,
                 float& amax_b) {
     const auto qa = fp8_a_.quantize(dev, a, 1, amax_a);
     const auto qb = fp8_b_.quantize(dev, b, gemm_scales::block, amax_b);
     gemm_scales sc;
     sc.a_block = fp8_a_.s.data();
     sc.b_block = fp8_b_.s.data();
-    if (with_ep)
-      gemm(dev, qa, qb, c, 1.0f, beta, ep, sc);
+    if (!bias.empty())
+      gemm(dev, qa, qb, c, 1.0f, beta, epilogue::bias(bias), sc);
     else
       gemm(dev, qa, qb, c, 1.0f, beta, epilogue::chain<>{}, sc);
   }
