@@ -650,21 +650,7 @@ class decoder_lm {
       attend(l, n, f.q.data(), f.k.data(), f.v.data(), f.o.data());
       b.o.forward(dev, crows_view<T>(f.o, n, qd), rows_view<float>(f.tmp, n, d), false);
       b.ln2.forward(dev, crows_view<float>(f.tmp, n, d), crows_view<float>(f.sa, n, d), rows_view<float>(f.sb, n, d), rows_view<T>(f.y, n, d), false);
-      const cview<T> y2 = crows_view<T>(f.y, n, d);
-      if (moe()) {
-        b.moe.forward(dev, y2, rows_view<float>(f.tmp, n, d), false);
-        continue;
-      }
-      const std::span<T> h(f.h.data(), n * I);
-      if (gated()) {
-        b.gate.forward(dev, y2, rows_view<T>(f.g, n, I), false);
-        b.up.forward(dev, y2, rows_view<T>(f.u, n, I), false);
-        swiglu_forward(dev, std::span<const T>(f.g.data(), n * I), std::span<const T>(f.u.data(), n * I), h);
-      } else {
-        b.up.forward(dev, y2, rows_view<T>(f.u, n, I), false);
-        gelu_forward(dev, std::span<const T>(f.u.data(), n * I), h, gelu_kind());
-      }
-      b.down.forward(dev, crows_view<T>(f.h, n, I), rows_view<float>(f.tmp, n, d), false);
+      mlp_forward(b, crows_view<T>(f.y, n, d), f.g.data(), f.u.data(), f.h.data(), rows_view<float>(f.tmp, n, d), false);
     }
     // the final norm and the head on the rows whose logits are wanted
     for (std::size_t i = 0; i < B; ++i) {
@@ -742,7 +728,7 @@ class decoder_lm {
   // already, and the activations are rebuilt, the same bits as the first pass.
   void block_forward(std::size_t l, bool train, bool recomputing) {
     const auto& c = cfg_;
-    const std::size_t n = n_, d = c.hidden_size, I = c.intermediate_size;
+    const std::size_t n = n_, d = c.hidden_size;
     const std::size_t qd = c.num_attention_heads * c.head_dim, kvd = c.num_key_value_heads * c.head_dim;
     Dev& dev = *dev_;
     block& b = blocks_[l];
@@ -768,21 +754,26 @@ class decoder_lm {
     b.o.forward(dev, crows_view<T>(at.ob, n, qd), rows_view<float>(tmp_, n, d), train);
     b.ln2.forward(dev, crows_view<float>(tmp_, n, d), crows_view<float>(b.s_in, n, d), rows_view<float>(a.s_mid, n, d), rows_view<T>(a.y2, n, d),
                   train);
-    const cview<T> y2 = crows_view<T>(a.y2, n, d);
+    mlp_forward(b, crows_view<T>(a.y2, n, d), a.gb.data(), a.ub.data(), a.hb.data(), rows_view<float>(tmp_, n, d), train);
+  }
+  // Block b's MLP from y2 into out: the dense one (gate and up into g and u, the activation into
+  // h, down) or the expert bank (MoE, which keeps its own buffers).
+  void mlp_forward(block& b, cview<T> y2, T* g, T* u, T* h, mview<float> out, bool train) {
+    Dev& dev = *dev_;
     if (moe()) {
-      b.moe.forward(dev, y2, rows_view<float>(tmp_, n, d), train);
+      b.moe.forward(dev, y2, out, train);
       return;
     }
-    const std::span<T> h(a.hb.data(), n * I);
+    const std::size_t n = y2.rows(), I = cfg_.intermediate_size, nI = n * I;
     if (gated()) {
-      b.gate.forward(dev, y2, rows_view<T>(a.gb, n, I), train);
-      b.up.forward(dev, y2, rows_view<T>(a.ub, n, I), train);
-      swiglu_forward(dev, std::span<const T>(a.gb.data(), n * I), std::span<const T>(a.ub.data(), n * I), h);
+      b.gate.forward(dev, y2, mview<T>(g, n, I, I), train);
+      b.up.forward(dev, y2, mview<T>(u, n, I, I), train);
+      swiglu_forward(dev, std::span<const T>(g, nI), std::span<const T>(u, nI), std::span<T>(h, nI));
     } else {
-      b.up.forward(dev, y2, rows_view<T>(a.ub, n, I), train);
-      gelu_forward(dev, std::span<const T>(a.ub.data(), n * I), h, gelu_kind());
+      b.up.forward(dev, y2, mview<T>(u, n, I, I), train);
+      gelu_forward(dev, std::span<const T>(u, nI), std::span<T>(h, nI), gelu_kind());
     }
-    b.down.forward(dev, crows_view<T>(a.hb, n, I), rows_view<float>(tmp_, n, d), train);
+    b.down.forward(dev, cview<T>(h, n, I, I), out, train);
   }
   // Block l's attention core: its q, k, v to o and the log-sum-exp rows backward reads.
   void attention_forward_of(std::size_t l) {
