@@ -46,19 +46,41 @@ TEST_CASE("target flags nest like the ISA extensions and set the vector width", 
   STATIC_REQUIRE(name == best);
 }
 
-TEST_CASE("cpu_model names the processor as the kernel does, trimmed and stable", "[arch][target]") {
+TEST_CASE("cpu_model names the processor by its CPUID brand string, trimmed and stable", "[arch][target]") {
   const std::string& m = arch::cpu_model();
   REQUIRE_FALSE(m.empty());
   CHECK(m.front() != ' ');
   CHECK(m.back() != ' ');
   CHECK(&arch::cpu_model() == &m);  // computed once
+#if defined(__x86_64__) || defined(__i386__)
+  // The brand string, read here through the raw __cpuid macro a word at a time: 48 bytes of
+  // leaves 0x80000002-4, up to the first NUL, without leading or trailing blanks.
+  unsigned top = 0, b = 0, c = 0, d = 0;
+  __cpuid(0x80000000u, top, b, c, d);
+  if (top >= 0x80000004u) {
+    std::string brand;
+    for (unsigned leaf = 0x80000002u; leaf <= 0x80000004u; ++leaf) {
+      unsigned w[4];
+      __cpuid(leaf, w[0], w[1], w[2], w[3]);
+      for (unsigned word : w)
+        for (int byte = 0; byte < 4; ++byte) brand += char((word >> (8 * byte)) & 0xffu);
+    }
+    brand.resize(brand.find('\0') == std::string::npos ? brand.size() : brand.find('\0'));
+    brand.erase(0, brand.find_first_not_of(" \t"));
+    brand.erase(brand.find_last_not_of(" \t") + 1);
+    if (!brand.empty()) CHECK(m == brand);
+  }
+#endif
+  // Linux reads the same brand string at boot; a virtual machine restored on another host keeps
+  // the boot-time name in /proc/cpuinfo while CPUID answers for the new host (seen here: "AMD
+  // EPYC" at boot, "Oxide Virtual Turin-like Processor" now). A difference is reported, not failed.
   std::ifstream f("/proc/cpuinfo");
   for (std::string line; std::getline(f, line);)
     if (line.rfind("model name", 0) == 0) {
       std::string k = line.substr(line.find(':') + 1);
       k.erase(0, k.find_first_not_of(" \t"));
       k.erase(k.find_last_not_of(" \t") + 1);
-      CHECK(m == k);  // Linux reads the same brand string (CPUID 0x80000002-4)
+      if (m != k) WARN("cpu_model() is '" << m << "', the kernel's boot-time model name '" << k << "'");
       break;
     }
 }
