@@ -237,6 +237,7 @@ TEST_CASE("a decoder with FP8 projections tracks the bf16 one and trains", "[nn]
   CHECK(am.x_max > 0.0f);
   CHECK(am.w_max > 0.0f);
   CHECK(am.dy_max > 0.0f);
+  CHECK((am.x > 0.0f && am.x <= am.x_max && am.w <= am.w_max && am.dy <= am.dy_max));  // the last step within the history
 }
 
 }  // namespace tessel_test_nn_fp8_linear

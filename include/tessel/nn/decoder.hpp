@@ -392,15 +392,16 @@ class decoder_lm {
       for (linear<Dev, T>* l : {&b.q, &b.k, &b.v, &b.o, &b.up, &b.gate, &b.down})
         if (l->weight()) l->set_fp8(on);
   }
-  // The largest |x| the FP8 projections have seen since set_fp8_linears(true), per operand.
+  // The FP8 projections' amax over every layer, per operand: of the last step (x, w, dy) and since
+  // set_fp8_linears(true) (x_max, w_max, dy_max).
   fp8_amax fp8_amax_max() const {
     fp8_amax m;
     for (const block& b : blocks_)
       for (const linear<Dev, T>* l : {&b.q, &b.k, &b.v, &b.o, &b.up, &b.gate, &b.down})
         if (l->fp8()) {
-          m.x = m.x_max = std::max(m.x_max, l->amax().x_max);
-          m.w = m.w_max = std::max(m.w_max, l->amax().w_max);
-          m.dy = m.dy_max = std::max(m.dy_max, l->amax().dy_max);
+          const fp8_amax& a = l->amax();
+          m.x = std::max(m.x, a.x), m.w = std::max(m.w, a.w), m.dy = std::max(m.dy, a.dy);
+          m.x_max = std::max(m.x_max, a.x_max), m.w_max = std::max(m.w_max, a.w_max), m.dy_max = std::max(m.dy_max, a.dy_max);
         }
     return m;
   }
