@@ -137,22 +137,35 @@ inline void apply_act(float* v, std::size_t n, act_kind a) {
   }
 }
 
-// FusedMatMul's tail as one epilogue op: v += bias[col]; v += residual(row, col); v = act(v).
-struct fused_tail : epilogue::op_base {
-  const float* bias = nullptr;  // N values, or null
-  const float* res = nullptr;   // (rows, ld) row-major, or null
-  std::size_t ld = 0;
+// The tail of every GEMM-shaped node (MatMul, FusedMatMul, Gemm, Attention by parts, Conv,
+// FusedConv) as one epilogue op: v += bias[col]; v += residual(row, col); v = act(v), each part
+// optional. One op type for all of them means the executor instantiates each GEMM and convolution
+// program once per dtype, not once per combination of parts (a third of the code it generated).
+// The residual is a row-major (rows, ld) matrix, or, for a convolution, an NCHW image of the
+// output's dims (row = pixel n·H·W + q, column = output channel).
+struct graph_tail : epilogue::op_base {
+  const float* bias = nullptr;  // one value per column, or null
+  const float* res = nullptr;   // the residual, or null
+  std::size_t ld = 0;           // matrix residual: its row stride
+  std::size_t plane = 0;        // NCHW residual: H·W of the output; 0: the residual is a matrix
+  std::size_t channels = 0;     // NCHW residual: the output's channels
   act_kind act = act_kind::none;
   void apply(float* v, std::size_t n, const epilogue::row_info& ri) const {
     if (bias)
       for (std::size_t j = 0; j < n; ++j) v[j] += bias[ri.col0 + j];
-    if (res) {
+    if (res && plane) {
+      const std::size_t img = ri.row / plane, q = ri.row % plane;
+      const float* r = res + (img * channels + ri.col0) * plane + q;
+      for (std::size_t j = 0; j < n; ++j) v[j] += r[j * plane];
+    } else if (res) {
       const float* r = res + ri.row * ld + ri.col0;
       for (std::size_t j = 0; j < n; ++j) v[j] += r[j];
     }
     apply_act(v, n, act);
   }
 };
+using tail_chain = epilogue::chain<graph_tail>;
+inline tail_chain tail_of(const graph_tail& t = {}) { return tail_chain{std::tuple<graph_tail>(t)}; }
 
 // The same tail as a pass over y (any shape), bias and residual broadcast one way to y's shape.
 template <class Dev>
@@ -195,10 +208,10 @@ std::shared_ptr<const device_buffer<bf16, Dev>> const_bf16(const build_ctx& c, D
 // B + b_off[b] (ld N). bf16 compute: A and B rounded to bf16 first, accumulated in f32. K == 0 gives
 // zeros without the epilogue (callers run their tail as a pass then). a16p / b16p, when given, are
 // A and B already in bf16 (constant weights converted at compile time).
-template <class Dev, class Chain = epilogue::chain<>>
+template <class Dev>
 void matmul_run(Dev& dev, dtype compute, std::size_t M, std::size_t N, std::size_t K, float alpha, const float* A, std::size_t a_numel,
                 const std::vector<std::size_t>& a_off, const float* B, std::size_t b_numel, const std::vector<std::size_t>& b_off, float* C,
-                const Chain& ep = {}, const bf16* a16p = nullptr, const bf16* b16p = nullptr) {
+                const tail_chain& ep, const bf16* a16p = nullptr, const bf16* b16p = nullptr) {
   const std::size_t batch = a_off.size();
   if (K == 0) {
     std::fill_n(C, batch * M * N, 0.0f);
@@ -286,7 +299,7 @@ void attention_by_parts(Dev& dev, dtype compute, std::size_t B, std::size_t Hq, 
       cp[m] = s.data() + m * Sq * Sk;
     }
     if (!pp) {
-      gemm_batched(dev, transpose::none, transpose::yes, Sq, Sk, D, 1.0f, ap.data(), D, bp.data(), D, 0.0f, cp.data(), Sk, mats);
+      gemm_batched(dev, transpose::none, transpose::yes, Sq, Sk, D, 1.0f, ap.data(), D, bp.data(), D, 0.0f, cp.data(), Sk, mats, tail_of());
       return;
     }
     for (std::size_t m = 0; m < mats; ++m) {
@@ -294,7 +307,7 @@ void attention_by_parts(Dev& dev, dtype compute, std::size_t B, std::size_t Hq, 
       bp[m] = vv + kv_of(m) * Sk * Dv;
       cp[m] = o + m * Sq * Dv;
     }
-    gemm_batched(dev, transpose::none, transpose::none, Sq, Dv, Sk, 1.0f, ap.data(), Sk, bp.data(), Dv, 0.0f, cp.data(), Dv, mats);
+    gemm_batched(dev, transpose::none, transpose::none, Sq, Dv, Sk, 1.0f, ap.data(), Sk, bp.data(), Dv, 0.0f, cp.data(), Dv, mats, tail_of());
   };
   if (D == 0) std::fill_n(s.data(), rows * Sk, 0.0f);
   // the additive mask, broadcast to (B, Hq, Sq, Sk), with the causal rule folded in (bottom-right)
@@ -990,16 +1003,15 @@ step_fn<Dev> build_matmul(const build_ctx& c, Dev& dev) {
     const float* biasp = bias == value_id::none ? nullptr : s.template as<float>(bias);
     const float* resp = res == value_id::none ? nullptr : s.template as<float>(res);
     if (tail && in_epilogue) {
-      fused_tail ft;
+      graph_tail ft;
       ft.bias = biasp;
       ft.res = resp;
       ft.ld = geom.N;
       ft.act = act;
-      matmul_run(s.dev, compute, geom.M, geom.N, geom.K, alpha, ap, an, geom.a_off, bp, bn, geom.b_off, yp,
-                 epilogue::chain<fused_tail>{std::tuple<fused_tail>(ft)}, a16p, b16p);
+      matmul_run(s.dev, compute, geom.M, geom.N, geom.K, alpha, ap, an, geom.a_off, bp, bn, geom.b_off, yp, tail_of(ft), a16p, b16p);
       return;
     }
-    matmul_run(s.dev, compute, geom.M, geom.N, geom.K, alpha, ap, an, geom.a_off, bp, bn, geom.b_off, yp, epilogue::chain<>{}, a16p, b16p);
+    matmul_run(s.dev, compute, geom.M, geom.N, geom.K, alpha, ap, an, geom.a_off, bp, bn, geom.b_off, yp, tail_of(), a16p, b16p);
     if (tail) tail_pass(s.dev, yp, ys, biasp, bs, resp, rs, act);
   };
 }
@@ -1039,10 +1051,10 @@ step_fn<Dev> build_gemm(const build_ctx& c, Dev& dev) {
       std::optional<device_buffer<bf16, Dev>> a16, b16;  // non-constant operands: converted per run
       const bf16* a16p = a16c ? a16c->data() : a16.emplace(to_bf16(s.dev, s.template as<float>(a), an)).data();
       const bf16* b16p = b16c ? b16c->data() : b16.emplace(to_bf16(s.dev, s.template as<float>(b), bn)).data();
-      gemm(s.dev, tA, tB, M, N, K, alpha, a16p, lda, b16p, ldb, bt, yp, N);
+      gemm(s.dev, tA, tB, M, N, K, alpha, a16p, lda, b16p, ldb, bt, yp, N, tail_of());
     } else {
       gemm(s.dev, tA, tB, M, N, K, alpha, static_cast<const float*>(s.template as<float>(a)), lda, static_cast<const float*>(s.template as<float>(b)),
-           ldb, bt, yp, N);
+           ldb, bt, yp, N, tail_of());
     }
   };
 }
@@ -1200,21 +1212,14 @@ inline window2d window_of(const build_ctx& c, const shape_t& xs, const shape_t& 
   return g;
 }
 
-// FusedConv's activation as the last op of ops::conv2d's epilogue chain.
-struct act_op : epilogue::op_base {
-  act_kind act = act_kind::none;
-  explicit act_op(act_kind a) : act(a) {}
-  void apply(float* v, std::size_t n, const epilogue::row_info&) const { apply_act(v, n, act); }
-};
-
 inline void check_pads(const build_ctx& c, const window2d& g) {
   if (g.ph < 0 || g.pw < 0 || g.ph_end < 0 || g.pw_end < 0) c.fail("negative pads are not supported", errc::invalid_argument);
 }
 
 // Conv and FusedConv (Y = act(Conv(X, W, B) + Z)) on ops::conv2d, NCHW. A constant filter is packed
 // into the implicit GEMM's panels once, here (conv2d_packed_filter); a filter computed at run time
-// takes the plain call. The bias, FusedConv's residual Z (when it has Y's shape: conv_residual) and
-// its activation all run in conv2d's epilogue chain; a Z that broadcasts takes one pass after.
+// takes the plain call. The bias, FusedConv's residual Z (when it has Y's shape) and its activation
+// all run in conv2d's epilogue (graph_tail); a Z that broadcasts takes one pass after.
 template <class Dev>
 step_fn<Dev> build_conv(const build_ctx& c, Dev& dev) {
   for (std::size_t i = 0; i < c.n.inputs.size(); ++i)
@@ -1275,28 +1280,32 @@ step_fn<Dev> build_conv(const build_ctx& c, Dev& dev) {
     float* yp = s.template as<float>(y);
     const tessel::image<const float> xi{s.template as<float>(x), xd};
     const tessel::image<float> yi{yp, yd};
-    const std::span<const float> bias = b == value_id::none ? std::span<const float>{} : std::span<const float>(s.template as<float>(b), m);
-    auto run = [&](const auto& chain) {
-      if (low) {
-        const auto x16 = to_bf16(s.dev, xi.data, xd.size());
-        const tessel::image<const bf16> xb{x16.data(), xd};
-        if (packed16) return conv2d(s.dev, xb, *packed16, bias, yi, p, chain);
-        const auto w16 = to_bf16(s.dev, s.template as<float>(w), fd.size());
-        return conv2d(s.dev, xb, tessel::filter<const bf16>{w16.data(), fd}, bias, yi, p, chain);
-      }
-      if (packed)
-        conv2d(s.dev, xi, *packed, bias, yi, p, chain);
-      else
-        conv2d(s.dev, xi, tessel::filter<const float>{s.template as<float>(w), fd}, bias, yi, p, chain);
-    };
-    if (z_in_chain)
-      run(conv_residual<float>(tessel::image<const float>{s.template as<float>(z), yd}, conv_layout::nchw) | act_op(act));
-    else if (z == value_id::none)
-      run(epilogue::chain<act_op>{std::tuple<act_op>(act_op(act))});
-    else {  // a Z that broadcasts to Y: one pass adds it, then the activation
-      run(epilogue::chain<>{});
-      tail_pass(s.dev, yp, ys, nullptr, shape_t{}, s.template as<float>(z), zs, act);
+    graph_tail t;  // conv2d gets no bias of its own: the tail adds it, before Z, as conv2d would
+    t.bias = b == value_id::none ? nullptr : s.template as<float>(b);
+    if (z_in_chain) {
+      t.res = s.template as<float>(z);
+      t.plane = yd.h * yd.w;
+      t.channels = yd.c;
     }
+    t.act = z == value_id::none || z_in_chain ? act : act_kind::none;
+    const tail_chain chain = tail_of(t);
+    const std::span<const float> no_bias;
+    if (low) {
+      const auto x16 = to_bf16(s.dev, xi.data, xd.size());
+      const tessel::image<const bf16> xb{x16.data(), xd};
+      if (packed16) {
+        conv2d(s.dev, xb, *packed16, no_bias, yi, p, chain);
+      } else {
+        const auto w16 = to_bf16(s.dev, s.template as<float>(w), fd.size());
+        conv2d(s.dev, xb, tessel::filter<const bf16>{w16.data(), fd}, no_bias, yi, p, chain);
+      }
+    } else if (packed) {
+      conv2d(s.dev, xi, *packed, no_bias, yi, p, chain);
+    } else {
+      conv2d(s.dev, xi, tessel::filter<const float>{s.template as<float>(w), fd}, no_bias, yi, p, chain);
+    }
+    if (z != value_id::none && !z_in_chain)  // a Z that broadcasts to Y: one pass adds it, then the activation
+      tail_pass(s.dev, yp, ys, nullptr, shape_t{}, s.template as<float>(z), zs, act);
   };
 }
 
