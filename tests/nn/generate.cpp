@@ -30,6 +30,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -242,6 +244,133 @@ TEST_CASE("kv_cache hands out pages from a free list, and gives them back", "[nn
   s.num_pages = 5;
   s.heads_kv = std::size_t{1} << 61;
   CHECK_THROWS_MATCHES((nn::kv_cache<host_device, float>(dev, s)), tessel::overflow_error, is_error(errc::overflow, "size", "kv_cache size"));
+}
+
+TEST_CASE("kv_cache gives back the pages of tokens outside a kept window", "[nn][kv_cache]") {
+  host_device dev(1);
+  nn::kv_cache_shape s;
+  s.layers = 1;
+  s.heads_kv = 1;
+  s.head_dim = 4;
+  s.page_size = 4;
+  s.num_pages = 4;
+  s.max_sequences = 2;
+  s.max_length = 40;
+  nn::kv_cache<host_device, float> c(dev, s);
+  const auto a = c.add_sequence();
+  auto row = [](std::size_t t) { return std::vector<float>(4, float(t)); };
+  auto put = [&](std::size_t n, std::size_t keep) {
+    c.reserve(a, n, keep);
+    for (std::size_t t = c.length(a); t < c.length(a) + n; ++t)
+      if (t >= c.first_token(a)) c.write(0, a, t, row(t).data(), row(t).data(), 1, 4);
+    c.commit(a, n);
+  };
+  // 10 tokens keeping 5: tokens 0..4 are not needed, so page 0 (tokens 0-3) is never taken
+  put(10, 5);
+  CHECK(c.first_token(a) == 4);
+  CHECK(c.pages_held(a) == 2);
+  CHECK(c.free_pages() == 2);
+  CHECK(c.block_table(a)[0] == -1);
+  CHECK(c.k_row(0, a, 4)[0] == 4.0f);
+  CHECK(c.v_row(0, a, 9)[0] == 9.0f);
+  CHECK_THROWS_MATCHES(c.k_row(0, a, 3), nn::nn_error, is_error(errc::out_of_range, "nn", "token 3 of sequence 0 was given back"));
+  // one token at a time up to 30 tokens: never more than 3 pages, as tokens leave the window
+  for (std::size_t t = 10; t < 30; ++t) {
+    put(1, 5);
+    CHECK(c.pages_held(a) <= 3);
+    CHECK(c.free_pages() + c.pages_held(a) == 4);
+    CHECK(c.first_token(a) == (t + 1 - 5) / 4 * 4);
+    CHECK(c.k_row(0, a, t)[0] == float(t));
+  }
+  CHECK(c.length(a) == 30);
+  CHECK(c.block_table(a)[5] == -1);
+  CHECK(c.block_table(a)[6] >= 0);
+  CHECK_THROWS_MATCHES(c.write(0, a, 20, row(0).data(), row(0).data(), 1, 4), nn::nn_error,
+                       is_error(errc::out_of_range, "nn", "token 20 of sequence 0 was given back (the cache holds tokens from 24)"));
+  CHECK_THROWS_MATCHES(c.reserve(a, 1, 0), nn::nn_error, is_error(errc::invalid_argument, "nn", "keeping 0 tokens"));
+  // a holds pages 6 and 7, 2 are free; b takes them
+  const auto b = c.add_sequence();
+  CHECK_THROWS_MATCHES(c.reserve(b, 12), nn::nn_error, is_error(errc::out_of_range, "nn", "out of pages: 3 needed, 2 of 4 free"));
+  c.reserve(b, 8);
+  c.commit(b, 8);
+  CHECK(c.free_pages() == 0);
+  // a reservation counts the pages it gives back as free: 4 more tokens of a keeping 2 give back
+  // pages 6 and 7 and take page 8
+  c.reserve(a, 4, 2);
+  c.commit(a, 4);
+  CHECK(c.pages_held(a) == 1);
+  CHECK(c.first_token(a) == 32);
+  CHECK(c.free_pages() == 1);
+  // all or none: a needs 1 page, b 2 of which it gives back 1; 2 are available
+  CHECK_THROWS_MATCHES(c.reserve(std::vector<std::size_t>{a, b}, std::vector<std::size_t>{4, 8}, 10), nn::nn_error,
+                       is_error(errc::out_of_range, "nn", "out of pages: 3 needed, 2 of 4 free"));
+  CHECK(c.pages_held(b) == 2);
+  CHECK(c.first_token(b) == 0);
+  // release gives back only the pages still held
+  c.release(a);
+  c.release(b);
+  CHECK(c.free_pages() == 4);
+}
+
+TEST_CASE("a sliding-window model decodes past its pages: the cache keeps only the window", "[nn][generate]") {
+  // Mistral with a window of 5 in every layer, pages of 4 tokens: each sequence needs at most 3
+  // pages at any length. Two sequences decode to 60 and 40 tokens in a cache of 6 pages, with the
+  // logits of a cache with room to spare (bit for bit: its pages are other pages) and of the full
+  // recompute (the bound at the top of this file).
+  host_device dev(2);
+  nn::decoder_lm<host_device> m(dev, mistral_config(5));
+  m.init(21, 0.2);
+  CHECK(m.kv_keep() == 5);
+  auto small = m.make_cache(2, 6, 4);
+  auto big = m.make_cache(2, 40, 4);
+  std::vector<std::vector<std::int64_t>> seqs{random_ids(20, 37, 5), random_ids(13, 37, 6)};
+  std::vector<std::int64_t> packed(seqs[0]);
+  packed.insert(packed.end(), seqs[1].begin(), seqs[1].end());
+  const std::vector<std::size_t> lens{20, 13};
+  const std::vector<std::size_t> sa{small.add_sequence(), small.add_sequence()}, sb{big.add_sequence(), big.add_sequence()};
+  auto same = [](std::span<const float> x, const std::vector<float>& y) {
+    return x.size() == y.size() && std::memcmp(x.data(), y.data(), y.size() * sizeof(float)) == 0;
+  };
+  std::vector<float> ref;
+  auto keep = [&](std::span<const float> x) { ref.assign(x.begin(), x.end()); };
+  keep(m.prefill(big, sb, packed, lens));
+  CHECK(same(m.prefill(small, sa, packed, lens), ref));
+  CHECK(small.pages_held(sa[0]) == 2);  // tokens 15..19: pages 3 and 4
+  double worst = 0.0, scale = 0.0;
+  for (std::size_t step = 0; step < 40; ++step) {
+    std::vector<std::size_t> ia{sa[0]}, ib{sb[0]}, reqs{0};
+    if (seqs[1].size() < 40) {
+      ia.push_back(sa[1]);
+      ib.push_back(sb[1]);
+      reqs.push_back(1);
+    }
+    std::vector<std::int64_t> tok;
+    for (std::size_t r : reqs) {
+      tok.push_back(std::int64_t(nn::uniform01(99, step * 2 + r) * 37.0));
+      seqs[r].push_back(tok.back());
+    }
+    keep(m.decode_step(big, ib, tok));
+    INFO("step " << step);
+    CHECK(same(m.decode_step(small, ia, tok), ref));
+    CHECK(small.pages_held(sa[0]) <= 3);
+    CHECK(small.pages_held(sa[1]) <= 3);
+    CHECK(small.free_pages() + small.pages_held(sa[0]) + small.pages_held(sa[1]) == 6);
+    if (step % 13 == 12 || step == 39)
+      for (std::size_t j = 0; j < reqs.size(); ++j) {
+        const auto& s = seqs[reqs[j]];
+        const auto full = m.forward(s, 1, s.size());
+        const double e = row_error(std::span<const float>(ref).subspan(j * 37, 37), full.subspan((s.size() - 1) * 37, 37), scale);
+        CHECK(e <= 1.5e-5);
+        worst = std::max(worst, e);
+      }
+  }
+  CHECK(small.length(sa[0]) == 60);
+  CHECK(small.length(sa[1]) == 40);
+  CHECK(small.first_token(sa[0]) == 52);  // the window, tokens 55..59, lies in pages 13 and 14
+  REPORT("mistral window 5 in 6 pages: cached vs recompute logits, worst error " << worst);
+  // a model with a layer that attends fully (Qwen2's lower layers) keeps every token
+  CHECK(nn::decoder_lm<host_device>(dev, qwen2_config()).kv_keep() == std::numeric_limits<std::size_t>::max());
+  CHECK(nn::decoder_lm<host_device>(dev, llama_config()).kv_keep() == std::numeric_limits<std::size_t>::max());
 }
 
 TEST_CASE("cached decode logits match the full recompute for every architecture", "[nn][generate]") {

@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -615,11 +616,80 @@ void check_paged_decode(std::size_t H, std::size_t HK, std::size_t D) {
   CHECK_THROWS_AS((attention_decode<host_device, bf16, bf16>(dev, sp, q, kp, vp, std::span<const std::int32_t>(lens).first(2), table, o2)),
                   attention_error);
 }
+
+// A sliding window over a paged cache whose pages before the window are given back (-1 in the
+// block table) and whose other keys outside it are NaN: equals the contiguous cache bitwise, so
+// no key outside the window is read.
+template <class T>
+void check_paged_window_decode(std::size_t H, std::size_t HK, std::size_t D, std::size_t SQ, std::ptrdiff_t window_left) {
+  const std::size_t B = 3, page = 16, per_seq = 40, max_kv = page * per_seq;
+  const std::vector<std::int32_t> lens{640, 70, 3};
+  std::mt19937 rng(83);
+  std::normal_distribution<float> nd;
+  std::vector<T> q(B * SQ * H * D), k(B * max_kv * HK * D), v(k.size());
+  for (auto& x : q) x = T(nd(rng));
+  for (auto& x : k) x = T(nd(rng));
+  for (auto& x : v) x = T(nd(rng));
+  attention_options opt;
+  opt.causal = true;
+  opt.align = mask_align::bottom_right;
+  opt.window_left = window_left;
+  const std::size_t tok = HK * D;
+  std::vector<std::int32_t> table(B * per_seq, -1);
+  std::vector<T> kp(B * per_seq * page * tok), vp(kp.size());
+  std::int32_t next = 0;
+  for (std::size_t b = 0; b < B; ++b) {
+    const std::size_t len = std::size_t(lens[b]);
+    // the first key any of the SQ new rows sees: that of the first row
+    const std::size_t first = std::size_t(std::max<std::ptrdiff_t>(0, std::ptrdiff_t(len) - std::ptrdiff_t(SQ) - window_left));
+    for (std::size_t pg = first / page; pg < (len + page - 1) / page; ++pg) {
+      const std::int32_t phys = next++;
+      table[b * per_seq + pg] = phys;
+      for (std::size_t t = 0; t < page; ++t) {
+        const std::size_t j = pg * page + t;
+        for (std::size_t e = 0; e < tok; ++e) {
+          const bool seen = j >= first && j < len;
+          kp[(std::size_t(phys) * page + t) * tok + e] = seen ? k[(b * max_kv + j) * tok + e] : T(std::numeric_limits<float>::quiet_NaN());
+          vp[(std::size_t(phys) * page + t) * tok + e] = seen ? v[(b * max_kv + j) * tok + e] : T(std::numeric_limits<float>::quiet_NaN());
+        }
+      }
+    }
+  }
+  attention_decode_shape s;
+  s.batch = B;
+  s.seq_q = SQ;
+  s.heads_q = H;
+  s.heads_kv = HK;
+  s.head_dim = D;
+  s.max_kv = max_kv;
+  host_device dev(2);
+  std::vector<T> o1(q.size()), o2(q.size());
+  attention_decode<host_device, T, T>(dev, s, q, k, v, lens, {}, o1, {}, opt);
+  attention_decode_shape sp = s;
+  sp.max_kv = 0;
+  sp.page_size = page;
+  sp.num_pages = std::size_t(next);
+  sp.pages_per_seq = per_seq;
+  attention_decode<host_device, T, T>(dev, sp, q, kp, vp, lens, table, o2, {}, opt);
+  CHECK(std::memcmp(o1.data(), o2.data(), o1.size() * sizeof(T)) == 0);
+  // a page the window does see may not be missing
+  auto bad = table;
+  bad[(lens[0] - 1) / page] = -1;
+  CHECK_THROWS_MATCHES((attention_decode<host_device, T, T>(dev, sp, q, kp, vp, lens, bad, o2, {}, opt)), attention_error,
+                       is_error(errc::out_of_range, "attention", "block_table[0][39] = -1"));
+}
 }  // namespace
 
 TEST_CASE("attention decode over a paged cache equals the contiguous cache bitwise", "[ops][attention][decode]") {
   check_paged_decode(4, 4, 64);
   check_paged_decode(32, 8, 128);  // the token-order path (4 query rows per kv head)
+}
+
+TEST_CASE("attention decode reads no page and no key before a sliding window", "[ops][attention][decode]") {
+  check_paged_window_decode<float>(4, 2, 64, 1, 40);    // the window's first key mid-page, mid-group
+  check_paged_window_decode<bf16>(32, 8, 128, 1, 100);  // the token-order path
+  check_paged_window_decode<bf16>(8, 2, 64, 3, 17);     // three new rows, windows starting on different keys
+  check_paged_window_decode<float>(4, 4, 32, 1, 0);     // the row itself only
 }
 
 }  // namespace tessel_test_ops_attention

@@ -15,6 +15,8 @@
 // Incremental decoding (nn/kv_cache.hpp): prefill runs prompts of different lengths as one varlen
 // batch through the flash kernel and writes every layer's post-RoPE K and V into a paged cache;
 // decode_step runs one new token per sequence against the cache with the split-KV decode kernel.
+// When every layer has a sliding window (Mistral), both give the pages of tokens outside the widest
+// window back to the cache, so a sequence holds about window / page_size + 1 pages at any length.
 // Both reuse the modules of forward(), so they invalidate a pending backward (as forward() does).
 #pragma once
 
@@ -269,6 +271,10 @@ class decoder_lm {
     s.max_length = max_length ? max_length : cfg_.max_position_embeddings;
     return kv_cache<Dev, T>(*dev_, s);
   }
+  // The tokens of a sequence its next query may read: the widest layer's sliding window when every
+  // layer has one (prefill and decode_step give the older tokens' pages back to the cache), else
+  // the maximum of std::size_t (every token stays).
+  std::size_t kv_keep() const noexcept { return kv_keep_; }
   // The longest sequence `cache` can decode with this model: its max_length, and for learned
   // positions (GPT-2) at most max_position_embeddings.
   std::size_t max_length(const kv_cache<Dev, T>& cache) const {
@@ -306,7 +312,7 @@ class decoder_lm {
     if (n > std::size_t(std::numeric_limits<std::int32_t>::max()))
       throw nn_error(errc::overflow, "prefill: " + std::to_string(n) + " tokens in one batch");
     check_ids(tokens);
-    cache.reserve(seqs, lengths);  // all pages or none
+    cache.reserve(seqs, lengths, kv_keep_);  // all pages or none; none for tokens outside every window
     cu_.assign(B + 1, 0);
     positions_inf_.resize(n);
     for (std::size_t i = 0; i < B; ++i) {
@@ -321,7 +327,10 @@ class decoder_lm {
       attention_forward_varlen(*dev_, vs, std::span<const T>(q, rows * cfg_.num_attention_heads * cfg_.head_dim), std::span<const T>(k, rows * kvd),
                                std::span<const T>(v, rows * kvd), std::span<T>(o, rows * cfg_.num_attention_heads * cfg_.head_dim),
                                std::span<float>{}, blocks_[l].attn.options());
-      for (std::size_t i = 0; i < B; ++i) cache.write(l, seqs[i], 0, k + std::size_t(cu_[i]) * kvd, v + std::size_t(cu_[i]) * kvd, lengths[i], kvd);
+      for (std::size_t i = 0; i < B; ++i) {
+        const std::size_t f = cache.first_token(seqs[i]), at = std::size_t(cu_[i]) + f;
+        cache.write(l, seqs[i], f, k + at * kvd, v + at * kvd, lengths[i] - f, kvd);
+      }
     });
     for (std::size_t i = 0; i < B; ++i) cache.commit(seqs[i], lengths[i]);
     return {inf_.logits.data(), B * cfg_.vocab_size};
@@ -355,7 +364,7 @@ class decoder_lm {
     }
     check_ids(tokens);
     ones_.assign(B, 1);
-    cache.reserve(seqs, ones_);
+    cache.reserve(seqs, ones_, kv_keep_);  // gives back the pages that left every layer's window
     cache.gather_tables(seqs, tables_);
     last_rows_.resize(B);
     for (std::size_t i = 0; i < B; ++i) last_rows_[i] = i;
@@ -556,11 +565,19 @@ class decoder_lm {
       parameter<Dev>* head = c.tie_word_embeddings ? embed_ : add("lm_head.weight", {c.vocab_size, d}, true);
       head_ = linear<Dev, T>(head, nullptr, d, c.vocab_size);
     }
+    bool all_windowed = c.num_hidden_layers > 0;
+    std::size_t widest = 0;
     for (std::size_t l = 0; l < c.num_hidden_layers; ++l) {
       std::optional<std::size_t> window = c.sliding_window;
       if (window && c.family == io::model_family::qwen2 && l < c.max_window_layers) window.reset();
       blocks_[l].attn = self_attention<Dev, T>(c.num_attention_heads, c.num_key_value_heads, c.head_dim, window);
+      if (window && *window > 0)
+        widest = std::max(widest, *window);
+      else
+        all_windowed = false;
     }
+    // a token leaves the KV cache once it is outside every layer's window
+    kv_keep_ = all_windowed ? widest : std::numeric_limits<std::size_t>::max();
   }
 
   template <class E>
@@ -890,6 +907,7 @@ class decoder_lm {
   parameter<Dev>* pos_ = nullptr;
   std::vector<block> blocks_;
   recompute recompute_ = recompute::none;
+  std::size_t kv_keep_ = std::numeric_limits<std::size_t>::max();  // kv_keep()
   std::size_t head_chunk_ = 1024;
   std::vector<float> row_loss_;
   norm<Dev, T> final_norm_;

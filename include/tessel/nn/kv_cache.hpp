@@ -5,7 +5,10 @@
 //
 // Appending is three steps so that a model can write each layer's rows as it computes them:
 // reserve (pages for the new tokens, all or none), write (a layer's rows), commit (the length
-// grows). A sequence's rows beyond its length are never read. Errors are nn_error: out of pages
+// grows). A sequence's rows beyond its length are never read. A reservation may also say that only
+// the last `keep` tokens will be read again (a sliding window): the pages that hold only older
+// tokens go back to the free list (their block-table entries become -1), so a windowed sequence
+// holds about keep / page_size + 1 pages however long it grows. Errors are nn_error: out of pages
 // or of sequence slots (errc::out_of_range), a sequence id that is not live (errc::invalid_argument),
 // a sequence longer than the cache's max_length (errc::out_of_range), sizes (errc::overflow).
 #pragma once
@@ -80,7 +83,7 @@ class kv_cache {
   seq_id add_sequence() {
     for (seq_id i = 0; i < seqs_.size(); ++i)
       if (!seqs_[i].live) {
-        seqs_[i] = slot{true, 0, 0};
+        seqs_[i] = slot{true, 0, 0, 0};
         ++live_;
         return i;
       }
@@ -90,7 +93,7 @@ class kv_cache {
   void release(seq_id s) {
     slot& q = at(s, "release");
     std::int32_t* t = table_.data() + s * pages_per_seq_;
-    for (std::size_t p = q.pages; p-- > 0;) {
+    for (std::size_t p = q.pages; p-- > q.first;) {
       free_.push_back(t[p]);
       t[p] = -1;
     }
@@ -101,16 +104,28 @@ class kv_cache {
   std::size_t length(seq_id s) const { return at(s, "length").len; }
   // Tokens the sequence's pages hold (its length plus reserved room).
   std::size_t reserved(seq_id s) const { return std::min(at(s, "reserved").pages * s_.page_size, s_.max_length); }
+  // The first token the cache still holds: the tokens before it were given back by a reserve with
+  // `keep` (0 if none was).
+  std::size_t first_token(seq_id s) const { return at(s, "first_token").first * s_.page_size; }
+  // Pages the sequence holds.
+  std::size_t pages_held(seq_id s) const {
+    const slot& q = at(s, "pages_held");
+    return q.pages - q.first;
+  }
 
   // Room for counts[i] more tokens of ids[i] (ids distinct): the pages they need come from the free
-  // list, for all of them or (an error) for none.
-  void reserve(std::span<const seq_id> ids, std::span<const std::size_t> counts) {
+  // list, for all of them or (an error) for none. With `keep` (>= 1), only the last `keep` tokens of
+  // each sequence (counted to its end after the reservation) will be read or written again: pages
+  // holding only older tokens are given back first (and count toward the pages available), and
+  // none is taken for them.
+  void reserve(std::span<const seq_id> ids, std::span<const std::size_t> counts, std::size_t keep = std::numeric_limits<std::size_t>::max()) {
     if (ids.size() != counts.size())
       throw nn_error(errc::invalid_argument,
                      "kv_cache: reserve of " + std::to_string(ids.size()) + " sequences with " + std::to_string(counts.size()) + " counts");
+    if (keep == 0) throw nn_error(errc::invalid_argument, "kv_cache: reserve keeping 0 tokens");
     check_distinct(ids, "reserve");
-    std::size_t need = 0;
-    std::vector<std::size_t> want(ids.size());
+    std::size_t need = 0, freed = 0;
+    std::vector<std::size_t> want(ids.size()), drop(ids.size());
     for (std::size_t i = 0; i < ids.size(); ++i) {
       const slot& q = at(ids[i], "reserve");
       const std::size_t end = detail::add_checked(q.len, counts[i], "kv_cache length");
@@ -118,11 +133,25 @@ class kv_cache {
         throw nn_error(errc::out_of_range, "kv_cache: sequence " + std::to_string(ids[i]) + " would hold " + std::to_string(end) +
                                                " tokens, more than its max_length " + std::to_string(s_.max_length));
       want[i] = (end + s_.page_size - 1) / s_.page_size;
-      if (want[i] > q.pages) need += want[i] - q.pages;
+      // pages [q.first, drop[i]) hold only tokens before end - keep (drop[i] < want[i]: the last token stays)
+      drop[i] = std::max(q.first, end > keep ? (end - keep) / s_.page_size : 0);
+      freed += std::min(q.pages, drop[i]) - std::min(q.pages, q.first);
+      const std::size_t from = std::max(q.pages, drop[i]);
+      if (want[i] > from) need += want[i] - from;
     }
-    if (need > free_.size())
-      throw nn_error(errc::out_of_range, "kv_cache: out of pages: " + std::to_string(need) + " needed, " + std::to_string(free_.size()) + " of " +
-                                             std::to_string(s_.num_pages) + " free");
+    if (need > free_.size() + freed)
+      throw nn_error(errc::out_of_range, "kv_cache: out of pages: " + std::to_string(need) + " needed, " + std::to_string(free_.size() + freed) +
+                                             " of " + std::to_string(s_.num_pages) + " free");
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      slot& q = seqs_[ids[i]];
+      std::int32_t* t = table_.data() + ids[i] * pages_per_seq_;
+      for (; q.first < drop[i]; ++q.first)
+        if (q.first < q.pages) {
+          free_.push_back(t[q.first]);
+          t[q.first] = -1;
+        }
+      q.pages = std::max(q.pages, q.first);
+    }
     for (std::size_t i = 0; i < ids.size(); ++i) {
       slot& q = seqs_[ids[i]];
       std::int32_t* t = table_.data() + ids[i] * pages_per_seq_;
@@ -132,7 +161,9 @@ class kv_cache {
       }
     }
   }
-  void reserve(seq_id s, std::size_t n) { reserve(std::span<const seq_id>(&s, 1), std::span<const std::size_t>(&n, 1)); }
+  void reserve(seq_id s, std::size_t n, std::size_t keep = std::numeric_limits<std::size_t>::max()) {
+    reserve(std::span<const seq_id>(&s, 1), std::span<const std::size_t>(&n, 1), keep);
+  }
 
   // Layer `layer`'s rows of tokens [pos, pos + n) of sequence s from k and v (n rows of
   // heads_kv·head_dim, `ld` elements apart); the tokens must be reserved.
@@ -144,6 +175,9 @@ class kv_cache {
     if (pos > q.pages * s_.page_size || n > q.pages * s_.page_size - pos)
       throw nn_error(errc::out_of_range, "kv_cache: tokens [" + std::to_string(pos) + ", " + std::to_string(pos + n) + ") of sequence " +
                                              std::to_string(s) + " are not reserved (" + std::to_string(q.pages) + " pages)");
+    if (pos < q.first * s_.page_size)
+      throw nn_error(errc::out_of_range, "kv_cache: token " + std::to_string(pos) + " of sequence " + std::to_string(s) +
+                                             " was given back (the cache holds tokens from " + std::to_string(q.first * s_.page_size) + ")");
     if (ld < row_) throw nn_error(errc::invalid_argument, "kv_cache: row stride " + std::to_string(ld) + " below the row of " + std::to_string(row_));
     const std::int32_t* t = table_.data() + s * pages_per_seq_;
     T* kl = k_.data() + layer * layer_elems_;
@@ -175,7 +209,7 @@ class kv_cache {
   }
 
   // What attention_decode reads: layer l's pages, and a sequence's block table (pages_per_seq
-  // entries; -1 past its pages).
+  // entries; -1 past its pages and for pages given back).
   std::span<const T> k(std::size_t layer) const { return {k_.data() + layer_check(layer) * layer_elems_, layer_elems_}; }
   std::span<const T> v(std::size_t layer) const { return {v_.data() + layer_check(layer) * layer_elems_, layer_elems_}; }
   std::span<const std::int32_t> block_table(seq_id s) const {
@@ -222,7 +256,8 @@ class kv_cache {
  private:
   struct slot {
     bool live = false;
-    std::size_t len = 0, pages = 0;
+    std::size_t len = 0, pages = 0;  // tokens; block-table entries in use
+    std::size_t first = 0;           // entries before it were given back (-1)
   };
   const slot& at(seq_id s, const char* what) const {
     if (s >= seqs_.size() || !seqs_[s].live)
@@ -240,6 +275,8 @@ class kv_cache {
     const slot& q = at(s, "row");
     if (j >= q.pages * s_.page_size)
       throw nn_error(errc::out_of_range, "kv_cache: token " + std::to_string(j) + " of sequence " + std::to_string(s) + " is not reserved");
+    if (j < q.first * s_.page_size)
+      throw nn_error(errc::out_of_range, "kv_cache: token " + std::to_string(j) + " of sequence " + std::to_string(s) + " was given back");
     return std::size_t(table_[s * pages_per_seq_ + j / s_.page_size]) * page_elems_ + (j % s_.page_size) * row_;
   }
 

@@ -465,7 +465,8 @@ inline namespace v0 {
 // q, o: [batch, seq_q, heads_q, head_dim]; lse (optional): [batch, heads_q, seq_q].
 // Contiguous cache (page_size == 0): k, v are [batch, max_kv, heads_kv, head_dim].
 // Paged cache: k, v are [num_pages, page_size, heads_kv, head_dim] and block_table is
-// [batch, pages_per_seq]: token j of sequence b lives in page block_table[b][j / page_size].
+// [batch, pages_per_seq]: token j of sequence b lives in page block_table[b][j / page_size]; only
+// the pages of keys some query row can see are read (others, as a sliding window's past, may be -1).
 // seqlens_kv[b] is the number of cached tokens of sequence b (<= max_kv, or <= pages_per_seq·page_size).
 // Masks as attention_forward (use causal + bottom_right for new tokens appended to the cache).
 struct attention_decode_shape {
@@ -510,6 +511,7 @@ void attention_decode(Dev& dev, const attention_decode_shape& s, std::span<const
   g.page = s.page_size;
   g.page_stride = paged ? detail::mul_checked(s.page_size, row, "attention shape") : 0;
   std::vector<seq_geom> seqs(s.batch);
+  const mask_rule mask = make_mask(opt);
   std::size_t max_kv = 0;
   for (std::size_t b = 0; b < s.batch; ++b) {
     const std::int32_t n = seqlens_kv[b];
@@ -522,8 +524,18 @@ void attention_decode(Dev& dev, const attention_decode_shape& s, std::span<const
     q0.lse_base = b * s.heads_q * s.seq_q;
     q0.k_base = q0.v_base = b * s.max_kv * row;
     if (paged) {
+      // the pages of the keys some query row can see (a sliding window's past may be given back)
+      std::size_t vlo = q0.skv, vhi = 0;
+      for (std::size_t r = 0; r < s.seq_q; ++r) {
+        std::size_t lo = 0, hi = 0;
+        mask.range(r, s.seq_q, q0.skv, lo, hi);
+        if (lo < hi) {
+          vlo = std::min(vlo, lo);
+          vhi = std::max(vhi, hi);
+        }
+      }
       q0.pages = block_table.data() + b * s.pages_per_seq;
-      for (std::size_t p = 0; p < ceil_div(q0.skv, s.page_size); ++p)
+      for (std::size_t p = vlo < vhi ? vlo / s.page_size : 0; p < ceil_div(vhi, s.page_size); ++p)
         if (q0.pages[p] < 0 || static_cast<std::size_t>(q0.pages[p]) >= s.num_pages)
           throw attention_error(errc::out_of_range, "block_table[" + std::to_string(b) + "][" + std::to_string(p) +
                                                         "] = " + std::to_string(q0.pages[p]) + " is not a page index in [0, " +
@@ -542,7 +554,7 @@ void attention_decode(Dev& dev, const attention_decode_shape& s, std::span<const
   } gd{dev, part};
   const float sc = softmax_scale(opt, s.head_dim) * opt.q_scale * opt.k_scale * log2e;
   dev.launch(grid{plan.nsplit, plan.head_tiles * plan.row_tiles, s.batch},
-             decode_split_program<T>{q.data(), k.data(), v.data(), seqs.data(), g, make_mask(opt), sc, plan, part});
+             decode_split_program<T>{q.data(), k.data(), v.data(), seqs.data(), g, mask, sc, plan, part});
   dev.launch(grid{s.heads_kv, s.batch},
              decode_merge_program<O>{part, o.data(), lse.empty() ? nullptr : lse.data(), seqs.data(), g, R, plan.nsplit, opt.v_scale});
 }

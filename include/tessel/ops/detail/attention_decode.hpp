@@ -166,13 +166,15 @@ struct decode_split_program {
         else
           for (std::size_t d = 0; d < D; ++d) dst[d] = arch::to_f32(src[d]);
       }
-    // Token rows (kv head 0) of the current and the next group.
+    // Token rows (kv head 0) of the current and the next group. Keys of a group outside the
+    // visible [clo, chi) are masked; their row pointers repeat a visible key's, so that a paged
+    // cache may have given back the pages of keys no row can see (a sliding window's past).
     const T* kt[2][G];
     const T* vt[2][G];
     auto rows_of = [&](std::size_t gs, const T** kr, const T** vr) {
       const std::size_t cnt = std::min(G, chi - gs);
       for (std::size_t t = 0; t < G; ++t) {
-        const std::size_t off = token_offset(s, j0 + gs + std::min(t, cnt - 1));
+        const std::size_t off = token_offset(s, j0 + std::max(gs + std::min(t, cnt - 1), clo));
         kr[t] = kc + off;
         vr[t] = vc + off;
       }
