@@ -3,13 +3,17 @@
 // zero_grad + forward + cross-entropy + backward + one fused AdamW step, in f32 and in bf16 (bf16
 // GEMMs/attention, f32 masters), on 1 and 2 threads; and the forward alone (prefill). The same for
 // its Mixtral-style twin (_moe: 8 experts of the same width, top 2), and the dense model with FP8
-// projections (_fp8); and the bf16 step under each activation recompute mode (_recompute).
+// projections (_fp8); the bf16 step under each activation recompute mode (_recompute); and decode
+// with the KV cache for 1 to 16 sequences at once (BM_decode).
 //
 // Counters: tokens/s, model FLOP/s = 6·N_matmul per token (N_matmul: every weight a GEMM reads,
 // the LM head included, embeddings' lookups excluded) + causal attention 6·S·q_dim per token and
 // layer (forward 2 matmuls over S/2 keys on average, backward twice that), and of_limit = that
 // rate / the machine's measured peak (bf16 dot for bf16, FP32 FMA for f32) on the same threads
 // (bench/common/limits.hpp). Prefill counts 2·N_matmul + 2·S·q_dim per token and layer.
+// peak_MiB (training steps): the process's peak resident memory above its level before the device
+// and model were built (bench/common/memory.hpp): masters, bf16 copies, gradients, moments,
+// activations and workspaces; bench_model.py --memory measures PyTorch's step the same way.
 //
 // PyTorch's step on the same model: tools/torch/bench_model.py; tools/bench-model runs both in
 // alternation and prints the paired ratios. Run with --benchmark_repetitions=3 for min/median.
@@ -24,6 +28,7 @@
 #include <vector>
 
 #include "common/limits.hpp"
+#include "common/memory.hpp"
 #include "common/small_llama.hpp"
 
 namespace {
@@ -38,6 +43,7 @@ double peak(unsigned threads) {
 template <class T, bool Moe = false, bool Fp8 = false>
 void BM_train_step(benchmark::State& st) {
   const unsigned threads = unsigned(st.range(0));
+  const tessel_bench::peak_meter mem;
   host_device dev(threads);
   const auto cfg = Moe ? tessel_bench::small_mixtral() : tessel_bench::small_llama();
   nn::decoder_lm<host_device, T> m(dev, cfg);
@@ -53,12 +59,14 @@ void BM_train_step(benchmark::State& st) {
   st.counters["flops"] = benchmark::Counter(rate, benchmark::Counter::kIsRate);
   st.counters["of_limit"] = benchmark::Counter(rate / (peak<T>(threads) * 1e9), benchmark::Counter::kIsRate);
   st.counters["params"] = double(m.params().numel());
+  st.counters["peak_MiB"] = mem.mib();
 }
 
 // The dense bf16 model's step under each recompute mode (range 0: 0 none, 1 attention, 2 blocks)
 // and LM-head chunk (range 1: rows per chunk, 0 all), 2 threads; act_MiB = the activations the
 // step keeps (decoder_lm::activation_bytes).
 void BM_train_step_recompute(benchmark::State& st) {
+  const tessel_bench::peak_meter mem;
   host_device dev(2);
   const auto cfg = tessel_bench::small_llama();
   nn::decoder_lm<host_device, bf16> m(dev, cfg);
@@ -72,6 +80,7 @@ void BM_train_step_recompute(benchmark::State& st) {
   const double tokens = double(small_batch * small_seq) * double(st.iterations());
   st.counters["tokens"] = benchmark::Counter(tokens, benchmark::Counter::kIsRate);
   st.counters["act_MiB"] = double(m.activation_bytes()) / double(1 << 20);
+  st.counters["peak_MiB"] = mem.mib();
 }
 
 template <class T, bool Moe = false, bool Fp8 = false>
@@ -92,6 +101,59 @@ void BM_prefill(benchmark::State& st) {
   st.counters["of_limit"] = benchmark::Counter(rate / (peak<T>(threads) * 1e9), benchmark::Counter::kIsRate);
 }
 
+// Decode with the KV cache: `batch` sequences (range 1) of the small model, each prefilled with a
+// 256-token prompt, then one decode_step per iteration for all of them (every 224 steps the
+// sequences start again from their prompts, outside the timing, so contexts stay in 257..480).
+// A decode step reads every GEMM weight once (N_matmul elements of T, shared by the batch) and each
+// sequence's cached K and V; bytes = those per step, and of_stream = bytes/s over the machine's
+// measured STREAM copy rate on the same threads: the memory bound of the step. tokens = new
+// tokens per second (batch per step): batched decode's scaling.
+template <class T>
+void BM_decode(benchmark::State& st) {
+  const unsigned threads = unsigned(st.range(0));
+  const std::size_t batch = std::size_t(st.range(1)), prompt = 256, steps = 224;
+  host_device dev(threads);
+  const auto cfg = tessel_bench::small_llama();
+  nn::decoder_lm<host_device, T> m(dev, cfg);
+  m.init(1);
+  auto cache = m.make_cache(batch, batch * ((prompt + steps) / 16 + 1), 16);
+  const tessel_bench::small_batch_data b;
+  std::vector<std::int64_t> prompts, tokens(batch);
+  for (std::size_t i = 0; i < batch; ++i)
+    prompts.insert(prompts.end(), b.ids.begin() + std::ptrdiff_t(i % small_batch * small_seq),
+                   b.ids.begin() + std::ptrdiff_t(i % small_batch * small_seq + prompt));
+  const std::vector<std::size_t> lengths(batch, prompt);
+  std::vector<std::size_t> seqs;
+  auto restart = [&] {
+    for (std::size_t id : seqs) cache.release(id);
+    seqs.clear();
+    for (std::size_t i = 0; i < batch; ++i) seqs.push_back(cache.add_sequence());
+    (void)m.prefill(cache, seqs, prompts, lengths);
+  };
+  restart();
+  const double kvd = double(cfg.num_key_value_heads * cfg.head_dim), L = double(cfg.num_hidden_layers);
+  const double weights = tessel_bench::matmul_params(cfg) * double(sizeof(T));
+  double bytes = 0;
+  std::size_t step = 0;
+  for (auto _ : st) {
+    if (step == steps) {
+      st.PauseTiming();
+      restart();
+      step = 0;
+      st.ResumeTiming();
+    }
+    for (std::size_t i = 0; i < batch; ++i) tokens[i] = std::int64_t((step * 31 + i * 7) % cfg.vocab_size);
+    benchmark::DoNotOptimize(m.decode_step(cache, seqs, tokens).data());
+    // K and V of every layer, for the prompt, the steps so far and this token
+    bytes += weights + double(batch) * L * 2 * double(prompt + step + 1) * kvd * double(sizeof(T));
+    ++step;
+  }
+  const double tokens_done = double(batch) * double(st.iterations());
+  st.counters["tokens"] = benchmark::Counter(tokens_done, benchmark::Counter::kIsRate);
+  st.counters["bytes"] = benchmark::Counter(bytes, benchmark::Counter::kIsRate);
+  st.counters["of_stream"] = benchmark::Counter(bytes / (tessel_bench::stream_copy_gbs(threads) * 1e9), benchmark::Counter::kIsRate);
+}
+
 BENCHMARK(BM_train_step<bf16>)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_train_step<float>)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_prefill<bf16>)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
@@ -105,6 +167,8 @@ BENCHMARK(BM_prefill<float, true>)->Name("BM_prefill_moe<float>")->Arg(1)->Arg(2
 // bf16 dot, which e4m3 products run on after widening: this CPU has no FP8 arithmetic)
 BENCHMARK(BM_train_step<bf16, false, true>)->Name("BM_train_step_fp8<bf16>")->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_prefill<bf16, false, true>)->Name("BM_prefill_fp8<bf16>")->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_decode<bf16>)->ArgsProduct({{1, 2}, {1, 4, 16}})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_decode<float>)->Args({2, 1})->Args({2, 16})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_train_step_recompute)
     ->Args({0, 0})
     ->Args({0, 512})

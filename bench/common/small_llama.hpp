@@ -36,16 +36,22 @@ inline tessel::io::model_config small_mixtral() {
     "hidden_act": "silu", "tie_word_embeddings": false, "num_local_experts": 8, "num_experts_per_tok": 2})");
 }
 
+// N_matmul: the weights one token's GEMMs read (the LM head included, embedding lookups excluded;
+// an MoE layer's: its top-k experts' and the router's).
+inline double matmul_params(const tessel::io::model_config& c) {
+  const double d = double(c.hidden_size), I = double(c.intermediate_size), qd = double(c.num_attention_heads * c.head_dim),
+               kvd = double(c.num_key_value_heads * c.head_dim), L = double(c.num_hidden_layers), V = double(c.vocab_size);
+  const double mlp = c.is_moe() ? double(c.num_experts_per_tok) * 3 * d * I + d * double(c.num_local_experts) : 3 * d * I;
+  return L * (d * qd + 2 * d * kvd + qd * d + mlp) + V * d;
+}
+
 struct model_flops {
   double train = 0, prefill = 0;  // per token
 };
 inline model_flops flops_per_token(const tessel::io::model_config& c, std::size_t seq = small_seq) {
-  const double d = double(c.hidden_size), I = double(c.intermediate_size), qd = double(c.num_attention_heads * c.head_dim),
-               kvd = double(c.num_key_value_heads * c.head_dim), L = double(c.num_hidden_layers), V = double(c.vocab_size);
-  // an MoE layer's weights read per token: its top-k experts' and the router's
-  const double mlp = c.is_moe() ? double(c.num_experts_per_tok) * 3 * d * I + d * double(c.num_local_experts) : 3 * d * I;
-  const double n_matmul = L * (d * qd + 2 * d * kvd + qd * d + mlp) + V * d;
-  const double attn = L * double(seq) * qd;  // per token: 2 matmuls x 2 flops x S/2 keys x q_dim
+  const double n_matmul = matmul_params(c);
+  const double attn =
+      double(c.num_hidden_layers) * double(seq) * double(c.num_attention_heads * c.head_dim);  // 2 matmuls x 2 flops x S/2 keys x q_dim
   return {6 * n_matmul + 6 * attn, 2 * n_matmul + 2 * attn};
 }
 
