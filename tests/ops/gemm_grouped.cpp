@@ -207,6 +207,50 @@ TEMPLATE_TEST_CASE("grouped GEMM: gemm's bits on the packed path, epilogue per p
   }
 }
 
+TEST_CASE("grouped GEMM: FP8 products with block scales (DeepSeek-V3) give gemm's bits with the same scales", "[ops][gemm][grouped][fp8]") {
+  // every transpose; skinny and wide rows (a block-scaled product runs wide, as in gemm), K off and
+  // on the 128 scale blocks, N across 128-column scale blocks; per-tensor scales folded in too
+  std::mt19937 g(15);
+  std::uniform_real_distribution<float> sd(0.25f, 4.0f);
+  const std::size_t shapes[][3] = {{1, 200, 130}, {17, 130, 256}, {64, 300, 700}, {129, 129, 1}, {200, 515, 384}};
+  std::vector<product<e4m3, bf16>> ps;
+  std::vector<std::vector<float>> sa, sb;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (const auto& sh : shapes) {
+        ps.emplace_back(sh[0], sh[1], sh[2], ta, tb, 0.75f, 0.0f);
+        ref::fill_real(ps.back().A, g);
+        ref::fill_real(ps.back().B, g);
+        const std::size_t kb = (sh[2] + 127) / 128, nb = (sh[1] + 127) / 128;
+        sa.emplace_back(sh[0] * kb);
+        sb.emplace_back(kb * nb);
+        for (float& x : sa.back()) x = sd(g);
+        for (float& x : sb.back()) x = sd(g);
+      }
+  auto single = ps;
+  auto q = problems_of(ps);
+  for (std::size_t i = 0; i < q.size(); ++i) q[i].scales = gemm_scales{0.5f, 1.5f, sa[i].data(), sb[i].data()};
+  gemm_grouped(host(2), q, epilogue::cast<bf16>);
+  for (std::size_t i = 0; i < ps.size(); ++i) {
+    auto& p = single[i];
+    gemm(host(2), p.ta ? transpose::yes : transpose::none, p.tb ? transpose::yes : transpose::none, p.M, p.N, p.K, p.alpha, p.A.data(), p.lda,
+         p.B.data(), p.ldb, p.beta, p.C.data(), p.ldc, epilogue::cast<bf16>, gemm_scales{0.5f, 1.5f, sa[i].data(), sb[i].data()});
+    INFO("M " << p.M << " N " << p.N << " K " << p.K << " ta " << p.ta << " tb " << p.tb);
+    REQUIRE(same_bits(ps[i].C, p.C));
+  }
+  // the scales matter: without them the products differ
+  auto plain = problems_of(single);
+  gemm_grouped(host(2), plain, epilogue::cast<bf16>);
+  CHECK_FALSE(same_bits(ps[2].C, single[2].C));
+  // all or none, and both halves of a block scale
+  q[3].scales.a_block = nullptr;
+  REQUIRE_THROWS_MATCHES(gemm_grouped(host(2), q, epilogue::cast<bf16>), gemm_error,
+                         is_error(errc::invalid_argument, "gemm", "both a_block and b_block, grouped product 3 of 20"));
+  q[3].scales.b_block = nullptr;
+  REQUIRE_THROWS_MATCHES(gemm_grouped(host(2), q, epilogue::cast<bf16>), gemm_error,
+                         is_error(errc::invalid_argument, "gemm", "block scales on 19 of the 20 products of a group: all or none"));
+}
+
 TEST_CASE("grouped GEMM: an empty group and empty products do nothing", "[ops][gemm][grouped]") {
   REQUIRE_NOTHROW(gemm_grouped(host(2), std::vector<gemm_problem<float, float, float>>{}));
   std::vector<float> C(4, 7.0f);
@@ -267,8 +311,10 @@ TEST_CASE("gemm_problem_of: tensor views (transposed or not) as grouped products
 }
 
 TEST_CASE("grouped GEMM program declares its cost (costed_program)", "[ops][gemm][grouped]") {
-  using P = tessel::detail::gemm_grouped_program<float, float, float, epilogue::chain<epilogue::alpha_beta>>;
+  using P = tessel::detail::gemm_grouped_program<float, float, float, epilogue::chain<epilogue::alpha_beta>, false>;
   STATIC_REQUIRE(costed_program<P>);
+  using Q = tessel::detail::gemm_grouped_program<e4m3, e4m3, float, epilogue::chain<epilogue::alpha_beta>, true>;
+  STATIC_REQUIRE(costed_program<Q>);
 }
 
 }  // namespace tessel_test_ops_gemm_grouped

@@ -19,6 +19,7 @@
 #include <numeric>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <tessel/ops/gemm.hpp>
@@ -27,7 +28,9 @@ namespace tessel {
 inline namespace v0 {
 
 // One product of a group: C(M,N) = alpha·op(A)·op(B) + beta·C, with gemm's operands and rules
-// (row-major; op(A) is (M,K): A stored (M,K) with lda >= K, or (K,M) with lda >= M transposed).
+// (row-major; op(A) is (M,K): A stored (M,K) with lda >= K, or (K,M) with lda >= M transposed),
+// and gemm's scales (per-tensor, or DeepSeek-V3 block scales of this product's A and B: the
+// products of a group have block scales all or none).
 template <gemm_input TA, gemm_input TB, gemm_output TC>
 struct gemm_problem {
   transpose ta = transpose::none, tb = transpose::none;
@@ -40,6 +43,7 @@ struct gemm_problem {
   float beta = 0.0f;
   TC* C = nullptr;
   std::size_t ldc = 0;
+  gemm_scales scales{};
 };
 
 // The problem C = alpha·A·B + beta·C of tensor views (a view may be transposed: unit column
@@ -65,10 +69,11 @@ gemm_problem<TA, TB, TC> gemm_problem_of(tensor<const TA, 2> A, tensor<const TB,
 
 namespace detail {
 
-template <class TA, class TB, class TC, class Chain>
+template <class TA, class TB, class TC, class Chain, bool Scaled>
 struct gemm_grouped_program {
-  using wide_program = gemm_program<TA, TB, TC, Chain, false, false>;
-  using skinny_program = gemm_program<TA, TB, TC, Chain, false, true>;
+  using wide_program = gemm_program<TA, TB, TC, Chain, Scaled, false>;
+  // block-scaled products all run wide (as in gemm): no skinny scaled program is instantiated
+  using skinny_program = std::conditional_t<Scaled, wide_program, gemm_program<TA, TB, TC, Chain, false, true>>;
   struct block {
     std::size_t program;  // index into wide (skinny = false) or skinny
     bool skinny;
@@ -123,19 +128,12 @@ struct gemm_grouped_pack_a_program {
   }
 };
 
-}  // namespace detail
-
-inline namespace v0 {
-
-// Runs every product of `problems` in one launch, each followed by the epilogue chain `ep` (its
-// row and column indices are the product's own). Products with M, N = 0 are skipped; K = 0 gives
-// beta·C. Throws gemm_error naming the product for a bad operand, like gemm.
-template <class Dev, gemm_input TA, gemm_input TB, gemm_output TC, class Chain = epilogue::chain<>>
-void gemm_grouped(Dev& dev, std::span<const gemm_problem<TA, TB, TC>> problems, const Chain& ep = {}) {
-  using namespace tessel::detail;
-  const auto chain = epilogue::detail::as_chain<Chain>::make(ep);
-  using chain_t = std::remove_cvref_t<decltype(chain)>;
-  using P = gemm_grouped_program<TA, TB, TC, chain_t>;
+// gemm_grouped's body for a group with (Scaled) or without block scales; the problems are checked
+// by gemm_grouped except for their operands, checked here.
+template <bool Scaled, class Dev, class TA, class TB, class TC, class Chain>
+void gemm_grouped_run(Dev& dev, std::span<const gemm_problem<TA, TB, TC>> problems, const Chain& chain) {
+  using chain_t = Chain;
+  using P = gemm_grouped_program<TA, TB, TC, chain_t, Scaled>;
   using wide_cfg = gemm_config<TA, TB, false>;
   using skinny_cfg = gemm_config<TA, TB, true>;
   auto t = std::make_shared<typename P::tables>();
@@ -159,20 +157,20 @@ void gemm_grouped(Dev& dev, std::span<const gemm_problem<TA, TB, TC>> problems, 
     const auto A = op_view(q.A, q.ta, q.M, q.K, q.lda);
     const auto B = op_view(q.B, q.tb, q.K, q.N, q.ldb);
     const auto C = tensor<TC, 2>::strided(q.C, q.M, q.N, q.ldc, 1);
-    const bool skinny = q.M <= wide_cfg::skinny_max_m;
+    const bool skinny = !Scaled && q.M <= wide_cfg::skinny_max_m;  // block-scaled products run wide, as in gemm
     // rows per block as gemm's packed path picks them for one worker: a function of the shape only
     const std::size_t nbw = skinny ? skinny_cfg::NB : wide_cfg::NB;
     const std::size_t MB = skinny ? gemm_block_rows<skinny_cfg>(q.M, gemm_row_blocks<skinny_cfg>(q.M, false))
-                                  : gemm_block_rows<wide_cfg>(q.M, gemm_row_blocks<wide_cfg>(q.M, true));
+                                  : gemm_block_rows<wide_cfg>(q.M, gemm_row_blocks<wide_cfg>(q.M, !Scaled));
     std::size_t index = 0;
     if (skinny) {
       index = t->skinny.size();
       t->skinny.push_back(
-          typename P::skinny_program{q.M, q.N, q.K, 1, A, B, C, 0, 0, 0, nullptr, nullptr, nullptr, q.alpha, q.beta, gemm_scales{}, MB, chain});
+          typename P::skinny_program{q.M, q.N, q.K, 1, A, B, C, 0, 0, 0, nullptr, nullptr, nullptr, q.alpha, q.beta, q.scales, MB, chain});
     } else {
       index = t->wide.size();
       t->wide.push_back(
-          typename P::wide_program{q.M, q.N, q.K, 1, A, B, C, 0, 0, 0, nullptr, nullptr, nullptr, q.alpha, q.beta, gemm_scales{}, MB, chain});
+          typename P::wide_program{q.M, q.N, q.K, 1, A, B, C, 0, 0, 0, nullptr, nullptr, nullptr, q.alpha, q.beta, q.scales, MB, chain});
     }
     const double flops = 2.0 * double(q.M) * double(q.N) * double(q.K);
     t->flops += flops;
@@ -195,7 +193,7 @@ void gemm_grouped(Dev& dev, std::span<const gemm_problem<TA, TB, TC>> problems, 
   std::size_t ws = 0;
   for (std::size_t w = 0; w < t->wide.size(); ++w) {
     const auto& p = t->wide[w];
-    if (!gemm_pack_a_once<TA, TB>(p.A, p.N)) continue;
+    if (Scaled || !gemm_pack_a_once<TA, TB>(p.A, p.N)) continue;  // as gemm: scaled chunks pack their own
     const std::size_t slabs = ceil_div(p.M, wide_cfg::MC), chunks = ceil_div(p.K, wide_cfg::KC);
     packed.emplace_back(w, ws);
     ws = add_checked(ws, mul_checked(mul_checked(slabs, chunks, "gemm_grouped workspace"), wide_cfg::MC * wide_cfg::KC, "gemm_grouped workspace"),
@@ -235,6 +233,38 @@ void gemm_grouped(Dev& dev, std::span<const gemm_problem<TA, TB, TC>> problems, 
   const std::size_t nblocks = t->blocks.size();
   gemm_run(dev, grid{nblocks}, P{std::move(t)}, flops);
 }  // (guard: the workspace goes back to the pool after both launches ran)
+
+}  // namespace detail
+
+inline namespace v0 {
+
+// Runs every product of `problems` in one launch, each followed by the epilogue chain `ep` (its
+// row and column indices are the product's own). Products with M, N = 0 are skipped; K = 0 gives
+// beta·C. Throws gemm_error naming the product for a bad operand, like gemm.
+template <class Dev, gemm_input TA, gemm_input TB, gemm_output TC, class Chain = epilogue::chain<>>
+void gemm_grouped(Dev& dev, std::span<const gemm_problem<TA, TB, TC>> problems, const Chain& ep = {}) {
+  using namespace tessel::detail;
+  const auto chain = epilogue::detail::as_chain<Chain>::make(ep);
+  // block scales: every product that computes something has both, or none has any
+  std::size_t scaled = 0, computing = 0;
+  for (std::size_t i = 0; i < problems.size(); ++i) {
+    const auto& q = problems[i];
+    gemm_check(!(q.scales.a_block == nullptr) == !(q.scales.b_block == nullptr), [&] {
+      return "block scales need both a_block and b_block, grouped product " + std::to_string(i) + " of " + std::to_string(problems.size()) + ", " +
+             gemm_shape(q.M, q.N, q.K);
+    });
+    if (q.M == 0 || q.N == 0) continue;
+    ++computing;
+    if (q.scales.a_block) ++scaled;
+  }
+  gemm_check(scaled == 0 || scaled == computing, [&] {
+    return "block scales on " + std::to_string(scaled) + " of the " + std::to_string(computing) + " products of a group: all or none";
+  });
+  if (scaled > 0)
+    detail::gemm_grouped_run<true>(dev, problems, chain);
+  else
+    detail::gemm_grouped_run<false>(dev, problems, chain);
+}
 
 // The same with the products in a vector or array.
 template <class Dev, gemm_input TA, gemm_input TB, gemm_output TC, class Chain = epilogue::chain<>>
