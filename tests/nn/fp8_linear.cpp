@@ -5,6 +5,11 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <type_traits>
+#include <string>
+#include <span>
+#include <cstring>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -177,6 +182,78 @@ TEST_CASE("an FP8 linear layer's forward and gradients are block-scaled e4m3 pro
   }
 }
 
+namespace {
+// A bank of FP8 experts (grouped, block-scaled launches) against each expert's FP8 layers run one
+// by one on its rows: the same bits for the outputs, the input gradient and every weight gradient.
+template <class T>
+void check_fp8_expert_bank() {
+  host_device dev(2);
+  const std::size_t d = 160, I = 300, E = 4;
+  const std::vector<std::size_t> off{0, 70, 70, 201, 330};  // expert 1 gets no rows
+  const std::size_t rows = off.back();
+  nn::parameters<host_device> pg(dev), pl(dev);  // grouped, layer by layer
+  std::vector<std::array<nn::parameter<host_device>*, 3>> eg, el;
+  std::uint64_t seed = 10;
+  for (std::size_t j = 0; j < E; ++j) {
+    std::array<nn::parameter<host_device>*, 3> a{}, b{};
+    const std::size_t shapes[3][2] = {{I, d}, {I, d}, {d, I}};
+    for (std::size_t w = 0; w < 3; ++w) {
+      const std::string name = "e" + std::to_string(j) + "w" + std::to_string(w);
+      a[w] = &pg.add(name, {shapes[w][0], shapes[w][1]}, std::is_same_v<T, bf16>);
+      b[w] = &pl.add(name, {shapes[w][0], shapes[w][1]}, std::is_same_v<T, bf16>);
+      const mat W = random_mat(shapes[w][0], shapes[w][1], ++seed, 0.05);
+      for (std::size_t i = 0; i < W.v.size(); ++i) a[w]->value.data()[i] = b[w]->value.data()[i] = float(W.v[i]);
+    }
+    eg.push_back(a);
+    el.push_back(b);
+  }
+  nn::expert_bank<host_device, T> bank(eg, d, I);
+  bank.set_fp8(true);
+  REQUIRE(bank.fp8());
+  const mat X = random_mat(rows, d, 2, 1.0), DY = random_mat(rows, d, 3, 0.1);
+  std::vector<T> x(rows * d), dy(rows * d);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = T(float(X.v[i])), dy[i] = T(float(DY.v[i]));
+  std::vector<float> out(rows * d), dx(rows * d);
+  bank.forward(dev, x.data(), off, out.data(), true);
+  bank.backward(dev, dy.data(), dx.data());
+
+  std::vector<float> out1(rows * d), dx1(rows * d);
+  for (std::size_t j = 0; j < E; ++j) {
+    const std::size_t o = off[j], c = off[j + 1] - o;
+    if (c == 0) continue;
+    nn::linear<host_device, T> w1(el[j][0], nullptr, d, I), w3(el[j][1], nullptr, d, I), w2(el[j][2], nullptr, I, d);
+    for (auto* l : {&w1, &w3, &w2}) l->set_fp8(true);
+    std::vector<T> g(c * I), u(c * I), h(c * I), dh(c * I), dg(c * I), du(c * I);
+    const nn::cview<T> xj(x.data() + o * d, c, d, d), dyj(dy.data() + o * d, c, d, d);
+    w1.forward(dev, xj, nn::mview<T>(g.data(), c, I, I), true);
+    w3.forward(dev, xj, nn::mview<T>(u.data(), c, I, I), true);
+    swiglu_forward(dev, std::span<const T>(g), std::span<const T>(u), std::span<T>(h));
+    w2.forward(dev, nn::cview<T>(h.data(), c, I, I), nn::mview<float>(out1.data() + o * d, c, d, d), true);
+    w2.backward(dev, dyj, nn::mview<T>(dh.data(), c, I, I), false);
+    swiglu_backward(dev, std::span<const T>(dh), std::span<const T>(g), std::span<const T>(u), std::span<T>(dg), std::span<T>(du));
+    w1.backward(dev, nn::cview<T>(dg.data(), c, I, I), nn::mview<float>(dx1.data() + o * d, c, d, d), false);
+    w3.backward(dev, nn::cview<T>(du.data(), c, I, I), nn::mview<float>(dx1.data() + o * d, c, d, d), true);
+  }
+  CHECK(std::memcmp(out.data(), out1.data(), out.size() * sizeof(float)) == 0);
+  CHECK(std::memcmp(dx.data(), dx1.data(), dx.size() * sizeof(float)) == 0);
+  auto it = pl.begin();
+  for (auto& p : pg) {
+    INFO("gradient of " << p.name);
+    CHECK(std::memcmp(p.grad.data(), it->grad.data(), p.numel * sizeof(float)) == 0);
+    ++it;
+  }
+  // amax tracked per expert projection, as a layer's
+  float xm = 0;
+  bank.for_each_linear([&](const nn::linear<host_device, T>& l) { xm = std::max(xm, l.amax().x_max); });
+  CHECK(xm > 0.0f);
+}
+}  // namespace
+
+TEST_CASE("FP8 experts: the grouped block-scaled launches give each expert's FP8 layers' bits", "[nn][fp8][moe]") {
+  check_fp8_expert_bank<float>();
+  check_fp8_expert_bank<bf16>();
+}
+
 TEST_CASE("an FP8 linear layer refuses grouped products and non-finite input", "[nn][fp8][errors]") {
   host_device dev(1);
   nn::parameters<host_device> ps(dev);
@@ -193,10 +270,16 @@ TEST_CASE("an FP8 linear layer refuses grouped products and non-finite input", "
 }
 
 TEST_CASE("a decoder with FP8 projections tracks the bf16 one and trains", "[nn][fp8][decoder]") {
+  const char* dims = R"("vocab_size": 37, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu",
+    "tie_word_embeddings": false)";
+  // Llama, and Mixtral (4 experts, top 2) whose experts' grouped products run in FP8 too
+  const bool mixtral = GENERATE(false, true);
+  INFO((mixtral ? "mixtral" : "llama"));
+  const auto cfg = io::parse_model_config(mixtral ? std::string(R"({"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], )") + dims +
+                                                        R"(, "num_local_experts": 4, "num_experts_per_tok": 2})"
+                                                  : std::string(R"({"model_type": "llama", "architectures": ["LlamaForCausalLM"], )") + dims + "}");
   host_device dev(2);
-  const auto cfg = io::parse_model_config(R"({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 37,
-    "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": false})");
   nn::decoder_lm<host_device, bf16> ref(dev, cfg), m(dev, cfg);
   ref.init(7, 0.05);
   m.init(7, 0.05);

@@ -393,25 +393,31 @@ class decoder_lm {
   }
 
   // FP8 mode (linear::set_fp8, DeepSeek-V3's block-scaled recipe) for every projection of the
-  // blocks: attention's q, k, v, o and the dense MLP's. The embedding, the LM head, the router and
-  // MoE experts (grouped products) keep the compute type, as in DeepSeek-V3's recipe (which keeps
-  // the embedding, head, gating and norms in higher precision).
+  // blocks: attention's q, k, v, o, the dense MLP's, and a mixture of experts' expert projections
+  // (their grouped products take e4m3 operands with block scales). The embedding, the LM head and
+  // the router keep the compute type, as in DeepSeek-V3's recipe (which keeps the embedding, head,
+  // gating and norms in higher precision).
   void set_fp8_linears(bool on) {
-    for (block& b : blocks_)
+    for (block& b : blocks_) {
       for (linear<Dev, T>* l : {&b.q, &b.k, &b.v, &b.o, &b.up, &b.gate, &b.down})
         if (l->weight()) l->set_fp8(on);
+      if (moe()) b.moe.set_experts_fp8(on);
+    }
   }
   // The FP8 projections' amax over every layer, per operand: of the last step (x, w, dy) and since
   // set_fp8_linears(true) (x_max, w_max, dy_max).
   fp8_amax fp8_amax_max() const {
     fp8_amax m;
-    for (const block& b : blocks_)
-      for (const linear<Dev, T>* l : {&b.q, &b.k, &b.v, &b.o, &b.up, &b.gate, &b.down})
-        if (l->fp8()) {
-          const fp8_amax& a = l->amax();
-          m.x = std::max(m.x, a.x), m.w = std::max(m.w, a.w), m.dy = std::max(m.dy, a.dy);
-          m.x_max = std::max(m.x_max, a.x_max), m.w_max = std::max(m.w_max, a.w_max), m.dy_max = std::max(m.dy_max, a.dy_max);
-        }
+    const auto add = [&](const linear<Dev, T>& l) {
+      if (!l.fp8()) return;
+      const fp8_amax& a = l.amax();
+      m.x = std::max(m.x, a.x), m.w = std::max(m.w, a.w), m.dy = std::max(m.dy, a.dy);
+      m.x_max = std::max(m.x_max, a.x_max), m.w_max = std::max(m.w_max, a.w_max), m.dy_max = std::max(m.dy_max, a.dy_max);
+    };
+    for (const block& b : blocks_) {
+      for (const linear<Dev, T>* l : {&b.q, &b.k, &b.v, &b.o, &b.up, &b.gate, &b.down}) add(*l);
+      if (moe()) b.moe.bank().for_each_linear(add);
+    }
     return m;
   }
 

@@ -123,24 +123,51 @@ class linear {
   // The same products as problems for one grouped launch (gemm_grouped) with other layers' (a bank
   // of experts): y = x Wᵀ (saving x when `save`), dx = dy W (+ dx when `accumulate_dx`) and
   // dW += dyᵀ x for the saved x. A layer with a bias has no such form (its bias is an epilogue of
-  // its own).
+  // its own). In FP8 mode the *_fp8 forms below give the block-scaled e4m3 problems instead.
   template <class Y>
   gemm_problem<T, T, Y> forward_problem(cview<T> x, mview<Y> y, bool save) {
-    if (fp8_) throw nn_error(errc::unsupported, "linear: a layer in FP8 mode cannot run as a grouped product");
+    if (fp8_) throw nn_error(errc::unsupported, "linear: a layer in FP8 mode cannot run as a grouped product (use the _fp8 forms)");
     if (b_) throw nn_error(errc::unsupported, "linear: a layer with a bias cannot run as a grouped product");
     if (save) x_ = x;
     return gemm_problem_of(x, weight_view<const T>(compute_data<T>(*w_)).transposed(), y);
   }
   template <class DX>
   gemm_problem<T, T, DX> input_grad_problem(cview<T> dy, mview<DX> dx, bool accumulate_dx) const {
-    if (fp8_) throw nn_error(errc::unsupported, "linear: a layer in FP8 mode cannot run as a grouped product");
+    if (fp8_) throw nn_error(errc::unsupported, "linear: a layer in FP8 mode cannot run as a grouped product (use the _fp8 forms)");
     return gemm_problem_of(dy, weight_view<const T>(compute_data<T>(*w_)), dx, 1.0f, accumulate_dx ? 1.0f : 0.0f);
   }
   gemm_problem<T, T, float> weight_grad_problem(cview<T> dy) const {
-    if (fp8_) throw nn_error(errc::unsupported, "linear: a layer in FP8 mode cannot run as a grouped product");
+    if (fp8_) throw nn_error(errc::unsupported, "linear: a layer in FP8 mode cannot run as a grouped product (use the _fp8 forms)");
     if (x_.rows() != dy.rows()) throw nn_error(errc::invalid_argument, "linear: backward without a matching forward");
     const auto g = weight_grad_operands(dy);
     return gemm_problem_of(g.a, g.b, g.c, 1.0f, 1.0f);
+  }
+  // FP8 mode's grouped problems: the operands are quantised now (the recipe of forward/backward,
+  // the same bits), into buffers of the layer kept per product kind, so that a layer's three
+  // problems may be pending at once; each stays valid until the layer's next problem of its kind.
+  template <class Y>
+  gemm_problem<e4m3, e4m3, Y> forward_problem_fp8(Dev& dev, cview<T> x, mview<Y> y, bool save) {
+    check_fp8_grouped();
+    if (save) x_ = x;
+    const auto p = fp8_problem(dev, fp8q_[0], x, weight_view<const float>(w_->value.data()).transposed(), y, 0.0f, amax_.x, amax_.w);
+    amax_.x_max = std::max(amax_.x_max, amax_.x);
+    amax_.w_max = std::max(amax_.w_max, amax_.w);
+    return p;
+  }
+  template <class DX>
+  gemm_problem<e4m3, e4m3, DX> input_grad_problem_fp8(Dev& dev, cview<T> dy, mview<DX> dx, bool accumulate_dx) {
+    check_fp8_grouped();
+    float unused = 0;
+    const auto p = fp8_problem(dev, fp8q_[1], dy, weight_view<const float>(w_->value.data()), dx, accumulate_dx ? 1.0f : 0.0f, amax_.dy, unused);
+    amax_.dy_max = std::max(amax_.dy_max, amax_.dy);
+    return p;
+  }
+  gemm_problem<e4m3, e4m3, float> weight_grad_problem_fp8(Dev& dev, cview<T> dy) {
+    check_fp8_grouped();
+    if (x_.rows() != dy.rows()) throw nn_error(errc::invalid_argument, "linear: backward without a matching forward");
+    const auto g = weight_grad_operands(dy);
+    float amax_a = 0, amax_b = 0;
+    return fp8_problem(dev, fp8q_[2], g.a, g.b, g.c, 1.0f, amax_a, amax_b);
   }
 
   // dx = dy W (accumulate: dx += dy W; DX: T or f32), dW += dyᵀ x, db += column sums of dy.
@@ -170,6 +197,10 @@ class linear {
   }
 
  private:
+  void check_fp8_grouped() const {
+    if (!fp8_) throw nn_error(errc::unsupported, "linear: FP8 grouped products of a layer not in FP8 mode");
+    if (b_) throw nn_error(errc::unsupported, "linear: a layer with a bias cannot run as a grouped product");
+  }
   // An e4m3 copy of a GEMM operand and its block scales (reused across steps; grows as needed).
   struct fp8_operand {
     device_buffer<e4m3, Dev> v;
@@ -184,20 +215,29 @@ class linear {
       return cview<e4m3>(v.data(), R, C, C);
     }
   };
-  // c = a·b + beta·c (+ bias per column, if any) with a in 1x128 blocks along K and b in 128x128
-  // tiles; the operands' amax go to amax_a, amax_b.
+  struct fp8_pair {
+    fp8_operand a, b;
+  };
+  // The problem c = a·b + beta·c with a quantised in 1x128 blocks along K and b in 128x128 tiles
+  // into `q`; the operands' amax go to amax_a, amax_b.
+  template <class SA, class SB, class Y>
+  gemm_problem<e4m3, e4m3, Y> fp8_problem(Dev& dev, fp8_pair& q, tensor<const SA, 2> a, tensor<const SB, 2> b, mview<Y> c, float beta, float& amax_a,
+                                          float& amax_b) {
+    auto p = gemm_problem_of(q.a.quantize(dev, a, 1, amax_a), q.b.quantize(dev, b, gemm_scales::block, amax_b), c, 1.0f, beta);
+    p.scales.a_block = q.a.s.data();
+    p.scales.b_block = q.b.s.data();
+    return p;
+  }
+  // The same, run now (+ bias per column, if any).
   template <class SA, class SB, class Y>
   void fp8_gemm(Dev& dev, tensor<const SA, 2> a, tensor<const SB, 2> b, mview<Y> c, float beta, std::span<const float> bias, float& amax_a,
                 float& amax_b) {
-    const auto qa = fp8_a_.quantize(dev, a, 1, amax_a);
-    const auto qb = fp8_b_.quantize(dev, b, gemm_scales::block, amax_b);
-    gemm_scales sc;
-    sc.a_block = fp8_a_.s.data();
-    sc.b_block = fp8_b_.s.data();
+    const auto p = fp8_problem(dev, fp8q_[0], a, b, c, beta, amax_a, amax_b);
+    const cview<e4m3> qa(p.A, p.M, p.K, p.lda), qb(p.B, p.K, p.N, p.ldb);
     if (!bias.empty())
-      gemm(dev, qa, qb, c, 1.0f, beta, epilogue::bias(bias), sc);
+      gemm(dev, qa, qb, c, 1.0f, beta, epilogue::bias(bias), p.scales);
     else
-      gemm(dev, qa, qb, c, 1.0f, beta, epilogue::chain<>{}, sc);
+      gemm(dev, qa, qb, c, 1.0f, beta, epilogue::chain<>{}, p.scales);
   }
 
   // dW += a·b into c: dyᵀ·x into the (out, in) gradient, or, for a weight stored (in, total),
@@ -224,7 +264,7 @@ class linear {
   device_buffer<T, Dev> ones_;
   bool fp8_ = false;
   fp8_amax amax_;
-  fp8_operand fp8_a_, fp8_b_;
+  fp8_pair fp8q_[3];  // per product kind: forward, input gradient, weight gradient (fp8_gemm: the first)
 };
 
 // RMSNorm or LayerNorm over the f32 residual stream, writing the compute type. With a residual,

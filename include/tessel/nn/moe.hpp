@@ -148,6 +148,20 @@ class expert_bank {
     }
   }
   std::size_t experts() const { return w1_.size(); }
+  // FP8 mode for every expert projection (linear::set_fp8: DeepSeek-V3's block-scaled recipe, whose
+  // experts run in FP8): the grouped launches take e4m3 operands with their block scales.
+  void set_fp8(bool on) {
+    for (auto* v : {&w1_, &w3_, &w2_})
+      for (auto& l : *v) l.set_fp8(on);
+    fp8_ = on;
+  }
+  bool fp8() const { return fp8_; }
+  // Every expert projection (w1, w3, w2 of each expert), e.g. for their amax.
+  template <class F>
+  void for_each_linear(F&& f) const {
+    for (const auto* v : {&w1_, &w3_, &w2_})
+      for (const auto& l : *v) f(l);
+  }
 
   // oe (rows, d) f32 = each expert applied to its rows of xe (rows, d); off has experts()+1 entries.
   // The experts' products run as grouped launches (gemm_grouped): every expert's gate and up
@@ -158,52 +172,101 @@ class expert_bank {
     off_.assign(off.begin(), off.end());
     for (std::size_t j = 0; j < experts(); ++j)
       if (off_[j + 1] < off_[j]) throw nn_error(errc::invalid_argument, "sparse_moe: row offsets must not decrease");
-    const std::size_t rows = off_.back();
-    reserve(dev, rows);
-    std::vector<gemm_problem<T, T, T>> up;
-    std::vector<gemm_problem<T, T, float>> down;
-    for (std::size_t j = 0; j < experts(); ++j) {
-      const std::size_t o = off_[j], c = off_[j + 1] - o;
-      if (c == 0) continue;
-      const cview<T> xj(xe + o * d_, c, d_, d_);
-      up.push_back(w1_[j].forward_problem(xj, mview<T>(ge_.data() + o * I_, c, I_, I_), train));
-      up.push_back(w3_[j].forward_problem(xj, mview<T>(ue_.data() + o * I_, c, I_, I_), train));
-      down.push_back(w2_[j].forward_problem(cview<T>(he_.data() + o * I_, c, I_, I_), mview<float>(oe + o * d_, c, d_, d_), train));
-    }
-    if (up.empty()) return;
-    const std::size_t n = rows * I_;
-    gemm_grouped(dev, up);
-    swiglu_forward(dev, std::span<const T>(ge_.data(), n), std::span<const T>(ue_.data(), n), std::span<T>(he_.data(), n));
-    gemm_grouped(dev, down);
+    reserve(dev, off_.back());
+    if (fp8_)
+      run_forward<true>(dev, xe, oe, train);
+    else
+      run_forward<false>(dev, xe, oe, train);
   }
   // dxe (rows, d) f32 = d loss / d xe from dye (rows, d) in the compute type, the rows of the last
   // forward; the experts' weight gradients accumulate.
   void backward(Dev& dev, const T* dye, float* dxe) {
-    std::vector<gemm_problem<T, T, T>> dh;
-    std::vector<gemm_problem<T, T, float>> dx1, dx3, dw;
+    if (fp8_)
+      run_backward<true>(dev, dye, dxe);
+    else
+      run_backward<false>(dev, dye, dxe);
+  }
+
+ private:
+  // The problems of the compute type, or (F8) of e4m3 operands quantised as they are made: those of
+  // gate and up go into one group and the down projections into another; backward makes each
+  // problem once its operands exist (the gate and up gradients after the SwiGLU backward).
+  template <bool F8, class Y>
+  using problem = gemm_problem<std::conditional_t<F8, e4m3, T>, std::conditional_t<F8, e4m3, T>, Y>;
+  template <bool F8, class Y>
+  problem<F8, Y> forward_problem(Dev& dev, linear<Dev, T>& l, cview<T> x, mview<Y> y, bool save) {
+    if constexpr (F8)
+      return l.forward_problem_fp8(dev, x, y, save);
+    else
+      return l.forward_problem(x, y, save);
+  }
+  template <bool F8, class Y>
+  problem<F8, Y> input_grad_problem(Dev& dev, linear<Dev, T>& l, cview<T> dy, mview<Y> dx, bool accumulate) {
+    if constexpr (F8)
+      return l.input_grad_problem_fp8(dev, dy, dx, accumulate);
+    else
+      return l.input_grad_problem(dy, dx, accumulate);
+  }
+  template <bool F8>
+  problem<F8, float> weight_grad_problem(Dev& dev, linear<Dev, T>& l, cview<T> dy) {
+    if constexpr (F8)
+      return l.weight_grad_problem_fp8(dev, dy);
+    else
+      return l.weight_grad_problem(dy);
+  }
+  template <bool F8>
+  void run_forward(Dev& dev, const T* xe, float* oe, bool train) {
+    std::vector<problem<F8, T>> up;
+    std::vector<problem<F8, float>> down;
     for (std::size_t j = 0; j < experts(); ++j) {
       const std::size_t o = off_[j], c = off_[j + 1] - o;
       if (c == 0) continue;
-      const cview<T> dyj(dye + o * d_, c, d_, d_), dgj(dge_.data() + o * I_, c, I_, I_), duj(due_.data() + o * I_, c, I_, I_);
-      const mview<float> dxj(dxe + o * d_, c, d_, d_);
-      dh.push_back(w2_[j].input_grad_problem(dyj, mview<T>(dhe_.data() + o * I_, c, I_, I_), false));
-      dw.push_back(w2_[j].weight_grad_problem(dyj));
-      dx1.push_back(w1_[j].input_grad_problem(dgj, dxj, false));
-      dx3.push_back(w3_[j].input_grad_problem(duj, dxj, true));  // after dx1: adds into the same rows
-      dw.push_back(w1_[j].weight_grad_problem(dgj));
-      dw.push_back(w3_[j].weight_grad_problem(duj));
+      const cview<T> xj(xe + o * d_, c, d_, d_);
+      up.push_back(forward_problem<F8>(dev, w1_[j], xj, mview<T>(ge_.data() + o * I_, c, I_, I_), train));
+      up.push_back(forward_problem<F8>(dev, w3_[j], xj, mview<T>(ue_.data() + o * I_, c, I_, I_), train));
+    }
+    if (up.empty()) return;
+    const std::size_t n = off_.back() * I_;
+    gemm_grouped(dev, up);
+    swiglu_forward(dev, std::span<const T>(ge_.data(), n), std::span<const T>(ue_.data(), n), std::span<T>(he_.data(), n));
+    for (std::size_t j = 0; j < experts(); ++j) {
+      const std::size_t o = off_[j], c = off_[j + 1] - o;
+      if (c == 0) continue;
+      down.push_back(forward_problem<F8>(dev, w2_[j], cview<T>(he_.data() + o * I_, c, I_, I_), mview<float>(oe + o * d_, c, d_, d_), train));
+    }
+    gemm_grouped(dev, down);
+  }
+  template <bool F8>
+  void run_backward(Dev& dev, const T* dye, float* dxe) {
+    std::vector<problem<F8, T>> dh;
+    std::vector<problem<F8, float>> dx1, dx3, dw;
+    for (std::size_t j = 0; j < experts(); ++j) {
+      const std::size_t o = off_[j], c = off_[j + 1] - o;
+      if (c == 0) continue;
+      const cview<T> dyj(dye + o * d_, c, d_, d_);
+      dh.push_back(input_grad_problem<F8>(dev, w2_[j], dyj, mview<T>(dhe_.data() + o * I_, c, I_, I_), false));
+      dw.push_back(weight_grad_problem<F8>(dev, w2_[j], dyj));
     }
     if (dh.empty()) return;
     const std::size_t n = off_.back() * I_;
     gemm_grouped(dev, dh);
     swiglu_backward(dev, std::span<const T>(dhe_.data(), n), std::span<const T>(ge_.data(), n), std::span<const T>(ue_.data(), n),
                     std::span<T>(dge_.data(), n), std::span<T>(due_.data(), n));
+    for (std::size_t j = 0; j < experts(); ++j) {
+      const std::size_t o = off_[j], c = off_[j + 1] - o;
+      if (c == 0) continue;
+      const cview<T> dgj(dge_.data() + o * I_, c, I_, I_), duj(due_.data() + o * I_, c, I_, I_);
+      const mview<float> dxj(dxe + o * d_, c, d_, d_);
+      dx1.push_back(input_grad_problem<F8>(dev, w1_[j], dgj, dxj, false));
+      dx3.push_back(input_grad_problem<F8>(dev, w3_[j], duj, dxj, true));  // after dx1: adds into the same rows
+      dw.push_back(weight_grad_problem<F8>(dev, w1_[j], dgj));
+      dw.push_back(weight_grad_problem<F8>(dev, w3_[j], duj));
+    }
     gemm_grouped(dev, dx1);
     gemm_grouped(dev, dx3);
     gemm_grouped(dev, dw);
   }
 
- private:
   void reserve(Dev& dev, std::size_t rows) {
     const std::size_t m = tessel::detail::mul_checked(rows, I_, "sparse_moe: expert rows");
     for (auto* b : {&ge_, &ue_, &he_, &dhe_, &dge_, &due_})
@@ -211,6 +274,7 @@ class expert_bank {
   }
   std::size_t d_ = 0, I_ = 0;
   std::vector<linear<Dev, T>> w1_, w3_, w2_;
+  bool fp8_ = false;
   std::vector<std::size_t> off_;
   device_buffer<T, Dev> ge_, ue_, he_, dhe_, dge_, due_;
 };
@@ -267,6 +331,9 @@ class sparse_moe {
   const std::vector<double>& prob_sums() const { return routing_.prob_sums(); }
   // The last forward's router logits (n, E) f32.
   std::span<const float> router_logits() const { return {logits_.data(), n_ * E_}; }
+  // The experts' FP8 mode (expert_bank::set_fp8); the router keeps the compute type.
+  void set_experts_fp8(bool on) { bank_.set_fp8(on); }
+  const expert_bank<Dev, T>& bank() const { return bank_; }
 
   // dx (n, d) f32 = d loss / d x (written, not accumulated) from dy (n, d) f32; the parameters'
   // gradients accumulate. `dprob` (E, may be empty) is a gradient added to every row's softmax
