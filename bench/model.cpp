@@ -2,9 +2,10 @@
 // d 512, 4 layers, 8 heads, 4 kv heads, vocab 8192, intermediate 1408, batch 4 x sequence 512):
 // zero_grad + forward + cross-entropy + backward + one fused AdamW step, in f32 and in bf16 (bf16
 // GEMMs/attention, f32 masters), on 1 and 2 threads; and the forward alone (prefill). The same for
-// its Mixtral-style twin (_moe: 8 experts of the same width, top 2), and the dense model with FP8
-// projections (_fp8); the bf16 step under each activation recompute mode (_recompute); and decode
-// with the KV cache for 1 to 16 sequences at once (BM_decode).
+// its Mixtral-style twin (_moe: 8 experts of the same width, top 2), the dense model with FP8
+// projections (_fp8) and the Mixtral-style one with FP8 projections and experts (_moe_fp8); the
+// bf16 step under each activation recompute mode (_recompute); and decode with the KV cache for 1
+// to 16 sequences at once (BM_decode).
 //
 // Counters: tokens/s, model FLOP/s = 6·N_matmul per token (N_matmul: every weight a GEMM reads,
 // the LM head included, embeddings' lookups excluded) + causal attention 6·S·q_dim per token and
@@ -167,6 +168,8 @@ BENCHMARK(BM_prefill<float, true>)->Name("BM_prefill_moe<float>")->Arg(1)->Arg(2
 // bf16 dot, which e4m3 products run on after widening: this CPU has no FP8 arithmetic)
 BENCHMARK(BM_train_step<bf16, false, true>)->Name("BM_train_step_fp8<bf16>")->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_prefill<bf16, false, true>)->Name("BM_prefill_fp8<bf16>")->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+// the Mixtral-style model with FP8 projections and experts (grouped block-scaled products)
+BENCHMARK(BM_train_step<bf16, true, true>)->Name("BM_train_step_moe_fp8<bf16>")->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_decode<bf16>)->ArgsProduct({{1, 2}, {1, 4, 16}})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_decode<float>)->Args({2, 1})->Args({2, 16})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_train_step_recompute)
