@@ -14,7 +14,9 @@
 // (bench/common/limits.hpp). Prefill counts 2·N_matmul + 2·S·q_dim per token and layer.
 // peak_MiB (training steps): the process's peak resident memory above its level before the device
 // and model were built (bench/common/memory.hpp): masters, bf16 copies, gradients, moments,
-// activations and workspaces; bench_model.py --memory measures PyTorch's step the same way.
+// activations and workspaces; bench_model.py --memory measures PyTorch's step the same way. Run one
+// such benchmark per process (--benchmark_filter): pages an earlier benchmark freed may stay
+// resident and raise the next one's starting level (tools/bench-model does so).
 //
 // PyTorch's step on the same model: tools/torch/bench_model.py; tools/bench-model runs both in
 // alternation and prints the paired ratios. Run with --benchmark_repetitions=3 for min/median.
