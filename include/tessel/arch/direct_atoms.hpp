@@ -80,6 +80,14 @@ inline void run_dots(dot_args<E> p, const E* a, const E* b, std::size_t M, std::
 }
 
 namespace detail {
+// The dot atoms stream Bᵀ's rows once for a product of a few rows (a decode step's projections):
+// NR rows side by side, one row apart, which the hardware prefetcher fetches late. Each k step
+// also asks for the same line of the next NR rows, `ahead` bytes on (an address past B's end is
+// only a hint, formed as an integer). bf16 1 x 1408 x 512 from DRAM, 1 thread: 10 -> 29 GB/s
+// (a plain read of the same bytes 22); the small Llama's decode 1 thread: batch 1 1.9x, batch 4 3x.
+inline void prefetch_ahead(const void* p, std::uintptr_t ahead) {
+  __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<std::uintptr_t>(p) + ahead), 0, 3);
+}
 inline float halving_sum16(const float (&s)[16]) {
   float r8[8], r4[4];
   for (int l = 0; l < 8; ++l) r8[l] = s[l] + s[l + 8];
@@ -210,9 +218,12 @@ struct avx512_direct_dot_f32 {
     // One loop, the last step masked (a masked lane adds 0*0 to its partial sum: the same bits as
     // no step for it). (A step lambda called from a main loop and a tail kept the accumulators in
     // memory under GCC 12: a store per FMA, 40 GFLOP/s of the core's 118.)
+    const std::uintptr_t ahead = static_cast<std::uintptr_t>(NR) * p.ldb * sizeof(float);  // (detail::prefetch_ahead)
     for (std::size_t k = 0; k < p.k; k += 16) {
       const __mmask16 m = k + 16 <= p.k ? __mmask16(0xFFFF) : __mmask16((1u << (p.k - k)) - 1);
       __m512 bv[NR];
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) detail::prefetch_ahead(b[j] + k, ahead);
 #pragma GCC unroll 8
       for (int j = 0; j < NR; ++j) bv[j] = _mm512_maskz_loadu_ps(m, b[j] + k);
 #pragma GCC unroll 8
@@ -256,9 +267,12 @@ struct avx512bf16_direct_dot_bf16 {
       for (int j = 0; j < NR; ++j) s[i][j] = _mm512_setzero_ps();
     // one loop, the last step masked: masked elements are zeros, so pairs past K add +0, as the
     // reference's padded pairs do (the accumulators stay in registers: see the f32 dot atom)
+    const std::uintptr_t ahead = static_cast<std::uintptr_t>(NR) * p.ldb * sizeof(std::uint16_t);  // (detail::prefetch_ahead)
     for (std::size_t k = 0; k < p.k; k += 32) {
       const __mmask32 m = k + 32 <= p.k ? ~__mmask32(0) : __mmask32((1u << (p.k - k)) - 1);
       __m512bh bv[NR];
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) detail::prefetch_ahead(b[j] + k, ahead);
 #pragma GCC unroll 8
       for (int j = 0; j < NR; ++j) bv[j] = (__m512bh)_mm512_maskz_loadu_epi16(m, b[j] + k);
 #pragma GCC unroll 8
@@ -343,7 +357,10 @@ struct avx2_direct_dot_f32 {
       for (int j = 0; j < NR; ++j) s[i][j][0] = s[i][j][1] = _mm256_setzero_ps();
     // one loop, the last step masked (the accumulators stay in registers: see the AVX-512 atom)
     const __m256i all = _mm256_set1_epi32(-1);
+    const std::uintptr_t ahead = static_cast<std::uintptr_t>(NR) * p.ldb * sizeof(float);  // (detail::prefetch_ahead)
     for (std::size_t k = 0; k < p.k; k += 16) {
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) detail::prefetch_ahead(b[j] + k, ahead);
       const bool full = k + 16 <= p.k;
       const __m256i m0 = full ? all : detail::lane_mask8(static_cast<long>(p.k - k));
       const __m256i m1 = full ? all : detail::lane_mask8(static_cast<long>(p.k - k) - 8);
