@@ -27,6 +27,17 @@ inline tessel::io::model_config small_llama() {
     "hidden_act": "silu", "tie_word_embeddings": false})");
 }
 
+// A Llama-style decoder of ~160M parameters (d 1024, 8 layers, 16 heads, 8 kv heads, vocab 32000,
+// intermediate 2816) whose bf16 GEMM weights (250 MB) are 8x the last-level cache of the machines
+// this runs on (32 MiB): decode with it reads its weights from memory, where the small model's
+// (32 MB in bf16) partly stay in cache between tokens (BM_decode_large).
+inline tessel::io::model_config medium_llama() {
+  return tessel::io::parse_model_config(R"({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 32000,
+    "hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 8, "num_attention_heads": 16,
+    "num_key_value_heads": 8, "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+    "hidden_act": "silu", "tie_word_embeddings": false})");
+}
+
 // The same decoder with a Mixtral MoE block in every layer: 8 experts of intermediate 1408, top 2
 // (each token's expert products are those of two dense MLPs).
 inline tessel::io::model_config small_mixtral() {

@@ -849,29 +849,15 @@ struct device_workspace {
 };
 
 // Runs one launch of the GEMM. On the host, a launch that one worker would run anyway (a
-// 1-worker device, a single block) or too small to share runs on the calling thread with a
-// scratch arena of its own: handing it to a pool worker costs a wake-up and a wait (tens of us,
-// far more on a loaded machine), more than a 64^3 product. The same blocks run the same
+// 1-worker device, a single block: host_device::launch) or too small to share runs on the calling
+// thread (host_device::launch_here): handing it to a pool worker costs a wake-up and a wait (tens
+// of us, far more on a loaded machine), more than a 64^3 product. The same blocks run the same
 // arithmetic, so the bits do not change. A plan may ask for the calling thread at any size.
 inline constexpr double gemm_share_min_flops = 4e6;
 template <class Dev, class P>
 void gemm_run(Dev& dev, const grid& g, const P& prog, double flops, bool calling_thread = false) {
   if constexpr (std::is_same_v<Dev, host_device>) {
-    if (g.size() == 1 || flops < gemm_share_min_flops || dev.capabilities().workers <= 1 || calling_thread) {
-      auto inline_run = [&] {
-        thread_local scratch_arena arena;
-        for (std::size_t b = 0; b < g.size(); ++b) {
-          arena.reset();
-          block_ctx ctx(g, b, 0, 1, arena);
-          prog(ctx);
-        }
-      };
-      // still a launch on this device for the profiler (on one worker: the calling thread)
-      if (profiler::detail::level.load(std::memory_order_relaxed) != 0) [[unlikely]]
-        return profiler::detail::profiled_launch(g, prog, "host", dev.index(), 1, inline_run);
-      inline_run();
-      return;
-    }
+    if (flops < gemm_share_min_flops || calling_thread) return dev.launch_here(g, prog);
   }
   dev.launch(g, prog);
 }
