@@ -2,6 +2,7 @@
 // concurrent launches, shared executors, the caching pool, and typed errors.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <stdexcept>
 #include <thread>
@@ -98,6 +99,41 @@ TEST_CASE("per-worker scratch persists across launches", "[device][scratch]") {
   void* second = nullptr;
   d.launch(grid{1}, [&](block_ctx& ctx) { second = ctx.scratch().allocate(1000); });
   REQUIRE(first == second);  // same worker, same arena, rewound
+}
+
+TEST_CASE("a launch one worker would run anyway runs on the calling thread, nested scratch intact", "[device][launch][scratch]") {
+  const auto me = std::this_thread::get_id();
+  auto threads_of = [&](host_device& d, std::size_t blocks) {
+    std::vector<std::thread::id> ids(blocks);
+    d.launch(grid{blocks}, [&](block_ctx& ctx) { ids[ctx.block_linear()] = std::this_thread::get_id(); });
+    return ids;
+  };
+  host_device one(1), two(2);
+  for (auto id : threads_of(one, 7)) CHECK(id == me);  // a 1-worker device: every block here
+  CHECK(threads_of(two, 1)[0] == me);                  // a single block
+  for (auto id : threads_of(two, 8)) CHECK(id != me);  // shared out: the workers
+  // a nested launch's scratch lies above the enclosing block's: the outer block's bytes survive it
+  for (host_device* d : {&one, &two}) {
+    bool intact = false;
+    d->launch(grid{1}, [&](block_ctx& ctx) {
+      auto* mine = ctx.scratch().allocate_array<unsigned char>(4096);
+      std::fill_n(mine, 4096, 0xA5);
+      d->launch(grid{3}, [&](block_ctx& inner) { std::fill_n(inner.scratch().allocate_array<unsigned char>(8192), 8192, 0x5A); });
+      intact = std::all_of(mine, mine + 4096, [](unsigned char c) { return c == 0xA5; });
+    });
+    CHECK(intact);
+  }
+  // a block's exception reaches the caller and leaves the calling thread's launches working
+  REQUIRE_THROWS_WITH(one.launch(grid{4},
+                                 [](block_ctx& ctx) {
+                                   if (ctx.block_linear() == 2) throw std::runtime_error("block 2 failed");
+                                 }),
+                      "block 2 failed");
+  void* a = nullptr;
+  void* b = nullptr;
+  one.launch(grid{1}, [&](block_ctx& ctx) { a = ctx.scratch().allocate(100); });
+  one.launch(grid{1}, [&](block_ctx& ctx) { b = ctx.scratch().allocate(100); });
+  CHECK(a == b);  // the calling thread's arena, rewound for each launch
 }
 
 TEST_CASE("caching pool reuses blocks, huge-page aligns big ones, counts the saving", "[device][memory]") {

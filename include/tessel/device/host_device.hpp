@@ -183,12 +183,9 @@ class host_device {
         calling_thread_scratch_t& s;
         bool outer;
         scratch_arena::mark_t m;
-        ~leave() {
+        ~leave() {  // (an outer launch's scratch is reset by the next one; reset may allocate)
           --s.depth;
-          if (outer)
-            s.arena.reset();
-          else
-            s.arena.rewind(m);
+          if (!outer) s.arena.rewind(m);
         }
       };
       ++s.depth;
