@@ -1,8 +1,10 @@
 // The executor (shared worker pool): every block of every grid (0, 1, primes, 3-D) runs exactly
-// once, on a worker id < size(), with that worker's own arena rewound per block; the first
-// exception a block throws reaches run() with its type and message, and the pool still works;
-// nested runs execute inline on the calling worker without clobbering its scratch; runs from many
-// threads at once each complete exactly; sleeping workers wake; bad thread counts are errors.
+// once, on a worker id < size(), with that worker's own arena rewound per block; the calling
+// thread is participant size() - 1 and runs blocks of its own launch; the first exception a block
+// throws reaches run() with its type and message, and the pool still works; nested runs execute
+// inline on the calling worker without clobbering its scratch, also a run into another executor
+// from the calling thread's block; runs from many threads at once each complete exactly; sleeping
+// workers wake; bad thread counts are errors.
 // Workers only count (Catch2 assertions are not thread-safe); the test thread checks.
 #include <catch2/catch.hpp>
 
@@ -53,20 +55,67 @@ TEST_CASE("executor: each worker keeps one arena, rewound for every block", "[de
   executor ex(2, 200us, 1 << 16);
   REQUIRE(ex.scratch_bytes() >= (1 << 16));
   std::vector<std::atomic<scratch_arena*>> arena_of(2);
+  std::vector<std::atomic<char*>> first_of(2);
   std::atomic<int> bad{0};
   for (int launch = 0; launch < 20; ++launch) {
     ex.run(grid{40}, [&](block_ctx& ctx) {
       scratch_arena* mine = &ctx.scratch();
       scratch_arena* expected = nullptr;
       if (!arena_of[ctx.worker_id()].compare_exchange_strong(expected, mine) && expected != mine) ++bad;  // same worker, same arena
-      // every block starts from a rewound arena: its first allocation is at the arena's start
+      // every block starts from a rewound arena: its first allocation is at the same address
       char* p = ctx.scratch().allocate_array<char>(1000);
+      char* first = nullptr;
+      if (!first_of[ctx.worker_id()].compare_exchange_strong(first, p) && first != p) ++bad;
       std::memset(p, int(ctx.block_linear()), 1000);
-      if (ctx.scratch().high_water() > 4096) ++bad;
     });
   }
   REQUIRE(bad == 0);
   REQUIRE(arena_of[0].load() != arena_of[1].load());
+}
+
+TEST_CASE("executor: the calling thread runs blocks of its own launch as the last participant", "[device][executor]") {
+  const auto me = std::this_thread::get_id();
+  {  // one participant: no pool thread, every block on the caller
+    executor ex(1);
+    std::atomic<int> bad{0};
+    ex.run(grid{9}, [&](block_ctx& ctx) {
+      if (std::this_thread::get_id() != me || ctx.worker_id() != 0 || ctx.num_workers() != 1) ++bad;
+    });
+    REQUIRE(bad == 0);
+  }
+  executor ex(3);
+  for (int trial = 0; trial < 5; ++trial) {
+    // blocks on pool workers wait (at most 10 s) until the caller has run one of them
+    std::atomic<bool> caller_ran{false};
+    std::atomic<int> bad{0};
+    ex.run(grid{12}, [&](block_ctx& ctx) {
+      const bool mine = std::this_thread::get_id() == me;
+      if (mine != (ctx.worker_id() == 2)) ++bad;  // the caller, and only it, is participant size() - 1
+      if (mine) {
+        caller_ran = true;
+        return;
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      while (!caller_ran && std::chrono::steady_clock::now() - t0 < 10s) std::this_thread::yield();
+    });
+    REQUIRE(caller_ran);
+    REQUIRE(bad == 0);
+  }
+  // a block on the caller that runs another executor: that run's scratch lies above the block's
+  executor other(1);
+  std::atomic<int> bad{0}, inner{0};
+  ex.run(grid{6}, [&](block_ctx& outer) {
+    unsigned char* mine = outer.scratch().allocate_array<unsigned char>(4096);
+    std::memset(mine, 0xA5, 4096);
+    other.run(grid{3}, [&](block_ctx& ctx) {
+      std::memset(ctx.scratch().allocate_array<unsigned char>(8192), 0x5A, 8192);
+      ++inner;
+    });
+    for (int i = 0; i < 4096; ++i)
+      if (mine[i] != 0xA5) ++bad;
+  });
+  REQUIRE(bad == 0);
+  REQUIRE(inner == 18);
 }
 
 TEST_CASE("executor: the first exception reaches run() with its type and text, and the pool keeps working", "[device][executor][errors]") {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -111,7 +112,26 @@ TEST_CASE("a launch one worker would run anyway runs on the calling thread, nest
   host_device one(1), two(2);
   for (auto id : threads_of(one, 7)) CHECK(id == me);  // a 1-worker device: every block here
   CHECK(threads_of(two, 1)[0] == me);                  // a single block
-  for (auto id : threads_of(two, 8)) CHECK(id != me);  // shared out: the workers
+  // several blocks: the calling thread takes blocks beside the pool's one worker. Blocks on the
+  // worker wait (at most 10 s) until the caller has run one: a caller that only waited fails here.
+  {
+    std::atomic<bool> caller_ran{false};
+    std::vector<std::thread::id> ids(8);
+    two.launch(grid{8}, [&](block_ctx& ctx) {
+      ids[ctx.block_linear()] = std::this_thread::get_id();
+      if (std::this_thread::get_id() == me) {
+        caller_ran = true;
+        return;
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      while (!caller_ran && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10)) std::this_thread::yield();
+    });
+    CHECK(caller_ran);
+    std::vector<std::thread::id> distinct(ids);
+    std::sort(distinct.begin(), distinct.end());
+    distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+    CHECK(distinct.size() <= 2);  // 2 threads: the caller and one pool worker
+  }
   // a nested launch's scratch lies above the enclosing block's: the outer block's bytes survive it
   for (host_device* d : {&one, &two}) {
     bool intact = false;

@@ -156,52 +156,30 @@ class host_device {
   memory_stats memory() const { return pool_.stats(); }
 
   // ---- execution ----
-  // A launch that one worker would run anyway (a 1-worker device, a single block) runs on the
-  // calling thread (launch_here): handing it to a worker costs a wake-up once the worker has
-  // slept (its spin ends 200 us after its last block; the futex wake measured ~50 us here), which
-  // a model's decode step paid for every small kernel between its one-row GEMMs (those already ran
-  // on the calling thread): a 2816-element SwiGLU took 52 us after a long GEMM, 3.6 us back to
-  // back. With the profiler off this is exec_->run plus one relaxed load and a few branches.
+  // The executor runs a launch on its pool workers and the calling thread together; a launch that
+  // one thread would run anyway (a 1-thread device, a single block) runs on the calling thread
+  // alone, as launch_here does: handing it to a worker costs a wake-up once the worker has slept
+  // (its spin ends 200 us after its last block; the futex wake measured ~50 us here), which a
+  // model's decode step paid for every small kernel between its one-row GEMMs: a 2816-element
+  // SwiGLU took 52 us after a long GEMM, 3.6 us back to back. With the profiler off this is
+  // exec_->run plus one relaxed load and a branch.
   template <tile_program P>
   void launch(const grid& g, const P& program) {
-    if (g.size() == 1 || exec_->size() <= 1) return launch_here(g, program);
-    if (profiler::detail::level.load(std::memory_order_relaxed) != 0) [[unlikely]]
-      return profiler::detail::profiled_launch(g, program, "host", id_, exec_->size(), [&] { exec_->run(g, program); });
+    if (profiler::detail::level.load(std::memory_order_relaxed) != 0) [[unlikely]] {
+      const unsigned workers = g.size() <= 1 ? 1 : exec_->size();
+      return profiler::detail::profiled_launch(g, program, "host", id_, workers, [&] { exec_->run(g, program); });
+    }
     exec_->run(g, program);
   }
   // Runs every block of the launch on the calling thread, in order, with a scratch arena of the
-  // thread's own (nested launches take their scratch above the enclosing block's). The same blocks
-  // run the same arithmetic as on the workers, so the bits do not change; the profiler records it
-  // as a launch on this device with one worker.
+  // thread's own (nested launches take their scratch above the enclosing block's): executor::
+  // run_here. The same blocks run the same arithmetic as on the workers, so the bits do not
+  // change; the profiler records it as a launch on this device with one worker.
   template <tile_program P>
   void launch_here(const grid& g, const P& program) {
-    auto run = [&] {
-      auto& s = calling_thread_scratch();
-      const bool outer = s.depth == 0;
-      const scratch_arena::mark_t m = s.arena.mark();
-      struct leave {
-        calling_thread_scratch_t& s;
-        bool outer;
-        scratch_arena::mark_t m;
-        ~leave() {  // (an outer launch's scratch is reset by the next one; reset may allocate)
-          --s.depth;
-          if (!outer) s.arena.rewind(m);
-        }
-      };
-      ++s.depth;
-      const leave guard{s, outer, m};
-      for (std::size_t b = 0; b < g.size(); ++b) {
-        if (outer)
-          s.arena.reset();
-        else
-          s.arena.rewind(m);
-        block_ctx ctx(g, b, 0, 1, s.arena);
-        program(ctx);
-      }
-    };
     if (profiler::detail::level.load(std::memory_order_relaxed) != 0) [[unlikely]]
-      return profiler::detail::profiled_launch(g, program, "host", id_, 1, run);
-    run();
+      return profiler::detail::profiled_launch(g, program, "host", id_, 1, [&] { exec_->run_here(g, program); });
+    exec_->run_here(g, program);
   }
   void synchronize() {}
   event record() { return {}; }
@@ -227,15 +205,6 @@ class host_device {
   std::size_t index() const { return id_; }
 
  private:
-  // The scratch of launches a thread runs itself (launch_here), and how deeply they nest.
-  struct calling_thread_scratch_t {
-    scratch_arena arena;
-    unsigned depth = 0;
-  };
-  static calling_thread_scratch_t& calling_thread_scratch() {
-    thread_local calling_thread_scratch_t s;
-    return s;
-  }
   std::shared_ptr<executor> owned_;
   executor* exec_;
   caching_pool pool_;

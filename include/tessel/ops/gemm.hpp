@@ -848,11 +848,12 @@ struct device_workspace {
   }
 };
 
-// Runs one launch of the GEMM. On the host, a launch that one worker would run anyway (a
-// 1-worker device, a single block: host_device::launch) or too small to share runs on the calling
-// thread (host_device::launch_here): handing it to a pool worker costs a wake-up and a wait (tens
-// of us, far more on a loaded machine), more than a 64^3 product. The same blocks run the same
-// arithmetic, so the bits do not change. A plan may ask for the calling thread at any size.
+// Runs one launch of the GEMM. On the host, a launch that one thread would run anyway (a
+// 1-thread device, a single block: executor::run) or too small to share runs on the calling
+// thread alone (host_device::launch_here): sharing it with a pool worker costs a wake-up and the
+// wait for the worker's last block (tens of us, far more on a loaded machine), more than a 64^3
+// product. The same blocks run the same arithmetic, so the bits do not change. A plan may ask for
+// the calling thread at any size.
 inline constexpr double gemm_share_min_flops = 4e6;
 template <class Dev, class P>
 void gemm_run(Dev& dev, const grid& g, const P& prog, double flops, bool calling_thread = false) {
