@@ -854,11 +854,19 @@ struct device_workspace {
 // wait for the worker's last block (tens of us, far more on a loaded machine), more than a 64^3
 // product. The same blocks run the same arithmetic, so the bits do not change. A plan may ask for
 // the calling thread at any size.
+// A product of a few rows that streams B once (skinny dots and rows: a decode step's x·Wᵀ) is
+// bound by reading B, at one core's read bandwidth when it is not shared; since the calling thread
+// computes beside the pool (executor::run), sharing one costs a notify and at most one block's
+// tail, so those are shared from 1 MFLOP (B of 0.5M elements). Measured on decode, 2 threads,
+// batch 1 (bench_model BM_decode, the threshold for every product set to 4, 1 and 0.3 MFLOP, two
+// alternated rounds): the small Llama 1096, 1376 -> 1787, 1665 (0.3: 2047, 1591) tokens/s, the
+// 160M one 160, 131 -> 199, 177 (0.3: 179, 166); batch 4 unchanged within noise.
 inline constexpr double gemm_share_min_flops = 4e6;
+inline constexpr double gemm_share_min_flops_streaming = 1e6;
 template <class Dev, class P>
-void gemm_run(Dev& dev, const grid& g, const P& prog, double flops, bool calling_thread = false) {
+void gemm_run(Dev& dev, const grid& g, const P& prog, double flops, bool calling_thread = false, double share_min = gemm_share_min_flops) {
   if constexpr (std::is_same_v<Dev, host_device>) {
-    if (flops < gemm_share_min_flops || calling_thread) return dev.launch_here(g, prog);
+    if (flops < share_min || calling_thread) return dev.launch_here(g, prog);
   }
   dev.launch(g, prog);
 }
@@ -1385,7 +1393,8 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
         M, N, K, batch, A, B, C, sa, sb, sc, ap, bp, cp, dchain, per, gemm_tune().direct_dot_min_k, plain, rows_pb, cols_pb};
     prog.dot_copy_max_m = gemm_tune().direct_dot_copy_max_m;
     prog.col_major_max_n = gemm_tune().direct_col_major_max_n;
-    gemm_run(dev, grid{rows_pb ? ceil_div(M, rows_pb) : (cols_pb ? ceil_div(N, cols_pb) : ceil_div(batch, per))}, prog, flops);
+    gemm_run(dev, grid{rows_pb ? ceil_div(M, rows_pb) : (cols_pb ? ceil_div(N, cols_pb) : ceil_div(batch, per))}, prog, flops, false,
+             skinny_dots ? gemm_share_min_flops_streaming : gemm_share_min_flops);
     return;
   }
   const bool skinny = M <= gemm_config<TA, TB>::skinny_max_m;
@@ -1395,14 +1404,14 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
       using P = gemm_skinny_program<TC, chain_t>;
       const std::size_t w = P::block_cols(M, N, dev.capabilities().workers);
       P prog{M, N, K, batch, A, B, C, sa, sb, sc, alpha * s.a * s.b, beta, chain, w};
-      gemm_run(dev, grid{ceil_div(N, w), 1, batch}, prog, flops);
+      gemm_run(dev, grid{ceil_div(N, w), 1, batch}, prog, flops, false, gemm_share_min_flops_streaming);
       return;
     }
   } else if constexpr (std::is_same_v<TA, bf16> && std::is_same_v<TB, bf16> && arch::has_rows_bf16_atom) {
     const bool unit = s.a == 1.0f && s.b == 1.0f;
     if (M <= 3 && !s.a_block && unit && !ap && A.col_stride() == 1 && B.col_stride() == 1 && K > 0) {
       gemm_rows_program<TC, chain_t> prog{M, N, K, batch, A, B, C, sa, sb, sc, alpha, beta, chain};
-      gemm_run(dev, grid{ceil_div(N, 128), 1, batch}, prog, flops);
+      gemm_run(dev, grid{ceil_div(N, 128), 1, batch}, prog, flops, false, gemm_share_min_flops_streaming);
       return;
     }
   }
