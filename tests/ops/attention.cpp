@@ -561,6 +561,54 @@ TEST_CASE("attention decode with more than 64 query rows per kv head", "[ops][at
 }
 
 namespace {
+// One sequence alone (a decode step at batch 1: its kv heads cut into several blocks,
+// dec_min_blocks) against the same sequence first in a batch of 4 (every kv head in one block):
+// the same bits, since a kv head's rows are computed alone whichever block holds it.
+template <class T>
+void check_decode_head_tiles(std::size_t D, std::size_t sq, std::size_t H, std::size_t HK, std::size_t len) {
+  const std::size_t B = 4, max_kv = 600;
+  std::mt19937 rng(97 + unsigned(H) + unsigned(D));
+  std::normal_distribution<float> nd;
+  std::vector<T> q(B * sq * H * D), k(B * max_kv * HK * D), v(k.size());
+  for (auto& x : q) x = T(nd(rng));
+  for (auto& x : k) x = T(nd(rng));
+  for (auto& x : v) x = T(nd(rng));
+  const std::vector<std::int32_t> lens{std::int32_t(len), 300, 17, 599};
+  attention_options opt;
+  opt.causal = true;
+  opt.align = mask_align::bottom_right;
+  host_device dev(2);
+  attention_decode_shape s;
+  s.batch = B;
+  s.seq_q = sq;
+  s.heads_q = H;
+  s.heads_kv = HK;
+  s.head_dim = D;
+  s.max_kv = max_kv;
+  std::vector<T> o(q.size());
+  std::vector<float> lse(B * H * sq);
+  attention_decode<host_device, T, T>(dev, s, q, k, v, lens, {}, o, lse, opt);
+  s.batch = 1;
+  const std::size_t nq = sq * H * D, nkv = max_kv * HK * D;
+  std::vector<T> o1(nq);
+  std::vector<float> lse1(H * sq);
+  attention_decode<host_device, T, T>(dev, s, std::span<const T>(q).first(nq), std::span<const T>(k).first(nkv), std::span<const T>(v).first(nkv),
+                                      std::span<const std::int32_t>(lens).first(1), {}, o1, lse1, opt);
+  CAPTURE(D, sq, H, HK, len);
+  CHECK(std::memcmp(o1.data(), o.data(), nq * sizeof(T)) == 0);
+  CHECK(std::memcmp(lse1.data(), lse.data(), lse1.size() * sizeof(float)) == 0);
+}
+}  // namespace
+
+TEST_CASE("attention decode of one sequence cuts its kv heads into blocks without changing a bit", "[ops][attention][decode]") {
+  check_decode_head_tiles<bf16>(128, 1, 16, 8, 450);  // the 160M Llama's step: 2 rows per kv head
+  check_decode_head_tiles<bf16>(64, 1, 8, 4, 300);    // the small one's
+  check_decode_head_tiles<bf16>(128, 1, 32, 8, 500);  // 4 rows per kv head: the token-order path
+  check_decode_head_tiles<bf16>(64, 2, 12, 3, 200);   // 3 kv heads, 2 new tokens
+  check_decode_head_tiles<float>(64, 1, 8, 2, 511);
+}
+
+namespace {
 void check_paged_decode(std::size_t H, std::size_t HK, std::size_t D) {
   const std::size_t B = 3, page = 16, per_seq = 40, max_kv = page * per_seq;
   const std::vector<std::int32_t> lens{640, 33, 1};
