@@ -1050,4 +1050,109 @@ TEMPLATE_TEST_CASE("direct path: narrow C from a matrix times a few vectors, eve
       }
 }
 
+namespace {
+// Random values of T in [-1, 1).
+template <class T>
+std::vector<T> random_values(std::mt19937& g, std::size_t n) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<T> v(n);
+  for (auto& x : v) x = T(u(g));
+  return v;
+}
+}  // namespace
+
+// gemm_fused: a decode step's products gathered into one launch (bf16 x·Wᵀ of one token for q, k
+// and v, the last with a bias; a row-major B of 2 rows; an f32 GEMV of 4 rows), beside products it
+// does not gather (a tiny direct one, a packed one) that run as issued: each result has the bits
+// of the same gemm alone, and the launches are 1 gathered + 2.
+TEST_CASE("gemm_fused gathers the streaming products into one launch with the bits of each alone", "[ops][gemm][fused]") {
+  std::mt19937 g(101);
+  host_device d(2);
+  const std::size_t D = 512, KV = 256;
+  const auto x = random_values<bf16>(g, D), wq = random_values<bf16>(g, D * D), wk = random_values<bf16>(g, KV * D),
+             wv = random_values<bf16>(g, KV * D), x2 = random_values<bf16>(g, 2 * D), wr = random_values<bf16>(g, D * 700);
+  const auto bias = random_values<float>(g, KV), xf = random_values<float>(g, 4 * 300), wf = random_values<float>(g, 900 * 300),
+             ta = random_values<float>(g, 40 * 40), tb = random_values<float>(g, 40 * 40);
+  const auto pa = random_values<bf16>(g, 200 * 256), pb = random_values<bf16>(g, 256 * 300);
+  struct outputs {
+    std::vector<bf16> q = std::vector<bf16>(512), k = std::vector<bf16>(256);
+    std::vector<float> v = std::vector<float>(256), r = std::vector<float>(2 * 700), f = std::vector<float>(4 * 900), t = std::vector<float>(40 * 40),
+                       p = std::vector<float>(200 * 300);
+  };
+  auto issue = [&](outputs& o) {
+    const auto X = tensor<const bf16, 2>(x.data(), 1, D);
+    gemm(d, X, tensor<const bf16, 2>(wq.data(), D, D).transposed(), tensor<bf16, 2>(o.q.data(), 1, D));
+    gemm(d, tensor<const float, 2>(ta.data(), 40, 40), tensor<const float, 2>(tb.data(), 40, 40), tensor<float, 2>(o.t.data(), 40, 40));
+    gemm(d, X, tensor<const bf16, 2>(wk.data(), KV, D).transposed(), tensor<bf16, 2>(o.k.data(), 1, KV));
+    gemm(d, X, tensor<const bf16, 2>(wv.data(), KV, D).transposed(), tensor<float, 2>(o.v.data(), 1, KV), 1.0f, 0.0f,
+         epilogue::bias(std::span<const float>(bias)));
+    gemm(d, tensor<const bf16, 2>(pa.data(), 200, 256), tensor<const bf16, 2>(pb.data(), 256, 300), tensor<float, 2>(o.p.data(), 200, 300));
+    gemm(d, tensor<const bf16, 2>(x2.data(), 2, D), tensor<const bf16, 2>(wr.data(), D, 700), tensor<float, 2>(o.r.data(), 2, 700));
+    gemm(d, tensor<const float, 2>(xf.data(), 4, 300), tensor<const float, 2>(wf.data(), 900, 300).transposed(),
+         tensor<float, 2>(o.f.data(), 4, 900));
+  };
+  outputs alone, fused;
+  issue(alone);
+  std::vector<profiler::launch_record> launches;
+  {
+    profiler::session s;
+    gemm_fused(d, [&] { issue(fused); });
+    launches = profiler::launches();
+  }
+  auto same = [](const auto& a, const auto& b) { return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0; };
+  CHECK(same(alone.q, fused.q));
+  CHECK(same(alone.k, fused.k));
+  CHECK(same(alone.v, fused.v));
+  CHECK(same(alone.r, fused.r));
+  CHECK(same(alone.f, fused.f));
+  CHECK(same(alone.t, fused.t));
+  CHECK(same(alone.p, fused.p));
+  std::size_t gathered = 0;
+  for (const auto& r : launches) {
+    const std::string name = profiler::name_of(r.name);
+    INFO(name);
+    if (name.find("gathered") != std::string::npos) {
+      ++gathered;
+      CHECK(profiler::name_of(r.shape).rfind("gathered x 5", 0) == 0);
+      CHECK(r.costed);
+      CHECK(r.cost.flops == Approx(2.0 * (D * D + 2 * KV * D + 2 * D * 700 + 4 * 900 * 300)));
+    }
+  }
+  CHECK(gathered == 1);
+  CHECK(launches.size() == 3);
+}
+
+TEST_CASE("gemm_fused: a throwing issue runs nothing it gathered; calls nest; other devices launch as issued", "[ops][gemm][fused]") {
+  std::mt19937 g(103);
+  host_device d(2), other(2);
+  const std::size_t D = 512;
+  const auto x = random_values<bf16>(g, D), w = random_values<bf16>(g, D * D);
+  const auto X = tensor<const bf16, 2>(x.data(), 1, D);
+  const auto W = tensor<const bf16, 2>(w.data(), D, D).transposed();
+  std::vector<float> want(D), c(D, -7.0f);
+  gemm(d, X, W, tensor<float, 2>(want.data(), 1, D));
+  CHECK_THROWS_AS(gemm_fused(d,
+                             [&] {
+                               gemm(d, X, W, tensor<float, 2>(c.data(), 1, D));
+                               throw std::runtime_error("stop");
+                             }),
+                  std::runtime_error);
+  CHECK(std::all_of(c.begin(), c.end(), [](float v) { return v == -7.0f; }));
+  // the gather is over: a plain gemm runs at once again
+  gemm(d, X, W, tensor<float, 2>(c.data(), 1, D));
+  CHECK(std::memcmp(c.data(), want.data(), D * sizeof(float)) == 0);
+  // nested: the inner call's product has run when it returns; the outer's when the outer returns;
+  // another device's product runs as issued
+  std::vector<float> inner(D, -7.0f), outer(D, -7.0f), elsewhere(D, -7.0f);
+  gemm_fused(d, [&] {
+    gemm(d, X, W, tensor<float, 2>(outer.data(), 1, D));
+    gemm_fused(d, [&] { gemm(d, X, W, tensor<float, 2>(inner.data(), 1, D)); });
+    CHECK(std::memcmp(inner.data(), want.data(), D * sizeof(float)) == 0);
+    gemm(other, X, W, tensor<float, 2>(elsewhere.data(), 1, D));
+    CHECK(std::memcmp(elsewhere.data(), want.data(), D * sizeof(float)) == 0);
+    CHECK(outer[0] == -7.0f);
+  });
+  CHECK(std::memcmp(outer.data(), want.data(), D * sizeof(float)) == 0);
+}
+
 }  // namespace tessel_test_ops_gemm

@@ -46,6 +46,7 @@
 #include <tessel/nn/parameters.hpp>
 #include <tessel/ops/activation.hpp>
 #include <tessel/ops/embedding.hpp>
+#include <tessel/ops/gemm.hpp>
 #include <tessel/ops/loss.hpp>
 #include <tessel/ops/optim.hpp>
 #include <tessel/ops/quant.hpp>
@@ -664,9 +665,12 @@ class decoder_lm {
         b.ln1.forward(dev, crows_view<float>(f.tmp, n, d), crows_view<float>(f.sb, n, d), rows_view<float>(f.sa, n, d), rows_view<T>(f.y, n, d),
                       false);
       const cview<T> y1 = crows_view<T>(f.y, n, d);
-      b.q.forward(dev, y1, rows_view<T>(f.q, n, qd), false);
-      b.k.forward(dev, y1, rows_view<T>(f.k, n, kvd), false);
-      b.v.forward(dev, y1, rows_view<T>(f.v, n, kvd), false);
+      // a decode step's three GEMVs as one launch (gemm_fused: the same bits)
+      gemm_fused(dev, [&] {
+        b.q.forward(dev, y1, rows_view<T>(f.q, n, qd), false);
+        b.k.forward(dev, y1, rows_view<T>(f.k, n, kvd), false);
+        b.v.forward(dev, y1, rows_view<T>(f.v, n, kvd), false);
+      });
       if (!rope_freq_.empty()) {
         rope_forward(dev, rows_view<T>(f.q, n, qd), c.head_dim, std::span<const std::int64_t>(positions_inf_), ro);
         rope_forward(dev, rows_view<T>(f.k, n, kvd), c.head_dim, std::span<const std::int64_t>(positions_inf_), ro);
@@ -790,8 +794,10 @@ class decoder_lm {
     }
     const std::size_t n = y2.rows(), I = cfg_.intermediate_size, nI = n * I;
     if (gated()) {
-      b.gate.forward(dev, y2, mview<T>(g, n, I, I), train);
-      b.up.forward(dev, y2, mview<T>(u, n, I, I), train);
+      gemm_fused(dev, [&] {  // one launch when they are GEMVs (decode)
+        b.gate.forward(dev, y2, mview<T>(g, n, I, I), train);
+        b.up.forward(dev, y2, mview<T>(u, n, I, I), train);
+      });
       swiglu_forward(dev, std::span<const T>(g, nI), std::span<const T>(u, nI), std::span<T>(h, nI));
     } else {
       b.up.forward(dev, y2, mview<T>(u, n, I, I), train);

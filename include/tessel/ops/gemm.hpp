@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <queue>
 #include <span>
 #include <stdexcept>
@@ -864,10 +865,69 @@ struct device_workspace {
 // stands (skinny products only), against 4 MFLOP for all: the 160M one 132, 131 -> 148, 154.
 inline constexpr double gemm_share_min_flops = 4e6;
 inline constexpr double gemm_share_min_flops_streaming = 1e6;
+
+// The products gemm_fused gathers on this thread (see there): each one launch's grid, its program
+// behind a type-erased block body, and its cost, in the order they were issued.
+struct gemm_gathered {
+  grid g;
+  std::size_t first = 0;  // its first block in the gathered launch
+  kernel_cost cost;
+  std::function<void(block_ctx&)> body;
+  std::function<std::string()> shape;
+};
+struct gemm_gather {
+  const void* dev = nullptr;  // the device whose launches are gathered
+  std::vector<gemm_gathered> items;
+  std::size_t blocks = 0;
+  double flops = 0.0;
+};
+inline thread_local gemm_gather* gemm_gather_here = nullptr;
+
+// The gathered products as one launch: block b runs the block b - first of the product holding
+// it, with that product's grid, so each computes what its own launch would have.
+struct gemm_gathered_program {
+  std::shared_ptr<const std::vector<gemm_gathered>> items;
+  std::string shape() const {
+    std::string s = "gathered x " + std::to_string(items->size());
+    for (const gemm_gathered& x : *items)
+      if (x.shape) s += "; " + x.shape();
+    return s;
+  }
+  kernel_cost cost(const grid&) const {
+    kernel_cost c;
+    for (const gemm_gathered& x : *items) {
+      c.flops += x.cost.flops;
+      c.bytes += x.cost.bytes;
+      c.precision = x.cost.precision;
+    }
+    return c;
+  }
+  void operator()(block_ctx& ctx) const {
+    const std::size_t b = ctx.block_linear();
+    const auto it = std::upper_bound(items->begin(), items->end(), b, [](std::size_t v, const gemm_gathered& x) { return v < x.first; }) - 1;
+    block_ctx sub(it->g, b - it->first, ctx.worker_id(), ctx.num_workers(), ctx.scratch());
+    it->body(sub);
+  }
+};
+
+// `streaming`: a product of a few rows that streams its B once (above); gemm_fused gathers those
+// of its device on its thread instead of launching them.
 template <class Dev, class P>
-void gemm_run(Dev& dev, const grid& g, const P& prog, double flops, bool calling_thread = false, double share_min = gemm_share_min_flops) {
+void gemm_run(Dev& dev, const grid& g, const P& prog, double flops, bool calling_thread = false, bool streaming = false) {
+  if (gemm_gather* gs = gemm_gather_here; streaming && gs && gs->dev == static_cast<const void*>(&dev) && g.size() > 0) {
+    gemm_gathered x;
+    x.g = g;
+    x.first = gs->blocks;
+    if constexpr (costed_program<P>) x.cost = static_cast<kernel_cost>(prog.cost(g));
+    x.body = [prog](block_ctx& ctx) { prog(ctx); };
+    if constexpr (profiler::detail::has_shape_function<P>) x.shape = [prog] { return std::string(prog.shape()); };
+    gs->items.push_back(std::move(x));
+    gs->blocks = add_checked(gs->blocks, g.size(), "gemm_fused blocks");
+    gs->flops += flops;
+    return;
+  }
   if constexpr (std::is_same_v<Dev, host_device>) {
-    if (flops < share_min || calling_thread) return dev.launch_here(g, prog);
+    if (flops < (streaming ? gemm_share_min_flops_streaming : gemm_share_min_flops) || calling_thread) return dev.launch_here(g, prog);
   }
   dev.launch(g, prog);
 }
@@ -1394,8 +1454,7 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
         M, N, K, batch, A, B, C, sa, sb, sc, ap, bp, cp, dchain, per, gemm_tune().direct_dot_min_k, plain, rows_pb, cols_pb};
     prog.dot_copy_max_m = gemm_tune().direct_dot_copy_max_m;
     prog.col_major_max_n = gemm_tune().direct_col_major_max_n;
-    gemm_run(dev, grid{rows_pb ? ceil_div(M, rows_pb) : (cols_pb ? ceil_div(N, cols_pb) : ceil_div(batch, per))}, prog, flops, false,
-             skinny_dots ? gemm_share_min_flops_streaming : gemm_share_min_flops);
+    gemm_run(dev, grid{rows_pb ? ceil_div(M, rows_pb) : (cols_pb ? ceil_div(N, cols_pb) : ceil_div(batch, per))}, prog, flops, false, skinny_dots);
     return;
   }
   const bool skinny = M <= gemm_config<TA, TB>::skinny_max_m;
@@ -1405,14 +1464,14 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
       using P = gemm_skinny_program<TC, chain_t>;
       const std::size_t w = P::block_cols(M, N, dev.capabilities().workers);
       P prog{M, N, K, batch, A, B, C, sa, sb, sc, alpha * s.a * s.b, beta, chain, w};
-      gemm_run(dev, grid{ceil_div(N, w), 1, batch}, prog, flops, false, gemm_share_min_flops_streaming);
+      gemm_run(dev, grid{ceil_div(N, w), 1, batch}, prog, flops, false, true);
       return;
     }
   } else if constexpr (std::is_same_v<TA, bf16> && std::is_same_v<TB, bf16> && arch::has_rows_bf16_atom) {
     const bool unit = s.a == 1.0f && s.b == 1.0f;
     if (M <= 3 && !s.a_block && unit && !ap && A.col_stride() == 1 && B.col_stride() == 1 && K > 0) {
       gemm_rows_program<TC, chain_t> prog{M, N, K, batch, A, B, C, sa, sb, sc, alpha, beta, chain};
-      gemm_run(dev, grid{ceil_div(N, 128), 1, batch}, prog, flops, false, gemm_share_min_flops_streaming);
+      gemm_run(dev, grid{ceil_div(N, 128), 1, batch}, prog, flops, false, true);
       return;
     }
   }
@@ -1506,6 +1565,44 @@ void gemm_batched(Dev& dev, transpose ta, transpose tb, std::size_t M, std::size
   }
   detail::gemm_launch<TA, TB, TC>(dev, M, N, K, batch, detail::op_view(A[0], ta, M, K, lda), detail::op_view(B[0], tb, K, N, ldb),
                                   tensor<TC, 2>::strided(C[0], M, N, ldc, 1), 0, 0, 0, A, B, C, alpha, beta, gemm_scales{}, ep);
+}
+
+// Runs the GEMMs that `issue()` makes on `dev` from this thread, with as few launches as it can:
+// the products of a few rows that stream their B once (skinny dots and rows: a decode step's
+// x·Wᵀ of a token or a few) are gathered and run as one launch when `issue` returns, the others
+// launch as they are issued. A decode step's q, k and v projections (or gate and up) are then one
+// launch, shared with the pool as a whole, where alone each costs a launch and the small ones run
+// on one thread. Each product runs the blocks its own launch would have run: the same bits.
+// The products must be independent (none reads what another writes), and what they read and
+// write must outlive this call: the gathered ones run when `issue` has returned. If `issue`
+// throws, the gathered products do not run. Calls may nest (an inner call runs its own).
+template <class Dev, class Issue>
+void gemm_fused(Dev& dev, Issue&& issue) {
+  detail::gemm_gather gather;
+  gather.dev = static_cast<const void*>(&dev);
+  detail::gemm_gather* const outer = detail::gemm_gather_here;
+  detail::gemm_gather_here = &gather;
+  try {
+    std::forward<Issue>(issue)();
+  } catch (...) {
+    detail::gemm_gather_here = outer;
+    throw;
+  }
+  if (gather.items.empty()) {
+    detail::gemm_gather_here = outer;
+    return;
+  }
+  const grid g{gather.blocks};
+  const double flops = gather.flops;
+  detail::gemm_gather_here = nullptr;  // launched here, not gathered into an enclosing call
+  try {
+    detail::gemm_run(dev, g, detail::gemm_gathered_program{std::make_shared<const std::vector<detail::gemm_gathered>>(std::move(gather.items))},
+                     flops, false, true);
+  } catch (...) {
+    detail::gemm_gather_here = outer;
+    throw;
+  }
+  detail::gemm_gather_here = outer;
 }
 
 }  // namespace v0
