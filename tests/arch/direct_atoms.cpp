@@ -160,7 +160,7 @@ void check_dot_bf16(std::mt19937& g) {
   constexpr int MR = Atom::mr, NR = Atom::nr;
   for (int rows = 1; rows <= MR; ++rows)
     for (int n = 1; n <= NR; ++n)
-      for (std::size_t k : {0, 1, 2, 3, 31, 32, 33, 63, 64, 65, 100})
+      for (std::size_t k : {0, 1, 2, 3, 31, 32, 33, 63, 64, 65, 100, 127, 128, 129, 255, 256, 300, 1000})
         for (int kind : {0, 1, 2}) {
           const std::size_t lda = k + 3, ldb = k + 1;
           std::vector<std::uint16_t> a(MR * lda + 1), b(NR * ldb + 1);
@@ -193,6 +193,8 @@ TEST_CASE("bf16 direct dot atoms equal their scalar reference bitwise (vdpbf16ps
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
   check_dot_bf16<arch::avx512bf16_direct_dot_bf16<4, 4>, arch::scalar_direct_dot_bf16<4, 4>>(g);
   check_dot_bf16<arch::avx512bf16_direct_dot_bf16<1, 8>, arch::scalar_direct_dot_bf16<1, 8>>(g);
+  check_dot_bf16<arch::avx512bf16_direct_dot_bf16<1, 8, 4>, arch::scalar_direct_dot_bf16<1, 8>>(g);  // bursts of 4 lines per row
+  check_dot_bf16<arch::avx512bf16_direct_dot_bf16<2, 4, 2>, arch::scalar_direct_dot_bf16<2, 4>>(g);
   using best = arch::best_direct_dot_bf16_atom;
   check_dot_bf16<best, arch::scalar_direct_dot_bf16<best::mr, best::nr>>(g);
 #endif
