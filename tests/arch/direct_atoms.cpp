@@ -193,7 +193,8 @@ TEST_CASE("bf16 direct dot atoms equal their scalar reference bitwise (vdpbf16ps
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
   check_dot_bf16<arch::avx512bf16_direct_dot_bf16<4, 4>, arch::scalar_direct_dot_bf16<4, 4>>(g);
   check_dot_bf16<arch::avx512bf16_direct_dot_bf16<1, 8>, arch::scalar_direct_dot_bf16<1, 8>>(g);
-  check_dot_bf16<arch::avx512bf16_direct_dot_bf16<1, 8, 4>, arch::scalar_direct_dot_bf16<1, 8>>(g);  // bursts of 4 lines per row
+  check_dot_bf16<arch::avx512bf16_direct_dot_bf16<1, 8, 8>, arch::scalar_direct_dot_bf16<1, 8>>(g);  // bursts of 8 lines per row
+  check_dot_bf16<arch::avx512bf16_direct_dot_bf16<1, 8, 4>, arch::scalar_direct_dot_bf16<1, 8>>(g);
   check_dot_bf16<arch::avx512bf16_direct_dot_bf16<2, 4, 2>, arch::scalar_direct_dot_bf16<2, 4>>(g);
   using best = arch::best_direct_dot_bf16_atom;
   check_dot_bf16<best, arch::scalar_direct_dot_bf16<best::mr, best::nr>>(g);

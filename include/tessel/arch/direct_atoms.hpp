@@ -254,10 +254,12 @@ struct avx512_direct_dot_f32 {
 // with a transposed B (a layer's input gradient for a few tokens) streams Bᵀ once, in place.
 // U > 1: each row's next U lines are read one after the other before the next row's (a burst of
 // U·64 bytes per row), the rest of K one line per row as with U = 1; each sum still takes its
-// steps in k order, so the bits are U = 1's. A GEMV streaming Bᵀ from memory (1 x 2816 x 1024,
-// bf16, 1 thread) read 26-28 GB/s with 8 rows side by side a line at a time and 35 GB/s with
-// bursts of 4 lines, a plain AVX-512 read's rate on the machine (35); 2 threads 52 -> 67 (read 67).
-// 2 or 8 lines, or 4 or 16 rows, were slower (26-31 GB/s).
+// steps in k order, so the bits are U = 1's. A GEMV streaming Bᵀ from memory, bf16, 1 thread, the
+// atoms side by side in one process (two rounds; GB/s, U = 1 -> 8): 1 x 2816 x 1024 30.1, 26.6 ->
+// 35.0, 29.6; x 1024 x 2816 33.8, 33.0 -> 35.6, 34.6; 1408 x 512 30.1, 29.3 -> 32.9, 31.3;
+// 512 x 1408 28.2, 33.0 -> 34.2, 33.4; 8192 x 512 29.6, 24.1 -> 33.2, 24.8; 32000 x 1024 29.4,
+// 28.2 -> 33.9, 33.7 (a plain AVX-512 read: 35). U = 2 and 4 were between; 4 or 16 rows slower.
+// From cache (B of 0.5 MB) U = 8 and 1 are the same.
 template <int MR, int NR, int U = 1>
 struct avx512bf16_direct_dot_bf16 {
   static constexpr int mr = MR, nr = NR;
@@ -323,7 +325,7 @@ struct avx512bf16_direct_dot_bf16 {
 };
 inline constexpr bool has_direct_dot_bf16_atom = true;
 using best_direct_dot_bf16_atom = avx512bf16_direct_dot_bf16<4, 4>;
-using best_direct_dot_bf16_atom_few_rows = avx512bf16_direct_dot_bf16<1, 8, 4>;
+using best_direct_dot_bf16_atom_few_rows = avx512bf16_direct_dot_bf16<1, 8, 8>;
 #else
 inline constexpr bool has_direct_dot_bf16_atom = false;
 using best_direct_dot_bf16_atom = scalar_direct_dot_bf16<4, 4>;  // (unused: the bf16 dot path needs the instruction)
