@@ -561,9 +561,9 @@ TEST_CASE("attention decode with more than 64 query rows per kv head", "[ops][at
 }
 
 namespace {
-// One sequence alone (a decode step at batch 1: its kv heads cut into several blocks,
-// dec_min_blocks) against the same sequence first in a batch of 4 (every kv head in one block):
-// the same bits, since a kv head's rows are computed alone whichever block holds it.
+// One sequence alone on 2 and 1 threads (a decode step at batch 1: its kv heads cut into a tile
+// per worker, or all in one) against the same sequence first in a batch of 4 (every kv head in
+// one block): the same bits, since a kv head's rows are computed alone whichever block holds it.
 template <class T>
 void check_decode_head_tiles(std::size_t D, std::size_t sq, std::size_t H, std::size_t HK, std::size_t len) {
   const std::size_t B = 4, max_kv = 600;
@@ -597,6 +597,11 @@ void check_decode_head_tiles(std::size_t D, std::size_t sq, std::size_t H, std::
   CAPTURE(D, sq, H, HK, len);
   CHECK(std::memcmp(o1.data(), o.data(), nq * sizeof(T)) == 0);
   CHECK(std::memcmp(lse1.data(), lse.data(), lse1.size() * sizeof(float)) == 0);
+  host_device dev1(1);
+  std::fill(o1.begin(), o1.end(), T(0.0f));
+  attention_decode<host_device, T, T>(dev1, s, std::span<const T>(q).first(nq), std::span<const T>(k).first(nkv), std::span<const T>(v).first(nkv),
+                                      std::span<const std::int32_t>(lens).first(1), {}, o1, lse1, opt);
+  CHECK(std::memcmp(o1.data(), o.data(), nq * sizeof(T)) == 0);
 }
 }  // namespace
 

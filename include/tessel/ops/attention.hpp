@@ -544,7 +544,7 @@ void attention_decode(Dev& dev, const attention_decode_shape& s, std::span<const
     max_kv = std::max(max_kv, q0.skv);
   }
   if (s.batch == 0 || s.seq_q == 0) return;
-  const decode_plan plan = decode_plan::make(R, s.heads_kv, s.head_dim, max_kv, s.batch);
+  const decode_plan plan = decode_plan::make(R, s.heads_kv, s.head_dim, max_kv, s.batch, dev.capabilities().workers);
   const std::size_t part_elems = mul3(mul3(s.batch, s.heads_kv, plan.nsplit, "attention workspace"), R, s.head_dim + 2, "attention workspace");
   float* part = static_cast<float*>(dev.allocate(detail::mul_checked(part_elems, sizeof(float), "attention workspace")));
   struct guard {

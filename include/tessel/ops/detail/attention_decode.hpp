@@ -29,14 +29,12 @@ inline constexpr std::size_t dec_group = 32;              // keys per online-sof
 inline constexpr std::size_t dec_tok_group = 128;         // keys per step on the token-order path (64: 5%, 32: 11% slower)
 inline constexpr std::size_t dec_row_tile = 64;           // query rows per block; more rows make more blocks
 inline constexpr std::size_t dec_acc_budget = 64 * 1024;  // bytes of f32 accumulators per block
-// Blocks a launch should have at least: a single sequence whose context fits one chunk (a decode
-// step at batch 1) is otherwise one block of every kv head, run by one thread while the others
-// wait. Below this the kv heads are cut into more tiles; a kv head's rows are computed alone
-// whichever tile holds it, so this changes no bits (tests/ops/attention.cpp). 4: two
-// blocks per worker on 2 cores (the 160M Llama's decode step at batch 1, 2 threads: its 8 kv heads
-// in one block took 49 us per layer on one core).
-inline constexpr std::size_t dec_min_blocks = 4;
-
+// A launch with fewer blocks than the device has workers (one sequence whose context fits one
+// chunk: a decode step at batch 1) cuts its kv heads into more tiles, up to one per worker, so
+// that every worker reads the cache. A kv head's rows are computed alone whichever tile holds it,
+// so the tiles never change a bit (tests/ops/attention.cpp); no more than the workers, since a
+// tile reads only its heads' part of each token row (4 tiles of 1 head on one thread: 19 -> 37 us
+// per layer of the small Llama).
 // How the rows and kv heads of one (chunk, sequence) are cut into blocks.
 struct decode_plan {
   std::size_t rows = 0;      // R = (heads_q / heads_kv) * seq_q query rows per kv head
@@ -45,17 +43,17 @@ struct decode_plan {
   std::size_t heads_per_blk = 0;  // kv heads per block (all of them when the accumulators fit)
   std::size_t head_tiles = 0;
   std::size_t nsplit = 0;  // chunks of the longest sequence
-  static decode_plan make(std::size_t R, std::size_t hkv, std::size_t d, std::size_t max_kv, std::size_t batch = 1) {
+  static decode_plan make(std::size_t R, std::size_t hkv, std::size_t d, std::size_t max_kv, std::size_t batch = 1, std::size_t workers = 1) {
     decode_plan p;
     p.rows = R;
     p.row_tile = std::min(R, dec_row_tile);
     p.row_tiles = ceil_div(R, p.row_tile);
     p.nsplit = std::max<std::size_t>(1, ceil_div(max_kv, dec_chunk));
     p.heads_per_blk = std::clamp<std::size_t>(dec_acc_budget / (p.row_tile * d * sizeof(float)), 1, hkv);
-    // too few blocks otherwise (dec_min_blocks): fewer kv heads per block
+    // fewer blocks than workers otherwise: fewer kv heads per block
     const std::size_t others = p.nsplit * p.row_tiles * std::max<std::size_t>(batch, 1);
-    if (others * ceil_div(hkv, p.heads_per_blk) < dec_min_blocks)
-      p.heads_per_blk = std::min(p.heads_per_blk, ceil_div(hkv, std::min(hkv, ceil_div(dec_min_blocks, others))));
+    if (others * ceil_div(hkv, p.heads_per_blk) < workers)
+      p.heads_per_blk = std::min(p.heads_per_blk, ceil_div(hkv, std::min(hkv, ceil_div(workers, others))));
     p.head_tiles = ceil_div(hkv, p.heads_per_blk);
     return p;
   }
