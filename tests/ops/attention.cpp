@@ -457,6 +457,17 @@ TEST_CASE("attention rejects bad arguments with typed errors", "[ops][attention]
 }
 
 namespace {
+attention_decode_shape decode_shape(std::size_t B, std::size_t sq, std::size_t H, std::size_t HK, std::size_t D, std::size_t max_kv) {
+  attention_decode_shape s;
+  s.batch = B;
+  s.seq_q = sq;
+  s.heads_q = H;
+  s.heads_kv = HK;
+  s.head_dim = D;
+  s.max_kv = max_kv;
+  return s;
+}
+
 // Decode against a contiguous cache; each sequence checked against fp64 and the naive rule.
 template <class T>
 void check_decode(std::size_t D, std::size_t sq, bool causal, std::size_t H = 8, std::size_t HK = 2, std::size_t max_kv = 1500, long wl = -1) {
@@ -468,13 +479,7 @@ void check_decode(std::size_t D, std::size_t sq, bool causal, std::size_t H = 8,
   for (auto& x : q) x = T(float(nd(rng)));
   for (auto& x : k) x = T(float(nd(rng)));
   for (auto& x : v) x = T(float(nd(rng)));
-  attention_decode_shape s;
-  s.batch = B;
-  s.seq_q = sq;
-  s.heads_q = H;
-  s.heads_kv = HK;
-  s.head_dim = D;
-  s.max_kv = max_kv;
+  attention_decode_shape s = decode_shape(B, sq, H, HK, D, max_kv);
   attention_options opt;
   opt.causal = causal;
   opt.align = mask_align::bottom_right;
@@ -578,13 +583,7 @@ void check_decode_head_tiles(std::size_t D, std::size_t sq, std::size_t H, std::
   opt.causal = true;
   opt.align = mask_align::bottom_right;
   host_device dev(2);
-  attention_decode_shape s;
-  s.batch = B;
-  s.seq_q = sq;
-  s.heads_q = H;
-  s.heads_kv = HK;
-  s.head_dim = D;
-  s.max_kv = max_kv;
+  attention_decode_shape s = decode_shape(B, sq, H, HK, D, max_kv);
   std::vector<T> o(q.size());
   std::vector<float> lse(B * H * sq);
   attention_decode<host_device, T, T>(dev, s, q, k, v, lens, {}, o, lse, opt);
