@@ -637,12 +637,7 @@ void check_paged_decode(std::size_t H, std::size_t HK, std::size_t D) {
       std::memcpy(&kp[phys * page * tok], &k[(b * max_kv + pg * page) * tok], page * tok * 2);
       std::memcpy(&vp[phys * page * tok], &v[(b * max_kv + pg * page) * tok], page * tok * 2);
     }
-  attention_decode_shape s;
-  s.batch = B;
-  s.heads_q = H;
-  s.heads_kv = HK;
-  s.head_dim = D;
-  s.max_kv = max_kv;
+  attention_decode_shape s = decode_shape(B, 1, H, HK, D, max_kv);
   host_device dev(2);
   std::vector<bf16> o1(q.size()), o2(q.size());
   attention_decode<host_device, bf16, bf16>(dev, s, q, k, v, lens, {}, o1);
@@ -707,13 +702,7 @@ void check_paged_window_decode(std::size_t H, std::size_t HK, std::size_t D, std
       }
     }
   }
-  attention_decode_shape s;
-  s.batch = B;
-  s.seq_q = SQ;
-  s.heads_q = H;
-  s.heads_kv = HK;
-  s.head_dim = D;
-  s.max_kv = max_kv;
+  attention_decode_shape s = decode_shape(B, SQ, H, HK, D, max_kv);
   host_device dev(2);
   std::vector<T> o1(q.size()), o2(q.size());
   attention_decode<host_device, T, T>(dev, s, q, k, v, lens, {}, o1, {}, opt);
