@@ -1122,7 +1122,7 @@ TEST_CASE("gemm_fused gathers the streaming products into one launch with the bi
   CHECK(launches.size() == 3);
 }
 
-TEST_CASE("gemm_fused: a throwing issue runs nothing it gathered; calls nest; other devices launch as issued", "[ops][gemm][fused]") {
+TEST_CASE("gemm_fused: a throwing issue runs nothing it gathered, calls nest, other devices launch as issued", "[ops][gemm][fused]") {
   std::mt19937 g(103);
   host_device d(2), other(2);
   const std::size_t D = 512;
