@@ -1,6 +1,6 @@
 // Flash-decoding: a few query rows against a long (optionally paged) KV cache read in place.
 // The KV length is cut into fixed chunks (the split depends only on the shape, never on the
-// thread count). One block per (chunk, tile of kv heads and query rows, sequence) streams its
+// thread count; the kv-head tiles may follow the workers, which changes no bit). One block per (chunk, tile of kv heads and query rows, sequence) streams its
 // chunk once: groups of dec_group tokens, and for each group every kv head of the tile in turn,
 // all query rows of the head's GQA group at once (scores, online softmax, P·V fused per group),
 // while the rows of the next group are pulled in as one dense stream; with bf16 and 4 query rows
@@ -29,12 +29,14 @@ inline constexpr std::size_t dec_group = 32;              // keys per online-sof
 inline constexpr std::size_t dec_tok_group = 128;         // keys per step on the token-order path (64: 5%, 32: 11% slower)
 inline constexpr std::size_t dec_row_tile = 64;           // query rows per block; more rows make more blocks
 inline constexpr std::size_t dec_acc_budget = 64 * 1024;  // bytes of f32 accumulators per block
+
 // A launch with fewer blocks than the device has workers (one sequence whose context fits one
 // chunk: a decode step at batch 1) cuts its kv heads into more tiles, up to one per worker, so
 // that every worker reads the cache. A kv head's rows are computed alone whichever tile holds it,
 // so the tiles never change a bit (tests/ops/attention.cpp); no more than the workers, since a
 // tile reads only its heads' part of each token row (4 tiles of 1 head on one thread: 19 -> 37 us
 // per layer of the small Llama).
+
 // How the rows and kv heads of one (chunk, sequence) are cut into blocks.
 struct decode_plan {
   std::size_t rows = 0;      // R = (heads_q / heads_kv) * seq_q query rows per kv head
