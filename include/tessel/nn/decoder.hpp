@@ -9,8 +9,12 @@
 // accumulation, keeps the residual stream, the norms, the logits, the loss and every parameter
 // gradient in f32, and updates f32 masters (the bf16 copies are refreshed by the step).
 //
-// Activations: one buffer per tensor, sized for the largest (batch, seq) seen; backward reuses the
-// forward's saved tensors (a module-level tape: the layers in reverse order).
+// Activations: a training step's tensors (the saved activations, the forward's temporaries, the
+// head's logits chunk and backward's gradients of activations) live in one arena planned from their
+// lifetimes (nn/arena.hpp): each tensor occupies its bytes only over the phases of the step that
+// write or read it, so a tensor dead before another is born lends it its bytes. The plan is made
+// per (batch, seq, recompute mode, head chunk, training or not) before the step runs; backward
+// reads the forward's saved tensors (a module-level tape: the layers in reverse order).
 //
 // Incremental decoding (nn/kv_cache.hpp): prefill runs prompts of different lengths as one varlen
 // batch through the flash kernel and writes every layer's post-RoPE K and V into a paged cache;
@@ -25,6 +29,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <memory>
@@ -39,6 +44,7 @@
 #include <tessel/device/device_buffer.hpp>
 #include <tessel/io/model_config.hpp>
 #include <tessel/io/safetensors.hpp>
+#include <tessel/nn/arena.hpp>
 #include <tessel/nn/errors.hpp>
 #include <tessel/nn/kv_cache.hpp>
 #include <tessel/nn/layers.hpp>
@@ -221,20 +227,21 @@ class decoder_lm {
     // The LM head and the cross-entropy, head_chunk_rows rows at a time: logits, their gradient
     // and the head's backward for those rows (dW accumulates), so the (rows, vocab) logits never
     // exist whole. The loss is the mean over every row (the same row order and scale as one pass).
-    const std::size_t n = n_, d = cfg_.hidden_size, R = head_chunk_ && head_chunk_ < n ? head_chunk_ : n;
-    ensure(logits_, R * V);
-    ensure(dlogits_, R * V);
-    ensure(dy_, n * d);
+    const std::size_t n = n_, d = cfg_.hidden_size, R = head_rows(n);
     row_loss_.resize(n);
     cross_entropy_options co;
     co.ignore_index = ignore_index;
     co.grad_scale = counted ? 1.0f / float(counted) : 0.0f;  // cross_entropy's own mean scale, over all rows
+    phase(ph_head());
+    const slot<T> yf = tbuf(act::yf, 0);
+    const slot<float> logits = fbuf(act::logits, 0), dy = fbuf(act::dy_head, 0);
+    const slot<T> dlogits = tbuf(act::dlogits, 0);
     for (std::size_t r0 = 0; r0 < n; r0 += R) {
       const std::size_t rows = std::min(R, n - r0);
-      head_.forward(*dev_, cview<T>(yf_.data() + r0 * d, rows, d, d), mview<float>(logits_.data(), rows, V, V), true);
-      cross_entropy(*dev_, cview<float>(logits_.data(), rows, V, V), targets.subspan(r0, rows), mview<T>(dlogits_.data(), rows, V, V),
+      head_.forward(*dev_, cview<T>(yf.data() + r0 * d, rows, d, d), mview<float>(logits.data(), rows, V, V), true);
+      cross_entropy(*dev_, cview<float>(logits.data(), rows, V, V), targets.subspan(r0, rows), mview<T>(dlogits.data(), rows, V, V),
                     std::span<float>(row_loss_.data() + r0, rows), co);
-      head_.backward(*dev_, cview<T>(dlogits_.data(), rows, V, V), mview<float>(dy_.data() + r0 * d, rows, d, d), false);
+      head_.backward(*dev_, cview<T>(dlogits.data(), rows, V, V), mview<float>(dy.data() + r0 * d, rows, d, d), false);
     }
     run_backward();
     double sum = 0.0;
@@ -247,7 +254,10 @@ class decoder_lm {
   // over the chunks, and the head's GEMMs, with fewer rows, may round differently (within f32
   // bounds; the result does not depend on the thread count). Default 1024 (bench_model: 512 rows
   // cost the small Llama 12% of its step, 1024 about 2%).
-  void set_head_chunk_rows(std::size_t rows) { head_chunk_ = rows; }
+  void set_head_chunk_rows(std::size_t rows) {
+    if (rows != head_chunk_) release_arena();
+    head_chunk_ = rows;
+  }
   std::size_t head_chunk_rows() const noexcept { return head_chunk_; }
 
   // Mixture-of-experts models: the load-balancing loss of the last forward (HF's
@@ -426,36 +436,34 @@ class decoder_lm {
   // activations; attention keeps q, k, v and recomputes the attention core (its output and
   // log-sum-exp rows) in backward; blocks keeps each block's input stream alone and reruns the
   // block's forward in backward. Gradients are the same bits in every mode (the kernels are
-  // deterministic); recomputed activations share one set of buffers. MoE experts keep their own.
-  // Set it between steps (not between a forward and its backward).
+  // deterministic); recomputed activations are planned like any other tensor (they live from the
+  // block's recomputation to their last read). MoE experts keep their own buffers.
+  // Set it between steps (not between a forward and its backward); the next step plans anew.
   void set_recompute(recompute r) {
     if (r == recompute_) return;
     recompute_ = r;
-    for (std::size_t l = 1; l < blocks_.size(); ++l) {  // free what other blocks no longer hold
-      block& b = blocks_[l];
-      if (&acts(l) != &b) {
-        for (auto* f : {&b.s_mid}) *f = {};
-        for (auto* t : {&b.y1, &b.qb, &b.kb, &b.vb, &b.y2, &b.gb, &b.ub, &b.hb}) *t = {};
-      }
-      if (&attn_acts(l) != &b) {
-        b.ob = {};
-        b.lse = {};
-      }
-    }
+    release_arena();
   }
   recompute recompute_mode() const noexcept { return recompute_; }
-  // Bytes of the activations a training step keeps (every block's buffers, the head's logits and
-  // their gradient, the final norm's); scratch that backward alone uses is not counted.
-  std::size_t activation_bytes() const {
-    std::size_t total = 0;
-    const auto add = [&](const auto& buf) { total += buf.size() * sizeof(*buf.data()); };
-    for (const block& b : blocks_) {
-      for (const auto* f : {&b.s_in, &b.s_mid, &b.lse}) add(*f);
-      for (const auto* t : {&b.y1, &b.qb, &b.kb, &b.vb, &b.ob, &b.y2, &b.gb, &b.ub, &b.hb}) add(*t);
-    }
-    for (const auto* f : {&tmp_, &s_final_, &logits_}) add(*f);
-    for (const auto* t : {&yf_, &dlogits_}) add(*t);
-    return total;
+
+  // Bytes of the activation arena the last training step planned (forward_backward): its saved
+  // activations, the forward's temporaries, the head's logits chunk and their gradient, and
+  // backward's gradients of activations, each over the phases it lives. 0 before the first step.
+  std::size_t activation_bytes() const noexcept { return train_.plan.size(); }
+  // What the same tensors take with one buffer per tensor (every occurrence of every tensor of the
+  // step its own allocation: the baseline the planned arena is measured against).
+  std::size_t activation_bytes_per_tensor() const noexcept { return train_.plan.total(); }
+  // The last training step's plan (tensors, phases, offsets).
+  const arena_plan& activation_plan() const noexcept { return train_.plan; }
+
+  // Checks of the activation arena. planned = false gives every tensor its own bytes (no reuse: the
+  // reference layout); poison = true fills the arena's bytes no live tensor covers with NaN at the
+  // start of every phase of a step (a tensor read outside its planned lifetime reads NaN). Both
+  // leave the results' bits unchanged when the plan is right; poison costs a fill per phase.
+  void set_activation_checks(bool planned, bool poison) {
+    if (planned != planned_) release_arena();
+    planned_ = planned;
+    poison_ = poison;
   }
 
   // One AdamW step over every parameter (step counts from 1), as torch.optim.AdamW; bf16 models
@@ -473,16 +481,7 @@ class decoder_lm {
     linear<Dev, T> q, k, v, o, up, gate, down;  // gate unused without a gated MLP
     self_attention<Dev, T> attn;
     sparse_moe<Dev, T> moe;  // Mixtral: instead of gate, up, down
-    // saved activations
-    device_buffer<float, Dev> s_in, s_mid;  // the residual stream entering the block and after attention
-    device_buffer<T, Dev> y1, qb, kb, vb, ob, y2, gb, ub, hb;
-    device_buffer<float, Dev> lse;
   };
-
-  // The block whose buffers hold block l's activations (block 0's when they are recomputed), and
-  // those of its attention core (block 0's under either recompute mode).
-  block& acts(std::size_t l) { return recompute_ == recompute::blocks ? blocks_[0] : blocks_[l]; }
-  block& attn_acts(std::size_t l) { return recompute_ != recompute::none ? blocks_[0] : blocks_[l]; }
 
   bool gpt2() const { return cfg_.naming == io::param_naming::gpt2; }
   bool gated() const { return !gpt2(); }
@@ -691,98 +690,285 @@ class decoder_lm {
     head_.forward(dev, crows_view<T>(f.last_y, B, d), rows_view<float>(f.logits, B, c.vocab_size), false);
   }
 
-  void allocate(std::size_t batch, std::size_t seq) {
-    const auto& c = cfg_;
-    const std::size_t n = batch * seq, d = c.hidden_size, I = c.intermediate_size;
-    const std::size_t qd = c.num_attention_heads * c.head_dim, kvd = c.num_key_value_heads * c.head_dim;
-    // Every block keeps its input stream; the other activations live in block 0's buffers alone
-    // when they are recomputed (attn_acts, acts), and other blocks hold none.
-    for (std::size_t l = 0; l < blocks_.size(); ++l) {
-      block& b = blocks_[l];
-      ensure(b.s_in, n * d);
-      if (&acts(l) == &b) {
-        ensure(b.s_mid, n * d);
-        ensure(b.y1, n * d);
-        ensure(b.qb, n * qd);
-        ensure(b.kb, n * kvd);
-        ensure(b.vb, n * kvd);
-        ensure(b.y2, n * d);
-        if (!moe()) {
-          if (gated()) ensure(b.gb, n * I);
-          ensure(b.ub, n * I);
-          ensure(b.hb, n * I);
-        }
-      }
-      if (&attn_acts(l) == &b) {
-        ensure(b.ob, n * qd);
-        ensure(b.lse, batch * c.num_attention_heads * seq);
-      }
+  // ---- The activation arena (nn/arena.hpp) ----
+  // The tensors of a step: s_in and s_mid, the f32 stream entering block l and after its attention;
+  // y1 and y2, the normed inputs of attention and the MLP; q, k, v, o and lse, attention's (after
+  // RoPE); tmp_o and tmp_mlp, the f32 outputs of the o projection and of the MLP; g, u and h, the
+  // dense MLP's gate, up and activation; s_final and yf, the final norm's stream and output;
+  // logits and dlogits, one chunk of the head; dy_head, the head's input gradient; dS, d loss / d
+  // s_in of block l (index L: of the final norm's input); the rest, block l's backward gradients
+  // (gT_*: a bf16 model's compute-type copy of an f32 gradient).
+  enum class act : std::uint8_t {
+    s_in,
+    s_mid,
+    y1,
+    q,
+    k,
+    v,
+    o,
+    lse,
+    tmp_o,
+    y2,
+    g,
+    u,
+    h,
+    tmp_mlp,  // a block's forward, in order
+    s_final,
+    yf,
+    logits,
+    dlogits,
+    dy_head,
+    dS,
+    gT_mlp,
+    dT_mlp,
+    dg,
+    du,
+    dy_mlp,
+    dS2,
+    gT_attn,
+    dT_attn,
+    dq,
+    dk,
+    dv,
+    dy_attn,
+    count
+  };
+  template <class E>
+  struct slot {
+    E* p = nullptr;
+    std::size_t n = 0;
+    E* data() const noexcept { return p; }
+    std::size_t size() const noexcept { return n; }
+  };
+  // The phases of a training step, in order: the embedding (0); block l's forward, 1 + 6l + f_*;
+  // the final norm; the head (every chunk, forward and backward); the final norm's backward; block
+  // l's backward (the last block first), b_*; the embedding's backward. A forward without
+  // training runs the first three.
+  enum : std::size_t { f_ln1, f_qkv, f_attn, f_o, f_ln2, f_mlp, f_count };
+  enum : std::size_t { b_rc, b_mlp, b_ln2, b_attn, b_ln1, b_count };
+  std::size_t ph_f(std::size_t l, std::size_t p) const { return 1 + f_count * l + p; }
+  std::size_t ph_final() const { return 1 + f_count * blocks_.size(); }
+  std::size_t ph_head() const { return ph_final() + 1; }
+  std::size_t ph_final_back() const { return ph_final() + 2; }
+  std::size_t ph_b(std::size_t l, std::size_t p) const { return ph_final() + 3 + b_count * (blocks_.size() - 1 - l) + p; }
+  std::size_t ph_embed_back() const { return ph_final() + 3 + b_count * blocks_.size(); }
+
+  // Whether backward reads a copy of kind k recomputed in the block's b_rc phase.
+  bool recomputed(act k) const {
+    switch (recompute_) {
+      case recompute::none: return false;
+      case recompute::attention: return k == act::o || k == act::lse;
+      case recompute::blocks: return k <= act::tmp_mlp && k != act::s_in;
     }
-    ensure(tmp_, n * d);
-    ensure(s_final_, n * d);
-    ensure(yf_, n * d);
-    positions_.resize(n);
-    for (std::size_t t = 0; t < n; ++t) positions_[t] = std::int64_t(t % seq);
+    return false;
+  }
+
+  std::size_t head_rows(std::size_t n) const { return head_chunk_ && head_chunk_ < n ? head_chunk_ : n; }
+
+  struct step_key {
+    std::size_t batch = 0, seq = 0, head = 0;
+    recompute mode = recompute::none;
+    bool planned = true;
+    bool operator==(const step_key&) const = default;
+  };
+  struct step_plan {
+    arena_plan plan;
+    std::vector<std::int32_t> ids;   // (pass, kind, layer) -> the plan's tensor, or -1
+    std::vector<std::size_t> elems;  // per tensor
+    step_key key;                    // batch 0: not planned
+  };
+  std::size_t slot_index(act k, std::size_t l, bool pass1) const {
+    return ((pass1 ? std::size_t(act::count) : 0) + std::size_t(k)) * (blocks_.size() + 1) + l;
+  }
+
+  // The plan of a step on (batch, seq) tokens (training or not) under the current recompute mode
+  // and head chunk, made when one of them changed; the arena grows to hold it.
+  void plan_step(std::size_t batch, std::size_t seq, bool train) {
+    step_plan& sp = train ? train_ : infer_;
+    cur_ = &sp;
+    const std::size_t n = detail::mul_checked(batch, seq, "tokens");
+    const step_key key{batch, seq, train ? head_rows(n) : 0, recompute_, planned_};
+    if (sp.key == key) return;
+    const auto& c = cfg_;
+    const std::size_t L = blocks_.size(), d = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
+    const std::size_t qd = c.num_attention_heads * c.head_dim, kvd = c.num_key_value_heads * c.head_dim;
+    sp = step_plan{};
+    sp.ids.assign(2 * std::size_t(act::count) * (L + 1), -1);
+    arena_plan& plan = sp.plan;
+    const auto put = [&](act k, std::size_t l, bool pass1, std::size_t rows, std::size_t cols, std::size_t esize, std::size_t first,
+                         std::size_t last) {
+      const std::size_t e = detail::mul_checked(rows, cols, "activation elements");
+      const std::size_t id = plan.add(detail::mul_checked(e, esize, "activation bytes"), first, last);
+      if (id > std::size_t(std::numeric_limits<std::int32_t>::max())) throw nn_error(errc::overflow, "decoder_lm: too many activations");
+      sp.ids[slot_index(k, l, pass1)] = std::int32_t(id);
+      sp.elems.push_back(e);
+    };
+    constexpr std::size_t sF = sizeof(float), sT = sizeof(T);
+    const bool dense = !moe(), gate = dense && gated();
+    for (std::size_t l = 0; l < L; ++l) {
+      const std::size_t next = l + 1 < L ? ph_f(l + 1, f_ln1) : ph_final();  // where the stream is read next
+      // A forward tensor lives to its last forward read `fp`, or to its read in backward phase bp
+      // when training keeps it; a recomputed copy lives from b_rc to that read.
+      const auto fwd = [&](act k, std::size_t rows, std::size_t cols, std::size_t esize, std::size_t first, std::size_t fp, std::size_t bp) {
+        put(k, l, false, rows, cols, esize, first, train && !recomputed(k) && bp != b_rc ? ph_b(l, bp) : fp);
+        if (train && recomputed(k)) put(k, l, true, rows, cols, esize, ph_b(l, b_rc), ph_b(l, bp));
+      };
+      put(act::s_in, l, false, n, d, sF, l == 0 ? 0 : ph_f(l, f_ln1), train ? ph_b(l, b_ln1) : ph_f(l, f_ln2));
+      fwd(act::y1, n, d, sT, ph_f(l, f_ln1), ph_f(l, f_qkv), b_attn);
+      fwd(act::q, n, qd, sT, ph_f(l, f_qkv), ph_f(l, f_attn), b_attn);
+      fwd(act::k, n, kvd, sT, ph_f(l, f_qkv), ph_f(l, f_attn), b_attn);
+      fwd(act::v, n, kvd, sT, ph_f(l, f_qkv), ph_f(l, f_attn), b_attn);
+      fwd(act::o, n, qd, sT, ph_f(l, f_attn), ph_f(l, f_o), b_attn);
+      fwd(act::lse, batch * c.num_attention_heads, seq, sF, ph_f(l, f_attn), ph_f(l, f_o), b_attn);
+      fwd(act::tmp_o, n, d, sF, ph_f(l, f_o), ph_f(l, f_ln2), b_rc);
+      fwd(act::s_mid, n, d, sF, ph_f(l, f_ln2), next, b_ln2);
+      fwd(act::y2, n, d, sT, ph_f(l, f_ln2), ph_f(l, f_mlp), b_mlp);
+      if (gate) fwd(act::g, n, I, sT, ph_f(l, f_mlp), ph_f(l, f_mlp), b_mlp);
+      if (dense) {
+        fwd(act::u, n, I, sT, ph_f(l, f_mlp), ph_f(l, f_mlp), b_mlp);
+        fwd(act::h, n, I, sT, ph_f(l, f_mlp), ph_f(l, f_mlp), b_mlp);
+      }
+      fwd(act::tmp_mlp, n, d, sF, ph_f(l, f_mlp), next, b_rc);
+      if (!train) continue;
+      const auto bwd = [&](act k, std::size_t rows, std::size_t cols, std::size_t esize, std::size_t first, std::size_t last) {
+        put(k, l, false, rows, cols, esize, ph_b(l, first), ph_b(l, last));
+      };
+      put(act::dS, l, false, n, d, sF, ph_b(l, b_ln1), l ? ph_b(l - 1, b_ln2) : ph_embed_back());
+      if (dense) {
+        if (bf16_compute) bwd(act::gT_mlp, n, d, sT, b_mlp, b_mlp);
+        bwd(act::dT_mlp, n, I, sT, b_mlp, b_mlp);
+        if (gate) bwd(act::dg, n, I, sT, b_mlp, b_mlp);
+        bwd(act::du, n, I, sT, b_mlp, b_mlp);
+      }
+      bwd(act::dy_mlp, n, d, sF, b_mlp, b_ln2);
+      bwd(act::dS2, n, d, sF, b_ln2, b_ln1);
+      if (bf16_compute) bwd(act::gT_attn, n, d, sT, b_attn, b_attn);
+      bwd(act::dT_attn, n, qd, sT, b_attn, b_attn);
+      bwd(act::dq, n, qd, sT, b_attn, b_attn);
+      bwd(act::dk, n, kvd, sT, b_attn, b_attn);
+      bwd(act::dv, n, kvd, sT, b_attn, b_attn);
+      bwd(act::dy_attn, n, d, sF, b_attn, b_ln1);
+    }
+    put(act::s_final, 0, false, n, d, sF, ph_final(), train ? ph_final_back() : ph_final());
+    put(act::yf, 0, false, n, d, sT, ph_final(), ph_head());
+    if (train) {
+      const std::size_t R = head_rows(n);
+      put(act::logits, 0, false, R, V, sF, ph_head(), ph_head());
+      put(act::dlogits, 0, false, R, V, sT, ph_head(), ph_head());
+      put(act::dy_head, 0, false, n, d, sF, ph_head(), ph_final_back());
+      put(act::dS, L, false, n, d, sF, ph_final_back(), ph_b(L - 1, b_ln2));
+    }
+    plan.solve(planned_);
+    sp.key = key;
+    if (arena_.size() < plan.size()) {
+      arena_ = {};  // free the old arena before the new one is taken
+      arena_ = device_buffer<std::byte, Dev>(*dev_, plan.size());
+    }
+  }
+  // Frees the arena and forgets the plans (the next step plans and allocates anew).
+  void release_arena() {
+    arena_ = {};
+    train_.key = {};
+    infer_.key = {};
+  }
+
+  // Kind k of layer l (pass1: its recomputed copy) in the current step's plan.
+  template <class E>
+  slot<E> buf(act k, std::size_t l, bool pass1) {
+    const std::int32_t id = cur_ ? cur_->ids[slot_index(k, l, pass1)] : -1;
+    if (id < 0)
+      throw nn_error(errc::invalid_argument,
+                     "decoder_lm: activation " + std::to_string(int(k)) + " of layer " + std::to_string(l) + " is not in this step's plan");
+    return {reinterpret_cast<E*>(arena_.data() + cur_->plan.offset(std::size_t(id))), cur_->elems[std::size_t(id)]};
+  }
+  slot<float> fbuf(act k, std::size_t l, bool pass1 = false) { return buf<float>(k, l, pass1); }
+  slot<T> tbuf(act k, std::size_t l, bool pass1 = false) { return buf<T>(k, l, pass1); }
+
+  // The start of phase p: with poisoning on, the arena's bytes no tensor live in p covers become NaN.
+  void phase(std::size_t p) {
+    if (!poison_ || !cur_) return;
+    for (const auto& [b, e] : cur_->plan.free_ranges(p)) std::memset(arena_.data() + b, 0xFF, e - b);
   }
 
   // The blocks and the final norm, then (with `head`) the LM head's logits of every row.
   void run_forward(std::span<const std::int64_t> ids, std::size_t batch, std::size_t seq, bool train, bool head = true) {
     check_batch(ids, batch, seq);
-    allocate(batch, seq);
+    plan_step(batch, seq, train);
     batch_ = batch;
     seq_ = seq;
     n_ = batch * seq;
     ids_.assign(ids.begin(), ids.end());
     const auto& c = cfg_;
-    const std::size_t n = n_, d = c.hidden_size;
+    const std::size_t n = n_, d = c.hidden_size, L = blocks_.size();
+    positions_.resize(n);
+    for (std::size_t t = 0; t < n; ++t) positions_[t] = std::int64_t(t % seq);
     Dev& dev = *dev_;
-    embedding_forward(dev, std::span<const std::int64_t>(ids_), crows_view<float>(embed_->value, c.vocab_size, d),
-                      rows_view<float>(blocks_[0].s_in, n, d));
+    phase(0);
+    const slot<float> s0 = fbuf(act::s_in, 0);
+    embedding_forward(dev, std::span<const std::int64_t>(ids_), crows_view<float>(embed_->value, c.vocab_size, d), rows_view<float>(s0, n, d));
     if (pos_)
       embedding_forward(dev, std::span<const std::int64_t>(positions_), crows_view<float>(pos_->value, c.max_position_embeddings, d),
-                        rows_view<float>(blocks_[0].s_in, n, d), true);
-    for (std::size_t l = 0; l < blocks_.size(); ++l) block_forward(l, train, false);
+                        rows_view<float>(s0, n, d), true);
+    for (std::size_t l = 0; l < L; ++l) block_forward(l, train, false);
     if (moe()) aux_from_routing();
-    final_norm_.forward(dev, crows_view<float>(tmp_, n, d), crows_view<float>(acts(blocks_.size() - 1).s_mid, n, d), rows_view<float>(s_final_, n, d),
-                        rows_view<T>(yf_, n, d), train);
+    phase(ph_final());
+    final_norm_.forward(dev, crows_view<float>(fbuf(act::tmp_mlp, L - 1), n, d), crows_view<float>(fbuf(act::s_mid, L - 1), n, d),
+                        rows_view<float>(fbuf(act::s_final, 0), n, d), rows_view<T>(tbuf(act::yf, 0), n, d), train);
     if (!head) return;
+    phase(ph_head());
     ensure(logits_, n * c.vocab_size);
-    head_.forward(dev, crows_view<T>(yf_, n, d), rows_view<float>(logits_, n, c.vocab_size), train);
+    head_.forward(dev, crows_view<T>(tbuf(act::yf, 0), n, d), rows_view<float>(logits_, n, c.vocab_size), train);
   }
 
   // Block l's forward: its input stream s_in (layer 0: the embeddings; later: the previous block's
-  // s_mid + MLP output, which ln1 adds and writes to s_in) to its MLP output in tmp_ (added to s_mid
-  // by the next norm). `recomputing` (backward under recompute::blocks): s_in holds the stream
-  // already, and the activations are rebuilt, the same bits as the first pass.
+  // s_mid + MLP output, which ln1 adds and writes to s_in) to its MLP output tmp_mlp (added to s_mid
+  // by the next norm). `recomputing` (backward's b_rc phase): s_in holds the stream already, and
+  // the recomputed kinds are rebuilt into their copies, the same bits as the first pass.
   void block_forward(std::size_t l, bool train, bool recomputing) {
     const auto& c = cfg_;
     const std::size_t n = n_, d = c.hidden_size;
     const std::size_t qd = c.num_attention_heads * c.head_dim, kvd = c.num_key_value_heads * c.head_dim;
     Dev& dev = *dev_;
     block& b = blocks_[l];
-    block& a = acts(l);
+    const auto F = [&](act k) { return fbuf(k, l, recomputing && recomputed(k)); };
+    const auto X = [&](act k) { return tbuf(k, l, recomputing && recomputed(k)); };
+    const auto at = [&](std::size_t p) {
+      if (!recomputing) phase(ph_f(l, p));
+    };
+    at(f_ln1);
+    const slot<T> y1s = X(act::y1);
     if (l == 0 || recomputing)
-      b.ln1.forward(dev, crows_view<float>(b.s_in, n, d), cview<float>{}, mview<float>{}, rows_view<T>(a.y1, n, d), train);
+      b.ln1.forward(dev, crows_view<float>(F(act::s_in), n, d), cview<float>{}, mview<float>{}, rows_view<T>(y1s, n, d), train);
     else
-      b.ln1.forward(dev, crows_view<float>(tmp_, n, d), crows_view<float>(acts(l - 1).s_mid, n, d), rows_view<float>(b.s_in, n, d),
-                    rows_view<T>(a.y1, n, d), train);
-    const cview<T> y1 = crows_view<T>(a.y1, n, d);
-    b.q.forward(dev, y1, rows_view<T>(a.qb, n, qd), train);
-    b.k.forward(dev, y1, rows_view<T>(a.kb, n, kvd), train);
-    b.v.forward(dev, y1, rows_view<T>(a.vb, n, kvd), train);
+      b.ln1.forward(dev, crows_view<float>(fbuf(act::tmp_mlp, l - 1), n, d), crows_view<float>(fbuf(act::s_mid, l - 1), n, d),
+                    rows_view<float>(F(act::s_in), n, d), rows_view<T>(y1s, n, d), train);
+    at(f_qkv);
+    const cview<T> y1 = crows_view<T>(y1s, n, d);
+    const slot<T> qs = X(act::q), ks = X(act::k);
+    b.q.forward(dev, y1, rows_view<T>(qs, n, qd), train);
+    b.k.forward(dev, y1, rows_view<T>(ks, n, kvd), train);
+    b.v.forward(dev, y1, rows_view<T>(X(act::v), n, kvd), train);
     if (!rope_freq_.empty()) {
       rope_options ro;
       ro.theta = c.rope_theta;
       ro.inv_freq = rope_freq_;
-      rope_forward(dev, rows_view<T>(a.qb, n, qd), c.head_dim, std::span<const std::int64_t>(positions_), ro);
-      rope_forward(dev, rows_view<T>(a.kb, n, kvd), c.head_dim, std::span<const std::int64_t>(positions_), ro);
+      rope_forward(dev, rows_view<T>(qs, n, qd), c.head_dim, std::span<const std::int64_t>(positions_), ro);
+      rope_forward(dev, rows_view<T>(ks, n, kvd), c.head_dim, std::span<const std::int64_t>(positions_), ro);
     }
-    attention_forward_of(l);
-    block& at = attn_acts(l);
-    b.o.forward(dev, crows_view<T>(at.ob, n, qd), rows_view<float>(tmp_, n, d), train);
-    b.ln2.forward(dev, crows_view<float>(tmp_, n, d), crows_view<float>(b.s_in, n, d), rows_view<float>(a.s_mid, n, d), rows_view<T>(a.y2, n, d),
-                  train);
-    mlp_forward(b, crows_view<T>(a.y2, n, d), a.gb.data(), a.ub.data(), a.hb.data(), rows_view<float>(tmp_, n, d), train);
+    at(f_attn);
+    attention_forward_of(l, recomputing);
+    at(f_o);
+    const slot<float> to = F(act::tmp_o);
+    b.o.forward(dev, crows_view<T>(X(act::o), n, qd), rows_view<float>(to, n, d), train);
+    at(f_ln2);
+    const slot<T> y2 = X(act::y2);
+    b.ln2.forward(dev, crows_view<float>(to, n, d), crows_view<float>(F(act::s_in), n, d), rows_view<float>(F(act::s_mid), n, d),
+                  rows_view<T>(y2, n, d), train);
+    at(f_mlp);
+    T* g = moe() || !gated() ? nullptr : X(act::g).data();
+    T* u = moe() ? nullptr : X(act::u).data();
+    T* h = moe() ? nullptr : X(act::h).data();
+    mlp_forward(b, crows_view<T>(y2, n, d), g, u, h, rows_view<float>(F(act::tmp_mlp), n, d), train);
   }
   // Block b's MLP from y2 into out: the dense one (gate and up into g and u, the activation into
   // h, down) or the expert bank (MoE, which keeps its own buffers).
@@ -806,13 +992,13 @@ class decoder_lm {
     b.down.forward(dev, cview<T>(h, n, I, I), out, train);
   }
   // Block l's attention core: its q, k, v to o and the log-sum-exp rows backward reads.
-  void attention_forward_of(std::size_t l) {
+  void attention_forward_of(std::size_t l, bool recomputing) {
     const std::size_t n = n_, qd = cfg_.num_attention_heads * cfg_.head_dim, kvd = cfg_.num_key_value_heads * cfg_.head_dim;
-    block& a = acts(l);
-    block& at = attn_acts(l);
-    blocks_[l].attn.forward(*dev_, batch_, seq_, std::span<const T>(a.qb.data(), n * qd), std::span<const T>(a.kb.data(), n * kvd),
-                            std::span<const T>(a.vb.data(), n * kvd), std::span<T>(at.ob.data(), n * qd),
-                            std::span<float>(at.lse.data(), batch_ * cfg_.num_attention_heads * seq_));
+    const auto X = [&](act k) { return tbuf(k, l, recomputing && recomputed(k)); };
+    blocks_[l].attn.forward(
+        *dev_, batch_, seq_, std::span<const T>(X(act::q).data(), n * qd), std::span<const T>(X(act::k).data(), n * kvd),
+        std::span<const T>(X(act::v).data(), n * kvd), std::span<T>(X(act::o).data(), n * qd),
+        std::span<float>(fbuf(act::lse, l, recomputing && recomputed(act::lse)).data(), batch_ * cfg_.num_attention_heads * seq_));
   }
 
   // HF's load_balancing_loss_func over the rows of every layer: aux = E · Σ_e f_e · P_e, and its
@@ -831,12 +1017,13 @@ class decoder_lm {
 
   gelu_approx gelu_kind() const { return cfg_.act == io::activation::gelu ? gelu_approx::erf : gelu_approx::tanh; }
 
-  // The compute-type view of an f32 gradient (a conversion for bf16 models, the same memory for f32).
-  cview<T> as_compute(const device_buffer<float, Dev>& g, std::size_t rows, std::size_t cols) {
+  // The compute-type view of an f32 gradient: for bf16 models its conversion into kind `k` of layer
+  // l, for f32 the same memory.
+  cview<T> as_compute(slot<float> g, std::size_t rows, std::size_t cols, [[maybe_unused]] act k, [[maybe_unused]] std::size_t l) {
     if constexpr (bf16_compute) {
-      ensure(gT_, rows * cols);
-      convert(*dev_, std::span<const float>(g.data(), rows * cols), std::span<bf16>(gT_.data(), rows * cols));
-      return crows_view<T>(gT_, rows, cols);
+      const slot<T> t = tbuf(k, l);
+      convert(*dev_, std::span<const float>(g.data(), rows * cols), std::span<bf16>(t.data(), rows * cols));
+      return crows_view<T>(t, rows, cols);
     } else {
       return crows_view<float>(g, rows, cols);
     }
@@ -844,71 +1031,78 @@ class decoder_lm {
 
   void run_backward() {
     const auto& c = cfg_;
-    const std::size_t n = n_, d = c.hidden_size, I = c.intermediate_size;
+    const std::size_t n = n_, d = c.hidden_size, I = c.intermediate_size, L = blocks_.size();
     const std::size_t qd = c.num_attention_heads * c.head_dim, kvd = c.num_key_value_heads * c.head_dim;
     Dev& dev = *dev_;
-    ensure(dS_, n * d);
-    ensure(dS2_, n * d);
-    ensure(dy_, n * d);
-    ensure(dT_, n * std::max({qd, I}));
-    ensure(dq_, n * qd);
-    ensure(dk_, n * kvd);
-    ensure(dv_, n * kvd);
-    ensure(dg_, n * I);
-    ensure(du_, n * I);
-    // final norm (dy_ holds the head's input gradient): dS = d loss / d s_final
-    final_norm_.backward(dev, crows_view<float>(dy_, n, d), cview<float>{}, rows_view<float>(dS_, n, d));
+    // final norm (dy_head holds the head's input gradient): dS[L] = d loss / d s_final
+    phase(ph_final_back());
+    final_norm_.backward(dev, crows_view<float>(fbuf(act::dy_head, 0), n, d), cview<float>{}, rows_view<float>(fbuf(act::dS, L), n, d));
     rope_options ro;
     ro.theta = c.rope_theta;
     ro.inv_freq = rope_freq_;
-    for (std::size_t li = blocks_.size(); li-- > 0;) {
+    for (std::size_t li = L; li-- > 0;) {
       block& b = blocks_[li];
-      block& a = acts(li);
-      block& at = attn_acts(li);
+      const auto S = [&](act k) { return tbuf(k, li, recomputed(k)); };  // what backward reads of the forward
       // Recomputation: the block's activations (or its attention output) again, from what was kept.
+      phase(ph_b(li, b_rc));
       if (recompute_ == recompute::blocks)
         block_forward(li, true, true);
-      else if (recompute_ == recompute::attention)
-        attention_forward_of(li);
+      else if (recompute_ == recompute::attention) {
+        attention_forward_of(li, true);
+        b.o.rebind_input(crows_view<T>(S(act::o), n, qd));  // the o projection's dW reads the copy
+      }
       // MLP: its output was added to s_mid, so it receives dS.
+      phase(ph_b(li, b_mlp));
+      const slot<float> dS = fbuf(act::dS, li + 1), dym = fbuf(act::dy_mlp, li);
       if (moe()) {
-        b.moe.backward(dev, crows_view<float>(dS_, n, d), rows_view<float>(dy_, n, d), std::span<const double>(aux_dprob_));
+        b.moe.backward(dev, crows_view<float>(dS, n, d), rows_view<float>(dym, n, d), std::span<const double>(aux_dprob_));
       } else {
-        const cview<T> dm = as_compute(dS_, n, d);
-        b.down.backward(dev, dm, rows_view<T>(dT_, n, I), false);
+        const cview<T> dm = as_compute(dS, n, d, act::gT_mlp, li);
+        const slot<T> dT = tbuf(act::dT_mlp, li), du = tbuf(act::du, li);
+        b.down.backward(dev, dm, rows_view<T>(dT, n, I), false);
         if (gated()) {
-          swiglu_backward(dev, std::span<const T>(dT_.data(), n * I), std::span<const T>(a.gb.data(), n * I), std::span<const T>(a.ub.data(), n * I),
-                          std::span<T>(dg_.data(), n * I), std::span<T>(du_.data(), n * I));
-          b.gate.backward(dev, crows_view<T>(dg_, n, I), rows_view<float>(dy_, n, d), false);
-          b.up.backward(dev, crows_view<T>(du_, n, I), rows_view<float>(dy_, n, d), true);
+          const slot<T> dg = tbuf(act::dg, li);
+          swiglu_backward(dev, std::span<const T>(dT.data(), n * I), std::span<const T>(S(act::g).data(), n * I),
+                          std::span<const T>(S(act::u).data(), n * I), std::span<T>(dg.data(), n * I), std::span<T>(du.data(), n * I));
+          b.gate.backward(dev, crows_view<T>(dg, n, I), rows_view<float>(dym, n, d), false);
+          b.up.backward(dev, crows_view<T>(du, n, I), rows_view<float>(dym, n, d), true);
         } else {
-          gelu_backward(dev, std::span<const T>(dT_.data(), n * I), std::span<const T>(a.ub.data(), n * I), std::span<T>(du_.data(), n * I),
+          gelu_backward(dev, std::span<const T>(dT.data(), n * I), std::span<const T>(S(act::u).data(), n * I), std::span<T>(du.data(), n * I),
                         gelu_kind());
-          b.up.backward(dev, crows_view<T>(du_, n, I), rows_view<float>(dy_, n, d), false);
+          b.up.backward(dev, crows_view<T>(du, n, I), rows_view<float>(dym, n, d), false);
         }
       }
       // ln2: dS2 = d loss / d s_mid (from y2 and from the stream after the block)
-      b.ln2.backward(dev, crows_view<float>(dy_, n, d), crows_view<float>(dS_, n, d), rows_view<float>(dS2_, n, d));
+      phase(ph_b(li, b_ln2));
+      const slot<float> dS2 = fbuf(act::dS2, li);
+      b.ln2.backward(dev, crows_view<float>(dym, n, d), crows_view<float>(dS, n, d), rows_view<float>(dS2, n, d));
       // attention: its output was added to s_in, so it receives dS2.
-      const cview<T> da = as_compute(dS2_, n, d);
-      b.o.backward(dev, da, rows_view<T>(dT_, n, qd), false);
-      b.attn.backward(dev, batch_, seq_, std::span<const T>(a.qb.data(), n * qd), std::span<const T>(a.kb.data(), n * kvd),
-                      std::span<const T>(a.vb.data(), n * kvd), std::span<const T>(at.ob.data(), n * qd), std::span<const T>(dT_.data(), n * qd),
-                      std::span<const float>(at.lse.data(), batch_ * c.num_attention_heads * seq_), std::span<T>(dq_.data(), n * qd),
-                      std::span<T>(dk_.data(), n * kvd), std::span<T>(dv_.data(), n * kvd));
+      phase(ph_b(li, b_attn));
+      const cview<T> da = as_compute(dS2, n, d, act::gT_attn, li);
+      const slot<T> dT = tbuf(act::dT_attn, li), dq = tbuf(act::dq, li), dk = tbuf(act::dk, li), dv = tbuf(act::dv, li);
+      const slot<float> dya = fbuf(act::dy_attn, li);
+      b.o.backward(dev, da, rows_view<T>(dT, n, qd), false);
+      b.attn.backward(dev, batch_, seq_, std::span<const T>(S(act::q).data(), n * qd), std::span<const T>(S(act::k).data(), n * kvd),
+                      std::span<const T>(S(act::v).data(), n * kvd), std::span<const T>(S(act::o).data(), n * qd),
+                      std::span<const T>(dT.data(), n * qd),
+                      std::span<const float>(fbuf(act::lse, li, recomputed(act::lse)).data(), batch_ * c.num_attention_heads * seq_),
+                      std::span<T>(dq.data(), n * qd), std::span<T>(dk.data(), n * kvd), std::span<T>(dv.data(), n * kvd));
       if (!rope_freq_.empty()) {
-        rope_backward(dev, rows_view<T>(dq_, n, qd), c.head_dim, std::span<const std::int64_t>(positions_), ro);
-        rope_backward(dev, rows_view<T>(dk_, n, kvd), c.head_dim, std::span<const std::int64_t>(positions_), ro);
+        rope_backward(dev, rows_view<T>(dq, n, qd), c.head_dim, std::span<const std::int64_t>(positions_), ro);
+        rope_backward(dev, rows_view<T>(dk, n, kvd), c.head_dim, std::span<const std::int64_t>(positions_), ro);
       }
-      b.q.backward(dev, crows_view<T>(dq_, n, qd), rows_view<float>(dy_, n, d), false);
-      b.k.backward(dev, crows_view<T>(dk_, n, kvd), rows_view<float>(dy_, n, d), true);
-      b.v.backward(dev, crows_view<T>(dv_, n, kvd), rows_view<float>(dy_, n, d), true);
-      // ln1: dS = d loss / d s_in
-      b.ln1.backward(dev, crows_view<float>(dy_, n, d), crows_view<float>(dS2_, n, d), rows_view<float>(dS_, n, d));
+      b.q.backward(dev, crows_view<T>(dq, n, qd), rows_view<float>(dya, n, d), false);
+      b.k.backward(dev, crows_view<T>(dk, n, kvd), rows_view<float>(dya, n, d), true);
+      b.v.backward(dev, crows_view<T>(dv, n, kvd), rows_view<float>(dya, n, d), true);
+      // ln1: dS[li] = d loss / d s_in
+      phase(ph_b(li, b_ln1));
+      b.ln1.backward(dev, crows_view<float>(dya, n, d), crows_view<float>(dS2, n, d), rows_view<float>(fbuf(act::dS, li), n, d));
     }
-    embedding_backward(dev, std::span<const std::int64_t>(ids_), crows_view<float>(dS_, n, d), rows_view<float>(embed_->grad, c.vocab_size, d));
+    phase(ph_embed_back());
+    const slot<float> dS0 = fbuf(act::dS, 0);
+    embedding_backward(dev, std::span<const std::int64_t>(ids_), crows_view<float>(dS0, n, d), rows_view<float>(embed_->grad, c.vocab_size, d));
     if (pos_)
-      embedding_backward(dev, std::span<const std::int64_t>(positions_), crows_view<float>(dS_, n, d),
+      embedding_backward(dev, std::span<const std::int64_t>(positions_), crows_view<float>(dS0, n, d),
                          rows_view<float>(pos_->grad, c.max_position_embeddings, d));
   }
 
@@ -928,10 +1122,14 @@ class decoder_lm {
   // activations of the last forward
   std::size_t batch_ = 0, seq_ = 0, n_ = 0;
   std::vector<std::int64_t> ids_, positions_;
-  double aux_ = 0.0;               // MoE: the last forward's load-balancing loss
-  std::vector<double> aux_dprob_;  // and coef · its gradient per expert probability
-  device_buffer<float, Dev> tmp_, s_final_, logits_;
-  device_buffer<T, Dev> yf_, dlogits_;
+  double aux_ = 0.0;                  // MoE: the last forward's load-balancing loss
+  std::vector<double> aux_dprob_;     // and coef · its gradient per expert probability
+  device_buffer<float, Dev> logits_;  // forward()'s and loss()'s logits (the step's output, outside the arena)
+  // the activation arena and the plans of the last training step and the last forward without one
+  device_buffer<std::byte, Dev> arena_;
+  step_plan train_, infer_;
+  const step_plan* cur_ = nullptr;
+  bool planned_ = true, poison_ = false;
   // inference (prefill, decode_step): one set of buffers for every layer
   struct infer_buffers {
     device_buffer<float, Dev> sa, sb, tmp, last_x, last_r, last_s, logits;
@@ -940,9 +1138,6 @@ class decoder_lm {
   std::vector<std::int64_t> positions_inf_;
   std::vector<std::int32_t> cu_, seqlens_, tables_;
   std::vector<std::size_t> last_rows_, ones_;
-  // backward scratch
-  device_buffer<float, Dev> dS_, dS2_, dy_;
-  device_buffer<T, Dev> dT_, dq_, dk_, dv_, dg_, du_, gT_;
 };
 
 }  // namespace nn

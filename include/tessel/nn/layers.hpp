@@ -41,7 +41,7 @@ using mview = tensor<T, 2>;
 
 // A row-major (rows, cols) view of a buffer (its first rows*cols elements).
 template <class T, class Buf>
-mview<T> rows_view(Buf& b, std::size_t rows, std::size_t cols) {
+mview<T> rows_view(Buf&& b, std::size_t rows, std::size_t cols) {  // Buf&&: a buffer or a view handed by value
   return mview<T>(b.data(), rows, cols, cols);
 }
 template <class T, class Buf>
@@ -102,6 +102,15 @@ class linear {
   }
   bool fp8() const { return fp8_; }
   const fp8_amax& amax() const { return amax_; }
+
+  // Backward's x from now on: the saved input's values at another place (a recomputed copy of it).
+  void rebind_input(cview<T> x) {
+    if (x.rows() != x_.rows() || x.cols() != x_.cols())
+      throw nn_error(errc::invalid_argument, "linear: rebind_input to " + std::to_string(x.rows()) + " x " + std::to_string(x.cols()) +
+                                                 " rows and columns, the saved input has " + std::to_string(x_.rows()) + " x " +
+                                                 std::to_string(x_.cols()));
+    x_ = x;
+  }
 
   // y = x Wᵀ + b (Y: T or f32). Saves x for backward when `save`.
   template <class Y>
