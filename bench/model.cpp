@@ -69,7 +69,8 @@ void BM_train_step(benchmark::State& st) {
 // The dense bf16 model's step under each recompute mode (range 0: 0 none, 1 attention, 2 blocks)
 // and LM-head chunk (range 1: rows per chunk, 0 all), 2 threads; act_MiB = the step's planned
 // activation arena (decoder_lm::activation_bytes), per_tensor_MiB = the same tensors with one
-// buffer each, act_ratio = their ratio (the arena's saving is 1 - act_ratio).
+// buffer each, act_ratio = their ratio (the arena's saving is 1 - act_ratio), act_vs_bound = the
+// arena over the most bytes live in one phase (1: no plan can take less).
 void BM_train_step_recompute(benchmark::State& st) {
   const tessel_bench::peak_meter mem;
   host_device dev(2);
@@ -87,6 +88,7 @@ void BM_train_step_recompute(benchmark::State& st) {
   st.counters["act_MiB"] = double(m.activation_bytes()) / double(1 << 20);
   st.counters["per_tensor_MiB"] = double(m.activation_bytes_per_tensor()) / double(1 << 20);
   st.counters["act_ratio"] = double(m.activation_bytes()) / double(m.activation_bytes_per_tensor());
+  st.counters["act_vs_bound"] = m.activation_plan().vs_lower_bound();  // the arena over the most bytes live in one phase
   st.counters["peak_MiB"] = mem.mib();
 }
 

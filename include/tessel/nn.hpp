@@ -2,7 +2,6 @@
 // models from a config, a paged KV cache and generation with it.
 #pragma once
 
-#include <tessel/nn/arena.hpp>
 #include <tessel/nn/decoder.hpp>
 #include <tessel/nn/errors.hpp>
 #include <tessel/nn/generate.hpp>

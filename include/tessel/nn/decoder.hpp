@@ -11,7 +11,7 @@
 //
 // Activations: a training step's tensors (the saved activations, the forward's temporaries, the
 // head's logits chunk and backward's gradients of activations) live in one arena planned from their
-// lifetimes (nn/arena.hpp): each tensor occupies its bytes only over the phases of the step that
+// lifetimes (device/memory_plan.hpp, the one liveness planner): each tensor occupies its bytes only over the phases of the step that
 // write or read it, so a tensor dead before another is born lends it its bytes. The plan is made
 // per (batch, seq, recompute mode, head chunk, training or not) before the step runs; backward
 // reads the forward's saved tensors (a module-level tape: the layers in reverse order).
@@ -42,9 +42,9 @@
 
 #include <tessel/device/device.hpp>
 #include <tessel/device/device_buffer.hpp>
+#include <tessel/device/memory_plan.hpp>
 #include <tessel/io/model_config.hpp>
 #include <tessel/io/safetensors.hpp>
-#include <tessel/nn/arena.hpp>
 #include <tessel/nn/errors.hpp>
 #include <tessel/nn/kv_cache.hpp>
 #include <tessel/nn/layers.hpp>
@@ -449,12 +449,12 @@ class decoder_lm {
   // Bytes of the activation arena the last training step planned (forward_backward): its saved
   // activations, the forward's temporaries, the head's logits chunk and their gradient, and
   // backward's gradients of activations, each over the phases it lives. 0 before the first step.
-  std::size_t activation_bytes() const noexcept { return train_.plan.size(); }
+  std::size_t activation_bytes() const noexcept { return train_.plan.arena_bytes; }
   // What the same tensors take with one buffer per tensor (every occurrence of every tensor of the
   // step its own allocation: the baseline the planned arena is measured against).
-  std::size_t activation_bytes_per_tensor() const noexcept { return train_.plan.total(); }
-  // The last training step's plan (tensors, phases, offsets).
-  const arena_plan& activation_plan() const noexcept { return train_.plan; }
+  std::size_t activation_bytes_per_tensor() const noexcept { return train_.plan.unplanned_bytes; }
+  // The last training step's plan (offsets, arena, its lower bound: the most bytes live in a phase).
+  const memory_plan& activation_plan() const noexcept { return train_.plan; }
 
   // Checks of the activation arena. planned = false gives every tensor its own bytes (no reuse: the
   // reference layout); poison = true fills the arena's bytes no live tensor covers with NaN at the
@@ -690,7 +690,7 @@ class decoder_lm {
     head_.forward(dev, crows_view<T>(f.last_y, B, d), rows_view<float>(f.logits, B, c.vocab_size), false);
   }
 
-  // ---- The activation arena (nn/arena.hpp) ----
+  // ---- The activation arena (device/memory_plan.hpp) ----
   // The tensors of a step: s_in and s_mid, the f32 stream entering block l and after its attention;
   // y1 and y2, the normed inputs of attention and the MLP; q, k, v, o and lse, attention's (after
   // RoPE); tmp_o and tmp_mlp, the f32 outputs of the o projection and of the MLP; g, u and h, the
@@ -772,7 +772,8 @@ class decoder_lm {
     bool operator==(const step_key&) const = default;
   };
   struct step_plan {
-    arena_plan plan;
+    std::vector<tensor_life> lives;  // per tensor: bytes and phases [first, last]
+    memory_plan plan;
     std::vector<std::int32_t> ids;   // (pass, kind, layer) -> the plan's tensor, or -1
     std::vector<std::size_t> elems;  // per tensor
     step_key key;                    // batch 0: not planned
@@ -794,11 +795,11 @@ class decoder_lm {
     const std::size_t qd = c.num_attention_heads * c.head_dim, kvd = c.num_key_value_heads * c.head_dim;
     sp = step_plan{};
     sp.ids.assign(2 * std::size_t(act::count) * (L + 1), -1);
-    arena_plan& plan = sp.plan;
     const auto put = [&](act k, std::size_t l, bool pass1, std::size_t rows, std::size_t cols, std::size_t esize, std::size_t first,
                          std::size_t last) {
       const std::size_t e = detail::mul_checked(rows, cols, "activation elements");
-      const std::size_t id = plan.add(detail::mul_checked(e, esize, "activation bytes"), first, last);
+      const std::size_t id = sp.lives.size();
+      sp.lives.push_back({detail::mul_checked(e, esize, "activation bytes"), first, last});
       if (id > std::size_t(std::numeric_limits<std::int32_t>::max())) throw nn_error(errc::overflow, "decoder_lm: too many activations");
       sp.ids[slot_index(k, l, pass1)] = std::int32_t(id);
       sp.elems.push_back(e);
@@ -858,11 +859,19 @@ class decoder_lm {
       put(act::dy_head, 0, false, n, d, sF, ph_head(), ph_final_back());
       put(act::dS, L, false, n, d, sF, ph_final_back(), ph_b(L - 1, b_ln2));
     }
-    plan.solve(planned_);
+    sp.plan = plan_memory(sp.lives);
+    if (!planned_) {  // the reference layout: each tensor its own aligned bytes, in order
+      std::size_t at = 0;
+      for (std::size_t i = 0; i < sp.lives.size(); ++i) {
+        sp.plan.offset[i] = at;
+        at += (sp.lives[i].bytes + 63) / 64 * 64;  // within unplanned_bytes, checked by plan_memory
+      }
+      sp.plan.arena_bytes = at;
+    }
     sp.key = key;
-    if (arena_.size() < plan.size()) {
+    if (arena_.size() < sp.plan.arena_bytes) {
       arena_ = {};  // free the old arena before the new one is taken
-      arena_ = device_buffer<std::byte, Dev>(*dev_, plan.size());
+      arena_ = device_buffer<std::byte, Dev>(*dev_, sp.plan.arena_bytes);
     }
   }
   // Frees the arena and forgets the plans (the next step plans and allocates anew).
@@ -879,15 +888,27 @@ class decoder_lm {
     if (id < 0)
       throw nn_error(errc::invalid_argument,
                      "decoder_lm: activation " + std::to_string(int(k)) + " of layer " + std::to_string(l) + " is not in this step's plan");
-    return {reinterpret_cast<E*>(arena_.data() + cur_->plan.offset(std::size_t(id))), cur_->elems[std::size_t(id)]};
+    return {reinterpret_cast<E*>(arena_.data() + cur_->plan.offset[std::size_t(id)]), cur_->elems[std::size_t(id)]};
   }
   slot<float> fbuf(act k, std::size_t l, bool pass1 = false) { return buf<float>(k, l, pass1); }
   slot<T> tbuf(act k, std::size_t l, bool pass1 = false) { return buf<T>(k, l, pass1); }
 
-  // The start of phase p: with poisoning on, the arena's bytes no tensor live in p covers become NaN.
+  // The start of phase p: with poisoning on, every byte of the arena but those of the tensors made
+  // before p and read in p or later becomes NaN (as graph's executor poisons before each op).
   void phase(std::size_t p) {
     if (!poison_ || !cur_) return;
-    for (const auto& [b, e] : cur_->plan.free_ranges(p)) std::memset(arena_.data() + b, 0xFF, e - b);
+    std::vector<std::pair<std::size_t, std::size_t>> keep;
+    for (std::size_t i = 0; i < cur_->lives.size(); ++i) {
+      const tensor_life& t = cur_->lives[i];
+      if (t.first < p && t.last >= p && t.bytes) keep.emplace_back(cur_->plan.offset[i], cur_->plan.offset[i] + t.bytes);
+    }
+    std::sort(keep.begin(), keep.end());
+    std::size_t at = 0;
+    for (const auto& [b, e] : keep) {
+      if (b > at) std::memset(arena_.data() + at, 0xFF, b - at);
+      at = std::max(at, e);
+    }
+    if (arena_.size() > at) std::memset(arena_.data() + at, 0xFF, arena_.size() - at);
   }
 
   // The blocks and the final norm, then (with `head`) the LM head's logits of every row.
