@@ -10,11 +10,12 @@
 // gradient in f32, and updates f32 masters (the bf16 copies are refreshed by the step).
 //
 // Activations: a training step's tensors (the saved activations, the forward's temporaries, the
-// head's logits chunk and backward's gradients of activations) live in one arena planned from their
-// lifetimes (device/memory_plan.hpp, the one liveness planner): each tensor occupies its bytes only over the phases of the step that
-// write or read it, so a tensor dead before another is born lends it its bytes. The plan is made
-// per (batch, seq, recompute mode, head chunk, training or not) before the step runs; backward
-// reads the forward's saved tensors (a module-level tape: the layers in reverse order).
+// head's logits chunk, backward's gradients of activations and recomputed copies) live in one
+// arena placed by the one liveness planner (device/memory_plan.hpp): each tensor holds its bytes
+// only over the phases of the step that write or read it, so a tensor dead before another is born
+// lends it its bytes. The plan is made per (batch, seq, recompute mode, head chunk, training or
+// not) before the step runs; backward reads the forward's saved tensors (a module-level tape: the
+// layers in reverse order).
 //
 // Incremental decoding (nn/kv_cache.hpp): prefill runs prompts of different lengths as one varlen
 // batch through the flash kernel and writes every layer's post-RoPE K and V into a paged cache;
@@ -698,41 +699,15 @@ class decoder_lm {
   // logits and dlogits, one chunk of the head; dy_head, the head's input gradient; dS, d loss / d
   // s_in of block l (index L: of the final norm's input); the rest, block l's backward gradients
   // (gT_*: a bf16 model's compute-type copy of an f32 gradient).
+  // clang-format off
   enum class act : std::uint8_t {
-    s_in,
-    s_mid,
-    y1,
-    q,
-    k,
-    v,
-    o,
-    lse,
-    tmp_o,
-    y2,
-    g,
-    u,
-    h,
-    tmp_mlp,  // a block's forward, in order
-    s_final,
-    yf,
-    logits,
-    dlogits,
-    dy_head,
-    dS,
-    gT_mlp,
-    dT_mlp,
-    dg,
-    du,
-    dy_mlp,
-    dS2,
-    gT_attn,
-    dT_attn,
-    dq,
-    dk,
-    dv,
-    dy_attn,
+    s_in, s_mid, y1, q, k, v, o, lse, tmp_o, y2, g, u, h, tmp_mlp,  // a block's forward: recomputed() relies on this order
+    s_final, yf, logits, dlogits, dy_head, dS,
+    gT_mlp, dT_mlp, dg, du, dy_mlp, dS2, gT_attn, dT_attn, dq, dk, dv, dy_attn,
     count
   };
+  // clang-format on
+
   template <class E>
   struct slot {
     E* p = nullptr;
