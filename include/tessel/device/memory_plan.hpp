@@ -31,6 +31,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdio>
+#include <cstring>
 #include <optional>
 #include <span>
 #include <string>
@@ -343,6 +344,23 @@ inline memory_plan plan_memory(std::span<const tensor_life> t, const plan_option
   for (std::size_t i = 0; i < n; ++i)
     if (group_of[i] != none) p.offset[i] = offset[group_of[i]];
   return p;
+}
+
+// Fills with 0xff (a NaN in every float dtype) the bytes of `arena` that no tensor live across op
+// k holds (made before k and read at k or later): what the ops before freed, and the outputs op k
+// is about to write. A planned run poisoned before each op gives the unplanned run's bits unless a
+// tensor is read outside its lifetime (graph's executor and nn's training step use it in tests).
+inline void poison_free_bytes(std::span<std::byte> arena, std::span<const tensor_life> t, const memory_plan& p, std::size_t k) {
+  std::vector<detail::plan_range> keep;
+  for (std::size_t i = 0; i < t.size(); ++i)
+    if (t[i].first < k && t[i].last >= k && t[i].bytes) keep.push_back({p.offset[i], p.offset[i] + t[i].bytes});
+  std::sort(keep.begin(), keep.end(), [](const detail::plan_range& a, const detail::plan_range& b) { return a.begin < b.begin; });
+  std::size_t at = 0;
+  for (const detail::plan_range& r : keep) {
+    if (r.begin > at) std::memset(arena.data() + at, 0xff, r.begin - at);
+    at = std::max(at, r.end);
+  }
+  if (arena.size() > at) std::memset(arena.data() + at, 0xff, arena.size() - at);
 }
 
 // One line: "memory plan: 120 tensors (3 in place), arena 10.50 MiB = 1.021x lower bound 10.28 MiB,

@@ -210,22 +210,8 @@ class executable {
     }
   }
 
-  // Fills with 0xff (a NaN in every float dtype) the arena bytes that no value live across step k
-  // holds: what the steps before freed, and the outputs step k is about to write.
-  void poison_before(std::size_t k) {
-    std::vector<std::pair<std::size_t, std::size_t>> keep;
-    for (std::size_t i = 0; i < act_.tensors.size(); ++i) {
-      const tensor_life& t = act_.tensors[i];
-      if (t.first < k && t.last >= k && t.bytes) keep.emplace_back(act_.plan.offset[i], act_.plan.offset[i] + t.bytes);
-    }
-    std::sort(keep.begin(), keep.end());
-    std::size_t at = 0;
-    for (const auto& [b, e] : keep) {
-      if (b > at) std::memset(arena_.data() + at, 0xff, b - at);
-      at = std::max(at, e);
-    }
-    if (arena_.size() > at) std::memset(arena_.data() + at, 0xff, arena_.size() - at);
-  }
+  // Fills with NaN the arena bytes no value live across step k holds (poison_free_bytes).
+  void poison_before(std::size_t k) { poison_free_bytes(std::span<std::byte>(arena_.data(), arena_.size()), act_.tensors, act_.plan, k); }
 };
 
 template <device Dev>

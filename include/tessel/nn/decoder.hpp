@@ -869,21 +869,9 @@ class decoder_lm {
   slot<T> tbuf(act k, std::size_t l, bool pass1 = false) { return buf<T>(k, l, pass1); }
 
   // The start of phase p: with poisoning on, every byte of the arena but those of the tensors made
-  // before p and read in p or later becomes NaN (as graph's executor poisons before each op).
+  // before p and read in p or later becomes NaN (poison_free_bytes, as graph's executor does).
   void phase(std::size_t p) {
-    if (!poison_ || !cur_) return;
-    std::vector<std::pair<std::size_t, std::size_t>> keep;
-    for (std::size_t i = 0; i < cur_->lives.size(); ++i) {
-      const tensor_life& t = cur_->lives[i];
-      if (t.first < p && t.last >= p && t.bytes) keep.emplace_back(cur_->plan.offset[i], cur_->plan.offset[i] + t.bytes);
-    }
-    std::sort(keep.begin(), keep.end());
-    std::size_t at = 0;
-    for (const auto& [b, e] : keep) {
-      if (b > at) std::memset(arena_.data() + at, 0xFF, b - at);
-      at = std::max(at, e);
-    }
-    if (arena_.size() > at) std::memset(arena_.data() + at, 0xFF, arena_.size() - at);
+    if (poison_ && cur_) poison_free_bytes(std::span<std::byte>(arena_.data(), arena_.size()), cur_->lives, cur_->plan, p);
   }
 
   // The blocks and the final norm, then (with `head`) the LM head's logits of every row.
