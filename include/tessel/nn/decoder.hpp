@@ -835,11 +835,12 @@ class decoder_lm {
       put(act::dS, L, false, n, d, sF, ph_final_back(), ph_b(L - 1, b_ln2));
     }
     sp.plan = plan_memory(sp.lives);
-    if (!planned_) {  // the reference layout: each tensor its own aligned bytes, in order
+    if (!planned_) {                                           // the reference layout: each tensor its own aligned bytes, in order
+      constexpr std::size_t align = plan_options{}.alignment;  // plan_memory's, which sized unplanned_bytes
       std::size_t at = 0;
       for (std::size_t i = 0; i < sp.lives.size(); ++i) {
         sp.plan.offset[i] = at;
-        at += (sp.lives[i].bytes + 63) / 64 * 64;  // within unplanned_bytes, checked by plan_memory
+        at += (sp.lives[i].bytes + align - 1) / align * align;  // within unplanned_bytes, checked by plan_memory
       }
       sp.plan.arena_bytes = at;
     }
