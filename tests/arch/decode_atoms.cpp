@@ -168,26 +168,29 @@ TEST_CASE("online_tok_max and online_tok_exp equal their scalar definitions", "[
     std::vector<float> s(G * ld);
     for (auto& x : s) x = d(g);
     const float c = 0.3f;
-    std::vector<float> m(n), m0(n), alpha(n), sum(n), sum0(n);
+    std::vector<float> m(n), m0(n), alpha(n), sum(n), sum0(n), tmax(n), sh(n);
     for (std::size_t j = 0; j < n; ++j) {
       m0[j] = m[j] = j % 3 == 0 ? -INFINITY : d(g);
       sum0[j] = sum[j] = j % 3 == 0 ? 0.0f : 2.0f;
     }
-    dec::online_tok_max(s.data(), ld, G, n, c, m.data(), alpha.data());
+    dec::online_tok_max(s.data(), ld, G, n, c, m.data(), alpha.data(), tmax.data(), sh.data());
     std::size_t bad = 0;
     for (std::size_t j = 0; j < n; ++j) {
       float mx = s[j];
       for (std::size_t t = 1; t < G; ++t) mx = std::max(mx, s[t * ld + j]);
-      const float mn = std::max(m0[j], mx * c);
+      const float tc = mx * c, mn = std::max(m0[j], tc);
       bad += fbits(m[j]) != fbits(mn);
+      bad += fbits(tmax[j]) != fbits(mx);
+      bad += fbits(sh[j]) != fbits(tc - mn);
       bad += fbits(alpha[j]) != fbits(sm::exp2_nonpos(m0[j] - mn));
     }
     std::vector<std::uint32_t> pp((G / 2) * ld);
-    dec::online_tok_exp(s.data(), ld, G, n, c, m.data(), pp.data(), sum.data());
+    dec::online_tok_exp(s.data(), ld, G, n, c, tmax.data(), sh.data(), pp.data(), sum.data());
     for (std::size_t j = 0; j < n; ++j) {
       float acc = sum0[j];
       for (std::size_t t = 0; t < G; t += 2) {
-        const float p0 = sm::exp2_nonpos(std::fma(s[t * ld + j], c, -m[j])), p1 = sm::exp2_nonpos(std::fma(s[(t + 1) * ld + j], c, -m[j]));
+        const float p0 = sm::exp2_nonpos(std::fma(s[t * ld + j] - tmax[j], c, sh[j]));
+        const float p1 = sm::exp2_nonpos(std::fma(s[(t + 1) * ld + j] - tmax[j], c, sh[j]));
         acc = acc + p0 + p1;
         bad += pp[(t / 2) * ld + j] != (std::uint32_t(sm::f32_to_bf16_bits(p0)) | (std::uint32_t(sm::f32_to_bf16_bits(p1)) << 16));
       }

@@ -159,6 +159,16 @@ TEST_CASE("row kernels equal their scalar definitions at every length", "[arch][
     for (std::size_t j = 0; j < n; ++j) mc[j] = j % 5 == 4 ? INFINITY : s[j] * c + float(j % 3);
     sm::exp2_cols(s.data(), mc.data(), n, c, pc.data());
     for (std::size_t j = 0; j < n; ++j) bad += fbits(pc[j]) != fbits(sm::exp2_nonpos(std::fma(s[j], c, -mc[j])));
+    // exp2_row shifted by t: exp2((s - t)·c - m)
+    const float t = n ? mx : 0.0f;
+    const float sum_t = sm::exp2_row(s.data(), n, c, 0.25f, p.data(), t);
+    double ref_t = 0;
+    for (std::size_t j = 0; j < n; ++j) {
+      const float e = sm::exp2_nonpos(std::fma(s[j] - t, c, -0.25f));
+      bad += fbits(p[j]) != fbits(e);
+      ref_t += e;
+    }
+    bad += std::fabs(sum_t - ref_t) > double(n) * u * ref_t;
     // scale_row, dot_row, softmax_grad_row, softmax_grad_cols
     std::vector<float> o = y;
     sm::scale_row(o.data(), n, 0.7f);
@@ -192,13 +202,14 @@ TEST_CASE("online_row and online_step32_bf16: one step equals the two-pass defin
     float m = m0, l = l0;
     std::vector<float> p(n);
     const float alpha = sm::online_row(s.data(), n, c, m, l, p.data());
-    const float mn = std::max(m0, sm::row_max(s.data(), n) * c);
+    const float t = sm::row_max(s.data(), n), mn = std::max(m0, t * c);
     REQUIRE(fbits(m) == fbits(mn));
     REQUIRE(fbits(alpha) == fbits(mn == m0 ? 1.0f : sm::exp2_nonpos(m0 - mn)));
     double sum = 0;
     std::size_t bad = 0;
     for (std::size_t j = 0; j < n; ++j) {
-      const float e = sm::exp2_nonpos(std::fma(s[j], c, -mn));
+      const float e = std::fabs(mn) < sm::online_exact_max ? sm::exp2_nonpos(std::fma(s[j], c, -mn))
+                                                           : sm::exp2_nonpos(std::fma(s[j] - t, c, t * c - mn));  // from the block's max t
       bad += fbits(p[j]) != fbits(e);
       sum += e;
     }
@@ -221,6 +232,50 @@ TEST_CASE("online_row and online_step32_bf16: one step equals the two-pass defin
       REQUIRE(std::fabs(l32 - l) <= 34 * u * l);
       for (std::size_t j = 0; j < 32; ++j) bad += p32[j] != pb[j];
       REQUIRE(bad == 0);
+    }
+  }
+}
+
+TEST_CASE("online softmax keeps the max key's weight and the row's log-sum-exp at any score magnitude", "[arch][softmax]") {
+  // s·c - m as one fma is off by m's rounding, half an ulp of m, alike for the whole row: the max
+  // key weighs 2^shift. Past 2^31 in log2 units that shift overflowed exp2 (a row of Inf and NaN)
+  // or flushed the row to 0 (taken for a masked row); past online_exact_max the weight is 1.
+  std::mt19937 g(95);
+  for (float mag : {1.0f, 1e3f, 1e7f, 1e9f, 1e11f, 1e13f, 1e30f}) {
+    for (int trial = 0; trial < 50; ++trial) {
+      const std::size_t n = 1 + g() % 80;
+      auto s = random_scores(n, g);
+      for (float& x : s) x *= mag;
+      const float c = 1.4426950f * 0.125f;
+      float m = -INFINITY, l = 0.0f, mb = -INFINITY, lb = 0.0f;
+      std::vector<float> p(n);
+      std::vector<std::uint16_t> pb(n);
+      (void)sm::online_row(s.data(), n, c, m, l, p.data());
+      (void)sm::online_row(s.data(), n, c, mb, lb, pb.data());
+      const std::size_t jmax = std::size_t(std::max_element(s.begin(), s.end()) - s.begin());
+      const double half_ulp = std::ldexp(1.0, std::ilogb(m) - 24);  // of m, in log2 units
+      INFO("magnitude " << mag << " n " << n << " p_max " << p[jmax] << " m " << m);
+      if (std::fabs(m) >= sm::online_exact_max)
+        REQUIRE(p[jmax] == 1.0f);
+      else
+        REQUIRE(std::fabs(std::log2(double(p[jmax]))) <= half_ulp + 4 * u);
+      REQUIRE(pb[jmax] == sm::f32_to_bf16_bits(p[jmax]));
+      REQUIRE(std::isfinite(l));
+      REQUIRE(l >= p[jmax]);
+      for (float x : p) REQUIRE((x >= 0.0f && x <= p[jmax]));
+      // the row's log-sum-exp (log2 units), m + log2 l, within m's rounding of fp64's
+      double mx = -INFINITY, sum = 0;
+      for (float x : s) mx = std::max(mx, double(x) * c);
+      for (float x : s) sum += std::exp2(double(x) * c - mx);
+      REQUIRE(std::fabs(double(m) + std::log2(double(l)) - (mx + std::log2(sum))) <= 2 * half_ulp + double(n + 4) * u + 4 * u * std::fabs(mx));
+      if (n >= 32) {  // decode's 32-key step takes its exponents from the block's max at any magnitude
+        float m32 = -INFINITY, l32 = 0.0f;
+        std::vector<std::uint16_t> p32(32);
+        (void)sm::online_step32_bf16(s.data(), c, m32, l32, p32.data());
+        const std::size_t j32 = std::size_t(std::max_element(s.begin(), s.begin() + 32) - s.begin());
+        REQUIRE(p32[j32] == sm::f32_to_bf16_bits(1.0f));
+        REQUIRE((std::isfinite(l32) && l32 >= 1.0f));
+      }
     }
   }
 }

@@ -529,6 +529,50 @@ void check_decode(std::size_t D, std::size_t sq, bool causal, std::size_t H = 8,
 }
 }  // namespace
 
+TEST_CASE("attention forward stays within the rule at score magnitudes of 1e9 and more", "[ops][attention]") {
+  // Inputs of 1e3-1e5 give scores of 1e7-1e11: one fma for s·c - max is off by half an ulp of max,
+  // which used to overflow exp2 (NaN rows) or flush a whole row (zeros taken for a masked row).
+  ref::problem p{1, 40, 70, 4, 2, 32};
+  p.causal = true;
+  for (double amp : {1e3, 1e5}) {
+    CAPTURE(amp);
+    SECTION("f32") { check_forward<float>(p, 13, false, amp); }
+    SECTION("bf16") { check_forward<bf16>(p, 14, false, amp); }
+  }
+  // decode (bottom-right causal over a longer cache) reads the same rows through its own steps:
+  // 2 query rows per kv head (the row-by-row step) and 4 (the token-order step)
+  for (std::size_t H : {4, 8}) {
+    const std::size_t HK = 2, D = 32, len = 300, grp = H / HK;
+    std::vector<bf16> q(H * D), k(len * HK * D), v(k.size());
+    std::mt19937 rng(15);
+    std::normal_distribution<double> nd;
+    for (auto& x : q) x = bf16(float(1e5 * nd(rng)));
+    for (auto& x : k) x = bf16(float(1e5 * nd(rng)));
+    for (auto& x : v) x = bf16(float(nd(rng)));
+    const std::vector<std::int32_t> lens{std::int32_t(len)};
+    attention_options opt;
+    opt.causal = true;
+    opt.align = mask_align::bottom_right;
+    host_device dev(2);
+    std::vector<bf16> o(q.size());
+    std::vector<float> lse(H);
+    attention_decode<host_device, bf16, bf16>(dev, decode_shape(1, 1, H, HK, D, len), q, k, v, lens, {}, o, lse, opt);
+    for (std::size_t h = 0; h < H; ++h) {
+      // scores this far apart make softmax one-hot: o is v of the best key of the head's kv head
+      double best = -INFINITY;
+      std::size_t arg = 0;
+      for (std::size_t j = 0; j < len; ++j) {
+        double sc = 0;
+        for (std::size_t d = 0; d < D; ++d) sc += double(float(q[h * D + d])) * double(float(k[(j * HK + h / grp) * D + d]));
+        if (sc > best) best = sc, arg = j;
+      }
+      CAPTURE(H, h, arg);
+      CHECK(std::isfinite(lse[h]));
+      for (std::size_t d = 0; d < D; ++d) CHECK(float(o[h * D + d]) == float(v[(arg * HK + h / grp) * D + d]));
+    }
+  }
+}
+
 TEST_CASE("attention decode (split-KV) matches fp64 within the FlashAttention rule", "[ops][attention][decode]") {
   check_decode<bf16>(128, 1, false);
   check_decode<bf16>(128, 3, true);

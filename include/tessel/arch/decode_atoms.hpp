@@ -300,32 +300,40 @@ inline void pv_tok_bf16(const std::uint32_t* pp, std::size_t ldp, std::size_t nh
 // horizontal reductions are needed.
 // First: m (running max of s*c, log2 units) moves to the step's new max, and alpha[row] =
 // exp2(m_old - m_new) is the factor the row's accumulator and sum must be scaled by (exactly 1
-// when the max did not move).
-inline void online_tok_max(const float* s, std::size_t ld, std::size_t G, std::size_t n, float c, float* m, float* alpha) {
+// when the max did not move). tmax[row] gets the step's raw max score t and sh[row] = t·c - m_new
+// (<= 0, 0 when the step set the max): the exponents are (s - t)·c + sh, as softmax::online_row's.
+inline void online_tok_max(const float* s, std::size_t ld, std::size_t G, std::size_t n, float c, float* m, float* alpha, float* tmax, float* sh) {
   const __m512 cv = _mm512_set1_ps(c);
   for (std::size_t j = 0; j < n; j += 16) {
     const __mmask16 k = n - j >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - j)) - 1u);
     __m512 mx = _mm512_maskz_loadu_ps(k, s + j);
     for (std::size_t t = 1; t < G; ++t) mx = _mm512_max_ps(mx, _mm512_maskz_loadu_ps(k, s + t * ld + j));
     const __m512 mo = _mm512_maskz_loadu_ps(k, m + j);
-    const __m512 mn = _mm512_max_ps(mo, _mm512_mul_ps(mx, cv));
+    const __m512 tc = _mm512_mul_ps(mx, cv);  // read twice: not fused into the subtraction below
+    const __m512 mn = _mm512_max_ps(mo, tc);
     _mm512_mask_storeu_ps(alpha + j, k, softmax::exp2_nonpos_scalef(softmax::vf(_mm512_sub_ps(mo, mn))));
     _mm512_mask_storeu_ps(m + j, k, mn);
+    _mm512_mask_storeu_ps(tmax + j, k, mx);
+    _mm512_mask_storeu_ps(sh + j, k, _mm512_sub_ps(tc, mn));
   }
 }
-// Then, for nt (even) tokens from s: p = exp2(s*c - m) is added to sum[row] in token order (f32),
-// and pp[(t/2)*ld + row] gets the bf16 (RNE) pair of tokens t, t+1 that pv_tok_bf16 takes.
-inline void online_tok_exp(const float* s, std::size_t ld, std::size_t nt, std::size_t n, float c, const float* m, std::uint32_t* pp, float* sum) {
+// Then, for nt (even) tokens from s: p = exp2((s - tmax)*c + sh) is added to sum[row] in token
+// order (f32), and pp[(t/2)*ld + row] gets the bf16 (RNE) pair of tokens t, t+1 that pv_tok_bf16
+// takes.
+inline void online_tok_exp(const float* s, std::size_t ld, std::size_t nt, std::size_t n, float c, const float* tmax, const float* sh,
+                           std::uint32_t* pp, float* sum) {
   const __m512i pair_idx =
       _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   const __m512 cv = _mm512_set1_ps(c);
   for (std::size_t j = 0; j < n; j += 16) {
     const __mmask16 k = n - j >= 16 ? __mmask16(0xffff) : __mmask16((1u << (n - j)) - 1u);
-    const __m512 mn = _mm512_maskz_loadu_ps(k, m + j);
+    const __m512 tv = _mm512_maskz_loadu_ps(k, tmax + j), shv = _mm512_maskz_loadu_ps(k, sh + j);
     __m512 acc = _mm512_maskz_loadu_ps(k, sum + j);
     for (std::size_t t = 0; t < nt; t += 2) {
-      const __m512 p0 = softmax::exp2_nonpos_scalef(softmax::vf(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(k, s + t * ld + j), cv, mn)));
-      const __m512 p1 = softmax::exp2_nonpos_scalef(softmax::vf(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(k, s + (t + 1) * ld + j), cv, mn)));
+      const __m512 x0 = _mm512_fmadd_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + t * ld + j), tv), cv, shv);
+      const __m512 x1 = _mm512_fmadd_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + (t + 1) * ld + j), tv), cv, shv);
+      const __m512 p0 = softmax::exp2_nonpos_scalef(softmax::vf(x0));
+      const __m512 p1 = softmax::exp2_nonpos_scalef(softmax::vf(x1));
       acc = _mm512_add_ps(_mm512_add_ps(acc, p0), p1);
       const __m512i w = (__m512i)_mm512_cvtne2ps_pbh(p1, p0);  // words 0-15 token t, 16-31 token t+1
       _mm512_storeu_si512(pp + (t / 2) * ld + j, _mm512_permutexvar_epi16(pair_idx, w));
@@ -393,19 +401,23 @@ inline void pv_tok_bf16(const std::uint32_t* pp, std::size_t ldp, std::size_t nh
           o[(h * 4 + r) * D + d] = std::fma(pj, detail::bf16_bits_to_f32(vrow[u][h * v_head + d]), o[(h * 4 + r) * D + d]);
       }
 }
-inline void online_tok_max(const float* s, std::size_t ld, std::size_t G, std::size_t n, float c, float* m, float* alpha) {
+inline void online_tok_max(const float* s, std::size_t ld, std::size_t G, std::size_t n, float c, float* m, float* alpha, float* tmax, float* sh) {
   for (std::size_t j = 0; j < n; ++j) {
     float mx = s[j];
     for (std::size_t t = 1; t < G; ++t) mx = std::max(mx, s[t * ld + j]);
-    const float mn = std::max(m[j], mx * c);
+    const float tc = mx * c, mn = std::max(m[j], tc);
     alpha[j] = softmax::exp2_nonpos(m[j] - mn);
     m[j] = mn;
+    tmax[j] = mx;
+    sh[j] = tc - mn;
   }
 }
-inline void online_tok_exp(const float* s, std::size_t ld, std::size_t nt, std::size_t n, float c, const float* m, std::uint32_t* pp, float* sum) {
+inline void online_tok_exp(const float* s, std::size_t ld, std::size_t nt, std::size_t n, float c, const float* tmax, const float* sh,
+                           std::uint32_t* pp, float* sum) {
   for (std::size_t j = 0; j < n; ++j)
     for (std::size_t t = 0; t < nt; t += 2) {
-      const float p0 = softmax::exp2_nonpos(s[t * ld + j] * c - m[j]), p1 = softmax::exp2_nonpos(s[(t + 1) * ld + j] * c - m[j]);
+      const float p0 = softmax::exp2_nonpos(std::fma(s[t * ld + j] - tmax[j], c, sh[j]));
+      const float p1 = softmax::exp2_nonpos(std::fma(s[(t + 1) * ld + j] - tmax[j], c, sh[j]));
       sum[j] = sum[j] + p0 + p1;
       pp[(t / 2) * ld + j] = std::uint32_t(softmax::f32_to_bf16_bits(p0)) | (std::uint32_t(softmax::f32_to_bf16_bits(p1)) << 16);
     }

@@ -39,13 +39,16 @@ inline constexpr float neg_inf = -std::numeric_limits<float>::infinity();
 inline std::uint16_t f32_to_bf16_bits(float f) { return stream::f32_to_bf16_bits(f); }
 
 // exp2 for x <= 0 (and -inf -> 0), accurate to 3 ulp (2.6 measured over [-126, 0]): 2^x = 2^round(x) * p(f), |f| <= 0.5,
-// a degree-6 polynomial. Faster than a general exp because no overflow branch is needed.
+// a degree-6 polynomial. Faster than a general exp because no overflow branch is needed. A positive
+// x gives 1: callers pass score·c − max as one fma, which is exact, so the max element itself can
+// come out above 0 by the rounding of max (half an ulp of it: past 2^25 in log2 units for scores
+// of 1e9 and more, whose exp2 overflowed and turned the softmax into NaN).
 // (Every multiply-add here is stream::fma: xsimd 8's AVX-512 fma/fms are the generic a*b+c, which
 // GCC fuses and Clang does not, so the vector bodies rounded unlike their scalar std::fma twins.)
 template <class B>
 inline B exp2_nonpos(const B& x) {
   using I = xsimd::as_integer_t<B>;
-  const B xc = xsimd::max(x, B(-127.0f));  // below: result is flushed to 0 below (and -inf -> 0)
+  const B xc = xsimd::max(xsimd::min(B(0.0f), x), B(-127.0f));  // below: flushed to 0 below (and -inf, NaN -> 0)
   const B r = xsimd::nearbyint(xc);
   const B f = xc - r;  // [-0.5, 0.5]
   // minimax-like Taylor terms of 2^f
@@ -64,6 +67,7 @@ inline B exp2_nonpos(const B& x) {
 // call on the per-row rescaling path). exp2_nonpos(0) == 1 exactly.
 inline float exp2_nonpos(float x) {
   if (!(x >= -126.0f)) return 0.0f;
+  x = std::min(x, 0.0f);
   const float r = std::nearbyint(x);
   const float f = x - r;
   float p = 1.5403530393381606e-4f;
@@ -112,12 +116,12 @@ inline float online_step32_bf16(const float* s, float c, float& m, float& l, std
     x[i] = vf::load_unaligned(s + i * W);
     mx = xsimd::max(mx, x[i]);
   }
-  const float mn = std::max(m, hmax(mx) * c);
+  const float t = hmax(mx), tc = t * c, mn = std::max(m, tc);
   const float alpha = exp2_nonpos(m - mn);
-  const vf cv(c), mv(mn);
+  const vf cv(c), tv(t), shv(tc - mn);  // exponents (s - t)·c - (mn - t·c): see online_row
   vf sum(0.0f);
   for (std::size_t i = 0; i < N; ++i) {
-    const vf v = exp2_nonpos(stream::fma(x[i], cv, -mv));
+    const vf v = exp2_nonpos(stream::fma(x[i] - tv, cv, shv));
     sum += v;
     store_bf16(v, p + i * W);
   }
@@ -141,15 +145,16 @@ inline float row_max(const float* s, std::size_t n) {
   return m;
 }
 
-// p[j] = exp2(s[j]*c - m) for j < n (m finite), returns sum_j p[j] (f32, in fixed lane order).
+// p[j] = exp2((s[j] - t)*c - m) for j < n (m finite; one fma after the subtraction, and with the
+// default t = 0 exactly exp2(s[j]*c - m)), returns sum_j p[j] (f32, in fixed lane order).
 // OutBits = uint16_t writes bf16 bits (RNE); float writes f32. The sum is over the f32 values.
 template <class Out>
-inline float exp2_row(const float* s, std::size_t n, float c, float m, Out* p) {
-  const vf cv(c), mv(m);
+inline float exp2_row(const float* s, std::size_t n, float c, float m, Out* p, float t = 0.0f) {
+  const vf cv(c), mv(m), tv(t);
   vf acc(0.0f);
   std::size_t j = 0;
   for (; j + W <= n; j += W) {
-    const vf e = exp2_nonpos(stream::fma(vf::load_unaligned(s + j), cv, -mv));
+    const vf e = exp2_nonpos(stream::fma(vf::load_unaligned(s + j) - tv, cv, -mv));
     acc += e;
     if constexpr (std::is_same_v<Out, float>)
       e.store_unaligned(p + j);
@@ -158,7 +163,7 @@ inline float exp2_row(const float* s, std::size_t n, float c, float m, Out* p) {
   }
   float sum = xsimd::hadd(acc);
   for (; j < n; ++j) {
-    const float e = exp2_nonpos(std::fma(s[j], c, -m));
+    const float e = exp2_nonpos(std::fma(s[j] - t, c, -m));
     sum += e;
     if constexpr (std::is_same_v<Out, float>)
       p[j] = e;
@@ -169,8 +174,10 @@ inline float exp2_row(const float* s, std::size_t n, float c, float m, Out* p) {
 }
 
 // exp2_nonpos with AVX-512's vscalefps: the same polynomial and the same bits as exp2_nonpos for
-// every input (x < -126, -inf and NaN give 0), in 11 instructions instead of 16: 2^r is applied by
-// scalef rather than built from exponent bits, and the lanes below -126 are zeroed by a mask.
+// every x <= 0 (x < -126, -inf and NaN give 0), in 11 instructions instead of 16: 2^r is applied by
+// scalef rather than built from exponent bits, and the lanes below -126 are zeroed by a mask. A
+// positive x is not clamped here (online_row's exponents never are; the callers whose exponents
+// can be clamp them, nonpos()).
 inline vf exp2_nonpos_scalef(const vf& x) {
 #if defined(__AVX512F__)
   if constexpr (W == 16) {
@@ -197,6 +204,15 @@ inline vf exp2_nonpos_scalef(const vf& x) {
 // returned (exactly 1 when the max did not move, without evaluating exp2). One pass for the max and
 // one for exp2 and the sum, both in registers; with AVX-512 the last partial vector is masked
 // rather than run lane by lane, so only then does the sum's order differ from exp2_row's.
+// The exponents s·c - m_new as one fma are exact but for m_new's own rounding, a shift common to
+// the row that the normalisation cancels while it is small: half an ulp of m_new, at most 2^-14
+// below online_exact_max (2^10 in log2 units: scores of about 700, past any trained model's), so the
+// max key's weight still rounds to bf16's 1 and P·V and l agree. Past it the shift grows (at
+// scores of 1e9 it passed exp2's range: a row of Inf and NaN, or a row flushed to 0 and taken for
+// masked), so such rows take the exponents from the block's own max t: (s - t)·c + (t·c - m_new),
+// with s - t never positive, and the max key gets exp2(0) = 1 when it sets m_new (l >= 1 at any
+// magnitude). One subtraction more per score, which costs the forward kernel 3%: hence only there.
+inline constexpr float online_exact_max = 0x1p10f;
 template <class Out>
 inline float online_row(const float* s, std::size_t n, float c, float& m, float& l, Out* p) {
   static_assert(std::is_same_v<Out, float> || std::is_same_v<Out, std::uint16_t>);
@@ -209,9 +225,9 @@ inline float online_row(const float* s, std::size_t n, float c, float& m, float&
     std::size_t j = 0;
     for (; j < full; j += W) mv = _mm512_max_ps(mv, _mm512_loadu_ps(s + j));
     if (tail) mv = _mm512_max_ps(mv, _mm512_mask_loadu_ps(ninf, tail, s + full));
-    const float mn = std::max(m, _mm512_reduce_max_ps(mv) * c);
+    const float t = _mm512_reduce_max_ps(mv), tc = t * c, mn = std::max(m, tc);
     const float alpha = mn == m ? 1.0f : exp2_nonpos(m - mn);
-    const vf cv(c), mnv(mn);
+    const vf cv(c), tv(t), shv(tc - mn), mnv(-mn);
     vf sum(0.0f);
     auto put = [&](const vf& e, std::size_t at, __mmask16 k) {
       if constexpr (std::is_same_v<Out, float>) {
@@ -220,32 +236,39 @@ inline float online_row(const float* s, std::size_t n, float c, float& m, float&
 #if defined(__AVX512BF16__)
         _mm256_mask_storeu_epi16(p + at, k, (__m256i)_mm512_cvtneps_pbh(e));
 #else
-        alignas(32) std::uint16_t t[W];
-        store_bf16(e, t);
+        alignas(32) std::uint16_t b[W];
+        store_bf16(e, b);
         for (std::size_t i = 0; i < W; ++i)
-          if (k >> i & 1u) p[at + i] = t[i];
+          if (k >> i & 1u) p[at + i] = b[i];
 #endif
       }
     };
-    for (j = 0; j < full; j += W) {
-      const vf e = exp2_nonpos_scalef(stream::fma(vf::load_unaligned(s + j), cv, -mnv));
-      sum += e;
-      put(e, j, 0xffff);
-    }
-    if (tail) {  // lanes past n load -inf and give exactly 0
-      const vf x = _mm512_mask_loadu_ps(ninf, tail, s + full);
-      const vf e = exp2_nonpos_scalef(stream::fma(x, cv, -mnv));
-      sum += e;
-      put(e, full, tail);
-    }
+    auto exps = [&]<bool FromMax>() {
+      const auto x = [&](const vf& v) { return FromMax ? stream::fma(v - tv, cv, shv) : stream::fma(v, cv, mnv); };
+      for (j = 0; j < full; j += W) {
+        const vf e = exp2_nonpos_scalef(x(vf::load_unaligned(s + j)));
+        sum += e;
+        put(e, j, 0xffff);
+      }
+      if (tail) {  // lanes past n load -inf and give exactly 0
+        const vf e = exp2_nonpos_scalef(x(vf(_mm512_mask_loadu_ps(ninf, tail, s + full))));
+        sum += e;
+        put(e, full, tail);
+      }
+    };
+    if (std::fabs(mn) < online_exact_max)
+      exps.template operator()<false>();
+    else
+      exps.template operator()<true>();
     l = l * alpha + xsimd::hadd(sum);
     m = mn;
     return alpha;
   }
 #endif
-  const float mn = std::max(m, row_max(s, n) * c);
+  const float t = row_max(s, n), tc = t * c, mn = std::max(m, tc);
   const float alpha = mn == m ? 1.0f : exp2_nonpos(m - mn);
-  l = l * alpha + exp2_row(s, n, c, mn, p);
+  const bool from_max = !(std::fabs(mn) < online_exact_max);
+  l = l * alpha + exp2_row(s, n, c, from_max ? mn - tc : mn, p, from_max ? t : 0.0f);
   m = mn;
   return alpha;
 }
@@ -283,6 +306,9 @@ inline void softmax_grad_row(const float* p, float* dp, std::size_t n, float del
   for (; j < n; ++j) dp[j] = p[j] * (dp[j] - delta) * c;
 }
 
+// min(x, 0) per lane, NaN kept (vminps returns its second operand when either is NaN).
+inline vf nonpos(const vf& x) { return xsimd::min(vf(0.0f), x); }
+
 // p[j] = exp2(s[j]*c - m) in place (m finite, or -inf giving zeros), f32 (the bits of exp2_nonpos).
 inline void exp2_inplace(float* s, std::size_t n, float c, float m) {
   if (m == neg_inf) {
@@ -291,7 +317,7 @@ inline void exp2_inplace(float* s, std::size_t n, float c, float m) {
   }
   const vf cv(c), mv(m);
   std::size_t j = 0;
-  for (; j + W <= n; j += W) exp2_nonpos_scalef(stream::fma(vf::load_unaligned(s + j), cv, -mv)).store_unaligned(s + j);
+  for (; j + W <= n; j += W) exp2_nonpos_scalef(nonpos(stream::fma(vf::load_unaligned(s + j), cv, -mv))).store_unaligned(s + j);
   for (; j < n; ++j) s[j] = exp2_nonpos(std::fma(s[j], c, -m));
 }
 
@@ -299,7 +325,8 @@ inline void exp2_inplace(float* s, std::size_t n, float c, float m) {
 inline void exp2_cols(const float* s, const float* m, std::size_t n, float c, float* p) {
   const vf cv(c);
   std::size_t j = 0;
-  for (; j + W <= n; j += W) exp2_nonpos_scalef(stream::fma(vf::load_unaligned(s + j), cv, -vf::load_unaligned(m + j))).store_unaligned(p + j);
+  for (; j + W <= n; j += W)
+    exp2_nonpos_scalef(nonpos(stream::fma(vf::load_unaligned(s + j), cv, -vf::load_unaligned(m + j)))).store_unaligned(p + j);
   for (; j < n; ++j) p[j] = exp2_nonpos(std::fma(s[j], c, -m[j]));
 }
 

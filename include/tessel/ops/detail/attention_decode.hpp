@@ -163,6 +163,7 @@ struct decode_split_program {
     float* st = tok ? sc.allocate_array<float>(G * ldr) : nullptr;
     std::uint32_t* pp = tok ? sc.allocate_array<std::uint32_t>(PV / 2 * ldr) : nullptr;
     float* alph = tok ? sc.allocate_array<float>(ldr) : nullptr;
+    float* tsh = tok ? sc.allocate_array<float>(2 * ldr) : nullptr;  // online_tok_max's tmax and sh
     float* lsum = tok ? sc.allocate_array<float>(ldr) : nullptr;
     std::fill_n(acc, nh * nr * D, 0.0f);
     std::fill_n(m, nh * nr, -std::numeric_limits<float>::infinity());
@@ -231,7 +232,7 @@ struct decode_split_program {
             else
               arch::decode::qk_tok4_bf16(qs, nh, D, rows, g.k_head, pf, st + t * ldr, ldr);
           }
-          arch::decode::online_tok_max(st, ldr, G, nh * 4, c, m, alph);
+          arch::decode::online_tok_max(st, ldr, G, nh * 4, c, m, alph, tsh, tsh + ldr);
           for (std::size_t row = 0; row < nh * 4; ++row) {
             if (alph[row] != 1.0f) arch::softmax::scale_row(acc + row * D, D, alph[row]);
             lsum[row] = 0.0f;
@@ -242,7 +243,7 @@ struct decode_split_program {
               vrows[u] = reinterpret_cast<const U16*>(vt[cur][t + u] + vh0);
               vpf[u] = walk(G + t + u + PF);
             }
-            arch::decode::online_tok_exp(st + t * ldr, ldr, PV, nh * 4, c, m, pp, lsum);
+            arch::decode::online_tok_exp(st + t * ldr, ldr, PV, nh * 4, c, tsh, tsh + ldr, pp, lsum);
             arch::decode::pv_tok_bf16<PV>(pp, ldr, nh, D, vrows, g.v_head, vpf, acc);
           }
           for (std::size_t row = 0; row < nh * 4; ++row) l[row] = l[row] * alph[row] + lsum[row];
@@ -293,11 +294,11 @@ struct decode_split_program {
           }
           const std::size_t a = x - gs, e = y - gs;
           float& mr = m[hh * nr + r];
-          const float mx = arch::softmax::row_max(srow + a, e - a) * c;
+          const float t = arch::softmax::row_max(srow + a, e - a), mx = t * c;
           const float mn = std::max(mr, mx);
           const float alpha = arch::softmax::exp2_nonpos(mr - mn);
           std::fill_n(prow, a, E{});
-          const float sum = arch::softmax::exp2_row(srow + a, e - a, c, mn, prow + a);
+          const float sum = arch::softmax::exp2_row(srow + a, e - a, c, mn - mx, prow + a, t);  // from the step's max (online_row)
           std::fill(prow + e, prow + nk2, E{});
           float& lr = l[hh * nr + r];
           lr = lr * alpha + sum;
