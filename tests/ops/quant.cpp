@@ -60,6 +60,39 @@ TEST_CASE("convert agrees with the scalar conversions for every bf16 code and ra
   for (std::size_t i = 0; i < x.size(); ++i) REQUIRE(std::bit_cast<std::uint32_t>(scaled[i]) == std::bit_cast<std::uint32_t>(x[i] * 3.0f));
 }
 
+TEST_CASE("convert reports the largest magnitude it read, Inf and NaN included", "[ops][quant]") {
+  host_device dev(2);
+  auto x = train_ref::randn(200001, 9, 2.0f);  // four chunks
+  x[150000] = -70000.0f;                       // past fp16's range
+  std::vector<fp16> f(x.size());
+  float amax = -1.0f;
+  convert(dev, std::span<const float>(x), std::span<fp16>(f), 1.0f, &amax);
+  float want = 0.0f;
+  for (float v : x) want = std::max(want, std::fabs(v));
+  REQUIRE(amax == want);
+  REQUIRE(amax == 70000.0f);
+  REQUIRE(std::isinf(float(f[150000])));  // the conversion itself is unchanged by the report
+  convert(dev, std::span<const float>(x), std::span<fp16>(f), 0.5f, &amax);
+  REQUIRE(amax == 35000.0f);  // of the scaled values
+  std::vector<bf16> h(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) h[i] = bf16(x[i]);
+  convert(dev, std::span<const bf16>(h), std::span<fp16>(f), 1.0f, &amax);
+  float want_h = 0.0f;
+  for (bf16 v : h) want_h = std::max(want_h, std::fabs(float(v)));
+  REQUIRE(amax == want_h);
+  x[7] = std::numeric_limits<float>::infinity();
+  convert(dev, std::span<const float>(x), std::span<fp16>(f), 1.0f, &amax);
+  REQUIRE(std::isinf(amax));
+  x[190000] = std::numeric_limits<float>::quiet_NaN();  // NaN outranks Inf, in another chunk
+  convert(dev, std::span<const float>(x), std::span<fp16>(f), 1.0f, &amax);
+  REQUIRE(std::isnan(amax));
+  convert(dev, std::span<const float>(x.data(), 0), std::span<fp16>(f.data(), 0), 1.0f, &amax);
+  REQUIRE(amax == 0.0f);
+  std::vector<float> same(x.begin(), x.begin() + 4);
+  convert(dev, std::span<const float>(same), std::span<float>(same), 1.0f, &amax);  // in place: still reports
+  REQUIRE(amax == std::max({std::fabs(same[0]), std::fabs(same[1]), std::fabs(same[2]), std::fabs(same[3])}));
+}
+
 TEST_CASE("convert rejects mismatched sizes and null buffers", "[ops][quant]") {
   host_device dev(1);
   std::vector<float> a(4);

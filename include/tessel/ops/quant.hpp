@@ -39,15 +39,27 @@ inline To from_f32(float x) {
     return To(x);
 }
 
+// The largest |float(src[i]) * scale| of n elements as the bits of a non-negative float: an
+// integer max over the magnitudes' bits (it vectorises, and Inf and NaN compare above every finite
+// value, NaN above Inf).
+template <class From>
+std::uint32_t amax_bits(const From* src, std::size_t n, float scale) {
+  std::uint32_t m = 0;
+  for (std::size_t i = 0; i < n; ++i) m = std::max(m, std::bit_cast<std::uint32_t>(arch::to_f32(src[i]) * scale) & 0x7fffffffu);
+  return m;
+}
+
 template <class From, class To>
 struct convert_program {
   const From* src;
   To* dst;
   std::size_t n;
   float scale;
+  std::uint32_t* amax_chunks;  // if set: each chunk's amax_bits
   static constexpr std::size_t chunk = std::size_t{1} << 16;
   void operator()(block_ctx& ctx) const {
     const std::size_t i0 = ctx.block_linear() * chunk, i1 = std::min(n, i0 + chunk);
+    if (amax_chunks) amax_chunks[ctx.block_linear()] = amax_bits(src + i0, i1 - i0, scale);
     if (scale == 1.0f) {
       // The numbers layer's bulk conversions (Highway; bit-identical to the scalar ones) per chunk.
       if constexpr (std::is_same_v<From, float> && narrow_float<To>) {
@@ -234,8 +246,16 @@ struct quantize_blocks_program {
 };
 
 template <class To, class From, class Dev>
-void convert_on(Dev& dev, const From* src, To* dst, std::size_t n, float scale) {
-  if (n) dev.launch(grid{ceil_div(n, convert_program<From, To>::chunk)}, convert_program<From, To>{src, dst, n, scale});
+void convert_on(Dev& dev, const From* src, To* dst, std::size_t n, float scale, float* amax = nullptr) {
+  if (amax) *amax = 0.0f;
+  if (!n) return;
+  const std::size_t chunks = ceil_div(n, convert_program<From, To>::chunk);
+  std::vector<std::uint32_t> am(amax ? chunks : 0, 0);
+  dev.launch(grid{chunks}, convert_program<From, To>{src, dst, n, scale, amax ? am.data() : nullptr});
+  if (amax) {
+    const std::uint32_t m = *std::max_element(am.begin(), am.end());
+    *amax = m > 0x7f800000u ? std::numeric_limits<float>::quiet_NaN() : std::bit_cast<float>(m);
+  }
 }
 
 }  // namespace detail::quant
@@ -243,17 +263,19 @@ void convert_on(Dev& dev, const From* src, To* dst, std::size_t n, float scale) 
 inline namespace v0 {
 
 // dst = To(src * scale) elementwise on `dev`. src and dst must have the same length and must not
-// overlap unless they are the same storage of the same type.
+// overlap unless they are the same storage of the same type. With `amax`: the largest
+// |src * scale| is written there (NaN if any is NaN; 0 for no elements), read in the same pass,
+// so a caller can tell whether the conversion overflowed To's range (nn's fp16 layers do).
 template <class Dev, class From, class To>
-void convert(Dev& dev, std::span<const From> src, std::span<To> dst, float scale = 1.0f) {
+void convert(Dev& dev, std::span<const From> src, std::span<To> dst, float scale = 1.0f, float* amax = nullptr) {
   if (src.size() != dst.size())
     throw layer_error(errc::invalid_argument,
                       "convert: source has " + std::to_string(src.size()) + " elements, destination " + std::to_string(dst.size()));
   if (!src.empty() && (!src.data() || !dst.data())) throw layer_error(errc::invalid_argument, "convert: null buffer");
   if constexpr (std::is_same_v<std::remove_const_t<From>, To>) {
-    if (static_cast<const void*>(src.data()) == static_cast<const void*>(dst.data()) && scale == 1.0f) return;
+    if (static_cast<const void*>(src.data()) == static_cast<const void*>(dst.data()) && scale == 1.0f && !amax) return;
   }
-  detail::quant::convert_on<To>(dev, src.data(), dst.data(), src.size(), scale);
+  detail::quant::convert_on<To>(dev, src.data(), dst.data(), src.size(), scale, amax);
 }
 
 // How quantize_e4m3 blocks a matrix and where it reports.
