@@ -44,7 +44,17 @@ double peak(unsigned threads) {
   return std::is_same_v<T, bf16> ? tessel_bench::peak_bf16_gflops(threads) : tessel_bench::peak_fp32_gflops(threads);
 }
 
-template <class T, bool Moe = false, bool Fp8 = false>
+// The blocks' projections in the compute type, FP8 or fp16 (with a loss scaler, as fp16 needs).
+template <nn::linear_precision P, class T>
+void set_linears(nn::decoder_lm<host_device, T>& m) {
+  m.set_fp8_linears(P == nn::linear_precision::fp8);
+  if constexpr (P == nn::linear_precision::fp16) {
+    m.set_fp16_linears(true);
+    m.set_loss_scaler(loss_scaler());
+  }
+}
+
+template <class T, bool Moe = false, nn::linear_precision P = nn::linear_precision::compute>
 void BM_train_step(benchmark::State& st) {
   const unsigned threads = unsigned(st.range(0));
   const tessel_bench::peak_meter mem;
@@ -52,7 +62,7 @@ void BM_train_step(benchmark::State& st) {
   const auto cfg = Moe ? tessel_bench::small_mixtral() : tessel_bench::small_llama();
   nn::decoder_lm<host_device, T> m(dev, cfg);
   m.init(1);
-  m.set_fp8_linears(Fp8);
+  set_linears<P>(m);
   const tessel_bench::small_batch_data b;
   std::uint64_t step = 0;
   tessel_bench::train_step(m, b, ++step);  // warm: buffers allocated, pages touched
@@ -92,14 +102,14 @@ void BM_train_step_recompute(benchmark::State& st) {
   st.counters["peak_MiB"] = mem.mib();
 }
 
-template <class T, bool Moe = false, bool Fp8 = false>
+template <class T, bool Moe = false, nn::linear_precision P = nn::linear_precision::compute>
 void BM_prefill(benchmark::State& st) {
   const unsigned threads = unsigned(st.range(0));
   host_device dev(threads);
   const auto cfg = Moe ? tessel_bench::small_mixtral() : tessel_bench::small_llama();
   nn::decoder_lm<host_device, T> m(dev, cfg);
   m.init(1);
-  m.set_fp8_linears(Fp8);
+  set_linears<P>(m);
   const tessel_bench::small_batch_data b;
   benchmark::DoNotOptimize(m.forward(b.ids, small_batch, small_seq).data());
   for (auto _ : st) benchmark::DoNotOptimize(m.forward(b.ids, small_batch, small_seq).data());
@@ -176,10 +186,35 @@ BENCHMARK(BM_prefill<bf16, true>)->Name("BM_prefill_moe<bf16>")->Arg(1)->Arg(2)-
 BENCHMARK(BM_prefill<float, true>)->Name("BM_prefill_moe<float>")->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 // the dense model with FP8 projections (DeepSeek-V3's block-scaled recipe; of_limit against the
 // bf16 dot, which e4m3 products run on after widening: this CPU has no FP8 arithmetic)
-BENCHMARK(BM_train_step<bf16, false, true>)->Name("BM_train_step_fp8<bf16>")->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_prefill<bf16, false, true>)->Name("BM_prefill_fp8<bf16>")->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_train_step<bf16, false, nn::linear_precision::fp8>)
+    ->Name("BM_train_step_fp8<bf16>")
+    ->Arg(1)
+    ->Arg(2)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_prefill<bf16, false, nn::linear_precision::fp8>)
+    ->Name("BM_prefill_fp8<bf16>")
+    ->Arg(1)
+    ->Arg(2)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 // the Mixtral-style model with FP8 projections and experts (grouped block-scaled products)
-BENCHMARK(BM_train_step<bf16, true, true>)->Name("BM_train_step_moe_fp8<bf16>")->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_train_step<bf16, true, nn::linear_precision::fp8>)
+    ->Name("BM_train_step_moe_fp8<bf16>")
+    ->Arg(2)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+// fp16 projections (f32 atoms on this CPU: no AVX512-FP16) with dynamic loss scaling
+BENCHMARK(BM_train_step<bf16, false, nn::linear_precision::fp16>)
+    ->Name("BM_train_step_fp16<bf16>")
+    ->Arg(2)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_train_step<float, false, nn::linear_precision::fp16>)
+    ->Name("BM_train_step_fp16<float>")
+    ->Arg(2)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK(BM_decode<bf16>)->ArgsProduct({{1, 2}, {1, 4, 16}})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_decode<float>)->Args({2, 1})->Args({2, 16})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_decode<bf16, true>)->Name("BM_decode_large<bf16>")->ArgsProduct({{1, 2}, {1, 4}})->Unit(benchmark::kMillisecond)->UseRealTime();

@@ -7,7 +7,10 @@
 //
 // Precision: T = float computes in f32; T = bf16 computes GEMMs and attention in bf16 with f32
 // accumulation, keeps the residual stream, the norms, the logits, the loss and every parameter
-// gradient in f32, and updates f32 masters (the bf16 copies are refreshed by the step).
+// gradient in f32, and updates f32 masters (the bf16 copies are refreshed by the step). The
+// blocks' projections may instead run their GEMMs in FP8 (set_fp8_linears) or fp16
+// (set_fp16_linears: with a loss scaler, and a policy that moves a projection whose fp16 operands
+// keep overflowing back to the compute type, logged).
 //
 // Activations: a training step's tensors (the saved activations, the forward's temporaries, the
 // head's logits chunk, backward's gradients of activations and recomputed copies) live in one
@@ -32,6 +35,8 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <iostream>
 #include <limits>
 #include <memory>
 #include <numbers>
@@ -104,6 +109,19 @@ struct adamw_config {
   // weight decay, no moment decay), so a step changes only the rows its tokens used. Off: every
   // row steps, as torch.optim.AdamW.
   bool lazy_rows = false;
+};
+
+// fp16 projections with dynamic switching (decoder_lm::set_fp16_linears). After every optimizer
+// step each fp16 projection either struck or did not; `patience` strikes in a row move it to the
+// model's compute type (bf16 for bf16 models, f32 for f32 ones) for good, and `log` is told. A
+// strike: the forward overflowed (x or W past fp16's range, which no loss scale changes), or the
+// backward did (dy, which carries the loss scale) while the scale was already at most min_scale
+// (the scaler has backed off as far as it usefully can). A backward overflow at a larger scale is
+// the scaler's business: it skips the step and halves the scale.
+struct fp16_policy {
+  std::uint32_t patience = 3;
+  float min_scale = 1.0f;
+  std::function<void(const std::string&)> log;  // one line per switch (unset: std::clog)
 };
 
 // One AdamW step over every parameter of a registry, in its order (the moments are created, zero,
@@ -232,7 +250,9 @@ class decoder_lm {
     row_loss_.resize(n);
     cross_entropy_options co;
     co.ignore_index = ignore_index;
-    co.grad_scale = counted ? 1.0f / float(counted) : 0.0f;  // cross_entropy's own mean scale, over all rows
+    co.grad_scale = counted ? loss_scale() / float(counted) : 0.0f;  // the mean over all rows, times the loss scale
+    if (moe() && loss_scale() != 1.0f)
+      for (double& g : aux_dprob_) g *= double(loss_scale());
     phase(ph_head());
     const slot<T> yf = tbuf(act::yf, 0);
     const slot<float> logits = fbuf(act::logits, 0), dy = fbuf(act::dy_head, 0);
@@ -410,12 +430,34 @@ class decoder_lm {
   // the router keep the compute type, as in DeepSeek-V3's recipe (which keeps the embedding, head,
   // gating and norms in higher precision).
   void set_fp8_linears(bool on) {
-    for (block& b : blocks_) {
-      for (linear<Dev, T>* l : {&b.q, &b.k, &b.v, &b.o, &b.up, &b.gate, &b.down})
-        if (l->weight()) l->set_fp8(on);
-      if (moe()) b.moe.set_experts_fp8(on);
-    }
+    for_each_projection([&](linear<Dev, T>& l) { l.set_fp8(on); });
+    if (moe())
+      for (block& b : blocks_) b.moe.set_experts_fp8(on);
   }
+  // fp16 mode (linear::set_precision) for attention's q, k, v, o and the dense MLP's projections,
+  // sharing one workspace; off: back to the compute type. A mixture of experts' experts keep the
+  // compute type (grouped products have no fp16 form), as do the embedding, the head and the
+  // router. `policy` decides when a projection leaves fp16 (fp16_policy); its strike counts start
+  // at zero. Train with a loss scaler (set_loss_scaler): fp16's smallest subnormal is 6e-8.
+  void set_fp16_linears(bool on, fp16_policy policy = {}) {
+    if (on && policy.patience == 0) throw nn_error(errc::invalid_argument, "set_fp16_linears: patience must be at least 1");
+    if (on && !ws16_) ws16_ = std::make_shared<fp16_workspace<Dev>>();
+    for_each_projection([&](linear<Dev, T>& l) { l.set_precision(on ? linear_precision::fp16 : linear_precision::compute, ws16_); });
+    policy16_ = std::move(policy);
+    strikes_.assign(blocks_.size() * 7, 0);
+  }
+  // How many projections run in fp16 now (set_fp16_linears less those the policy moved).
+  std::size_t fp16_linears() const {
+    std::size_t n = 0;
+    for_each_projection([&](const linear<Dev, T>& l) { n += l.precision() == linear_precision::fp16; });
+    return n;
+  }
+  // Dynamic loss scaling (ops' loss_scaler): forward_backward multiplies the loss's gradient by
+  // the scale (every parameter gradient carries it), adamw() divides it out, skips a step whose
+  // gradients are not finite, and feeds the outcome to the scaler. nullopt: no scaling.
+  void set_loss_scaler(std::optional<loss_scaler> s) { scaler_ = std::move(s); }
+  const std::optional<loss_scaler>& scaler() const noexcept { return scaler_; }
+  float loss_scale() const noexcept { return scaler_ ? scaler_->scale() : 1.0f; }
   // The FP8 projections' amax over every layer, per operand: of the last step (x, w, dy) and since
   // set_fp8_linears(true) (x_max, w_max, dy_max).
   fp8_amax fp8_amax_max() const {
@@ -469,11 +511,42 @@ class decoder_lm {
 
   // One AdamW step over every parameter (step counts from 1), as torch.optim.AdamW; bf16 models
   // update the f32 masters and refresh their bf16 copies in the same pass.
+  // With a loss scaler the gradients are unscaled first and a step with a non-finite gradient
+  // is skipped (step_result::skipped); then note_step() runs.
   step_result adamw(const adamw_config& h, std::uint64_t step) {
     step_options so;
     so.storage = bf16_compute ? param_storage::bf16_master : param_storage::f32;
     so.max_grad_norm = h.max_grad_norm;
-    return adamw_update(*dev_, params_, h.hyper, step, so, h.lazy_rows);
+    so.loss_scale = loss_scale();
+    const step_result r = adamw_update(*dev_, params_, h.hyper, step, so, h.lazy_rows);
+    note_step(r);
+    return r;
+  }
+  // The end of an optimizer step (adamw() calls it; call it after an optimizer of your own, before
+  // the next step's forward): the loss scaler takes the step's outcome, and every fp16 projection's
+  // overflow record of the step (all its forward and backward passes since the last call) counts a
+  // strike or clears its count (fp16_policy); records are cleared.
+  void note_step(const step_result& r) {
+    const float scale = loss_scale();
+    if (scaler_) scaler_->update(r);
+    if (strikes_.empty()) return;  // set_fp16_linears never ran
+    std::size_t i = 0;
+    for_each_projection([&](linear<Dev, T>& l) {
+      std::uint32_t& strikes = strikes_.at(i++);
+      if (l.precision() != linear_precision::fp16) return;
+      const fp16_overflow o = l.overflow();
+      l.clear_overflow();
+      strikes = o.forward() || (o.backward() && scale <= policy16_.min_scale) ? strikes + 1 : 0;
+      if (strikes < policy16_.patience) return;
+      l.set_precision(linear_precision::compute);
+      const std::string line = "tessel::nn: " + l.weight()->name + " leaves fp16 for " + (bf16_compute ? "bf16" : "f32") + " after " +
+                               std::to_string(strikes) + " steps in a row that overflowed (amax x " + std::to_string(o.x) + ", w " +
+                               std::to_string(o.w) + ", dy " + std::to_string(o.dy) + ", loss scale " + std::to_string(scale) + ")";
+      if (policy16_.log)
+        policy16_.log(line);
+      else
+        std::clog << line << std::endl;
+    });
   }
 
  private:
@@ -484,6 +557,20 @@ class decoder_lm {
     sparse_moe<Dev, T> moe;  // Mixtral: instead of gate, up, down
   };
 
+  // f(linear&) for each projection of the blocks with a weight (q, k, v, o, up, gate, down), in
+  // that order per block: the fixed order strikes_ follows.
+  template <class F>
+  void for_each_projection(F&& f) {
+    for (block& b : blocks_)
+      for (linear<Dev, T>* l : {&b.q, &b.k, &b.v, &b.o, &b.up, &b.gate, &b.down})
+        if (l->weight()) f(*l);
+  }
+  template <class F>
+  void for_each_projection(F&& f) const {
+    for (const block& b : blocks_)
+      for (const linear<Dev, T>* l : {&b.q, &b.k, &b.v, &b.o, &b.up, &b.gate, &b.down})
+        if (l->weight()) f(*l);
+  }
   bool gpt2() const { return cfg_.naming == io::param_naming::gpt2; }
   bool gated() const { return !gpt2(); }
   bool moe() const { return cfg_.is_moe(); }
@@ -1104,6 +1191,11 @@ class decoder_lm {
   norm<Dev, T> final_norm_;
   linear<Dev, T> head_;
   std::vector<double> rope_freq_;
+  // fp16 projections (set_fp16_linears) and loss scaling
+  std::shared_ptr<fp16_workspace<Dev>> ws16_;
+  fp16_policy policy16_;
+  std::vector<std::uint32_t> strikes_;  // per projection, for_each_projection's order
+  std::optional<loss_scaler> scaler_;
   // activations of the last forward
   std::size_t batch_ = 0, seq_ = 0, n_ = 0;
   std::vector<std::int64_t> ids_, positions_;

@@ -5,8 +5,12 @@
 // forward what its backward needs (views of buffers its owner keeps alive until then).
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -25,6 +29,7 @@
 #include <tessel/tile/epilogue.hpp>
 #include <tessel/tile/tensor.hpp>
 #include <tessel/types/bf16.hpp>
+#include <tessel/types/fp16.hpp>
 #include <tessel/types/fp8.hpp>
 
 namespace tessel {
@@ -65,6 +70,31 @@ struct fp8_amax {
   float x_max = 0, w_max = 0, dy_max = 0;  // since fp8 mode was set
 };
 
+// What a linear layer's three GEMMs read: the model's compute type, fp16 copies of the operands
+// (fp16 mode), or e4m3 with block scales (FP8 mode). Every mode accumulates in f32 and keeps the
+// layer's outputs, gradients and f32 masters as they are.
+enum class linear_precision : std::uint8_t { compute, fp16, fp8 };
+
+// The largest |x|, |W| and |dy| a linear layer in fp16 mode converted since its record was last
+// cleared (NaN: a NaN). A finite value at or past fp16's overflow threshold became Inf in its
+// operand: the layer's forward() (x or W) or backward() (dy, which carries the loss scale)
+// overflowed, and the products of that pass are not finite. An operand that arrived holding Inf
+// or NaN (an amax that is not finite) overflowed elsewhere first, and does not count here.
+struct fp16_overflow {
+  float x = 0, w = 0, dy = 0;
+  static bool overflows(float amax) noexcept { return std::isfinite(amax) && !std::isfinite(float(fp16(amax))); }
+  bool forward() const noexcept { return overflows(x) || overflows(w); }
+  bool backward() const noexcept { return overflows(dy); }
+};
+
+// The fp16 copies of a layer's operands in fp16 mode (x or dy, the other GEMM side, and the
+// weight). Layers that run one at a time (a model's) share one; each buffer grows to the largest
+// operand it has held.
+template <device Dev>
+struct fp16_workspace {
+  device_buffer<fp16, Dev> a, b, w;
+};
+
 // y (N, out) = x (N, in) · Wᵀ + b, with W (out, in) stored either as Hugging Face's Linear does,
 // (out, in) row-major, or as GPT-2's Conv1D does, (in, out) row-major, possibly as a column slice
 // [col0, col0 + out) of a wider (in, total) matrix (GPT-2's fused q|k|v).
@@ -77,6 +107,13 @@ struct fp8_amax {
 // type. The one departure from DeepSeek-V3: the B side of the weight gradient takes 128x128 tiles
 // (our GEMM's B scales) where DeepSeek-V3 scales along tokens in 128x1 blocks; that is x for
 // Hugging Face's layout (dW = dyᵀ x) and dy for GPT-2's Conv1D (dWᵀ = xᵀ dy).
+//
+// fp16 mode (set_precision): the three GEMMs read fp16 copies of x, W (from its f32 master) and
+// dy, converted when the GEMM runs (backward converts the saved x again rather than keeping a
+// copy), with f32 accumulation, as fp16 mixed precision does. The conversions record each
+// operand's amax (fp16_overflow): fp16 tops out at 65504, so a training loop scales the loss (and
+// with it dy) to keep small gradients from flushing to zero and watches for overflow. Grouped
+// products (experts) have no fp16 form.
 template <device Dev, compute_type T>
 class linear {
  public:
@@ -95,13 +132,26 @@ class linear {
   parameter<Dev>* weight() const { return w_; }
   parameter<Dev>* bias() const { return b_; }
 
-  // FP8 mode on or off (above); switching it on resets the amax history.
-  void set_fp8(bool on) {
-    if (on && !fp8_) amax_ = {};
-    fp8_ = on;
+  // The precision of the layer's GEMMs (above). Switching FP8 on resets its amax history; fp16
+  // mode converts into `ws` (shared with other layers) or, without one, a workspace of its own,
+  // and starts with a clear overflow record.
+  void set_precision(linear_precision p, std::shared_ptr<fp16_workspace<Dev>> ws = nullptr) {
+    if (p == linear_precision::fp8 && prec_ != p) amax_ = {};
+    if (p == linear_precision::fp16) {
+      ws16_ = ws ? std::move(ws) : (ws16_ ? ws16_ : std::make_shared<fp16_workspace<Dev>>());
+      if (prec_ != p) over16_ = {};
+    }
+    prec_ = p;
   }
-  bool fp8() const { return fp8_; }
+  linear_precision precision() const noexcept { return prec_; }
+  // FP8 mode on or off (on: set_precision(fp8); off: back to the compute type).
+  void set_fp8(bool on) { set_precision(on ? linear_precision::fp8 : linear_precision::compute); }
+  bool fp8() const { return prec_ == linear_precision::fp8; }
   const fp8_amax& amax() const { return amax_; }
+  // fp16 mode's overflow record since the last clear_overflow() (its owner clears it once per
+  // optimizer step, so a step's forward, recomputation and backward passes all count).
+  const fp16_overflow& overflow() const noexcept { return over16_; }
+  void clear_overflow() noexcept { over16_ = {}; }
 
   // Backward's x from now on: the saved input's values at another place (a recomputed copy of it).
   void rebind_input(cview<T> x) {
@@ -116,7 +166,16 @@ class linear {
   template <class Y>
   void forward(Dev& dev, cview<T> x, mview<Y> y, bool save) {
     if (save) x_ = x;
-    if (fp8_) {
+    if (prec_ == linear_precision::fp16) {
+      const auto xh = to_fp16(dev, ws16_->a, x, over16_.x);
+      const auto W = weight_view<const fp16>(weight_fp16(dev));
+      if (b_)
+        gemm(dev, xh, W.transposed(), y, 1.0f, 0.0f, epilogue::bias(std::span<const float>(b_->value.data() + col0_, out_)));
+      else
+        gemm(dev, xh, W.transposed(), y);
+      return;
+    }
+    if (fp8()) {
       const std::span<const float> bias = b_ ? std::span<const float>(b_->value.data() + col0_, out_) : std::span<const float>{};
       fp8_gemm(dev, x, weight_view<const float>(w_->value.data()).transposed(), y, 0.0f, bias, amax_.x, amax_.w);
       amax_.x_max = std::max(amax_.x_max, amax_.x);
@@ -135,20 +194,20 @@ class linear {
   // its own). In FP8 mode the *_fp8 forms below give the block-scaled e4m3 problems instead.
   template <class Y>
   gemm_problem<T, T, Y> forward_problem(cview<T> x, mview<Y> y, bool save) {
-    if (fp8_) throw nn_error(errc::unsupported, "linear: a layer in FP8 mode cannot run as a grouped product (use the _fp8 forms)");
+    check_compute_grouped();
     if (b_) throw nn_error(errc::unsupported, "linear: a layer with a bias cannot run as a grouped product");
     if (save) x_ = x;
     return gemm_problem_of(x, weight_view<const T>(compute_data<T>(*w_)).transposed(), y);
   }
   template <class DX>
   gemm_problem<T, T, DX> input_grad_problem(cview<T> dy, mview<DX> dx, bool accumulate_dx) const {
-    if (fp8_) throw nn_error(errc::unsupported, "linear: a layer in FP8 mode cannot run as a grouped product (use the _fp8 forms)");
+    check_compute_grouped();
     return gemm_problem_of(dy, weight_view<const T>(compute_data<T>(*w_)), dx, 1.0f, accumulate_dx ? 1.0f : 0.0f);
   }
   gemm_problem<T, T, float> weight_grad_problem(cview<T> dy) const {
-    if (fp8_) throw nn_error(errc::unsupported, "linear: a layer in FP8 mode cannot run as a grouped product (use the _fp8 forms)");
+    check_compute_grouped();
     if (x_.rows() != dy.rows()) throw nn_error(errc::invalid_argument, "linear: backward without a matching forward");
-    const auto g = weight_grad_operands(dy);
+    const auto g = weight_grad_operands(x_, dy);
     return gemm_problem_of(g.a, g.b, g.c, 1.0f, 1.0f);
   }
   // FP8 mode's grouped problems: the operands are quantised now (the recipe of forward/backward,
@@ -174,7 +233,7 @@ class linear {
   gemm_problem<e4m3, e4m3, float> weight_grad_problem_fp8(Dev& dev, cview<T> dy) {
     check_fp8_grouped();
     if (x_.rows() != dy.rows()) throw nn_error(errc::invalid_argument, "linear: backward without a matching forward");
-    const auto g = weight_grad_operands(dy);
+    const auto g = weight_grad_operands(x_, dy);
     float amax_a = 0, amax_b = 0;
     return fp8_problem(dev, fp8q_[2], g.a, g.b, g.c, 1.0f, amax_a, amax_b);
   }
@@ -184,10 +243,16 @@ class linear {
   template <class DX>
   void backward(Dev& dev, cview<T> dy, mview<DX> dx, bool accumulate_dx) {
     if (x_.rows() != dy.rows()) throw nn_error(errc::invalid_argument, "linear: backward without a matching forward");
-    if (fp8_) {
+    if (prec_ == linear_precision::fp16) {
+      const auto dyh = to_fp16(dev, ws16_->b, dy, over16_.dy);
+      if (dx.data()) gemm(dev, dyh, weight_view<const fp16>(weight_fp16(dev)), dx, 1.0f, accumulate_dx ? 1.0f : 0.0f);
+      float unused = 0;  // x's amax counted in forward
+      const auto g = weight_grad_operands(to_fp16(dev, ws16_->a, x_, unused), dyh);
+      gemm(dev, g.a, g.b, g.c, 1.0f, 1.0f);
+    } else if (fp8()) {
       float unused = 0;
       if (dx.data()) fp8_gemm(dev, dy, weight_view<const float>(w_->value.data()), dx, accumulate_dx ? 1.0f : 0.0f, {}, amax_.dy, unused);
-      const auto g = weight_grad_operands(dy);
+      const auto g = weight_grad_operands(x_, dy);
       float amax_a = 0, amax_b = 0;
       fp8_gemm(dev, g.a, g.b, g.c, 1.0f, {}, amax_a, amax_b);
       if (!dx.data()) amax_.dy = in_out_ ? amax_b : amax_a;  // dy is b (x^T dy) or a (dy^T x)
@@ -195,7 +260,7 @@ class linear {
     } else {
       const auto W = weight_view<const T>(compute_data<T>(*w_));
       if (dx.data()) gemm(dev, dy, W, dx, 1.0f, accumulate_dx ? 1.0f : 0.0f);
-      const auto g = weight_grad_operands(dy);
+      const auto g = weight_grad_operands(x_, dy);
       gemm(dev, g.a, g.b, g.c, 1.0f, 1.0f);
     }
     if (b_) {
@@ -206,9 +271,45 @@ class linear {
   }
 
  private:
+  void check_compute_grouped() const {
+    if (fp8()) throw nn_error(errc::unsupported, "linear: a layer in FP8 mode cannot run as a grouped product (use the _fp8 forms)");
+    if (prec_ == linear_precision::fp16) throw nn_error(errc::unsupported, "linear: a layer in fp16 mode has no grouped product");
+  }
   void check_fp8_grouped() const {
-    if (!fp8_) throw nn_error(errc::unsupported, "linear: FP8 grouped products of a layer not in FP8 mode");
+    if (!fp8()) throw nn_error(errc::unsupported, "linear: FP8 grouped products of a layer not in FP8 mode");
     if (b_) throw nn_error(errc::unsupported, "linear: a layer with a bias cannot run as a grouped product");
+  }
+  static void take_amax(float& into, float m) noexcept {  // the larger, NaN if either is
+    into = std::isnan(into) || std::isnan(m) ? std::numeric_limits<float>::quiet_NaN() : std::max(into, m);
+  }
+  // fp16 mode: src (rows with unit column stride) into `buf` as a packed (rows, cols) fp16
+  // matrix; amax takes the largest |src| seen (NaN stays NaN).
+  cview<fp16> to_fp16(Dev& dev, device_buffer<fp16, Dev>& buf, cview<T> src, float& amax) {
+    const std::size_t R = src.rows(), C = src.cols();
+    const std::size_t n = tessel::detail::mul_checked(R, C, "linear: fp16 operand");
+    if (C > 1 && src.col_stride() != 1) throw nn_error(errc::unsupported, "linear: fp16 mode needs operands with unit column stride");
+    if (buf.size() < n) buf = device_buffer<fp16, Dev>(dev, n);
+    float m = 0.0f;
+    if (R <= 1 || src.row_stride() == C) {
+      convert(dev, std::span<const T>(src.data(), n), std::span<fp16>(buf.data(), n), 1.0f, &m);
+    } else {
+      for (std::size_t r = 0; r < R; ++r) {
+        float mr = 0.0f;
+        convert(dev, std::span<const T>(src.data() + r * src.row_stride(), C), std::span<fp16>(buf.data() + r * C, C), 1.0f, &mr);
+        take_amax(m, mr);
+      }
+    }
+    take_amax(amax, m);
+    return cview<fp16>(buf.data(), R, C, C);
+  }
+  // fp16 mode: the whole weight parameter (its f32 master) in fp16, W's amax recorded.
+  const fp16* weight_fp16(Dev& dev) {
+    const std::size_t n = w_->numel;
+    if (ws16_->w.size() < n) ws16_->w = device_buffer<fp16, Dev>(dev, n);
+    float m = 0.0f;
+    convert(dev, w_->value.cspan(), std::span<fp16>(ws16_->w.data(), n), 1.0f, &m);
+    take_amax(over16_.w, m);
+    return ws16_->w.data();
   }
   // An e4m3 copy of a GEMM operand and its block scales (reused across steps; grows as needed).
   struct fp8_operand {
@@ -251,13 +352,15 @@ class linear {
 
   // dW += a·b into c: dyᵀ·x into the (out, in) gradient, or, for a weight stored (in, total),
   // xᵀ·dy into its columns [col0, col0 + out).
+  template <class E>
   struct grad_operands {
-    cview<T> a, b;
+    cview<E> a, b;
     mview<float> c;
   };
-  grad_operands weight_grad_operands(cview<T> dy) const {
-    if (in_out_) return {x_.transposed(), dy, mview<float>::strided(w_->grad.data() + col0_, in_, out_, w_->shape[1], 1)};
-    return {dy.transposed(), x_, mview<float>::strided(w_->grad.data(), out_, in_, in_, 1)};
+  template <class E>
+  grad_operands<E> weight_grad_operands(cview<E> x, cview<E> dy) const {
+    if (in_out_) return {x.transposed(), dy, mview<float>::strided(w_->grad.data() + col0_, in_, out_, w_->shape[1], 1)};
+    return {dy.transposed(), x, mview<float>::strided(w_->grad.data(), out_, in_, in_, 1)};
   }
   template <class E>
   tensor<E, 2> weight_view(E* base) const {
@@ -271,8 +374,10 @@ class linear {
   std::size_t col0_ = 0;
   cview<T> x_;
   device_buffer<T, Dev> ones_;
-  bool fp8_ = false;
+  linear_precision prec_ = linear_precision::compute;
   fp8_amax amax_;
+  std::shared_ptr<fp16_workspace<Dev>> ws16_;
+  fp16_overflow over16_;
   fp8_pair fp8q_[3];  // per product kind: forward, input gradient, weight gradient (fp8_gemm: the first)
 };
 
