@@ -102,15 +102,15 @@ TEST_CASE("an fp16 linear layer's forward and gradients are products of fp16 ope
     lin.backward(dev, nn::cview<float>(dy.data(), M, N, N), nn::mview<float>(dx.data(), M, K, K), false);
     const auto zero = [](std::size_t, std::size_t) { return 0.0; };
     check(
-        dx.data(), K, M, K, N, [&](std::size_t i, std::size_t k) { return dy[i * N + k]; }, [&](std::size_t k, std::size_t j) { return W[k * K + j]; },
-        zero);
+        dx.data(), K, M, K, N, [&](std::size_t i, std::size_t k) { return dy[i * N + k]; },
+        [&](std::size_t k, std::size_t j) { return W[k * K + j]; }, zero);
     // dW (out, in) = dyᵀ x, read out of either layout
     std::vector<float> dw(N * K);
     for (std::size_t o = 0; o < N; ++o)
       for (std::size_t i = 0; i < K; ++i) dw[o * K + i] = conv1d ? w.grad.data()[i * total + col0 + o] : w.grad.data()[o * K + i];
     check(
-        dw.data(), K, N, K, M, [&](std::size_t o, std::size_t t) { return dy[t * N + o]; }, [&](std::size_t t, std::size_t i) { return x[t * K + i]; },
-        zero);
+        dw.data(), K, N, K, M, [&](std::size_t o, std::size_t t) { return dy[t * N + o]; },
+        [&](std::size_t t, std::size_t i) { return x[t * K + i]; }, zero);
     // the bias gradient: column sums of dy (the compute type's GEMM)
     for (std::size_t j = 0; j < N; ++j) {
       double s = 0, a = 0;
@@ -303,7 +303,7 @@ TEST_CASE("a decoder moves the projections whose fp16 inputs overflow to bf16 an
     const bool sk = m.adamw(hp, step).skipped;
     skipped += sk;
     if (step <= 2) CHECK(m.fp16_linears() == 2 * 7);  // two strikes: still fp16
-    if (step > 8) CHECK_FALSE(sk);                      // the switched model trains
+    if (step > 8) CHECK_FALSE(sk);                    // the switched model trains
   }
   CHECK(skipped >= 3);
   CHECK(std::isfinite(last));
