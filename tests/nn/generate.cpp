@@ -312,22 +312,83 @@ TEST_CASE("kv_cache gives back the pages of tokens outside a kept window", "[nn]
   CHECK(c.free_pages() == 4);
 }
 
+TEST_CASE("kv_cache block tables are rings: a windowed sequence grows past max_length", "[nn][kv_cache]") {
+  host_device dev(1);
+  nn::kv_cache_shape s;
+  s.layers = 2;
+  s.heads_kv = 1;
+  s.head_dim = 4;
+  s.page_size = 4;
+  s.num_pages = 3;
+  s.max_sequences = 1;
+  s.max_length = 10;  // 3 entries per table
+  nn::kv_cache<host_device, float> c(dev, s);
+  REQUIRE(c.pages_per_seq() == 3);
+  const auto a = c.add_sequence();
+  auto row = [](std::size_t l, std::size_t t) { return std::vector<float>(4, float(l * 1000 + t)); };
+  auto put = [&](std::size_t n, std::size_t keep) {
+    c.reserve(a, n, keep);
+    for (std::size_t l = 0; l < 2; ++l)
+      for (std::size_t t = std::max(c.length(a), c.first_token(a)); t < c.length(a) + n; ++t)
+        c.write(l, a, t, row(l, t).data(), row(l, t).data(), 1, 4);
+    c.commit(a, n);
+  };
+  // without a window the table bounds the sequence; a window of 9 tokens spans up to 3 pages
+  CHECK_THROWS_MATCHES(c.reserve(a, 11), nn::nn_error, is_error(errc::out_of_range, "nn", "more than its max_length 10"));
+  put(7, 9);
+  for (std::size_t t = 7; t < 200; t += 3) {
+    put(3, 9);
+    INFO("length " << c.length(a));
+    CHECK(c.pages_held(a) <= 3);
+    CHECK(c.free_pages() + c.pages_held(a) == 3);
+    CHECK(c.reserved(a) >= c.length(a));
+    // the window's rows read back through the ring, in both layers; the table holds the held
+    // pages at entry page % 3 and -1 elsewhere
+    for (std::size_t j = c.length(a) - 9; j < c.length(a); ++j)
+      for (std::size_t l = 0; l < 2; ++l) CHECK(c.k_row(l, a, j)[0] == float(l * 1000 + j));
+    const auto tb = c.block_table(a);
+    const std::size_t p0 = c.first_token(a) / 4, p1 = (c.length(a) + 3) / 4;
+    for (std::size_t p = 0; p < 3; ++p) {
+      const bool held = (p + 3 - p0 % 3) % 3 < p1 - p0;
+      CHECK((tb[p] >= 0) == held);
+    }
+  }
+  CHECK(c.length(a) == 202);
+  // a window of 10 tokens may span 4 pages: past max_length the ring cannot hold it
+  CHECK_THROWS_MATCHES(c.reserve(a, 3, 10), nn::nn_error, is_error(errc::out_of_range, "nn", "window of 10 tokens in 4 pages, more than the 3"));
+  // nor without a window, once past
+  CHECK_THROWS_MATCHES(c.reserve(a, 1), nn::nn_error, is_error(errc::out_of_range, "nn", "more than its max_length 10"));
+  CHECK_THROWS_MATCHES(c.k_row(0, a, 190), nn::nn_error, is_error(errc::out_of_range, "nn", "was given back"));
+  c.release(a);
+  CHECK(c.free_pages() == 3);
+}
+
 TEST_CASE("a sliding-window model decodes past its pages: the cache keeps only the window", "[nn][generate]") {
   // Mistral with a window of 5 in every layer, pages of 4 tokens: each sequence needs at most 3
   // pages at any length. Two sequences decode to 60 and 40 tokens in a cache of 6 pages, with the
   // logits of a cache with room to spare (bit for bit: its pages are other pages) and of the full
-  // recompute (the bound at the top of this file).
+  // recompute (the bound at the top of this file); and in a cache of max_length 12, whose block
+  // tables are rings of 3 entries that the window's 2 pages fit: past its max_length, bit for bit.
   host_device dev(2);
   nn::decoder_lm<host_device> m(dev, mistral_config(5));
   m.init(21, 0.2);
   CHECK(m.kv_keep() == 5);
   auto small = m.make_cache(2, 6, 4);
   auto big = m.make_cache(2, 40, 4);
+  auto ring = m.make_cache(2, 6, 4, 12);
+  CHECK(ring.pages_per_seq() == 3);
+  CHECK(m.max_length(ring) == std::size_t(std::numeric_limits<std::int32_t>::max()));
+  // a table of 1 entry does not hold a window of 5 tokens (2 pages): the cache's max_length stands
+  auto one = m.make_cache(1, 6, 4, 4);
+  CHECK(m.max_length(one) == 4);
+  const std::vector<std::int64_t> five(5, 1);
+  CHECK_THROWS_MATCHES(m.prefill(one, one.add_sequence(), five), nn::nn_error, is_error(errc::out_of_range, "nn", "exceeds the 4 positions"));
   std::vector<std::vector<std::int64_t>> seqs{random_ids(20, 37, 5), random_ids(13, 37, 6)};
   std::vector<std::int64_t> packed(seqs[0]);
   packed.insert(packed.end(), seqs[1].begin(), seqs[1].end());
   const std::vector<std::size_t> lens{20, 13};
   const std::vector<std::size_t> sa{small.add_sequence(), small.add_sequence()}, sb{big.add_sequence(), big.add_sequence()};
+  const std::vector<std::size_t> sr{ring.add_sequence(), ring.add_sequence()};
   auto same = [](std::span<const float> x, const std::vector<float>& y) {
     return x.size() == y.size() && std::memcmp(x.data(), y.data(), y.size() * sizeof(float)) == 0;
   };
@@ -335,13 +396,15 @@ TEST_CASE("a sliding-window model decodes past its pages: the cache keeps only t
   auto keep = [&](std::span<const float> x) { ref.assign(x.begin(), x.end()); };
   keep(m.prefill(big, sb, packed, lens));
   CHECK(same(m.prefill(small, sa, packed, lens), ref));
-  CHECK(small.pages_held(sa[0]) == 2);  // tokens 15..19: pages 3 and 4
+  CHECK(same(m.prefill(ring, sr, packed, lens), ref));  // a prompt of 20 tokens, past max_length 12
+  CHECK(small.pages_held(sa[0]) == 2);                  // tokens 15..19: pages 3 and 4
   double worst = 0.0, scale = 0.0;
   for (std::size_t step = 0; step < 40; ++step) {
-    std::vector<std::size_t> ia{sa[0]}, ib{sb[0]}, reqs{0};
+    std::vector<std::size_t> ia{sa[0]}, ib{sb[0]}, ir{sr[0]}, reqs{0};
     if (seqs[1].size() < 40) {
       ia.push_back(sa[1]);
       ib.push_back(sb[1]);
+      ir.push_back(sr[1]);
       reqs.push_back(1);
     }
     std::vector<std::int64_t> tok;
@@ -352,6 +415,8 @@ TEST_CASE("a sliding-window model decodes past its pages: the cache keeps only t
     keep(m.decode_step(big, ib, tok));
     INFO("step " << step);
     CHECK(same(m.decode_step(small, ia, tok), ref));
+    CHECK(same(m.decode_step(ring, ir, tok), ref));
+    CHECK(ring.pages_held(sr[0]) <= 2);
     CHECK(small.pages_held(sa[0]) <= 3);
     CHECK(small.pages_held(sa[1]) <= 3);
     CHECK(small.free_pages() + small.pages_held(sa[0]) + small.pages_held(sa[1]) == 6);
@@ -367,6 +432,10 @@ TEST_CASE("a sliding-window model decodes past its pages: the cache keeps only t
   CHECK(small.length(sa[0]) == 60);
   CHECK(small.length(sa[1]) == 40);
   CHECK(small.first_token(sa[0]) == 52);  // the window, tokens 55..59, lies in pages 13 and 14
+  CHECK(ring.length(sr[0]) == 60);
+  CHECK(ring.block_table(sr[0])[13 % 3] >= 0);
+  CHECK(ring.block_table(sr[0])[14 % 3] >= 0);
+  CHECK(ring.block_table(sr[0])[15 % 3] == -1);
   REPORT("mistral window 5 in 6 pages: cached vs recompute logits, worst error " << worst);
   // a model with a layer that attends fully (Qwen2's lower layers) keeps every token
   CHECK(nn::decoder_lm<host_device>(dev, qwen2_config()).kv_keep() == std::numeric_limits<std::size_t>::max());

@@ -762,6 +762,48 @@ void check_paged_window_decode(std::size_t H, std::size_t HK, std::size_t D, std
   bad[(lens[0] - 1) / page] = -1;
   CHECK_THROWS_MATCHES((attention_decode<host_device, T, T>(dev, sp, q, kp, vp, lens, bad, o2, {}, opt)), attention_error,
                        is_error(errc::out_of_range, "attention", "block_table[0][39] = -1"));
+  // The same pages in block-table rings just long enough for the widest window (page p in
+  // entry p % ring, sequence 0 far longer than ring · page): the same bits. One entry fewer does
+  // not hold that window.
+  std::size_t ring = 1;
+  for (std::size_t b = 0; b < B; ++b) {
+    std::size_t lo = 0, hi = 0;
+    for (std::size_t pg = 0; pg < per_seq; ++pg)
+      if (table[b * per_seq + pg] >= 0) {
+        if (hi == 0) lo = pg;
+        hi = pg + 1;
+      }
+    ring = std::max(ring, hi - lo);
+  }
+  REQUIRE(ring * page < std::size_t(lens[0]));
+  auto ring_table = [&](std::size_t n) {
+    std::vector<std::int32_t> rt(B * n, -1);
+    for (std::size_t b = 0; b < B; ++b)
+      for (std::size_t pg = 0; pg < per_seq; ++pg)
+        if (table[b * per_seq + pg] >= 0) rt[b * n + pg % n] = table[b * per_seq + pg];
+    return rt;
+  };
+  const std::vector<std::int32_t> rt = ring_table(ring);
+  attention_decode_shape sr = sp;
+  sr.ring = true;
+  sr.pages_per_seq = ring;
+  std::vector<T> o3(q.size());
+  attention_decode<host_device, T, T>(dev, sr, q, kp, vp, lens, rt, o3, {}, opt);
+  CHECK(std::memcmp(o1.data(), o3.data(), o1.size() * sizeof(T)) == 0);
+  if (ring > 1) {
+    sr.pages_per_seq = ring - 1;
+    CHECK_THROWS_MATCHES((attention_decode<host_device, T, T>(dev, sr, q, kp, vp, lens, ring_table(ring - 1), o3, {}, opt)), attention_error,
+                         is_error(errc::out_of_range, "attention", "more than its ring of " + std::to_string(ring - 1)));
+  }
+  // without a ring, a sequence is bounded by its table; a ring needs pages
+  sr.ring = false;
+  sr.pages_per_seq = ring;
+  CHECK_THROWS_MATCHES((attention_decode<host_device, T, T>(dev, sr, q, kp, vp, lens, rt, o3, {}, opt)), attention_error,
+                       is_error(errc::invalid_argument, "attention", "seqlens_kv[0] = 640 is outside"));
+  attention_decode_shape sc = s;
+  sc.ring = true;
+  CHECK_THROWS_MATCHES((attention_decode<host_device, T, T>(dev, sc, q, k, v, lens, {}, o3, {}, opt)), attention_error,
+                       is_error(errc::invalid_argument, "attention", "ring block table needs a paged cache"));
 }
 }  // namespace
 
@@ -770,7 +812,7 @@ TEST_CASE("attention decode over a paged cache equals the contiguous cache bitwi
   check_paged_decode(32, 8, 128);  // the token-order path (4 query rows per kv head)
 }
 
-TEST_CASE("attention decode reads no page and no key before a sliding window", "[ops][attention][decode]") {
+TEST_CASE("attention decode reads no page and no key before a sliding window, from a table or a ring", "[ops][attention][decode]") {
   check_paged_window_decode<float>(4, 2, 64, 1, 40);    // the window's first key mid-page, mid-group
   check_paged_window_decode<bf16>(32, 8, 128, 1, 100);  // the token-order path
   check_paged_window_decode<bf16>(8, 2, 64, 3, 17);     // three new rows, windows starting on different keys

@@ -8,9 +8,12 @@
 // grows). A sequence's rows beyond its length are never read. A reservation may also say that only
 // the last `keep` tokens will be read again (a sliding window): the pages that hold only older
 // tokens go back to the free list (their block-table entries become -1), so a windowed sequence
-// holds about keep / page_size + 1 pages however long it grows. Errors are nn_error: out of pages
-// or of sequence slots (errc::out_of_range), a sequence id that is not live (errc::invalid_argument),
-// a sequence longer than the cache's max_length (errc::out_of_range), sizes (errc::overflow).
+// holds about keep / page_size + 1 pages however long it grows. A block table is a ring of
+// pages_per_seq entries (page p of a sequence is entry p % pages_per_seq), so a windowed sequence
+// may also grow past max_length, as long as the pages its window spans fit the ring. Errors are
+// nn_error: out of pages or of sequence slots (errc::out_of_range), a sequence id that is not live
+// (errc::invalid_argument), a sequence longer than the cache's max_length without a window that
+// fits its ring (errc::out_of_range), sizes (errc::overflow).
 #pragma once
 
 #include <algorithm>
@@ -37,7 +40,7 @@ struct kv_cache_shape {
   std::size_t page_size = 16;     // tokens per page
   std::size_t num_pages = 0;      // pages shared by all sequences (each page holds every layer's rows)
   std::size_t max_sequences = 1;  // live sequences at once
-  std::size_t max_length = 0;     // tokens per sequence
+  std::size_t max_length = 0;     // tokens per sequence (a windowed one may grow past it: reserve)
 };
 
 template <device Dev, compute_type T>
@@ -83,7 +86,7 @@ class kv_cache {
   seq_id add_sequence() {
     for (seq_id i = 0; i < seqs_.size(); ++i)
       if (!seqs_[i].live) {
-        seqs_[i] = slot{true, 0, 0, 0};
+        seqs_[i] = slot{true, 0, 0, 0, false};
         ++live_;
         return i;
       }
@@ -94,16 +97,20 @@ class kv_cache {
     slot& q = at(s, "release");
     std::int32_t* t = table_.data() + s * pages_per_seq_;
     for (std::size_t p = q.pages; p-- > q.first;) {
-      free_.push_back(t[p]);
-      t[p] = -1;
+      free_.push_back(t[p % pages_per_seq_]);
+      t[p % pages_per_seq_] = -1;
     }
     q = slot{};
     --live_;
   }
   bool contains(seq_id s) const noexcept { return s < seqs_.size() && seqs_[s].live; }
   std::size_t length(seq_id s) const { return at(s, "length").len; }
-  // Tokens the sequence's pages hold (its length plus reserved room).
-  std::size_t reserved(seq_id s) const { return std::min(at(s, "reserved").pages * s_.page_size, s_.max_length); }
+  // Tokens the sequence's pages hold (its length plus reserved room; up to max_length unless a
+  // windowed reservation took it past).
+  std::size_t reserved(seq_id s) const {
+    const slot& q = at(s, "reserved");
+    return q.past ? q.pages * s_.page_size : std::min(q.pages * s_.page_size, s_.max_length);
+  }
   // The first token the cache still holds: the tokens before it were given back by a reserve with
   // `keep` (0 if none was).
   std::size_t first_token(seq_id s) const { return at(s, "first_token").first * s_.page_size; }
@@ -117,7 +124,9 @@ class kv_cache {
   // list, for all of them or (an error) for none. With `keep` (>= 1), only the last `keep` tokens of
   // each sequence (counted to its end after the reservation) will be read or written again: pages
   // holding only older tokens are given back first (and count toward the pages available), and
-  // none is taken for them.
+  // none is taken for them. A sequence may grow past max_length only this way: while the pages
+  // holding its last `keep` tokens fit its block table (at most pages_per_seq of them, which
+  // ceil((keep - 1) / page_size) + 1 <= pages_per_seq guarantees), up to 2^31 - 1 tokens.
   void reserve(std::span<const seq_id> ids, std::span<const std::size_t> counts, std::size_t keep = std::numeric_limits<std::size_t>::max()) {
     if (ids.size() != counts.size())
       throw nn_error(errc::invalid_argument,
@@ -129,12 +138,19 @@ class kv_cache {
     for (std::size_t i = 0; i < ids.size(); ++i) {
       const slot& q = at(ids[i], "reserve");
       const std::size_t end = detail::add_checked(q.len, counts[i], "kv_cache length");
-      if (end > s_.max_length)
-        throw nn_error(errc::out_of_range, "kv_cache: sequence " + std::to_string(ids[i]) + " would hold " + std::to_string(end) +
-                                               " tokens, more than its max_length " + std::to_string(s_.max_length));
       want[i] = (end + s_.page_size - 1) / s_.page_size;
       // pages [q.first, drop[i]) hold only tokens before end - keep (drop[i] < want[i]: the last token stays)
       drop[i] = std::max(q.first, end > keep ? (end - keep) / s_.page_size : 0);
+      if (end > s_.max_length && (end <= keep || want[i] - drop[i] > pages_per_seq_))
+        throw nn_error(errc::out_of_range,
+                       "kv_cache: sequence " + std::to_string(ids[i]) + " would hold " + std::to_string(end) + " tokens, more than its max_length " +
+                           std::to_string(s_.max_length) +
+                           (end <= keep ? std::string()
+                                        : " with a window of " + std::to_string(keep) + " tokens in " + std::to_string(want[i] - drop[i]) +
+                                              " pages, more than the " + std::to_string(pages_per_seq_) + " of its block table"));
+      if (end > std::size_t(std::numeric_limits<std::int32_t>::max()))
+        throw nn_error(errc::overflow,
+                       "kv_cache: sequence " + std::to_string(ids[i]) + " would hold " + std::to_string(end) + " tokens, past int32 lengths");
       freed += std::min(q.pages, drop[i]) - std::min(q.pages, q.first);
       const std::size_t from = std::max(q.pages, drop[i]);
       if (want[i] > from) need += want[i] - from;
@@ -147,8 +163,8 @@ class kv_cache {
       std::int32_t* t = table_.data() + ids[i] * pages_per_seq_;
       for (; q.first < drop[i]; ++q.first)
         if (q.first < q.pages) {
-          free_.push_back(t[q.first]);
-          t[q.first] = -1;
+          free_.push_back(t[q.first % pages_per_seq_]);
+          t[q.first % pages_per_seq_] = -1;
         }
       q.pages = std::max(q.pages, q.first);
     }
@@ -156,9 +172,10 @@ class kv_cache {
       slot& q = seqs_[ids[i]];
       std::int32_t* t = table_.data() + ids[i] * pages_per_seq_;
       for (; q.pages < want[i]; ++q.pages) {
-        t[q.pages] = free_.back();
+        t[q.pages % pages_per_seq_] = free_.back();
         free_.pop_back();
       }
+      q.past = q.past || q.len + counts[i] > s_.max_length;
     }
   }
   void reserve(seq_id s, std::size_t n, std::size_t keep = std::numeric_limits<std::size_t>::max()) {
@@ -183,7 +200,7 @@ class kv_cache {
     T* kl = k_.data() + layer * layer_elems_;
     T* vl = v_.data() + layer * layer_elems_;
     for (std::size_t i = 0; i < n; ++i) {
-      const std::size_t j = pos + i, off = std::size_t(t[j / s_.page_size]) * page_elems_ + (j % s_.page_size) * row_;
+      const std::size_t j = pos + i, off = std::size_t(t[j / s_.page_size % pages_per_seq_]) * page_elems_ + (j % s_.page_size) * row_;
       std::copy(k + i * ld, k + i * ld + row_, kl + off);
       std::copy(v + i * ld, v + i * ld + row_, vl + off);
     }
@@ -208,8 +225,8 @@ class kv_cache {
     commit(s, n);
   }
 
-  // What attention_decode reads: layer l's pages, and a sequence's block table (pages_per_seq
-  // entries; -1 past its pages and for pages given back).
+  // What attention_decode reads: layer l's pages, and a sequence's block table (a ring of
+  // pages_per_seq entries: page p is entry p % pages_per_seq; -1 for entries no held page uses).
   std::span<const T> k(std::size_t layer) const { return {k_.data() + layer_check(layer) * layer_elems_, layer_elems_}; }
   std::span<const T> v(std::size_t layer) const { return {v_.data() + layer_check(layer) * layer_elems_, layer_elems_}; }
   std::span<const std::int32_t> block_table(seq_id s) const {
@@ -231,6 +248,7 @@ class kv_cache {
     d.page_size = s_.page_size;
     d.num_pages = s_.num_pages;
     d.pages_per_seq = pages_per_seq_;
+    d.ring = true;
     return d;
   }
   // The block tables of ids, one after another ([batch, pages_per_seq]).
@@ -256,8 +274,9 @@ class kv_cache {
  private:
   struct slot {
     bool live = false;
-    std::size_t len = 0, pages = 0;  // tokens; block-table entries in use
-    std::size_t first = 0;           // entries before it were given back (-1)
+    std::size_t len = 0, pages = 0;  // tokens; pages taken (counted from the sequence's first page)
+    std::size_t first = 0;           // pages before it were given back (their entries -1)
+    bool past = false;               // a windowed reservation took it past max_length
   };
   const slot& at(seq_id s, const char* what) const {
     if (s >= seqs_.size() || !seqs_[s].live)
@@ -277,7 +296,7 @@ class kv_cache {
       throw nn_error(errc::out_of_range, "kv_cache: token " + std::to_string(j) + " of sequence " + std::to_string(s) + " is not reserved");
     if (j < q.first * s_.page_size)
       throw nn_error(errc::out_of_range, "kv_cache: token " + std::to_string(j) + " of sequence " + std::to_string(s) + " was given back");
-    return std::size_t(table_[s * pages_per_seq_ + j / s_.page_size]) * page_elems_ + (j % s_.page_size) * row_;
+    return std::size_t(table_[s * pages_per_seq_ + j / s_.page_size % pages_per_seq_]) * page_elems_ + (j % s_.page_size) * row_;
   }
 
   Dev* dev_;

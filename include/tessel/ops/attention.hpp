@@ -467,12 +467,21 @@ inline namespace v0 {
 // Paged cache: k, v are [num_pages, page_size, heads_kv, head_dim] and block_table is
 // [batch, pages_per_seq]: token j of sequence b lives in page block_table[b][j / page_size]; only
 // the pages of keys some query row can see are read (others, as a sliding window's past, may be -1).
-// seqlens_kv[b] is the number of cached tokens of sequence b (<= max_kv, or <= pages_per_seq·page_size).
+// With `ring`, each row of block_table is a ring: token j lives in page
+// block_table[b][(j / page_size) % pages_per_seq], so a sequence under a sliding window grows
+// without bound in a fixed table, as long as the keys its query rows can see lie in at most
+// pages_per_seq consecutive pages (an attention_error of errc::out_of_range names the sequence
+// otherwise).
+// seqlens_kv[b] is the number of cached tokens of sequence b (<= max_kv, or <= pages_per_seq·page_size
+// without a ring).
 // Masks as attention_forward (use causal + bottom_right for new tokens appended to the cache).
+// Only the keys some query row can see are read: a sliding window's cost follows the window, not
+// the sequence's length.
 struct attention_decode_shape {
   std::size_t batch = 1, seq_q = 1, heads_q = 1, heads_kv = 1, head_dim = 0;
   std::size_t max_kv = 0;                                       // contiguous cache
   std::size_t page_size = 0, num_pages = 0, pages_per_seq = 0;  // paged cache
+  bool ring = false;                                            // paged cache: block-table rows are rings
 };
 
 template <class Dev, attention_input T, attention_output O>
@@ -488,11 +497,12 @@ void attention_decode(Dev& dev, const attention_decode_shape& s, std::span<const
   const bool paged = s.page_size > 0;
   const std::size_t row = detail::mul_checked(s.heads_kv, s.head_dim, "attention shape");
   std::size_t cap = 0;
+  check(paged || !s.ring, "a ring block table needs a paged cache (page_size > 0)");
   if (paged) {
     check_buffer(k, mul3(s.num_pages, s.page_size, row, "attention shape"), "k_cache");
     check_buffer(v, mul3(s.num_pages, s.page_size, row, "attention shape"), "v_cache");
     check_buffer(block_table, detail::mul_checked(s.batch, s.pages_per_seq, "attention shape"), "block_table");
-    cap = detail::mul_checked(s.pages_per_seq, s.page_size, "attention shape");
+    cap = s.ring ? std::size_t(std::numeric_limits<std::int32_t>::max()) : detail::mul_checked(s.pages_per_seq, s.page_size, "attention shape");
   } else {
     check_buffer(k, mul3(s.batch, s.max_kv, row, "attention shape"), "k_cache");
     check_buffer(v, mul3(s.batch, s.max_kv, row, "attention shape"), "v_cache");
@@ -510,6 +520,7 @@ void attention_decode(Dev& dev, const attention_decode_shape& s, std::span<const
   g.lse_head = s.seq_q;
   g.page = s.page_size;
   g.page_stride = paged ? detail::mul_checked(s.page_size, row, "attention shape") : 0;
+  g.ring = s.ring ? s.pages_per_seq : 0;
   std::vector<seq_geom> seqs(s.batch);
   const mask_rule mask = make_mask(opt);
   std::size_t max_kv = 0;
@@ -523,25 +534,34 @@ void attention_decode(Dev& dev, const attention_decode_shape& s, std::span<const
     q0.q_base = q0.o_base = b * s.seq_q * g.q_tok;
     q0.lse_base = b * s.heads_q * s.seq_q;
     q0.k_base = q0.v_base = b * s.max_kv * row;
-    if (paged) {
-      // the pages of the keys some query row can see (a sliding window's past may be given back)
-      std::size_t vlo = q0.skv, vhi = 0;
-      for (std::size_t r = 0; r < s.seq_q; ++r) {
-        std::size_t lo = 0, hi = 0;
-        mask.range(r, s.seq_q, q0.skv, lo, hi);
-        if (lo < hi) {
-          vlo = std::min(vlo, lo);
-          vhi = std::max(vhi, hi);
-        }
+    // the keys some query row can see, [vlo, vhi) (a sliding window's past may be given back)
+    std::size_t vlo = q0.skv, vhi = 0;
+    for (std::size_t r = 0; r < s.seq_q; ++r) {
+      std::size_t lo = 0, hi = 0;
+      mask.range(r, s.seq_q, q0.skv, lo, hi);
+      if (lo < hi) {
+        vlo = std::min(vlo, lo);
+        vhi = std::max(vhi, hi);
       }
-      q0.pages = block_table.data() + b * s.pages_per_seq;
-      for (std::size_t p = vlo < vhi ? vlo / s.page_size : 0; p < ceil_div(vhi, s.page_size); ++p)
-        if (q0.pages[p] < 0 || static_cast<std::size_t>(q0.pages[p]) >= s.num_pages)
-          throw attention_error(errc::out_of_range, "block_table[" + std::to_string(b) + "][" + std::to_string(p) +
-                                                        "] = " + std::to_string(q0.pages[p]) + " is not a page index in [0, " +
-                                                        std::to_string(s.num_pages) + ")");
     }
-    max_kv = std::max(max_kv, q0.skv);
+    if (vlo >= vhi) vlo = vhi = 0;
+    q0.kv_lo = vlo / dec_chunk * dec_chunk;  // the chunks before it hold no visible key
+    if (paged) {
+      const std::size_t p0 = vlo / s.page_size, p1 = ceil_div(vhi, s.page_size);
+      if (s.ring && p1 - p0 > s.pages_per_seq)
+        throw attention_error(errc::out_of_range, "sequence " + std::to_string(b) + "'s query rows see keys [" + std::to_string(vlo) + ", " +
+                                                      std::to_string(vhi) + ") in " + std::to_string(p1 - p0) + " pages, more than its ring of " +
+                                                      std::to_string(s.pages_per_seq) + " block-table entries");
+      q0.pages = block_table.data() + b * s.pages_per_seq;
+      for (std::size_t p = p0; p < p1; ++p) {
+        const std::size_t e = s.ring ? p % s.pages_per_seq : p;
+        if (q0.pages[e] < 0 || static_cast<std::size_t>(q0.pages[e]) >= s.num_pages)
+          throw attention_error(errc::out_of_range, "block_table[" + std::to_string(b) + "][" + std::to_string(e) +
+                                                        "] = " + std::to_string(q0.pages[e]) + " is not a page index in [0, " +
+                                                        std::to_string(s.num_pages) + ")");
+      }
+    }
+    max_kv = std::max(max_kv, q0.skv - q0.kv_lo);
   }
   if (s.batch == 0 || s.seq_q == 0) return;
   const decode_plan plan = decode_plan::make(R, s.heads_kv, s.head_dim, max_kv, s.batch, dev.capabilities().workers);

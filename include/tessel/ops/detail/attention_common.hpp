@@ -30,6 +30,7 @@ struct seq_geom {
   std::size_t sq = 0, skv = 0;
   std::size_t q_blk0 = 0, kv_blk0 = 0;  // first packed-block index of this sequence
   const std::int32_t* pages = nullptr;  // paged KV cache: this sequence's block table row
+  std::size_t kv_lo = 0;                // decode: the first key of its first chunk (a multiple of the chunk)
 };
 
 // Strides (elements) shared by all sequences.
@@ -39,6 +40,7 @@ struct geom {
   std::size_t lse_head = 0;
   std::size_t page = 0;         // paged KV: tokens per page (0 = contiguous)
   std::size_t page_stride = 0;  // elements between pages
+  std::size_t ring = 0;         // paged KV: entries of a block-table ring (token j's page is entry (j / page) % ring); 0: no ring
 };
 
 // Which keys row i may attend to: [lo, hi). Causal and windows are offsets from the diagonal

@@ -1,6 +1,6 @@
 // Flash-decoding: a few query rows against a long (optionally paged) KV cache read in place.
-// The KV length is cut into fixed chunks (the split depends only on the shape, never on the
-// thread count; the kv-head tiles may follow the workers, which changes no bit). One block per (chunk, tile of kv heads and query rows, sequence) streams its
+// The KV length is cut into fixed chunks of dec_chunk keys at multiples of dec_chunk, from the
+// first one a query row can see (the split depends only on the shape, never on the thread count; the kv-head tiles may follow the workers, which changes no bit). One block per (chunk, tile of kv heads and query rows, sequence) streams its
 // chunk once: groups of dec_group tokens, and for each group every kv head of the tile in turn,
 // all query rows of the head's GQA group at once (scores, online softmax, P·V fused per group),
 // while the rows of the next group are pulled in as one dense stream; with bf16 and 4 query rows
@@ -44,7 +44,7 @@ struct decode_plan {
   std::size_t row_tiles = 0;
   std::size_t heads_per_blk = 0;  // kv heads per block (all of them when the accumulators fit)
   std::size_t head_tiles = 0;
-  std::size_t nsplit = 0;  // chunks of the longest sequence
+  std::size_t nsplit = 0;  // chunks of the longest visible stretch of keys
   static decode_plan make(std::size_t R, std::size_t hkv, std::size_t d, std::size_t max_kv, std::size_t batch = 1, std::size_t workers = 1) {
     decode_plan p;
     p.rows = R;
@@ -79,7 +79,11 @@ struct decode_split_program {
 
   // Element offset of token j's row (kv head 0) in the cache.
   std::size_t token_offset(const seq_geom& s, std::size_t j) const {
-    if (g.page) return static_cast<std::size_t>(s.pages[j / g.page]) * g.page_stride + (j % g.page) * g.k_tok;
+    if (g.page) {
+      std::size_t p = j / g.page;
+      if (g.ring && p >= g.ring) p %= g.ring;
+      return static_cast<std::size_t>(s.pages[p]) * g.page_stride + (j % g.page) * g.k_tok;
+    }
     return s.k_base + j * g.k_tok;
   }
 
@@ -116,7 +120,7 @@ struct decode_split_program {
           o[1] = 0.0f;
         }
     };
-    const std::size_t j0 = sp * dec_chunk;
+    const std::size_t j0 = s.kv_lo + sp * dec_chunk;
     if (j0 >= s.skv || s.sq == 0) return write_empty();
     const std::size_t n = std::min(dec_chunk, s.skv - j0);
     // visible keys of each row, chunk-relative [lo, hi), and their union [clo, chi)
@@ -356,7 +360,7 @@ struct decode_merge_program {
     const std::size_t R = rows, D = g.d, W = D + 2;
     if (s.sq == 0) return;
     const float* base = part + (b * g.hkv + hk) * nsplit * R * W;
-    const std::size_t used = std::max<std::size_t>(1, ceil_div(s.skv, dec_chunk));  // chunks of this sequence
+    const std::size_t used = std::max<std::size_t>(1, ceil_div(s.skv - s.kv_lo, dec_chunk));  // chunks of this sequence
     float* acc = ctx.scratch().allocate_array<float>(D);
     for (std::size_t r = 0; r < R; ++r) {
       float M = -std::numeric_limits<float>::infinity();
