@@ -21,6 +21,10 @@
 // ep_moe_options::fp8_dispatch sends the forward's rows as DeepEP's FP8 (E4M3, one f32 scale per
 // 128 channels, rounded through BF16 first): a quarter of f32's bytes, at E4M3's precision (3
 // mantissa bits); the expert GEMMs read the dequantized rows and the backward stays exact.
+// ep_moe_options::fp8_experts (or set_experts_fp8) runs the local experts' GEMMs in FP8
+// (nn::expert_bank::set_fp8: DeepSeek-V3's block-scaled recipe, forward and backward); an
+// expert's scales are taken over its own rows, which are those of one device, so ep_moe stays
+// the bits of nn::sparse_moe with its experts in FP8 (tested). The router keeps the compute type.
 #pragma once
 
 #include <array>
@@ -50,6 +54,7 @@ namespace dist {
 
 struct ep_moe_options {
   bool fp8_dispatch = false;  // forward rows as E4M3 + per-128-channel scales (hidden % 128 == 0)
+  bool fp8_experts = false;   // the local experts' GEMMs in FP8 (set_experts_fp8)
 };
 
 // The experts rank `rank` of `ep` holds: [first, first + count).
@@ -82,8 +87,15 @@ class ep_moe {
       throw dist_error(errc::config, "ep_moe: FP8 dispatch needs the hidden size to be a multiple of 128, not " + std::to_string(hidden));
     router_ = nn::linear<Dev, T>(router, nullptr, d_, E_);
     bank_ = nn::expert_bank<Dev, T>(std::move(local), hidden, inter);
+    bank_.set_fp8(o.fp8_experts);
   }
   std::size_t experts() const { return E_; }
+  // FP8 mode of this rank's experts (nn::sparse_moe::set_experts_fp8); the router keeps the compute type.
+  void set_experts_fp8(bool on) {
+    bank_.set_fp8(on);
+    opt_.fp8_experts = on;
+  }
+  bool experts_fp8() const { return bank_.fp8(); }
   std::size_t top_k() const { return k_; }
   communicator& ep() const { return *ep_; }
 

@@ -81,7 +81,7 @@ struct tp_decoder_options {
   // even as possible, the first stages taking one more.
   std::vector<std::size_t> stage_layers = {};
   // Mixture-of-experts models: the expert-parallel group (nullptr: every expert on this rank) and
-  // the MoE block's options (FP8 dispatch).
+  // the MoE blocks' options (FP8 dispatch, FP8 experts).
   communicator* ep = nullptr;
   ep_moe_options moe = {};
 };
