@@ -12,6 +12,7 @@
 #include <limits>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <tessel/device/host_device.hpp>
@@ -76,8 +77,10 @@ struct batch {
 TEST_CASE("an fp16 linear layer's forward and gradients are products of fp16 operands", "[nn][fp16]") {
   host_device dev(2);
   const std::size_t M = 70, K = 96, N = 50;  // tokens, in, out
-  for (bool conv1d : {false, true}) {
-    INFO((conv1d ? "GPT-2 Conv1D layout, a column slice" : "Hugging Face layout"));
+  // packed operands (one conversion each), and rows with padding between them (converted row by
+  // row; the padding holds NaN, which would reach the results and the amax if it were read)
+  for (const auto& [conv1d, strided] : {std::pair{false, false}, std::pair{true, false}, std::pair{false, true}, std::pair{true, true}}) {
+    INFO((conv1d ? "GPT-2 Conv1D layout, a column slice" : "Hugging Face layout") << (strided ? ", strided rows" : ", packed rows"));
     nn::parameters<host_device> ps(dev);
     const std::size_t total = N + 20, col0 = 20;
     auto& w = conv1d ? ps.add("w", {K, total}) : ps.add("w", {N, K});
@@ -92,17 +95,23 @@ TEST_CASE("an fp16 linear layer's forward and gradients are products of fp16 ope
     REQUIRE_FALSE(lin.fp8());
 
     const auto x = random_vec(M * K, 2, 1.0), dy = random_vec(M * N, 3, 0.1);
-    std::vector<float> y(M * N), dx(M * K);
-    lin.forward(dev, nn::cview<float>(x.data(), M, K, K), nn::mview<float>(y.data(), M, N, N), true);
+    const std::size_t lx = strided ? K + 5 : K, ly = strided ? N + 3 : N;
+    std::vector<float> xs(M * lx, std::numeric_limits<float>::quiet_NaN()), dys(M * ly, std::numeric_limits<float>::quiet_NaN());
+    for (std::size_t t = 0; t < M; ++t) {
+      std::copy(x.begin() + std::ptrdiff_t(t * K), x.begin() + std::ptrdiff_t((t + 1) * K), xs.begin() + std::ptrdiff_t(t * lx));
+      std::copy(dy.begin() + std::ptrdiff_t(t * N), dy.begin() + std::ptrdiff_t((t + 1) * N), dys.begin() + std::ptrdiff_t(t * ly));
+    }
+    std::vector<float> y(M * ly), dx(M * lx);
+    lin.forward(dev, nn::cview<float>(xs.data(), M, K, lx), nn::mview<float>(y.data(), M, N, ly), true);
     const float* bias = b.value.data() + (conv1d ? col0 : 0);
     check(
-        y.data(), N, M, N, K, [&](std::size_t i, std::size_t k) { return x[i * K + k]; }, [&](std::size_t k, std::size_t j) { return W[j * K + k]; },
+        y.data(), ly, M, N, K, [&](std::size_t i, std::size_t k) { return x[i * K + k]; }, [&](std::size_t k, std::size_t j) { return W[j * K + k]; },
         [&](std::size_t, std::size_t j) { return double(bias[j]); });
 
-    lin.backward(dev, nn::cview<float>(dy.data(), M, N, N), nn::mview<float>(dx.data(), M, K, K), false);
+    lin.backward(dev, nn::cview<float>(dys.data(), M, N, ly), nn::mview<float>(dx.data(), M, K, lx), false);
     const auto zero = [](std::size_t, std::size_t) { return 0.0; };
     check(
-        dx.data(), K, M, K, N, [&](std::size_t i, std::size_t k) { return dy[i * N + k]; },
+        dx.data(), lx, M, K, N, [&](std::size_t i, std::size_t k) { return dy[i * N + k]; },
         [&](std::size_t k, std::size_t j) { return W[k * K + j]; }, zero);
     // dW (out, in) = dyᵀ x, read out of either layout
     std::vector<float> dw(N * K);
