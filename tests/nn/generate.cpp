@@ -464,6 +464,84 @@ TEST_CASE("cached decode of a bf16 model stays within bf16 bounds of its recompu
   }
 }
 
+TEST_CASE("extend appends runs of tokens in one pass: the logits of the recompute, for every architecture", "[nn][generate]") {
+  // Two prompts, then runs of different lengths (one attention launch per sequence), runs of the
+  // same length (one launch), a decode step and a run of 1 beside one of 7: each call's logits
+  // against the last row of forward() on the whole sequence, within the cached-decode bound above.
+  // The mistral window (5) is shorter than the runs of 6 and 7; GPT-2 ends at 23 of its 40 positions.
+  for (const auto& [name, cfg] : all_configs()) {
+    INFO("model " << name);
+    host_device dev(2);
+    nn::decoder_lm<host_device> m(dev, cfg);
+    m.init(31, 0.2);
+    const std::size_t V = cfg.vocab_size;
+    auto cache = m.make_cache(2, 32, 4);
+    std::vector<std::vector<std::int64_t>> seqs{random_ids(9, V, 3), random_ids(4, V, 4)};
+    const std::vector<std::size_t> ids{cache.add_sequence(), cache.add_sequence()};
+    double worst = 0.0, scale = 0.0;
+    auto compare = [&](std::span<const float> got) {
+      const std::vector<float> g(got.begin(), got.end());
+      for (std::size_t j = 0; j < 2; ++j) {
+        const auto full = m.forward(seqs[j], 1, seqs[j].size());
+        const double e = row_error(std::span<const float>(g).subspan(j * V, V), full.subspan((seqs[j].size() - 1) * V, V), scale);
+        INFO("sequence " << j << " at length " << seqs[j].size());
+        CHECK(e <= 1.5e-5);
+        worst = std::max(worst, e);
+      }
+    };
+    std::vector<std::int64_t> packed(seqs[0]);
+    packed.insert(packed.end(), seqs[1].begin(), seqs[1].end());
+    compare(m.prefill(cache, ids, packed, std::vector<std::size_t>{9, 4}));
+    std::uint64_t seed = 50;
+    auto run = [&](std::size_t a, std::size_t b) {
+      std::vector<std::int64_t> tok;
+      for (std::size_t j = 0; j < 2; ++j) {
+        const auto add = random_ids(j == 0 ? a : b, V, seed++);
+        seqs[j].insert(seqs[j].end(), add.begin(), add.end());
+        tok.insert(tok.end(), add.begin(), add.end());
+      }
+      return tok;
+    };
+    auto tok = run(6, 3);
+    compare(m.extend(cache, ids, tok, std::vector<std::size_t>{6, 3}));
+    tok = run(5, 5);
+    compare(m.extend(cache, ids, tok, std::vector<std::size_t>{5, 5}));
+    tok = run(1, 1);
+    compare(m.decode_step(cache, ids, tok));
+    tok = run(1, 7);
+    compare(m.extend(cache, ids, tok, std::vector<std::size_t>{1, 7}));
+    CHECK(cache.length(ids[0]) == 22);
+    CHECK(cache.length(ids[1]) == 20);
+    REPORT(name << ": extend vs recompute logits, worst error " << worst << " x (1 + max|logit|), max|logit| " << scale);
+  }
+}
+
+TEST_CASE("extend's errors name the problem and take nothing", "[nn][generate][errors]") {
+  host_device dev(1);
+  nn::decoder_lm<host_device> m(dev, llama_config());
+  m.init(1);
+  auto cache = m.make_cache(2, 3, 4, 16);  // 3 pages of 4 tokens
+  const auto s = cache.add_sequence(), e = cache.add_sequence();
+  (void)m.prefill(cache, s, std::vector<std::int64_t>{1, 2, 3});
+  const std::size_t free = cache.free_pages();
+  CHECK_THROWS_MATCHES(m.extend(cache, e, std::vector<std::int64_t>{1}), nn::nn_error,
+                       is_error(errc::invalid_argument, "nn", "is empty (start it with prefill)"));
+  CHECK_THROWS_MATCHES(m.extend(cache, s, std::vector<std::int64_t>{}), nn::nn_error,
+                       is_error(errc::invalid_argument, "nn", "extend: no tokens for sequence 0"));
+  CHECK_THROWS_MATCHES(m.extend(cache, std::vector<std::size_t>{s}, std::vector<std::int64_t>{1, 2}, std::vector<std::size_t>{3}), nn::nn_error,
+                       is_error(errc::invalid_argument, "nn", "2 token ids for runs of 3"));
+  CHECK_THROWS_MATCHES(m.extend(cache, std::vector<std::size_t>{s}, std::vector<std::int64_t>{1}, std::vector<std::size_t>{1, 1}), nn::nn_error,
+                       is_error(errc::invalid_argument, "nn", "1 sequences with 2 counts"));
+  CHECK_THROWS_MATCHES(m.extend(cache, s, std::vector<std::int64_t>{1, 99}), nn::nn_error, is_error(errc::invalid_argument, "nn", "token id 99"));
+  CHECK_THROWS_MATCHES(m.extend(cache, s, std::vector<std::int64_t>(14, 1)), nn::nn_error,
+                       is_error(errc::out_of_range, "nn", "position 16 exceeds the 16 positions"));
+  CHECK_THROWS_MATCHES(m.extend(cache, s, std::vector<std::int64_t>(13, 1)), nn::nn_error, is_error(errc::out_of_range, "nn", "out of pages"));
+  CHECK(cache.length(s) == 3);
+  CHECK(cache.free_pages() == free);
+  (void)m.extend(cache, s, std::vector<std::int64_t>(9, 1));
+  CHECK(cache.length(s) == 12);
+}
+
 TEST_CASE("a window of 1 and a window longer than the sequence decode like the recompute", "[nn][generate]") {
   cached_vs_recompute<float>(mistral_config(1), 6, 5, 1.5e-5);
   cached_vs_recompute<float>(mistral_config(100), 6, 5, 1.5e-5);

@@ -382,40 +382,30 @@ class decoder_lm {
   // go into the cache, and its attention reads the cache (with the model's sliding window, if
   // any). Returns the logits (batch, vocab) f32 of the new tokens (valid until the next call).
   std::span<const float> decode_step(kv_cache<Dev, T>& cache, std::span<const std::size_t> seqs, std::span<const std::int64_t> tokens) {
-    check_cache(cache);
-    const std::size_t B = seqs.size();
-    if (B == 0 || tokens.size() != B)
-      throw nn_error(errc::invalid_argument, "decode_step: " + std::to_string(B) + " sequences with " + std::to_string(tokens.size()) + " tokens");
-    cache.check_distinct(seqs, "decode_step");
-    positions_inf_.resize(B);
-    seqlens_.resize(B);
-    for (std::size_t i = 0; i < B; ++i) {
-      const std::size_t len = cache.length(seqs[i]);
-      if (len == 0) throw nn_error(errc::invalid_argument, "decode_step: sequence " + std::to_string(seqs[i]) + " is empty (start it with prefill)");
-      if (len >= max_length(cache))
-        throw nn_error(errc::out_of_range, "decode_step: sequence " + std::to_string(seqs[i]) + " holds " + std::to_string(len) +
-                                               " tokens, position " + std::to_string(len) + " exceeds the " + std::to_string(max_length(cache)) +
-                                               " positions this model and cache hold");
-      positions_inf_[i] = std::int64_t(len);
-      seqlens_[i] = std::int32_t(len + 1);
-    }
-    check_ids(tokens);
-    ones_.assign(B, 1);
-    cache.reserve(seqs, ones_, kv_keep_);  // gives back the pages that left every layer's window
-    cache.gather_tables(seqs, tables_);
-    last_rows_.resize(B);
-    for (std::size_t i = 0; i < B; ++i) last_rows_[i] = i;
-    const std::size_t kvd = cfg_.num_key_value_heads * cfg_.head_dim, qd = cfg_.num_attention_heads * cfg_.head_dim;
-    const attention_decode_shape ds = cache.decode_shape(B, cfg_.num_attention_heads);
-    run_inference(tokens, [&](std::size_t l, std::size_t rows, const T* q, const T* k, const T* v, T* o) {
-      for (std::size_t i = 0; i < B; ++i) cache.write(l, seqs[i], std::size_t(positions_inf_[i]), k + i * kvd, v + i * kvd, 1, kvd);
-      attention_options ao = blocks_[l].attn.options();
-      ao.align = mask_align::bottom_right;  // the new token is the last of its sequence
-      attention_decode(*dev_, ds, std::span<const T>(q, rows * qd), cache.k(l), cache.v(l), std::span<const std::int32_t>(seqlens_),
-                       std::span<const std::int32_t>(tables_), std::span<T>(o, rows * qd), std::span<float>{}, ao);
-    });
-    for (std::size_t i = 0; i < B; ++i) cache.commit(seqs[i], 1);
-    return {inf_.logits.data(), B * cfg_.vocab_size};
+    if (seqs.empty() || tokens.size() != seqs.size())
+      throw nn_error(errc::invalid_argument,
+                     "decode_step: " + std::to_string(seqs.size()) + " sequences with " + std::to_string(tokens.size()) + " tokens");
+    ones_.assign(seqs.size(), 1);
+    return append(cache, seqs, tokens, ones_, "decode_step");
+  }
+  // Several new tokens per sequence, in one pass: counts[i] >= 1 tokens, the next counts[i] ids of
+  // `tokens`, are appended to seqs[i] (distinct, each already holding at least one token) — a
+  // conversation's next turn after its cached history, or a run of draft tokens to verify. Their K
+  // and V rows go into the cache; each attends to the cache and to the new tokens before it (with
+  // the model's sliding window, if any). Returns the logits (batch, vocab) f32 of each sequence's
+  // last new token (valid until the next call). Nothing is written when an argument is wrong. A
+  // windowed sequence past the cache's max_length (see max_length(cache)) holds the window plus the
+  // run: a run too long for its block table's ring is an out_of_range error of kv_cache::reserve.
+  std::span<const float> extend(kv_cache<Dev, T>& cache, std::span<const std::size_t> seqs, std::span<const std::int64_t> tokens,
+                                std::span<const std::size_t> counts) {
+    if (seqs.empty() || counts.size() != seqs.size())
+      throw nn_error(errc::invalid_argument,
+                     "extend: " + std::to_string(seqs.size()) + " sequences with " + std::to_string(counts.size()) + " counts");
+    return append(cache, seqs, tokens, counts, "extend");
+  }
+  std::span<const float> extend(kv_cache<Dev, T>& cache, std::size_t seq, std::span<const std::int64_t> tokens) {
+    const std::size_t n = tokens.size();
+    return extend(cache, std::span<const std::size_t>(&seq, 1), tokens, std::span<const std::size_t>(&n, 1));
   }
 
   // Mean loss without gradients (evaluation).
@@ -710,6 +700,77 @@ class decoder_lm {
                                                  std::to_string(s.head_dim) + " (or on another device) does not fit this model (" +
                                                  std::to_string(cfg_.num_hidden_layers) + " x " + std::to_string(cfg_.num_key_value_heads) + " x " +
                                                  std::to_string(cfg_.head_dim) + ")");
+  }
+
+  // decode_step and extend: counts[i] tokens appended to seqs[i], attention through attention_decode
+  // (one launch when every sequence takes the same count, else one per sequence).
+  std::span<const float> append(kv_cache<Dev, T>& cache, std::span<const std::size_t> seqs, std::span<const std::int64_t> tokens,
+                                std::span<const std::size_t> counts, const char* what) {
+    check_cache(cache);
+    const std::size_t B = seqs.size();
+    cache.check_distinct(seqs, what);
+    std::size_t n = 0;
+    for (std::size_t i = 0; i < B; ++i) {
+      if (counts[i] == 0) throw nn_error(errc::invalid_argument, std::string(what) + ": no tokens for sequence " + std::to_string(seqs[i]));
+      n = detail::add_checked(n, counts[i], "extend tokens");
+    }
+    if (tokens.size() != n)
+      throw nn_error(errc::invalid_argument,
+                     std::string(what) + ": " + std::to_string(tokens.size()) + " token ids for runs of " + std::to_string(n) + " in total");
+    if (n > std::size_t(std::numeric_limits<std::int32_t>::max()))
+      throw nn_error(errc::overflow, std::string(what) + ": " + std::to_string(n) + " tokens in one batch");
+    positions_inf_.resize(n);
+    seqlens_.resize(B);
+    cu_.assign(B + 1, 0);
+    bool same = true;
+    std::size_t most = 0;
+    for (std::size_t i = 0; i < B; ++i) {
+      most = std::max(most, counts[i]);
+      const std::size_t len = cache.length(seqs[i]);
+      if (len == 0)
+        throw nn_error(errc::invalid_argument, std::string(what) + ": sequence " + std::to_string(seqs[i]) + " is empty (start it with prefill)");
+      if (counts[i] > max_length(cache) || len > max_length(cache) - counts[i])
+        throw nn_error(errc::out_of_range, std::string(what) + ": sequence " + std::to_string(seqs[i]) + " holds " + std::to_string(len) +
+                                               " tokens, position " + std::to_string(len + counts[i] - 1) + " exceeds the " +
+                                               std::to_string(max_length(cache)) + " positions this model and cache hold");
+      cu_[i + 1] = cu_[i] + std::int32_t(counts[i]);
+      for (std::size_t t = 0; t < counts[i]; ++t) positions_inf_[std::size_t(cu_[i]) + t] = std::int64_t(len + t);
+      seqlens_[i] = std::int32_t(len + counts[i]);
+      same = same && counts[i] == counts[0];
+    }
+    check_ids(tokens);
+    // all pages or none; gives back the pages that left every layer's window (the first new token's
+    // window reaches most - 1 tokens further back than the last one's)
+    const std::size_t keep = kv_keep_ == std::numeric_limits<std::size_t>::max() ? kv_keep_ : kv_keep_ + (most - 1);
+    cache.reserve(seqs, counts, keep);
+    cache.gather_tables(seqs, tables_);
+    last_rows_.resize(B);
+    for (std::size_t i = 0; i < B; ++i) last_rows_[i] = std::size_t(cu_[i + 1]) - 1;
+    const std::size_t kvd = cfg_.num_key_value_heads * cfg_.head_dim, qd = cfg_.num_attention_heads * cfg_.head_dim;
+    const std::size_t pps = cache.pages_per_seq();
+    run_inference(tokens, [&](std::size_t l, std::size_t rows, const T* q, const T* k, const T* v, T* o) {
+      for (std::size_t i = 0; i < B; ++i) {
+        const std::size_t r0 = std::size_t(cu_[i]);
+        cache.write(l, seqs[i], std::size_t(positions_inf_[r0]), k + r0 * kvd, v + r0 * kvd, counts[i], kvd);
+      }
+      attention_options ao = blocks_[l].attn.options();
+      ao.align = mask_align::bottom_right;  // the new tokens are the last of their sequence
+      if (same) {
+        attention_decode(*dev_, cache.decode_shape(B, cfg_.num_attention_heads, counts[0]), std::span<const T>(q, rows * qd), cache.k(l), cache.v(l),
+                         std::span<const std::int32_t>(seqlens_), std::span<const std::int32_t>(tables_), std::span<T>(o, rows * qd),
+                         std::span<float>{}, ao);
+        return;
+      }
+      for (std::size_t i = 0; i < B; ++i) {
+        const std::size_t r0 = std::size_t(cu_[i]);
+        attention_decode(*dev_, cache.decode_shape(1, cfg_.num_attention_heads, counts[i]), std::span<const T>(q + r0 * qd, counts[i] * qd),
+                         cache.k(l), cache.v(l), std::span<const std::int32_t>(seqlens_).subspan(i, 1),
+                         std::span<const std::int32_t>(tables_).subspan(i * pps, pps), std::span<T>(o + r0 * qd, counts[i] * qd), std::span<float>{},
+                         ao);
+      }
+    });
+    for (std::size_t i = 0; i < B; ++i) cache.commit(seqs[i], counts[i]);
+    return {inf_.logits.data(), B * cfg_.vocab_size};
   }
 
   // The layer stack of forward() without saving anything, on n = ids.size() tokens at
