@@ -317,6 +317,28 @@ ep_run run_layout(int dp, int tp, int ep, const std::filesystem::path& path, boo
   return out;
 }
 
+// Rank w's step-1 gradients of `got` against `want`'s, within grad_rel of each tensor's max |g|,
+// and its parameters after the steps within param_abs; the worst of each is kept.
+void compare_runs(const ep_run& got, const ep_run& want, std::size_t w, double grad_rel, double param_abs, double& worst_g, double& worst_p) {
+  for (const auto& [name, g] : got.grads1[w]) {
+    const auto& ref = want.grads1[w].at(name);
+    double gmax = 0.0, dmax = 0.0;
+    for (std::size_t i = 0; i < g.size(); ++i)
+      gmax = std::max(gmax, double(std::fabs(ref[i]))), dmax = std::max(dmax, double(std::fabs(g[i] - ref[i])));
+    INFO(name << ": max |Δg| " << dmax << " of max |g| " << gmax);
+    CHECK(dmax <= grad_rel * gmax);
+    if (gmax > 0) worst_g = std::max(worst_g, dmax / gmax);
+  }
+  for (const auto& [name, v] : got.params[w]) {
+    const auto& ref = want.params[w].at(name);
+    double dmax = 0.0;
+    for (std::size_t i = 0; i < v.size(); ++i) dmax = std::max(dmax, double(std::fabs(v[i] - ref[i])));
+    INFO(name);
+    CHECK(dmax <= param_abs);
+    worst_p = std::max(worst_p, dmax);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("tp_decoder_lm trains Mixtral configs: on tp = 1 it is nn::decoder_lm bit for bit", "[dist][expert_parallel][tp_decoder]") {
@@ -377,23 +399,7 @@ TEST_CASE("Mixtral with experts over ep = 2 trains as plain data parallelism doe
       // half the experts: E/2 experts fewer per layer
       CHECK(plain.numel[w] - ep.numel[w] == cfg.num_hidden_layers * (cfg.num_local_experts / 2) * expert_numel);
       for (std::size_t s = 0; s < MSTEPS; ++s) CHECK(std::fabs(ep.losses[w][s] - plain.losses[w][s]) <= 1e-5 * std::fabs(plain.losses[w][s]));
-      for (const auto& [name, g] : ep.grads1[w]) {
-        const auto& want = plain.grads1[w].at(name);
-        double gmax = 0.0, dmax = 0.0;
-        for (std::size_t i = 0; i < g.size(); ++i)
-          gmax = std::max(gmax, double(std::fabs(want[i]))), dmax = std::max(dmax, double(std::fabs(g[i] - want[i])));
-        INFO(name << ": max |Δg| " << dmax << " of max |g| " << gmax);
-        CHECK(dmax <= 1e-4 * gmax);
-        if (gmax > 0) worst_g = std::max(worst_g, dmax / gmax);
-      }
-      for (const auto& [name, v] : ep.params[w]) {
-        const auto& want = plain.params[w].at(name);
-        double dmax = 0.0;
-        for (std::size_t i = 0; i < v.size(); ++i) dmax = std::max(dmax, double(std::fabs(v[i] - want[i])));
-        INFO(name);
-        CHECK(dmax <= double(MSTEPS) * 2.0 * 3.2 * 1e-3);
-        worst_p = std::max(worst_p, dmax);
-      }
+      compare_runs(ep, plain, w, 1e-4, double(MSTEPS) * 2.0 * 3.2 * 1e-3, worst_g, worst_p);
       // replicas alike: the same tensors on every rank of the same tp coordinate and ep index
       for (std::size_t q = 0; q < w; ++q) {
         const auto cq = lay.coords(int(q));
@@ -429,23 +435,8 @@ TEST_CASE("Mixtral with FP8 experts over ep = 2 trains as with FP8 experts on ev
       CHECK(std::isfinite(ep.losses[w][s]));
       fp8_move = std::max(fp8_move, std::fabs(plain.losses[w][s] - exact.losses[w][s]) / std::fabs(exact.losses[w][s]));
     }
-    for (const auto& [name, g] : ep.grads1[w]) {
-      const auto& want = plain.grads1[w].at(name);
-      double gmax = 0.0, dmax = 0.0;
-      for (std::size_t i = 0; i < g.size(); ++i)
-        gmax = std::max(gmax, double(std::fabs(want[i]))), dmax = std::max(dmax, double(std::fabs(g[i] - want[i])));
-      INFO(name << ": max |Δg| " << dmax << " of max |g| " << gmax);
-      CHECK(dmax <= 0.25 * gmax);  // a sanity bound: both operands of each product in E4M3 (2^-4 each), on both sides
-      if (gmax > 0) worst_g = std::max(worst_g, dmax / gmax);
-    }
-    for (const auto& [name, v] : ep.params[w]) {
-      const auto& want = plain.params[w].at(name);
-      double dmax = 0.0;
-      for (std::size_t i = 0; i < v.size(); ++i) dmax = std::max(dmax, double(std::fabs(v[i] - want[i])));
-      INFO(name);
-      CHECK(dmax <= bound);
-      worst_p = std::max(worst_p, dmax);
-    }
+    // the gradients' sanity bound: both operands of each product in E4M3 (2^-4 each), on both sides
+    compare_runs(ep, plain, w, 0.25, bound, worst_g, worst_p);
   }
   // FP8 took effect, at E4M3's rounding of a loss near log(37)
   CHECK(fp8_move > 0.0);
