@@ -4,9 +4,10 @@
 // GEMMs/attention, f32 masters), on 1 and 2 threads; and the forward alone (prefill). The same for
 // its Mixtral-style twin (_moe: 8 experts of the same width, top 2), the dense model with FP8
 // projections (_fp8) and the Mixtral-style one with FP8 projections and experts (_moe_fp8); the
-// bf16 step under each activation recompute mode (_recompute); and decode with the KV cache for 1
+// bf16 step under each activation recompute mode (_recompute); decode with the KV cache for 1
 // to 16 sequences at once (BM_decode; BM_decode_large on a ~160M-parameter model whose weights
-// do not fit in cache).
+// do not fit in cache); and a 64-token turn after a cached history, one extend against 64 decode
+// steps (BM_turn).
 //
 // Counters: tokens/s, model FLOP/s = 6·N_matmul per token (N_matmul: every weight a GEMM reads,
 // the LM head included, embeddings' lookups excluded) + causal attention 6·S·q_dim per token and
@@ -29,6 +30,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "common/limits.hpp"
@@ -175,6 +177,37 @@ void BM_decode(benchmark::State& st) {
   st.counters["of_stream"] = benchmark::Counter(bytes / (tessel_bench::stream_copy_gbs(threads) * 1e9), benchmark::Counter::kIsRate);
 }
 
+// A conversation's next turn: after a 256-token history in the cache, a 64-token message goes in
+// through one extend (range 1 = 1) or through 64 decode steps (0), 2 threads; the history's prefill
+// is outside the timing. tokens = the turn's tokens per second.
+template <class T>
+void BM_turn(benchmark::State& st) {
+  const bool one_pass = st.range(0) != 0;
+  const std::size_t history = 256, turn = 64;
+  host_device dev(2);
+  const auto cfg = tessel_bench::small_llama();
+  nn::decoder_lm<host_device, T> m(dev, cfg);
+  m.init(1);
+  auto cache = m.make_cache(1, (history + turn) / 16 + 1, 16);
+  const tessel_bench::small_batch_data b;
+  const std::vector<std::int64_t> hist(b.ids.begin(), b.ids.begin() + std::ptrdiff_t(history));
+  const std::vector<std::int64_t> msg(b.ids.begin() + std::ptrdiff_t(small_seq), b.ids.begin() + std::ptrdiff_t(small_seq + turn));
+  std::vector<std::size_t> seq;
+  for (auto _ : st) {
+    st.PauseTiming();
+    if (!seq.empty()) cache.release(seq[0]);
+    seq.assign(1, cache.add_sequence());
+    (void)m.prefill(cache, seq[0], hist);
+    st.ResumeTiming();
+    if (one_pass) {
+      benchmark::DoNotOptimize(m.extend(cache, seq[0], msg).data());
+    } else {
+      for (std::size_t i = 0; i < turn; ++i) benchmark::DoNotOptimize(m.decode_step(cache, seq, std::span<const std::int64_t>(&msg[i], 1)).data());
+    }
+  }
+  st.counters["tokens"] = benchmark::Counter(double(turn) * double(st.iterations()), benchmark::Counter::kIsRate);
+}
+
 BENCHMARK(BM_train_step<bf16>)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_train_step<float>)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_prefill<bf16>)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
@@ -218,6 +251,7 @@ BENCHMARK(BM_train_step<float, false, nn::linear_precision::fp16>)
 BENCHMARK(BM_decode<bf16>)->ArgsProduct({{1, 2}, {1, 4, 16}})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_decode<float>)->Args({2, 1})->Args({2, 16})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_decode<bf16, true>)->Name("BM_decode_large<bf16>")->ArgsProduct({{1, 2}, {1, 4}})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_turn<bf16>)->Arg(1)->Arg(0)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_train_step_recompute)
     ->Args({0, 0})
     ->Args({0, 512})
