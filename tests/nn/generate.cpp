@@ -333,7 +333,11 @@ TEST_CASE("kv_cache block tables are rings: a windowed sequence grows past max_l
         c.write(l, a, t, row(l, t).data(), row(l, t).data(), 1, 4);
     c.commit(a, n);
   };
-  // without a window the table bounds the sequence; a window of 9 tokens spans up to 3 pages
+  // without a window the table bounds the sequence; a window of 9 tokens spans up to 3 pages (one
+  // of 10 up to 4)
+  CHECK(c.holds_window(9));
+  CHECK_FALSE(c.holds_window(10));
+  CHECK_FALSE(c.holds_window(0));
   CHECK_THROWS_MATCHES(c.reserve(a, 11), nn::nn_error, is_error(errc::out_of_range, "nn", "more than its max_length 10"));
   put(7, 9);
   for (std::size_t t = 7; t < 200; t += 3) {

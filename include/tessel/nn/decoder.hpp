@@ -308,14 +308,12 @@ class decoder_lm {
   // the maximum of std::size_t (every token stays).
   std::size_t kv_keep() const noexcept { return kv_keep_; }
   // The longest sequence `cache` can decode with this model: its max_length; when every layer has
-  // a sliding window (kv_keep()) whose pages fit the cache's block-table ring (kv_cache::reserve),
+  // a sliding window (kv_keep()) whose pages fit the cache's block-table ring (kv_cache::holds_window),
   // 2^31 - 1 (a sequence holds only its window's pages however long it grows); for learned
   // positions (GPT-2), at most max_position_embeddings.
   std::size_t max_length(const kv_cache<Dev, T>& cache) const {
-    const kv_cache_shape& s = cache.shape();
-    std::size_t n = s.max_length;
-    if (kv_keep_ < n && (kv_keep_ + s.page_size - 2) / s.page_size + 1 <= cache.pages_per_seq())
-      n = std::size_t(std::numeric_limits<std::int32_t>::max());
+    std::size_t n = cache.shape().max_length;
+    if (kv_keep_ < n && cache.holds_window(kv_keep_)) n = std::size_t(std::numeric_limits<std::int32_t>::max());
     return pos_ ? std::min(n, cfg_.max_position_embeddings) : n;
   }
 

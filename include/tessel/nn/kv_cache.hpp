@@ -81,6 +81,9 @@ class kv_cache {
   std::size_t pages_per_seq() const noexcept { return pages_per_seq_; }
   std::size_t free_pages() const noexcept { return free_.size(); }
   std::size_t live_sequences() const noexcept { return live_; }
+  // Whether the pages of any `keep` consecutive tokens (at most ceil((keep - 1) / page_size) + 1)
+  // fit a block table: then a sequence reserved with that window may grow past max_length.
+  bool holds_window(std::size_t keep) const noexcept { return keep >= 1 && (keep - 1 + s_.page_size - 1) / s_.page_size + 1 <= pages_per_seq_; }
 
   // A new empty sequence (the lowest free slot).
   seq_id add_sequence() {
@@ -95,10 +98,9 @@ class kv_cache {
   // Its pages go back to the free list; the id may be handed out again.
   void release(seq_id s) {
     slot& q = at(s, "release");
-    std::int32_t* t = table_.data() + s * pages_per_seq_;
     for (std::size_t p = q.pages; p-- > q.first;) {
-      free_.push_back(t[p % pages_per_seq_]);
-      t[p % pages_per_seq_] = -1;
+      free_.push_back(entry(s, p));
+      entry(s, p) = -1;
     }
     q = slot{};
     --live_;
@@ -126,7 +128,7 @@ class kv_cache {
   // holding only older tokens are given back first (and count toward the pages available), and
   // none is taken for them. A sequence may grow past max_length only this way: while the pages
   // holding its last `keep` tokens fit its block table (at most pages_per_seq of them, which
-  // ceil((keep - 1) / page_size) + 1 <= pages_per_seq guarantees), up to 2^31 - 1 tokens.
+  // holds_window(keep) guarantees), up to 2^31 - 1 tokens.
   void reserve(std::span<const seq_id> ids, std::span<const std::size_t> counts, std::size_t keep = std::numeric_limits<std::size_t>::max()) {
     if (ids.size() != counts.size())
       throw nn_error(errc::invalid_argument,
@@ -160,19 +162,17 @@ class kv_cache {
                                              " of " + std::to_string(s_.num_pages) + " free");
     for (std::size_t i = 0; i < ids.size(); ++i) {
       slot& q = seqs_[ids[i]];
-      std::int32_t* t = table_.data() + ids[i] * pages_per_seq_;
       for (; q.first < drop[i]; ++q.first)
         if (q.first < q.pages) {
-          free_.push_back(t[q.first % pages_per_seq_]);
-          t[q.first % pages_per_seq_] = -1;
+          free_.push_back(entry(ids[i], q.first));
+          entry(ids[i], q.first) = -1;
         }
       q.pages = std::max(q.pages, q.first);
     }
     for (std::size_t i = 0; i < ids.size(); ++i) {
       slot& q = seqs_[ids[i]];
-      std::int32_t* t = table_.data() + ids[i] * pages_per_seq_;
       for (; q.pages < want[i]; ++q.pages) {
-        t[q.pages % pages_per_seq_] = free_.back();
+        entry(ids[i], q.pages) = free_.back();
         free_.pop_back();
       }
       q.past = q.past || q.len + counts[i] > s_.max_length;
@@ -196,11 +196,10 @@ class kv_cache {
       throw nn_error(errc::out_of_range, "kv_cache: token " + std::to_string(pos) + " of sequence " + std::to_string(s) +
                                              " was given back (the cache holds tokens from " + std::to_string(q.first * s_.page_size) + ")");
     if (ld < row_) throw nn_error(errc::invalid_argument, "kv_cache: row stride " + std::to_string(ld) + " below the row of " + std::to_string(row_));
-    const std::int32_t* t = table_.data() + s * pages_per_seq_;
     T* kl = k_.data() + layer * layer_elems_;
     T* vl = v_.data() + layer * layer_elems_;
     for (std::size_t i = 0; i < n; ++i) {
-      const std::size_t j = pos + i, off = std::size_t(t[j / s_.page_size % pages_per_seq_]) * page_elems_ + (j % s_.page_size) * row_;
+      const std::size_t j = pos + i, off = std::size_t(entry(s, j / s_.page_size)) * page_elems_ + (j % s_.page_size) * row_;
       std::copy(k + i * ld, k + i * ld + row_, kl + off);
       std::copy(v + i * ld, v + i * ld + row_, vl + off);
     }
@@ -296,8 +295,11 @@ class kv_cache {
       throw nn_error(errc::out_of_range, "kv_cache: token " + std::to_string(j) + " of sequence " + std::to_string(s) + " is not reserved");
     if (j < q.first * s_.page_size)
       throw nn_error(errc::out_of_range, "kv_cache: token " + std::to_string(j) + " of sequence " + std::to_string(s) + " was given back");
-    return std::size_t(table_[s * pages_per_seq_ + j / s_.page_size % pages_per_seq_]) * page_elems_ + (j % s_.page_size) * row_;
+    return std::size_t(entry(s, j / s_.page_size)) * page_elems_ + (j % s_.page_size) * row_;
   }
+  // The block-table entry of sequence s's page p (counted from its first page): the table is a ring.
+  std::int32_t& entry(seq_id s, std::size_t p) { return table_[s * pages_per_seq_ + p % pages_per_seq_]; }
+  std::int32_t entry(seq_id s, std::size_t p) const { return table_[s * pages_per_seq_ + p % pages_per_seq_]; }
 
   Dev* dev_;
   kv_cache_shape s_;
