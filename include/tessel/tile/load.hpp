@@ -240,6 +240,31 @@ void load(const tensor_tile<S, R, C>& src, staged<D, R, C, L>& dst, tile_extent 
         return;
       }
     }
+    if constexpr (KP == 1 && std::is_same_v<D, std::remove_const_t<SV>>) {
+      // column-major source of the same type (a transposed f32 A): each K column's run of rows is
+      // contiguous, so it is read once, in order, and dealt MR at a time to every panel. Panel by
+      // panel instead, each panel re-read all KC columns (a column stride apart, MR elements each)
+      // and the once-per-GEMM packing ran at a quarter of a copy's rate.
+      if (!scaled && src.row_stride == 1 && src.col_stride != 1) {
+        const std::size_t cs = src.col_stride, full = vr / MR < UP ? vr / MR : UP;  // panels with MR valid rows
+        const std::size_t kv = vc < UC ? vc : UC;
+        for (std::size_t k = 0; k < kv; ++k) {
+          const D* s = src.data + k * cs;
+          if (k + 8 < kv)  // the column 8 ahead: a column stride apart, beyond the hardware's stride prefetch
+            for (std::size_t b = 0; b < vr * sizeof(D); b += 64) __builtin_prefetch(reinterpret_cast<const char*>(s + 8 * cs) + b);
+          D* o = out + k * MR;
+          for (std::size_t p = 0; p < full; ++p) std::memcpy(o + p * MR * PC, s + p * MR, MR * sizeof(D));
+          for (std::size_t p = full; p < UP; ++p) {
+            const std::size_t r0 = p * MR, nr = r0 < vr ? (vr - r0 < MR ? vr - r0 : MR) : 0;
+            for (std::size_t i = 0; i < MR; ++i) o[p * MR * PC + i] = i < nr ? s[r0 + i] : zero;
+          }
+        }
+        for (std::size_t k = kv; k < UC; ++k)
+          for (std::size_t p = 0; p < UP; ++p)
+            for (std::size_t i = 0; i < MR; ++i) out[p * MR * PC + k * MR + i] = zero;
+        return;
+      }
+    }
     for (std::size_t p = 0; p < UP; ++p) {
       D* panel = out + p * MR * PC;
       const std::size_t r0 = p * MR;
