@@ -96,6 +96,8 @@ class ep_moe {
     opt_.fp8_experts = on;
   }
   bool experts_fp8() const { return bank_.fp8(); }
+  // This rank's experts (e.g. for their FP8 amax).
+  const nn::expert_bank<Dev, T>& bank() const { return bank_; }
   std::size_t top_k() const { return k_; }
   communicator& ep() const { return *ep_; }
 

@@ -149,6 +149,7 @@ class column_parallel_linear {
   std::size_t out_features() const { return out_; }  // the full layer's
   std::size_t local_out_features() const { return lin_.out_features(); }
   nn::linear<Dev, T>& local() { return lin_; }
+  const nn::linear<Dev, T>& local() const { return lin_; }
 
   template <class Y>
   void forward(Dev& dev, cview<T> x, mview<Y> y, bool save) {
@@ -205,6 +206,7 @@ class row_parallel_linear {
   std::size_t local_in_features() const { return lin_.in_features(); }
   std::size_t out_features() const { return out_; }
   nn::linear<Dev, T>& local() { return lin_; }
+  const nn::linear<Dev, T>& local() const { return lin_; }
 
   // y is (N, out), contiguous, or this rank's N/tp rows of it (sequence parallelism: the sum is a
   // reduce-scatter); either way the same bits as the other ranks hold for those rows.
@@ -302,6 +304,9 @@ class tp_swiglu_mlp {
   column_parallel_linear<Dev, T>& gate() { return gate_; }
   column_parallel_linear<Dev, T>& up() { return up_; }
   row_parallel_linear<Dev, T>& down() { return down_; }
+  const column_parallel_linear<Dev, T>& gate() const { return gate_; }
+  const column_parallel_linear<Dev, T>& up() const { return up_; }
+  const row_parallel_linear<Dev, T>& down() const { return down_; }
 
  private:
   column_parallel_linear<Dev, T> gate_, up_;
@@ -447,6 +452,10 @@ class tp_attention {
   column_parallel_linear<Dev, T>& k() { return k_; }
   column_parallel_linear<Dev, T>& v() { return v_; }
   row_parallel_linear<Dev, T>& o() { return o_; }
+  const column_parallel_linear<Dev, T>& q() const { return q_; }
+  const column_parallel_linear<Dev, T>& k() const { return k_; }
+  const column_parallel_linear<Dev, T>& v() const { return v_; }
+  const row_parallel_linear<Dev, T>& o() const { return o_; }
 
  private:
   rope_options rope() const {

@@ -143,6 +143,32 @@ class tp_decoder_lm {
   bool is_expert(const nn::parameter<Dev>& p) const { return experts_.count(&p) != 0; }
   double last_aux_loss() const { return aux_; }
 
+  // FP8 mode (nn::linear::set_fp8, DeepSeek-V3's block-scaled recipe) for every projection of this
+  // rank's blocks: attention's q, k, v and o shards, the dense MLP's gate, up and down shards, and a
+  // mixture of experts' local experts (ep_moe::set_experts_fp8); the embedding, the head and the
+  // router keep the compute type, as in nn::decoder_lm::set_fp8_linears. Each shard quantises its
+  // own operands in 128-blocks: on tp = 1 that is one device's FP8 model bit for bit; on more
+  // ranks a shard that does not start on a multiple of 128 (features of q, k, v, gate, up; the
+  // reduction of o and down) has blocks and scales of its own, so the results agree with one
+  // device's FP8 model to FP8's rounding, not bitwise.
+  void set_fp8_linears(bool on) {
+    for_each_projection([&](nn::linear<Dev, T>& l) { l.set_fp8(on); });
+    if (cfg_.is_moe())
+      for (block& b : blocks_) b.moe.set_experts_fp8(on);
+  }
+  // The FP8 projections' amax over this rank's layers (nn::decoder_lm::fp8_amax_max): of the last
+  // step and since set_fp8_linears(true).
+  nn::fp8_amax fp8_amax_max() const {
+    nn::fp8_amax m;
+    const auto add = [&](const nn::linear<Dev, T>& l) {
+      if (l.fp8()) m.include(l.amax());
+    };
+    for_each_projection(add);
+    if (cfg_.is_moe())
+      for (const block& b : blocks_) b.moe.bank().for_each_linear(add);
+    return m;
+  }
+
   // Whether p counts in the global gradient norm on this rank: a weight other ranks hold the same
   // copy of (the norms, replicated kv heads, row-parallel biases) counts on the first of them only.
   bool counted_in_norm(const nn::parameter<Dev>& p) const { return !replicated_.count(&p) || tp_->rank() == 0; }
@@ -261,6 +287,23 @@ class tp_decoder_lm {
   }
 
  private:
+  // f(linear) for each projection of the blocks (q, k, v, o; the dense MLP's gate, up, down).
+  template <class F>
+  void for_each_projection(F&& f) {
+    for (block& b : blocks_) {
+      for (nn::linear<Dev, T>* l : {&b.attn.q().local(), &b.attn.k().local(), &b.attn.v().local(), &b.attn.o().local()}) f(*l);
+      if (!cfg_.is_moe())
+        for (nn::linear<Dev, T>* l : {&b.mlp.gate().local(), &b.mlp.up().local(), &b.mlp.down().local()}) f(*l);
+    }
+  }
+  template <class F>
+  void for_each_projection(F&& f) const {
+    for (const block& b : blocks_) {
+      for (const nn::linear<Dev, T>* l : {&b.attn.q().local(), &b.attn.k().local(), &b.attn.v().local(), &b.attn.o().local()}) f(*l);
+      if (!cfg_.is_moe())
+        for (const nn::linear<Dev, T>* l : {&b.mlp.gate().local(), &b.mlp.up().local(), &b.mlp.down().local()}) f(*l);
+    }
+  }
   struct block {
     nn::norm<Dev, T> ln1, ln2;
     tp_attention<Dev, T> attn;

@@ -456,15 +456,11 @@ class decoder_lm {
   fp8_amax fp8_amax_max() const {
     fp8_amax m;
     const auto add = [&](const linear<Dev, T>& l) {
-      if (!l.fp8()) return;
-      const fp8_amax& a = l.amax();
-      m.x = std::max(m.x, a.x), m.w = std::max(m.w, a.w), m.dy = std::max(m.dy, a.dy);
-      m.x_max = std::max(m.x_max, a.x_max), m.w_max = std::max(m.w_max, a.w_max), m.dy_max = std::max(m.dy_max, a.dy_max);
+      if (l.fp8()) m.include(l.amax());
     };
-    for (const block& b : blocks_) {
-      for (const linear<Dev, T>* l : {&b.q, &b.k, &b.v, &b.o, &b.up, &b.gate, &b.down}) add(*l);
-      if (moe()) b.moe.bank().for_each_linear(add);
-    }
+    for_each_projection(add);
+    if (moe())
+      for (const block& b : blocks_) b.moe.bank().for_each_linear(add);
     return m;
   }
 

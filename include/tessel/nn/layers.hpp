@@ -68,6 +68,11 @@ const T* compute_data(const parameter<Dev>& p) {
 struct fp8_amax {
   float x = 0, w = 0, dy = 0;              // last forward/backward
   float x_max = 0, w_max = 0, dy_max = 0;  // since fp8 mode was set
+  // Each field the larger of this one's and a's (a model's amax over its layers).
+  void include(const fp8_amax& a) {
+    x = std::max(x, a.x), w = std::max(w, a.w), dy = std::max(dy, a.dy);
+    x_max = std::max(x_max, a.x_max), w_max = std::max(w_max, a.w_max), dy_max = std::max(dy_max, a.dy_max);
+  }
 };
 
 // What a linear layer's three GEMMs read: the model's compute type, fp16 copies of the operands
