@@ -18,6 +18,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -77,25 +78,39 @@ std::vector<float> slice(const std::vector<float>& whole, const nn::shard_spec& 
   return r;
 }
 
+// The projections' precision of a run: the compute type, FP8, or fp16 with a loss scaler.
+enum class proj { compute, fp8, fp16 };
+constexpr float fp16_init_scale = 1024.0f;
+template <class Model>
+void set_precision(Model& m, proj p) {
+  m.set_fp8_linears(p == proj::fp8);
+  if (p == proj::fp16) {
+    m.set_fp16_linears(true);
+    m.set_loss_scaler(loss_scaler(fp16_init_scale, 2.0f, 0.5f, 2));  // grows every 2 clean steps: 3 steps see a growth
+  }
+}
+
 struct one_device_run {
   std::vector<double> loss;
+  std::vector<float> scale;  // the loss scale after each step
   tensors g1, p;
   nn::fp8_amax amax1;  // FP8 mode: the projections' amax of step 1
 };
 template <class T = float>
 one_device_run run_one(const io::model_config& cfg, const nn::adamw_config& h, const std::vector<batch>& data, const std::filesystem::path& save_to,
-                       bool fp8 = false) {
+                       proj prec = proj::compute) {
   host_device d1(1);
   nn::decoder_lm<host_device, T> one(d1, cfg);
   one.init(3, 0.1);
   one.params().save(save_to);
-  one.set_fp8_linears(fp8);
+  set_precision(one, prec);
   one_device_run r;
   for (std::size_t s = 0; s < STEPS; ++s) {
     one.params().zero_grad();
     r.loss.push_back(one.forward_backward(data[s].ids, data[s].targets, B, S));
     if (s == 0) r.g1 = snapshot(one, true), r.amax1 = one.fp8_amax_max();
     one.adamw(h, s + 1);
+    r.scale.push_back(one.loss_scale());
   }
   r.p = snapshot(one, false);
   return r;
@@ -107,25 +122,29 @@ std::filesystem::path tmp_file(const std::string& tag) {
 
 }  // namespace
 
-// FP8 too (set_fp8_linears on both): every shard is the whole layer, so the same block scales.
+// FP8 too (set_fp8_linears on both: every shard is the whole layer, so the same block scales), and
+// fp16 projections with a loss scaler (the gradients carry the scale; the loss scales agree).
 TEMPLATE_TEST_CASE("tp_decoder_lm on tp=1 is one device's decoder_lm bit for bit (losses, gradients, AdamW steps)", "[dist][tp_decoder]", float,
                    bf16) {
-  for (int mode = 0; mode < 4; ++mode) {
-    const bool tied = mode & 1, fp8 = mode & 2;
-    INFO("tied embeddings: " << tied << ", FP8 projections: " << fp8);
+  for (int mode = 0; mode < 6; ++mode) {
+    const bool tied = mode & 1;
+    const proj prec = proj(mode / 2);
+    const bool fp8 = prec == proj::fp8;
+    INFO("tied embeddings: " << tied << ", projections: " << (fp8 ? "FP8" : prec == proj::fp16 ? "fp16" : "compute type"));
     const auto cfg = tiny_llama(tied);
     nn::adamw_config h;
     h.hyper.lr = 1e-3f;
     std::vector<batch> data;
     for (std::size_t s = 0; s < STEPS; ++s) data.push_back(make_batch(200 + s));
     const auto path = tmp_file(tied ? "t1_tied" : "t1");
-    const auto one = run_one<TestType>(cfg, h, data, path, fp8);
+    const auto one = run_one<TestType>(cfg, h, data, path, prec);
     threads_world::run(1, [&](threads_transport t) {
       dist::process_groups grp(t, {.tp = 1});
       host_device dv(1);
       dist::tp_decoder_lm<host_device, TestType> m(dv, cfg, grp.tp());
       m.load(path);
-      m.set_fp8_linears(fp8);
+      set_precision(m, prec);
+      if (prec == proj::fp16) TS_CHECK(m.fp16_linears() == 2 * 7);
       for (std::size_t s = 0; s < STEPS; ++s) {
         m.params().zero_grad();
         const double l = m.forward_backward(data[s].ids, data[s].targets, B, S);
@@ -143,7 +162,9 @@ TEMPLATE_TEST_CASE("tp_decoder_lm on tp=1 is one device's decoder_lm bit for bit
           TS_CHECK((a.w > 0) == fp8);  // amax is recorded in FP8 mode only
         }
         m.adamw(h, s + 1);
+        TS_CHECK(m.loss_scale() == one.scale[s]);
       }
+      if (prec == proj::fp16) TS_CHECK(m.loss_scale() == 2 * fp16_init_scale);  // grew once: the steps were clean
       for (const auto& [name, v] : snapshot(m, false)) {
         std::lock_guard lk(tessel_test::catch_mutex());
         INFO(name);
@@ -235,7 +256,7 @@ TEST_CASE("tp_decoder_lm in FP8 on tp=2 trains as one device's FP8 model does: r
   std::vector<batch> data;
   for (std::size_t s = 0; s < STEPS; ++s) data.push_back(make_batch(400 + s));
   const auto path = tmp_file("fp8");
-  const auto one = run_one(cfg, h, data, path, true);
+  const auto one = run_one(cfg, h, data, path, proj::fp8);
   constexpr int tp = 2;
   std::vector<std::vector<double>> losses(tp, std::vector<double>(STEPS)), norms = losses;
   std::vector<tensors> params(tp);
@@ -286,13 +307,103 @@ TEST_CASE("tp_decoder_lm in FP8 on tp=2 trains as one device's FP8 model does: r
   // The scale of FP8's own error here: one device's f32 model on the same data. It also shows FP8
   // was in effect (without it the runs would agree to f32's sums, about 1e-7).
   const auto f32_path = tmp_file("fp8_ref");
-  const auto f32 = run_one(cfg, h, data, f32_path, false);
+  const auto f32 = run_one(cfg, h, data, f32_path);
   std::filesystem::remove(f32_path);
   double fp8_vs_f32 = 0;
   for (std::size_t s = 0; s < STEPS; ++s) fp8_vs_f32 = std::max(fp8_vs_f32, std::fabs(one.loss[s] - f32.loss[s]) / std::fabs(f32.loss[s]));
   CHECK(fp8_vs_f32 > 1e-4);
   WARN("FP8, tp=2 vs one device after " << STEPS << " steps: params max |dp| = " << worst_p << " (bound " << pbound
                                         << "), loss max rel diff = " << worst_l << "; one device's FP8 vs f32 loss: " << fp8_vs_f32);
+  std::filesystem::remove(path);
+}
+
+// fp16 projections on tp = 2 with a loss scaler and the switching policy (nn::fp16_policy), where
+// layer 0's input norm is scaled to ~1e5 so its attention reads inputs past fp16's range (as in
+// tests/nn/fp16_linear.cpp for one device), and one weight of layer 1 on rank 1 alone is past it
+// too. The ranks must act as one model: the same steps
+// skipped, the same loss scales, the same projections leaving fp16 at the same step (each
+// projection's overflow record is the largest over the group's shards), told once (rank 0).
+TEST_CASE("tp_decoder_lm with fp16 projections on tp=2: the loss scaler and the fp16 policy act alike on every rank", "[dist][tp_decoder]") {
+  const auto cfg = tiny_llama(false);
+  const auto path = tmp_file("fp16");
+  {
+    host_device d1(1);
+    nn::decoder_lm<host_device, float> one(d1, cfg);
+    one.init(3, 0.1);
+    auto& g = one.params().at("model.layers.0.input_layernorm.weight");
+    for (std::size_t i = 0; i < g.numel; ++i) g.value.data()[i] = 1e5f;
+    // and one weight of layer 1's gate_proj past fp16's range, in rank 1's rows (48-95 of 96): only
+    // that rank's shard overflows, and rank 0's shard must leave fp16 with it
+    one.params().at("model.layers.1.mlp.gate_proj.weight").value.data()[60 * 64] = 1e5f;
+    one.params().save(path);
+  }
+  nn::adamw_config h;
+  h.hyper.lr = 1e-3f;
+  constexpr int tp = 2;
+  constexpr std::size_t steps = 14;
+  struct record {
+    std::vector<double> loss;
+    std::vector<int> skipped;
+    std::vector<std::size_t> fp16;
+    std::vector<float> scale;
+    std::vector<std::string> log;
+  };
+  std::vector<record> rec(tp);
+  threads_world::run(tp, [&](threads_transport t) {
+    dist::process_groups grp(t, {.tp = tp});
+    record& r = rec[std::size_t(grp.tp().rank())];
+    host_device dv(1);
+    dist::tp_decoder_lm<host_device> m(dv, cfg, grp.tp());
+    m.load(path);
+    m.set_fp16_linears(true, {.patience = 3, .log = [&](const std::string& l) { r.log.push_back(l); }});
+    m.set_loss_scaler(loss_scaler(1024.0f));
+    for (std::size_t s = 0; s < steps; ++s) {
+      const batch b = make_batch(500 + s);
+      m.params().zero_grad();
+      r.loss.push_back(m.forward_backward(b.ids, b.targets, B, S));
+      r.skipped.push_back(m.adamw(h, s + 1).skipped);
+      r.fp16.push_back(m.fp16_linears());
+      r.scale.push_back(m.loss_scale());
+    }
+  });
+  const record& r = rec[0];
+  for (std::size_t s = 0; s < steps; ++s) {
+    INFO("step " << s + 1);
+    CHECK(std::memcmp(&rec[1].loss[s], &r.loss[s], sizeof(double)) == 0);  // NaN losses too
+  }
+  CHECK(rec[1].skipped == r.skipped);
+  CHECK(rec[1].fp16 == r.fp16);
+  CHECK(rec[1].scale == r.scale);
+  CHECK(rec[1].log.empty());
+  CHECK(r.fp16[0] == 2 * 7);
+  CHECK(r.fp16[1] == 2 * 7);  // two strikes: still fp16
+  std::size_t skipped = 0;
+  for (int k : r.skipped) skipped += std::size_t(k);
+  CHECK(skipped >= 3);
+  for (std::size_t s = steps - 3; s < steps; ++s) {
+    CHECK_FALSE(r.skipped[s]);  // the switched model trains
+    CHECK(std::isfinite(r.loss[s]));
+  }
+  std::set<std::string> moved;
+  for (const auto& l : r.log) {
+    const auto a = l.find("model."), e = l.find(".weight");
+    REQUIRE(a != std::string::npos);
+    moved.insert(l.substr(a, e - a));
+    CHECK(l.find("leaves fp16 for f32 after 3 steps") != std::string::npos);
+  }
+  for (const char* p : {"q_proj", "k_proj", "v_proj"}) CHECK(moved.count(std::string("model.layers.0.self_attn.") + p) == 1);
+  CHECK(moved.count("model.layers.1.mlp.gate_proj") == 1);
+  std::string names;
+  for (const auto& name : moved) {
+    INFO(name);
+    CHECK((name.rfind("model.layers.0.", 0) == 0 || name.rfind("model.layers.1.mlp.", 0) == 0));  // the overflowing layers' projections
+    names += " " + name;
+  }
+  CHECK(r.fp16.back() == 2 * 7 - moved.size());
+  std::string skips;
+  for (int k : r.skipped) skips += k ? 'S' : '.';
+  WARN("fp16 on tp=2: steps " << skips << " (S skipped), moved " << moved.size() << " projections (" << names << " ), final loss scale "
+                              << r.scale.back());
   std::filesystem::remove(path);
 }
 

@@ -266,8 +266,10 @@ class data_parallel {
     step_result res;
     if (gc.found_inf()) {
       res.found_inf = res.skipped = true;
+      m_->note_step(res);
       return res;
     }
+    const float ls = m_->loss_scale();  // the model's loss scaler (set_loss_scaler), 1 without one
     Dev& dev = m_->params().device();
     shard_moments();
     std::vector<optim_tensor<float, float>> ts;
@@ -276,11 +278,12 @@ class data_parallel {
     });
     step_options so;
     so.storage = std::is_same_v<T, bf16> ? param_storage::bf16_master : param_storage::f32;
-    so.check_finite = false;            // checked above, over every shard
-    so.loss_scale = gc.clip_divisor();  // PyTorch's clip_grad_norm_, as the step's gradient multiplier
+    so.check_finite = false;              // checked above, over every shard
+    so.loss_scale = gc.clip_divisor(ls);  // the loss scale, and PyTorch's clip_grad_norm_, as the step's gradient divisor
     if (!ts.empty()) res = adamw_step(dev, std::span<const optim_tensor<float, float>>(ts), h.hyper, step_no, so);
-    res.grad_norm = gc.norm();
+    res.grad_norm = gc.norm(ls);
     all_gather_parameters();
+    m_->note_step(res);
     return res;
   }
 

@@ -41,14 +41,15 @@ class grad_check {
     acc_[1] += o.acc_[1];
   }
   bool found_inf() const { return acc_[1] > 0.0; }
-  // The global norm (-1 when not asked for: max_grad_norm <= 0).
-  double norm() const { return wants_norm() ? std::sqrt(acc_[0]) : -1.0; }
-  // What the step divides the gradients by (step_options::loss_scale): 1 / the clip coefficient
-  // max_norm / (norm + 1e-6) when that is below 1, else 1.
-  float clip_divisor() const {
-    if (!wants_norm()) return 1.0f;
-    const double coef = double(max_norm_) / (norm() + 1e-6);
-    return coef < 1.0 ? float(1.0 / coef) : 1.0f;
+  // The global norm of the gradients divided by the loss scale they carry (-1 when not asked for:
+  // max_grad_norm <= 0).
+  double norm(float loss_scale = 1.0f) const { return wants_norm() ? std::sqrt(acc_[0]) / double(loss_scale) : -1.0; }
+  // What the step divides the gradients by (step_options::loss_scale): the loss scale times 1 / the
+  // clip coefficient max_norm / (norm + 1e-6) of the unscaled gradients when that is below 1.
+  float clip_divisor(float loss_scale = 1.0f) const {
+    if (!wants_norm()) return loss_scale;
+    const double coef = double(max_norm_) / (norm(loss_scale) + 1e-6);
+    return coef < 1.0 ? float(double(loss_scale) / coef) : loss_scale;
   }
 
  private:

@@ -221,6 +221,10 @@ class pipeline {
   }
 
   step_result adamw(const nn::adamw_config& h, std::uint64_t step) { return m_->adamw(h, step); }
+  // The stage model's loss scale and end of step (tp_decoder_lm::set_loss_scaler), for an optimizer
+  // that steps the stage's parameters itself (data_parallel's ZeRO-1).
+  float loss_scale() const { return m_->loss_scale(); }
+  void note_step(const step_result& r) { m_->note_step(r); }
 
  private:
   Model* m_;

@@ -39,6 +39,7 @@
 // one-device run, save that model and load it.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstddef>
@@ -46,6 +47,7 @@
 #include <filesystem>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_set>
@@ -168,6 +170,33 @@ class tp_decoder_lm {
       for (const block& b : blocks_) b.moe.bank().for_each_linear(add);
     return m;
   }
+  // fp16 mode for this rank's shards of attention's q, k, v, o and the dense MLP's projections, with
+  // the policy that moves a projection back to the compute type (nn::decoder_lm::set_fp16_linears,
+  // nn::fp16_policy). Each step the shards of a projection share their overflow record over the
+  // tp group (the amax of each operand, the largest over the ranks), so every rank moves the same
+  // projections at the same step, and rank 0 of the group logs it. Train with a loss scaler.
+  void set_fp16_linears(bool on, nn::fp16_policy policy = {}) {
+    std::size_t n = 0;
+    for_each_projection([&](const nn::linear<Dev, T>&) { ++n; });
+    nn::fp16_strikes strikes = on ? nn::fp16_strikes(std::move(policy), n) : nn::fp16_strikes();
+    if (on && !ws16_) ws16_ = std::make_shared<nn::fp16_workspace<Dev>>();
+    for_each_projection([&](nn::linear<Dev, T>& l) { l.set_precision(on ? nn::linear_precision::fp16 : nn::linear_precision::compute, ws16_); });
+    strikes16_ = std::move(strikes);
+  }
+  // How many of this rank's projections run in fp16 now (the same on every rank of the group).
+  std::size_t fp16_linears() const {
+    std::size_t n = 0;
+    for_each_projection([&](const nn::linear<Dev, T>& l) { n += l.precision() == nn::linear_precision::fp16; });
+    return n;
+  }
+  // Dynamic loss scaling, as nn::decoder_lm::set_loss_scaler: forward_backward (and the last
+  // stage's stage_backward) multiply the loss's gradient by the scale, adamw() divides it out of the
+  // step and the clipping norm, skips a step whose gradients are not finite on any rank, and feeds
+  // the outcome to the scaler. Set the same scaler on every rank (all tp ranks and pipeline stages):
+  // they see the same outcomes, so their scales stay equal. nullopt: no scaling.
+  void set_loss_scaler(std::optional<loss_scaler> s) { scaler_ = std::move(s); }
+  const std::optional<loss_scaler>& scaler() const noexcept { return scaler_; }
+  float loss_scale() const noexcept { return scaler_ ? scaler_->scale() : 1.0f; }
 
   // Whether p counts in the global gradient norm on this rank: a weight other ranks hold the same
   // copy of (the norms, replicated kv heads, row-parallel biases) counts on the first of them only.
@@ -194,6 +223,8 @@ class tp_decoder_lm {
     const std::size_t n = n_, d = cfg_.hidden_size;
     ensure(dy_, rows_ * d);
     if (sp()) stash_norm_grads();
+    grad_scale = scaled(grad_scale, targets, ignore_index);
+    scale_aux();
     const auto r = head_.loss(*dev_, nn::crows_view<T>(yf_, n, d), targets, nn::rows_view<float>(dy_, rows_, d), ignore_index, grad_scale);
     run_backward();
     if (sp()) sum_norm_grads();
@@ -239,12 +270,16 @@ class tp_decoder_lm {
     ensure(dy_, m);
     ensure(dS_, m);
     if (sp()) stash_norm_grads();
+    scale_aux();
     double loss = 0.0;
     if (last_stage()) {
       if (targets.size() != n_)
         throw dist_error(errc::invalid_argument,
                          "tp_decoder_lm::stage_backward: " + std::to_string(targets.size()) + " targets for " + std::to_string(n_) + " tokens");
-      loss = head_.loss(*dev_, nn::crows_view<T>(yf_, n_, d), targets, nn::rows_view<float>(dy_, rows_, d), ignore_index, grad_scale).loss;
+      loss = head_
+                 .loss(*dev_, nn::crows_view<T>(yf_, n_, d), targets, nn::rows_view<float>(dy_, rows_, d), ignore_index,
+                       scaled(grad_scale, targets, ignore_index))
+                 .loss;
     } else {
       if (dout.size() != m)
         throw dist_error(errc::invalid_argument, "tp_decoder_lm::stage_backward: the output gradient holds " + std::to_string(dout.size()) +
@@ -275,15 +310,39 @@ class tp_decoder_lm {
     step_result res;
     if (gc.found_inf()) {
       res.found_inf = res.skipped = true;
+      note_step(res);
       return res;
     }
+    const float ls = loss_scale();
     step_options so;
     so.storage = bf16_compute ? param_storage::bf16_master : param_storage::f32;
-    so.check_finite = false;            // checked above, over every rank
-    so.loss_scale = gc.clip_divisor();  // PyTorch's clip_grad_norm_, as the step's gradient multiplier
+    so.check_finite = false;              // checked above, over every rank
+    so.loss_scale = gc.clip_divisor(ls);  // the loss scale, and PyTorch's clip_grad_norm_, as the step's gradient divisor
     res = nn::adamw_update(*dev_, params_, h.hyper, step, so, h.lazy_rows);
-    res.grad_norm = gc.norm();
+    res.grad_norm = gc.norm(ls);
+    note_step(res);
     return res;
+  }
+  // The end of an optimizer step (adamw() calls it; so does data_parallel's ZeRO-1 step), on every
+  // rank: the loss scaler takes the outcome; the fp16 projections' overflow records of the step,
+  // the largest over the tp group, count a strike or clear it (nn::fp16_policy); records cleared.
+  void note_step(const step_result& r) {
+    const float scale = loss_scale();
+    if (scaler_) scaler_->update(r);
+    if (!strikes16_.active()) return;
+    std::vector<float> amax;
+    for_each_projection([&](const nn::linear<Dev, T>& l) {
+      const nn::fp16_overflow& o = l.overflow();
+      amax.insert(amax.end(), {o.x, o.w, o.dy});
+    });
+    tp_->all_reduce(std::span<float>(amax), reduce_op::max);
+    std::size_t i = 0;
+    for_each_projection([&](nn::linear<Dev, T>& l) {
+      const std::size_t k = i++;
+      if (l.precision() != nn::linear_precision::fp16) return;
+      l.clear_overflow();
+      strikes16_.note(l, k, nn::fp16_overflow{amax[3 * k], amax[3 * k + 1], amax[3 * k + 2]}, scale, tp_->rank() == 0);
+    });
   }
 
  private:
@@ -457,6 +516,20 @@ class tp_decoder_lm {
       for (std::size_t c = 0; c < d; ++c) g[c] = norm_saved_.data()[i * d + c] + norm_sum_.data()[i * d + c];
     }
   }
+  // The loss gradient's multiplier with the loss scale: grad_scale (NaN: 1 / the counted rows, as
+  // the head takes it) times loss_scale().
+  // The MoE load-balancing gradient of the last forward times the loss scale (before its backward).
+  void scale_aux() {
+    if (scaler_)
+      for (double& g : aux_dprob_) g *= double(loss_scale());
+  }
+  float scaled(float grad_scale, std::span<const std::int64_t> targets, std::int64_t ignore_index) const {
+    if (!scaler_) return grad_scale;
+    const float ls = loss_scale();
+    if (!std::isnan(grad_scale)) return grad_scale * ls;
+    const std::size_t counted = std::size_t(std::count_if(targets.begin(), targets.end(), [&](std::int64_t t) { return t != ignore_index; }));
+    return counted ? ls / float(counted) : 0.0f;
+  }
   void check_targets(std::span<const std::int64_t> ids, std::span<const std::int64_t> targets, const char* who) const {
     if (targets.size() != ids.size())
       throw dist_error(errc::invalid_argument, std::string("tp_decoder_lm::") + who + ": " + std::to_string(targets.size()) + " targets for " +
@@ -596,6 +669,9 @@ class tp_decoder_lm {
   std::vector<std::string> others_experts_;                // the names of the ep group's other experts
   double aux_ = 0.0;
   std::vector<double> aux_dprob_;
+  std::shared_ptr<nn::fp16_workspace<Dev>> ws16_;
+  nn::fp16_strikes strikes16_;  // per projection, for_each_projection's order
+  std::optional<loss_scaler> scaler_;
   vocab_parallel_embedding<Dev> embed_;
   std::vector<block> blocks_;
   nn::norm<Dev, T> final_norm_;

@@ -124,6 +124,39 @@ struct fp16_policy {
   std::function<void(const std::string&)> log;  // one line per switch (unset: std::clog)
 };
 
+// fp16_policy's bookkeeping for a model's projections (decoder_lm, dist::tp_decoder_lm): one
+// strike count per projection, in the model's fixed order of them.
+class fp16_strikes {
+ public:
+  fp16_strikes() = default;
+  fp16_strikes(fp16_policy p, std::size_t projections) : policy_(std::move(p)), strikes_(projections, 0) {
+    if (policy_.patience == 0) throw nn_error(errc::invalid_argument, "set_fp16_linears: patience must be at least 1");
+  }
+  bool active() const noexcept { return !strikes_.empty(); }
+  // The step of projection i, in fp16 mode, whose passes saw `o` at loss scale `scale`: a strike or
+  // a clean step; at `patience` strikes in a row it leaves fp16 for the compute type, told to the
+  // policy's log when `log` (a tensor-parallel model's ranks decide alike and one of them tells).
+  template <class Dev, class T>
+  void note(linear<Dev, T>& l, std::size_t i, const fp16_overflow& o, float scale, bool log = true) {
+    std::uint32_t& strikes = strikes_.at(i);
+    strikes = o.forward() || (o.backward() && scale <= policy_.min_scale) ? strikes + 1 : 0;
+    if (strikes < policy_.patience) return;
+    l.set_precision(linear_precision::compute);
+    if (!log) return;
+    const std::string line = "tessel::nn: " + l.weight()->name + " leaves fp16 for " + (std::is_same_v<T, bf16> ? "bf16" : "f32") + " after " +
+                             std::to_string(strikes) + " steps in a row that overflowed (amax x " + std::to_string(o.x) + ", w " +
+                             std::to_string(o.w) + ", dy " + std::to_string(o.dy) + ", loss scale " + std::to_string(scale) + ")";
+    if (policy_.log)
+      policy_.log(line);
+    else
+      std::clog << line << std::endl;
+  }
+
+ private:
+  fp16_policy policy_;
+  std::vector<std::uint32_t> strikes_;
+};
+
 // One AdamW step over every parameter of a registry, in its order (the moments are created, zero,
 // on first use): parameters with a bf16 copy update their f32 master and refresh the copy. The
 // models' adamw() calls this; so does dist's tensor-parallel model, with its own global clipping.
@@ -433,11 +466,12 @@ class decoder_lm {
   // router. `policy` decides when a projection leaves fp16 (fp16_policy); its strike counts start
   // at zero. Train with a loss scaler (set_loss_scaler): fp16's smallest subnormal is 6e-8.
   void set_fp16_linears(bool on, fp16_policy policy = {}) {
-    if (on && policy.patience == 0) throw nn_error(errc::invalid_argument, "set_fp16_linears: patience must be at least 1");
+    std::size_t n = 0;
+    for_each_projection([&](const linear<Dev, T>&) { ++n; });
+    fp16_strikes strikes = on ? fp16_strikes(std::move(policy), n) : fp16_strikes();
     if (on && !ws16_) ws16_ = std::make_shared<fp16_workspace<Dev>>();
     for_each_projection([&](linear<Dev, T>& l) { l.set_precision(on ? linear_precision::fp16 : linear_precision::compute, ws16_); });
-    policy16_ = std::move(policy);
-    strikes_.assign(blocks_.size() * 7, 0);
+    strikes16_ = std::move(strikes);
   }
   // How many projections run in fp16 now (set_fp16_linears less those the policy moved).
   std::size_t fp16_linears() const {
@@ -518,23 +552,14 @@ class decoder_lm {
   void note_step(const step_result& r) {
     const float scale = loss_scale();
     if (scaler_) scaler_->update(r);
-    if (strikes_.empty()) return;  // set_fp16_linears never ran
+    if (!strikes16_.active()) return;  // fp16 projections are off
     std::size_t i = 0;
     for_each_projection([&](linear<Dev, T>& l) {
-      std::uint32_t& strikes = strikes_.at(i++);
+      const std::size_t k = i++;
       if (l.precision() != linear_precision::fp16) return;
       const fp16_overflow o = l.overflow();
       l.clear_overflow();
-      strikes = o.forward() || (o.backward() && scale <= policy16_.min_scale) ? strikes + 1 : 0;
-      if (strikes < policy16_.patience) return;
-      l.set_precision(linear_precision::compute);
-      const std::string line = "tessel::nn: " + l.weight()->name + " leaves fp16 for " + (bf16_compute ? "bf16" : "f32") + " after " +
-                               std::to_string(strikes) + " steps in a row that overflowed (amax x " + std::to_string(o.x) + ", w " +
-                               std::to_string(o.w) + ", dy " + std::to_string(o.dy) + ", loss scale " + std::to_string(scale) + ")";
-      if (policy16_.log)
-        policy16_.log(line);
-      else
-        std::clog << line << std::endl;
+      strikes16_.note(l, k, o, scale);
     });
   }
 
@@ -547,7 +572,7 @@ class decoder_lm {
   };
 
   // f(linear&) for each projection of the blocks with a weight (q, k, v, o, up, gate, down), in
-  // that order per block: the fixed order strikes_ follows.
+  // that order per block: the fixed order strikes16_ follows.
   template <class F>
   void for_each_projection(F&& f) {
     for (block& b : blocks_)
@@ -1253,8 +1278,7 @@ class decoder_lm {
   std::vector<double> rope_freq_;
   // fp16 projections (set_fp16_linears) and loss scaling
   std::shared_ptr<fp16_workspace<Dev>> ws16_;
-  fp16_policy policy16_;
-  std::vector<std::uint32_t> strikes_;  // per projection, for_each_projection's order
+  fp16_strikes strikes16_;  // per projection, for_each_projection's order
   std::optional<loss_scaler> scaler_;
   // activations of the last forward
   std::size_t batch_ = 0, seq_ = 0, n_ = 0;
