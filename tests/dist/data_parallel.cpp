@@ -156,11 +156,18 @@ struct zero_run {
   std::vector<std::vector<double>> losses, norms;
   std::vector<dist::memory_use> memory;
   std::vector<std::pair<std::size_t, std::size_t>> owned;
+  std::vector<std::vector<float>> scales;  // the loss scale after each step (with a scaler)
+  std::vector<std::vector<int>> skipped;
   std::size_t total = 0;
 };
 
+// A run's fp16 setup: fp16 projections and a loss scaler starting at init_scale (0: neither).
+struct fp16_setup {
+  float init_scale = 0;
+};
+
 template <class T>
-zero_run run_zero(int dp, int stage, const nn::adamw_config& h, std::size_t batch_n, const std::vector<batch>& data) {
+zero_run run_zero(int dp, int stage, const nn::adamw_config& h, std::size_t batch_n, const std::vector<batch>& data, fp16_setup f = {}) {
   const auto cfg = tiny_llama();
   zero_run out;
   const std::size_t n = std::size_t(dp);
@@ -169,19 +176,28 @@ zero_run run_zero(int dp, int stage, const nn::adamw_config& h, std::size_t batc
   out.norms.resize(n);
   out.memory.resize(n);
   out.owned.resize(n);
+  out.scales.resize(n);
+  out.skipped.resize(n);
   threads_world::run(dp, [&](threads_transport t) {
     dist::process_groups grp(t, {.dp = dp, .tp = 1, .zero_stage = stage});
     const std::size_t r = std::size_t(grp.dp().rank());
     host_device dv(1);
     nn::decoder_lm<host_device, T> m(dv, cfg);
     m.init(3, 0.1);
+    if (f.init_scale > 0) {
+      m.set_fp16_linears(true);
+      m.set_loss_scaler(loss_scaler(f.init_scale, 2.0f, 0.5f, 2));
+    }
     // 4 KiB chunks: many reduce-scatter / all-gather rounds, shards cut inside tensors
     dist::data_parallel d(m, grp.dp(), {.bucket_bytes = 4 << 10, .zero_stage = stage});
     const std::size_t b = batch_n / n, off = r * b * S;
     for (std::size_t s = 0; s < data.size(); ++s) {
       const std::span<const std::int64_t> ids(data[s].ids.data() + off, b * S), tg(data[s].targets.data() + off, b * S);
       out.losses[r].push_back(d.forward_backward(ids, tg, b, S));
-      out.norms[r].push_back(d.adamw(h, s + 1).grad_norm);
+      const auto res = d.adamw(h, s + 1);
+      out.norms[r].push_back(res.grad_norm);
+      out.skipped[r].push_back(res.skipped);
+      out.scales[r].push_back(m.loss_scale());
     }
     grads v;
     for (auto& p : m.params()) v.emplace_back(p.value.data(), p.value.data() + p.numel);
@@ -236,6 +252,35 @@ TEMPLATE_TEST_CASE("ZeRO-1 data parallel gives plain DP's bits, with 1/dp of the
     }
     CHECK(shard_sum == P);
     CHECK(z1.owned[0].first == 0);
+  }
+}
+
+// The model's loss scaler under ZeRO-1: the shard step divides the scale out and tells the scaler
+// (skips included), as the model's own adamw does under plain DP: the same bits and scales. fp16
+// projections with a scale of 2^40 overflow the first steps' gradients (skipped, the scale halved)
+// and 2^12 trains (the scale grows every 2 clean steps).
+TEST_CASE("ZeRO-1 data parallel with the model's fp16 loss scaler gives plain DP's bits and scales", "[dist][data_parallel][zero]") {
+  constexpr std::size_t BN = 4, steps = 6;
+  std::vector<batch> data;
+  for (std::size_t s = 0; s < steps; ++s) data.push_back(tessel_test::make_batch(700 + s, BN, S, 37));
+  nn::adamw_config h;
+  h.hyper.lr = 1e-3f;
+  for (float init : {std::ldexp(1.0f, 40), std::ldexp(1.0f, 12)}) {
+    INFO("initial scale " << init);
+    const zero_run z0 = run_zero<float>(2, 0, h, BN, data, {init}), z1 = run_zero<float>(2, 1, h, BN, data, {init});
+    for (std::size_t r = 0; r < 2; ++r) {
+      INFO("rank " << r);
+      CHECK(same_bits(z1.params[r], z0.params[r]));
+      CHECK(z1.scales[r] == z0.scales[r]);
+      CHECK(z1.skipped[r] == z0.skipped[r]);
+    }
+    const auto& sk = z0.skipped[0];
+    if (init > 1e10f) {
+      CHECK(sk.front() == 1);
+    } else {
+      CHECK(std::count(sk.begin(), sk.end(), 1) == 0);
+      CHECK(z0.scales[0].back() == init * 8);  // 6 clean steps: grown 3 times
+    }
   }
 }
 
