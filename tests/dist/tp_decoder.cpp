@@ -120,6 +120,39 @@ std::filesystem::path tmp_file(const std::string& tag) {
   return std::filesystem::temp_directory_path() / ("dist_tpdec_" + tag + "_" + std::to_string(::getpid()) + ".safetensors");
 }
 
+// The ranks of a tp run agree: losses, gradient norms and every replicated weight bitwise.
+void check_ranks_alike(const std::vector<std::vector<double>>& losses, const std::vector<std::vector<double>>& norms,
+                       const std::vector<tensors>& params, const std::vector<std::map<std::string, nn::shard_spec>>& shards) {
+  for (std::size_t r = 1; r < losses.size(); ++r) {
+    INFO("rank " << r);
+    CHECK(losses[r] == losses[0]);
+    CHECK(norms[r] == norms[0]);
+    for (const auto& [name, v] : params[r])
+      if (!shards[r].at(name).sharded()) {
+        INFO(name);
+        CHECK(v == params[0].at(name));  // replicated weights stay the same bits
+      }
+  }
+}
+
+// Every rank's parameters within `bound` of the one-device run's (each rank's shard of them);
+// returns the largest difference.
+double check_params_near(const std::vector<tensors>& params, const std::vector<std::map<std::string, nn::shard_spec>>& shards, const tensors& one,
+                         double bound) {
+  double worst = 0;
+  for (std::size_t r = 0; r < params.size(); ++r)
+    for (const auto& [name, v] : params[r]) {
+      const auto want = slice(one.at(name), shards[r].at(name));
+      REQUIRE(want.size() == v.size());
+      double dmax = 0;
+      for (std::size_t i = 0; i < v.size(); ++i) dmax = std::max(dmax, std::fabs(double(v[i]) - double(want[i])));
+      INFO(name << " on rank " << r);
+      CHECK(dmax <= bound);
+      worst = std::max(worst, dmax);
+    }
+  return worst;
+}
+
 }  // namespace
 
 // FP8 too (set_fp8_linears on both: every shard is the whole layer, so the same block scales), and
@@ -205,27 +238,10 @@ TEST_CASE("tp_decoder_lm on tp=2 and tp=4 trains as one device does: ranks bitwi
       params[r] = snapshot(m, false);
       for (auto& p : m.params()) shards[r][p.name] = p.shard;
     });
-    for (int r = 1; r < tp; ++r) {
-      CHECK(losses[std::size_t(r)] == losses[0]);
-      CHECK(norms[std::size_t(r)] == norms[0]);
-      for (const auto& [name, v] : params[std::size_t(r)])
-        if (!shards[std::size_t(r)].at(name).sharded()) {
-          INFO(name);
-          CHECK(v == params[0].at(name));  // replicated weights stay the same bits
-        }
-    }
-    double worst_p = 0, worst_l = 0;
+    check_ranks_alike(losses, norms, params, shards);
+    double worst_l = 0;
     const double pbound = 2 * 3.2 * double(h.hyper.lr) * STEPS;
-    for (int r = 0; r < tp; ++r)
-      for (const auto& [name, v] : params[std::size_t(r)]) {
-        const auto want = slice(one.p.at(name), shards[std::size_t(r)].at(name));
-        REQUIRE(want.size() == v.size());
-        double dmax = 0;
-        for (std::size_t i = 0; i < v.size(); ++i) dmax = std::max(dmax, std::fabs(double(v[i]) - double(want[i])));
-        INFO(name << " on rank " << r);
-        CHECK(dmax <= pbound);
-        worst_p = std::max(worst_p, dmax);
-      }
+    const double worst_p = check_params_near(params, shards, one.p, pbound);
     for (std::size_t s = 0; s < STEPS; ++s) {
       const double rel = std::fabs(losses[0][s] - one.loss[s]) / std::fabs(one.loss[s]);
       CHECK(rel <= 1e-5);
@@ -278,27 +294,12 @@ TEST_CASE("tp_decoder_lm in FP8 on tp=2 trains as one device's FP8 model does: r
     params[r] = snapshot(m, false);
     for (auto& p : m.params()) shards[r][p.name] = p.shard;
   });
-  CHECK(losses[1] == losses[0]);
-  CHECK(norms[1] == norms[0]);
-  for (const auto& [name, v] : params[1])
-    if (!shards[1].at(name).sharded()) {
-      INFO(name);
-      CHECK(v == params[0].at(name));
-    }
+  check_ranks_alike(losses, norms, params, shards);
   CHECK(std::max(amax1[0].w, amax1[1].w) == one.amax1.w);
   CHECK(one.amax1.w > 0);
-  double worst_p = 0, worst_l = 0;
+  double worst_l = 0;
   const double pbound = 2 * 3.2 * double(h.hyper.lr) * STEPS;
-  for (int r = 0; r < tp; ++r)
-    for (const auto& [name, v] : params[std::size_t(r)]) {
-      const auto want = slice(one.p.at(name), shards[std::size_t(r)].at(name));
-      REQUIRE(want.size() == v.size());
-      double dmax = 0;
-      for (std::size_t i = 0; i < v.size(); ++i) dmax = std::max(dmax, std::fabs(double(v[i]) - double(want[i])));
-      INFO(name << " on rank " << r);
-      CHECK(dmax <= pbound);
-      worst_p = std::max(worst_p, dmax);
-    }
+  const double worst_p = check_params_near(params, shards, one.p, pbound);
   for (std::size_t s = 0; s < STEPS; ++s) {
     const double rel = std::fabs(losses[0][s] - one.loss[s]) / std::fabs(one.loss[s]);
     CHECK(rel <= std::ldexp(1.0, -5));
