@@ -1,6 +1,7 @@
 // bench_norm: the memory-bound layer operators at sizes far above the cache, on 1 and 2 threads:
-// RMSNorm / LayerNorm forward and backward, softmax forward and backward, SwiGLU forward, and the
-// fused cross-entropy (loss + gradient) at vocabulary 128 Ki.
+// RMSNorm / LayerNorm forward and backward, softmax forward and backward, SwiGLU forward, RoPE
+// forward (with and without a rope_table), and the fused cross-entropy (loss + gradient) at
+// vocabulary 128 Ki.
 //
 // Bytes each operator must move (what is counted; weights/statistics are negligible):
 //   rmsnorm|layernorm fwd f32 [8192 x 8192]:  read x 4 + write y 4                          = 8 B/elem
@@ -9,6 +10,9 @@
 //   softmax fwd f32 [8192 x 8192]:            read 4 + write 4                              = 8 B/elem
 //   softmax bwd f32:                          read dy 4 + y 4 + write dx 4                  = 12 B/elem
 //   swiglu fwd f32 (64 Mi):                   read a 4 + b 4 + write y 4                    = 12 B/elem
+//   rope fwd f32 [8192 x 8192], head_dim 128: read 4 + write 4 (in place)                   = 8 B/elem
+//     (positions t mod 4096: 8192 tokens of two 4096-token sequences; table=0 computes each
+//     token's 64 cos/sin pairs in double, table=1 reads them from a rope_table of 2 MiB)
 //   cross_entropy f32 [256 x 131072]:         read logits 4 + write dlogits 4              = 8 B/elem
 //   cross_entropy in place:                   read 4 + write 4 (same buffer)               = 8 B/elem
 // These are the bytes the kernels move: each input row is read from memory once (its later passes
@@ -23,6 +27,7 @@
 #include <tessel/ops/activation.hpp>
 #include <tessel/ops/loss.hpp>
 #include <tessel/ops/norm.hpp>
+#include <tessel/ops/rope.hpp>
 #include <tessel/ops/softmax.hpp>
 
 #include <benchmark/benchmark.h>
@@ -142,6 +147,17 @@ void swiglu_fwd_f32(benchmark::State& st) {
   auto& b = buffers::get();
   run(st, 12.0 * N, [&](auto& dev) { tessel::swiglu_forward(dev, cs(b.a, N), cs(b.b, N), ms(b.c, N)); });
 }
+void rope_fwd_f32(benchmark::State& st) {
+  auto& b = buffers::get();
+  constexpr std::size_t hd = 128;
+  std::vector<std::int64_t> pos(R);
+  for (std::size_t t = 0; t < R; ++t) pos[t] = std::int64_t(t % 4096);
+  tessel::rope_table tab(hd, {});
+  tab.cover(pos);
+  tessel::rope_options o;
+  if (st.range(1) != 0) o.table = &tab;
+  run(st, 8.0 * N, [&](auto& dev) { tessel::rope_forward(dev, out(b.c), hd, pos, o); });
+}
 void cross_entropy_f32(benchmark::State& st) {
   auto& b = buffers::get();
   const bool in_place = st.range(1) != 0;
@@ -163,6 +179,12 @@ TESSEL_NORM_BENCH(layernorm_bwd_f32, "layernorm_bwd/tessel/f32/8192x8192");
 TESSEL_NORM_BENCH(softmax_fwd_f32, "softmax_fwd/tessel/f32/8192x8192");
 TESSEL_NORM_BENCH(softmax_bwd_f32, "softmax_bwd/tessel/f32/8192x8192");
 TESSEL_NORM_BENCH(swiglu_fwd_f32, "swiglu_fwd/tessel/f32/64M");
+BENCHMARK(rope_fwd_f32)
+    ->Name("rope_fwd/tessel/f32/8192x8192/hd128")
+    ->ArgsProduct({{1, 2}, {0, 1}})
+    ->ArgNames({"threads", "table"})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(cross_entropy_f32)
     ->Name("cross_entropy/tessel/f32/256x131072")
     ->ArgsProduct({{1, 2}, {0, 1}})

@@ -1,5 +1,5 @@
 // RoPE (tessel/ops/rope.hpp): both pair layouts vs an fp64 rotation, backward inverts forward,
-// bad input.
+// a rope_table gives the same bits as computing, bad input.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -73,6 +73,57 @@ TEST_CASE("rope takes given frequencies in place of theta's", "[ops][rope]") {
   freq.pop_back();
   by_freq.inv_freq = freq;
   CHECK_THROWS_AS(rope_forward(dev, tensor<float, 2>(a.data(), T, D), D, pos, by_freq), layer_error);
+}
+
+TEST_CASE("a rope_table changes no bits, only where cos and sin come from", "[ops][rope]") {
+  host_device dev(2);
+  const std::size_t T = 9, H = 2, D = 32;
+  auto x = train_ref::randn(T * H * D, 5);
+  // positions below, inside and past what the table will hold, repeated and out of order, negative
+  const std::vector<std::int64_t> pos{0, 5, 63, 64, 200, 5, -3, 100000, 127};
+  std::vector<double> freq(D / 2);
+  for (std::size_t j = 0; j < freq.size(); ++j) freq[j] = std::pow(500000.0, -2.0 * double(j) / double(D)) / (j % 3 + 1.0);
+  for (bool inter : {false, true})
+    for (bool given : {false, true}) {
+      rope_options o;
+      o.interleaved = inter;
+      o.theta = 20000.0;
+      if (given) o.inv_freq = freq;
+      // 128 positions at most: 100000 is computed by the call even with the table
+      rope_table tab(D, o, 128 * D * sizeof(float));
+      CHECK(tab.positions() == 0);
+      tab.cover(std::vector<std::int64_t>{3});
+      CHECK(tab.positions() == 64);  // grows to at least 64 positions
+      tab.cover(pos);
+      CHECK(tab.positions() == 128);  // capped by max_bytes
+      rope_options ot = o;
+      ot.table = &tab;
+      auto a = x, b = x;
+      rope_forward(dev, tensor<float, 2>(a.data(), T, H * D), D, pos, o);
+      rope_forward(dev, tensor<float, 2>(b.data(), T, H * D), D, pos, ot);
+      CHECK(a == b);
+      rope_backward(dev, tensor<float, 2>(a.data(), T, H * D), D, pos, o);
+      rope_backward(dev, tensor<float, 2>(b.data(), T, H * D), D, pos, ot);
+      CHECK(a == b);
+      // a table of other frequencies (theta's vs given, or another theta) or head_dim is refused
+      rope_options other = o;
+      if (given)
+        other.inv_freq = {};
+      else
+        other.theta = 10000.0;
+      rope_table wrong(D, other), wrong_d(D / 2, o.inv_freq.empty() ? o : rope_options{});
+      wrong.cover(pos);
+      wrong_d.cover(pos);
+      ot.table = &wrong;
+      CHECK_THROWS_WITH(rope_forward(dev, tensor<float, 2>(b.data(), T, H * D), D, pos, ot),
+                        Catch::Contains("rope_forward: the rope_table was built for other frequencies"));
+      ot.table = &wrong_d;
+      CHECK_THROWS_AS(rope_backward(dev, tensor<float, 2>(b.data(), T, H * D), D, pos, ot), layer_error);
+    }
+  CHECK_THROWS_AS(rope_table(7), layer_error);
+  rope_options few;
+  few.inv_freq = std::span<const double>(freq).first(3);
+  CHECK_THROWS_AS(rope_table(D, few), layer_error);
 }
 
 }  // namespace tessel_test_ops_rope

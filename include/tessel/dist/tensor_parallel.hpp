@@ -360,9 +360,11 @@ class tp_attention {
     v_ = col(reg, prefix + ".v_proj", c_.hidden, c_.heads_kv * d, c_.qkv_bias, tp, kv_rows);
     o_ = row_parallel_linear<Dev, T>(reg, prefix + ".o_proj", c_.heads_q * d, c_.hidden, c_.o_bias, tp);
     attn_ = nn::self_attention<Dev, T>(hq_, hkv_, d, c_.window);
-    if (c_.rope) {  // the caller's frequencies are copied: rope() points at the copy on use
+    if (c_.rope) {  // the caller's frequencies are copied, and tabled: rope() points at both on use
       inv_freq_.assign(c_.rope->inv_freq.begin(), c_.rope->inv_freq.end());
       c_.rope->inv_freq = {};
+      c_.rope->table = nullptr;
+      table_ = rope_table(d, rope());
     }
   }
 
@@ -393,6 +395,7 @@ class tp_attention {
     k_.forward(dev, x, nn::rows_view<T>(kb_, n, kvd), save);
     v_.forward(dev, x, nn::rows_view<T>(vb_, n, kvd), save);
     if (c_.rope) {
+      table_.cover(positions);
       rope_forward(dev, nn::rows_view<T>(qb_, n, qd), d, positions, rope());
       rope_forward(dev, nn::rows_view<T>(kb_, n, kvd), d, positions, rope());
       positions_.assign(positions.begin(), positions.end());
@@ -461,6 +464,7 @@ class tp_attention {
   rope_options rope() const {
     rope_options r = *c_.rope;
     r.inv_freq = inv_freq_;
+    r.table = table_.head_dim() ? &table_ : nullptr;
     return r;
   }
   static config checked(const config& c, const communicator& tp) {
@@ -535,6 +539,7 @@ class tp_attention {
   row_parallel_linear<Dev, T> o_;
   nn::self_attention<Dev, T> attn_;
   std::vector<double> inv_freq_;
+  rope_table table_;  // cos/sin of inv_freq_ (or theta's) at the positions seen so far
   device_buffer<T, Dev> qb_, kb_, vb_, ob_, dq_, dk_, dv_, do_;
   device_buffer<float, Dev> lse_, kv_saved_, kv_sum_;
   detail::workspace_ref<Dev> ws_;

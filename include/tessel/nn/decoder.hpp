@@ -606,7 +606,10 @@ class decoder_lm {
       throw nn_error(errc::unsupported, "decoder_lm: gated MLPs use silu (SwiGLU); got '" + c.hidden_act + "'");
     if (!gated() && c.act != io::activation::gelu_tanh && c.act != io::activation::gelu)
       throw nn_error(errc::unsupported, "decoder_lm: GPT-2 MLPs use gelu; got '" + c.hidden_act + "'");
-    if (c.positions == io::position_kind::rotary) rope_freq_ = rope_frequencies(c);
+    if (c.positions == io::position_kind::rotary) {
+      rope_freq_ = rope_frequencies(c);
+      rope_tab_ = rope_table(c.head_dim, rope_at({}));
+    }
     const std::size_t d = c.hidden_size, I = c.intermediate_size, qd = c.num_attention_heads * c.head_dim, kvd = c.num_key_value_heads * c.head_dim;
     const bool ln = c.norm == io::norm_kind::layer_norm;
     const float eps = float(c.norm_eps);
@@ -825,9 +828,7 @@ class decoder_lm {
     if (pos_)
       embedding_forward(dev, std::span<const std::int64_t>(positions_inf_), crows_view<float>(pos_->value, c.max_position_embeddings, d),
                         rows_view<float>(f.sa, n, d), true);
-    rope_options ro;
-    ro.theta = c.rope_theta;
-    ro.inv_freq = rope_freq_;
+    const rope_options ro = rope_at(positions_inf_);
     // the stream: sa entering a block, sb after its attention (as s_in and s_mid of forward())
     for (std::size_t l = 0; l < blocks_.size(); ++l) {
       block& b = blocks_[l];
@@ -1106,9 +1107,7 @@ class decoder_lm {
     b.k.forward(dev, y1, rows_view<T>(ks, n, kvd), train);
     b.v.forward(dev, y1, rows_view<T>(X(act::v), n, kvd), train);
     if (!rope_freq_.empty()) {
-      rope_options ro;
-      ro.theta = c.rope_theta;
-      ro.inv_freq = rope_freq_;
+      const rope_options ro = rope_at(positions_);
       rope_forward(dev, rows_view<T>(qs, n, qd), c.head_dim, std::span<const std::int64_t>(positions_), ro);
       rope_forward(dev, rows_view<T>(ks, n, kvd), c.head_dim, std::span<const std::int64_t>(positions_), ro);
     }
@@ -1160,6 +1159,16 @@ class decoder_lm {
 
   // HF's load_balancing_loss_func over the rows of every layer: aux = E · Σ_e f_e · P_e, and its
   // gradient with respect to each row's probabilities, coef · E · f_e / N (top-k carries none).
+  // RoPE options for these positions: the model's frequencies, and its table grown to hold them
+  // (the same bits as computing them, without a sin and a cos per token, frequency and call)
+  rope_options rope_at(std::span<const std::int64_t> positions) {
+    rope_tab_.cover(positions);
+    rope_options ro;
+    ro.theta = cfg_.rope_theta;
+    ro.inv_freq = rope_freq_;
+    ro.table = rope_tab_.head_dim() ? &rope_tab_ : nullptr;
+    return ro;
+  }
   void aux_from_routing() {
     const std::size_t E = cfg_.num_local_experts;
     const double N = double(n_ * blocks_.size());
@@ -1194,9 +1203,7 @@ class decoder_lm {
     // final norm (dy_head holds the head's input gradient): dS[L] = d loss / d s_final
     phase(ph_final_back());
     final_norm_.backward(dev, crows_view<float>(fbuf(act::dy_head, 0), n, d), cview<float>{}, rows_view<float>(fbuf(act::dS, L), n, d));
-    rope_options ro;
-    ro.theta = c.rope_theta;
-    ro.inv_freq = rope_freq_;
+    const rope_options ro = rope_at(positions_);
     for (std::size_t li = L; li-- > 0;) {
       block& b = blocks_[li];
       const auto S = [&](act k) { return tbuf(k, li, recomputed(k)); };  // what backward reads of the forward
@@ -1276,6 +1283,7 @@ class decoder_lm {
   norm<Dev, T> final_norm_;
   linear<Dev, T> head_;
   std::vector<double> rope_freq_;
+  rope_table rope_tab_;  // cos/sin of rope_freq_ at the positions seen so far (rope_at)
   // fp16 projections (set_fp16_linears) and loss scaling
   std::shared_ptr<fp16_workspace<Dev>> ws16_;
   fp16_strikes strikes16_;  // per projection, for_each_projection's order
