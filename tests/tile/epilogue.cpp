@@ -46,7 +46,7 @@ float read_f32(const void* p, std::size_t i) { return static_cast<const float*>(
 const std::size_t lengths[] = {0, 1, 7, 15, 16, 17, 64, 97, 300};
 }  // namespace
 
-TEST_CASE("alpha_beta: v = alpha v + beta C_old, and beta = 0 never reads C", "[tile][epilogue]") {
+TEST_CASE("alpha_beta: v = alpha v + beta C_old (through the reader or a direct f32 row), and beta = 0 never reads C", "[tile][epilogue]") {
   std::mt19937 g(51);
   for (std::size_t n : lengths) {
     const auto v = random_row(n, g);
@@ -68,6 +68,19 @@ TEST_CASE("alpha_beta: v = alpha v + beta C_old, and beta = 0 never reads C", "[
     ri.old_at = &read_f32;
     const auto r = applied(ep::alpha_beta(4.0f, -0.25f), vi, ri);
     for (std::size_t j = 0; j < n; ++j) REQUIRE(r[j] == 4.0f * vi[j] - 0.25f * old[2 * j]);  // exact: powers of two
+    // a contiguous f32 row given as old_f32 is read directly (a vector loop), not through old_at:
+    // the right elements (exact) and, on real values, the reader's bits
+    ep::row_info direct;
+    direct.old_f32 = old.data() + 1;
+    const auto rd = applied(ep::alpha_beta(4.0f, -0.25f), vi, direct);
+    for (std::size_t j = 0; j < n; ++j) REQUIRE(rd[j] == 4.0f * vi[j] - 0.25f * old[j + 1]);
+    const auto real_old = random_row(n, g);
+    ep::row_info by_reader;
+    by_reader.old = real_old.data();
+    by_reader.old_at = &read_f32;
+    direct.old_f32 = real_old.data();
+    const auto x = applied(ep::alpha_beta(0.7f, 1.3f), v, by_reader), y = applied(ep::alpha_beta(0.7f, 1.3f), v, direct);
+    for (std::size_t j = 0; j < n; ++j) REQUIRE(bits(x[j]) == bits(y[j]));
   }
 }
 

@@ -310,6 +310,7 @@ struct gemm_program {
         ri.old = d;
         ri.old_stride = 1;
         ri.old_at = &detail::read_as_f32<TC>;
+        ri.old_f32 = d;
         chain.apply(v, cols, ri);
       }
       arch::copy_streaming(d, v, cols * sizeof(TC));

@@ -74,6 +74,7 @@ void store_rows(const float* acc, std::size_t lda, std::size_t nrows, std::size_
         ri.old = d;
         ri.old_stride = dcs;
         ri.old_at = &read_as_f32<T>;
+        if constexpr (std::is_same_v<T, float>) ri.old_f32 = dcs == 1 ? d : nullptr;
         ep.apply(buf, n, ri);
         write_row(buf, n, d, dcs);
       }
