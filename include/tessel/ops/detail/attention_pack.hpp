@@ -22,7 +22,21 @@ inline void pack_t(RowFn row, std::size_t n, std::size_t NB, std::size_t D, E* o
   const E zero{};
   for (std::size_t p = 0; p < NB; p += NR) {
     E* panel = out + p * D;
-    for (std::size_t jj = 0; jj < NR; ++jj) {
+    std::size_t done = 0;  // rows of this panel already packed
+    if constexpr (KP == 1 && std::is_same_v<T, float> && std::is_same_v<E, float> && NR % 16 == 0) {
+      // f32: 16 rows evenly spaced (every caller's rows are) by 16 columns at a time as one 16x16
+      // transpose, instead of one store per element a panel row (NR floats) apart
+      for (; done + 16 <= NR && p + done + 16 <= n && D >= 16; done += 16) {
+        const float* r0 = row(p + done);
+        const std::ptrdiff_t ld = row(p + done + 1) - r0;
+        if (ld <= 0 || row(p + done + 15) != r0 + 15 * ld) break;
+        std::size_t d = 0;
+        for (; d + 16 <= D; d += 16) arch::transpose16_b32(r0 + d, std::size_t(ld) * sizeof(float), panel + d * NR + done, NR * sizeof(float));
+        for (; d < D; ++d)
+          for (std::size_t r = 0; r < 16; ++r) panel[d * NR + done + r] = r0[std::size_t(ld) * r + d];
+      }
+    }
+    for (std::size_t jj = done; jj < NR; ++jj) {
       const std::size_t j = p + jj;
       if (j < n) {
         const T* x = row(j);
