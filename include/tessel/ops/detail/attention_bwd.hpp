@@ -77,11 +77,19 @@ struct pack_q_program {
     pack_t<E, NR, KP, T>([&](std::size_t j) { return d0 + j * ot; }, n, bwd_bq, D, ws.dot + blk * bwd_bq * D);
     pack_n<E, NR, KP, T>([&](std::size_t j) { return d0 + j * ot; }, n, bwd_bq, D, ws.don + blk * bwd_bq * Dp);
     float* delta = ws.delta + blk * bwd_bq;
+    // delta_i = dO_i · O_i in 8 interleaved FMA chains (element d into chain d mod 8) added
+    // pairwise: one chain was latency-bound at 4 cycles per element, most of this program's time
     for (std::size_t i = 0; i < bwd_bq; ++i) {
-      float acc = 0.0f;
-      if (i < n)
-        for (std::size_t d = 0; d < D; ++d) acc = std::fma(arch::to_f32(d0[i * ot + d]), arch::to_f32(o0[i * ot + d]), acc);
-      delta[i] = acc;
+      float acc[8] = {};
+      if (i < n) {
+        const T* dr = d0 + i * ot;
+        const T* orow = o0 + i * ot;
+        std::size_t d = 0;
+        for (; d + 8 <= D; d += 8)
+          for (std::size_t l = 0; l < 8; ++l) acc[l] = std::fma(arch::to_f32(dr[d + l]), arch::to_f32(orow[d + l]), acc[l]);
+        for (std::size_t l = 0; d < D; ++d, ++l) acc[l] = std::fma(arch::to_f32(dr[d]), arch::to_f32(orow[d]), acc[l]);
+      }
+      delta[i] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
     }
   }
 };
