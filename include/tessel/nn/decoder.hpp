@@ -1157,8 +1157,6 @@ class decoder_lm {
         std::span<float>(fbuf(act::lse, l, recomputing && recomputed(act::lse)).data(), batch_ * cfg_.num_attention_heads * seq_));
   }
 
-  // HF's load_balancing_loss_func over the rows of every layer: aux = E · Σ_e f_e · P_e, and its
-  // gradient with respect to each row's probabilities, coef · E · f_e / N (top-k carries none).
   // RoPE options for these positions: the model's frequencies, and its table grown to hold them
   // (the same bits as computing them, without a sin and a cos per token, frequency and call)
   rope_options rope_at(std::span<const std::int64_t> positions) {
@@ -1169,6 +1167,8 @@ class decoder_lm {
     ro.table = rope_tab_.head_dim() ? &rope_tab_ : nullptr;
     return ro;
   }
+  // HF's load_balancing_loss_func over the rows of every layer: aux = E · Σ_e f_e · P_e, and its
+  // gradient with respect to each row's probabilities, coef · E · f_e / N (top-k carries none).
   void aux_from_routing() {
     const std::size_t E = cfg_.num_local_experts;
     const double N = double(n_ * blocks_.size());
