@@ -495,6 +495,46 @@ TEST_CASE("tp_attention equals one device: heads bitwise, o_proj and gradients w
   std::filesystem::remove(path);
 }
 
+TEST_CASE("tp_attention layers share one rotary table when their frequencies agree", "[dist][tensor_parallel][attention]") {
+  threads_world::run(1, [&](threads_transport t) {
+    dist::process_groups grp(t, {.tp = 1});
+    host_device d(1);
+    nn::parameters<host_device> pr(d);
+    using A = dist::tp_attention<host_device, float>;
+    auto make = [&](const std::string& name, std::optional<rope_options> ro) {
+      return A(pr, name,
+               {.hidden = 32, .heads_q = 2, .heads_kv = 2, .head_dim = 16, .qkv_bias = false, .o_bias = false, .window = std::nullopt, .rope = ro},
+               grp.tp());
+    };
+    rope_options other;
+    other.theta = 500000.0;
+    A a = make("a", rope_options{}), b = make("b", rope_options{}), c = make("c", other), none = make("n", std::nullopt);
+    TS_CHECK(a.rope_cache() != nullptr);
+    TS_CHECK(a.rope_cache() != b.rope_cache());
+    b.share_rope_table(a);
+    TS_CHECK(a.rope_cache() == b.rope_cache());
+    // b's forward grows the table a reads
+    std::vector<float> x(2 * 3 * 32, 0.5f), y(2 * 3 * 32);
+    const std::vector<std::int64_t> pos{0, 1, 200, 0, 1, 2};
+    b.forward(d, 2, 3, cview<float>(x.data(), 6, 32), std::span<const std::int64_t>(pos), mview<float>(y.data(), 6, 32), false);
+    TS_CHECK(a.rope_cache()->positions() > 200);
+    bool freq = false, no_rope = false;
+    try {
+      c.share_rope_table(a);
+    } catch (const dist::dist_error& e) {
+      freq = std::string(e.what()).find("share_rope_table with a layer of other rotary frequencies") != std::string::npos;
+    }
+    try {
+      none.share_rope_table(a);
+    } catch (const dist::dist_error&) { no_rope = true; }
+    TS_CHECK(freq);
+    TS_CHECK(no_rope);
+    TS_CHECK(c.rope_cache() != a.rope_cache());
+    none.share_rope_table(make("m", std::nullopt));  // neither has rope: nothing to share
+    TS_CHECK(none.rope_cache() == nullptr);
+  });
+}
+
 TEST_CASE("tp_attention rejects head counts tp cannot split, naming the numbers", "[dist][tensor_parallel][attention]") {
   threads_world::run(4, [&](threads_transport t) {
     dist::process_groups grp(t, {.tp = 4});

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -364,7 +365,7 @@ class tp_attention {
       inv_freq_.assign(c_.rope->inv_freq.begin(), c_.rope->inv_freq.end());
       c_.rope->inv_freq = {};
       c_.rope->table = nullptr;
-      table_ = rope_table(d, rope());
+      table_ = std::make_shared<rope_table>(d, rope());
     }
   }
 
@@ -395,7 +396,7 @@ class tp_attention {
     k_.forward(dev, x, nn::rows_view<T>(kb_, n, kvd), save);
     v_.forward(dev, x, nn::rows_view<T>(vb_, n, kvd), save);
     if (c_.rope) {
-      table_.cover(positions);
+      table_->cover(positions);
       rope_forward(dev, nn::rows_view<T>(qb_, n, qd), d, positions, rope());
       rope_forward(dev, nn::rows_view<T>(kb_, n, kvd), d, positions, rope());
       positions_.assign(positions.begin(), positions.end());
@@ -449,6 +450,20 @@ class tp_attention {
     o_.share_workspace(w);
   }
 
+  // Read and grow other's rotary table from now on (a layer of the same model: the same head_dim
+  // and frequencies, or dist_error), so a model's layers keep one table, not one each. The same
+  // bits either way.
+  void share_rope_table(const tp_attention& other) {
+    const bool same = table_ && other.table_ && table_->head_dim() == other.table_->head_dim() &&
+                      std::ranges::equal(table_->frequencies(), other.table_->frequencies());
+    if (!table_ && !other.table_) return;
+    if (!same)
+      throw dist_error(errc::invalid_argument, "tp_attention: share_rope_table with a layer of other rotary frequencies or head_dim (or no rope)");
+    table_ = other.table_;
+  }
+  // The rotary table this layer reads (null without rope).
+  const rope_table* rope_cache() const { return table_.get(); }
+
   // This rank's attention output of the last forward (batch·seq, local_heads_q·head_dim), before o_proj.
   std::span<const T> attention_output() const { return {ob_.data(), batch_ * seq_ * hq_ * c_.head_dim}; }
   column_parallel_linear<Dev, T>& q() { return q_; }
@@ -464,7 +479,7 @@ class tp_attention {
   rope_options rope() const {
     rope_options r = *c_.rope;
     r.inv_freq = inv_freq_;
-    r.table = table_.head_dim() ? &table_ : nullptr;
+    r.table = table_.get();
     return r;
   }
   static config checked(const config& c, const communicator& tp) {
@@ -539,7 +554,7 @@ class tp_attention {
   row_parallel_linear<Dev, T> o_;
   nn::self_attention<Dev, T> attn_;
   std::vector<double> inv_freq_;
-  rope_table table_;  // cos/sin of inv_freq_ (or theta's) at the positions seen so far
+  std::shared_ptr<rope_table> table_;  // cos/sin of inv_freq_ (or theta's) at the positions seen so far (null without rope)
   device_buffer<T, Dev> qb_, kb_, vb_, ob_, dq_, dk_, dv_, do_;
   device_buffer<float, Dev> lse_, kv_saved_, kv_sum_;
   detail::workspace_ref<Dev> ws_;

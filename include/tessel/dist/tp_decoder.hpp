@@ -444,6 +444,7 @@ class tp_decoder_lm {
     head_.share_workspace(ws_);
     for (auto& b : blocks_) {
       b.attn.share_workspace(ws_);
+      b.attn.share_rope_table(blocks_.front().attn);  // one rotary table for the stage's layers
       if (!c.is_moe()) b.mlp.share_workspace(ws_);
     }
   }
