@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -504,6 +505,78 @@ TEST_CASE("data_parallel: compressed gradients with ZeRO-1 are a typed error", "
     } catch (const dist::dist_error& e) { ok = is_error(errc::unsupported, "dist", "compressed gradients with ZeRO stage 1").match(e); }
     TS_CHECK(ok);
   });
+}
+
+// The fp16 policy under data parallelism: replicas see different data, so their projections'
+// overflow records differ, and a replica deciding on its own would move projections the others
+// keep (one "model" computing in two precisions). Here layer 0's input norm is scaled to 1e4 and
+// token 36's embedding is one spike (1000 in its first element, 1e-3 elsewhere), so its normalized
+// row reaches ~8e4 > fp16's 65504 at q, k and v while other tokens' (|z| < ~4) stay below; only
+// replica 1's batches hold token 36. Both replicas must move the same projections at the same steps
+// (q, k, v of layer 0 among them), keep the same bits and scales, and only dp rank 0 logs; for
+// ZeRO stages 0 and 1.
+TEST_CASE("data_parallel with fp16 projections: replicas share overflow records and move the same projections at the same step",
+          "[dist][data_parallel]") {
+  const auto cfg = tiny_llama();
+  constexpr std::size_t steps = 8, BN = 4;
+  nn::adamw_config h;
+  h.hyper.lr = 1e-3f;
+  for (int stage : {0, 1}) {
+    INFO("ZeRO stage " << stage);
+    struct record {
+      std::vector<std::size_t> fp16;
+      std::vector<int> skipped;
+      std::vector<float> scale;
+      std::vector<std::string> log;
+      grads params;
+    };
+    std::vector<record> rec(2);
+    threads_world::run(2, [&](threads_transport t) {
+      dist::process_groups grp(t, {.dp = 2, .tp = 1, .zero_stage = stage});
+      const std::size_t r = std::size_t(grp.dp().rank());
+      record& out = rec[r];
+      host_device dv(1);
+      nn::decoder_lm<host_device, float> m(dv, cfg);
+      m.init(3, 0.1);
+      auto& g = m.params().at("model.layers.0.input_layernorm.weight");
+      std::fill_n(g.value.data(), g.numel, 1e4f);
+      auto& e = m.params().at("model.embed_tokens.weight");
+      std::fill_n(e.value.data() + 36 * 64, 64, 1e-3f);
+      e.value.data()[36 * 64] = 1000.0f;
+      m.set_fp16_linears(true, {.patience = 3, .log = [&](const std::string& l) { out.log.push_back(l); }});
+      m.set_loss_scaler(loss_scaler(1024.0f));
+      dist::data_parallel d(m, grp.dp(), {.bucket_bytes = 4 << 10, .zero_stage = stage});
+      for (std::size_t s = 0; s < steps; ++s) {
+        batch b = tessel_test::make_batch(800 + 2 * s + r, BN / 2, S, 36);  // ids in [0, 36)
+        if (r == 1) b.ids[3] = 36;
+        m.params().zero_grad();
+        (void)d.forward_backward(b.ids, b.targets, BN / 2, S);
+        out.skipped.push_back(d.adamw(h, s + 1).skipped);
+        out.fp16.push_back(m.fp16_linears());
+        out.scale.push_back(m.loss_scale());
+      }
+      for (auto& p : m.params()) out.params.emplace_back(p.value.data(), p.value.data() + p.numel);
+    });
+    CHECK(rec[1].fp16 == rec[0].fp16);
+    CHECK(rec[1].skipped == rec[0].skipped);
+    CHECK(rec[1].scale == rec[0].scale);
+    CHECK(same_bits(rec[1].params, rec[0].params));
+    CHECK(rec[1].log.empty());
+    const record& r = rec[0];
+    CHECK(r.fp16[0] == 2 * 7);
+    CHECK(r.fp16[1] == 2 * 7);  // two strikes: still fp16
+    CHECK(r.fp16[2] < 2 * 7);   // the third moves them
+    CHECK(r.skipped[0] == 1);   // replica 1's overflow is every replica's step
+    CHECK(r.log.size() == 2 * 7 - r.fp16.back());
+    std::set<std::string> moved;
+    for (const auto& l : r.log) {
+      const auto a = l.find("model."), z = l.find(".weight");
+      REQUIRE(a != std::string::npos);
+      moved.insert(l.substr(a, z - a));
+    }
+    for (const char* p : {"q_proj", "k_proj", "v_proj"}) CHECK(moved.count(std::string("model.layers.0.self_attn.") + p) == 1);
+    CHECK_FALSE(r.skipped.back());  // the switched model trains
+  }
 }
 
 }  // namespace tessel_test_dist_data_parallel

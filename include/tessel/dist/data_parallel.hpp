@@ -252,6 +252,9 @@ class data_parallel {
   // stage 1 this rank's shard (the finiteness check and the clipping norm taken over every shard,
   // one all-reduce), then the parameters all-gathered.
   step_result adamw(const nn::adamw_config& h, std::uint64_t step_no) {
+    // fp16 projections: every replica strikes on the step's overflow anywhere (the largest amax
+    // over dp), so all move the same projections at the same step and stay one model; dp rank 0 logs
+    m_->share_fp16_overflow([&](std::span<float> amax) { dp_->all_reduce(amax, reduce_op::max); }, dp_->rank() == 0);
     if (o_.zero_stage == 0) return m_->adamw(h, step_no);
     if (h.lazy_rows)
       throw dist_error(errc::unsupported, "data_parallel: lazy rows (adamw_config::lazy_rows) with ZeRO-1: a shard's rows are not whole");

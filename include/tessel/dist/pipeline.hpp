@@ -32,6 +32,7 @@
 #include <limits>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <tessel/collectives/communicator.hpp>
@@ -225,6 +226,11 @@ class pipeline {
   // that steps the stage's parameters itself (data_parallel's ZeRO-1).
   float loss_scale() const { return m_->loss_scale(); }
   void note_step(const step_result& r) { m_->note_step(r); }
+  // The stage's fp16 overflow records shared over its replicas (tp_decoder_lm::share_fp16_overflow).
+  template <class Reduce>
+  void share_fp16_overflow(Reduce&& reduce, bool tell) {
+    m_->share_fp16_overflow(std::forward<Reduce>(reduce), tell);
+  }
 
  private:
   Model* m_;

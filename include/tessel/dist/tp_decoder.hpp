@@ -330,19 +330,22 @@ class tp_decoder_lm {
     const float scale = loss_scale();
     if (scaler_) scaler_->update(r);
     if (!strikes16_.active()) return;
-    std::vector<float> amax;
-    for_each_projection([&](const nn::linear<Dev, T>& l) {
-      const nn::fp16_overflow& o = l.overflow();
-      amax.insert(amax.end(), {o.x, o.w, o.dy});
-    });
-    tp_->all_reduce(std::span<float>(amax), reduce_op::max);
+    strikes16_.share([&](auto&& f) { for_each_projection(f); }, [&](std::span<float> amax) { tp_->all_reduce(amax, reduce_op::max); });
     std::size_t i = 0;
     for_each_projection([&](nn::linear<Dev, T>& l) {
       const std::size_t k = i++;
       if (l.precision() != nn::linear_precision::fp16) return;
+      const nn::fp16_overflow o = l.overflow();
       l.clear_overflow();
-      strikes16_.note(l, k, nn::fp16_overflow{amax[3 * k], amax[3 * k + 1], amax[3 * k + 2]}, scale, tp_->rank() == 0);
+      strikes16_.note(l, k, o, scale, tp_->rank() == 0);
     });
+  }
+  // Data parallelism's part of the fp16 policy, as nn::decoder_lm::share_fp16_overflow (over the
+  // replicas; note_step then shares over the tp group, so a record is the largest over both).
+  template <class Reduce>
+  void share_fp16_overflow(Reduce&& reduce, bool tell) {
+    strikes16_.share([&](auto&& f) { for_each_projection(f); }, reduce);
+    strikes16_.tell(tell);
   }
 
  private:

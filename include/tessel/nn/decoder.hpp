@@ -133,6 +133,30 @@ class fp16_strikes {
     if (policy_.patience == 0) throw nn_error(errc::invalid_argument, "set_fp16_linears: patience must be at least 1");
   }
   bool active() const noexcept { return !strikes_.empty(); }
+  // The step's overflow records of the projections that `for_each(f)` visits (f(linear&), the
+  // model's fixed order of them), 3 floats each (the amax of x, w, dy), handed to `reduce`
+  // (void(std::span<float>)), which replaces them in place by the largest over a group of peers
+  // (a tensor-parallel model's shards, data parallelism's replicas), then written back: peers that
+  // share their records strike and move the same projections at the same step. Nothing (and no
+  // call to `reduce`) when fp16 projections are off.
+  template <class ForEach, class Reduce>
+  void share(ForEach&& for_each, Reduce&& reduce) const {
+    if (!active()) return;
+    std::vector<float> amax;
+    amax.reserve(3 * strikes_.size());
+    for_each([&](const auto& l) {
+      const fp16_overflow& o = l.overflow();
+      amax.insert(amax.end(), {o.x, o.w, o.dy});
+    });
+    reduce(std::span<float>(amax));
+    std::size_t i = 0;
+    for_each([&](auto& l) {
+      l.set_overflow(fp16_overflow{amax[i], amax[i + 1], amax[i + 2]});
+      i += 3;
+    });
+  }
+  // Whether note() tells the policy's log (peers that decide alike let one of them tell).
+  void tell(bool on) noexcept { tell_ = on; }
   // The step of projection i, in fp16 mode, whose passes saw `o` at loss scale `scale`: a strike or
   // a clean step; at `patience` strikes in a row it leaves fp16 for the compute type, told to the
   // policy's log when `log` (a tensor-parallel model's ranks decide alike and one of them tells).
@@ -142,7 +166,7 @@ class fp16_strikes {
     strikes = o.forward() || (o.backward() && scale <= policy_.min_scale) ? strikes + 1 : 0;
     if (strikes < policy_.patience) return;
     l.set_precision(linear_precision::compute);
-    if (!log) return;
+    if (!log || !tell_) return;
     const std::string line = "tessel::nn: " + l.weight()->name + " leaves fp16 for " + (std::is_same_v<T, bf16> ? "bf16" : "f32") + " after " +
                              std::to_string(strikes) + " steps in a row that overflowed (amax x " + std::to_string(o.x) + ", w " +
                              std::to_string(o.w) + ", dy " + std::to_string(o.dy) + ", loss scale " + std::to_string(scale) + ")";
@@ -155,6 +179,7 @@ class fp16_strikes {
  private:
   fp16_policy policy_;
   std::vector<std::uint32_t> strikes_;
+  bool tell_ = true;
 };
 
 // One AdamW step over every parameter of a registry, in its order (the moments are created, zero,
@@ -561,6 +586,16 @@ class decoder_lm {
       l.clear_overflow();
       strikes16_.note(l, k, o, scale);
     });
+  }
+  // Data parallelism's part of the fp16 policy (dist::data_parallel calls it before each optimizer
+  // step, on every replica): the step's overflow records of the fp16 projections go through
+  // `reduce` (void(std::span<float>): in place, the largest over the replicas; fp16_strikes::share),
+  // so every replica strikes and moves the same projections at the same step, and only a replica
+  // with `tell` logs it. Nothing without fp16 projections.
+  template <class Reduce>
+  void share_fp16_overflow(Reduce&& reduce, bool tell) {
+    strikes16_.share([&](auto&& f) { for_each_projection(f); }, reduce);
+    strikes16_.tell(tell);
   }
 
  private:

@@ -157,6 +157,9 @@ class linear {
   // optimizer step, so a step's forward, recomputation and backward passes all count).
   const fp16_overflow& overflow() const noexcept { return over16_; }
   void clear_overflow() noexcept { over16_ = {}; }
+  // The record replaced by one shared with the layer's peers (its shards on other tensor-parallel
+  // ranks, its copies on other replicas): the largest amax of each operand over them.
+  void set_overflow(const fp16_overflow& o) noexcept { over16_ = o; }
 
   // Backward's x from now on: the saved input's values at another place (a recomputed copy of it).
   void rebind_input(cview<T> x) {
