@@ -855,37 +855,41 @@ TEST_CASE("direct path: taken by the product's size only", "[ops][gemm][direct]"
   }
 }
 
-// A transposed A (f32, bf16, FP8) is packed once for all column blocks when C has several (N > NB):
-// the result must be what each block packing its own rows gives (a narrower C, one column block,
-// takes that path), bitwise, and within gamma_K, integers exact, 1 vs 2 threads bitwise.
+// A transposed A (f32, bf16, FP8) is packed once for all column blocks when C has more of them than
+// the device has workers (2 column blocks: 1 worker packs once, 2 pack per block; 3: both pack
+// once): the result must be what each block packing its own rows gives (a narrower C, one column
+// block, takes that path), bitwise, and within gamma_K, integers exact, 1 vs 2 threads bitwise.
 TEMPLATE_TEST_CASE("transposed A packed once for all column blocks: same bits as per-block packing", "[ops][gemm]", float, bf16, e4m3) {
   std::mt19937 g(71);
   using cfg = tessel::detail::gemm_config<TestType, TestType>;
   for (bool tb : {false, true})
-    for (auto [M, K] : {std::pair<std::size_t, std::size_t>{150, cfg::KC + 37}, {73, 301}, {1, 64}}) {
-      const std::size_t N = cfg::NB + 44;
-      INFO("M=" << M << " K=" << K << " tb=" << tb);
-      gemm_case<TestType, TestType, float> c(M, N, K, true, tb);
-      ref::fill_real(c.A, g, 0.5f, 2.0f);
-      ref::fill_real(c.B, g, -2.0f, -0.5f);
-      auto c1 = c;
-      c.run(dev2(), 1.0f, 0.0f);
-      c1.run(dev1(), 1.0f, 0.0f);
-      REQUIRE(std::memcmp(c.C.data(), c1.C.data(), c.C.size() * sizeof(float)) == 0);
-      auto r = ref::gemm(true, tb, M, N, K, 1.0, c.A.data(), c.lda, c.B.data(), c.ldb, 0.0, c.C.data(), c.ldc);
-      REQUIRE(check_bound(c.C, c.ldc, r, M, N, K) == 0);
-      // the first column block alone (N = NB): per-block packing
-      std::vector<float> one(M * cfg::NB);
-      gemm(dev2(), transpose::yes, tb ? transpose::yes : transpose::none, M, cfg::NB, K, 1.0f, c.A.data(), c.lda, c.B.data(), c.ldb, 0.0f, one.data(),
-           cfg::NB);
-      for (std::size_t i = 0; i < M; ++i) REQUIRE(std::memcmp(one.data() + i * cfg::NB, c.C.data() + i * c.ldc, cfg::NB * sizeof(float)) == 0);
-      gemm_case<TestType, TestType, float> n(M, N, K, true, tb);
-      ref::fill_int(n.A, g, 2);
-      ref::fill_int(n.B, g, 2);
-      auto rn = ref::gemm(true, tb, M, N, K, 1.0, n.A.data(), n.lda, n.B.data(), n.ldb, 0.0, n.C.data(), n.ldc);
-      n.run(dev2(), 1.0f, 0.0f);
-      REQUIRE(check_exact(n.C, n.ldc, rn, M, N) == 0);
-    }
+    for (auto [M, K] : {std::pair<std::size_t, std::size_t>{150, cfg::KC + 37}, {73, 301}, {1, 64}})
+      for (const std::size_t N : {cfg::NB + 44, 2 * cfg::NB + 44}) {
+        INFO("M=" << M << " K=" << K << " N=" << N << " tb=" << tb);
+        gemm_case<TestType, TestType, float> c(M, N, K, true, tb);
+        ref::fill_real(c.A, g, 0.5f, 2.0f);
+        ref::fill_real(c.B, g, -2.0f, -0.5f);
+        auto c1 = c;
+        c.run(dev2(), 1.0f, 0.0f);
+        if (const int applied = tessel::detail::gemm_plan_applied.pack_a; applied != -1)  // (-1: not the packed path)
+          CHECK(applied == int(N > 2 * cfg::NB));
+        c1.run(dev1(), 1.0f, 0.0f);
+        if (const int applied = tessel::detail::gemm_plan_applied.pack_a; applied != -1) CHECK(applied == 1);  // one worker: every N > NB
+        REQUIRE(std::memcmp(c.C.data(), c1.C.data(), c.C.size() * sizeof(float)) == 0);
+        auto r = ref::gemm(true, tb, M, N, K, 1.0, c.A.data(), c.lda, c.B.data(), c.ldb, 0.0, c.C.data(), c.ldc);
+        REQUIRE(check_bound(c.C, c.ldc, r, M, N, K) == 0);
+        // the first column block alone (N = NB): per-block packing
+        std::vector<float> one(M * cfg::NB);
+        gemm(dev2(), transpose::yes, tb ? transpose::yes : transpose::none, M, cfg::NB, K, 1.0f, c.A.data(), c.lda, c.B.data(), c.ldb, 0.0f,
+             one.data(), cfg::NB);
+        for (std::size_t i = 0; i < M; ++i) REQUIRE(std::memcmp(one.data() + i * cfg::NB, c.C.data() + i * c.ldc, cfg::NB * sizeof(float)) == 0);
+        gemm_case<TestType, TestType, float> n(M, N, K, true, tb);
+        ref::fill_int(n.A, g, 2);
+        ref::fill_int(n.B, g, 2);
+        auto rn = ref::gemm(true, tb, M, N, K, 1.0, n.A.data(), n.lda, n.B.data(), n.ldb, 0.0, n.C.data(), n.ldc);
+        n.run(dev2(), 1.0f, 0.0f);
+        REQUIRE(check_exact(n.C, n.ldc, rn, M, N) == 0);
+      }
 }
 
 // The direct path's two checks, shared by its test cases.

@@ -824,13 +824,20 @@ std::size_t gemm_balanced_row_blocks(std::size_t M, std::size_t N, std::size_t l
 }
 
 // Whether a transposed A is packed once for all of C's column blocks (gemm_pack_a_program) rather
-// than by each block: when there are several column blocks and the packed tiles take at most twice
-// A's size plus 4 MiB. A function of the shape and layout only; a pure copy either way.
+// than by each block: when C has more column blocks than there are workers to share them and the
+// packed tiles take at most twice A's size plus 4 MiB. Per-block packing makes each worker pack A's
+// rows (column blocks / workers) times, cache-hot and overlapped with its products; packing once
+// packs them once but adds a launch that writes and rereads the whole panel. With no more column
+// blocks than workers, per-block packing costs a worker no more packing and wins (2 workers, TN
+// f32 with N = 512 = 2 column blocks: 2048x512x512 239 -> 319 GFLOP/s, 512x512x2048 275 -> 375,
+// 1408x512x2048 284 -> 367, 8192x512x1024 331 -> 353 on Zen 5); one worker packs once from 2
+// column blocks as before. `workers`: the device's (1 where products share them: gemm_grouped).
+// A pure copy either way: the bits never depend on it.
 template <class TA, class TB>
-bool gemm_pack_a_once(const tensor<const TA, 2>& A, std::size_t N) {
+bool gemm_pack_a_once(const tensor<const TA, 2>& A, std::size_t N, unsigned workers) {
   using cfg = gemm_config<TA, TB>;
   const std::size_t M = A.rows(), K = A.cols();
-  return A.row_stride() == 1 && A.col_stride() != 1 && K > 1 && N > cfg::NB &&
+  return A.row_stride() == 1 && A.col_stride() != 1 && K > 1 && ceil_div(N, cfg::NB) > std::max(1u, workers) &&
          gemm_pack_a_program<TA, cfg>::bytes(M, K) <= 2.0 * double(M) * double(K) * sizeof(TA) + double(4 << 20);
 }
 
@@ -1361,7 +1368,7 @@ void gemm_launch(Dev& dev, std::size_t M, std::size_t N, std::size_t K, std::siz
       const std::size_t slabs = ceil_div(M, cfg::MC), chunks = ceil_div(K, cfg::KC);
       const double ws = gemm_pack_a_program<TA, cfg>::bytes(M, K);
       const bool packable = A.row_stride() == 1 && A.col_stride() != 1 && K > 1;
-      const bool pack_once = plan.pack_a < 0 ? gemm_pack_a_once<TA, TB>(A, N) : plan.pack_a == 1 && packable;
+      const bool pack_once = plan.pack_a < 0 ? gemm_pack_a_once<TA, TB>(A, N, dev.capabilities().workers) : plan.pack_a == 1 && packable;
       gemm_plan_applied = {MB, packable ? int(pack_once) : -1, plan.calling_thread || !shares(g, flops), 0};
       if (batch == 1 && !ap && pack_once) {
         using S = typename cfg::stage;

@@ -193,7 +193,7 @@ void gemm_grouped_run(Dev& dev, std::span<const gemm_problem<TA, TB, TC>> proble
   std::size_t ws = 0;
   for (std::size_t w = 0; w < t->wide.size(); ++w) {
     const auto& p = t->wide[w];
-    if (Scaled || !gemm_pack_a_once<TA, TB>(p.A, p.N)) continue;  // as gemm: scaled chunks pack their own
+    if (Scaled || !gemm_pack_a_once<TA, TB>(p.A, p.N, 1)) continue;  // as gemm (the products share the workers, so 1): scaled chunks pack their own
     const std::size_t slabs = ceil_div(p.M, wide_cfg::MC), chunks = ceil_div(p.K, wide_cfg::KC);
     packed.emplace_back(w, ws);
     ws = add_checked(ws, mul_checked(mul_checked(slabs, chunks, "gemm_grouped workspace"), wide_cfg::MC * wide_cfg::KC, "gemm_grouped workspace"),

@@ -85,7 +85,7 @@ struct gemm_tune_status {
 
 // Bumped whenever the heuristic's blocking or the meaning of a plan's fields changes: caches
 // written under another revision are stale.
-inline constexpr int gemm_tune_revision = 1;
+inline constexpr int gemm_tune_revision = 2;  // 2: a transposed A is packed once only when C has more column blocks than workers
 inline constexpr const char* gemm_tune_format = "tessel-gemm-tune-1";
 
 }  // namespace v0
