@@ -247,7 +247,25 @@ TEST_CASE("conv2d: NCHW and NHWC give the same bits, and 1 vs 2 threads vs an em
     const auto y_nhwc = run_conv<float, float>(two, b, relayout(x, d.x, conv_layout::nchw, conv_layout::nhwc), w, bias);
     CHECK(same_bits(run_conv<float, float>(one, b, relayout(x, d.x, conv_layout::nchw, conv_layout::nhwc), w, bias), y_nhwc));
     if (!gemm_path) CHECK(same_bits(relayout(y1, d.y, conv_layout::nchw, conv_layout::nhwc), y_nhwc));
+    // bf16 in, f32 out: NCHW rows of 32+ pixels run on channel rows where the bf16 pair-dot atoms
+    // do (pairs of depth rows interleaved), NHWC on pixel rows: the same bits either way
+    const auto yb32 = run_conv<bf16, float>(two, a, xb, wb, bias);
+    CHECK(same_bits(yb32, run_conv<bf16, float>(one, a, xb, wb, bias)));
+    CHECK(same_bits(yb32, run_conv<bf16, float>(card, a, xb, wb, bias)));
+    if (!gemm_path)
+      CHECK(same_bits(relayout(yb32, d.y, conv_layout::nchw, conv_layout::nhwc),
+                      run_conv<bf16, float>(two, b, relayout(xb, d.x, conv_layout::nchw, conv_layout::nhwc), wb, bias)));
   }
+}
+
+TEST_CASE("conv2d: bf16 NCHW rows of 32+ pixels take the channel-rows orientation exactly where the bf16 atoms stage bf16", "[ops][conv]") {
+  const auto g = detail::conv_geometry({1, 8, 12, 40}, {16, 8, 3, 3}, geo(1, 1, 1, 1, 1, 1, 1));
+  CHECK(detail::conv_use_channel_rows<float, float>(g));
+  CHECK(detail::conv_use_channel_rows<bf16, float>(g) == std::is_same_v<mma_traits<bf16>::stage_type, bf16>);
+  CHECK_FALSE(detail::conv_use_channel_rows<bf16, bf16>(g));  // a bf16 output stores through the pixel rows
+  const auto narrow = detail::conv_geometry({1, 8, 12, 31}, {16, 8, 3, 3}, geo(1, 1, 1, 1, 1, 1, 1));
+  CHECK_FALSE(detail::conv_use_channel_rows<bf16, float>(narrow));
+  CHECK_FALSE(detail::conv_use_channel_rows<float, float>(narrow));
 }
 
 namespace {
@@ -376,20 +394,25 @@ TEST_CASE("conv2d: the fused bias + residual + ReLU epilogue equals the unfused 
   host_device dev(2);
   for (conv_layout l : {conv_layout::nchw, conv_layout::nhwc})
     for (std::size_t kh : {1u, 3u})
-      for (std::size_t wd : {12u, 40u}) {  // 40: f32 NCHW runs the chain on channel rows
+      for (std::size_t wd : {12u, 40u}) {  // 40: NCHW (f32, and bf16 in with the pair-dot atoms) runs the chain on channel rows
         shape s{2, 16, 12, wd, 16, kh, kh, geo(1, kh / 2, kh / 2, kh / 2, kh / 2, 1, 1), "residual"};
         s.p.layout = l;
         const auto d = dims_of(s);
-        const auto x = random<float>(d.x.size(), 11), w = random<float>(d.f.size(), 12), res = random<float>(d.y.size(), 13);
+        const auto res = random<float>(d.y.size(), 13);
         const auto bias = random<float>(s.k, 14);
-        const auto fused = run_conv<float, float>(dev, s, x, w, bias, conv_residual<float>(image<const float>{res.data(), d.y}, l) | epilogue::relu);
-        auto plain = run_conv<float, float>(dev, s, x, w, bias);
-        for (std::size_t i = 0; i < plain.size(); ++i) plain[i] = std::max(plain[i] + res[i], 0.0f);
-        CHECK(same_bits(fused, plain));
-        std::size_t zeros = 0;
-        for (float v : fused) zeros += v == 0.0f;
-        CHECK(zeros > 0);  // the ReLU did something
-        CHECK(zeros < fused.size());
+        auto check = [&](const auto& x, const auto& w) {
+          using T = typename std::decay_t<decltype(x)>::value_type;
+          const auto fused = run_conv<T, float>(dev, s, x, w, bias, conv_residual<float>(image<const float>{res.data(), d.y}, l) | epilogue::relu);
+          auto plain = run_conv<T, float>(dev, s, x, w, bias);
+          for (std::size_t i = 0; i < plain.size(); ++i) plain[i] = std::max(plain[i] + res[i], 0.0f);
+          CHECK(same_bits(fused, plain));
+          std::size_t zeros = 0;
+          for (float v : fused) zeros += v == 0.0f;
+          CHECK(zeros > 0);  // the ReLU did something
+          CHECK(zeros < fused.size());
+        };
+        check(random<float>(d.x.size(), 11), random<float>(d.f.size(), 12));
+        check(random<bf16>(d.x.size(), 11), random<bf16>(d.f.size(), 12));
       }
 }
 

@@ -3,9 +3,10 @@
 // loaded with im2col addressing straight from the image (no im2col buffer), multiplied with GEMM's
 // own atoms, and stored through GEMM's epilogue chains (bias, activation, residual add), so
 // Conv+BN(folded)+ReLU(+residual) is one kernel. The data and weight gradients are the same
-// program with other operand loaders. f32 NCHW forwards with rows of 32+ output pixels at stride 1
-// run the same product transposed (output channels as rows, pixels as columns: see "the
-// channel-rows orientation"), where an im2col row is a copy of an image row. Images are NCHW or
+// program with other operand loaders. NCHW forwards (f32, or bf16 where the bf16 pair-dot atoms
+// run) with rows of 32+ output pixels at stride 1 run the same product transposed (output
+// channels as rows, pixels as columns: see "the channel-rows orientation"), where an im2col row
+// is a copy of an image row. Images are NCHW or
 // NHWC, filters OIHW, f32 or bf16 inputs with f32 accumulation. Each output element is one chain
 // in a K order and depth chunking fixed by the shape, so the bits never depend on the thread
 // count, the device or the orientation.
@@ -403,7 +404,7 @@ struct conv_panels {
 template <class S>
 inline constexpr bool conv_has_narrow = !std::is_same_v<typename gemm_config<S, S>::atom, typename gemm_config<S, S, false, true>::atom>;
 
-// ---- the channel-rows orientation (f32 NCHW at horizontal stride 1) ----
+// ---- the channel-rows orientation (NCHW at horizontal stride 1, f32 or bf16 pairs) ----
 // The same product transposed: Cᵀ(O/groups, pixels) = Wᵀ(O/groups, K) · im2colᵀ(K, pixels). An NCHW
 // output row of pixels is a run of one input row at stride 1, so B (K rows of pixels) is plain
 // copies of the image, no transposes, and the output channels' rows go to their planes as they
@@ -416,12 +417,15 @@ template <class T>
 struct conv_pixel_cols {
   const T* src;
   std::size_t src_c, H, W, rh, rw, cpg, kw, sh, pt, pl, dh, dw;
-  // Writes straight into the (KC, NB) B tile of NR-column panels (panel_elems apart; K pairs are
-  // not supported: f32 only), zeros in the last panel's columns past cols.
+  // Writes straight into the (KC, NB) B tile of NR-column panels (panel_elems apart), zeros in the
+  // last panel's columns past cols. KP = 1 (f32): each depth row is the image's run as it lies;
+  // KP = 2 (bf16 pair-dot atoms): depth rows k and k+1 (two channels, or the next tap) interleave
+  // word by word, zeros standing in for a missing k+1.
   static constexpr bool writes_panels = true;
-  template <std::size_t NR, class S>
+  template <std::size_t NR, std::size_t KP, class S>
   void gather_panels(S* tile, std::size_t panel_elems, std::size_t k0, std::size_t kv, std::size_t n0, std::size_t cols, std::size_t g) const {
-    static_assert(std::is_same_v<S, T> && sizeof(S) == 4, "conv_pixel_cols: copies the f32 image as it lies");
+    static_assert(std::is_same_v<S, T> && ((KP == 1 && sizeof(S) == 4) || (KP == 2 && sizeof(S) == 2)),
+                  "conv_pixel_cols: copies the image as it lies (f32), or interleaves its rows in pairs (bf16)");
     constexpr std::size_t PF = 8;
     const std::size_t grid = rh * rw, plane = H * W;
     for (std::size_t j = 0; j < cols; j += NR) {
@@ -443,27 +447,46 @@ struct conv_pixel_cols {
       S* d = tile + (j / NR) * panel_elems;
       // depth k = (r·kw + s)·cpg + ch, stepped without divisions
       std::size_t ch = k0 % cpg, s = (k0 / cpg) % kw, r = k0 / cpg / kw;
-      for (std::size_t i = 0; i < kv; ++i, d += NR) {
+      // depth row k's runs into dst (its runs at their columns, n of them in all)
+      auto row_of = [&](auto* dst) {
         const std::ptrdiff_t dy = static_cast<std::ptrdiff_t>(r * dh), dx = static_cast<std::ptrdiff_t>(s * dw);
         for (std::size_t u = 0; u < nr; ++u) {
           const run& a = runs[u];
           const std::ptrdiff_t iy = a.y + dy;
           if (iy < 0 || iy >= static_cast<std::ptrdiff_t>(H)) {
-            std::fill_n(d + a.at, a.len, zero_elem<S>());
+            std::fill_n(dst + a.at, a.len, std::remove_reference_t<decltype(*dst)>{});
             continue;
           }
           const S* rowp = a.img + ch * plane + static_cast<std::size_t>(iy) * W;
-          if (ch + PF < cpg) {  // the same run PF planes on (4·H·W bytes apart: too far for the hardware's prefetch)
+          if (ch + PF < cpg) {  // the same run PF planes on (H·W elements apart: too far for the hardware's prefetch)
             const std::ptrdiff_t lo = std::max<std::ptrdiff_t>(0, a.x + dx),
                                  hi = std::min<std::ptrdiff_t>(static_cast<std::ptrdiff_t>(W), a.x + dx + static_cast<std::ptrdiff_t>(a.len));
             for (std::ptrdiff_t l = lo; l < hi; l += 16) __builtin_prefetch(rowp + PF * plane + l, 0, 3);
           }
-          conv_row_run(rowp, W, a.x + dx, d + a.at, a.len);
+          conv_row_run(rowp, W, a.x + dx, dst + a.at, a.len);
         }
-        std::fill(d + n, d + NR, zero_elem<S>());
         if (++ch == cpg) {
           ch = 0;
           if (++s == kw) s = 0, ++r;
+        }
+      };
+      if constexpr (KP == 1) {
+        for (std::size_t i = 0; i < kv; ++i, d += NR) {
+          row_of(d);
+          std::fill(d + n, d + NR, zero_elem<S>());
+        }
+      } else {
+        // two depth rows' words side by side: (lo | hi << 16) is the pair as the atoms read it
+        std::uint16_t lo[NR], hi[NR];
+        std::uint32_t pairs[NR] = {};  // columns past n stay zero
+        for (std::size_t i = 0; i < kv; i += 2, d += NR * KP) {
+          row_of(lo);
+          if (i + 1 < kv)
+            row_of(hi);
+          else
+            std::fill_n(hi, n, std::uint16_t{0});
+          for (std::size_t t = 0; t < n; ++t) pairs[t] = std::uint32_t{lo[t]} | std::uint32_t{hi[t]} << 16;
+          std::memcpy(d, pairs, sizeof(pairs));
         }
       }
     }
@@ -611,8 +634,7 @@ struct conv_gemm_program {
   static constexpr std::size_t KS_max = 4096;
   static constexpr bool b_matrix = std::is_same_v<BSrc, conv_matrix<S>>;
   static constexpr bool b_panels = std::is_same_v<BSrc, conv_panels<S>>;
-  static constexpr bool b_direct = requires { BSrc::writes_panels; }
-  &&KP == 1;  // B gathered straight into its panels
+  static constexpr bool b_direct = requires { BSrc::writes_panels; };  // B gathered straight into its panels
   std::size_t M, N, K, groups, MB;
   std::size_t NW = NB;  // columns per block: NB, or NB/2^i (whole NR panels, never straddling an (KC,NB) tile) when M is small
   ASrc a;
@@ -650,7 +672,7 @@ struct conv_gemm_program {
         } else if constexpr (b_matrix) {
           load(b.view(g).template tile_at<KC, NB>(k0, n0), bk, tile_extent{kv, cols});
         } else if constexpr (b_direct) {
-          b.template gather_panels<NR>(bk.data(), panel_elems, k0, kv, n0, cols, g);
+          b.template gather_panels<NR, KP>(bk.data(), panel_elems, k0, kv, n0, cols, g);
         } else {
           b.gather(bsrc, NB, k0, kv, n0, cols, g);
           load(tensor<const S, 2>::strided(bsrc, kv, cols, NB, 1).template tile_at<KC, NB>(0, 0), bk, tile_extent{kv, cols});
@@ -787,12 +809,13 @@ struct conv_filter_rows_program {
   }
 };
 
-// Whether conv2d runs in the channel-rows orientation (conv_pixel_cols): f32 NCHW in and out at
-// horizontal stride 1, output rows of 32 pixels or more (shorter runs are not worth a copy each;
+// Whether conv2d runs in the channel-rows orientation (conv_pixel_cols): NCHW in and f32 NCHW out
+// at horizontal stride 1, the input already in the atoms' stage type (f32, or bf16 where the bf16
+// pair-dot atoms run), output rows of 32 pixels or more (shorter runs are not worth a copy each;
 // ResNet's 28x28 and smaller layers stay on the pixel rows). A function of the shape alone.
 template <class T, class TY>
 bool conv_use_channel_rows(const conv_geom& g) {
-  if constexpr (std::is_same_v<T, float> && std::is_same_v<TY, float> && std::is_same_v<typename mma_traits<T>::stage_type, float>)
+  if constexpr (std::is_same_v<TY, float> && std::is_same_v<typename mma_traits<T>::stage_type, T>)
     return g.layout == conv_layout::nchw && g.sw == 1 && g.ow >= 32;
   else
     return (void)g, false;
@@ -801,11 +824,13 @@ bool conv_use_channel_rows(const conv_geom& g) {
 // The forward in the channel-rows orientation from the filter's OHWI rows, on the 64-column atom
 // (the columns are pixels, plenty of them; 32 output channels as rows: 8.9 against 11.5 ms on
 // the 32-row atom, 96 -> 32 channels at 128x128). Both f32 atoms sum the same depth chunks
-// (gemm_config's KC), so the bits are those of the pixel-rows orientation on either.
+// (gemm_config's KC), so the bits are those of the pixel-rows orientation on either; a bf16 pair
+// dot is symmetric in its operands, so swapping A and B keeps bf16's bits too. bf16 U-Net (ONNX,
+// batch 1, 1 thread) went from 51 to 22 ms: its pixel rows stored NCHW element by element.
 template <class S, class Chain, class Dev>
-void conv_channel_rows_run(Dev& dev, const conv_geom& g, const float* x, const S* rows, float* y, const Chain& ep, const kernel_cost& work) {
+void conv_channel_rows_run(Dev& dev, const conv_geom& g, const S* x, const S* rows, float* y, const Chain& ep, const kernel_cost& work) {
   const conv_filter_rows<S> a{rows, g.depth(), g.kg};
-  const conv_pixel_cols<float> b{x, g.c, g.h, g.w, g.oh, g.ow, g.cg, g.kw, g.sh, g.pt, g.pl, g.dh, g.dw};
+  const conv_pixel_cols<S> b{x, g.c, g.h, g.w, g.oh, g.ow, g.cg, g.kw, g.sh, g.pt, g.pl, g.dh, g.dw};
   const conv_nchw_rows_out out{y, g.k, g.oh * g.ow, g.kg};
   conv_gemm_launch<S, false>(dev, g.kg, g.pixels(), g.depth(), g.groups, a, b, out, ep, work, "conv2d");
 }
@@ -813,8 +838,7 @@ void conv_channel_rows_run(Dev& dev, const conv_geom& g, const float* x, const S
 // The same from a prepacked filter: its panels unpacked into rows once per call (one pass over
 // the filter, against a strided walk of the panels by every block).
 template <class S, class Chain, class Dev>
-void conv_channel_rows_run(Dev& dev, const conv_geom& g, const float* x, const conv_panels<S>& pk, float* y, const Chain& ep,
-                           const kernel_cost& work) {
+void conv_channel_rows_run(Dev& dev, const conv_geom& g, const S* x, const conv_panels<S>& pk, float* y, const Chain& ep, const kernel_cost& work) {
   S* rows = static_cast<S*>(dev.allocate(mul_checked(g.fil().size(), sizeof(S), "conv filter rows")));
   const device_workspace<Dev> guard{dev, rows};
   auto unpack = [&]<bool Narrow>() {
@@ -1012,7 +1036,7 @@ void conv2d(Dev& dev, image<const T> x, filter<const T> w, std::span<const float
       return;
     }
     using S = typename mma_traits<T>::stage_type;
-    if constexpr (std::is_same_v<S, T> && std::is_same_v<T, float> && std::is_same_v<TY, float>) {
+    if constexpr (std::is_same_v<S, T> && std::is_same_v<TY, float>) {
       if (detail::conv_use_channel_rows<T, TY>(g)) {
         if (g.kh * g.kw == 1)  // the 1x1 OIHW filter is the OHWI matrix
           return detail::conv_channel_rows_run<S>(dev, g, x.data, w.data, y.data, ch, work);
@@ -1143,7 +1167,7 @@ void conv2d(Dev& dev, image<const T> x, const conv2d_packed_filter<T, Dev>& w, s
   const auto chain = epilogue::detail::as_chain<Chain>::make(ep);
   const auto work = conv2d_cost<T, TY>(x.dims, w.dims(), p);
   using S = typename mma_traits<T>::stage_type;
-  if constexpr (std::is_same_v<S, T> && std::is_same_v<T, float> && std::is_same_v<TY, float>) {
+  if constexpr (std::is_same_v<S, T> && std::is_same_v<TY, float>) {
     if (detail::conv_use_channel_rows<T, TY>(g)) {
       if (bias.empty())
         detail::conv_channel_rows_run<S>(dev, g, x.data, w.panels(), y.data, chain, work);
