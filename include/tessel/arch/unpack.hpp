@@ -181,6 +181,18 @@ inline void interleave_u16(const std::uint16_t* r0, const std::uint16_t* r1, std
     _mm512_storeu_si512(out + 2 * j, _mm512_permutex2var_epi16(a, ilo, b));
     _mm512_storeu_si512(out + 2 * j + 32, _mm512_permutex2var_epi16(a, ihi, b));
   }
+  if (j < n) {  // the tail in masked vectors (the convolution gathers pair runs of 1 to 32 pixels)
+    const std::size_t t = n - j;
+    const __mmask32 m = static_cast<__mmask32>((std::uint64_t{1} << t) - 1u);
+    const __m512i a = _mm512_maskz_loadu_epi16(m, r0 + j), b = _mm512_maskz_loadu_epi16(m, r1 + j);
+    const __mmask32 m0 = static_cast<__mmask32>((std::uint64_t{1} << std::min<std::size_t>(2 * t, 32)) - 1u);
+    _mm512_mask_storeu_epi16(out + 2 * j, m0, _mm512_permutex2var_epi16(a, ilo, b));
+    if (t > 16) {
+      const __mmask32 m1 = static_cast<__mmask32>((std::uint64_t{1} << (2 * t - 32)) - 1u);
+      _mm512_mask_storeu_epi16(out + 2 * j + 32, m1, _mm512_permutex2var_epi16(a, ihi, b));
+    }
+    return;
+  }
 #endif
   for (; j < n; ++j) {
     out[2 * j] = r0[j];

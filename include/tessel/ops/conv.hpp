@@ -447,45 +447,74 @@ struct conv_pixel_cols {
       S* d = tile + (j / NR) * panel_elems;
       // depth k = (r·kw + s)·cpg + ch, stepped without divisions
       std::size_t ch = k0 % cpg, s = (k0 / cpg) % kw, r = k0 / cpg / kw;
-      // depth row k's runs into dst (its runs at their columns, n of them in all)
-      auto row_of = [&](auto* dst) {
-        const std::ptrdiff_t dy = static_cast<std::ptrdiff_t>(r * dh), dx = static_cast<std::ptrdiff_t>(s * dw);
-        for (std::size_t u = 0; u < nr; ++u) {
-          const run& a = runs[u];
-          const std::ptrdiff_t iy = a.y + dy;
-          if (iy < 0 || iy >= static_cast<std::ptrdiff_t>(H)) {
-            std::fill_n(dst + a.at, a.len, std::remove_reference_t<decltype(*dst)>{});
-            continue;
-          }
-          const S* rowp = a.img + ch * plane + static_cast<std::size_t>(iy) * W;
-          if (ch + PF < cpg) {  // the same run PF planes on (H·W elements apart: too far for the hardware's prefetch)
-            const std::ptrdiff_t lo = std::max<std::ptrdiff_t>(0, a.x + dx),
-                                 hi = std::min<std::ptrdiff_t>(static_cast<std::ptrdiff_t>(W), a.x + dx + static_cast<std::ptrdiff_t>(a.len));
-            for (std::ptrdiff_t l = lo; l < hi; l += 16) __builtin_prefetch(rowp + PF * plane + l, 0, 3);
-          }
-          conv_row_run(rowp, W, a.x + dx, dst + a.at, a.len);
+      // the current depth row's source for run u: its input row (nullptr in the vertical padding)
+      // and the input column of the run's first pixel; the same run PF planes on is prefetched
+      // (H·W elements apart: too far for the hardware's prefetch)
+      struct source {
+        const S* row;
+        std::ptrdiff_t x;
+      };
+      auto source_of = [&](std::size_t u) -> source {
+        const run& a = runs[u];
+        const std::ptrdiff_t iy = a.y + static_cast<std::ptrdiff_t>(r * dh), x = a.x + static_cast<std::ptrdiff_t>(s * dw);
+        if (iy < 0 || iy >= static_cast<std::ptrdiff_t>(H)) return {nullptr, x};
+        const S* rowp = a.img + ch * plane + static_cast<std::size_t>(iy) * W;
+        if (ch + PF < cpg) {
+          const std::ptrdiff_t lo = std::max<std::ptrdiff_t>(0, x),
+                               hi = std::min<std::ptrdiff_t>(static_cast<std::ptrdiff_t>(W), x + static_cast<std::ptrdiff_t>(a.len));
+          for (std::ptrdiff_t l = lo; l < hi; l += std::ptrdiff_t{64 / sizeof(S)}) __builtin_prefetch(rowp + PF * plane + l, 0, 3);
         }
+        return {rowp, x};
+      };
+      auto next_row = [&] {
         if (++ch == cpg) {
           ch = 0;
           if (++s == kw) s = 0, ++r;
         }
       };
+      // a run of a depth row into dst (zeros outside the image)
+      auto copy_run = [&](const source& src, std::size_t len, auto* dst) {
+        if (src.row)
+          conv_row_run(src.row, W, src.x, dst, len);
+        else
+          std::fill_n(dst, len, std::remove_reference_t<decltype(*dst)>{});
+      };
       if constexpr (KP == 1) {
         for (std::size_t i = 0; i < kv; ++i, d += NR) {
-          row_of(d);
+          for (std::size_t u = 0; u < nr; ++u) copy_run(source_of(u), runs[u].len, d + runs[u].at);
+          next_row();
           std::fill(d + n, d + NR, zero_elem<S>());
         }
       } else {
-        // two depth rows' words side by side: (lo | hi << 16) is the pair as the atoms read it
-        std::uint16_t lo[NR], hi[NR];
-        std::uint32_t pairs[NR] = {};  // columns past n stay zero
+        // depth rows k and k+1 side by side, word by word: the pairs as the atoms read them. A run
+        // inside the image on both rows interleaves straight from the image; one that reaches
+        // into the padding (or a missing k+1) goes through zero-filled copies.
+        std::uint16_t lo[NR], hi[NR], pairs[2 * NR] = {};  // columns past n stay zero
+        source s0[NR], s1[NR];
         for (std::size_t i = 0; i < kv; i += 2, d += NR * KP) {
-          row_of(lo);
-          if (i + 1 < kv)
-            row_of(hi);
-          else
-            std::fill_n(hi, n, std::uint16_t{0});
-          for (std::size_t t = 0; t < n; ++t) pairs[t] = std::uint32_t{lo[t]} | std::uint32_t{hi[t]} << 16;
+          for (std::size_t u = 0; u < nr; ++u) s0[u] = source_of(u);
+          next_row();
+          const bool second = i + 1 < kv;
+          if (second) {
+            for (std::size_t u = 0; u < nr; ++u) s1[u] = source_of(u);
+            next_row();
+          }
+          for (std::size_t u = 0; u < nr; ++u) {
+            const run& a = runs[u];
+            const std::ptrdiff_t end = static_cast<std::ptrdiff_t>(W) - static_cast<std::ptrdiff_t>(a.len);
+            auto inside = [&](const source& q) { return q.row && q.x >= 0 && q.x <= end; };
+            if (second && inside(s0[u]) && inside(s1[u])) {
+              arch::interleave_u16(reinterpret_cast<const std::uint16_t*>(s0[u].row + s0[u].x),
+                                   reinterpret_cast<const std::uint16_t*>(s1[u].row + s1[u].x), pairs + 2 * a.at, a.len, false);
+              continue;
+            }
+            copy_run(s0[u], a.len, lo);
+            if (second)
+              copy_run(s1[u], a.len, hi);
+            else
+              std::fill_n(hi, a.len, std::uint16_t{0});
+            arch::interleave_u16(lo, hi, pairs + 2 * a.at, a.len, false);
+          }
           std::memcpy(d, pairs, sizeof(pairs));
         }
       }
