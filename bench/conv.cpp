@@ -161,8 +161,9 @@ void shapes(benchmark::internal::Benchmark* b) {
   for (long n : {1, 8}) {
     for (long th : {1, 2})
       for (auto [ch, hw] : {std::pair<long, long>{64, 56}, {128, 28}, {256, 14}, {512, 7}}) b->Args({n, ch, hw, ch, 3, 1, 1, th, 0});
-    b->Args({n, 256, 56, 64, 1, 1, 0, 2, 0});  // 1x1
-    b->Args({n, 3, 224, 64, 7, 2, 3, 2, 0});   // the stem
+    b->Args({n, 256, 56, 64, 1, 1, 0, 2, 0});                         // 1x1
+    b->Args({n, 3, 224, 64, 7, 2, 3, 2, 0});                          // the stem
+    for (long th : {1, 2}) b->Args({n, 3, 224, 64, 7, 2, 3, th, 1});  // the stem in NCHW (the ONNX ResNet's)
   }
   for (long th : {1, 2})  // the bench U-Net (tools/torch/onnx_models.py, w = 32) as the executor runs it
     for (auto [ci, hw, co] : {std::array<long, 3>{96, 128, 32}, {32, 128, 32}, {192, 64, 64}, {64, 64, 64}, {128, 32, 128}})

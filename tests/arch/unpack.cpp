@@ -142,6 +142,22 @@ TEST_CASE("interleave_u16 makes K-pairs at every length and writes nothing past 
     }
 }
 
+TEMPLATE_TEST_CASE("copy_stride2 takes every other word at every length, reads no word past src[2(n-1)] and writes nothing past n", "[arch][unpack]",
+                   std::uint32_t, std::uint16_t) {
+  std::mt19937 g(83);
+  for (std::size_t n = 0; n <= 200; n += (n < 80 ? 1 : 29)) {
+    // the source ends at its last word read, so a read past it leaves the vector (ASan)
+    std::vector<TestType> src(n == 0 ? 0 : 2 * n - 1), dst(n + 40, TestType(0xBEEF));
+    for (auto& x : src) x = static_cast<TestType>(g());
+    arch::copy_stride2(src.data(), dst.data(), n);
+    std::size_t bad = 0;
+    for (std::size_t j = 0; j < n; ++j) bad += dst[j] != src[2 * j];
+    for (std::size_t j = n; j < dst.size(); ++j) bad += dst[j] != TestType(0xBEEF);
+    INFO("n " << n);
+    REQUIRE(bad == 0);
+  }
+}
+
 TEST_CASE("transpose16_b32 moves every 32-bit word to its transposed place and nothing else", "[arch][unpack]") {
   std::mt19937 g(84);
   // source rows src_ld bytes apart at an odd byte offset; destination rows dst_ld bytes apart

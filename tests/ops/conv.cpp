@@ -78,6 +78,10 @@ std::vector<shape> sweep() {
       {1, 60, 4, 36, 100, 3, 3, geo(1, 1, 1, 1, 1, 1, 1), "W = 36, 100 outputs, K = 540 (two depth chunks)"},
       {1, 460, 2, 33, 6, 3, 3, geo(1, 1, 1, 1, 1, 1, 1), "W = 33, K = 4140 (K pieces)"},
       {2, 8, 5, 36, 12, 3, 3, geo(1, 1, 1, 1, 1, 1, 2), "W = 36, groups 2"},
+      // and at stride 2 (every other input column: the 7x7 stem), runs into the padding on both sides
+      {2, 3, 9, 70, 16, 7, 7, geo(2, 3, 3, 3, 3, 1, 1), "7x7 stride 2, W = 70 (OW = 35)"},
+      {1, 5, 6, 67, 40, 3, 3, geo(2, 1, 0, 1, 2, 1, 1), "3x3 stride 2, W = 67, asymmetric pad (OW = 34)"},
+      {1, 4, 5, 72, 8, 3, 3, geo(2, 2, 2, 2, 2, 2, 1), "3x3 stride 2, dilation 2, W = 72 (OW = 36)"},
   };
 }
 
@@ -258,7 +262,8 @@ TEST_CASE("conv2d: NCHW and NHWC give the same bits, and 1 vs 2 threads vs an em
   }
 }
 
-TEST_CASE("conv2d: bf16 NCHW rows of 32+ pixels take the channel-rows orientation exactly where the bf16 atoms stage bf16", "[ops][conv]") {
+TEST_CASE("conv2d: NCHW rows of 32+ pixels at stride 1 or 2 take the channel-rows orientation, bf16 exactly where the bf16 atoms stage bf16",
+          "[ops][conv]") {
   const auto g = detail::conv_geometry({1, 8, 12, 40}, {16, 8, 3, 3}, geo(1, 1, 1, 1, 1, 1, 1));
   CHECK(detail::conv_use_channel_rows<float, float>(g));
   CHECK(detail::conv_use_channel_rows<bf16, float>(g) == std::is_same_v<mma_traits<bf16>::stage_type, bf16>);
@@ -266,6 +271,8 @@ TEST_CASE("conv2d: bf16 NCHW rows of 32+ pixels take the channel-rows orientatio
   const auto narrow = detail::conv_geometry({1, 8, 12, 31}, {16, 8, 3, 3}, geo(1, 1, 1, 1, 1, 1, 1));
   CHECK_FALSE(detail::conv_use_channel_rows<bf16, float>(narrow));
   CHECK_FALSE(detail::conv_use_channel_rows<float, float>(narrow));
+  CHECK(detail::conv_use_channel_rows<float, float>(detail::conv_geometry({1, 3, 224, 224}, {64, 3, 7, 7}, geo(2, 3, 3, 3, 3, 1, 1))));  // the stem
+  CHECK_FALSE(detail::conv_use_channel_rows<float, float>(detail::conv_geometry({1, 3, 200, 200}, {8, 3, 3, 3}, geo(3, 1, 1, 1, 1, 1, 1))));
 }
 
 namespace {

@@ -160,6 +160,38 @@ inline void copy_words(const S* src, S* dst, std::size_t n) {
 #endif
 }
 
+// dst[j] = src[2j] for j < n, 4- or 2-byte words, inline (a convolution's stride-2 row runs):
+// two vectors' even words at a time; the last word read is src[2(n-1)] (masked loads past it).
+template <class S>
+inline void copy_stride2(const S* src, S* dst, std::size_t n) {
+  static_assert((sizeof(S) == 4 || sizeof(S) == 2) && std::is_trivially_copyable_v<S>, "copy_stride2: 4- or 2-byte elements");
+  std::size_t j = 0;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  if constexpr (sizeof(S) == 4) {
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    for (; j < n; j += 16) {
+      const std::size_t t = std::min<std::size_t>(16, n - j), need = 2 * t - 1;  // words of src read
+      const __mmask16 ma = static_cast<__mmask16>((1u << std::min<std::size_t>(need, 16)) - 1u);
+      const __mmask16 mb = static_cast<__mmask16>(need > 16 ? (1u << (need - 16)) - 1u : 0u);
+      const __m512i a = _mm512_maskz_loadu_epi32(ma, src + 2 * j), b = _mm512_maskz_loadu_epi32(mb, src + 2 * j + 16);
+      _mm512_mask_storeu_epi32(dst + j, static_cast<__mmask16>((1u << t) - 1u), _mm512_permutex2var_epi32(a, even, b));
+    }
+  } else {
+    alignas(64) static constexpr std::uint16_t ev[32] = {0,  2,  4,  6,  8,  10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30,
+                                                         32, 34, 36, 38, 40, 42, 44, 46, 48, 50, 52, 54, 56, 58, 60, 62};
+    const __m512i even = _mm512_load_si512(ev);
+    for (; j < n; j += 32) {
+      const std::size_t t = std::min<std::size_t>(32, n - j), need = 2 * t - 1;
+      const __mmask32 ma = static_cast<__mmask32>((std::uint64_t{1} << std::min<std::size_t>(need, 32)) - 1u);
+      const __mmask32 mb = static_cast<__mmask32>(need > 32 ? (std::uint64_t{1} << (need - 32)) - 1u : 0u);
+      const __m512i a = _mm512_maskz_loadu_epi16(ma, src + 2 * j), b = _mm512_maskz_loadu_epi16(mb, src + 2 * j + 32);
+      _mm512_mask_storeu_epi16(dst + j, static_cast<__mmask32>((std::uint64_t{1} << t) - 1u), _mm512_permutex2var_epi16(a, even, b));
+    }
+  }
+#endif
+  for (; j < n; ++j) dst[j] = src[2 * j];
+}
+
 // out[2j] = r0[j], out[2j+1] = r1[j] for j < n: two rows of 16-bit codes into K-pairs (VNNI).
 // `prefetch`: the rows are streamed from memory (fetch ahead of the loads).
 inline void interleave_u16(const std::uint16_t* r0, const std::uint16_t* r1, std::uint16_t* out, std::size_t n,

@@ -4,7 +4,7 @@
 // own atoms, and stored through GEMM's epilogue chains (bias, activation, residual add), so
 // Conv+BN(folded)+ReLU(+residual) is one kernel. The data and weight gradients are the same
 // program with other operand loaders. NCHW forwards (f32, or bf16 where the bf16 pair-dot atoms
-// run) with rows of 32+ output pixels at stride 1 run the same product transposed (output
+// run) with rows of 32+ output pixels at stride 1 or 2 run the same product transposed (output
 // channels as rows, pixels as columns: see "the channel-rows orientation"), where an im2col row
 // is a copy of an image row. Images are NCHW or
 // NHWC, filters OIHW, f32 or bf16 inputs with f32 accumulation. Each output element is one chain
@@ -200,6 +200,24 @@ inline void conv_row_run(const S* row, std::size_t W, std::ptrdiff_t x, D* d, st
   std::fill(d + hi, d + n, D{});
 }
 
+// The same at a horizontal stride st >= 1: d[i] = row[x + i·st], zero where x + i·st falls
+// outside [0, W) (stride 2 in vectors: ResNet's 7x7 stem).
+template <class S, class D>
+inline void conv_row_run(const S* row, std::size_t W, std::ptrdiff_t x, std::size_t st, D* d, std::size_t len) {
+  static_assert(sizeof(D) == sizeof(S), "conv_row_run: copies bits");
+  if (st == 1) return conv_row_run(row, W, x, d, len);
+  const std::ptrdiff_t n = static_cast<std::ptrdiff_t>(len), sp = static_cast<std::ptrdiff_t>(st), w = static_cast<std::ptrdiff_t>(W);
+  const std::ptrdiff_t lo = std::min(n, x < 0 ? (-x + sp - 1) / sp : 0);                   // first i with x + i·st >= 0
+  const std::ptrdiff_t hi = std::max(lo, std::min(n, x < w ? (w - x + sp - 1) / sp : 0));  // first i with x + i·st >= W
+  std::fill(d, d + lo, D{});
+  const D* src = reinterpret_cast<const D*>(row);
+  if (st == 2)
+    arch::copy_stride2(src + (x + 2 * lo), d + lo, static_cast<std::size_t>(hi - lo));
+  else
+    for (std::ptrdiff_t i = lo; i < hi; ++i) d[i] = src[x + i * sp];
+  std::fill(d + hi, d + n, D{});
+}
+
 template <class T>
 struct conv_gather {
   const T* src;
@@ -279,7 +297,7 @@ struct conv_gather {
       for (std::size_t i = 0; i < n; ++i) {
         const std::size_t m = r0 + i0 + i, img = m / grid, q = m % grid, y = q / rw, x = q % rw;
         yy[i] = static_cast<std::ptrdiff_t>(y * sh) - static_cast<std::ptrdiff_t>(pt);
-        xx[i] = static_cast<std::ptrdiff_t>(x * sw) - static_cast<std::ptrdiff_t>(pl);
+        xx[i] = static_cast<std::ptrdiff_t>(x) - static_cast<std::ptrdiff_t>(pl);
         ro[i] = static_cast<std::ptrdiff_t>((img * src_c + g * cpg) * plane) + yy[i] * W + xx[i];
       }
       for (std::size_t j0 = 0; j0 < cols; j0 += batch) {
@@ -404,11 +422,11 @@ struct conv_panels {
 template <class S>
 inline constexpr bool conv_has_narrow = !std::is_same_v<typename gemm_config<S, S>::atom, typename gemm_config<S, S, false, true>::atom>;
 
-// ---- the channel-rows orientation (NCHW at horizontal stride 1, f32 or bf16 pairs) ----
+// ---- the channel-rows orientation (NCHW at horizontal stride 1 or 2, f32 or bf16 pairs) ----
 // The same product transposed: Cᵀ(O/groups, pixels) = Wᵀ(O/groups, K) · im2colᵀ(K, pixels). An NCHW
-// output row of pixels is a run of one input row at stride 1, so B (K rows of pixels) is plain
-// copies of the image, no transposes, and the output channels' rows go to their planes as they
-// lie. U-Net's 32-channel layers at 128x128 spent most of their time transposing 16x16 blocks in
+// output row of pixels is a run of one input row (every other element at stride 2), so B (K rows
+// of pixels) is plain copies of the image, no transposes, and the output channels' rows go to
+// their planes as they lie. U-Net's 32-channel layers at 128x128 spent most of their time transposing 16x16 blocks in
 // the pixel-rows orientation (im2col rows and the NCHW store). The depth runs in the same (r, s, c)
 // order, in the same depth chunks (conv_channel_rows_run), so both orientations give the same bits.
 
@@ -416,7 +434,7 @@ inline constexpr bool conv_has_narrow = !std::is_same_v<typename gemm_config<S, 
 template <class T>
 struct conv_pixel_cols {
   const T* src;
-  std::size_t src_c, H, W, rh, rw, cpg, kw, sh, pt, pl, dh, dw;
+  std::size_t src_c, H, W, rh, rw, cpg, kw, sh, sw, pt, pl, dh, dw;
   // Writes straight into the (KC, NB) B tile of NR-column panels (panel_elems apart), zeros in the
   // last panel's columns past cols. KP = 1 (f32): each depth row is the image's run as it lies;
   // KP = 2 (bf16 pair-dot atoms): depth rows k and k+1 (two channels, or the next tap) interleave
@@ -441,7 +459,7 @@ struct conv_pixel_cols {
       for (std::size_t t = 0; t < n;) {
         const std::size_t m = n0 + j + t, q = m % grid, x = q % rw, len = std::min(rw - x, n - t);
         runs[nr++] = {t, len, static_cast<std::ptrdiff_t>((q / rw) * sh) - static_cast<std::ptrdiff_t>(pt),
-                      static_cast<std::ptrdiff_t>(x) - static_cast<std::ptrdiff_t>(pl), src + ((m / grid) * src_c + g * cpg) * plane};
+                      static_cast<std::ptrdiff_t>(x * sw) - static_cast<std::ptrdiff_t>(pl), src + ((m / grid) * src_c + g * cpg) * plane};
         t += len;
       }
       S* d = tile + (j / NR) * panel_elems;
@@ -461,7 +479,7 @@ struct conv_pixel_cols {
         const S* rowp = a.img + ch * plane + static_cast<std::size_t>(iy) * W;
         if (ch + PF < cpg) {
           const std::ptrdiff_t lo = std::max<std::ptrdiff_t>(0, x),
-                               hi = std::min<std::ptrdiff_t>(static_cast<std::ptrdiff_t>(W), x + static_cast<std::ptrdiff_t>(a.len));
+                               hi = std::min<std::ptrdiff_t>(static_cast<std::ptrdiff_t>(W), x + static_cast<std::ptrdiff_t>(a.len * sw));
           for (std::ptrdiff_t l = lo; l < hi; l += std::ptrdiff_t{64 / sizeof(S)}) __builtin_prefetch(rowp + PF * plane + l, 0, 3);
         }
         return {rowp, x};
@@ -475,7 +493,7 @@ struct conv_pixel_cols {
       // a run of a depth row into dst (zeros outside the image)
       auto copy_run = [&](const source& src, std::size_t len, auto* dst) {
         if (src.row)
-          conv_row_run(src.row, W, src.x, dst, len);
+          conv_row_run(src.row, W, src.x, sw, dst, len);
         else
           std::fill_n(dst, len, std::remove_reference_t<decltype(*dst)>{});
       };
@@ -502,7 +520,7 @@ struct conv_pixel_cols {
           for (std::size_t u = 0; u < nr; ++u) {
             const run& a = runs[u];
             const std::ptrdiff_t end = static_cast<std::ptrdiff_t>(W) - static_cast<std::ptrdiff_t>(a.len);
-            auto inside = [&](const source& q) { return q.row && q.x >= 0 && q.x <= end; };
+            auto inside = [&](const source& q) { return sw == 1 && q.row && q.x >= 0 && q.x <= end; };
             if (second && inside(s0[u]) && inside(s1[u])) {
               arch::interleave_u16(reinterpret_cast<const std::uint16_t*>(s0[u].row + s0[u].x),
                                    reinterpret_cast<const std::uint16_t*>(s1[u].row + s1[u].x), pairs + 2 * a.at, a.len, false);
@@ -839,13 +857,13 @@ struct conv_filter_rows_program {
 };
 
 // Whether conv2d runs in the channel-rows orientation (conv_pixel_cols): NCHW in and f32 NCHW out
-// at horizontal stride 1, the input already in the atoms' stage type (f32, or bf16 where the bf16
+// at horizontal stride 1 or 2, the input already in the atoms' stage type (f32, or bf16 where the bf16
 // pair-dot atoms run), output rows of 32 pixels or more (shorter runs are not worth a copy each;
 // ResNet's 28x28 and smaller layers stay on the pixel rows). A function of the shape alone.
 template <class T, class TY>
 bool conv_use_channel_rows(const conv_geom& g) {
   if constexpr (std::is_same_v<TY, float> && std::is_same_v<typename mma_traits<T>::stage_type, T>)
-    return g.layout == conv_layout::nchw && g.sw == 1 && g.ow >= 32;
+    return g.layout == conv_layout::nchw && g.sw <= 2 && g.ow >= 32;
   else
     return (void)g, false;
 }
@@ -859,7 +877,7 @@ bool conv_use_channel_rows(const conv_geom& g) {
 template <class S, class Chain, class Dev>
 void conv_channel_rows_run(Dev& dev, const conv_geom& g, const S* x, const S* rows, float* y, const Chain& ep, const kernel_cost& work) {
   const conv_filter_rows<S> a{rows, g.depth(), g.kg};
-  const conv_pixel_cols<S> b{x, g.c, g.h, g.w, g.oh, g.ow, g.cg, g.kw, g.sh, g.pt, g.pl, g.dh, g.dw};
+  const conv_pixel_cols<S> b{x, g.c, g.h, g.w, g.oh, g.ow, g.cg, g.kw, g.sh, g.sw, g.pt, g.pl, g.dh, g.dw};
   const conv_nchw_rows_out out{y, g.k, g.oh * g.ow, g.kg};
   conv_gemm_launch<S, false>(dev, g.kg, g.pixels(), g.depth(), g.groups, a, b, out, ep, work, "conv2d");
 }
