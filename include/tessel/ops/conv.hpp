@@ -297,7 +297,7 @@ struct conv_gather {
       for (std::size_t i = 0; i < n; ++i) {
         const std::size_t m = r0 + i0 + i, img = m / grid, q = m % grid, y = q / rw, x = q % rw;
         yy[i] = static_cast<std::ptrdiff_t>(y * sh) - static_cast<std::ptrdiff_t>(pt);
-        xx[i] = static_cast<std::ptrdiff_t>(x) - static_cast<std::ptrdiff_t>(pl);
+        xx[i] = static_cast<std::ptrdiff_t>(x * sw) - static_cast<std::ptrdiff_t>(pl);
         ro[i] = static_cast<std::ptrdiff_t>((img * src_c + g * cpg) * plane) + yy[i] * W + xx[i];
       }
       for (std::size_t j0 = 0; j0 < cols; j0 += batch) {
@@ -426,9 +426,11 @@ inline constexpr bool conv_has_narrow = !std::is_same_v<typename gemm_config<S, 
 // The same product transposed: Cᵀ(O/groups, pixels) = Wᵀ(O/groups, K) · im2colᵀ(K, pixels). An NCHW
 // output row of pixels is a run of one input row (every other element at stride 2), so B (K rows
 // of pixels) is plain copies of the image, no transposes, and the output channels' rows go to
-// their planes as they lie. U-Net's 32-channel layers at 128x128 spent most of their time transposing 16x16 blocks in
-// the pixel-rows orientation (im2col rows and the NCHW store). The depth runs in the same (r, s, c)
-// order, in the same depth chunks (conv_channel_rows_run), so both orientations give the same bits.
+// their planes as they lie. U-Net's 32-channel layers at 128x128 spent most of their time
+// transposing 16x16 blocks in the pixel-rows orientation (im2col rows and the NCHW store), and
+// ResNet's 7x7 stride-2 stem gathering its pixel rows element by element (50 -> 114 GFLOP/s f32
+// at batch 8 as channel rows). The depth runs in the same (r, s, c) order, in the same depth
+// chunks (conv_channel_rows_run), so both orientations give the same bits.
 
 // B: row k = (r, s, ch) of group g over output pixels (n, y, x) of an (rh, rw) grid; zeros outside.
 template <class T>
@@ -857,8 +859,8 @@ struct conv_filter_rows_program {
 };
 
 // Whether conv2d runs in the channel-rows orientation (conv_pixel_cols): NCHW in and f32 NCHW out
-// at horizontal stride 1 or 2, the input already in the atoms' stage type (f32, or bf16 where the bf16
-// pair-dot atoms run), output rows of 32 pixels or more (shorter runs are not worth a copy each;
+// at horizontal stride 1 or 2, the input already in the atoms' stage type (f32, or bf16 where the
+// bf16 pair-dot atoms run), output rows of 32 pixels or more (shorter runs are not worth a copy each;
 // ResNet's 28x28 and smaller layers stay on the pixel rows). A function of the shape alone.
 template <class T, class TY>
 bool conv_use_channel_rows(const conv_geom& g) {
