@@ -446,97 +446,105 @@ struct conv_pixel_cols {
   void gather_panels(S* tile, std::size_t panel_elems, std::size_t k0, std::size_t kv, std::size_t n0, std::size_t cols, std::size_t g) const {
     static_assert(std::is_same_v<S, T> && ((KP == 1 && sizeof(S) == 4) || (KP == 2 && sizeof(S) == 2)),
                   "conv_pixel_cols: copies the image as it lies (f32), or interleaves its rows in pairs (bf16)");
-    constexpr std::size_t PF = 8;
+    constexpr std::size_t PF = 8, SEG = 256;  // columns per pass (a block's NB at most)
+    using word = std::conditional_t<sizeof(S) == 4, std::uint32_t, std::uint16_t>;
     const std::size_t grid = rh * rw, plane = H * W;
-    for (std::size_t j = 0; j < cols; j += NR) {
-      const std::size_t n = std::min(NR, cols - j);
-      // the panel's pixels as runs along one output row: (first column in the panel, length, the
-      // run's first input row and column at tap (0, 0), its image's first plane)
-      struct run {
-        std::size_t at, len;
-        std::ptrdiff_t y, x;
-        const S* img;
-      } runs[NR];
+    // the pixels as runs along one output row: (first column, length, the run's first input row
+    // and column at tap (0, 0), its image's first plane); a run spans panels
+    struct run {
+      std::size_t at, len;
+      std::ptrdiff_t y, x;
+      const S* img;
+    };
+    // a depth row's source for a run: its input row (nullptr in the vertical padding) and the input
+    // column of the run's first pixel
+    struct source {
+      const S* row;
+      std::ptrdiff_t x;
+    };
+    run runs[SEG];
+    source s0[SEG], s1[SEG];
+    word lo[SEG], hi[SEG];
+    // column c of depth row i in the tile
+    auto at = [&](std::size_t i, std::size_t c) { return tile + (c / NR) * panel_elems + (i / KP) * NR * KP + (c % NR) * KP; };
+    for (std::size_t j0 = 0; j0 < cols; j0 += SEG) {
+      const std::size_t n = std::min(SEG, cols - j0);
       std::size_t nr = 0;
       for (std::size_t t = 0; t < n;) {
-        const std::size_t m = n0 + j + t, q = m % grid, x = q % rw, len = std::min(rw - x, n - t);
-        runs[nr++] = {t, len, static_cast<std::ptrdiff_t>((q / rw) * sh) - static_cast<std::ptrdiff_t>(pt),
+        const std::size_t m = n0 + j0 + t, q = m % grid, x = q % rw, len = std::min(rw - x, n - t);
+        runs[nr++] = {j0 + t, len, static_cast<std::ptrdiff_t>((q / rw) * sh) - static_cast<std::ptrdiff_t>(pt),
                       static_cast<std::ptrdiff_t>(x * sw) - static_cast<std::ptrdiff_t>(pl), src + ((m / grid) * src_c + g * cpg) * plane};
         t += len;
       }
-      S* d = tile + (j / NR) * panel_elems;
-      // depth k = (r·kw + s)·cpg + ch, stepped without divisions
+      // depth k = (r·kw + s)·cpg + ch, stepped without divisions; each row's sources, with the
+      // same run PF planes on prefetched (H·W elements apart: too far for the hardware's prefetch)
       std::size_t ch = k0 % cpg, s = (k0 / cpg) % kw, r = k0 / cpg / kw;
-      // the current depth row's source for run u: its input row (nullptr in the vertical padding)
-      // and the input column of the run's first pixel; the same run PF planes on is prefetched
-      // (H·W elements apart: too far for the hardware's prefetch)
-      struct source {
-        const S* row;
-        std::ptrdiff_t x;
-      };
-      auto source_of = [&](std::size_t u) -> source {
-        const run& a = runs[u];
-        const std::ptrdiff_t iy = a.y + static_cast<std::ptrdiff_t>(r * dh), x = a.x + static_cast<std::ptrdiff_t>(s * dw);
-        if (iy < 0 || iy >= static_cast<std::ptrdiff_t>(H)) return {nullptr, x};
-        const S* rowp = a.img + ch * plane + static_cast<std::size_t>(iy) * W;
-        if (ch + PF < cpg) {
-          const std::ptrdiff_t lo = std::max<std::ptrdiff_t>(0, x),
-                               hi = std::min<std::ptrdiff_t>(static_cast<std::ptrdiff_t>(W), x + static_cast<std::ptrdiff_t>(a.len * sw));
-          for (std::ptrdiff_t l = lo; l < hi; l += std::ptrdiff_t{64 / sizeof(S)}) __builtin_prefetch(rowp + PF * plane + l, 0, 3);
+      auto sources = [&](source* out) {
+        for (std::size_t u = 0; u < nr; ++u) {
+          const run& a = runs[u];
+          const std::ptrdiff_t iy = a.y + static_cast<std::ptrdiff_t>(r * dh), x = a.x + static_cast<std::ptrdiff_t>(s * dw);
+          if (iy < 0 || iy >= static_cast<std::ptrdiff_t>(H)) {
+            out[u] = {nullptr, x};
+            continue;
+          }
+          const S* rowp = a.img + ch * plane + static_cast<std::size_t>(iy) * W;
+          if (ch + PF < cpg) {
+            const std::ptrdiff_t l0 = std::max<std::ptrdiff_t>(0, x),
+                                 l1 = std::min<std::ptrdiff_t>(static_cast<std::ptrdiff_t>(W), x + static_cast<std::ptrdiff_t>(a.len * sw));
+            for (std::ptrdiff_t l = l0; l < l1; l += std::ptrdiff_t{64 / sizeof(S)}) __builtin_prefetch(rowp + PF * plane + l, 0, 3);
+          }
+          out[u] = {rowp, x};
         }
-        return {rowp, x};
-      };
-      auto next_row = [&] {
         if (++ch == cpg) {
           ch = 0;
           if (++s == kw) s = 0, ++r;
         }
       };
-      // a run of a depth row into dst (zeros outside the image)
-      auto copy_run = [&](const source& src, std::size_t len, auto* dst) {
-        if (src.row)
-          conv_row_run(src.row, W, src.x, sw, dst, len);
+      // elements [o, o + len) of a run of a source into dst (zeros outside the image)
+      auto copy_run = [&](const source& q, std::size_t o, std::size_t len, auto* dst) {
+        if (q.row)
+          conv_row_run(q.row, W, q.x + static_cast<std::ptrdiff_t>(o * sw), sw, dst, len);
         else
           std::fill_n(dst, len, std::remove_reference_t<decltype(*dst)>{});
       };
-      if constexpr (KP == 1) {
-        for (std::size_t i = 0; i < kv; ++i, d += NR) {
-          for (std::size_t u = 0; u < nr; ++u) copy_run(source_of(u), runs[u].len, d + runs[u].at);
-          next_row();
-          std::fill(d + n, d + NR, zero_elem<S>());
-        }
-      } else {
-        // depth rows k and k+1 side by side, word by word: the pairs as the atoms read them. A run
-        // inside the image on both rows interleaves straight from the image; one that reaches
-        // into the padding (or a missing k+1) goes through zero-filled copies.
-        std::uint16_t lo[NR], hi[NR], pairs[2 * NR] = {};  // columns past n stay zero
-        source s0[NR], s1[NR];
-        for (std::size_t i = 0; i < kv; i += 2, d += NR * KP) {
-          for (std::size_t u = 0; u < nr; ++u) s0[u] = source_of(u);
-          next_row();
-          const bool second = i + 1 < kv;
-          if (second) {
-            for (std::size_t u = 0; u < nr; ++u) s1[u] = source_of(u);
-            next_row();
-          }
-          for (std::size_t u = 0; u < nr; ++u) {
-            const run& a = runs[u];
-            const std::ptrdiff_t end = static_cast<std::ptrdiff_t>(W) - static_cast<std::ptrdiff_t>(a.len);
-            auto inside = [&](const source& q) { return sw == 1 && q.row && q.x >= 0 && q.x <= end; };
-            if (second && inside(s0[u]) && inside(s1[u])) {
-              arch::interleave_u16(reinterpret_cast<const std::uint16_t*>(s0[u].row + s0[u].x),
-                                   reinterpret_cast<const std::uint16_t*>(s1[u].row + s1[u].x), pairs + 2 * a.at, a.len, false);
-              continue;
+      const std::ptrdiff_t Wp = static_cast<std::ptrdiff_t>(W);
+      for (std::size_t i = 0; i < kv; i += KP) {
+        sources(s0);
+        const bool second = KP == 2 && i + 1 < kv;
+        if (second) sources(s1);
+        for (std::size_t u = 0; u < nr; ++u) {
+          const run& a = runs[u];
+          if constexpr (KP == 1) {  // each piece of the run inside one panel, copied as it lies
+            for (std::size_t o = 0; o < a.len;) {
+              const std::size_t c = a.at + o, piece = std::min(a.len - o, NR - c % NR);
+              copy_run(s0[u], o, piece, at(i, c));
+              o += piece;
             }
-            copy_run(s0[u], a.len, lo);
-            if (second)
-              copy_run(s1[u], a.len, hi);
-            else
-              std::fill_n(hi, a.len, std::uint16_t{0});
-            arch::interleave_u16(lo, hi, pairs + 2 * a.at, a.len, false);
+          } else {
+            // depth rows i and i+1 side by side, word by word: the pairs as the atoms read them. A
+            // run inside the image on both rows interleaves straight from it; one that reaches into
+            // the padding (or a missing i+1, or stride 2) goes through zero-filled copies.
+            auto inside = [&](const source& q) { return sw == 1 && q.row && q.x >= 0 && q.x + static_cast<std::ptrdiff_t>(a.len) <= Wp; };
+            const bool direct = second && inside(s0[u]) && inside(s1[u]);
+            const word *r0 = lo, *r1 = hi;
+            if (direct) {
+              r0 = reinterpret_cast<const word*>(s0[u].row + s0[u].x);
+              r1 = reinterpret_cast<const word*>(s1[u].row + s1[u].x);
+            } else {
+              copy_run(s0[u], 0, a.len, lo);
+              if (second)
+                copy_run(s1[u], 0, a.len, hi);
+              else
+                std::fill_n(hi, a.len, word{0});
+            }
+            for (std::size_t o = 0; o < a.len;) {
+              const std::size_t c = a.at + o, piece = std::min(a.len - o, NR - c % NR);
+              arch::interleave_u16(r0 + o, r1 + o, reinterpret_cast<word*>(at(i, c)), piece, false);
+              o += piece;
+            }
           }
-          std::memcpy(d, pairs, sizeof(pairs));
         }
+        if (j0 + n == cols && cols % NR != 0) std::fill_n(at(i, cols), (NR - cols % NR) * KP, zero_elem<S>());  // the last panel's columns past cols
       }
     }
   }
