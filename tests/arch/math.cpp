@@ -2,6 +2,9 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
 #include <vector>
 
 #include <tessel/arch/math.hpp>
@@ -37,6 +40,23 @@ TEST_CASE("gelu/silu/relu/exp span kernels match the scalar forms", "[arch][math
   std::vector<float> e = small;
   m::exp_inplace(e.data(), e.size());
   for (std::size_t i = 0; i < small.size(); ++i) REQUIRE(std::fabs(e[i] - std::exp(small[i])) <= 1e-6f * std::exp(small[i]));
+}
+
+TEST_CASE("relu's span form keeps NaN and zeroes -0 and negatives as the scalar form does, in vectors and tails", "[arch][math]") {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const float vals[] = {nan, -nan, -0.0f, 0.0f, -inf, inf, -1.5f, 2.5f, std::numeric_limits<float>::denorm_min()};
+  std::vector<float> x;
+  for (int i = 0; i < 41; ++i) x.push_back(vals[(i * 5) % 9]);  // 41: whole vectors and a tail at any width
+  auto y = x;
+  m::relu_inplace(y.data(), y.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    INFO("i=" << i << " x=" << x[i]);
+    const float want = m::relu(x[i]);
+    std::uint32_t a, b;
+    std::memcpy(&a, &y[i], 4);
+    std::memcpy(&b, &want, 4);
+    CHECK(a == b);
+  }
 }
 
 TEST_CASE("known values", "[arch][math]") {

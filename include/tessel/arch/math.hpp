@@ -22,9 +22,10 @@ inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 inline float silu(float x) { return x * sigmoid(x); }
 
 // ---- vector (one batch) -------------------------------------------------------------------------
+// (NaN kept: xsimd::isnan, since xsimd 8's float `!=` is the ordered compare, false for NaN.)
 template <class B>
 B relu(const B& x) {
-  return xsimd::select(x > B(0.0f), x, xsimd::select(x != x, x, B(0.0f)));
+  return xsimd::select(x > B(0.0f), x, xsimd::select(xsimd::isnan(x), x, B(0.0f)));
 }
 // 0.5·x·(1 + tanh(u)) = x / (1 + e^(-2u)): one fast exp (arch/stream.hpp) instead of a tanh, so
 // a fused GEMM epilogue stays within a few percent of the plain GEMM.
