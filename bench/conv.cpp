@@ -8,9 +8,15 @@
 // reordered once outside the timing, which favours it), gemm (tessel's own GEMM on the implicit
 // GEMM's M x N x K = N·OH·OW x O x C·KH·KW with a materialised, untimed im2col A: the rate the
 // conv is held to). Counters: flops (rate, 2·M·N·K), of_limit against the measured peak.
+// Then pooling (pool2d/...): ResNet's 3x3 stride-2 pad-1 max pool after the stem (64 channels at
+// 112x112, batch 1 and 8, NCHW as the ONNX ResNet runs it and NHWC) and the U-Net's 2x2 stride-2
+// max pools (32 channels at 128x128, 64 at 64x64, NCHW), f32 and bf16, 1 and 2 threads, tessel
+// against oneDNN's pooling; a pool is a stream, so its counters are bytes (x read and y written
+// once) and of_limit against the measured STREAM copy bandwidth.
 #include <tessel/device/host_device.hpp>
 #include <tessel/ops/conv.hpp>
 #include <tessel/ops/gemm.hpp>
+#include <tessel/ops/pool.hpp>
 
 #include <benchmark/benchmark.h>
 
@@ -171,6 +177,87 @@ void shapes(benchmark::internal::Benchmark* b) {
   b->Unit(benchmark::kMillisecond)->UseRealTime();
 }
 
+// ---- pooling ----
+struct pool_case {
+  std::size_t n, c, hw, k, stride, pad;
+  unsigned threads;
+  bool nchw;
+};
+pool_case pool_from(const benchmark::State& st) {
+  return {std::size_t(st.range(0)), std::size_t(st.range(1)), std::size_t(st.range(2)), std::size_t(st.range(3)),
+          std::size_t(st.range(4)), std::size_t(st.range(5)), unsigned(st.range(6)),    st.range(7) != 0};
+}
+pool2d_params pool_params_of(const pool_case& c) {
+  pool2d_params p;
+  p.kernel_h = p.kernel_w = c.k;
+  p.stride_h = p.stride_w = c.stride;
+  p.pad_top = p.pad_left = p.pad_bottom = p.pad_right = c.pad;
+  p.layout = c.nchw ? conv_layout::nchw : conv_layout::nhwc;
+  return p;
+}
+template <class T>
+void set_bytes(benchmark::State& st, const image_dims& x, const image_dims& y, unsigned threads) {
+  const double bytes = double(x.size() + y.size()) * sizeof(T);
+  st.counters["bytes"] = benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate);
+  st.counters["of_limit"] = benchmark::Counter(bytes / 1e9 / tessel_bench::stream_copy_gbs(threads), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+template <class T>
+void pool_tessel(benchmark::State& st) {
+  const auto c = pool_from(st);
+  const auto p = pool_params_of(c);
+  const image_dims xd{c.n, c.c, c.hw, c.hw}, yd = pool2d_output(xd, p);
+  auto x = random_buffer<T>(xd.size(), 1);
+  tessel_bench::huge_buffer<T> y(yd.size(), 2);
+  for (auto _ : st) {
+    max_pool2d(dev(c.threads), image<const T>{x.data(), xd}, image<T>{y.data(), yd}, p);
+    benchmark::ClobberMemory();
+  }
+  set_bytes<T>(st, xd, yd, c.threads);
+}
+
+#if defined(TESSEL_HAVE_ONEDNN)
+template <class T>
+void pool_onednn(benchmark::State& st) {
+  using namespace dnnl;
+  const auto c = pool_from(st);
+  const auto p = pool_params_of(c);
+  const image_dims xd{c.n, c.c, c.hw, c.hw}, yd = pool2d_output(xd, p);
+  if (omp_set_num_threads) omp_set_num_threads(int(c.threads));
+  constexpr auto DT = std::is_same_v<T, float> ? memory::data_type::f32 : memory::data_type::bf16;
+  const auto d = [](std::size_t v) { return static_cast<memory::dim>(v); };
+  engine eng(engine::kind::cpu, 0);
+  stream s(eng);
+  auto x = random_buffer<T>(xd.size(), 1);
+  tessel_bench::huge_buffer<T> y(yd.size(), 2);
+  const auto tag = c.nchw ? memory::format_tag::nchw : memory::format_tag::nhwc;
+  const memory::desc src_md({d(xd.n), d(xd.c), d(xd.h), d(xd.w)}, DT, tag), dst_md({d(yd.n), d(yd.c), d(yd.h), d(yd.w)}, DT, tag);
+  const pooling_v2_forward::desc desc(prop_kind::forward_inference, algorithm::pooling_max, src_md, dst_md, {d(c.stride), d(c.stride)},
+                                      {d(c.k), d(c.k)}, {0, 0}, {d(c.pad), d(c.pad)}, {d(c.pad), d(c.pad)});
+  const pooling_v2_forward::primitive_desc pd(desc, eng);
+  memory src_m(src_md, eng, x.data()), dst_m(dst_md, eng, y.data());
+  pooling_v2_forward prim(pd);
+  st.SetLabel(pd.impl_info_str());
+  for (auto _ : st) {
+    prim.execute(s, {{DNNL_ARG_SRC, src_m}, {DNNL_ARG_DST, dst_m}});
+    s.wait();
+  }
+  set_bytes<T>(st, xd, yd, c.threads);
+}
+#endif
+
+// (n, c, hw, k, stride, pad, threads, nchw)
+void pool_shapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"n", "c", "hw", "k", "stride", "pad", "threads", "nchw"});
+  for (long th : {1, 2}) {
+    for (long n : {1, 8})
+      for (long nchw : {1, 0}) b->Args({n, 64, 112, 3, 2, 1, th, nchw});  // ResNet's max pool
+    b->Args({1, 32, 128, 2, 2, 0, th, 1});                                // the bench U-Net's
+    b->Args({1, 64, 64, 2, 2, 0, th, 1});
+  }
+  b->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+
 }  // namespace
 
 BENCHMARK(conv_tessel<float>)->Name("conv2d/tessel/f32")->Apply(shapes);
@@ -182,6 +269,12 @@ BENCHMARK(conv_gemm<bf16>)->Name("conv2d/gemm/bf16")->Apply(shapes);
 #if defined(TESSEL_HAVE_ONEDNN)
 BENCHMARK(conv_onednn<float>)->Name("conv2d/onednn/f32")->Apply(shapes);
 BENCHMARK(conv_onednn<bf16>)->Name("conv2d/onednn/bf16")->Apply(shapes);
+#endif
+BENCHMARK(pool_tessel<float>)->Name("pool2d/tessel/f32")->Apply(pool_shapes);
+BENCHMARK(pool_tessel<bf16>)->Name("pool2d/tessel/bf16")->Apply(pool_shapes);
+#if defined(TESSEL_HAVE_ONEDNN)
+BENCHMARK(pool_onednn<float>)->Name("pool2d/onednn/f32")->Apply(pool_shapes);
+BENCHMARK(pool_onednn<bf16>)->Name("pool2d/onednn/bf16")->Apply(pool_shapes);
 #endif
 
 BENCHMARK_MAIN();

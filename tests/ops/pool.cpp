@@ -57,6 +57,12 @@ std::vector<shape> sweep() {
       {{1, 6, 12, 13}, geo(2, 3, 3, 1, 1, 0, 2, 3, true, true), "dilation 3 stride 3 ceil_mode include pad"},
       {{3, 70, 5, 6}, geo(2, 2, 1, 0, 0, 1, 1, 1, false, false), "70 channels (two channel blocks NHWC)"},
       {{1, 17, 14, 14}, geo(5, 5, 3, 2, 2, 2, 2, 1, true, false), "5x5 stride 3 ceil_mode"},
+      // rows long enough for the NCHW interior's vectors (and their tails)
+      {{1, 3, 9, 75}, geo(3, 3, 2, 1, 1, 1, 1, 1, false, false), "3x3 stride 2 pad 1, 38-wide rows"},
+      {{1, 2, 6, 70}, geo(3, 3, 1, 1, 1, 1, 1, 1, false, true), "3x3 stride 1 pad 1 include pad, 70-wide rows"},
+      {{1, 2, 11, 83}, geo(3, 3, 2, 2, 2, 2, 2, 2, true, false), "3x3 stride 2 dilation 2 ceil_mode, 42-wide rows"},
+      {{1, 2, 8, 66}, geo(2, 2, 2, 0, 0, 0, 0, 1, false, false), "2x2 stride 2, 33-wide rows (U-Net)"},
+      {{1, 2, 7, 100}, geo(2, 4, 3, 0, 1, 1, 0, 1, false, false), "2x4 stride 3, 33-wide rows"},
   };
 }
 
@@ -337,6 +343,40 @@ TEST_CASE("max_pool2d: ties give the value and the gradient to the first tap in 
   shape s{{1, 1, 2, 2}, geo(2, 2, 1, 0, 0, 0, 0, 1, false, false), "nan"};
   const std::vector<float> x{1.0f, std::nanf(""), 3.0f, 2.0f};
   CHECK(std::isnan(run_pool(dev, s, pool_kind::max, x)[0]));
+}
+
+TEST_CASE("max_pool2d over zeros of both signs, NaNs and ties: the first tap in (row, column) order, bitwise, both layouts", "[ops][pool]") {
+  host_device dev(2);
+  const float vals[] = {0.0f, -0.0f, 1.0f, -1.0f, std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(), 0.5f};
+  for (const auto& base : sweep()) {
+    INFO(base.name);
+    shape s = base;
+    s.p.layout = conv_layout::nchw;
+    std::mt19937 g(11);
+    std::vector<float> x(s.x.size());
+    for (auto& v : x) v = vals[g() % 7];
+    const auto o = pool2d_output(s.x, s.p);
+    std::vector<float> want(o.size());
+    for (std::size_t n = 0; n < o.n; ++n)
+      for (std::size_t c = 0; c < o.c; ++c)
+        for (std::size_t oy = 0; oy < o.h; ++oy)
+          for (std::size_t ox = 0; ox < o.w; ++ox) {  // the first NaN, else the first of the largest
+            const auto w = ref_window(s, oy, ox);
+            float best = 0.0f;
+            bool any = false;
+            for (auto [iy, ix] : w.taps) {
+              const float v = x[at(s.p.layout, s.x, n, c, std::size_t(iy), std::size_t(ix))];
+              if (!any || (!std::isnan(best) && (std::isnan(v) || v > best))) best = v, any = true;
+            }
+            want[at(s.p.layout, o, n, c, oy, ox)] = best;
+          }
+    const auto y = run_pool(dev, s, pool_kind::max, x);
+    CHECK(same_bits(y, want));
+    shape t = s;
+    t.p.layout = conv_layout::nhwc;
+    CHECK(same_bits(relayout(y, o, conv_layout::nchw, conv_layout::nhwc),
+                    run_pool(dev, t, pool_kind::max, relayout(x, s.x, conv_layout::nchw, conv_layout::nhwc))));
+  }
 }
 
 TEST_CASE("global average and max pooling: forward against fp64, backward, layouts equal", "[ops][pool]") {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -120,6 +121,117 @@ inline T pool_from_f32(float v) {
 
 // The max of a window keeps its first tap on ties; a NaN tap wins over numbers (the first NaN).
 inline bool pool_better(float v, float best) { return v > best || (v != v && best == best); }
+// pool_better(v, best) ? v : best without a branch (a window's taps in random order mispredict).
+inline float pool_max_step(float v, float best) {
+  const std::uint32_t take = 0u - static_cast<std::uint32_t>((v > best) | ((v != v) & (best == best)));
+  return std::bit_cast<float>((std::bit_cast<std::uint32_t>(v) & take) | (std::bit_cast<std::uint32_t>(best) & ~take));
+}
+
+// out[i] = the max (first NaN, else the first of the largest) or the sum (from 0, in order) of
+// tp[0][i], ..., tp[nt-1][i] for i < n: the taps of a row of whole windows, in vectors, each
+// window's value kept in a register across its taps. AVX-512 takes the tail in one masked vector.
+// A tap is taken when it is not <= the max so far (unordered: NaN taps win) and that max is not
+// already NaN: xsimd 8's float `!=` is the ordered compare, so NaN is tested with isnan there.
+template <pool_kind Kind>
+inline void pool_taps(const float* const* tp, std::size_t nt, std::size_t n, float* out) {
+  constexpr bool max = Kind == pool_kind::max;
+  std::size_t i = 0;
+#if defined(__AVX512F__)
+  // four vectors at a time: a tap's compare and blend wait on the previous tap's, so one vector
+  // alone ran at the chain's latency
+  constexpr std::size_t V = 4;
+  for (; i < n; i += 16 * V) {
+    __mmask16 m[V];
+    __m512 a[V];
+    for (std::size_t v = 0; v < V; ++v) {
+      const std::size_t j = i + 16 * v, left = j < n ? n - j : 0;
+      m[v] = left >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << left) - 1u);
+      a[v] = max ? _mm512_maskz_loadu_ps(m[v], tp[0] + j) : _mm512_setzero_ps();
+    }
+    for (std::size_t t = max ? 1 : 0; t < nt; ++t)
+      for (std::size_t v = 0; v < V; ++v) {
+        const __m512 x = _mm512_maskz_loadu_ps(m[v], tp[t] + i + 16 * v);
+        if constexpr (max)
+          a[v] = _mm512_mask_mov_ps(a[v], _mm512_mask_cmp_ps_mask(_mm512_cmp_ps_mask(a[v], a[v], _CMP_ORD_Q), x, a[v], _CMP_NLE_UQ), x);
+        else
+          a[v] = _mm512_add_ps(a[v], x);
+      }
+    for (std::size_t v = 0; v < V; ++v) _mm512_mask_storeu_ps(out + i + 16 * v, m[v], a[v]);
+  }
+#else
+  using B = xsimd::batch<float>;
+  for (; i < n / B::size * B::size; i += B::size) {
+    B a = max ? B::load_unaligned(tp[0] + i) : B(0.0f);
+    for (std::size_t t = max ? 1 : 0; t < nt; ++t) {
+      const B x = B::load_unaligned(tp[t] + i);
+      if constexpr (max)
+        a = xsimd::select((x > a) || (xsimd::isnan(x) && !xsimd::isnan(a)), x, a);
+      else
+        a = a + x;
+    }
+    a.store_unaligned(out + i);
+  }
+  for (; i < n; ++i) {
+    float a = max ? tp[0][i] : 0.0f;
+    for (std::size_t t = max ? 1 : 0; t < nt; ++t) a = max ? (pool_better(tp[t][i], a) ? tp[t][i] : a) : a + tp[t][i];
+    out[i] = a;
+  }
+#endif
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+// The same over kernel rows rows[0, nr) of T at horizontal stride SX (1 or 2), an average divided
+// by div: tap (r, s) of output i is rows[r][i·SX + s·dx], loaded straight into vectors (stride 2: f32 as two vectors'
+// even words through one vpermt2ps; bf16 as dwords whose low word is the even element, shifted
+// into place). A masked load reads no word past the last tap's, so the rows are read in place.
+template <pool_kind Kind, std::size_t SX, class T>
+inline void pool_taps_direct(const T* const* rows, std::size_t nr, std::size_t kx, std::size_t dx, std::size_t n, float div, float* out) {
+  constexpr bool max = Kind == pool_kind::max;
+  constexpr std::size_t V = 4;
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  for (std::size_t i = 0; i < n; i += 16 * V) {
+    __mmask16 m[V], ma[V], mb[V];
+    __mmask32 mw[V];
+    __m512 a[V];
+    for (std::size_t v = 0; v < V; ++v) {
+      const std::size_t j = i + 16 * v, cnt = j < n ? std::min<std::size_t>(16, n - j) : 0, need = cnt ? SX * (cnt - 1) + 1 : 0;
+      m[v] = static_cast<__mmask16>((1u << cnt) - 1u);
+      ma[v] = static_cast<__mmask16>((1u << std::min<std::size_t>(need, 16)) - 1u);
+      mb[v] = static_cast<__mmask16>(need > 16 ? (1u << (need - 16)) - 1u : 0u);
+      mw[v] = static_cast<__mmask32>((std::uint64_t{1} << need) - 1u);
+      a[v] = _mm512_setzero_ps();
+    }
+    const auto load = [&](const T* q, std::size_t v) {
+      if constexpr (std::is_same_v<T, float>) {
+        if constexpr (SX == 1)
+          return _mm512_maskz_loadu_ps(m[v], q);
+        else
+          return _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(ma[v], q), even, _mm512_maskz_loadu_ps(mb[v], q + 16));
+      } else if constexpr (SX == 1) {
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m[v], q)), 16));
+      } else {
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_maskz_loadu_epi16(mw[v], q), 16));
+      }
+    };
+    bool first = max;
+    for (std::size_t r = 0; r < nr; ++r)
+      for (std::size_t s = 0; s < kx; ++s) {
+        const T* q = rows[r] + SX * i + s * dx;
+        for (std::size_t v = 0; v < V; ++v) {
+          const __m512 x = load(q + SX * 16 * v, v);
+          if (first)
+            a[v] = x;
+          else if constexpr (max)
+            a[v] = _mm512_mask_mov_ps(a[v], _mm512_mask_cmp_ps_mask(_mm512_cmp_ps_mask(a[v], a[v], _CMP_ORD_Q), x, a[v], _CMP_NLE_UQ), x);
+          else
+            a[v] = _mm512_add_ps(a[v], x);
+        }
+        first = false;
+      }
+    for (std::size_t v = 0; v < V; ++v) _mm512_mask_storeu_ps(out + i + 16 * v, m[v], max ? a[v] : _mm512_div_ps(a[v], _mm512_set1_ps(div)));
+  }
+}
+#endif
 
 // Rows of output per block: about 4 blocks per worker over all images and channel blocks.
 inline std::size_t pool_rows_per_block(std::size_t out_rows, std::size_t other_blocks, unsigned workers) {
@@ -149,8 +261,13 @@ struct pool_fwd_program {
       // NHWC path): an output pixel's channels lie a plane apart, and the channel-inner order
       // read a page per element on U-Net's 128x128 planes. The row's windows are computed once
       // per block (window() per output was most of the pool's time); the interior [ia, ib) of
-      // whole windows runs tap by tap across the row (vectorized over ox, each output still
-      // seeing its taps in order), the edges [0, ia) and [ib, OW) output by output.
+      // whole windows runs tap by tap across the row in vectors (each output still seeing its
+      // taps in order), the edges [0, ia) and [ib, OW) output by output. With AVX-512, strides
+      // 1 and 2 load every tap's run of the row straight into vectors (pool_taps_direct);
+      // elsewhere a stride-2 kernel row is first split into its even and odd words
+      // (arch::copy_stride2), so that every tap reads a contiguous run: tap s of output ox is
+      // word ox + ⌊s·dx/2⌋ of phase s·dx mod 2. (ResNet's 3x3 stride-2 max pool had gathered
+      // element by element, at 2 GFLOP/s.) The next output row's new kernel rows are prefetched.
       auto* wx = ctx.scratch().template allocate_array<pool_axis::taps>(OW);
       float* acc = ctx.scratch().template allocate_array<float>(OW);
       for (std::size_t ox = 0; ox < OW; ++ox) wx[ox] = g.x.window(ox);
@@ -159,28 +276,91 @@ struct pool_fwd_program {
       std::size_t ia = 0, ib;
       while (ia < OW && !whole(ia)) ++ia;
       for (ib = ia; ib < OW && whole(ib);) ++ib;
+      const std::size_t L = ib - ia, ky = g.y.k;
+      // Phases of a kernel row's interior inputs: sx == 1 one (the row), sx == 2 two (even and
+      // odd words), larger strides one gathered run per tap. len[q]: the words phase q needs.
+      const std::size_t nph = sx == 1 ? 1 : sx == 2 ? 2 : 0;
+      std::size_t len[2] = {0, 0};
+      for (std::size_t s = 0; s < kx && nph; ++s) len[(s * dx) % sx] = std::max(len[(s * dx) % sx], L + (s * dx) / sx);
+      const std::size_t span = std::max(len[0], len[1]), per_row = nph ? 2 * span : kx * L;
+      float* ph = ctx.scratch().template allocate_array<float>(ky * per_row);
+      T* raw = ctx.scratch().template allocate_array<T>(span);
+      const float** tp = ctx.scratch().template allocate_array<const float*>(ky * kx);
+      [[maybe_unused]] const T** rows = ctx.scratch().template allocate_array<const T*>(ky);
+      // tp[s] = the row of tap s of kernel row `row` (the interior's first window's) in f32, in buf
+      const auto row_taps = [&](const T* row, float* buf, const float** tps) {
+        if (nph == 0) {
+          for (std::size_t s = 0; s < kx; ++s) {
+            const T* q = row + s * dx;
+            float* d = buf + s * L;
+            for (std::size_t j = 0; j < L; ++j) d[j] = arch::to_f32(q[j * sx]);
+            tps[s] = d;
+          }
+          return;
+        }
+        const float* base[2] = {nullptr, nullptr};
+        for (std::size_t q = 0; q < nph; ++q) {
+          if (len[q] == 0) continue;
+          float* dst = buf + q * span;
+          if constexpr (std::is_same_v<T, float>) {
+            if (sx == 1)
+              dst = const_cast<float*>(row);  // read in place, never written
+            else
+              arch::copy_stride2(row + q, dst, len[q]);
+          } else if (sx == 1) {
+            arch::widen(row, dst, len[q]);
+          } else {
+            arch::copy_stride2(row + q, raw, len[q]);
+            arch::widen(static_cast<const T*>(raw), dst, len[q]);
+          }
+          base[q] = dst;
+        }
+        for (std::size_t s = 0; s < kx; ++s) tps[s] = base[(s * dx) % sx] + (s * dx) / sx;
+      };
+      auto* wy = ctx.scratch().template allocate_array<pool_axis::taps>(oy1 - oy0);
+      for (std::size_t oy = oy0; oy < oy1; ++oy) wy[oy - oy0] = g.y.window(oy);
       for (std::size_t ch = c0; ch < c0 + cn; ++ch) {
         const T* p = x + (img * g.c + ch) * H * W;
         for (std::size_t oy = oy0; oy < oy1; ++oy) {
-          const auto ty = g.y.window(oy);
+          const auto ty = wy[oy - oy0];
           T* o = y + ((img * g.c + ch) * g.y.out + oy) * OW;
           // row ty.lo less the left pad (unsigned: it may wrap below 0, the tap's index does not)
           const std::size_t r0 = g.y.coord(oy, ty.lo) * W - g.x.pa, ry = g.y.dil * W;
           const std::size_t nr = ty.hi - ty.lo;
-          for (std::size_t ox = ia; ox < ib; ++ox) acc[ox] = Kind == pool_kind::max ? arch::to_f32(p[r0 + ox * sx]) : 0.0f;
-          for (std::size_t r = 0; r < nr; ++r)
-            for (std::size_t s = 0; s < kx; ++s) {
-              const std::size_t b = r0 + r * ry + s * dx;
-              for (std::size_t ox = ia; ox < ib; ++ox) {
-                const float v = arch::to_f32(p[b + ox * sx]);
-                if constexpr (Kind == pool_kind::max)
-                  acc[ox] = pool_better(v, acc[ox]) ? v : acc[ox];
-                else
-                  acc[ox] += v;
-              }
+          if (L > 0 && oy + 1 < oy1) {  // the next output row's new kernel rows, fetched ahead of their reads
+            const std::size_t bytes = ((L - 1) * sx + (kx - 1) * dx + 1) * sizeof(T), last = g.y.coord(oy, ty.hi - 1);
+            const auto t1 = wy[oy + 1 - oy0];
+            for (std::size_t r = t1.lo; r < t1.hi; ++r) {
+              const std::size_t iy = g.y.coord(oy + 1, r);
+              if (iy <= last && g.y.dil == 1) continue;  // read by this row (dilated rows interleave: all fetched)
+              const char* q = reinterpret_cast<const char*>(p + (iy * W + ia * sx - g.x.pa));
+              for (std::size_t b = 0; b < bytes; b += 64) __builtin_prefetch(q + b);
             }
+          }
           const float div_whole = float(g.include_pad ? ty.padded * kx : nr * kx);
-          for (std::size_t ox = ia; ox < ib; ++ox) o[ox] = pool_from_f32<T>(Kind == pool_kind::max ? acc[ox] : acc[ox] / div_whole);
+          bool stored = false;  // the interior went straight to o
+          if (L > 0) {
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+            if (sx <= 2) {
+              for (std::size_t r = 0; r < nr; ++r) rows[r] = p + (r0 + r * ry + ia * sx);
+              float* out = acc + ia;
+              if constexpr (std::is_same_v<T, float>) out = o + ia;
+              if (sx == 1)
+                pool_taps_direct<Kind, 1>(rows, nr, kx, dx, L, div_whole, out);
+              else
+                pool_taps_direct<Kind, 2>(rows, nr, kx, dx, L, div_whole, out);
+              if constexpr (!std::is_same_v<T, float>)
+                for (std::size_t ox = ia; ox < ib; ++ox) o[ox] = pool_from_f32<T>(acc[ox]);
+              stored = true;
+            } else
+#endif
+            {
+              for (std::size_t r = 0; r < nr; ++r) row_taps(p + (r0 + r * ry + ia * sx), ph + r * per_row, tp + r * kx);
+              pool_taps<Kind>(tp, nr * kx, L, acc + ia);
+            }
+          }
+          if (!stored)
+            for (std::size_t ox = ia; ox < ib; ++ox) o[ox] = pool_from_f32<T>(Kind == pool_kind::max ? acc[ox] : acc[ox] / div_whole);
           const auto edge = [&](std::size_t ox) {
             const auto tx = wx[ox];
             const float div = float(g.include_pad ? ty.padded * tx.padded : nr * (tx.hi - tx.lo));
@@ -190,7 +370,7 @@ struct pool_fwd_program {
               for (std::size_t s = tx.lo; s < tx.hi; ++s) {
                 const float v = arch::to_f32(p[q + r * ry + s * dx]);
                 if constexpr (Kind == pool_kind::max)
-                  a = pool_better(v, a) ? v : a;
+                  a = pool_max_step(v, a);
                 else
                   a += v;
               }
