@@ -127,63 +127,13 @@ inline float pool_max_step(float v, float best) {
   return std::bit_cast<float>((std::bit_cast<std::uint32_t>(v) & take) | (std::bit_cast<std::uint32_t>(best) & ~take));
 }
 
-// out[i] = the max (first NaN, else the first of the largest) or the sum (from 0, in order) of
-// tp[0][i], ..., tp[nt-1][i] for i < n: the taps of a row of whole windows, in vectors, each
-// window's value kept in a register across its taps. AVX-512 takes the tail in one masked vector.
-// A tap is taken when it is not <= the max so far (unordered: NaN taps win) and that max is not
-// already NaN: xsimd 8's float `!=` is the ordered compare, so NaN is tested with isnan there.
-template <pool_kind Kind>
-inline void pool_taps(const float* const* tp, std::size_t nt, std::size_t n, float* out) {
-  constexpr bool max = Kind == pool_kind::max;
-  std::size_t i = 0;
-#if defined(__AVX512F__)
-  // four vectors at a time: a tap's compare and blend wait on the previous tap's, so one vector
-  // alone ran at the chain's latency
-  constexpr std::size_t V = 4;
-  for (; i < n; i += 16 * V) {
-    __mmask16 m[V];
-    __m512 a[V];
-    for (std::size_t v = 0; v < V; ++v) {
-      const std::size_t j = i + 16 * v, left = j < n ? n - j : 0;
-      m[v] = left >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << left) - 1u);
-      a[v] = max ? _mm512_maskz_loadu_ps(m[v], tp[0] + j) : _mm512_setzero_ps();
-    }
-    for (std::size_t t = max ? 1 : 0; t < nt; ++t)
-      for (std::size_t v = 0; v < V; ++v) {
-        const __m512 x = _mm512_maskz_loadu_ps(m[v], tp[t] + i + 16 * v);
-        if constexpr (max)
-          a[v] = _mm512_mask_mov_ps(a[v], _mm512_mask_cmp_ps_mask(_mm512_cmp_ps_mask(a[v], a[v], _CMP_ORD_Q), x, a[v], _CMP_NLE_UQ), x);
-        else
-          a[v] = _mm512_add_ps(a[v], x);
-      }
-    for (std::size_t v = 0; v < V; ++v) _mm512_mask_storeu_ps(out + i + 16 * v, m[v], a[v]);
-  }
-#else
-  using B = xsimd::batch<float>;
-  for (; i < n / B::size * B::size; i += B::size) {
-    B a = max ? B::load_unaligned(tp[0] + i) : B(0.0f);
-    for (std::size_t t = max ? 1 : 0; t < nt; ++t) {
-      const B x = B::load_unaligned(tp[t] + i);
-      if constexpr (max)
-        a = xsimd::select((x > a) || (xsimd::isnan(x) && !xsimd::isnan(a)), x, a);
-      else
-        a = a + x;
-    }
-    a.store_unaligned(out + i);
-  }
-  for (; i < n; ++i) {
-    float a = max ? tp[0][i] : 0.0f;
-    for (std::size_t t = max ? 1 : 0; t < nt; ++t) a = max ? (pool_better(tp[t][i], a) ? tp[t][i] : a) : a + tp[t][i];
-    out[i] = a;
-  }
-#endif
-}
-
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-// The same over kernel rows rows[0, nr) of T at horizontal stride SX (1 or 2), an average divided
-// by div: tap (r, s) of output i is rows[r][i·SX + s·dx], loaded straight into vectors (stride 2: f32 as two vectors'
-// even words through one vpermt2ps; bf16 as dwords whose low word is the even element, shifted
-// into place). A masked load reads no word past the last tap's, so the rows are read in place.
+// pool_taps (below) over kernel rows rows[0, nr) of T at horizontal stride SX (1 or 2), an average
+// divided by div: tap (r, s) of output i is rows[r][i·SX + s·dx], loaded straight into vectors
+// (stride 2: f32 as two vectors' even words through one vpermt2ps; bf16 as dwords whose low word
+// is the even element, shifted into place), four vectors at a time (a tap's compare and blend wait
+// on the previous tap's, so one vector alone ran at the chain's latency). A masked load reads no
+// word past the last tap's, so the rows are read in place.
 template <pool_kind Kind, std::size_t SX, class T>
 inline void pool_taps_direct(const T* const* rows, std::size_t nr, std::size_t kx, std::size_t dx, std::size_t n, float div, float* out) {
   constexpr bool max = Kind == pool_kind::max;
@@ -232,6 +182,38 @@ inline void pool_taps_direct(const T* const* rows, std::size_t nr, std::size_t k
   }
 }
 #endif
+
+// out[i] = the max (first NaN, else the first of the largest) or the sum (from 0, in order) of
+// tp[0][i], ..., tp[nt-1][i] for i < n: the taps of a row of whole windows, in vectors, each
+// window's value kept in a register across its taps (AVX-512: pool_taps_direct, one tap per row).
+// A tap is taken when it is not <= the max so far (unordered: NaN taps win) and that max is not
+// already NaN: xsimd 8's float `!=` is the ordered compare, so NaN is tested with isnan there.
+template <pool_kind Kind>
+inline void pool_taps(const float* const* tp, std::size_t nt, std::size_t n, float* out) {
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+  pool_taps_direct<Kind, 1>(tp, nt, 1, 0, n, 1.0f, out);  // each tap a row of its own (x / 1 is x)
+#else
+  constexpr bool max = Kind == pool_kind::max;
+  std::size_t i = 0;
+  using B = xsimd::batch<float>;
+  for (; i < n / B::size * B::size; i += B::size) {
+    B a = max ? B::load_unaligned(tp[0] + i) : B(0.0f);
+    for (std::size_t t = max ? 1 : 0; t < nt; ++t) {
+      const B x = B::load_unaligned(tp[t] + i);
+      if constexpr (max)
+        a = xsimd::select((x > a) || (xsimd::isnan(x) && !xsimd::isnan(a)), x, a);
+      else
+        a = a + x;
+    }
+    a.store_unaligned(out + i);
+  }
+  for (; i < n; ++i) {
+    float a = max ? tp[0][i] : 0.0f;
+    for (std::size_t t = max ? 1 : 0; t < nt; ++t) a = max ? (pool_better(tp[t][i], a) ? tp[t][i] : a) : a + tp[t][i];
+    out[i] = a;
+  }
+#endif
+}
 
 // Rows of output per block: about 4 blocks per worker over all images and channel blocks.
 inline std::size_t pool_rows_per_block(std::size_t out_rows, std::size_t other_blocks, unsigned workers) {
